@@ -1,0 +1,150 @@
+"""The one small interface every device driver implements (local host, macOS, Android).
+
+The agent loop only talks to this interface: discover devices, describe one, check health,
+and execute a Job through prepare -> run -> collect -> cleanup. Drivers never build shell
+strings from spec values; Android quotes every argument with shlex.quote.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sme2farm.client.schemas import DeviceInfo
+from sme2farm.runners.catalog import RunnerBuild
+
+
+@dataclass
+class Job:
+    """One run as a driver sees it. Paths are the agent's, never taken from user file names."""
+
+    run_id: int
+    model_path: Path          # the .pte on the agent host (content-addressed cache)
+    runner: RunnerBuild       # the build chosen from the catalog for (platform, sme2, flavour)
+    threads: int
+    iterations: int
+    warmup: int
+    timeout_s: float
+    workdir: Path             # empty host directory; the driver writes outputs here
+    mode: str = "timing"      # "timing" | "trace" (trace uses the xnnlog runner flavour)
+    core_mask: str | None = None
+    power_profile: str = "none"
+
+    @property
+    def runner_args(self) -> list[str]:
+        """The executor_runner command line (plus --warmup), identical on every platform."""
+        return [
+            f"--model_path={self.model_name}",
+            f"--num_executions={self.iterations}",
+            f"--warmup={self.warmup}",
+            f"--cpu_threads={self.threads}",
+            f"--etdump_path={ETDUMP_NAME}",
+        ]
+
+    model_name: str = "model.pte"
+
+
+ETDUMP_NAME = "trace.etdump"
+LOG_NAME = "runner.log"
+KERNEL_LOG_NAME = "kernels.log"
+
+
+@dataclass
+class JobResult:
+    ok: bool
+    reason: str = ""
+    etdump_path: Path | None = None
+    log_path: Path | None = None
+    kernel_log_path: Path | None = None
+    exit_code: int | None = None
+    wall_s: float | None = None
+    device_state: dict[str, Any] = field(default_factory=dict)  # {"before": {...}, "after": {...}, ...}
+    device_lost: bool = False  # the device vanished: the agent marks it offline
+
+
+class DriverError(Exception):
+    """A failure with a reason fit to show the user (it becomes the run's `reason`)."""
+
+    def __init__(self, reason: str, *, device_lost: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.device_lost = device_lost
+
+
+class Driver(abc.ABC):
+    platform: str  # "linux" | "macos" | "android"
+
+    @abc.abstractmethod
+    def discover(self) -> list[DeviceInfo]:
+        """Every device this driver can serve now. Never raises for "no devices"."""
+
+    def describe(self, serial: str) -> DeviceInfo:
+        for d in self.discover():
+            if d.serial == serial:
+                return d
+        raise DriverError(f"device {serial} is not connected", device_lost=True)
+
+    @abc.abstractmethod
+    def health(self, serial: str) -> dict[str, Any]:
+        """Device state worth recording (thermal, battery, power source); raises DriverError if gone."""
+
+    @abc.abstractmethod
+    def prepare(self, serial: str, job: Job) -> dict[str, Any]:
+        """Stage runner and model, apply power profile, pass gates. Returns the 'before' state."""
+
+    @abc.abstractmethod
+    def run(self, serial: str, job: Job) -> tuple[int, float]:
+        """Execute the runner; returns (exit code, wall seconds). Kills it at job.timeout_s."""
+
+    @abc.abstractmethod
+    def collect(self, serial: str, job: Job) -> None:
+        """Bring the ETDump, the runner log and any kernel log into job.workdir."""
+
+    @abc.abstractmethod
+    def cleanup(self, serial: str, job: Job) -> dict[str, Any]:
+        """Remove the run's files, restore settings. Returns the 'after' state."""
+
+    def execute(self, serial: str, job: Job) -> JobResult:
+        """prepare -> run -> collect -> cleanup, turning every failure into a reasoned JobResult."""
+        state: dict[str, Any] = {}
+        result = JobResult(ok=False)
+        try:
+            state["before"] = self.prepare(serial, job)
+            result.exit_code, result.wall_s = self.run(serial, job)
+            self.collect(serial, job)
+        except DriverError as e:
+            result.reason, result.device_lost = e.reason, e.device_lost
+        finally:
+            try:
+                state["after"] = self.cleanup(serial, job)
+            except DriverError as e:
+                result.device_lost = result.device_lost or e.device_lost
+                if not result.reason:
+                    result.reason = e.reason
+        result.device_state = state
+        log = job.workdir / LOG_NAME
+        result.log_path = log if log.exists() else None
+        kernels = job.workdir / KERNEL_LOG_NAME
+        result.kernel_log_path = kernels if kernels.exists() else None
+        etdump = job.workdir / ETDUMP_NAME
+        if result.reason:
+            return result
+        if result.exit_code != 0:
+            result.reason = f"runner exited with code {result.exit_code}: {tail(log)}"
+        elif not etdump.exists() or etdump.stat().st_size == 0:
+            result.reason = f"runner wrote no ETDump: {tail(log)}"
+        else:
+            result.ok, result.etdump_path = True, etdump
+        return result
+
+
+def tail(path: Path, lines: int = 8, limit: int = 2000) -> str:
+    """The runner's last log lines, the most useful failure reason there is."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no runner log)"
+    out = " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
+    return out[-limit:] or "(empty runner log)"

@@ -1,0 +1,277 @@
+"""Wire schemas: the one definition of every message the server, agents and clients exchange.
+
+The server imports these (as Prefect's server imports its client's schemas) so both ends of a
+request are checked against the same model. Pydantic only: this module must stay importable on
+lab hosts and laptops without SQLAlchemy, Celery, torch or executorch.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Sme2Setting = Literal["on", "off"]
+Sme2Request = Literal["on", "off", "both"]
+Platform = Literal["linux", "macos", "android"]
+RunnerPlatform = Literal["linux-x86_64", "linux-arm64", "macos-arm64", "android-arm64-v9a"]
+Flavour = Literal["timing", "xnnlog"]
+PowerProfile = Literal["none", "boost", "app"]
+RunStatus = Literal[
+    "queued", "assigned", "running", "uploading", "analyzing",
+    "succeeded", "failed", "cancelled", "unschedulable",
+]
+TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})
+DeviceState = Literal["idle", "busy", "offline", "unhealthy"]
+
+# Labels, tags and serials travel to device hosts; keeping them to a plain alphabet is a second
+# line of defence behind the drivers' quoting (nothing from a spec is ever put in a shell string).
+_TAG = re.compile(r"^[A-Za-z0-9._:@/+-]{1,64}$")
+_HEX_MASK = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceSelector(_Strict):
+    """Which devices an experiment may run on; every given field must match."""
+
+    platform: Platform | None = None
+    serial: str | None = Field(default=None, max_length=128)
+    tags: list[str] = Field(default_factory=list, max_length=16)
+    sme2: bool | None = Field(default=None, description="Require (true) or exclude (false) SME2-capable devices")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_plain(cls, tags: list[str]) -> list[str]:
+        for t in tags:
+            if not _TAG.match(t):
+                raise ValueError(f"tag {t!r} must be 1-64 characters of letters, digits and ._:@/+-")
+        return tags
+
+
+class ExperimentSpec(_Strict):
+    """What the user asks for; one Run per (matching device x sme2 setting x thread count)."""
+
+    sme2: Sme2Request = "both"
+    threads: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
+    iterations: int = Field(default=20, ge=1, le=100_000)
+    warmup: int = Field(default=2, ge=0, le=10_000)
+    mode: Literal["timing", "trace"] = "timing"
+    device: DeviceSelector | None = None
+    name: str | None = Field(default=None, max_length=200)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    power_profile: PowerProfile = "none"
+    core_mask: str | None = Field(default=None, description="taskset CPU mask in hex, e.g. f0")
+    sessions: int = Field(default=1, ge=1, le=20, description="Timed sessions per arm; interleaved off/on/on/off")
+    timeout_s: int = Field(default=600, ge=1, le=24 * 3600)
+
+    @field_validator("threads")
+    @classmethod
+    def _threads_positive(cls, threads: list[int]) -> list[int]:
+        for t in threads:
+            if t < 1 or t > 256:
+                raise ValueError(f"thread count {t} must be between 1 and 256")
+        if len(set(threads)) != len(threads):
+            raise ValueError("thread counts must not repeat")
+        return threads
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_bounded(cls, labels: dict[str, str]) -> dict[str, str]:
+        for k, v in labels.items():
+            if not (1 <= len(k) <= 64) or len(v) > 256:
+                raise ValueError("label keys are 1-64 characters and values at most 256")
+        return labels
+
+    @field_validator("core_mask")
+    @classmethod
+    def _mask_hex(cls, mask: str | None) -> str | None:
+        if mask is not None and not _HEX_MASK.match(mask):
+            raise ValueError(f"core_mask {mask!r} must be a hexadecimal CPU mask such as f0")
+        return mask
+
+    def sme2_settings(self) -> list[Sme2Setting]:
+        return ["off", "on"] if self.sme2 == "both" else [self.sme2]
+
+
+class DeviceInfo(BaseModel):
+    """A device as an agent sees it: identity, capability (detected, never assumed) and state."""
+
+    serial: str
+    platform: Platform
+    model: str = ""
+    soc: str = ""
+    cpu_cores: int = 0
+    abi: str = ""
+    os_version: str = ""
+    sme2: bool = False
+    sme2_evidence: str = Field(default="", description="How SME2 was detected, e.g. 'HWCAP2' or '/proc/cpuinfo features'")
+    runner_platform: RunnerPlatform | None = None
+    state: DeviceState = "idle"
+    tags: list[str] = Field(default_factory=list)
+
+
+class RunnerInfo(BaseModel):
+    """Which runner build ran: recorded on every Run."""
+
+    id: str
+    platform: RunnerPlatform
+    sme2: Sme2Setting
+    flavour: Flavour = "timing"
+    executorch_version: str = ""
+    executorch_commit: str = ""
+    sha256: str = ""
+
+
+# ---- agent protocol ------------------------------------------------------------------------
+
+
+class AgentRegister(_Strict):
+    name: str = Field(max_length=128)
+    hostname: str = Field(default="", max_length=255)
+    version: str = ""
+    devices: list[DeviceInfo] = Field(default_factory=list)
+    # Runner builds this agent holds, so the server can tell "no build" apart from "no device".
+    runners: list[RunnerInfo] = Field(default_factory=list)
+
+
+class AgentRegistered(BaseModel):
+    agent_id: int
+    access_token: str
+    poll_timeout_s: float
+    heartbeat_interval_s: float
+    lease_s: float
+
+
+class AgentDevices(_Strict):
+    devices: list[DeviceInfo]
+    runners: list[RunnerInfo] = Field(default_factory=list)
+
+
+class RunAssignment(BaseModel):
+    """A run handed to an agent: everything it needs, nothing from the user's file name."""
+
+    run_id: int
+    lease_id: str
+    lease_expires_at: datetime
+    device_serial: str
+    model_sha256: str
+    model_size: int
+    sme2: Sme2Setting
+    threads: int
+    iterations: int
+    warmup: int
+    mode: Literal["timing", "trace"]
+    power_profile: PowerProfile = "none"
+    core_mask: str | None = None
+    timeout_s: int = 600
+    attempt: int = 1
+
+
+class LeaseRequest(_Strict):
+    lease_id: str
+
+
+class Heartbeat(_Strict):
+    lease_id: str
+    status: Literal["running", "uploading"] = "running"
+    message: str = Field(default="", max_length=2000)
+
+
+class HeartbeatAnswer(BaseModel):
+    lease_expires_at: datetime
+    cancel: bool = False
+
+
+class RunFinish(_Strict):
+    lease_id: str
+    status: Literal["succeeded", "failed"]
+    reason: str = Field(default="", max_length=8000)
+    runner: RunnerInfo | None = None
+    device_state: dict[str, Any] = Field(default_factory=dict)
+    wall_s: float | None = None
+    exit_code: int | None = None
+
+
+class Conflict(BaseModel):
+    """409 body for protocol conflicts (Airflow's execution API shape)."""
+
+    reason: str
+    message: str
+    previous_state: str | None = None
+
+
+# ---- reports -------------------------------------------------------------------------------
+
+
+class LatencyStats(BaseModel):
+    median: float
+    mean: float
+    p10: float
+    p90: float
+    cv: float
+    n: int
+    trimmed_mean: float | None = None
+    p99: float | None = None
+    min: float | None = None
+    max: float | None = None
+    mad: float | None = None
+    outliers: int | None = None
+
+
+class RunReport(BaseModel):
+    id: int
+    experiment_id: int
+    sme2: Sme2Setting
+    threads: int
+    mode: str
+    status: RunStatus
+    reason: str = ""
+    attempt: int = 1
+    device: DeviceInfo | None = None
+    runner: RunnerInfo | None = None
+    device_state: dict[str, Any] = Field(default_factory=dict)
+    e2e_ms: LatencyStats | None = None
+    load_ms: dict[str, float] | None = None
+    categories_ms: dict[str, float] | None = None
+    operators: list[dict[str, Any]] | None = None
+    kernels: dict[str, Any] | None = None
+    artifacts: list[str] = Field(default_factory=list)
+    runner_wall_s: float | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class ExperimentReport(BaseModel):
+    id: int
+    name: str | None = None
+    status: str
+    spec: ExperimentSpec
+    model_sha256: str
+    model_size: int
+    labels: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime
+    runs: list[RunReport]
+    comparisons: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ExperimentSummary(BaseModel):
+    id: int
+    name: str | None
+    status: str
+    model_sha256: str
+    created_at: datetime
+    runs: int
+    runs_by_status: dict[str, int]
+
+
+class ExperimentPage(BaseModel):
+    items: list[ExperimentSummary]
+    total: int
+    page: int
+    page_size: int

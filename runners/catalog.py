@@ -1,0 +1,80 @@
+"""The runner catalog: a JSON manifest naming every runner build the farm can use.
+
+Each build is one binary for one (platform, sme2 on/off, flavour), with its sha256 and the
+ExecuTorch version it was built from. Agents pick the build a run needs from here and refuse,
+with a reason, when none fits; every Run records the build that ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sme2farm.client.schemas import RunnerInfo
+
+RUNNERS_DIR = Path(__file__).resolve().parent
+DEFAULT_MANIFEST = RUNNERS_DIR / "build" / "manifest.json"
+
+
+@dataclass
+class RunnerBuild:
+    id: str
+    platform: str            # linux-x86_64 | linux-arm64 | macos-arm64 | android-arm64-v9a
+    sme2: str                # "on" | "off"
+    flavour: str             # "timing" | "xnnlog"
+    path: str                # binary, absolute or relative to the manifest's folder
+    sha256: str
+    executorch_version: str = ""
+    executorch_commit: str = ""
+    extra_files: list[str] = field(default_factory=list)  # pushed beside the runner (libc++_shared.so)
+
+    def info(self) -> RunnerInfo:
+        return RunnerInfo(id=self.id, platform=self.platform, sme2=self.sme2, flavour=self.flavour,
+                          executorch_version=self.executorch_version,
+                          executorch_commit=self.executorch_commit, sha256=self.sha256)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Catalog:
+    def __init__(self, manifest: Path, builds: list[RunnerBuild]):
+        self.manifest = manifest
+        self.builds = builds
+
+    @classmethod
+    def load(cls, manifest: Path | str | None = None) -> "Catalog":
+        path = Path(manifest or os.environ.get("SME2_RUNNER_MANIFEST") or DEFAULT_MANIFEST)
+        if not path.exists():
+            return cls(path, [])
+        data = json.loads(path.read_text())
+        return cls(path, [RunnerBuild(**b) for b in data.get("builds", [])])
+
+    def save(self) -> None:
+        self.manifest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.manifest.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": 1, "builds": [asdict(b) for b in self.builds]}, indent=2) + "\n")
+        tmp.replace(self.manifest)
+
+    def resolve(self, build: RunnerBuild) -> Path:
+        p = Path(build.path)
+        return p if p.is_absolute() else (self.manifest.parent / p)
+
+    def find(self, platform: str, sme2: str, flavour: str = "timing") -> RunnerBuild | None:
+        for b in self.builds:
+            if (b.platform, b.sme2, b.flavour) == (platform, sme2, flavour):
+                return b
+        return None
+
+    def register(self, build: RunnerBuild) -> None:
+        """Add or replace the build for the same (platform, sme2, flavour)."""
+        self.builds = [b for b in self.builds if (b.platform, b.sme2, b.flavour) != (build.platform, build.sme2, build.flavour)]
+        self.builds.append(build)
