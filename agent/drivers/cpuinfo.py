@@ -1,0 +1,51 @@
+"""Reading CPU facts from Linux/Android text: /proc/cpuinfo features, core counts, SoC names.
+
+Shared by the local Linux driver (reads the host's files) and the Android driver (reads the
+phone's through adb), so SME2 is detected the same way on both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import platform
+
+HWCAP2_SME2 = 1 << 37  # arch/arm64/include/uapi/asm/hwcap.h
+AT_HWCAP2 = 26
+
+
+def features(cpuinfo: str) -> set[str]:
+    """Union of every 'Features' (arm) / 'flags' (x86) line: SME2 may exist only on some cores."""
+    out: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("features", "flags"):
+            out.update(value.split())
+    return out
+
+
+def core_count(cpuinfo: str) -> int:
+    return sum(1 for line in cpuinfo.splitlines() if line.partition(":")[0].strip() == "processor")
+
+
+def field(cpuinfo: str, name: str) -> str:
+    """First value of a 'name : value' line ('Hardware', 'model name', 'CPU part')."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def has_sme2(cpuinfo: str) -> bool:
+    return "sme2" in features(cpuinfo)
+
+
+def host_hwcap2_sme2() -> bool | None:
+    """getauxval(AT_HWCAP2) & HWCAP2_SME2 on an arm64 Linux host; None where the question is moot."""
+    if platform.system() != "Linux" or platform.machine() not in ("aarch64", "arm64"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.getauxval.restype = ctypes.c_ulong
+    libc.getauxval.argtypes = [ctypes.c_ulong]
+    return bool(libc.getauxval(AT_HWCAP2) & HWCAP2_SME2)
