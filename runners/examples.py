@@ -1,0 +1,146 @@
+"""Small bundled example models, exported to .pte with the XNNPACK partitioner (fp32).
+
+They give the farm something real to run without user uploads: `toy_cnn` touches several
+XNNPACK operator categories, `mlp` is GEMM-only, `portable_mix` keeps some ops outside the
+delegate (portable kernels, the slow path users miss), and `cnn_blocks` scales to a few hundred
+delegated ops for benchmarks. torch is imported inside functions only: this module is imported by
+light code (agent, client) that must not pull torch in at import time.
+
+CLI: python -m sme2farm.runners.examples NAME OUT.pte [--blocks N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Example:
+    description: str
+    build: Callable[..., tuple[Any, tuple]]  # (**kw) -> (nn.Module in eval mode, example inputs)
+
+
+def _toy_cnn() -> tuple[Any, tuple]:
+    import torch
+    from torch import nn
+
+    class ToyCNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)                 # Convolution IGEMM
+            self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)       # Convolution DWConv
+            self.pw = nn.Conv2d(16, 32, 1)                             # 1x1: XNNPACK makes it GEMM
+            self.fc = nn.Linear(32, 10)                                # Fully Connected GEMM
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            y = nn.functional.hardswish(self.dw(y)) + y                # HardSwish, Add
+            y = self.pw(y)
+            y = y.permute(0, 2, 3, 1)                                  # Transpose (data movement)
+            y = y.mean(dim=(1, 2))
+            return self.fc(y)
+
+    return ToyCNN().eval(), (torch.randn(1, 3, 32, 32),)
+
+
+def _mlp() -> tuple[Any, tuple]:
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(
+        nn.Linear(256, 512), nn.GELU(),
+        nn.Linear(512, 512), nn.ReLU(),
+        nn.Linear(512, 10),
+    )
+    return model.eval(), (torch.randn(4, 256),)
+
+
+def _portable_mix() -> tuple[Any, tuple]:
+    import torch
+    from torch import nn
+
+    class PortableMix(nn.Module):
+        """cumsum and topk have no XNNPACK lowering: they run as portable kernels between
+        two delegated regions, so the ETDump holds OPERATOR_CALL / native_call_* events."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.fc = nn.Linear(8 * 16 * 16, 64)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x)).flatten(1)
+            y = self.fc(y)
+            y = torch.cumsum(y, dim=1)
+            values, _ = torch.topk(y, 5, dim=1)
+            return values
+
+    return PortableMix().eval(), (torch.randn(1, 3, 16, 16),)
+
+
+def _cnn_blocks(blocks: int = 50, channels: int = 16, size: int = 16) -> tuple[Any, tuple]:
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        # 4 XNNPACK ops per block: conv (IGEMM), depthwise conv, 1x1 conv (GEMM), add.
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+            self.dw = nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+            self.pw = nn.Conv2d(channels, channels, 1)
+
+        def forward(self, x):
+            return self.pw(self.dw(self.conv(x))) + x
+
+    if blocks < 1:
+        raise ValueError("blocks must be >= 1")
+    model = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), *[Block() for _ in range(blocks)])
+    return model.eval(), (torch.randn(1, 3, size, size),)
+
+
+EXAMPLES: dict[str, Example] = {
+    "toy_cnn": Example("conv 3x3, depthwise, 1x1, permute, linear, add, hardswish, relu", _toy_cnn),
+    "mlp": Example("three linear layers with gelu and relu", _mlp),
+    "portable_mix": Example("delegated conv/linear next to portable cumsum and topk", _portable_mix),
+    "cnn_blocks": Example("N residual conv blocks, 4 XNNPACK ops each (blocks=50: ~200 ops)", _cnn_blocks),
+}
+
+
+def export_example(name: str, out: Path, **kw: Any) -> Path:
+    """Export example `name` (builder kwargs in **kw, e.g. blocks=50) to `out` as an XNNPACK .pte."""
+    if name not in EXAMPLES:
+        raise KeyError(f"unknown example {name!r}; choose from {', '.join(EXAMPLES)}")
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    model, inputs = EXAMPLES[name].build(**kw)
+    with torch.no_grad():
+        exported = torch.export.export(model, inputs)
+    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(program.buffer)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sme2farm.runners.examples", description=__doc__.splitlines()[0])
+    p.add_argument("name", choices=sorted(EXAMPLES))
+    p.add_argument("out", type=Path)
+    p.add_argument("--blocks", type=int, help="cnn_blocks only: number of blocks (default 50)")
+    a = p.parse_args(argv)
+    kw = {"blocks": a.blocks} if a.blocks is not None else {}
+    if kw and a.name != "cnn_blocks":
+        p.error("--blocks applies to cnn_blocks only")
+    print(export_example(a.name, a.out, **kw))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
