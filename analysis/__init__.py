@@ -1,0 +1,24 @@
+"""sme2farm.analysis: ETDump bytes in, numbers out.
+
+Pure package (numpy only: no torch, pandas or executorch), imported by the laptop client and
+by the worker. Public API:
+
+- :func:`analyze` (ETDump bytes -> JSON report), :func:`compare` (two reports -> speedup, CI,
+  narrative), :class:`EtdumpError`;
+- renderers :func:`to_markdown`, :func:`to_csv`, :func:`to_perfetto`, :func:`to_terminal`;
+- :func:`parse_kernel_log`, :func:`read_etdump` (the raw event arrays), :func:`category_of`.
+"""
+
+from .categories import CATEGORIES, category_of
+from .compare import compare
+from .etdump import EtdumpError, Events, read_etdump
+from .kernels import classify_kernel, parse_kernel_log
+from .render import to_csv, to_markdown, to_perfetto, to_terminal
+from .report import analyze
+from .stats import bootstrap_ratio, latency_stats
+
+__all__ = [
+    "analyze", "compare", "EtdumpError", "to_markdown", "to_csv", "to_perfetto", "to_terminal",
+    "parse_kernel_log", "classify_kernel", "read_etdump", "Events", "category_of", "CATEGORIES",
+    "latency_stats", "bootstrap_ratio",
+]

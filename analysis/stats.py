@@ -1,0 +1,96 @@
+"""Latency statistics and the bootstrap of a ratio of medians (numpy only)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+STAT_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max",
+             "cv", "mad", "outliers", "n")
+
+
+def _f(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def trimmed_mean(x: np.ndarray, proportion: float = 0.1) -> float:
+    """Mean of the middle values after cutting ``proportion`` from each end (scipy's
+    ``trim_mean`` rule: floor(proportion * n) values cut per side)."""
+    x = np.sort(np.asarray(x, dtype=np.float64))
+    k = int(proportion * x.size)
+    core = x[k: x.size - k] if x.size - 2 * k > 0 else x
+    return float(core.mean())
+
+
+def latency_stats(samples) -> dict:
+    """median, mean, 10% trimmed mean, p10/p90/p99, min, max, CV (sample std / mean),
+    MAD (median absolute deviation, unscaled), IQR outliers (count outside
+    [Q1 - 1.5 IQR, Q3 + 1.5 IQR]) and n. Empty input gives None values and n = 0."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size == 0:
+        out = {k: None for k in STAT_KEYS}
+        out["outliers"] = 0
+        out["n"] = 0
+        return out
+    med = np.median(x)
+    mean = x.mean()
+    p10, q1, q3, p90, p99 = np.percentile(x, [10, 25, 75, 90, 99])
+    iqr = q3 - q1
+    outliers = int(((x < q1 - 1.5 * iqr) | (x > q3 + 1.5 * iqr)).sum())
+    std = x.std(ddof=1) if x.size > 1 else 0.0
+    return {
+        "median": _f(med), "mean": _f(mean), "trimmed_mean": _f(trimmed_mean(x)),
+        "p10": _f(p10), "p90": _f(p90), "p99": _f(p99),
+        "min": _f(x.min()), "max": _f(x.max()),
+        "cv": _f(std / mean) if mean > 0 else None,
+        "mad": _f(np.median(np.abs(x - med))),
+        "outliers": outliers, "n": int(x.size),
+    }
+
+
+def _boot_stat(x: np.ndarray, rng: np.random.Generator, n_boot: int, stat: str,
+               chunk: int) -> np.ndarray:
+    """``n_boot`` bootstrap replicates of median or mean of x, in chunks so memory stays
+    at ``chunk * len(x)`` floats however many resamples are drawn."""
+    out = np.empty(n_boot, dtype=np.float64)
+    n = x.size
+    done = 0
+    while done < n_boot:
+        m = min(chunk, n_boot - done)
+        idx = rng.integers(0, n, size=(m, n))
+        res = x[idx]
+        out[done:done + m] = np.median(res, axis=1) if stat == "median" else res.mean(axis=1)
+        done += m
+    return out
+
+
+def bootstrap_ratio(base, cand, *, stat: str = "median", n_boot: int = 10_000, seed: int = 0,
+                    level: float = 0.95) -> dict:
+    """Point estimate and percentile-bootstrap CI of stat(base) / stat(cand).
+
+    The two arms are resampled independently (they are independent runs). Returns
+    {"estimate", "ci_low", "ci_high", "level", "n_boot"}; None values when an arm is empty
+    or the candidate's statistic is 0.
+    """
+    b = np.asarray(base, dtype=np.float64)
+    c = np.asarray(cand, dtype=np.float64)
+    empty = {"estimate": None, "ci_low": None, "ci_high": None, "level": level, "n_boot": n_boot}
+    if b.size == 0 or c.size == 0:
+        return empty
+    f = np.median if stat == "median" else np.mean
+    sc = f(c)
+    if sc <= 0:
+        return empty
+    rng = np.random.default_rng(seed)
+    chunk = max(1, min(n_boot, 4_000_000 // max(b.size, c.size, 1)))
+    rb = _boot_stat(b, rng, n_boot, stat, chunk)
+    rc = _boot_stat(c, rng, n_boot, stat, chunk)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = rb / rc
+    ratios = ratios[np.isfinite(ratios)]
+    alpha = (1 - level) / 2
+    lo, hi = (np.quantile(ratios, [alpha, 1 - alpha]) if ratios.size else (np.nan, np.nan))
+    return {"estimate": _f(f(b) / sc), "ci_low": _f(lo), "ci_high": _f(hi),
+            "level": level, "n_boot": n_boot}
