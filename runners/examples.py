@@ -39,10 +39,9 @@ def _toy_cnn() -> tuple[Any, tuple]:
         def forward(self, x):
             y = torch.relu(self.conv(x))
             y = nn.functional.hardswish(self.dw(y)) + y                # HardSwish, Add
-            y = self.pw(y)
+            y = nn.functional.avg_pool2d(self.pw(y), 4)                # Average Pooling
             y = y.permute(0, 2, 3, 1)                                  # Transpose (data movement)
-            y = y.mean(dim=(1, 2))
-            return self.fc(y)
+            return self.fc(y)                                          # on NHWC: (1, 8, 8, 10)
 
     return ToyCNN().eval(), (torch.randn(1, 3, 32, 32),)
 
@@ -104,7 +103,7 @@ def _cnn_blocks(blocks: int = 50, channels: int = 16, size: int = 16) -> tuple[A
 
 
 EXAMPLES: dict[str, Example] = {
-    "toy_cnn": Example("conv 3x3, depthwise, 1x1, permute, linear, add, hardswish, relu", _toy_cnn),
+    "toy_cnn": Example("conv 3x3, depthwise, 1x1, avg pool, permute, linear, add, hardswish, relu", _toy_cnn),
     "mlp": Example("three linear layers with gelu and relu", _mlp),
     "portable_mix": Example("delegated conv/linear next to portable cumsum and topk", _portable_mix),
     "cnn_blocks": Example("N residual conv blocks, 4 XNNPACK ops each (blocks=50: ~200 ops)", _cnn_blocks),
