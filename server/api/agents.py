@@ -1,0 +1,174 @@
+"""The agent protocol (agents pull work over HTTP; they never touch the broker or the database).
+
+Register -> sync devices -> long-poll claim -> start -> heartbeat* -> upload artifacts -> finish.
+Agents get their own router and their own token scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, JSONResponse
+from sqlalchemy import select
+
+from sme2farm.client.schemas import (
+    AgentDevices, AgentRegister, AgentRegistered, Conflict, Heartbeat, HeartbeatAnswer, LeaseRequest,
+    RunAssignment, RunFinish,
+)
+from sme2farm.server.api.deps import AgentIdDep, Credentials, SessionDep, SettingsDep, StoreDep, _token, agent_of
+from sme2farm.server.db import session_scope
+from sme2farm.server.models import Agent, Artifact, Device, Model
+from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import runs as run_service
+from sme2farm.server.services import tokens as token_service
+from sme2farm.server.storage import AGENT_ARTIFACTS, TooLarge
+
+router = APIRouter(prefix="/agent", tags=["agent protocol"])
+
+
+def conflict(e: run_service.LeaseConflict) -> JSONResponse:
+    return JSONResponse(status_code=409, content=Conflict(reason=e.reason, message=e.message, previous_state=e.previous_state).model_dump())
+
+
+@router.post("/register", response_model=AgentRegistered)
+def register(body: AgentRegister, request: Request, settings: SettingsDep, creds: Credentials) -> AgentRegistered:
+    """Exchange an admin or registration token for a per-agent access token."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        row = _token(session, creds)
+        if row.scope not in ("admin", "register"):
+            raise HTTPException(403, "registering an agent needs an admin or registration token")
+        agent = device_service.register_agent(session, name=body.name, hostname=body.hostname, version=body.version)
+        token = token_service.create(session, name=f"agent:{body.name}", scope="agent", agent_id=agent.id)
+        device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners)
+        request.app.state.enqueue("dispatch")
+    return AgentRegistered(agent_id=agent_id, access_token=token, poll_timeout_s=settings.poll_timeout_s,
+                           heartbeat_interval_s=settings.heartbeat_interval_s, lease_s=settings.lease_s)
+
+
+@router.put("/devices")
+def sync_devices(body: AgentDevices, request: Request, settings: SettingsDep, creds: Credentials) -> dict:
+    # The transaction must commit before dispatch is enqueued, so it is opened here, not in a dependency.
+    with session_scope(settings.sqlalchemy_url) as session:
+        agent = agent_of(session, creds)
+        device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners)
+    request.app.state.enqueue("dispatch")
+    return {"devices": len(body.devices)}
+
+
+def _assignments(settings, agent_id: int) -> list[RunAssignment]:
+    with session_scope(settings.sqlalchemy_url) as session:
+        agent = session.get(Agent, agent_id)
+        device_service.touch(session, agent=agent)
+        out = []
+        for run in run_service.assigned_to_agent(session, agent_id=agent_id):
+            exp = run.experiment
+            spec = exp.spec
+            device = session.get(Device, run.device_id)
+            model = session.get(Model, exp.model_sha256)
+            out.append(RunAssignment(
+                run_id=run.id, lease_id=run.lease_id, lease_expires_at=run.lease_expires_at,
+                device_serial=device.serial, model_sha256=model.sha256, model_size=model.size,
+                sme2=run.sme2, threads=run.threads, iterations=spec["iterations"], warmup=spec["warmup"],
+                mode=run.mode, power_profile=spec.get("power_profile", "none"), core_mask=spec.get("core_mask"),
+                timeout_s=spec.get("timeout_s", 600), attempt=run.attempt,
+            ))
+        return out
+
+
+@router.post("/claim", response_model=list[RunAssignment])
+async def claim(request: Request, settings: SettingsDep, agent_id: AgentIdDep, wait: float = 0.0) -> list[RunAssignment]:
+    """Long-poll: answer as soon as a run is assigned to one of this agent's devices, or after
+    `wait` seconds (capped by the server's poll timeout) with an empty list."""
+    deadline = time.monotonic() + min(max(wait, 0.0), settings.poll_timeout_s)
+    while True:
+        runs = await run_in_threadpool(_assignments, settings, agent_id)
+        if runs or time.monotonic() >= deadline or await request.is_disconnected():
+            return runs
+        await asyncio.sleep(0.05)
+
+
+@router.post("/runs/{run_id}/start")
+def start(run_id: int, body: LeaseRequest, session: SessionDep, settings: SettingsDep, agent_id: AgentIdDep):
+    try:
+        run = run_service.start(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id, lease_s=settings.lease_s)
+    except run_service.LeaseConflict as e:
+        return conflict(e)
+    except LookupError as e:
+        raise HTTPException(404, str(e))
+    return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
+
+
+@router.post("/runs/{run_id}/heartbeat")
+def heartbeat(run_id: int, body: Heartbeat, session: SessionDep, settings: SettingsDep, agent_id: AgentIdDep):
+    try:
+        run = run_service.heartbeat(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id,
+                                    status=body.status, lease_s=settings.lease_s)
+    except run_service.LeaseConflict as e:
+        return conflict(e)
+    except LookupError as e:
+        raise HTTPException(404, str(e))
+    device_service.touch(session, agent=session.get(Agent, agent_id))
+    return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
+
+
+@router.put("/runs/{run_id}/artifacts/{name}")
+async def upload_artifact(run_id: int, name: str, request: Request, settings: SettingsDep, store: StoreDep, agent_id: AgentIdDep):
+    """Raw body upload; X-Lease-Id, X-Content-SHA256 and Content-Length are checked against it."""
+    if name not in AGENT_ARTIFACTS:
+        raise HTTPException(422, f"artifact name must be one of {sorted(AGENT_ARTIFACTS)}")
+    lease_id = request.headers.get("x-lease-id", "")
+    want_sha = request.headers.get("x-content-sha256", "").lower()
+    length = request.headers.get("content-length")
+    if not want_sha or length is None or not length.isdigit():
+        raise HTTPException(422, "artifact uploads need Content-Length and X-Content-SHA256 headers")
+    limit = settings.max_artifact_mb << 20
+    if int(length) > limit:
+        raise HTTPException(413, f"artifact of {length} bytes exceeds the {settings.max_artifact_mb} MiB limit")
+    with session_scope(settings.sqlalchemy_url) as session:
+        try:
+            run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id, status="uploading", lease_s=settings.lease_s)
+        except run_service.LeaseConflict as e:
+            return conflict(e)
+        except LookupError as e:
+            raise HTTPException(404, str(e))
+    try:
+        tmp, sha, size = await store.receive(request.stream(), limit)
+    except TooLarge as e:
+        raise HTTPException(413, str(e))
+    if size != int(length) or sha != want_sha:
+        tmp.unlink()
+        raise HTTPException(422, f"artifact {name} arrived damaged: {size} bytes sha256 {sha}, expected {length} bytes sha256 {want_sha}")
+    store.keep_artifact(tmp, run_id, name)
+    with session_scope(settings.sqlalchemy_url) as session:
+        row = session.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
+        if row is None:
+            session.add(Artifact(run_id=run_id, name=name, size=size, sha256=sha))
+        else:
+            row.size, row.sha256 = size, sha
+    return {"name": name, "size": size, "sha256": sha}
+
+
+@router.post("/runs/{run_id}/finish")
+def finish(run_id: int, body: RunFinish, request: Request, settings: SettingsDep, store: StoreDep, agent_id: AgentIdDep):
+    has_trace = store.artifact_path(run_id, "trace.etdump").exists()
+    try:
+        with session_scope(settings.sqlalchemy_url) as session:
+            status = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace).status
+    except run_service.LeaseConflict as e:
+        return conflict(e)
+    except LookupError as e:
+        raise HTTPException(404, str(e))
+    if status == "analyzing":
+        request.app.state.enqueue("ingest", run_id)
+    request.app.state.enqueue("dispatch")
+    return {"status": status}
+
+
+@router.get("/models/{sha256}")
+def download_model(sha256: str, session: SessionDep, store: StoreDep, _agent: AgentIdDep) -> FileResponse:
+    if session.get(Model, sha256) is None:
+        raise HTTPException(404, f"model {sha256} not found")
+    return FileResponse(store.model_path(sha256), media_type="application/octet-stream")

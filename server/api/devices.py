@@ -1,0 +1,24 @@
+"""GET /devices: the farm's inventory as agents last reported it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from sme2farm.server.api.deps import SessionDep, UserDep
+from sme2farm.server.models import Agent
+from sme2farm.server.services import devices as device_service
+
+router = APIRouter(tags=["devices"])
+
+
+@router.get("/devices")
+def list_devices(session: SessionDep, _user: UserDep) -> list[dict[str, Any]]:
+    out = []
+    for d in device_service.get_all(session):
+        agent = session.get(Agent, d.agent_id)
+        out.append({**d.info, "id": d.id, "state": d.state, "sme2": d.sme2, "agent": agent.name,
+                    "current_run_id": d.current_run_id, "last_seen": agent.last_seen.isoformat(),
+                    "runners": [r for r in agent.runners if r.get("platform") == d.info.get("runner_platform")]})
+    return out

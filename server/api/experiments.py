@@ -1,0 +1,106 @@
+"""POST/GET /experiments: thin routes over the experiments service."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from sme2farm.client.schemas import ExperimentPage, ExperimentReport, ExperimentSpec
+from sme2farm.server.api.deps import SessionDep, SettingsDep, StoreDep, UserDep
+from sme2farm.server.db import session_scope
+from sme2farm.server.models import Model
+from sme2farm.server.pte import InvalidProgram, validate
+from sme2farm.server.services import experiments as experiment_service
+from sme2farm.server.services import reports
+from sme2farm.server.services import runs as run_service
+from sme2farm.server.uploads import receive_experiment
+
+router = APIRouter(tags=["experiments"])
+
+
+def validation_message(e: ValidationError, prefix: str) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        parts.append(f"{prefix}.{loc}: {err['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def parse_spec(raw: str | None) -> ExperimentSpec:
+    if raw is None or not raw.strip():
+        return ExperimentSpec()
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise HTTPException(422, f"spec is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+    if not isinstance(data, dict):
+        raise HTTPException(422, "spec must be a JSON object")
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as e:
+        raise HTTPException(422, validation_message(e, "spec"))
+
+
+@router.post("/experiments", status_code=201, response_model=ExperimentReport)
+async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, _user: UserDep) -> ExperimentReport:
+    """Upload a .pte (`model` part) and a JSON `spec`; one Run per device x sme2 x threads."""
+    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20)
+    try:
+        spec = parse_spec(upload.fields.get("spec"))
+        validate(upload.model_path)
+    except InvalidProgram as e:
+        upload.discard()
+        raise HTTPException(422, f"model: {e}")
+    except HTTPException:
+        upload.discard()
+        raise
+    try:
+        with session_scope(settings.sqlalchemy_url) as session:
+            report, exp_id, queued = _store_experiment(session, spec, upload, store)
+    except experiment_service.NoMatchingDevice as e:
+        upload.discard()
+        raise HTTPException(422, f"spec.device: {e}")
+    if queued:
+        request.app.state.enqueue("dispatch")
+    return report
+
+
+def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> tuple[ExperimentReport, int, bool]:
+    model = session.get(Model, upload.sha256)
+    if model is None:
+        model = Model(sha256=upload.sha256, size=upload.size)
+        session.add(model)
+    exp = experiment_service.create(session, spec=spec, model=model)
+    # The file moves into the store only once the rows exist; a failure above leaves nothing behind.
+    store.keep_model(upload.model_path, upload.sha256)
+    session.flush()
+    exp = experiment_service.get(session, experiment_id=exp.id)
+    return reports.experiment_report(exp), exp.id, any(r.status == "queued" for r in exp.runs)
+
+
+@router.get("/experiments", response_model=ExperimentPage)
+def list_experiments(session: SessionDep, _user: UserDep, page: int = Query(1, ge=1), page_size: int = Query(20, ge=1, le=200)) -> ExperimentPage:
+    """Experiments, newest first."""
+    rows, total = experiment_service.get_page(session, page=page, page_size=page_size)
+    return ExperimentPage(items=[reports.summary(e) for e in rows], total=total, page=page, page_size=page_size)
+
+
+@router.get("/experiments/{experiment_id}", response_model=ExperimentReport)
+def get_experiment(experiment_id: int, session: SessionDep, _user: UserDep) -> ExperimentReport:
+    exp = experiment_service.get(session, experiment_id=experiment_id)
+    if exp is None:
+        raise HTTPException(404, f"experiment {experiment_id} not found")
+    return reports.experiment_report(exp)
+
+
+@router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport)
+def cancel_experiment(experiment_id: int, session: SessionDep, _user: UserDep) -> ExperimentReport:
+    exp = experiment_service.get(session, experiment_id=experiment_id)
+    if exp is None:
+        raise HTTPException(404, f"experiment {experiment_id} not found")
+    for run in exp.runs:
+        run_service.cancel(session, run=run)
+    return reports.experiment_report(exp)

@@ -1,0 +1,43 @@
+"""GET /runs/{id} and its artifacts."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import FileResponse
+
+from sme2farm.client.schemas import RunReport
+from sme2farm.server.api.deps import SessionDep, StoreDep, UserDep
+from sme2farm.server.services import reports
+from sme2farm.server.services import runs as run_service
+from sme2farm.server.storage import ARTIFACT_MEDIA, ARTIFACT_NAMES
+
+router = APIRouter(tags=["runs"])
+
+
+@router.get("/runs/{run_id}", response_model=RunReport)
+def get_run(run_id: int, session: SessionDep, _user: UserDep) -> RunReport:
+    run = run_service.get(session, run_id=run_id)
+    if run is None:
+        raise HTTPException(404, f"run {run_id} not found")
+    return reports.run_report(run)
+
+
+@router.get("/runs/{run_id}/artifacts/{name}")
+def get_artifact(run_id: int, name: str, session: SessionDep, store: StoreDep, _user: UserDep) -> FileResponse:
+    if name not in ARTIFACT_NAMES:
+        raise HTTPException(404, f"unknown artifact {name!r}; artifacts are {sorted(ARTIFACT_NAMES)}")
+    if run_service.get(session, run_id=run_id) is None:
+        raise HTTPException(404, f"run {run_id} not found")
+    path = store.artifact_path(run_id, name)
+    if not path.exists():
+        raise HTTPException(404, f"run {run_id} has no {name}")
+    return FileResponse(path, media_type=ARTIFACT_MEDIA[name], filename=f"run{run_id}-{name}")
+
+
+@router.post("/runs/{run_id}/cancel", response_model=RunReport)
+def cancel_run(run_id: int, session: SessionDep, _user: UserDep) -> RunReport:
+    run = run_service.get(session, run_id=run_id)
+    if run is None:
+        raise HTTPException(404, f"run {run_id} not found")
+    run_service.cancel(session, run=run)
+    return reports.run_report(run)

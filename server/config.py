@@ -1,0 +1,54 @@
+"""Server and worker settings: one pydantic-settings class, every field described, SME2_ prefix."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SME2_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".farm"), description="Models, artifacts, the SQLite database and the embedded broker live here")
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("SME2_DATABASE_URL", "DATABASE_URL"),
+        description="SQLAlchemy URL; default sqlite:///<data_dir>/farm.db",
+    )
+    broker_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("SME2_BROKER_URL", "CELERY_BROKER_URL"),
+        description="Celery broker; default an SQLite-backed kombu transport in the data dir (no server process)",
+    )
+    admin_token: SecretStr | None = Field(default=None, description="Bootstrap admin API token (else read or created in <data_dir>/token)")
+    max_upload_mb: int = Field(default=512, description="Largest accepted .pte upload")
+    max_artifact_mb: int = Field(default=1024, description="Largest accepted ETDump/log upload from an agent")
+    lease_s: float = Field(default=60.0, description="How long an agent owns a run without a heartbeat")
+    heartbeat_interval_s: float = Field(default=10.0, description="How often agents heartbeat a running run")
+    poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
+    agent_offline_s: float = Field(default=90.0, description="An agent silent this long has its devices marked offline")
+    max_attempts: int = Field(default=3, description="A run whose lease expires is requeued up to this many attempts")
+    broker_poll_s: float = Field(default=0.05, description="Embedded broker polling interval (the farm's latency floor)")
+    public_url: str = Field(default="", description="URL printed for the dashboard/API")
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'farm.db').resolve()}"
+
+    @property
+    def celery_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,153 @@
+"""SQL tables (SQLAlchemy 2.x). The schema itself is created by Alembic (migrations/)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class ApiToken(Base):
+    """Bearer tokens, stored as sha256 only. scope: admin | user | agent."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Model(Base):
+    """An uploaded .pte, content-addressed: the same bytes are stored once."""
+
+    __tablename__ = "models"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    version: Mapped[str] = mapped_column(String(64), default="")
+    runners: Mapped[list[Any]] = mapped_column(default=list)  # RunnerInfo dicts this agent holds
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    devices: Mapped[list["Device"]] = relationship(back_populates="agent")
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("agent_id", "serial"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    agent_id: Mapped[int] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"))
+    serial: Mapped[str] = mapped_column(String(128))
+    platform: Mapped[str] = mapped_column(String(16))
+    info: Mapped[dict[str, Any]] = mapped_column(default=dict)  # DeviceInfo as reported
+    sme2: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[str] = mapped_column(String(16), default="idle")  # idle | busy | offline | unhealthy
+    current_run_id: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    agent: Mapped[Agent] = relationship(back_populates="devices")
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    model_sha256: Mapped[str] = mapped_column(ForeignKey("models.sha256"))
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    comparisons: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    runs: Mapped[list["Run"]] = relationship(back_populates="experiment", order_by="Run.id")
+    model: Mapped[Model] = relationship()
+
+
+class Run(Base):
+    """One device x sme2 x threads x mode (x session) execution, and its state machine."""
+
+    __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_status_device", "status", "device_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id", ondelete="SET NULL"))
+    sme2: Mapped[str] = mapped_column(String(3))
+    threads: Mapped[int] = mapped_column(Integer)
+    mode: Mapped[str] = mapped_column(String(8))
+    session: Mapped[int] = mapped_column(Integer, default=0)
+    sequence: Mapped[int] = mapped_column(Integer, default=0)  # order on its device (interleaving)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_id: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None] = mapped_column()
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    runner: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    device_snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    device_state: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    runner_wall_s: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    experiment: Mapped[Experiment] = relationship(back_populates="runs")
+    device: Mapped[Device | None] = relationship()
+    result: Mapped["RunResult | None"] = relationship(back_populates="run", uselist=False)
+    artifacts: Mapped[list["Artifact"]] = relationship(order_by="Artifact.name")
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("run_id", "name"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RunResult(Base):
+    """What ingest computed from the run's ETDump. Headline numbers as columns for queries,
+    the full analysis report (raw samples included) as JSON."""
+
+    __tablename__ = "run_results"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    e2e_median_ms: Mapped[float] = mapped_column(Float)
+    e2e_mean_ms: Mapped[float] = mapped_column(Float)
+    e2e_p10_ms: Mapped[float] = mapped_column(Float)
+    e2e_p90_ms: Mapped[float] = mapped_column(Float)
+    e2e_cv: Mapped[float] = mapped_column(Float)
+    n: Mapped[int] = mapped_column(Integer)
+    categories_ms: Mapped[dict[str, Any]] = mapped_column()
+    analysis: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    run: Mapped[Run] = relationship(back_populates="result")
+
+
+class OperatorStat(Base):
+    __tablename__ = "operator_stats"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(256))
+    category: Mapped[str] = mapped_column(String(32))
+    count: Mapped[int] = mapped_column(Integer)
+    total_ms: Mapped[float] = mapped_column(Float)
+    share: Mapped[float] = mapped_column(Float)
+    delegated: Mapped[bool] = mapped_column(Boolean)

@@ -1,0 +1,92 @@
+"""Experiments: a user's request, fanned out into one Run per device x sme2 x threads (x session)."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from sme2farm.client.schemas import TERMINAL_RUN_STATUSES, ExperimentSpec
+from sme2farm.server.models import Agent, Device, Experiment, Model, Run
+from sme2farm.server.services import devices as device_service
+
+
+class NoMatchingDevice(ValueError):
+    pass
+
+
+def arm_order(settings: list[str], session: int) -> list[str]:
+    """A B B A: alternate which arm goes first per session so drift hits both arms alike."""
+    return settings if session % 2 == 0 else list(reversed(settings))
+
+
+def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str:
+    """'' when the device can serve this arm; otherwise the reason, naming what is missing."""
+    info = device.info
+    if sme2 == "on" and not device.sme2:
+        evidence = info.get("sme2_evidence") or "not detected"
+        return (f"SME2 on needs a device with SME2, and {device.serial} ({info.get('model') or device.platform}, "
+                f"{info.get('soc') or info.get('abi') or ''}) has none ({evidence}); it was not run with SME2 off instead")
+    platform = info.get("runner_platform")
+    if not platform:
+        return f"no runner platform is known for {device.serial} ({info.get('abi') or device.platform})"
+    flavour = "xnnlog" if mode == "trace" else "timing"
+    for r in agent.runners or []:
+        if (r.get("platform"), r.get("sme2"), r.get("flavour")) == (platform, sme2, flavour):
+            return ""
+    return (f"agent {agent.name} has no runner build for {platform} with SME2 {sme2} ({flavour} flavour); "
+            f"register one in its runner manifest (runners/recipe.py)")
+
+
+def create(session: Session, *, spec: ExperimentSpec, model: Model) -> Experiment:
+    devices = device_service.matching(session, selector=spec.device)
+    if not devices:
+        what = spec.device.model_dump(exclude_none=True, exclude_defaults=True) if spec.device else {}
+        known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
+        raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
+    exp = Experiment(name=spec.name, model_sha256=model.sha256, spec=spec.model_dump(mode="json"), labels=spec.labels)
+    session.add(exp)
+    session.flush()
+    for device in devices:
+        agent = session.get(Agent, device.agent_id)
+        seq = 0
+        for threads in spec.threads:
+            for s in range(spec.sessions):
+                for sme2 in arm_order(spec.sme2_settings(), s):
+                    reason = why_unschedulable(device, agent, sme2, spec.mode)
+                    session.add(Run(
+                        experiment_id=exp.id, device_id=device.id, sme2=sme2, threads=threads, mode=spec.mode,
+                        session=s, sequence=seq, status="unschedulable" if reason else "queued", reason=reason,
+                        device_snapshot=device.info,
+                    ))
+                    seq += 1
+    session.flush()
+    return exp
+
+
+def get(session: Session, *, experiment_id: int) -> Experiment | None:
+    return session.scalar(
+        select(Experiment).where(Experiment.id == experiment_id)
+        .options(selectinload(Experiment.runs).selectinload(Run.result), selectinload(Experiment.runs).selectinload(Run.artifacts))
+    )
+
+
+def get_page(session: Session, *, page: int, page_size: int) -> tuple[list[Experiment], int]:
+    total = session.scalar(select(func.count(Experiment.id))) or 0
+    rows = session.scalars(
+        select(Experiment).order_by(Experiment.id.desc()).offset((page - 1) * page_size).limit(page_size)
+        .options(selectinload(Experiment.runs))
+    )
+    return list(rows), total
+
+
+def status(exp: Experiment) -> str:
+    states = [r.status for r in exp.runs]
+    if any(s not in TERMINAL_RUN_STATUSES for s in states):
+        return "queued" if all(s in ("queued", "unschedulable") for s in states) and "queued" in states else "running"
+    if all(s == "succeeded" for s in states):
+        return "succeeded"
+    if any(s == "succeeded" for s in states):
+        return "partial"
+    if all(s == "cancelled" for s in states):
+        return "cancelled"
+    return "failed"

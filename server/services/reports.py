@@ -1,0 +1,45 @@
+"""The report JSON for an experiment or a run, assembled from stored rows."""
+
+from __future__ import annotations
+
+from sme2farm.client.schemas import ExperimentReport, ExperimentSpec, ExperimentSummary, RunReport
+from sme2farm.server.models import Experiment, Run
+from sme2farm.server.services import experiments as experiment_service
+
+E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max", "cv", "mad", "outliers", "n")
+
+
+def run_report(run: Run) -> RunReport:
+    result = run.result
+    analysis = result.analysis if result else {}
+    return RunReport(
+        id=run.id, experiment_id=run.experiment_id, sme2=run.sme2, threads=run.threads, mode=run.mode,
+        status=run.status, reason=run.reason, attempt=run.attempt,
+        device=run.device_snapshot, runner=run.runner, device_state=run.device_state or {},
+        e2e_ms={k: v for k, v in analysis["e2e_ms"].items() if k in E2E_KEYS} if result else None,
+        load_ms=analysis.get("load_ms") if result else None,
+        categories_ms=result.categories_ms if result else None,
+        operators=analysis.get("operators") if result else None,
+        kernels=analysis.get("kernels") if result else None,
+        artifacts=[a.name for a in run.artifacts],
+        runner_wall_s=run.runner_wall_s,
+        created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
+    )
+
+
+def experiment_report(exp: Experiment) -> ExperimentReport:
+    return ExperimentReport(
+        id=exp.id, name=exp.name, status=experiment_service.status(exp), spec=ExperimentSpec(**exp.spec),
+        model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
+        created_at=exp.created_at, runs=[run_report(r) for r in exp.runs], comparisons=exp.comparisons or [],
+    )
+
+
+def summary(exp: Experiment) -> ExperimentSummary:
+    by_status: dict[str, int] = {}
+    for r in exp.runs:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    return ExperimentSummary(
+        id=exp.id, name=exp.name, status=experiment_service.status(exp), model_sha256=exp.model_sha256,
+        created_at=exp.created_at, runs=len(exp.runs), runs_by_status=by_status,
+    )

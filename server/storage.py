@@ -1,0 +1,89 @@
+"""Artifact store on local disk: content-addressed models and per-run artifacts.
+
+Paths are built only from sha256 digests, run ids and a fixed set of artifact names; a user's
+file name never becomes a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import AsyncIterator
+
+# The only artifact names an agent may upload, and what ingest derives from them.
+AGENT_ARTIFACTS = {"trace.etdump", "runner.log", "kernels.log"}
+DERIVED_ARTIFACTS = {"report.json", "report.md", "latencies.csv", "perfetto.json"}
+ARTIFACT_NAMES = AGENT_ARTIFACTS | DERIVED_ARTIFACTS
+ARTIFACT_MEDIA = {
+    "trace.etdump": "application/octet-stream", "runner.log": "text/plain", "kernels.log": "text/plain",
+    "report.json": "application/json", "report.md": "text/markdown", "latencies.csv": "text/csv",
+    "perfetto.json": "application/json",
+}
+
+
+class TooLarge(Exception):
+    def __init__(self, limit: int):
+        super().__init__(f"upload exceeds the {limit // (1 << 20)} MiB limit")
+        self.limit = limit
+
+
+class Store:
+    def __init__(self, root: Path):
+        self.root = root
+        self.models = root / "models"
+        self.runs = root / "artifacts" / "runs"
+        self.tmp = root / "tmp"
+        for d in (self.models, self.runs, self.tmp):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def model_path(self, sha256: str) -> Path:
+        return self.models / sha256[:2] / f"{sha256}.pte"
+
+    def artifact_path(self, run_id: int, name: str) -> Path:
+        if name not in ARTIFACT_NAMES:
+            raise ValueError(f"unknown artifact {name!r}")
+        return self.runs / str(int(run_id)) / name
+
+    async def receive(self, chunks: AsyncIterator[bytes], limit: int) -> tuple[Path, str, int]:
+        """Stream an upload to a temp file, hashing as it goes; refuse past `limit` bytes."""
+        h = hashlib.sha256()
+        size = 0
+        fd, name = tempfile.mkstemp(dir=self.tmp)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > limit:
+                        raise TooLarge(limit)
+                    h.update(chunk)
+                    f.write(chunk)
+        except BaseException:
+            os.unlink(name)
+            raise
+        return Path(name), h.hexdigest(), size
+
+    def keep_model(self, tmp: Path, sha256: str) -> Path:
+        """Move a validated upload into place; an identical model already stored wins."""
+        dest = self.model_path(sha256)
+        if dest.exists():
+            tmp.unlink()
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dest)
+        return dest
+
+    def keep_artifact(self, tmp: Path, run_id: int, name: str) -> Path:
+        dest = self.artifact_path(run_id, name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, dest)
+        return dest
+
+    def write_artifact(self, run_id: int, name: str, data: bytes | str) -> Path:
+        dest = self.artifact_path(run_id, name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(dest.suffix + ".tmp")
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, dest)
+        return dest

@@ -1,0 +1,134 @@
+"""Streaming multipart parsing for POST /experiments.
+
+FastAPI's UploadFile would spool the whole body before we could refuse it; this parser hashes and
+writes the `model` part to a temp file as it arrives and stops at the size limit, so an oversized
+upload costs at most `limit` bytes of disk and never reaches the model store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import HTTPException, Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+MAX_FIELD_BYTES = 64 * 1024  # the JSON spec and other small fields
+
+
+@dataclass
+class Upload:
+    model_path: Path | None = None
+    sha256: str = ""
+    size: int = 0
+    fields: dict[str, str] = field(default_factory=dict)
+
+    def discard(self) -> None:
+        if self.model_path and self.model_path.exists():
+            self.model_path.unlink()
+
+
+class _Collector:
+    def __init__(self, tmp_dir: Path, limit: int):
+        self.tmp_dir, self.limit = tmp_dir, limit
+        self.upload = Upload()
+        self.error: tuple[int, str] | None = None
+        self._header_field = b""
+        self._header_value = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._name = ""
+        self._is_file = False
+        self._buf = bytearray()
+        self._file = None
+        self._hash = None
+
+    # python-multipart push-parser callbacks
+    def on_part_begin(self) -> None:
+        self._headers, self._name, self._is_file, self._buf = {}, "", False, bytearray()
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_field += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        self._headers[self._header_field.lower()] = self._header_value
+        self._header_field, self._header_value = b"", b""
+
+    def on_headers_finished(self) -> None:
+        _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
+        self._name = params.get(b"name", b"").decode("utf-8", "replace")
+        self._is_file = self._name == "model"
+        if self._is_file:
+            if self.upload.model_path is not None:
+                self.error = (422, "only one 'model' file may be uploaded")
+                return
+            fd, name = tempfile.mkstemp(dir=self.tmp_dir, suffix=".upload")
+            self._file, self._hash = os.fdopen(fd, "wb"), hashlib.sha256()
+            self.upload.model_path = Path(name)
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.error:
+            return
+        chunk = data[start:end]
+        if self._is_file:
+            self.upload.size += len(chunk)
+            if self.upload.size > self.limit:
+                self.error = (413, f"model upload exceeds the {self.limit // (1 << 20)} MiB limit")
+                return
+            self._hash.update(chunk)
+            self._file.write(chunk)
+        else:
+            self._buf += chunk
+            if len(self._buf) > MAX_FIELD_BYTES:
+                self.error = (413, f"form field {self._name!r} exceeds {MAX_FIELD_BYTES} bytes")
+
+    def on_part_end(self) -> None:
+        if self._is_file and self._file:
+            self._file.close()
+            self.upload.sha256 = self._hash.hexdigest()
+            self._file = None
+        elif self._name and not self.error:
+            self.upload.fields[self._name] = bytes(self._buf).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+
+
+async def receive_experiment(request: Request, tmp_dir: Path, limit: int) -> Upload:
+    ctype, params = parse_options_header(request.headers.get("content-type", ""))
+    if ctype != b"multipart/form-data" or b"boundary" not in params:
+        raise HTTPException(415, "POST /experiments takes multipart/form-data with a 'model' file and a 'spec' JSON field")
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit + MAX_FIELD_BYTES * 4:
+        raise HTTPException(413, f"request body of {int(length)} bytes exceeds the {limit // (1 << 20)} MiB model limit")
+    c = _Collector(tmp_dir, limit)
+    parser = MultipartParser(params[b"boundary"], callbacks={
+        name: getattr(c, name) for name in (
+            "on_part_begin", "on_part_data", "on_part_end", "on_header_field",
+            "on_header_value", "on_header_end", "on_headers_finished")
+    })
+    try:
+        async for chunk in request.stream():
+            parser.write(chunk)
+            if c.error:
+                break
+        if not c.error:
+            parser.finalize()
+    except HTTPException:
+        raise
+    except Exception as e:  # malformed multipart framing
+        c.error = (400, f"malformed multipart body: {e}")
+    finally:
+        c.close()
+    if c.error:
+        c.upload.discard()
+        raise HTTPException(*c.error)
+    if c.upload.model_path is None:
+        raise HTTPException(422, "missing the 'model' file part (the .pte)")
+    return c.upload
