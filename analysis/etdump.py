@@ -33,7 +33,6 @@ __all__ = ["EtdumpError", "Events", "read_etdump", "KIND_PROFILE", "KIND_ALLOC",
 KIND_NONE, KIND_PROFILE, KIND_ALLOC, KIND_DEBUG = -1, 0, 1, 2
 _IDENT = b"ED00"
 _U32MAX = 2**32 - 1
-_PAD = 16  # zero bytes appended so an 8-byte gather at the very end stays in the array
 
 
 class EtdumpError(ValueError):
@@ -86,23 +85,20 @@ class Events:
 
 
 class _Buf:
-    """Unaligned little-endian views over the (padded) file bytes, with bounds checks."""
+    """Unaligned little-endian views over the file bytes (zero-copy), with bounds checks."""
 
     def __init__(self, data: bytes):
-        self.n = len(data)
-        raw = np.frombuffer(bytes(data) + b"\0" * _PAD, dtype=np.uint8)
+        self.n = n = len(data)
+        raw = np.frombuffer(data, dtype=np.uint8)  # no copy: the trace may be large
         self.raw = raw
-        size = raw.shape[0]
 
         def view(dt: str, width: int) -> np.ndarray:
             # stride 1: element i is the `width` bytes starting at byte i (unaligned read)
-            return np.ndarray((size - width + 1,), dtype=dt, buffer=raw, offset=0, strides=(1,))
+            return np.ndarray((max(n - width + 1, 0),), dtype=dt, buffer=raw, offset=0, strides=(1,))
 
-        self.u8 = raw
         self.u16 = view("<u2", 2)
         self.i32 = view("<i4", 4)
         self.u32 = view("<u4", 4)
-        self.i64 = view("<i8", 8)
         self.u64 = view("<u8", 8)
 
     def check(self, pos: np.ndarray, width: int, what: str) -> None:
@@ -116,43 +112,14 @@ class _Buf:
                 f"lies outside the {self.n}-byte file"
             )
 
-    # --- flatbuffer primitives, all vectorised over table positions -------------------
-    def field_offsets(self, tpos: np.ndarray, k: int, what: str) -> np.ndarray:
-        """Offset of field k inside each table (0 = absent), via each table's vtable."""
-        self.check(tpos, 4, what)
-        vt = tpos - self.i32[tpos].astype(np.int64)
-        self.check(vt, 4, what + " vtable")
-        vlen = self.u16[vt].astype(np.int64)
-        slot = 4 + 2 * k
-        has = vlen >= slot + 2
-        off = np.zeros(tpos.shape, dtype=np.int64)
-        if has.any():
-            idx = np.where(has, vt + slot, vt)  # vt is in range; masked out below
-            off = np.where(has, self.u16[idx].astype(np.int64), 0)
-        return off
-
-    def scalar(self, tpos, k, view: np.ndarray, width: int, default, what: str) -> np.ndarray:
-        off = self.field_offsets(tpos, k, what)
-        pos = tpos + off
-        present = off != 0
-        self.check(pos[present], width, what)
-        vals = view[np.where(present, pos, 0)]
-        return np.where(present, vals, np.asarray(default, dtype=view.dtype))
-
-    def ref(self, tpos, k, what: str) -> np.ndarray:
-        """Absolute position of the table/vector/string referenced by field k (-1 = absent)."""
-        off = self.field_offsets(tpos, k, what)
-        pos = tpos + off
-        present = off != 0
-        self.check(pos[present], 4, what)
-        tgt = pos + self.u32[np.where(present, pos, 0)].astype(np.int64)
-        return np.where(present, tgt, -1)
+    def table(self, tpos: np.ndarray, what: str) -> "_Tables":
+        return _Tables(self, tpos, what)
 
     def strings(self, spos: np.ndarray, what: str) -> tuple[np.ndarray, list[str]]:
         """Deduplicate the strings at positions ``spos`` (-1 = absent).
 
         Returns (ids into the list, -1 for absent) and the list of distinct strings. The
-        key is the length plus a 64-bit FNV-style mix of the bytes read 8 at a time.
+        key is a 64-bit FNV-style mix of the length and of the bytes read 8 at a time.
         """
         ids = np.full(spos.shape, -1, dtype=np.int32)
         present = spos >= 0
@@ -165,10 +132,14 @@ class _Buf:
         h = ln.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         maxlen = int(ln.max())
         prime = np.uint64(0x100000001B3)
+        last = self.n - 8
         with np.errstate(over="ignore"):
             for w in range(0, maxlen, 8):
                 rem = np.clip(ln - w, 0, 8)
-                word = self.u64[np.minimum(p + 4 + w, self.u64.shape[0] - 1)]
+                q = p + 4 + w
+                # near the end of the file read the last full word and shift (exact bytes)
+                qq = np.clip(q, 0, last)
+                word = self.u64[qq] >> ((q - qq).astype(np.uint64) * np.uint64(8))
                 # keep only the bytes that belong to the string (little-endian: low bytes)
                 mask = np.where(rem >= 8, np.uint64(0xFFFFFFFFFFFFFFFF),
                                 (np.uint64(1) << (rem.astype(np.uint64) * np.uint64(8))) - np.uint64(1))
@@ -183,6 +154,63 @@ class _Buf:
             out.append(raw[s + 4: s + 4 + n].tobytes().decode("utf-8", "replace"))
         ids[present] = inv.reshape(-1).astype(np.int32)
         return ids, out
+
+
+class _Tables:
+    """Many tables of one type at positions ``tpos``; the vtable of each is located once,
+    then every field is a single gather (vtables are shared, so those reads hit cache)."""
+
+    def __init__(self, buf: _Buf, tpos: np.ndarray, what: str):
+        self.buf, self.tpos, self.what = buf, tpos, what
+        buf.check(tpos, 4, what)
+        self.vt = tpos - buf.i32[tpos]
+        buf.check(self.vt, 4, what + " vtable")
+        self.vlen = buf.u16[self.vt]
+        self.min_vlen = int(self.vlen.min()) if self.vlen.size else 0
+
+    def offsets(self, k: int) -> np.ndarray:
+        """Offset of field k inside each table (0 = absent)."""
+        slot = 4 + 2 * k
+        if self.min_vlen >= slot + 2:  # common case: every vtable has the slot
+            return self.buf.u16[self.vt + slot]
+        has = self.vlen >= slot + 2
+        off = np.zeros(self.tpos.shape, dtype=np.uint16)
+        if has.any():
+            off[has] = self.buf.u16[self.vt[has] + slot]
+        return off
+
+    def scalar(self, k: int, view: np.ndarray, width: int, default, name: str) -> np.ndarray:
+        off = self.offsets(k)
+        pos = self.tpos + off
+        what = f"{self.what}.{name}"
+        if off.size and off.min() > 0:  # all present: no masking needed
+            self.buf.check(pos, width, what)
+            return view[pos]
+        present = off != 0
+        self.buf.check(pos[present], width, what)
+        out = np.full(self.tpos.shape, default, dtype=view.dtype)
+        out[present] = view[pos[present]]
+        return out
+
+    def ref(self, k: int, name: str) -> np.ndarray:
+        """Absolute position of the table/vector/string of field k (-1 = absent)."""
+        off = self.offsets(k)
+        pos = self.tpos + off
+        what = f"{self.what}.{name}"
+        out = np.full(self.tpos.shape, -1, dtype=np.int64)
+        present = off != 0
+        p = pos[present]
+        self.buf.check(p, 4, what)
+        out[present] = p + self.buf.u32[p]
+        return out
+
+
+def _select(mask: np.ndarray):
+    """Indices where mask holds; a full slice when it holds everywhere (no scatter copies)."""
+    if mask.all():
+        return slice(None) if mask.size else None
+    idx = np.flatnonzero(mask)
+    return idx if idx.size else None
 
 
 def _vector(buf: _Buf, vpos: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -228,24 +256,28 @@ def read_etdump(data: bytes | bytearray | memoryview) -> Events:
     buf = _Buf(data)
     root = np.array([base + int.from_bytes(data[base:base + 4], "little")], dtype=np.int64)
     buf.check(root, 4, "root table")
-    version = int(buf.scalar(root, 0, buf.u32, 4, 0, "ETDump.version")[0])
-    runs_vec = buf.ref(root, 1, "ETDump.run_data")
+    rt = buf.table(root, "ETDump")
+    version = int(rt.scalar(0, buf.u32, 4, 0, "version")[0])
+    runs_vec = rt.ref(1, "run_data")
     warnings: list[str] = []
     if runs_vec[0] < 0:
         run_pos = np.zeros(0, dtype=np.int64)
     else:
         run_pos, _ = _vector(buf, runs_vec, "ETDump.run_data")
-    run_name_ids, run_name_strs = buf.strings(buf.ref(run_pos, 0, "RunData.name"), "RunData.name")
+    rd = buf.table(run_pos, "RunData")
+    run_name_ids, run_name_strs = buf.strings(rd.ref(0, "name"), "RunData.name")
     run_names = [run_name_strs[i] if i >= 0 else "" for i in run_name_ids]
-    bundled = buf.scalar(run_pos, 1, buf.i32, 4, -1, "RunData.bundled_input_index").astype(np.int32)
+    bundled = rd.scalar(1, buf.i32, 4, -1, "bundled_input_index").astype(np.int32)
 
-    ev_vec = buf.ref(run_pos, 3, "RunData.events")
+    ev_vec = rd.ref(3, "events")
     ev_pos, ev_run = _vector(buf, ev_vec, "RunData.events")
     ne = ev_pos.shape[0]
 
-    p_ref = buf.ref(ev_pos, 0, "Event.profile_event")
-    a_ref = buf.ref(ev_pos, 1, "Event.allocation_event")
-    d_ref = buf.ref(ev_pos, 2, "Event.debug_event")
+    et = buf.table(ev_pos, "Event")
+    p_ref = et.ref(0, "profile_event")
+    a_ref = et.ref(1, "allocation_event")
+    d_ref = et.ref(2, "debug_event")
+    del et, ev_pos
     kind = np.full(ne, KIND_NONE, dtype=np.int8)
     kind[d_ref >= 0] = KIND_DEBUG
     kind[a_ref >= 0] = KIND_ALLOC
@@ -263,29 +295,29 @@ def read_etdump(data: bytes | bytearray | memoryview) -> Events:
     alloc_id = np.full(ne, -1, dtype=np.int32)
     alloc_size = np.zeros(ne, dtype=np.uint64)
 
-    sel = np.flatnonzero(kind == KIND_PROFILE)
-    if sel.size:
-        t = p_ref[sel]
-        name_pos[sel] = buf.ref(t, 0, "ProfileEvent.name")
-        chain[sel] = buf.scalar(t, 1, buf.i32, 4, 0, "ProfileEvent.chain_index")
-        instr[sel] = buf.scalar(t, 2, buf.i32, 4, -1, "ProfileEvent.instruction_id")
-        dint[sel] = buf.scalar(t, 3, buf.i32, 4, -1, "ProfileEvent.delegate_debug_id_int")
-        dstr_pos[sel] = buf.ref(t, 4, "ProfileEvent.delegate_debug_id_str")
-        start[sel] = buf.scalar(t, 6, buf.u64, 8, 0, "ProfileEvent.start_time")
-        end[sel] = buf.scalar(t, 7, buf.u64, 8, 0, "ProfileEvent.end_time")
-    sel = np.flatnonzero(kind == KIND_ALLOC)
-    if sel.size:
-        t = a_ref[sel]
-        alloc_id[sel] = buf.scalar(t, 0, buf.i32, 4, 0, "AllocationEvent.allocator_id")
-        alloc_size[sel] = buf.scalar(t, 1, buf.u64, 8, 0, "AllocationEvent.allocation_size")
-    sel = np.flatnonzero(kind == KIND_DEBUG)
-    if sel.size:
-        t = d_ref[sel]
-        chain[sel] = buf.scalar(t, 0, buf.u64, 8, 0, "DebugEvent.chain_index").astype(np.int64)
-        instr[sel] = buf.scalar(t, 1, buf.i32, 4, -1, "DebugEvent.instruction_id")
-        dint[sel] = buf.scalar(t, 3, buf.i32, 4, -1, "DebugEvent.delegate_debug_id_int")
-        dstr_pos[sel] = buf.ref(t, 4, "DebugEvent.delegate_debug_id_str")
-        name_pos[sel] = buf.ref(t, 5, "DebugEvent.name")
+    sel = _select(kind == KIND_PROFILE)
+    if sel is not None:
+        t = buf.table(p_ref[sel], "ProfileEvent")
+        name_pos[sel] = t.ref(0, "name")
+        chain[sel] = t.scalar(1, buf.i32, 4, 0, "chain_index")
+        instr[sel] = t.scalar(2, buf.i32, 4, -1, "instruction_id")
+        dint[sel] = t.scalar(3, buf.i32, 4, -1, "delegate_debug_id_int")
+        dstr_pos[sel] = t.ref(4, "delegate_debug_id_str")
+        start[sel] = t.scalar(6, buf.u64, 8, 0, "start_time")
+        end[sel] = t.scalar(7, buf.u64, 8, 0, "end_time")
+    sel = _select(kind == KIND_ALLOC)
+    if sel is not None:
+        t = buf.table(a_ref[sel], "AllocationEvent")
+        alloc_id[sel] = t.scalar(0, buf.i32, 4, 0, "allocator_id")
+        alloc_size[sel] = t.scalar(1, buf.u64, 8, 0, "allocation_size")
+    sel = _select(kind == KIND_DEBUG)
+    if sel is not None:
+        t = buf.table(d_ref[sel], "DebugEvent")
+        chain[sel] = t.scalar(0, buf.u64, 8, 0, "chain_index").astype(np.int64)
+        instr[sel] = t.scalar(1, buf.i32, 4, -1, "instruction_id")
+        dint[sel] = t.scalar(3, buf.i32, 4, -1, "delegate_debug_id_int")
+        dstr_pos[sel] = t.ref(4, "delegate_debug_id_str")
+        name_pos[sel] = t.ref(5, "name")
 
     # one string table for names and delegate ids: both are small sets of repeated strings
     both = np.concatenate([name_pos, dstr_pos])

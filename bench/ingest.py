@@ -1,0 +1,121 @@
+"""Ingest benchmark: sme2farm.analysis vs executorch's Inspector on the same ETDump.
+
+Generates (once, cached) a 1000-iteration ETDump of the ~200-op `cnn_blocks` example model
+with the ExecuTorch Python bindings, then in one process times
+
+* Inspector(etdump_path=...) + to_dataframe()   (the usual devtools route), and
+* read_etdump + analyze()                        (this package),
+
+prints both, the ratio, and our peak Python memory (tracemalloc) next to the trace size.
+
+    .venv/bin/python bench/ingest.py [--iterations 1000] [--blocks 50] [--cache DIR] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+
+def _cache_dir(arg: str | None) -> Path:
+    d = Path(arg or os.environ.get("SME2FARM_BENCH_CACHE")
+             or Path(tempfile.gettempdir()) / "sme2farm-bench-cache")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def make_trace(cache: Path, iterations: int, blocks: int) -> Path:
+    """Export cnn_blocks(blocks) and run it `iterations` times with ETDump on (cached)."""
+    import executorch
+    ver = getattr(executorch, "__version__", "x")
+    pte = cache / f"cnn_blocks_{blocks}_{ver}.pte"
+    out = cache / f"cnn_blocks_{blocks}_{iterations}it_{ver}.etdump"
+    if out.exists() and out.stat().st_size > 0:
+        return out
+    import torch
+    from sme2farm.runners.examples import EXAMPLES, export_example
+    if not pte.exists():
+        export_example("cnn_blocks", pte, blocks=blocks)
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    _, inputs = EXAMPLES["cnn_blocks"].build(blocks=blocks)
+    m = _load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
+    with torch.no_grad():
+        for _ in range(iterations):
+            m.forward(inputs)
+    tmp = out.with_suffix(".tmp")
+    m.write_etdump_result_to_file(str(tmp))
+    tmp.replace(out)
+    return out
+
+
+def time_ours(path: Path, repeat: int) -> tuple[float, dict, int]:
+    from sme2farm.analysis import analyze
+    best = float("inf")
+    report = None
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        report = analyze(path.read_bytes())
+        best = min(best, time.perf_counter() - t0)
+    gc.collect()
+    tracemalloc.start()
+    analyze(path.read_bytes())
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return best, report, peak
+
+
+def time_inspector(path: Path):
+    t0 = time.perf_counter()
+    from executorch.devtools import Inspector
+    t_import = time.perf_counter() - t0
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        insp = Inspector(etdump_path=str(path))
+        df = insp.to_dataframe()
+        t = time.perf_counter() - t0
+    return t, t_import, insp, df
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", type=int, default=1000)
+    ap.add_argument("--blocks", type=int, default=50)
+    ap.add_argument("--cache", default=None)
+    ap.add_argument("--repeat", type=int, default=3, help="best of N for our reader")
+    ap.add_argument("--trace", default=None, help="use this ETDump instead of generating one")
+    a = ap.parse_args(argv)
+
+    path = Path(a.trace) if a.trace else make_trace(_cache_dir(a.cache), a.iterations, a.blocks)
+    size = path.stat().st_size
+    ours, report, peak = time_ours(path, a.repeat)
+    print(f"trace: {path} ({size / 1e6:.1f} MB, {report['n_events']} events, "
+          f"{report['n_iterations']} iterations, {len(report['operators'])} operator types, "
+          f"{sum(o['count'] for o in report['operators']):.0f} ops/iteration)")
+    print(f"sme2farm.analysis read+analyze : {ours * 1000:9.1f} ms (best of {a.repeat})")
+    print(f"  peak traced memory           : {peak / 1e6:9.1f} MB ({peak / size:.1f}x the trace)")
+    t_insp, t_imp, insp, df = time_inspector(path)
+    print(f"Inspector + to_dataframe()     : {t_insp * 1000:9.1f} ms (import {t_imp:.1f} s, not counted)")
+    print(f"ratio Inspector / ours         : {t_insp / ours:9.1f}x")
+    # sanity: the two agree on mean E2E
+    try:
+        blk = [b for b in insp.event_blocks if b.name == "Execute"][0]
+        ex = [e for e in blk.events if e.name == "Method::execute"][0]
+        import numpy as np
+        print(f"mean E2E: ours {report['e2e_ms']['mean']:.6f} ms, Inspector "
+              f"{float(np.mean(ex.perf_data.raw)):.6f} ms")
+    except Exception as exc:  # the bench's purpose is the timing; report but do not fail
+        print(f"(E2E cross-check skipped: {exc})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

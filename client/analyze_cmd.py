@@ -1,0 +1,101 @@
+"""`sme2-client analyze`: offline analysis of ETDump files, no server needed.
+
+    sme2-client analyze TRACE.etdump [--compare OTHER.etdump] [--skip-first N]
+                        [--kernel-log FILE] [--json | --markdown | --csv | --perfetto OUT.json]
+
+With --compare, TRACE is the baseline and OTHER the candidate: speedup > 1 means OTHER is
+faster (labels default to the file names; --labels "SME2 off" "SME2 on" to name them).
+--json prints TRACE's report with a "comparison" key (and OTHER's report under
+"compare_report"). Imports only numpy and sme2farm.analysis: fast, and no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", help="ETDump file (.etdump / .etdp)")
+    parser.add_argument("--compare", metavar="OTHER", default=None,
+                        help="second ETDump: TRACE is the baseline, OTHER the candidate")
+    parser.add_argument("--labels", nargs=2, metavar=("BASE", "CAND"), default=None,
+                        help="names for TRACE and OTHER in the comparison")
+    parser.add_argument("--skip-first", type=int, default=0, metavar="N",
+                        help="drop the first N iterations as warm-up (traces from the upstream "
+                             "executor_runner include them)")
+    parser.add_argument("--kernel-log", metavar="FILE", default=None,
+                        help="XNNPACK log (runner stdout or logcat) with 'Using ... microkernel' lines")
+    parser.add_argument("--compare-kernel-log", metavar="FILE", default=None,
+                        help="kernel log for OTHER")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="JSON report")
+    fmt.add_argument("--markdown", action="store_true", help="Markdown report")
+    fmt.add_argument("--csv", action="store_true", help="CSV of per-iteration latencies")
+    fmt.add_argument("--perfetto", metavar="OUT.json", default=None,
+                     help="write a Chrome/Perfetto trace of one iteration to OUT.json")
+    parser.add_argument("--iteration", type=int, default=0,
+                        help="iteration drawn by --perfetto (default 0, after --skip-first)")
+    parser.add_argument("--top", type=int, default=15, help="operators shown in the table")
+
+
+def _read_text(path: str | None) -> str | None:
+    if path is None:
+        return None
+    return Path(path).read_text(errors="replace")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sme2farm.analysis import (EtdumpError, analyze, compare, to_csv, to_markdown,
+                                   to_perfetto, to_terminal)
+    try:
+        data = Path(args.trace).read_bytes()
+        if args.perfetto:
+            trace = to_perfetto(data, iteration=args.iteration + args.skip_first)
+            Path(args.perfetto).write_text(json.dumps(trace))
+            print(f"wrote {args.perfetto} ({len(trace['traceEvents'])} events): open it in "
+                  "https://ui.perfetto.dev", file=sys.stderr)
+            return 0
+        report = analyze(data, kernel_log=_read_text(args.kernel_log), skip_first=args.skip_first)
+        del data
+        comparison = other = None
+        if args.compare:
+            other = analyze(Path(args.compare).read_bytes(),
+                            kernel_log=_read_text(args.compare_kernel_log),
+                            skip_first=args.skip_first)
+            labels = tuple(args.labels) if args.labels else (Path(args.trace).name,
+                                                              Path(args.compare).name)
+            comparison = compare(report, other, labels=labels, seed=args.seed)
+    except EtdumpError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, IndexError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    if args.json:
+        out = dict(report)
+        if comparison is not None:
+            out["comparison"] = comparison
+            out["compare_report"] = other
+        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+    elif args.markdown:
+        sys.stdout.write(to_markdown(report, comparison))
+    elif args.csv:
+        sys.stdout.write(to_csv(report))
+    else:
+        sys.stdout.write(to_terminal(report, comparison, top=args.top))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sme2-client analyze", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
