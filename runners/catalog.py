@@ -30,6 +30,9 @@ class RunnerBuild:
     executorch_version: str = ""
     executorch_commit: str = ""
     extra_files: list[str] = field(default_factory=list)  # pushed beside the runner (libc++_shared.so)
+    # Upstream executor_runner (gflags) rejects --warmup; such builds are registered with False so a
+    # driver can run warmup+iterations and drop the first `warmup` Execute blocks instead.
+    supports_warmup: bool = True
 
     def info(self) -> RunnerInfo:
         return RunnerInfo(id=self.id, platform=self.platform, sme2=self.sme2, flavour=self.flavour,
