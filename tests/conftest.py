@@ -1,1 +1,2 @@
 """Shared pytest fixtures. Each area keeps its fixtures in tests/_fixtures_<area>.py and is imported here."""
+from _fixtures_runtime import *  # noqa: F401,F403

@@ -1,0 +1,42 @@
+"""Runtime fixtures: the locally built runner and exported example models (session-scoped,
+because a build takes seconds and an export several)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+__all__ = ["local_runner", "example_pte"]
+
+
+@pytest.fixture(scope="session")
+def local_runner(tmp_path_factory):
+    """(Catalog, RunnerBuild): the wheel-linked runner, built into runners/build/<platform>/ and
+    registered in a session-private manifest so tests never edit the repo's manifest."""
+    pytest.importorskip("executorch")
+    from sme2farm.runners.build import build_local
+    from sme2farm.runners.catalog import Catalog
+
+    manifest = tmp_path_factory.mktemp("runner") / "manifest.json"
+    build = build_local(manifest)
+    return Catalog.load(manifest), build
+
+
+@pytest.fixture(scope="session")
+def example_pte(tmp_path_factory):
+    """Factory example_pte(name, **kw) -> Path; each (name, kw) is exported once per session."""
+    pytest.importorskip("torch")
+    from sme2farm.runners.examples import export_example
+
+    out_dir = tmp_path_factory.mktemp("examples")
+    cache: dict[tuple, Path] = {}
+
+    def make(name: str, **kw) -> Path:
+        key = (name, tuple(sorted(kw.items())))
+        if key not in cache:
+            suffix = "".join(f"-{k}{v}" for k, v in key[1])
+            cache[key] = export_example(name, out_dir / f"{name}{suffix}.pte", **kw)
+        return cache[key]
+
+    return make
