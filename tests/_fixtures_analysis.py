@@ -122,29 +122,10 @@ def portable_trace() -> Path:
 
 
 @pytest.fixture(scope="session")
-def aa_traces() -> tuple[Path, Path]:
-    """Two traces of the same model, its runs interleaved A B A B so slow drift of the
-    machine hits both arms alike: an honest A/A pair."""
-    pytest.importorskip("executorch.extension.pybindings.portable_lib")
-    import torch
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch
-
-    pte_trace = make_real_trace("cnn_blocks", blocks=4)  # ensures the .pte exists
-    pte = next(_cache_dir().glob("cnn_blocks_blocks4_*.pte"))
-    outs = (pte_trace.with_name("aa_a.etdump"), pte_trace.with_name("aa_b.etdump"))
-    if all(o.exists() for o in outs):
-        return outs
-    inputs = _inputs("cnn_blocks", blocks=4)
-    mods = [_load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0) for _ in outs]
-    with torch.no_grad():
-        for m in mods:  # warm-up both, then drop it with --skip-first in the test
-            m.forward(inputs)
-        for _ in range(200):
-            for m in mods:
-                m.forward(inputs)
-    for m, o in zip(mods, outs):
-        m.write_etdump_result_to_file(str(o))
-    return outs
+def aa_trace() -> Path:
+    """One long run of one model: its odd and even iterations are an honest A/A pair (same
+    process, same memory, interleaved in time so machine drift hits both arms alike)."""
+    return make_real_trace("cnn_blocks", iterations=401, blocks=4)
 
 
 # --- hand-built ETDumps -------------------------------------------------------------------
