@@ -10,6 +10,7 @@ import platform
 import re
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,28 @@ def test_bad_flags_fail_with_message(local_runner, example_pte, tmp_path, args, 
     r = run_runner(catalog, build, [f"--model_path={example_pte('mlp')}", *args], tmp_path)
     assert r.returncode != 0
     assert message in r.stderr
+
+
+# --- SME2 honesty of the single wheel build ---
+
+def test_sme2_mode_of_the_wheel_build(tmp_path):
+    from sme2farm.runners.build import sme2_mode
+
+    with_sme2 = tmp_path / "with.so"
+    with_sme2.write_bytes(b"\0xnn_pf16_gemm_minmax_ukernel_1x32c2__neonsme2\0")
+    without = tmp_path / "without.so"
+    without.write_bytes(b"\0xnn_f32_gemm_minmax_ukernel_4x8__neon\0")
+    assert sme2_mode(False, with_sme2) == "off"   # the CPU cannot run SME2, whatever is compiled in
+    assert sme2_mode(True, with_sme2) == "on"     # XNNPACK picks its SME2 kernels on this CPU
+    assert sme2_mode(True, without) == "off"      # nothing to pick
+
+
+def test_build_cli_prints_the_registered_build(local_runner, tmp_path):
+    catalog, build = local_runner
+    manifest = tmp_path / "m.json"
+    r = subprocess.run([sys.executable, "-m", "sme2farm.runners.build", "--manifest", str(manifest)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout)
+    assert printed["sha256"] == build.sha256
+    assert json.loads(manifest.read_text())["builds"] == [printed]
