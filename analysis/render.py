@@ -113,7 +113,7 @@ def to_perfetto(etdump: bytes, iteration: int = 0) -> dict:
     for j in order.tolist():
         i = int(sel[j])
         dstr = ev.strings[ev.dstr[i]] if ev.dstr[i] >= 0 else ""
-        delegated = bool(dstr) or ev.dint[i] != -1
+        delegated = bool(dstr) or bool(ev.dint[i] != -1)
         name = dstr if dstr else (str(int(ev.dint[i])) if ev.dint[i] != -1 else
                                   (ev.strings[ev.name[i]] if ev.name[i] >= 0 else "?"))
         container = name in ("Method::execute", "DELEGATE_CALL", "OPERATOR_CALL")
