@@ -152,7 +152,7 @@ def android_gate_failures(reading: dict[str, Any], cfg: GateConfig) -> list[str]
     out = []
     status = reading.get("thermal_status")
     if status is not None and status > cfg.max_thermal_status:
-        out.append(f"thermal status {reading.get('thermal_status_name') or status} "
+        out.append(f"thermal status {THERMAL_STATUS[status] if status < len(THERMAL_STATUS) else status} "
                    f"(allowed up to {THERMAL_STATUS[cfg.max_thermal_status]})")
     hot = {n: t["c"] for n, t in reading.get("hal_temps", {}).items()
            if t["type"] in _HAL_GATED_TYPES and t["c"] > cfg.max_temp_c}
