@@ -195,6 +195,7 @@ class RunFinish(_Strict):
     device_state: dict[str, Any] = Field(default_factory=dict)
     wall_s: float | None = None
     exit_code: int | None = None
+    warmup_in_trace: int = Field(default=0, ge=0, description="Leading Execute blocks ingest must skip")
 
 
 class Conflict(BaseModel):

@@ -103,6 +103,7 @@ class Run(Base):
     device_state: Mapped[dict[str, Any]] = mapped_column(default=dict)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     runner_wall_s: Mapped[float | None] = mapped_column(Float)
+    warmup_in_trace: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()

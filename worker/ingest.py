@@ -33,7 +33,7 @@ def ingest_run(session: Session, *, store: Store, run_id: int) -> str:
     kernel_log = kernel_log_path.read_text(errors="replace") if kernel_log_path.exists() else None
     try:
         etdump = trace.read_bytes()
-        report = analysis.analyze(etdump, kernel_log=kernel_log)
+        report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace)
     except (OSError, analysis.EtdumpError) as e:
         run.status, run.reason, run.finished_at = "failed", f"the ETDump could not be analysed: {e}", utcnow()
         return run.status

@@ -8,6 +8,7 @@ strings from spec values; Android quotes every argument with shlex.quote.
 from __future__ import annotations
 
 import abc
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,17 +34,23 @@ class Job:
     power_profile: str = "none"
 
     @property
+    def warmup_in_trace(self) -> int:
+        """Warm-up executions the trace still holds (upstream runners cannot drop them)."""
+        return 0 if self.runner.supports_warmup else self.warmup
+
+    @property
     def runner_args(self) -> list[str]:
-        """The executor_runner command line (plus --warmup), identical on every platform."""
-        return [
-            f"--model_path={self.model_name}",
-            f"--num_executions={self.iterations}",
-            f"--warmup={self.warmup}",
-            f"--cpu_threads={self.threads}",
-            f"--etdump_path={ETDUMP_NAME}",
-        ]
+        """The executor_runner command line (plus --warmup where the build has it), the same on every platform."""
+        args = [f"--model_path={self.model_name}",
+                f"--num_executions={self.iterations + self.warmup_in_trace}"]
+        if self.runner.supports_warmup:
+            args.append(f"--warmup={self.warmup}")
+        return args + [f"--cpu_threads={self.threads}", f"--etdump_path={ETDUMP_NAME}"]
 
     model_name: str = "model.pte"
+    # Set by the agent when the server cancels the run or revokes the lease; drivers poll it
+    # while the runner executes and kill it.
+    cancel: threading.Event = field(default_factory=threading.Event)
 
 
 ETDUMP_NAME = "trace.etdump"
@@ -67,10 +74,11 @@ class JobResult:
 class DriverError(Exception):
     """A failure with a reason fit to show the user (it becomes the run's `reason`)."""
 
-    def __init__(self, reason: str, *, device_lost: bool = False):
+    def __init__(self, reason: str, *, device_lost: bool = False, state: dict[str, Any] | None = None):
         super().__init__(reason)
         self.reason = reason
         self.device_lost = device_lost
+        self.state = state  # what prepare() measured before failing (e.g. the gate readings)
 
 
 class Driver(abc.ABC):
@@ -116,6 +124,8 @@ class Driver(abc.ABC):
             self.collect(serial, job)
         except DriverError as e:
             result.reason, result.device_lost = e.reason, e.device_lost
+            if e.state is not None:
+                state.setdefault("before", e.state)
         finally:
             try:
                 state["after"] = self.cleanup(serial, job)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 00:12:29.870633
+Create Date: 2026-11-22 00:17:13.462737
 """
 from alembic import op
 import sqlalchemy as sa
@@ -88,6 +88,7 @@ def upgrade() -> None:
     sa.Column('device_state', sa.JSON(), nullable=False),
     sa.Column('exit_code', sa.Integer(), nullable=True),
     sa.Column('runner_wall_s', sa.Float(), nullable=True),
+    sa.Column('warmup_in_trace', sa.Integer(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),

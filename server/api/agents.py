@@ -43,6 +43,7 @@ def register(body: AgentRegister, request: Request, settings: SettingsDep, creds
         agent = device_service.register_agent(session, name=body.name, hostname=body.hostname, version=body.version)
         token = token_service.create(session, name=f"agent:{body.name}", scope="agent", agent_id=agent.id)
         device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners)
+        agent_id = agent.id
         request.app.state.enqueue("dispatch")
     return AgentRegistered(agent_id=agent_id, access_token=token, poll_timeout_s=settings.poll_timeout_s,
                            heartbeat_interval_s=settings.heartbeat_interval_s, lease_s=settings.lease_s)
@@ -161,8 +162,8 @@ def finish(run_id: int, body: RunFinish, request: Request, settings: SettingsDep
         return conflict(e)
     except LookupError as e:
         raise HTTPException(404, str(e))
-    if status == "analyzing":
-        request.app.state.enqueue("ingest", run_id)
+    # Ingest also runs for failed runs: it stores nothing for them but completes the experiment's comparisons.
+    request.app.state.enqueue("ingest", run_id)
     request.app.state.enqueue("dispatch")
     return {"status": status}
 

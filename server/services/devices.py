@@ -8,13 +8,20 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from sme2farm.client.schemas import DeviceInfo, DeviceSelector, RunnerInfo
-from sme2farm.server.models import Agent, Device, Run, utcnow
+from sme2farm.server.models import Agent, ApiToken, Device, utcnow
 
 
 def register_agent(session: Session, *, name: str, hostname: str, version: str) -> Agent:
-    agent = Agent(name=name, hostname=hostname, version=version)
-    session.add(agent)
-    session.flush()
+    """An agent re-registering under the same name and host (a restart, or a retried request)
+    keeps its row and devices; its older access tokens are revoked."""
+    agent = session.scalar(select(Agent).where(Agent.name == name, Agent.hostname == hostname))
+    if agent is None:
+        agent = Agent(name=name, hostname=hostname, version=version)
+        session.add(agent)
+        session.flush()
+    else:
+        agent.version = version
+        session.execute(update(ApiToken).where(ApiToken.agent_id == agent.id).values(revoked=True))
     return agent
 
 
@@ -80,7 +87,3 @@ def mark_silent_agents_offline(session: Session, *, silent_for_s: float) -> int:
         update(Device).where(Device.agent_id.in_(agents), Device.state != "offline").values(state="offline")
     )
     return res.rowcount or 0
-
-
-def busy_with(session: Session, *, run: Run) -> Device | None:
-    return session.get(Device, run.device_id) if run.device_id else None

@@ -102,7 +102,8 @@ def heartbeat(session: Session, *, run_id: int, lease_id: str, agent_id: int, st
     run = _owned(session, run_id, lease_id, agent_id)
     if run.status not in ("assigned", "running", "uploading"):
         raise LeaseConflict("invalid_state", f"run {run_id} is {run.status}", run.status)
-    run.status = status
+    if ACTIVE.index(status) > ACTIVE.index(run.status):  # heartbeats only move a run forward
+        run.status = status
     run.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
     return run
 
@@ -115,6 +116,7 @@ def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has
         return run  # a repeat of the same finish
     run.runner = body.runner.model_dump() if body.runner else None
     run.device_state, run.exit_code, run.runner_wall_s = body.device_state, body.exit_code, body.wall_s
+    run.warmup_in_trace = body.warmup_in_trace
     run.lease_expires_at = None
     if run.cancel_requested:
         run.status, run.reason, run.finished_at = "cancelled", "cancelled by user", utcnow()

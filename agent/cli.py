@@ -1,0 +1,82 @@
+"""sme2-agent: serve the devices plugged into this host, or list them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from sme2farm.agent import drivers as driver_registry
+
+
+def _drivers(args) -> list:
+    names = args.drivers.split(",") if args.drivers else None
+    return driver_registry.load(names, adb_port=args.adb_port)
+
+
+def cmd_devices(args) -> int:
+    from sme2farm.agent.loop import Agent
+    from sme2farm.runners.catalog import Catalog
+
+    agent = Agent(api=None, drivers=_drivers(args), catalog=Catalog.load(args.manifest), work_dir=Path(args.work_dir) if args.work_dir else None)
+    devices = agent.discover()
+    if args.json:
+        print(json.dumps([d.model_dump(mode="json") for d in devices], indent=2))
+        return 0
+    if not devices:
+        print("no devices")
+    for d in devices:
+        sme2 = "SME2" if d.sme2 else "no SME2"
+        print(f"{d.serial:<28} {d.platform:<8} {d.model[:32]:<32} {d.cpu_cores:>3} cores  {d.abi:<10} {sme2:<8} {d.state}  ({d.sme2_evidence})")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from sme2farm.agent.api import AgentApi, Unauthorized
+    from sme2farm.agent.loop import Agent
+    from sme2farm.runners.catalog import Catalog
+
+    token = args.token or os.environ.get("SME2_AGENT_TOKEN") or os.environ.get("SME2_TOKEN")
+    if not token:
+        print("sme2-agent: a registration token is needed (--token or SME2_AGENT_TOKEN)", file=sys.stderr)
+        return 2
+    agent = Agent(AgentApi(args.server, token), _drivers(args), Catalog.load(args.manifest), name=args.name,
+                  work_dir=Path(args.work_dir) if args.work_dir else None)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
+    try:
+        agent.serve()
+    except KeyboardInterrupt:
+        agent.stop.set()
+    except Unauthorized as e:
+        print(f"sme2-agent: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sme2-agent", description="Serve this host's devices to an SME2 farm.")
+    p.add_argument("--drivers", help="comma-separated: local,macos,android (default: the host driver and android)")
+    p.add_argument("--adb-port", type=int, default=None, help="adb server port (default: ANDROID_ADB_SERVER_PORT or 5037)")
+    p.add_argument("--manifest", default=None, help="runner manifest (default: SME2_RUNNER_MANIFEST or runners/build/manifest.json)")
+    p.add_argument("--work-dir", default=os.environ.get("SME2_AGENT_WORK_DIR"))
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("devices", help="list the devices this agent would serve")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_devices)
+    r = sub.add_parser("run", help="register with the server and serve runs until stopped")
+    r.add_argument("--server", default=os.environ.get("SME2_SERVER", "http://127.0.0.1:8000"))
+    r.add_argument("--token", default=None)
+    r.add_argument("--name", default=None)
+    r.set_defaults(fn=cmd_run)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The local Linux host as a device: the runner runs as a subprocess on this machine's CPU."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from sme2farm.agent.drivers import cpuinfo
+from sme2farm.agent.drivers.base import LOG_NAME, Driver, DriverError, Job
+from sme2farm.client.schemas import DeviceInfo
+
+RUNNER_PLATFORMS = {("Linux", "x86_64"): "linux-x86_64", ("Linux", "aarch64"): "linux-arm64",
+                    ("Linux", "arm64"): "linux-arm64", ("Darwin", "arm64"): "macos-arm64"}
+
+
+def host_runner_platform() -> str | None:
+    return RUNNER_PLATFORMS.get((platform.system(), platform.machine()))
+
+
+def host_serial() -> str:
+    return f"host-{socket.gethostname()}"
+
+
+def run_subprocess(argv: list[str], cwd: Path, log: Path, timeout_s: float, cancel) -> tuple[int, float]:
+    """Run argv (never a shell string) with output to `log`; kill its process group on timeout
+    or cancellation. Shared by the Linux and macOS drivers."""
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=0.05)
+                    return code, time.monotonic() - t0
+                except subprocess.TimeoutExpired:
+                    pass
+                if cancel.is_set():
+                    raise DriverError("cancelled while the runner was executing; it was killed")
+                if time.monotonic() - t0 > timeout_s:
+                    raise DriverError(f"runner timed out after {timeout_s:g} s and was killed")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+class LocalDriver(Driver):
+    platform = "linux"
+
+    def __init__(self, proc_root: Path = Path("/")):
+        self.proc_root = proc_root  # tests point this at a fake /proc + /sys tree
+
+    def _cpuinfo(self) -> str:
+        try:
+            return (self.proc_root / "proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+
+    def sme2(self) -> tuple[bool, str]:
+        hw = cpuinfo.host_hwcap2_sme2() if self.proc_root == Path("/") else None
+        if hw is not None:
+            return hw, f"getauxval(AT_HWCAP2) bit 37 {'set' if hw else 'clear'}"
+        text = self._cpuinfo()
+        if cpuinfo.has_sme2(text):
+            return True, "/proc/cpuinfo features list sme2"
+        machine = platform.machine()
+        if machine not in ("aarch64", "arm64"):
+            return False, f"{machine} CPU: SME2 is an Arm extension"
+        return False, "/proc/cpuinfo features do not list sme2"
+
+    def discover(self) -> list[DeviceInfo]:
+        if platform.system() != "Linux":
+            return []
+        text = self._cpuinfo()
+        has, evidence = self.sme2()
+        return [DeviceInfo(
+            serial=host_serial(), platform="linux",
+            model=cpuinfo.field(text, "model name") or cpuinfo.field(text, "Hardware") or platform.processor() or "Linux host",
+            soc=cpuinfo.field(text, "Hardware") or cpuinfo.field(text, "vendor_id"),
+            cpu_cores=cpuinfo.core_count(text) or os.cpu_count() or 0, abi=platform.machine(),
+            os_version=f"Linux {platform.release()}", sme2=has, sme2_evidence=evidence,
+            runner_platform=host_runner_platform(), state="idle", tags=["local"],
+        )]
+
+    def health(self, serial: str) -> dict[str, Any]:
+        state: dict[str, Any] = {"loadavg": list(os.getloadavg())}
+        zones = {}
+        for zone in sorted((self.proc_root / "sys/class/thermal").glob("thermal_zone*")):
+            try:
+                zones[(zone / "type").read_text().strip()] = int((zone / "temp").read_text()) / 1000.0
+            except (OSError, ValueError):
+                continue
+        if zones:
+            state["thermal_c"] = zones
+        gov = self.proc_root / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
+        if gov.exists():
+            state["governor"] = gov.read_text().strip()
+        return state
+
+    def prepare(self, serial: str, job: Job) -> dict[str, Any]:
+        job.workdir.mkdir(parents=True, exist_ok=True)
+        target = job.workdir / job.model_name
+        try:
+            os.link(job.model_path, target)
+        except OSError:
+            shutil.copyfile(job.model_path, target)
+        return self.health(serial)
+
+    def run(self, serial: str, job: Job) -> tuple[int, float]:
+        runner = Path(job.runner.path)
+        if not runner.exists():
+            raise DriverError(f"runner binary {runner} is missing; rebuild it (python -m sme2farm.runners.build)")
+        argv = [str(runner), *job.runner_args]
+        if job.core_mask:
+            argv = ["taskset", job.core_mask, *argv]
+        return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel)
+
+    def collect(self, serial: str, job: Job) -> None:
+        pass  # the runner wrote into job.workdir already
+
+    def cleanup(self, serial: str, job: Job) -> dict[str, Any]:
+        (job.workdir / job.model_name).unlink(missing_ok=True)
+        return self.health(serial)

@@ -1,0 +1,216 @@
+"""sme2-client: submit models, follow experiments, list devices, analyse traces offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sme2farm.client.schemas import TERMINAL_RUN_STATUSES, DeviceSelector, ExperimentSpec
+
+
+def parse_selector(text: str | None) -> DeviceSelector | None:
+    """--device 'platform=android,tags=lab1+big,serial=X' or a bare serial."""
+    if not text:
+        return None
+    fields: dict = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            fields["serial"] = key.strip()
+        elif key.strip() == "tags":
+            fields["tags"] = [t for t in value.split("+") if t]
+        elif key.strip() == "sme2":
+            fields["sme2"] = value.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            fields[key.strip()] = value.strip()
+    return DeviceSelector.model_validate(fields)
+
+
+def _client(args):
+    from sme2farm.client.api import FarmClient
+
+    server = args.server or os.environ.get("SME2_SERVER") or "http://127.0.0.1:8000"
+    token = args.token or os.environ.get("SME2_TOKEN")
+    return FarmClient(server, token)
+
+
+def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, timeout: float | None = None, check=None):
+    """Poll until every run is terminal; progress goes to stderr. `check` may raise to abandon."""
+    last = ""
+    start = time.monotonic()
+    while True:
+        if check is not None:
+            check()
+        rep = client.experiment(experiment_id)
+        done = all(r.status in TERMINAL_RUN_STATUSES for r in rep.runs)
+        if not quiet:
+            from sme2farm.client.render import progress_line
+
+            line = progress_line(rep)
+            if line != last:
+                print(line, file=sys.stderr)
+                last = line
+        if done:
+            return rep
+        if timeout and time.monotonic() - start > timeout:
+            raise TimeoutError(f"experiment {experiment_id} not finished after {timeout:g} s")
+        time.sleep(min(interval, 2.0))
+        interval *= 1.2
+
+
+def cmd_submit(args) -> int:
+    from sme2farm.client.render import experiment_text
+
+    model = Path(args.model)
+    if not model.is_file():
+        print(f"sme2-client: {model} is not a file", file=sys.stderr)
+        return 2
+    try:
+        threads = [int(t) for t in args.threads.split(",") if t.strip()]
+        labels = dict(kv.split("=", 1) for kv in args.label or [])
+        spec = ExperimentSpec(sme2=args.sme2, threads=threads, iterations=args.iterations, warmup=args.warmup,
+                              mode=args.mode, device=parse_selector(args.device), name=args.name, labels=labels,
+                              power_profile=args.power_profile, core_mask=args.core_mask, sessions=args.sessions)
+    except (ValueError, ValidationError) as e:
+        print(f"sme2-client: invalid spec: {e}", file=sys.stderr)
+        return 2
+    client = _client(args)
+    rep = client.submit(model, spec)
+    if not args.wait:
+        if args.json:
+            print(json.dumps(client.experiment_json(rep.id), indent=2))
+        else:
+            print(f"submitted experiment {rep.id} ({len(rep.runs)} run(s)); follow with: sme2-client status {rep.id}")
+        return 0
+    wait_for(client, rep.id, quiet=args.json, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(client.experiment_json(rep.id), indent=2))
+    else:
+        print(experiment_text(client.experiment(rep.id)))
+    return 0
+
+
+def cmd_status(args) -> int:
+    from sme2farm.client.render import experiment_text
+
+    client = _client(args)
+    if args.json:
+        print(json.dumps(client.experiment_json(args.id), indent=2))
+    else:
+        print(experiment_text(client.experiment(args.id)))
+    return 0
+
+
+def cmd_list(args) -> int:
+    page = _client(args).experiments(page=args.page, page_size=args.page_size)
+    if args.json:
+        print(page.model_dump_json(indent=2))
+        return 0
+    print(f"{'id':>5}  {'status':<11} {'runs':>4}  {'created':<20} {'model':<14} name")
+    for e in page.items:
+        print(f"{e.id:>5}  {e.status:<11} {e.runs:>4}  {e.created_at:%Y-%m-%d %H:%M:%S}  {e.model_sha256[:12]:<14} {e.name or ''}")
+    print(f"page {page.page} of {max(1, -(-page.total // page.page_size))} ({page.total} experiments)")
+    return 0
+
+
+def cmd_devices(args) -> int:
+    devices = _client(args).devices()
+    if args.json:
+        print(json.dumps(devices, indent=2))
+        return 0
+    if not devices:
+        print("no devices registered")
+    for d in devices:
+        print(f"{d['serial']:<28} {d['platform']:<8} {(d.get('model') or '')[:30]:<30} {d.get('cpu_cores', 0):>3} cores  "
+              f"{'SME2' if d['sme2'] else 'no SME2':<8} {d['state']:<8} agent {d['agent']}, "
+              f"runners: {_runner_list(d)}")
+    return 0
+
+
+def _runner_list(device: dict) -> str:
+    return ", ".join(f"{r['sme2']}/{r['flavour']}" for r in device.get("runners", [])) or "none"
+
+
+def cmd_analyze(args) -> int:
+    from sme2farm.client import analyze_cmd
+
+    return analyze_cmd.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sme2-client", description="Profile ExecuTorch models on the SME2 farm.")
+    p.add_argument("--server", help="farm URL (default: SME2_SERVER or http://127.0.0.1:8000)")
+    p.add_argument("--token", help="API token (default: SME2_TOKEN)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("submit", help="upload a .pte and queue runs")
+    s.add_argument("model", help="the .pte file")
+    s.add_argument("--sme2", choices=["on", "off", "both"], default="both")
+    s.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,4")
+    s.add_argument("--iterations", type=int, default=20)
+    s.add_argument("--warmup", type=int, default=2)
+    s.add_argument("--mode", choices=["timing", "trace"], default="timing")
+    s.add_argument("--device", help="selector: a serial, or platform=android,tags=a+b,sme2=true")
+    s.add_argument("--name")
+    s.add_argument("--label", action="append", help="key=value (repeatable)")
+    s.add_argument("--power-profile", choices=["none", "boost", "app"], default="none")
+    s.add_argument("--core-mask", help="taskset mask in hex, same for both arms")
+    s.add_argument("--sessions", type=int, default=1, help="timed sessions per arm, interleaved off/on/on/off")
+    s.add_argument("--wait", action="store_true", help="follow progress and print the report")
+    s.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+    s.add_argument("--json", action="store_true", help="print the report JSON")
+    s.set_defaults(fn=cmd_submit)
+
+    st = sub.add_parser("status", help="show one experiment's report")
+    st.add_argument("id", type=int)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_status)
+
+    ls = sub.add_parser("list", help="list experiments, newest first")
+    ls.add_argument("--page", type=int, default=1)
+    ls.add_argument("--page-size", type=int, default=20)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(fn=cmd_list)
+
+    dv = sub.add_parser("devices", help="list the farm's devices")
+    dv.add_argument("--json", action="store_true")
+    dv.set_defaults(fn=cmd_devices)
+
+    an = sub.add_parser("analyze", help="analyse ETDump traces offline (no server needed)")
+    from sme2farm.client import analyze_cmd
+
+    analyze_cmd.add_arguments(an)
+    an.set_defaults(fn=cmd_analyze)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import httpx
+
+    from sme2farm.client.api import FarmError
+
+    try:
+        return args.fn(args)
+    except FarmError as e:
+        print(f"sme2-client: server said {e.status}: {e.message}", file=sys.stderr)
+        return 1
+    except httpx.TransportError as e:
+        print(f"sme2-client: cannot reach the server: {e}", file=sys.stderr)
+        return 1
+    except TimeoutError as e:
+        print(f"sme2-client: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"sme2-client: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

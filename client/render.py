@@ -1,0 +1,74 @@
+"""Readable terminal reports for experiments (runs, their stats, the SME2 off/on comparison)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sme2farm.client.schemas import ExperimentReport
+
+CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def progress_line(rep: ExperimentReport) -> str:
+    counts: dict[str, int] = {}
+    for r in rep.runs:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return f"experiment {rep.id}: {rep.status} — " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def experiment_text(rep: ExperimentReport) -> str:
+    out = [f"Experiment {rep.id}{' ' + rep.name if rep.name else ''}: {rep.status}",
+           f"  model sha256 {rep.model_sha256[:16]}… ({rep.model_size} bytes), sme2={rep.spec.sme2}, "
+           f"threads={rep.spec.threads}, iterations={rep.spec.iterations}, warm-up={rep.spec.warmup}", ""]
+    for r in rep.runs:
+        dev = r.device
+        dev_s = f"{dev.serial} ({dev.platform}, {dev.model or dev.abi})" if dev else "no device"
+        out.append(f"Run {r.id}: SME2 {r.sme2}, {r.threads} thread(s), {r.mode} on {dev_s} — {r.status}")
+        if r.reason:
+            out.append(f"  reason: {r.reason}")
+        if r.runner:
+            out.append(f"  runner: {r.runner.id} ({r.runner.platform}, SME2 {r.runner.sme2}, ExecuTorch "
+                       f"{r.runner.executorch_version}, sha256 {r.runner.sha256[:12]}…)")
+        if r.device_state:
+            out.append(f"  device state: {_state(r.device_state)}")
+        if r.e2e_ms:
+            e = r.e2e_ms
+            out.append(f"  E2E ms: median {_f(e.median)}  mean {_f(e.mean)}  p10 {_f(e.p10)}  p90 {_f(e.p90)}  "
+                       f"CV {100 * e.cv:.1f}%  n={e.n}")
+        if r.categories_ms:
+            total = sum(r.categories_ms.values()) or 1.0
+            out.append("  " + "  ".join(f"{c} {_f(r.categories_ms.get(c))} ({100 * r.categories_ms.get(c, 0) / total:.0f}%)"
+                                        for c in CATEGORIES))
+        if r.operators:
+            top = r.operators[:5]
+            out.append("  top operators: " + "; ".join(
+                f"{o['name']} {o['total_ms']:.3f} ms{'' if o.get('delegated', True) else ' (PORTABLE)'}" for o in top))
+        out.append("")
+    for c in rep.comparisons:
+        out.append(_comparison(c))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _state(state: dict[str, Any]) -> str:
+    parts = []
+    for phase in ("before", "after"):
+        if phase in state and isinstance(state[phase], dict):
+            parts.append(f"{phase}: " + ", ".join(f"{k}={v}" for k, v in state[phase].items()))
+    return "; ".join(parts) or str(state)
+
+
+def _comparison(c: dict[str, Any]) -> str:
+    head = f"SME2 off vs on — {c.get('device')} × {c.get('threads')} thread(s)"
+    if c.get("status") != "complete":
+        return f"{head}: no comparison — {c.get('reason', 'incomplete')}\n"
+    lines = [f"{head}: speedup {c['speedup']:.2f}× (95% CI {c['ci_low']:.2f}–{c['ci_high']:.2f}), {c['verdict']}"]
+    for cat, v in c["categories"].items():
+        sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}×"
+        lines.append(f"  {cat:<14} {_f(v['baseline_ms'])} → {_f(v['candidate_ms'])} ms  {sp:>7}  "
+                     f"share {100 * v['share_before']:.0f}% → {100 * v['share_after']:.0f}%")
+    lines += [f"  {s}" for s in c.get("narrative", [])]
+    return "\n".join(lines) + "\n"

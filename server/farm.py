@@ -1,0 +1,251 @@
+"""sme2-farm: run the whole farm on one machine (server, worker + beat, a local agent), or its
+admin chores (migrate, tokens, building the local runner)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from sme2farm.server.config import Settings
+
+log = logging.getLogger("sme2-farm")
+
+
+class Farm:
+    """Supervises the farm's processes; stops them all cleanly on exit or Ctrl-C."""
+
+    def __init__(self, settings: Settings, host: str, port: int, drivers: str, manifest: Path | None):
+        self.settings, self.host, self.port, self.drivers, self.manifest = settings, host, port, drivers, manifest
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        self.token = ""
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SME2_DATA_DIR"] = str(self.settings.data_dir.resolve())
+        if self.settings.database_url:
+            env["SME2_DATABASE_URL"] = self.settings.database_url
+        if self.settings.broker_url:
+            env["SME2_BROKER_URL"] = self.settings.broker_url
+        if self.manifest:
+            env["SME2_RUNNER_MANIFEST"] = str(self.manifest)
+        return env
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        logs = self.settings.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = open(logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append((name, proc))
+
+    def start(self) -> None:
+        from sme2farm.server.app import ensure_admin_token
+        from sme2farm.server.db import migrate
+
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        migrate(self.settings.sqlalchemy_url)
+        self.token = ensure_admin_token(self.settings)
+        py = sys.executable
+        self._spawn("server", [py, "-m", "uvicorn", "sme2farm.server.main:app", "--host", self.host,
+                               "--port", str(self.port), "--log-level", "warning", "--no-access-log"])
+        self._spawn("worker", [py, "-m", "celery", "-A", "sme2farm.worker.celery_app", "worker", "-B",
+                               "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
+                               "--schedule", str(self.settings.data_dir.resolve() / "celerybeat-schedule")])
+        self.wait_healthy()
+        agent = [py, "-m", "sme2farm.agent.cli", "--drivers", self.drivers,
+                 "--work-dir", str(self.settings.data_dir.resolve() / "agent"), "run", "--server", self.url,
+                 "--token", self.token, "--name", "local"]
+        self._spawn("agent", agent)
+        self.wait_devices()
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"the server did not answer on {self.url} within {timeout:g} s (see {self.settings.data_dir}/logs/server.log)")
+
+    def wait_devices(self, timeout: float = 60.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            devices = httpx.get(f"{self.url}/devices", headers={"Authorization": f"Bearer {self.token}"}, timeout=5).json()
+            if devices:
+                return devices
+            time.sleep(0.1)
+        raise RuntimeError(f"no agent registered a device within {timeout:g} s (see {self.settings.data_dir}/logs/agent.log)")
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the {name} process exited with code {proc.returncode} "
+                                   f"(see {self.settings.data_dir}/logs/{name}.log)")
+
+    def stop(self) -> None:
+        # Agent first (it finishes nothing mid-run; the lease reaper would requeue), then worker, then API.
+        for name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for name, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+    def serve_forever(self) -> None:
+        while True:
+            self.check_alive()
+            time.sleep(0.5)
+
+
+def _settings(args) -> Settings:
+    overrides = {"data_dir": Path(args.data_dir)} if args.data_dir else {}
+    return Settings(**overrides)
+
+
+def _ensure_runner(manifest: Path | None) -> None:
+    """Build the local runner (seconds; skipped when up to date) so the local agent has one."""
+    try:
+        from sme2farm.runners.build import build_local
+    except ImportError as e:  # the [export] extra (executorch, cmake) is not installed
+        log.warning("cannot build the local runner (%s); the agent serves only prebuilt runners in its manifest", e)
+        return
+    build = build_local(manifest)
+    print(f"runner: {build.id} ({build.platform}, SME2 {build.sme2}, sha256 {build.sha256[:12]}…)", flush=True)
+
+
+def _run_farm(args, then=None) -> int:
+    settings = _settings(args)
+    manifest = Path(args.manifest).resolve() if args.manifest else None
+    _ensure_runner(manifest)
+    farm = Farm(settings, args.host, args.port, args.drivers, manifest)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        farm.start()
+        print(f"farm up: API {farm.url}  docs {farm.url}/docs  dashboard {farm.url}/", flush=True)
+        print(f"admin token (also in {settings.data_dir / 'token'}): {farm.token}", flush=True)
+        print(f"  export SME2_SERVER={farm.url} SME2_TOKEN=$(cat {settings.data_dir / 'token'})", flush=True)
+        if then is not None:
+            code = then(farm)
+            if args.exit:
+                return code
+        print("Ctrl-C stops the farm.", flush=True)
+        farm.serve_forever()
+    except KeyboardInterrupt:
+        print("\nstopping…", flush=True)
+    except RuntimeError as e:
+        print(f"sme2-farm: {e}", file=sys.stderr)
+        return 1
+    finally:
+        farm.stop()
+    return 0
+
+
+def cmd_up(args) -> int:
+    return _run_farm(args)
+
+
+def cmd_demo(args) -> int:
+    def demo(farm: Farm) -> int:
+        from sme2farm.client.api import FarmClient
+        from sme2farm.client.cli import wait_for
+        from sme2farm.client.render import experiment_text
+        from sme2farm.client.schemas import ExperimentSpec
+
+        model = farm.settings.data_dir / "examples" / f"{args.model}.pte"
+        if not model.exists():
+            model.parent.mkdir(parents=True, exist_ok=True)
+            print(f"exporting the bundled example model {args.model!r} …", flush=True)
+            # In a child process: torch stays out of the supervisor, and its import chatter out of the demo.
+            done = subprocess.run([sys.executable, "-m", "sme2farm.runners.examples", args.model, str(model)],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"exporting {args.model} failed:\n{done.stderr[-3000:]}")
+        client = FarmClient(farm.url, farm.token)
+        rep = client.submit(model, ExperimentSpec(sme2="both", threads=[1], iterations=args.iterations, warmup=2,
+                                                  name=f"demo {args.model}"))
+        print(f"submitted experiment {rep.id}: sme2-client submit {model.name} --sme2 both --wait", flush=True)
+        wait_for(client, rep.id, quiet=False, timeout=600, check=farm.check_alive)
+        print()
+        print(experiment_text(client.experiment(rep.id)))
+        print(f"report JSON: {farm.url}/experiments/{rep.id}   dashboard: {farm.url}/", flush=True)
+        return 0
+
+    return _run_farm(args, then=demo)
+
+
+def cmd_migrate(args) -> int:
+    from sme2farm.server.db import migrate
+
+    settings = _settings(args)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    migrate(settings.sqlalchemy_url)
+    print(f"schema at head on {settings.sqlalchemy_url.split('@')[-1]}")
+    return 0
+
+
+def cmd_token(args) -> int:
+    from sme2farm.server.db import migrate, session_scope
+    from sme2farm.server.services import tokens as token_service
+
+    settings = _settings(args)
+    migrate(settings.sqlalchemy_url)
+    with session_scope(settings.sqlalchemy_url) as session:
+        print(token_service.create(session, name=args.name, scope=args.scope))
+    return 0
+
+
+def cmd_build_runner(args) -> int:
+    _ensure_runner(Path(args.manifest).resolve() if args.manifest else None)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sme2-farm", description="Run the SME2 device farm on this machine.")
+    p.add_argument("--data-dir", default=os.environ.get("SME2_DATA_DIR"), help="default .farm (SME2_DATA_DIR)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, fn, text in (("up", cmd_up, "start server, worker and a local agent"),
+                           ("demo", cmd_demo, "start the farm and profile a bundled model with SME2 off and on")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("--host", default="127.0.0.1")
+        s.add_argument("--port", type=int, default=8000)
+        s.add_argument("--drivers", default="local", help="agent drivers: local,android,macos")
+        s.add_argument("--manifest", help="runner manifest (default runners/build/manifest.json)")
+        s.set_defaults(fn=fn, exit=False)
+        if name == "demo":
+            s.add_argument("--exit", action="store_true", help="stop the farm once the demo has printed its report")
+            s.add_argument("--model", default="toy_cnn", help="bundled example: toy_cnn, mlp, portable_mix, cnn_blocks")
+            s.add_argument("--iterations", type=int, default=50)
+    sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=cmd_migrate)
+    t = sub.add_parser("token", help="mint an API token")
+    t.add_argument("--name", required=True)
+    t.add_argument("--scope", choices=["user", "admin", "register"], default="user")
+    t.set_defaults(fn=cmd_token)
+    b = sub.add_parser("build-runner", help="build and register the local host runner")
+    b.add_argument("--manifest")
+    b.set_defaults(fn=cmd_build_runner)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("httpx", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
