@@ -252,6 +252,7 @@ class LoopbackDevice:
             if self._stopped:
                 conn.close()
                 return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # small packets, no Nagle stalls
             with self._lock:
                 self._conns.append(conn)
             threading.Thread(target=_Connection(self, conn).serve, daemon=True).start()

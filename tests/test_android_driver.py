@@ -149,6 +149,23 @@ def test_timeout_kills_the_process_on_the_device(android_driver, loopback, phone
     assert live_processes_under(dev.root) == []
 
 
+def test_cancel_kills_the_process_on_the_device(android_driver, loopback, phone_runners, make_job):
+    dev = loopback()
+    job = make_job(sme2_on(phone_runners), iterations=10_000_000, warmup=0, timeout_s=60)
+    log = dev.device_path(f"/data/local/tmp/sme2farm/runs/{job.run_id}/{LOG_NAME}")
+
+    def cancel_when_running():
+        deadline = time.monotonic() + 30
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        job.cancel.set()
+
+    threading.Thread(target=cancel_when_running, daemon=True).start()
+    result = android_driver.execute(dev.serial, job)
+    assert not result.ok and result.reason.startswith("cancelled while the runner was executing; killed pid")
+    assert live_processes_under(dev.root) == []
+
+
 def test_device_vanishing_mid_run_fails_the_run_and_offlines_it(android_driver, loopback, phone_runners, make_job):
     dev = loopback()
     job = make_job(sme2_on(phone_runners), iterations=10_000_000, warmup=0, timeout_s=60)
