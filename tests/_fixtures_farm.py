@@ -1,0 +1,187 @@
+"""Fixtures for the server side: databases (SQLite and a fresh PostgreSQL database), Redis,
+an in-process API with a recording task queue, and a whole farm started for real."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+POSTGRES_URL = os.environ.get("SME2_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("SME2_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# CI sets this: there a missing service is a failure, on a laptop it is a plain skip.
+REQUIRE_SERVICES = os.environ.get("SME2_REQUIRE_SERVICES") == "1"
+
+
+def _unavailable(what: str, err: Exception):
+    msg = f"{what} is not reachable ({err}); set {'SME2_TEST_POSTGRES_URL' if 'Postgre' in what else 'SME2_TEST_REDIS_URL'} to run these tests"
+    if REQUIRE_SERVICES:
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> str:
+    import sqlalchemy as sa
+
+    try:
+        with sa.create_engine(POSTGRES_URL).connect() as c:
+            c.exec_driver_sql("SELECT 1")
+    except Exception as e:
+        _unavailable("PostgreSQL", e)
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def postgres_url(postgres_admin_url: str):
+    """A fresh, empty database per test, dropped afterwards."""
+    import sqlalchemy as sa
+
+    name = f"sme2_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = postgres_admin_url.rsplit("/", 1)[0] + f"/{name}"
+    yield url
+    from sme2farm.server.db import get_engine
+
+    get_engine(url).dispose()
+    with admin.connect() as c:
+        c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except Exception as e:
+        _unavailable("Redis", e)
+    return REDIS_URL
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path) -> str:
+    """Every service test runs on the embedded default and on PostgreSQL."""
+    from sme2farm.server.db import migrate
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    migrate(url)
+    return url
+
+
+@dataclass
+class Api:
+    """The real FastAPI app in-process, with the task queue recorded instead of sent."""
+
+    client: object
+    settings: object
+    token: str
+    enqueued: list = field(default_factory=list)
+
+    def auth(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.token}"}
+
+
+@pytest.fixture
+def api(tmp_path, db_url) -> Api:
+    from fastapi.testclient import TestClient
+
+    from sme2farm.server.app import create_app, ensure_admin_token
+    from sme2farm.server.config import Settings
+
+    settings = Settings(data_dir=tmp_path / "data", database_url=db_url, max_upload_mb=2)
+    settings.data_dir.mkdir()
+    token = ensure_admin_token(settings)
+    enqueued: list = []
+    app = create_app(settings, enqueue=lambda *a: enqueued.append(a))
+    with TestClient(app) as client:
+        yield Api(client=client, settings=settings, token=token, enqueued=enqueued)
+
+
+@dataclass
+class RunningFarm:
+    url: str
+    token: str
+    data_dir: Path
+    proc: subprocess.Popen
+    env: dict
+
+    def client(self):
+        from sme2farm.client.api import FarmClient
+
+        return FarmClient(self.url, self.token)
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run sme2-client as a user would, in its own process."""
+        env = {**self.env, "SME2_SERVER": self.url, "SME2_TOKEN": self.token}
+        return subprocess.run([sys.executable, "-m", "sme2farm.client.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def log(self, name: str) -> str:
+        p = self.data_dir / "logs" / f"{name}.log"
+        return p.read_text(errors="replace")[-4000:] if p.exists() else ""
+
+
+def start_farm(data_dir: Path, manifest: Path, extra_env: dict | None = None, drivers: str = "local") -> RunningFarm:
+    port = free_port()
+    env = {**os.environ, **(extra_env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sme2farm.server.farm", "--data-dir", str(data_dir), "up", "--port", str(port),
+         "--manifest", str(manifest), "--drivers", drivers],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    token_file = data_dir / "token"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sme2-farm up exited early:\n{proc.stdout.read()}")
+        if token_file.exists():
+            token = token_file.read_text().strip()
+            try:
+                r = httpx.get(f"{url}/devices", headers={"Authorization": f"Bearer {token}"}, timeout=2)
+                if r.status_code == 200 and r.json():
+                    return RunningFarm(url, token, data_dir, proc, env)
+            except httpx.TransportError:
+                pass
+        time.sleep(0.2)
+    stop_farm(proc)
+    raise RuntimeError("the farm did not come up within 120 s")
+
+
+def stop_farm(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture(scope="session")
+def farm(tmp_path_factory, local_runner) -> RunningFarm:
+    """`sme2-farm up` on the embedded default (SQLite + SQLite-backed broker), for real."""
+    catalog, _ = local_runner
+    f = start_farm(tmp_path_factory.mktemp("farm"), catalog.manifest)
+    yield f
+    stop_farm(f.proc)
