@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -77,6 +78,18 @@ def test_discover_returns_empty_when_adb_cannot_start(tmp_path):
 
     t0 = time.monotonic()
     assert AndroidDriver(free_port(), adb_path=str(tmp_path / "no-adb-here")).discover() == []
+    assert time.monotonic() - t0 < 5
+
+
+def test_discover_returns_empty_when_the_adb_port_is_taken():
+    """Something that is not adb holds the port: adb cannot start there, discovery says 'none'."""
+    squatter = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=lambda: [squatter.accept()[0].close() for _ in iter(int, 1)], daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        assert AndroidDriver(squatter.getsockname()[1]).discover() == []
+    finally:
+        squatter.close()
     assert time.monotonic() - t0 < 5
 
 
@@ -307,6 +320,24 @@ def test_trace_mode_captures_the_xnnpack_log(android_driver, loopback, phone_run
     assert "stale line" not in kernels and "unrelated" not in kernels
     assert result.kernel_log_path == job.workdir / KERNEL_LOG_NAME
     assert result.device_state["before"]["reading"]["thermal_status"] == 3
+
+
+def test_trace_mode_refuses_a_timing_build(android_driver, loopback, phone_runners, make_job):
+    dev = loopback()
+    result = android_driver.execute(dev.serial, make_job(sme2_on(phone_runners), mode="trace"))
+    assert not result.ok and result.reason.startswith("trace runs need an xnnlog runner build")
+
+
+def test_extra_files_registered_relative_to_the_manifest(android_driver, loopback, phone_runners, make_job):
+    """register_binary() records extras as '<build dir>/libc++_shared.so' relative to the manifest,
+    while the agent resolves only the binary's path: the driver finds them beside the binary."""
+    dev = loopback()
+    runner = sme2_on(phone_runners)
+    build = RunnerBuild(**{**runner.__dict__, "extra_files": ["android-arm64-v9a-sme2on-timing/libc++_shared.so"]})
+    result = android_driver.execute(dev.serial, make_job(build))
+    assert result.ok, result.reason
+    assert "libc++_shared.so" in result.device_state["before"]["staging"]["reused"] + \
+        result.device_state["before"]["staging"]["pushed"]
 
 
 def test_health_reports_thermal_and_battery(android_driver, loopback):

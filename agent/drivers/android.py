@@ -233,9 +233,13 @@ class AndroidDriver(Driver):
     def prepare(self, serial: str, job: Job) -> dict[str, Any]:
         if job.runner.platform != RUNNER_PLATFORM:
             raise DriverError(f"runner {job.runner.id} is built for {job.runner.platform}, not {RUNNER_PLATFORM}")
+        if job.mode == "trace" and job.runner.flavour != "xnnlog":
+            raise DriverError(f"trace runs need an xnnlog runner build, got {job.runner.id} ({job.runner.flavour})")
         runner = Path(job.runner.path)
-        # Extra files (libc++_shared.so) sit beside the runner binary on the agent host.
-        files = {RUNNER_NAME: runner, **{Path(e).name: runner.parent / e for e in job.runner.extra_files}}
+        # Extra files (libc++_shared.so) are registered beside the runner binary (catalog paths are
+        # relative to the manifest, which the agent resolved for the binary only): find them there.
+        files = {RUNNER_NAME: runner, **{Path(e).name: Path(e) if Path(e).is_absolute() else runner.parent / Path(e).name
+                                         for e in job.runner.extra_files}}
         for local in files.values():
             if not local.is_file():
                 raise DriverError(f"runner file {local} is missing on the agent host")

@@ -78,6 +78,8 @@ class MacDriver(Driver):
     def prepare(self, serial: str, job: Job) -> dict[str, Any]:
         if job.runner.platform != RUNNER_PLATFORM:
             raise DriverError(f"runner {job.runner.id} is built for {job.runner.platform}, not {RUNNER_PLATFORM}")
+        if job.mode == "trace" and job.runner.flavour != "xnnlog":
+            raise DriverError(f"trace runs need an xnnlog runner build, got {job.runner.id} ({job.runner.flavour})")
         if job.core_mask:
             # macOS offers no CPU affinity; running unpinned would silently break the same-mask rule.
             raise DriverError(f"core mask {job.core_mask!r} cannot be applied on macOS (no CPU affinity)")
