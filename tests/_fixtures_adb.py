@@ -11,21 +11,17 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import adbutils
 import pytest
+from adb_loopback import LoopbackDevice, sme2_phone
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from adb_loopback import LoopbackDevice, plain_phone, sme2_phone  # noqa: E402
-
-from sme2farm.agent.drivers.android import AndroidDriver  # noqa: E402
-from sme2farm.agent.drivers.base import Job  # noqa: E402
-from sme2farm.agent.drivers.hygiene import GateConfig  # noqa: E402
-from sme2farm.runners.catalog import Catalog, RunnerBuild, sha256_file  # noqa: E402
+from sme2farm.agent.drivers.android import AndroidDriver
+from sme2farm.agent.drivers.base import Job
+from sme2farm.agent.drivers.hygiene import GateConfig
+from sme2farm.runners.catalog import Catalog, RunnerBuild, sha256_file
 
 
 def free_port() -> int:
