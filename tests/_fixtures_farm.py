@@ -89,9 +89,11 @@ def db_url(request, tmp_path) -> str:
 
 @dataclass
 class Api:
-    """The real FastAPI app in-process, with the task queue recorded instead of sent."""
+    """The real FastAPI app served by uvicorn on a loopback port in this process, with the task
+    queue recorded instead of sent (tests call the task bodies themselves)."""
 
-    client: object
+    client: httpx.Client
+    url: str
     settings: object
     token: str
     enqueued: list = field(default_factory=list)
@@ -102,7 +104,9 @@ class Api:
 
 @pytest.fixture
 def api(tmp_path, db_url) -> Api:
-    from fastapi.testclient import TestClient
+    import threading
+
+    import uvicorn
 
     from sme2farm.server.app import create_app, ensure_admin_token
     from sme2farm.server.config import Settings
@@ -112,8 +116,19 @@ def api(tmp_path, db_url) -> Api:
     token = ensure_admin_token(settings)
     enqueued: list = []
     app = create_app(settings, enqueue=lambda *a: enqueued.append(a))
-    with TestClient(app) as client:
-        yield Api(client=client, settings=settings, token=token, enqueued=enqueued)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    url = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=url, timeout=60) as client:
+        yield Api(client=client, url=url, settings=settings, token=token, enqueued=enqueued)
+    server.should_exit = True
+    thread.join(timeout=10)
 
 
 @dataclass

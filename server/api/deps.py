@@ -32,7 +32,9 @@ def get_session(settings: Annotated[Settings, Depends(get_settings)]) -> Iterato
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": the transaction commits before the response is sent. With the default
+# ("request") a client could see 200 for a state change that is committed later, or never.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def _token(session: Session, creds: HTTPAuthorizationCredentials | None) -> ApiToken:
