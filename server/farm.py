@@ -193,10 +193,15 @@ def cmd_demo(args) -> int:
 def cmd_migrate(args) -> int:
     from sme2farm.server.db import migrate
 
+    from sme2farm.server.app import ensure_admin_token
+
     settings = _settings(args)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     migrate(settings.sqlalchemy_url)
     print(f"schema at head on {settings.sqlalchemy_url.split('@')[-1]}")
+    if settings.admin_token:  # production bootstrap (docker-compose's migrate step)
+        ensure_admin_token(settings)
+        print("admin token from SME2_ADMIN_TOKEN registered")
     return 0
 
 
