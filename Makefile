@@ -1,0 +1,33 @@
+# One command each: `make demo` (set up, then profile a bundled model with SME2 off and on),
+# `make test` (set up, then the whole test suite). Set-up is a local virtualenv in .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PIP_ARGS ?=
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo up test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(PIP_ARGS) -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/sme2-farm demo
+
+up: setup
+	$(BIN)/sme2-farm up
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/overhead.py
+
+clean:
+	rm -rf $(VENV) .farm runners/build
