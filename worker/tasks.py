@@ -43,8 +43,11 @@ def reap() -> list[int]:
     """Requeue runs whose agent stopped heartbeating; mark silent agents' devices offline."""
     s = get_settings()
     with session_scope(s.sqlalchemy_url) as session:
-        requeued = run_service.reap_expired(session, max_attempts=s.max_attempts)
+        touched = run_service.reap_expired(session, max_attempts=s.max_attempts)
         device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s)
-    if requeued:
+    for run_id in touched:  # a run that failed for good may have completed its experiment
+        with session_scope(s.sqlalchemy_url) as session:
+            ingest.update_comparisons(session, run_id=run_id)
+    if touched:
         dispatch.delay()
-    return requeued
+    return touched

@@ -97,10 +97,14 @@ def get_experiment(experiment_id: int, session: SessionDep, _user: UserDep) -> E
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport)
-def cancel_experiment(experiment_id: int, session: SessionDep, _user: UserDep) -> ExperimentReport:
-    exp = experiment_service.get(session, experiment_id=experiment_id)
-    if exp is None:
-        raise HTTPException(404, f"experiment {experiment_id} not found")
-    for run in exp.runs:
-        run_service.cancel(session, run=run)
-    return reports.experiment_report(exp)
+def cancel_experiment(experiment_id: int, request: Request, settings: SettingsDep, _user: UserDep) -> ExperimentReport:
+    with session_scope(settings.sqlalchemy_url) as session:
+        exp = experiment_service.get(session, experiment_id=experiment_id)
+        if exp is None:
+            raise HTTPException(404, f"experiment {experiment_id} not found")
+        for run in exp.runs:
+            run_service.cancel(session, run=run)
+        report = reports.experiment_report(exp)
+    if report.runs:  # the ingest task completes the experiment's comparisons once all runs are terminal
+        request.app.state.enqueue("ingest", report.runs[0].id)
+    return report
