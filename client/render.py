@@ -53,12 +53,35 @@ def experiment_text(rep: ExperimentReport) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _phase(p: dict[str, Any]) -> str:
+    """One phase of device state in a few words: thermal, battery/power, load, power profile."""
+    r = p.get("reading", p)
+    out = []
+    if r.get("thermal_status_name"):
+        out.append(f"thermal {r['thermal_status_name']}")
+    zones = r.get("zones_c") or r.get("thermal_c") or {}
+    temps = [v for v in (zones.values() if isinstance(zones, dict) else []) if isinstance(v, (int, float))]
+    if temps:
+        out.append(f"hottest zone {max(temps):.1f} °C")
+    b = r.get("battery") or {}
+    if b.get("level") is not None:
+        out.append(f"battery {b['level']}% {b.get('temperature_c')} °C{' plugged' if b.get('plugged') else ''}")
+    if r.get("power_source"):
+        out.append(str(r["power_source"]))
+    if r.get("loadavg"):
+        out.append(f"load {r['loadavg'][0]:.2f}")
+    if isinstance(p.get("power_profile"), dict):
+        out.append(f"power profile {p['power_profile'].get('name')}")
+    if p.get("power_profile_restored") is not None:
+        out.append("settings restored")
+    if p.get("suspect"):
+        out.append(f"SUSPECT: {p['suspect']}")
+    return ", ".join(out) or "recorded"
+
+
 def _state(state: dict[str, Any]) -> str:
-    parts = []
-    for phase in ("before", "after"):
-        if phase in state and isinstance(state[phase], dict):
-            parts.append(f"{phase}: " + ", ".join(f"{k}={v}" for k, v in state[phase].items()))
-    return "; ".join(parts) or str(state)
+    parts = [f"{phase}: {_phase(state[phase])}" for phase in ("before", "after") if isinstance(state.get(phase), dict)]
+    return "; ".join(parts) or "not recorded"
 
 
 def _comparison(c: dict[str, Any]) -> str:

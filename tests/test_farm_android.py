@@ -60,6 +60,9 @@ def test_sme2_phone_both_arms_power_profile_and_device_state(android_farm, examp
     [cmp] = rep["comparisons"]
     assert cmp["status"] == "complete" and cmp["n"] == [40, 40]  # both sessions pooled per arm
     assert cmp["ci_low"] <= cmp["speedup"] <= cmp["ci_high"]
+    text = farm.cli("status", str(rep["id"])).stdout  # the readable report shows the device state too
+    assert "before: thermal NONE" in text and "power profile boost" in text and "settings restored" in text
+    assert "battery" in text and "test-android-sme2on" in text
     # the two "builds" are the same host binary: an honest A/A comparison claims no speedup
     assert cmp["verdict"] != "speedup" or cmp["ci_low"] > 1
 
