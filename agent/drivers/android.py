@@ -31,7 +31,7 @@ import adbutils
 from adbutils.errors import AdbError
 
 from sme2farm.agent.drivers import cpuinfo, hygiene
-from sme2farm.agent.drivers.base import ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, tail
+from sme2farm.agent.drivers.base import ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner, tail
 from sme2farm.client.schemas import DeviceInfo
 from sme2farm.runners.catalog import sha256_file
 
@@ -231,10 +231,7 @@ class AndroidDriver(Driver):
     # ---- a run -----------------------------------------------------------------------------
 
     def prepare(self, serial: str, job: Job) -> dict[str, Any]:
-        if job.runner.platform != RUNNER_PLATFORM:
-            raise DriverError(f"runner {job.runner.id} is built for {job.runner.platform}, not {RUNNER_PLATFORM}")
-        if job.mode == "trace" and job.runner.flavour != "xnnlog":
-            raise DriverError(f"trace runs need an xnnlog runner build, got {job.runner.id} ({job.runner.flavour})")
+        require_runner(job, RUNNER_PLATFORM)
         runner = Path(job.runner.path)
         # Extra files (libc++_shared.so) are registered beside the runner binary (catalog paths are
         # relative to the manifest, which the agent resolved for the binary only): find them there.

@@ -150,6 +150,14 @@ class Driver(abc.ABC):
         return result
 
 
+def require_runner(job: Job, platform: str | None) -> None:
+    """Refuse a build made for another platform, or a trace run without the logging build."""
+    if job.runner.platform != platform:
+        raise DriverError(f"runner {job.runner.id} is built for {job.runner.platform}, not {platform}")
+    if job.mode == "trace" and job.runner.flavour != "xnnlog":
+        raise DriverError(f"trace runs need an xnnlog runner build, got {job.runner.id} ({job.runner.flavour})")
+
+
 def tail(path: Path, lines: int = 8, limit: int = 2000) -> str:
     """The runner's last log lines, the most useful failure reason there is."""
     try:

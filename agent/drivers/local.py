@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sme2farm.agent.drivers import cpuinfo
-from sme2farm.agent.drivers.base import LOG_NAME, Driver, DriverError, Job
+from sme2farm.agent.drivers.base import LOG_NAME, Driver, DriverError, Job, require_runner
 from sme2farm.client.schemas import DeviceInfo
 
 RUNNER_PLATFORMS = {("Linux", "x86_64"): "linux-x86_64", ("Linux", "aarch64"): "linux-arm64",
@@ -105,6 +105,7 @@ class LocalDriver(Driver):
         return state
 
     def prepare(self, serial: str, job: Job) -> dict[str, Any]:
+        require_runner(job, host_runner_platform())
         job.workdir.mkdir(parents=True, exist_ok=True)
         target = job.workdir / job.model_name
         try:

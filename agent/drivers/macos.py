@@ -18,7 +18,7 @@ import subprocess
 from typing import Any, Callable
 
 from sme2farm.agent.drivers import hygiene
-from sme2farm.agent.drivers.base import KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job
+from sme2farm.agent.drivers.base import KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
 from sme2farm.agent.drivers.local import host_serial, run_subprocess
 from sme2farm.client.schemas import DeviceInfo
 
@@ -76,10 +76,7 @@ class MacDriver(Driver):
         return reading
 
     def prepare(self, serial: str, job: Job) -> dict[str, Any]:
-        if job.runner.platform != RUNNER_PLATFORM:
-            raise DriverError(f"runner {job.runner.id} is built for {job.runner.platform}, not {RUNNER_PLATFORM}")
-        if job.mode == "trace" and job.runner.flavour != "xnnlog":
-            raise DriverError(f"trace runs need an xnnlog runner build, got {job.runner.id} ({job.runner.flavour})")
+        require_runner(job, RUNNER_PLATFORM)
         if job.core_mask:
             # macOS offers no CPU affinity; running unpinned would silently break the same-mask rule.
             raise DriverError(f"core mask {job.core_mask!r} cannot be applied on macOS (no CPU affinity)")
