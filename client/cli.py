@@ -107,6 +107,13 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_cancel(args) -> int:
+    from sme2farm.client.render import progress_line
+
+    print(progress_line(_client(args).cancel(args.id)))
+    return 0
+
+
 def cmd_list(args) -> int:
     page = _client(args).experiments(page=args.page, page_size=args.page_size)
     if args.json:
@@ -171,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("id", type=int)
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
+
+    ca = sub.add_parser("cancel", help="cancel an experiment's queued and running runs")
+    ca.add_argument("id", type=int)
+    ca.set_defaults(fn=cmd_cancel)
 
     ls = sub.add_parser("list", help="list experiments, newest first")
     ls.add_argument("--page", type=int, default=1)

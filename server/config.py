@@ -30,7 +30,6 @@ class Settings(BaseSettings):
     agent_offline_s: float = Field(default=90.0, description="An agent silent this long has its devices marked offline")
     max_attempts: int = Field(default=3, description="A run whose lease expires is requeued up to this many attempts")
     broker_poll_s: float = Field(default=0.05, description="Embedded broker polling interval (the farm's latency floor)")
-    public_url: str = Field(default="", description="URL printed for the dashboard/API")
 
     @property
     def sqlalchemy_url(self) -> str:

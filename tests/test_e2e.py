@@ -83,6 +83,8 @@ def test_cli_text_report_status_list_devices(farm, example_pte):
     exp_id = next(line.split()[0] for line in listing.stdout.splitlines() if "mlp-text" in line)
     status = farm.cli("status", exp_id, "--json")
     assert json.loads(status.stdout)["name"] == "mlp-text"
+    cancelled = farm.cli("cancel", exp_id)  # everything already ended: nothing changes
+    assert cancelled.returncode == 0 and "partial" in cancelled.stdout
     devices = farm.cli("devices", "--json")
     [host] = json.loads(devices.stdout)
     assert host["sme2"] is False and host["platform"] == "linux" and host["runners"]

@@ -59,12 +59,6 @@ def current_user(settings: SettingsDep, creds: Credentials) -> ApiToken:
     return row
 
 
-def current_admin(user: Annotated[ApiToken, Depends(current_user)]) -> ApiToken:
-    if user.scope != "admin":
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "this endpoint needs an admin token")
-    return user
-
-
 def agent_of(session: Session, creds: HTTPAuthorizationCredentials | None) -> Agent:
     row = _token(session, creds)
     if row.scope != "agent" or row.agent_id is None:
@@ -81,5 +75,4 @@ def current_agent_id(settings: SettingsDep, creds: Credentials) -> int:
 
 
 UserDep = Annotated[ApiToken, Depends(current_user)]
-AdminDep = Annotated[ApiToken, Depends(current_admin)]
 AgentIdDep = Annotated[int, Depends(current_agent_id)]
