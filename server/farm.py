@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, text in (("up", cmd_up, "start server, worker and a local agent"),
                            ("demo", cmd_demo, "start the farm and profile a bundled model with SME2 off and on")):
         s = sub.add_parser(name, help=text)
+        s.add_argument("--data-dir", default=argparse.SUPPRESS, help="as the top-level --data-dir")
         s.add_argument("--host", default="127.0.0.1")
         s.add_argument("--port", type=int, default=8000)
         s.add_argument("--drivers", default="local", help="agent drivers: local,android,macos")

@@ -159,7 +159,7 @@ def start_farm(data_dir: Path, manifest: Path, extra_env: dict | None = None, dr
     port = free_port()
     env = {**os.environ, **(extra_env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sme2farm.server.farm", "--data-dir", str(data_dir), "up", "--port", str(port),
+        [sys.executable, "-m", "sme2farm.server.farm", "up", "--data-dir", str(data_dir), "--port", str(port),
          "--manifest", str(manifest), "--drivers", drivers],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
