@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
 
 from sme2farm import __version__
 from sme2farm.server.api import agents, devices, experiments, runs
@@ -73,5 +74,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:
         return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")  # the dashboard's CSS and JS modules
 
     return app

@@ -1,0 +1,201 @@
+// One experiment: its spec, the SME2 off vs on comparisons and every run's results.
+
+import { ApiError, download, getJSON, post } from "./api.js";
+import { badge, h, kv, ms, num, pct, short, table, when } from "./dom.js";
+import { ACTIVE } from "./views.js";
+
+export const CATEGORIES = ["Convolution", "GEMM", "Data Movement", "Elementwise", "Other"];
+const TOP_OPERATORS = 12;
+
+const catClass = (c) => `cat-${CATEGORIES.indexOf(c)}`;
+
+// A stacked bar of the five categories; `shares` are fractions of E2E.
+function stackedBar(shares, label) {
+  const total = CATEGORIES.reduce((s, c) => s + (shares[c] || 0), 0) || 1;
+  return h("div", { class: "stack-row" },
+    label && h("span", { class: "stack-label" }, label),
+    h("div", { class: "stack", role: "img", "aria-label": `${label || ""} category shares` },
+      CATEGORIES.map((c) => {
+        const seg = h("span", { class: `seg ${catClass(c)}`, title: `${c}: ${pct(shares[c] || 0)}` });
+        seg.style.width = `${(100 * (shares[c] || 0)) / total}%`;
+        return seg;
+      })));
+}
+
+function legend(values) {
+  return h("ul", { class: "legend" }, CATEGORIES.map((c) => h("li", { dataset: { category: c } },
+    h("span", { class: `swatch ${catClass(c)}` }), h("b", {}, c), " ", values(c))));
+}
+
+function categoriesBlock(run) {
+  const cats = run.categories_ms;
+  const total = CATEGORIES.reduce((s, c) => s + (cats[c] || 0), 0);
+  const share = Object.fromEntries(CATEGORIES.map((c) => [c, total > 0 ? (cats[c] || 0) / total : 0]));
+  return h("div", { class: "categories" },
+    h("h3", {}, "Where the time goes"),
+    stackedBar(share),
+    legend((c) => h("span", { class: "muted" }, `${ms(cats[c])} ms · ${pct(share[c])}`)));
+}
+
+function e2eBlock(e) {
+  const tile = (label, value, cls) => h("div", { class: `stat ${cls}`, dataset: { value: e[cls] } }, h("span", {}, label), h("b", {}, value));
+  return h("div", { class: "stats" },
+    tile("median", `${ms(e.median)} ms`, "median"),
+    tile("mean", `${ms(e.mean)} ms`, "mean"),
+    tile("p10", `${ms(e.p10)} ms`, "p10"),
+    tile("p90", `${ms(e.p90)} ms`, "p90"),
+    tile("CV", pct(e.cv), "cv"),
+    tile("n", e.n, "n"));
+}
+
+function operatorsBlock(ops) {
+  const top = ops.slice(0, TOP_OPERATORS);
+  const portable = ops.filter((o) => !o.delegated).length;
+  return h("div", {},
+    h("h3", {}, "Top operators", ops.length > top.length && h("span", { class: "muted small" }, ` (${top.length} of ${ops.length})`)),
+    portable > 0 && h("p", { class: "warn small" }, `${portable} portable (non-delegated) operator type${portable > 1 ? "s" : ""}: these ran outside XNNPACK, so SME2 cannot speed them up.`),
+    table(["Operator", "Category", "Calls/iter", "ms/iter", "Share", "Kernel"], top.map((o) => h("tr", { class: o.delegated ? "" : "portable" },
+      h("td", { class: "mono" }, o.name, !o.delegated && h("span", { class: "badge portable-flag" }, "portable")),
+      h("td", {}, h("span", { class: `swatch ${catClass(o.category)}` }), o.category),
+      h("td", { class: "num" }, num(o.count, 1)),
+      h("td", { class: "num" }, ms(o.total_ms)),
+      h("td", { class: "num" }, pct(o.share)),
+      h("td", { class: "small" }, o.kernel_hint || ""))), { class: "ops" }));
+}
+
+function kernelsBlock(k) {
+  if (!k) return null;
+  if (k.status !== "ok") return h("div", {}, h("h3", {}, "Kernel evidence"), h("p", { class: "muted small" }, `${k.status}: microkernel names are only logged by the xnnlog runner flavour.`));
+  const counts = Object.entries(k.isa_counts || {}).filter(([, n]) => n > 0).map(([isa, n]) => h("span", { class: `chip isa-${isa}` }, `${isa} ${n}`));
+  return h("div", {},
+    h("h3", {}, "Kernel evidence ", h("span", { class: `badge ${k.sme2_used ? "yes" : "no"}` }, k.sme2_used ? "SME2 kernels ran" : "no SME2 kernel")),
+    h("div", { class: "chips" }, counts),
+    h("details", {}, h("summary", {}, `${k.n_lines} log lines, microkernels by kind`),
+      Object.entries(k.by_kind || {}).map(([kind, ks]) => h("div", { class: "small" }, h("b", {}, kind), ": ",
+        ks.map((x, i) => [i ? ", " : "", h("span", { class: "mono" }, x.name), ` (${x.isa})`])))));
+}
+
+function stateBlock(state) {
+  const show = (v) => (typeof v === "object" && v !== null ? JSON.stringify(v) : String(v));
+  const side = (label, obj) => h("div", {}, h("h4", {}, label), obj && Object.keys(obj).length
+    ? kv(Object.entries(obj).map(([k, v]) => [k, h("span", { class: "mono small" }, show(v))]))
+    : h("p", { class: "muted small" }, "not recorded"));
+  return h("div", { class: "state" }, h("h3", {}, "Device state"),
+    h("div", { class: "cols" }, side("Before", state.before), side("After", state.after)));
+}
+
+function artifactsBlock(run) {
+  if (!run.artifacts.length) return null;
+  const msg = h("span", { class: "alert small", hidden: true });
+  return h("div", {}, h("h3", {}, "Artifacts"),
+    h("div", { class: "artifacts" }, run.artifacts.map((name) => h("button", {
+      type: "button", class: "ghost small", dataset: { artifact: name },
+      onclick: () => download(run.id, name).catch((e) => { msg.textContent = e.message; msg.hidden = false; }),
+    }, `⤓ ${name}`)), msg));
+}
+
+function runCard(run) {
+  const d = run.device;
+  const r = run.runner;
+  const problem = ["unschedulable", "failed", "cancelled"].includes(run.status);
+  return h("article", { class: `card run ${problem ? "problem" : ""}`, id: `run-${run.id}`, dataset: { run: run.id, sme2: run.sme2 } },
+    h("header", {},
+      h("h2", {}, `Run #${run.id}`),
+      h("span", { class: `chip sme2-${run.sme2}` }, `SME2 ${run.sme2}`),
+      h("span", { class: "chip" }, `${run.threads} thread${run.threads > 1 ? "s" : ""}`),
+      badge(run.status),
+      run.attempt > 1 && h("span", { class: "muted small" }, `attempt ${run.attempt}`)),
+    run.reason && h("p", { class: `reason ${problem ? "alert" : "note"}` }, run.reason),
+    h("div", { class: "cols three" },
+      h("div", {}, h("h3", {}, "Device"), d ? kv([
+        ["serial", h("span", { class: "mono" }, d.serial)],
+        ["model", [d.model || "—", d.soc && h("span", { class: "muted" }, ` · ${d.soc}`)]],
+        ["platform", `${d.platform} ${d.abi || ""}`],
+        ["cores", d.cpu_cores || "—"],
+        ["SME2", [h("span", { class: `badge ${d.sme2 ? "yes" : "no"}` }, d.sme2 ? "yes" : "no"), d.sme2_evidence && h("span", { class: "muted small" }, ` ${d.sme2_evidence}`)]],
+      ]) : h("p", { class: "muted" }, "not assigned")),
+      h("div", {}, h("h3", {}, "Runner build"), r ? kv([
+        ["id", h("span", { class: "mono runner-id" }, r.id)],
+        ["flavour", `${r.flavour} · ${r.platform}`],
+        ["ExecuTorch", `${r.executorch_version || "?"} ${r.executorch_commit ? `@ ${short(r.executorch_commit, 10)}` : ""}`],
+        ["sha256", h("span", { class: "mono", title: r.sha256 }, short(r.sha256, 16))],
+      ]) : h("p", { class: "muted" }, "none ran")),
+      h("div", {}, h("h3", {}, "Timing"), kv([
+        ["created", when(run.created_at)],
+        ["started", when(run.started_at)],
+        ["finished", when(run.finished_at)],
+        ["runner wall", run.runner_wall_s == null ? "—" : `${num(run.runner_wall_s, 3)} s`],
+        run.load_ms && ["load", Object.entries(run.load_ms).map(([k, v]) => `${k} ${ms(v)} ms`).join(", ")],
+      ]))),
+    run.e2e_ms && [h("h3", {}, "End-to-end latency"), e2eBlock(run.e2e_ms)],
+    run.categories_ms && categoriesBlock(run),
+    run.operators && run.operators.length > 0 && operatorsBlock(run.operators),
+    kernelsBlock(run.kernels),
+    Object.keys(run.device_state || {}).length > 0 && stateBlock(run.device_state),
+    artifactsBlock(run));
+}
+
+function comparisonCard(c) {
+  const head = h("header", {}, h("h2", {}, "SME2 off vs on"),
+    h("span", { class: "chip" }, c.device || "any device"),
+    h("span", { class: "chip" }, `${c.threads} thread${c.threads > 1 ? "s" : ""}`),
+    c.status !== "complete" && badge("incomplete"));
+  if (c.status !== "complete") {
+    return h("article", { class: "card comparison incomplete" }, head,
+      h("p", { class: "reason alert" }, c.reason || "one arm has no successful run"));
+  }
+  const cats = c.categories || {};
+  const before = Object.fromEntries(CATEGORIES.map((k) => [k, cats[k]?.share_before || 0]));
+  const after = Object.fromEntries(CATEGORIES.map((k) => [k, cats[k]?.share_after || 0]));
+  const verdictClass = { speedup: "yes", slowdown: "no" }[c.verdict] || "neutral";
+  return h("article", { class: "card comparison" }, head,
+    h("div", { class: "headline" },
+      h("div", { class: "speedup", dataset: { value: c.speedup } }, c.speedup == null ? "—" : `${num(c.speedup, 2)}×`),
+      h("div", {},
+        h("span", { class: `badge ${verdictClass}` }, c.verdict),
+        h("div", { class: "muted" }, `${Math.round(100 * (c.ci_level || 0.95))}% CI ${num(c.ci_low, 3)} – ${num(c.ci_high, 3)}`),
+        h("div", { class: "muted small" }, `median ${ms(c.baseline_median_ms)} → ${ms(c.candidate_median_ms)} ms · n ${(c.n || []).join(" / ")}`))),
+    h("div", { class: "bars" }, stackedBar(before, "off"), stackedBar(after, "on")),
+    table(["Category", "off ms", "on ms", "Speedup", "Share off", "Share on"], CATEGORIES.map((k) => {
+      const e = cats[k] || {};
+      return h("tr", {}, h("td", {}, h("span", { class: `swatch ${catClass(k)}` }), k),
+        h("td", { class: "num" }, ms(e.baseline_ms)), h("td", { class: "num" }, ms(e.candidate_ms)),
+        h("td", { class: "num" }, e.speedup == null ? "—" : `${num(e.speedup, 2)}×`),
+        h("td", { class: "num" }, pct(e.share_before)), h("td", { class: "num" }, pct(e.share_after)));
+    }), { class: "cmp" }),
+    c.narrative?.length > 0 && h("ul", { class: "narrative" }, c.narrative.map((line) => h("li", {}, line))));
+}
+
+export async function experimentView({ id }) {
+  const exp = await getJSON(`/experiments/${encodeURIComponent(id)}`);
+  const s = exp.spec;
+  const running = exp.runs.some((r) => ACTIVE.has(r.status));
+  const cancelMsg = h("span", { class: "alert small", hidden: true });
+  const cancel = running && h("button", {
+    type: "button", class: "ghost",
+    onclick: async (e) => {
+      e.target.disabled = true;
+      try { await post(`/experiments/${exp.id}/cancel`); window.dispatchEvent(new HashChangeEvent("hashchange")); } catch (err) {
+        if (err instanceof ApiError) { cancelMsg.textContent = err.message; cancelMsg.hidden = false; }
+      }
+    },
+  }, "Cancel");
+  const device = s.device ? Object.entries(s.device).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length)).map(([k, v]) => `${k}=${v}`).join(", ") : "";
+  return {
+    refresh: running,
+    node: h("section", { id: "experiment", dataset: { id: exp.id } },
+      h("div", { class: "title" },
+        h("h1", {}, `Experiment #${exp.id}`, exp.name && h("span", { class: "muted" }, ` · ${exp.name}`)),
+        badge(exp.status), running && h("span", { class: "muted live" }, "auto-refreshing"), cancel, cancelMsg),
+      h("div", { class: "card spec" }, kv([
+        ["SME2", s.sme2], ["threads", s.threads.join(", ")], ["iterations", `${s.iterations} (+${s.warmup} warm-up)`],
+        ["mode", s.mode], ["sessions", s.sessions], ["power", s.power_profile],
+        s.core_mask && ["core mask", s.core_mask], device && ["devices", device],
+        ["model", h("span", { class: "mono", title: exp.model_sha256 }, `${short(exp.model_sha256, 16)} · ${(exp.model_size / 1024).toFixed(1)} KiB`)],
+        ["created", when(exp.created_at)],
+        ...Object.entries(exp.labels || {}).map(([k, v]) => [`label ${k}`, v]),
+      ], { class: "kv wide" })),
+      exp.comparisons.map(comparisonCard),
+      exp.runs.map(runCard)),
+  };
+}
