@@ -76,7 +76,9 @@ function kernelsBlock(k) {
 }
 
 function stateBlock(state) {
-  const show = (v) => (typeof v === "object" && v !== null ? JSON.stringify(v) : String(v));
+  const show = (v) => (typeof v === "number" ? ms(v)
+    : Array.isArray(v) ? v.map(show).join(", ")
+      : typeof v === "object" && v !== null ? JSON.stringify(v) : String(v));
   const side = (label, obj) => h("div", {}, h("h4", {}, label), obj && Object.keys(obj).length
     ? kv(Object.entries(obj).map(([k, v]) => [k, h("span", { class: "mono small" }, show(v))]))
     : h("p", { class: "muted small" }, "not recorded"));
