@@ -180,6 +180,25 @@ def test_dashboard_end_to_end(chromium, farm, example_pte, browser, tmp_path):
     assert server_msg in error.text and "422" in error.text
     screenshot(d, SCREENSHOT.with_name("dashboard-submit.png"))
 
+    # a real .pte through the form: the browser lands on the new experiment, which refreshes itself to the end
+    from selenium.webdriver.support.ui import Select
+
+    model = d.find_element(By.ID, "model")
+    model.clear()
+    model.send_keys(str(example_pte("toy_cnn")))
+    Select(d.find_element(By.ID, "sme2")).select_by_value("off")
+    iterations = d.find_element(By.ID, "iterations")
+    iterations.clear()
+    iterations.send_keys("7")
+    d.find_element(By.CSS_SELECTOR, "#submit-form button[type=submit]").click()
+    new_page = wait(d, "#experiment")
+    new_id = int(new_page.get_attribute("data-id"))
+    assert new_id > exp["id"] and d.current_url.endswith(f"#/experiments/{new_id}")
+    new = farm.client().experiment_json(new_id)
+    assert new["spec"]["sme2"] == "off" and new["spec"]["iterations"] == 7
+    wait(d, "#experiment .title .badge", text="succeeded", timeout=120)  # no reload: the page polls while running
+    assert wait(d, "#experiment .stat.n").get_attribute("data-value") == "7"
+
     # --- devices: the host, with no SME2
     [host] = [dev for dev in farm.client().devices() if dev["serial"] == off["device"]["serial"]]
     assert host["sme2"] is False
