@@ -135,7 +135,10 @@ def _run_farm(args, then=None) -> int:
     manifest = Path(args.manifest).resolve() if args.manifest else None
     _ensure_runner(manifest)
     farm = Farm(settings, args.host, args.port, args.drivers, manifest)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    # Ctrl-C and SIGTERM both stop the farm cleanly. SIGINT is set explicitly because a process
+    # started from a background shell inherits it ignored, and Ctrl-C would then do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         farm.start()
         print(f"farm up: API {farm.url}  docs {farm.url}/docs  dashboard {farm.url}/", flush=True)
