@@ -36,7 +36,10 @@ def compare(baseline: dict, candidate: dict, *, labels: tuple[str, str] = ("SME2
     la, lb = labels
     b_it = baseline.get("iterations_ms") or []
     c_it = candidate.get("iterations_ms") or []
-    r = bootstrap_ratio(b_it, c_it, stat="median", n_boot=N_BOOT, seed=seed)
+    # Reports pooled from several interleaved sessions carry them; resample sessions first.
+    b_sess, c_sess = baseline.get("session_iterations_ms"), candidate.get("session_iterations_ms")
+    r = bootstrap_ratio(b_it, c_it, stat="median", n_boot=N_BOOT, seed=seed, base_sessions=b_sess, cand_sessions=c_sess)
+    hierarchical = bool(b_sess and c_sess and len(b_sess) > 1 and len(c_sess) > 1)
     sig, verdict = _verdict(r["estimate"], r["ci_low"], r["ci_high"])
 
     b_cat = baseline.get("categories_ms", {})
@@ -70,6 +73,7 @@ def compare(baseline: dict, candidate: dict, *, labels: tuple[str, str] = ("SME2
         "ci_high": r["ci_high"],
         "ci_level": r["level"],
         "n_boot": r["n_boot"],
+        "resampling": "sessions, then iterations" if hierarchical else "iterations",
         "n": [len(b_it), len(c_it)],
         "significant": sig,
         "verdict": verdict,

@@ -66,11 +66,39 @@ def _boot_stat(x: np.ndarray, rng: np.random.Generator, n_boot: int, stat: str,
     return out
 
 
+def _boot_stat_sessions(sessions: list[np.ndarray], rng: np.random.Generator, n_boot: int, stat: str,
+                        chunk: int) -> np.ndarray:
+    """Two-level bootstrap (MEASUREMENT.md): resample whole sessions with replacement, then the
+    iterations inside each drawn session, pool them and take the statistic. Session-to-session
+    drift (thermal state, background load) then widens the interval as it should."""
+    k = len(sessions)
+    lens = np.array([s.size for s in sessions])
+    width = int(lens.max())
+    padded = np.full((k, width), np.nan)
+    for i, s in enumerate(sessions):
+        padded[i, : s.size] = s
+    out = np.empty(n_boot, dtype=np.float64)
+    done = 0
+    chunk = max(1, chunk // max(k, 1))
+    while done < n_boot:
+        m = min(chunk, n_boot - done)
+        pick = rng.integers(0, k, size=(m, k))                         # sessions
+        pos = rng.random((m, k, width)) * lens[pick][:, :, None]       # iterations within each
+        res = padded[pick[:, :, None], pos.astype(np.int64)]
+        res[np.arange(width)[None, None, :] >= lens[pick][:, :, None]] = np.nan
+        res = res.reshape(m, k * width)
+        out[done:done + m] = np.nanmedian(res, axis=1) if stat == "median" else np.nanmean(res, axis=1)
+        done += m
+    return out
+
+
 def bootstrap_ratio(base, cand, *, stat: str = "median", n_boot: int = 10_000, seed: int = 0,
-                    level: float = 0.95) -> dict:
+                    level: float = 0.95, base_sessions=None, cand_sessions=None) -> dict:
     """Point estimate and percentile-bootstrap CI of stat(base) / stat(cand).
 
-    The two arms are resampled independently (they are independent runs). Returns
+    The two arms are resampled independently (they are independent runs). When both arms
+    give ``*_sessions`` (lists of per-session samples, two or more each), sessions are
+    resampled first, then iterations. Returns
     {"estimate", "ci_low", "ci_high", "level", "n_boot"}; None values when an arm is empty
     or the candidate's statistic is 0.
     """
@@ -85,8 +113,12 @@ def bootstrap_ratio(base, cand, *, stat: str = "median", n_boot: int = 10_000, s
         return empty
     rng = np.random.default_rng(seed)
     chunk = max(1, min(n_boot, 4_000_000 // max(b.size, c.size, 1)))
-    rb = _boot_stat(b, rng, n_boot, stat, chunk)
-    rc = _boot_stat(c, rng, n_boot, stat, chunk)
+    if base_sessions and cand_sessions and len(base_sessions) > 1 and len(cand_sessions) > 1:
+        rb = _boot_stat_sessions([np.asarray(x, np.float64) for x in base_sessions], rng, n_boot, stat, chunk)
+        rc = _boot_stat_sessions([np.asarray(x, np.float64) for x in cand_sessions], rng, n_boot, stat, chunk)
+    else:
+        rb = _boot_stat(b, rng, n_boot, stat, chunk)
+        rc = _boot_stat(c, rng, n_boot, stat, chunk)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = rb / rc
     ratios = ratios[np.isfinite(ratios)]

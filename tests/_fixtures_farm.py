@@ -155,7 +155,9 @@ class RunningFarm:
         return p.read_text(errors="replace")[-4000:] if p.exists() else ""
 
 
-def start_farm(data_dir: Path, manifest: Path, extra_env: dict | None = None, drivers: str = "local") -> RunningFarm:
+def start_farm(data_dir: Path, manifest: Path, extra_env: dict | None = None, drivers: str = "local",
+               devices: int = 1) -> RunningFarm:
+    """Start `sme2-farm up` and return once the agent has registered `devices` devices."""
     port = free_port()
     env = {**os.environ, **(extra_env or {})}
     proc = subprocess.Popen(
@@ -173,7 +175,7 @@ def start_farm(data_dir: Path, manifest: Path, extra_env: dict | None = None, dr
             token = token_file.read_text().strip()
             try:
                 r = httpx.get(f"{url}/devices", headers={"Authorization": f"Bearer {token}"}, timeout=2)
-                if r.status_code == 200 and r.json():
+                if r.status_code == 200 and len(r.json()) >= devices:
                     return RunningFarm(url, token, data_dir, proc, env)
             except httpx.TransportError:
                 pass

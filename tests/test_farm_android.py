@@ -27,7 +27,7 @@ def android_farm(tmp_path, adb_port, loopback, phone_runners, local_runner):
                        [*phone_runners.builds, host_build.__class__(**{**host_build.__dict__, "path": str(host_catalog.resolve(host_build))})])
     manifest.save()
     farm = start_farm(tmp_path / "farm", manifest.manifest, {"ANDROID_ADB_SERVER_PORT": str(adb_port)},
-                      drivers="local,android")
+                      drivers="local,android", devices=3)
     yield farm, sme2, plain
     stop_farm(farm.proc)
 

@@ -58,6 +58,7 @@ def _merged(reports: list[dict]) -> dict:
     if len(reports) == 1:
         return reports[0]
     out = dict(reports[0])
+    out["session_iterations_ms"] = [r["iterations_ms"] for r in reports]
     out["iterations_ms"] = [x for r in reports for x in r["iterations_ms"]]
     out["category_iterations_ms"] = {
         k: [x for r in reports for x in r["category_iterations_ms"][k]] for k in reports[0]["category_iterations_ms"]
