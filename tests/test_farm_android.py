@@ -58,7 +58,8 @@ def test_sme2_phone_both_arms_power_profile_and_device_state(android_farm, examp
     # the phone's settings were restored after every run
     assert "stay_on_while_plugged_in" not in sme2.settings("global")  # unset before, deleted again
     [cmp] = rep["comparisons"]
-    assert cmp["status"] == "complete" and cmp["n"] == [40, 40]  # both sessions pooled per arm
+    assert cmp["status"] == "complete" and cmp["n"] == [40, 40]  # both sessions per arm
+    assert cmp["resampling"] == "sessions, then iterations"
     assert cmp["ci_low"] <= cmp["speedup"] <= cmp["ci_high"]
     text = farm.cli("status", str(rep["id"])).stdout  # the readable report shows the device state too
     assert "before: thermal NONE" in text and "power profile boost" in text and "settings restored" in text
