@@ -14,6 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+
 from sme2farm import __version__
 from sme2farm.agent.api import AgentApi, LeaseLost, Unauthorized
 from sme2farm.agent.drivers.base import Driver, Job, JobResult
@@ -39,6 +41,7 @@ class Agent:
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
         self.heartbeat_s = 10.0
+        self.poll_s = 20.0
 
     # ---- inventory ----------------------------------------------------------------------
     def discover(self) -> list[DeviceInfo]:
@@ -133,8 +136,14 @@ class Agent:
         driver, info = self.devices[a.device_serial]
         build = self.catalog.find(info.runner_platform, a.sme2, "xnnlog" if a.mode == "trace" else "timing")
         build = dataclasses.replace(build, path=str(self.catalog.resolve(build)))
+        try:
+            model = self.model(a.model_sha256)
+        except (OSError, ValueError, httpx.HTTPError) as e:
+            self.api.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="failed",
+                                                reason=f"the agent could not fetch the model: {e}"))
+            return
         workdir = Path(tempfile.mkdtemp(prefix=f"run{a.run_id}-", dir=self.work_dir))
-        job = Job(run_id=a.run_id, model_path=self.model(a.model_sha256), runner=build, threads=a.threads,
+        job = Job(run_id=a.run_id, model_path=model, runner=build, threads=a.threads,
                   iterations=a.iterations, warmup=a.warmup, timeout_s=a.timeout_s, workdir=workdir, mode=a.mode,
                   core_mask=a.core_mask, power_profile=a.power_profile)
         if answer.cancel:

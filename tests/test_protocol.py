@@ -244,3 +244,15 @@ def test_local_driver_reads_sme2_from_cpuinfo(tmp_path, monkeypatch):
     [info] = LocalDriver(proc_root=tmp_path).discover()
     assert info.sme2 is False and info.runner_platform == "linux-arm64"
     assert isinstance(info, DeviceInfo)
+
+
+def test_a_model_the_agent_cannot_fetch_fails_the_run_with_the_reason(api, agent, example_pte):
+    pte = example_pte("toy_cnn").read_bytes()
+    submit(api, pte)
+    Store(api.settings.data_dir).model_path(hashlib.sha256(pte).hexdigest()).unlink()  # lost from the store
+    dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    agent.execute(a)
+    run = api.client.get(f"/runs/{a.run_id}", headers=api.auth()).json()
+    assert run["status"] == "failed"
+    assert "could not fetch the model" in run["reason"] and "404" in run["reason"]

@@ -170,6 +170,7 @@ def finish(run_id: int, body: RunFinish, request: Request, settings: SettingsDep
 
 @router.get("/models/{sha256}")
 def download_model(sha256: str, session: SessionDep, store: StoreDep, _agent: AgentIdDep) -> FileResponse:
-    if session.get(Model, sha256) is None:
+    path = store.model_path(sha256)
+    if session.get(Model, sha256) is None or not path.exists():
         raise HTTPException(404, f"model {sha256} not found")
-    return FileResponse(store.model_path(sha256), media_type="application/octet-stream")
+    return FileResponse(path, media_type="application/octet-stream")
