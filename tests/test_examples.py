@@ -40,3 +40,14 @@ def test_cli_exports_and_rejects_blocks_for_other_models(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["mlp", str(tmp_path / "x.pte"), "--blocks", "2"])
     assert "--blocks applies to cnn_blocks only" in capsys.readouterr().err
+
+
+def test_examples_export_to_identical_bytes(tmp_path):
+    """Fixed seed: re-exporting gives the same sha256, so the farm stores a bundled model once."""
+    import hashlib
+
+    from sme2farm.runners.examples import export_example
+
+    a = export_example("mlp", tmp_path / "a.pte").read_bytes()
+    b = export_example("mlp", tmp_path / "b.pte").read_bytes()
+    assert hashlib.sha256(a).hexdigest() == hashlib.sha256(b).hexdigest()
