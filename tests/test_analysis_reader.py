@@ -104,14 +104,10 @@ def test_garbage_is_rejected(blob):
         analyze(blob)
 
 
-def test_pte_is_not_an_etdump(tmp_path):
+def test_pte_is_not_an_etdump(example_pte):
     # a .pte is a flatbuffer too, but with another identifier
-    from _fixtures_analysis import _cache_dir
-    ptes = list(_cache_dir().glob("*.pte"))
-    if not ptes:
-        pytest.skip("no cached .pte")
     with pytest.raises(EtdumpError, match="identifier"):
-        analyze(ptes[0].read_bytes())
+        analyze(example_pte("toy_cnn").read_bytes())
 
 
 def test_truncated_trace_is_rejected(real_trace):
