@@ -185,3 +185,12 @@ def test_cancel_queued_run(api, pte):
     r = api.client.post(f"/experiments/{rep['id']}/cancel", headers=api.auth()).json()
     assert r["runs"][0]["status"] == "cancelled"
     assert r["status"] == "cancelled"
+
+
+def test_experiment_with_nothing_runnable_is_complete_at_once(api, pte):
+    register(api, devices=(HOST,), runners=[])
+    rep = submit(api, pte, {"sme2": "both"}).json()
+    assert {r["status"] for r in rep["runs"]} == {"unschedulable"}
+    assert rep["status"] == "failed"
+    [cmp] = rep["comparisons"]
+    assert cmp["status"] == "incomplete" and "no runner build" in cmp["reason"]

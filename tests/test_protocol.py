@@ -19,7 +19,6 @@ from sme2farm.server.db import session_scope
 from sme2farm.server.models import Device, Run, utcnow
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.storage import Store
-from sme2farm.worker import ingest
 
 
 @pytest.fixture
@@ -44,20 +43,20 @@ def dispatch(api) -> list[int]:
         return run_service.dispatch(s, lease_s=api.settings.lease_s)
 
 
-def ingest_all(api, run_ids) -> None:
-    store = Store(api.settings.data_dir)
+def ingest_all(api, run_ids, monkeypatch) -> None:
+    """Run the Celery ingest task's body, against this test's database and data dir."""
+    from sme2farm.worker import tasks
+
+    monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
     for rid in run_ids:
-        with session_scope(api.settings.sqlalchemy_url) as s:
-            ingest.ingest_run(s, store=store, run_id=rid)
-        with session_scope(api.settings.sqlalchemy_url) as s:
-            ingest.update_comparisons(s, run_id=rid)
+        tasks.ingest_run(rid)
 
 
 def report(api, exp_id: int) -> dict:
     return api.client.get(f"/experiments/{exp_id}", headers=api.auth()).json()
 
 
-def test_full_round_trip_with_the_real_runner(api, agent, example_pte):
+def test_full_round_trip_with_the_real_runner(api, agent, example_pte, monkeypatch):
     pte = example_pte("toy_cnn").read_bytes()
     exp = submit(api, pte, sme2="both", iterations=12, warmup=2)
     assert agent.api.claim(wait=0) == []  # nothing is assigned before dispatch
@@ -67,7 +66,7 @@ def test_full_round_trip_with_the_real_runner(api, agent, example_pte):
     assert a.sme2 == "off" and a.iterations == 12 and a.model_sha256 == hashlib.sha256(pte).hexdigest()
     agent.execute(a)
     assert api.client.get(f"/runs/{a.run_id}", headers=api.auth()).json()["status"] == "analyzing"
-    ingest_all(api, [a.run_id])
+    ingest_all(api, [a.run_id], monkeypatch)
     rep = report(api, exp["id"])
     assert rep["status"] == "partial"
     run = next(r for r in rep["runs"] if r["sme2"] == "off")
@@ -191,7 +190,7 @@ def test_cancel_travels_in_the_heartbeat_and_kills_the_runner(api, agent, exampl
 def test_corrupt_model_fails_with_the_runners_last_log_lines(api, agent, example_pte):
     pte = bytearray(example_pte("toy_cnn").read_bytes())
     pte[64:512] = b"\xff" * 448  # header intact (passes upload validation), program body destroyed
-    submit(api, bytes(pte))
+    exp = submit(api, bytes(pte), sme2="both")
     dispatch(api)
     [a] = agent.api.claim(wait=0)
     agent.execute(a)
@@ -199,6 +198,12 @@ def test_corrupt_model_fails_with_the_runners_last_log_lines(api, agent, example
     assert run["status"] == "failed"
     assert "runner exited with code" in run["reason"] or "no ETDump" in run["reason"]
     assert "runner.log" in run["artifacts"]
+    # the finish that made the last run terminal committed the comparison with it: no window in
+    # which a client sees every run ended but no comparison
+    rep = report(api, exp["id"])
+    assert rep["status"] == "failed"
+    [cmp] = rep["comparisons"]
+    assert cmp["status"] == "incomplete" and "SME2 off: run" in cmp["reason"] and "failed" in cmp["reason"]
 
 
 def test_agent_refuses_sme2_on_for_a_device_without_it(agent):

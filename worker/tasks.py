@@ -6,6 +6,8 @@ import logging
 
 from sme2farm.server.config import get_settings
 from sme2farm.server.db import session_scope
+from sme2farm.server.models import Run
+from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.storage import Store
@@ -33,8 +35,9 @@ def ingest_run(run_id: int) -> str:
     store = Store(s.data_dir)
     with session_scope(s.sqlalchemy_url) as session:
         status = ingest.ingest_run(session, store=store, run_id=run_id)
-    with session_scope(s.sqlalchemy_url) as session:
-        ingest.update_comparisons(session, run_id=run_id)
+        run = session.get(Run, run_id)
+        if run is not None:
+            comparisons.refresh(session, experiment_id=run.experiment_id)
     return status
 
 
@@ -45,9 +48,9 @@ def reap() -> list[int]:
     with session_scope(s.sqlalchemy_url) as session:
         touched = run_service.reap_expired(session, max_attempts=s.max_attempts)
         device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s)
-    for run_id in touched:  # a run that failed for good may have completed its experiment
-        with session_scope(s.sqlalchemy_url) as session:
-            ingest.update_comparisons(session, run_id=run_id)
+        # a run that failed for good may have completed its experiment
+        for experiment_id in {session.get(Run, rid).experiment_id for rid in touched}:
+            comparisons.refresh(session, experiment_id=experiment_id)
     if touched:
         dispatch.delay()
     return touched

@@ -21,6 +21,7 @@ from sme2farm.client.schemas import (
 from sme2farm.server.api.deps import AgentIdDep, Credentials, SessionDep, SettingsDep, StoreDep, _token, agent_of
 from sme2farm.server.db import session_scope
 from sme2farm.server.models import Agent, Artifact, Device, Model
+from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
@@ -157,13 +158,16 @@ def finish(run_id: int, body: RunFinish, request: Request, settings: SettingsDep
     has_trace = store.artifact_path(run_id, "trace.etdump").exists()
     try:
         with session_scope(settings.sqlalchemy_url) as session:
-            status = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace).status
+            run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace)
+            status = run.status
+            if status != "analyzing":  # terminal now: the comparisons commit with it
+                comparisons.refresh(session, experiment_id=run.experiment_id)
     except run_service.LeaseConflict as e:
         return conflict(e)
     except LookupError as e:
         raise HTTPException(404, str(e))
-    # Ingest also runs for failed runs: it stores nothing for them but completes the experiment's comparisons.
-    request.app.state.enqueue("ingest", run_id)
+    if status == "analyzing":
+        request.app.state.enqueue("ingest", run_id)
     request.app.state.enqueue("dispatch")
     return {"status": status}
 

@@ -13,6 +13,7 @@ from sme2farm.server.api.deps import SessionDep, SettingsDep, StoreDep, UserDep
 from sme2farm.server.db import session_scope
 from sme2farm.server.models import Model
 from sme2farm.server.pte import InvalidProgram, validate
+from sme2farm.server.services import comparisons
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
@@ -74,6 +75,7 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> 
         model = Model(sha256=upload.sha256, size=upload.size)
         session.add(model)
     exp = experiment_service.create(session, spec=spec, model=model)
+    comparisons.refresh(session, experiment_id=exp.id)  # nothing to run at all: complete now
     # The file moves into the store only once the rows exist; a failure above leaves nothing behind.
     store.keep_model(upload.model_path, upload.sha256)
     session.flush()
@@ -97,14 +99,13 @@ def get_experiment(experiment_id: int, session: SessionDep, _user: UserDep) -> E
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport)
-def cancel_experiment(experiment_id: int, request: Request, settings: SettingsDep, _user: UserDep) -> ExperimentReport:
+def cancel_experiment(experiment_id: int, settings: SettingsDep, _user: UserDep) -> ExperimentReport:
     with session_scope(settings.sqlalchemy_url) as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:
             raise HTTPException(404, f"experiment {experiment_id} not found")
         for run in exp.runs:
             run_service.cancel(session, run=run)
-        report = reports.experiment_report(exp)
-    if report.runs:  # the ingest task completes the experiment's comparisons once all runs are terminal
-        request.app.state.enqueue("ingest", report.runs[0].id)
-    return report
+        session.flush()
+        comparisons.refresh(session, experiment_id=exp.id)
+        return reports.experiment_report(exp)

@@ -7,7 +7,7 @@ from fastapi.responses import FileResponse
 
 from sme2farm.client.schemas import RunReport
 from sme2farm.server.api.deps import SessionDep, StoreDep, UserDep
-from sme2farm.server.services import reports
+from sme2farm.server.services import comparisons, reports
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.storage import ARTIFACT_MEDIA, ARTIFACT_NAMES
 
@@ -40,4 +40,6 @@ def cancel_run(run_id: int, session: SessionDep, _user: UserDep) -> RunReport:
     if run is None:
         raise HTTPException(404, f"run {run_id} not found")
     run_service.cancel(session, run=run)
+    session.flush()
+    comparisons.refresh(session, experiment_id=run.experiment_id)
     return reports.run_report(run)
