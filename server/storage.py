@@ -80,10 +80,12 @@ class Store:
         os.replace(tmp, dest)
         return dest
 
-    def write_artifact(self, run_id: int, name: str, data: bytes | str) -> Path:
+    def write_artifact(self, run_id: int, name: str, data: bytes | str) -> tuple[int, str]:
+        """Write a derived artifact; returns (size, sha256) of the bytes written."""
+        blob = data.encode() if isinstance(data, str) else data
         dest = self.artifact_path(run_id, name)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_suffix(dest.suffix + ".tmp")
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        tmp.write_bytes(blob)
         os.replace(tmp, dest)
-        return dest
+        return len(blob), hashlib.sha256(blob).hexdigest()

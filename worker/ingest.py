@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import json
-import logging
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from sme2farm import analysis
 from sme2farm.server.models import Artifact, OperatorStat, Run, RunResult, utcnow
-from sme2farm.runners.catalog import sha256_file
 from sme2farm.server.storage import Store
-
-log = logging.getLogger(__name__)
 
 
 def _derived(store: Store, session: Session, run: Run, name: str, data: str) -> None:
-    path = store.write_artifact(run.id, name, data)
+    size, sha256 = store.write_artifact(run.id, name, data)
     session.execute(delete(Artifact).where(Artifact.run_id == run.id, Artifact.name == name))
-    session.add(Artifact(run_id=run.id, name=name, size=path.stat().st_size, sha256=sha256_file(path)))
+    session.add(Artifact(run_id=run.id, name=name, size=size, sha256=sha256))
 
 
 def ingest_run(session: Session, *, store: Store, run_id: int) -> str:

@@ -69,7 +69,7 @@ def _assignments(settings, agent_id: int) -> list[RunAssignment]:
             exp = run.experiment
             spec = exp.spec
             device = session.get(Device, run.device_id)
-            model = session.get(Model, exp.model_sha256)
+            model = exp.model
             out.append(RunAssignment(
                 run_id=run.id, lease_id=run.lease_id, lease_expires_at=run.lease_expires_at,
                 device_serial=device.serial, model_sha256=model.sha256, model_size=model.size,

@@ -60,16 +60,16 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
         raise
     try:
         with session_scope(settings.sqlalchemy_url) as session:
-            report, exp_id, queued = _store_experiment(session, spec, upload, store)
+            report = _store_experiment(session, spec, upload, store)
     except experiment_service.NoMatchingDevice as e:
         upload.discard()
         raise HTTPException(422, f"spec.device: {e}")
-    if queued:
+    if any(r.status == "queued" for r in report.runs):
         request.app.state.enqueue("dispatch")
     return report
 
 
-def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> tuple[ExperimentReport, int, bool]:
+def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> ExperimentReport:
     model = session.get(Model, upload.sha256)
     if model is None:
         model = Model(sha256=upload.sha256, size=upload.size)
@@ -80,7 +80,7 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> 
     store.keep_model(upload.model_path, upload.sha256)
     session.flush()
     exp = experiment_service.get(session, experiment_id=exp.id)
-    return reports.experiment_report(exp), exp.id, any(r.status == "queued" for r in exp.runs)
+    return reports.experiment_report(exp)
 
 
 @router.get("/experiments", response_model=ExperimentPage)
