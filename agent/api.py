@@ -30,7 +30,6 @@ class LeaseLost(Exception):
 class AgentApi:
     def __init__(self, server: str, token: str, *, retries: int = 8, transport: httpx.BaseTransport | None = None):
         self.server = server.rstrip("/")
-        self.registration_token = token
         self.retries = retries
         self.client = httpx.Client(base_url=self.server, timeout=httpx.Timeout(30.0, connect=5.0), transport=transport)
         self.client.headers["Authorization"] = f"Bearer {token}"
