@@ -125,6 +125,7 @@ class RunnerInfo(BaseModel):
     executorch_version: str = ""
     executorch_commit: str = ""
     sha256: str = ""
+    origin: str = Field(default="", description="wheel-cross | local-build | recipe")
 
 
 # ---- agent protocol ------------------------------------------------------------------------

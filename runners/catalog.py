@@ -33,11 +33,23 @@ class RunnerBuild:
     # Upstream executor_runner (gflags) rejects --warmup; such builds are registered with False so a
     # driver can run warmup+iterations and drop the first `warmup` Execute blocks instead.
     supports_warmup: bool = True
+    # How the build was made: "local-build" (runners.build on this host), "wheel-cross" (cross-compiled
+    # against PyPI's aarch64 executorch wheel), "recipe" (an ExecuTorch checkout, runners.recipe).
+    origin: str = "local-build"
+    # Environment the driver sets for the runner. One wheel-cross binary serves both SME2 arms: the
+    # "off" arm is registered with {"SME2FARM_HIDE_SME2": "1"}, which makes the runner's exported
+    # getauxval() clear HWCAP2_SME/SME2 before XNNPACK's cpuinfo reads them.
+    env: dict[str, str] = field(default_factory=dict)
+    # A glibc dynamic loader shipped among extra_files (Android bundles): the driver runs
+    # `<dir>/<loader> --library-path <dir> <dir>/runner ...` so the phone's bionic is not involved.
+    loader: str = ""
+    # Our runner reads --inputs_file (runners/inputs.py's container); upstream executor_runner does not.
+    supports_inputs: bool = True
 
     def info(self) -> RunnerInfo:
         return RunnerInfo(id=self.id, platform=self.platform, sme2=self.sme2, flavour=self.flavour,
                           executorch_version=self.executorch_version,
-                          executorch_commit=self.executorch_commit, sha256=self.sha256)
+                          executorch_commit=self.executorch_commit, sha256=self.sha256, origin=self.origin)
 
 
 def sha256_file(path: Path) -> str:

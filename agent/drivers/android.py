@@ -31,7 +31,7 @@ import adbutils
 from adbutils.errors import AdbError
 
 from sme2farm.agent.drivers import cpuinfo, hygiene
-from sme2farm.agent.drivers.base import ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner, tail
+from sme2farm.agent.drivers.base import ETDUMP_NAME, INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner, tail
 from sme2farm.client.schemas import DeviceInfo
 from sme2farm.runners.catalog import sha256_file
 
@@ -255,10 +255,14 @@ class AndroidDriver(Driver):
         stale = [name for name in files if present.get(remote[name]) != local_sums[name]]
         for name in stale:
             self._push(serial, files[name], remote[name], 0o755)
-        model = f"{st.run_dir}/{job.model_name}"
-        self._push(serial, job.model_path, model, 0o644)
-        check = self._sha256s(serial, [remote[n] for n in stale] + [model])
-        wrong = [p for p, want in [*((remote[n], local_sums[n]) for n in stale), (model, sha256_file(job.model_path))]
+        run_files = {f"{st.run_dir}/{job.model_name}": job.model_path}
+        if job.inputs_path is not None:
+            run_files[f"{st.run_dir}/{INPUTS_NAME}"] = job.inputs_path
+        for target, local in run_files.items():
+            self._push(serial, local, target, 0o644)
+        check = self._sha256s(serial, [remote[n] for n in stale] + list(run_files))
+        wrong = [p for p, want in [*((remote[n], local_sums[n]) for n in stale),
+                                   *((t, sha256_file(l)) for t, l in run_files.items())]
                  if check.get(p) != want]
         if wrong:
             raise DriverError(f"sha256 mismatch on {serial} after pushing {', '.join(wrong)}")
@@ -298,12 +302,12 @@ class AndroidDriver(Driver):
 
     def run(self, serial: str, job: Job) -> tuple[int, float]:
         st = self._staged[(serial, job.run_id)]
-        argv = ["env", f"LD_LIBRARY_PATH={st.runner_dir}"]
+        argv = ["env", f"LD_LIBRARY_PATH={st.runner_dir}", *(f"{k}={v}" for k, v in sorted(job.runner.env.items()))]
         if job.mode == "trace":
             argv.append(f"XNN_LOG_LEVEL={XNN_LOG_LEVEL}")
         if job.core_mask:
             argv += ["taskset", job.core_mask]
-        argv += [f"{st.runner_dir}/{RUNNER_NAME}", *job.runner_args]
+        argv += job.runner_command(f"{st.runner_dir}/{RUNNER_NAME}")
         # `$!` is the runner's pid (env and taskset exec it): printed first so a timeout can kill it.
         script = (f"cd {shlex.quote(st.run_dir)} || exit; {shlex.join(argv)} >{LOG_NAME} 2>&1 & "
                   f"echo {PID_MARK}$!; wait $!; echo {EXIT_MARK}$?")

@@ -8,6 +8,7 @@ strings from spec values; Android quotes every argument with shlex.quote.
 from __future__ import annotations
 
 import abc
+import posixpath
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,10 @@ class Job:
     mode: str = "timing"      # "timing" | "trace" (trace uses the xnnlog runner flavour)
     core_mask: str | None = None
     power_profile: str = "none"
+    method: str = "forward"   # the program method to execute (--method_name)
+    # Representative inputs (runners/inputs.py container, from a .bpte or an inputs upload);
+    # None means all ones, as upstream.
+    inputs_path: Path | None = None
 
     @property
     def warmup_in_trace(self) -> int:
@@ -45,7 +50,19 @@ class Job:
                 f"--num_executions={self.iterations + self.warmup_in_trace}"]
         if self.runner.supports_warmup:
             args.append(f"--warmup={self.warmup}")
+        if self.method != "forward":
+            args.append(f"--method_name={self.method}")
+        if self.inputs_path is not None:
+            args.append(f"--inputs_file={INPUTS_NAME}")
         return args + [f"--cpu_threads={self.threads}", f"--etdump_path={ETDUMP_NAME}"]
+
+    def runner_command(self, binary: str) -> list[str]:
+        """The runner's argv, through the build's own loader where it ships one (Android bundles:
+        `<dir>/<loader> --library-path <dir> <dir>/runner ...`, the libraries beside the binary)."""
+        if self.runner.loader:
+            d = posixpath.dirname(binary)
+            return [posixpath.join(d, self.runner.loader), "--library-path", d, binary, *self.runner_args]
+        return [binary, *self.runner_args]
 
     model_name: str = "model.pte"
     # Set by the agent when the server cancels the run or revokes the lease; drivers poll it
@@ -54,6 +71,7 @@ class Job:
 
 
 ETDUMP_NAME = "trace.etdump"
+INPUTS_NAME = "inputs.bin"
 LOG_NAME = "runner.log"
 KERNEL_LOG_NAME = "kernels.log"
 
@@ -156,6 +174,9 @@ def require_runner(job: Job, platform: str | None) -> None:
         raise DriverError(f"runner {job.runner.id} is built for {job.runner.platform}, not {platform}")
     if job.mode == "trace" and job.runner.flavour != "xnnlog":
         raise DriverError(f"trace runs need an xnnlog runner build, got {job.runner.id} ({job.runner.flavour})")
+    if job.inputs_path is not None and not job.runner.supports_inputs:
+        raise DriverError(f"runner {job.runner.id} ({job.runner.origin}) cannot read an inputs file; "
+                          "register a build of runners/runner.cpp for this platform")
 
 
 def tail(path: Path, lines: int = 8, limit: int = 2000) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sme2farm.agent.drivers import cpuinfo
-from sme2farm.agent.drivers.base import LOG_NAME, Driver, DriverError, Job, require_runner
+from sme2farm.agent.drivers.base import INPUTS_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
 from sme2farm.client.schemas import DeviceInfo
 
 RUNNER_PLATFORMS = {("Linux", "x86_64"): "linux-x86_64", ("Linux", "aarch64"): "linux-arm64",
@@ -24,16 +24,26 @@ def host_runner_platform() -> str | None:
     return RUNNER_PLATFORMS.get((platform.system(), platform.machine()))
 
 
+def stage_file(source: Path, target: Path) -> None:
+    """Hard-link (or copy) a cached file into a run's directory."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
 def host_serial() -> str:
     return f"host-{socket.gethostname()}"
 
 
-def run_subprocess(argv: list[str], cwd: Path, log: Path, timeout_s: float, cancel) -> tuple[int, float]:
-    """Run argv (never a shell string) with output to `log`; kill its process group on timeout
-    or cancellation. Shared by the Linux and macOS drivers."""
+def run_subprocess(argv: list[str], cwd: Path, log: Path, timeout_s: float, cancel,
+                   env: dict[str, str] | None = None) -> tuple[int, float]:
+    """Run argv (never a shell string) with output to `log`, `env` added to ours; kill its process
+    group on timeout or cancellation. Shared by the Linux and macOS drivers."""
     t0 = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **env} if env else None)
         try:
             while True:
                 try:
@@ -107,25 +117,28 @@ class LocalDriver(Driver):
     def prepare(self, serial: str, job: Job) -> dict[str, Any]:
         require_runner(job, host_runner_platform())
         job.workdir.mkdir(parents=True, exist_ok=True)
-        target = job.workdir / job.model_name
-        try:
-            os.link(job.model_path, target)
-        except OSError:
-            shutil.copyfile(job.model_path, target)
+        stage_file(job.model_path, job.workdir / job.model_name)
+        if job.inputs_path is not None:
+            stage_file(job.inputs_path, job.workdir / INPUTS_NAME)
         return self.health(serial)
 
     def run(self, serial: str, job: Job) -> tuple[int, float]:
         runner = Path(job.runner.path)
         if not runner.exists():
             raise DriverError(f"runner binary {runner} is missing; rebuild it (python -m sme2farm.runners.build)")
-        argv = [str(runner), *job.runner_args]
+        argv = self.wrap(job.runner_command(str(runner)))
         if job.core_mask:
             argv = ["taskset", job.core_mask, *argv]
-        return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel)
+        return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel, job.runner.env)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """How this device executes a runner command (the host CPU: as it is)."""
+        return argv
 
     def collect(self, serial: str, job: Job) -> None:
         pass  # the runner wrote into job.workdir already
 
     def cleanup(self, serial: str, job: Job) -> dict[str, Any]:
         (job.workdir / job.model_name).unlink(missing_ok=True)
+        (job.workdir / INPUTS_NAME).unlink(missing_ok=True)
         return self.health(serial)

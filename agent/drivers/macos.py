@@ -18,8 +18,8 @@ import subprocess
 from typing import Any, Callable
 
 from sme2farm.agent.drivers import hygiene
-from sme2farm.agent.drivers.base import KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
-from sme2farm.agent.drivers.local import host_serial, run_subprocess
+from sme2farm.agent.drivers.base import INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
+from sme2farm.agent.drivers.local import host_serial, run_subprocess, stage_file
 from sme2farm.client.schemas import DeviceInfo
 
 RUNNER_PLATFORM = "macos-arm64"
@@ -95,17 +95,17 @@ class MacDriver(Driver):
         else:
             before["gates"] = {"skipped": "trace runs are for kernel evidence, not timing"}
         job.workdir.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(job.model_path, job.workdir / job.model_name)   # no copy of a large model
-        except OSError:
-            shutil.copyfile(job.model_path, job.workdir / job.model_name)
+        stage_file(job.model_path, job.workdir / job.model_name)   # a link: no copy of a large model
+        if job.inputs_path is not None:
+            stage_file(job.inputs_path, job.workdir / INPUTS_NAME)
         return before
 
     def run(self, serial: str, job: Job) -> tuple[int, float]:
-        argv = [job.runner.path, *job.runner_args]
+        env = dict(job.runner.env)
         if job.mode == "trace":
-            argv = ["env", f"XNN_LOG_LEVEL={XNN_LOG_LEVEL}", *argv]
-        return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel)
+            env["XNN_LOG_LEVEL"] = XNN_LOG_LEVEL
+        return run_subprocess(job.runner_command(job.runner.path), job.workdir, job.workdir / LOG_NAME,
+                              job.timeout_s, job.cancel, env)
 
     def collect(self, serial: str, job: Job) -> None:
         # The runner wrote its ETDump into job.workdir; XNNPACK logs to stderr, i.e. the runner log.
@@ -115,4 +115,5 @@ class MacDriver(Driver):
 
     def cleanup(self, serial: str, job: Job) -> dict[str, Any]:
         (job.workdir / job.model_name).unlink(missing_ok=True)
+        (job.workdir / INPUTS_NAME).unlink(missing_ok=True)
         return {"reading": self.health(serial)}
