@@ -2,10 +2,19 @@
 // executorch wheel's shipped headers and shared libraries (runtime, optimized kernels, XNNPACK,
 // ETDump, threadpool), so a host with only `pip install executorch` can run and profile a .pte.
 //
-// Flags (as upstream examples/portable/executor_runner, plus --warmup):
+// Flags (as upstream examples/portable/executor_runner, plus --warmup and --inputs_file):
 //   --model_path PATH  --num_executions N (1)  --cpu_threads N (-1: leave the default)
 //   --etdump_path PATH  --method_name NAME (forward)  --warmup N (0)
-// Both --flag=value and --flag value are accepted. Inputs are all-ones tensors, as upstream.
+//   --inputs_file PATH  (runners/inputs.py's SME2IN01 container: tensors of any dtype, ints,
+//                        doubles, bools; without it tensor inputs are all ones, as upstream)
+// Both --flag=value and --flag value are accepted.
+//
+// Environment: SME2FARM_HIDE_SME2=1 makes the exported getauxval() below clear HWCAP2_SME and
+// HWCAP2_SME2, so XNNPACK's cpuinfo (which asks getauxval) never selects SME/SME2 kernels: one
+// binary serves both SME2 arms (RUNNERS-ARM64.md).
+//
+// Failures print one line `error: ...` to stderr naming the cause (the missing operator, the
+// input that does not match, the runtime's own error message) and exit 1.
 //
 // Warm-up exclusion: the Method keeps the EventTracer pointer it was loaded with, so the
 // tracer cannot be swapped per execution. The Method is therefore loaded with a RoutingTracer
@@ -23,14 +32,22 @@
 #include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
 #ifndef SME2FARM_EXECUTORCH_VERSION
 #define SME2FARM_EXECUTORCH_VERSION "unknown"
@@ -47,6 +64,20 @@ class ThreadPool {
 };
 ThreadPool* get_threadpool();
 } // namespace executorch::extension::threadpool
+
+#if defined(__linux__) && defined(__aarch64__)
+// Exported from the executable (ENABLE_EXPORTS), so the shared libraries' getauxval() calls land
+// here first. glibc's __getauxval does the real work.
+extern "C" unsigned long __getauxval(unsigned long type);
+extern "C" unsigned long getauxval(unsigned long type) {
+  unsigned long value = __getauxval(type);
+  if (type == AT_HWCAP2) {
+    const char* hide = std::getenv("SME2FARM_HIDE_SME2");
+    if (hide != nullptr && hide[0] == '1') value &= ~((1UL << 23) | (1UL << 37));  // HWCAP2_SME, HWCAP2_SME2
+  }
+  return value;
+}
+#endif
 
 namespace {
 
@@ -135,12 +166,45 @@ struct Options {
   long num_executions = 1;
   long cpu_threads = -1;
   long warmup = 0;
+  std::string inputs_file;
 };
 
+// The runtime's log goes through this PAL hook (register_pal): lines are printed as the
+// default PAL would, and the error-level ones are kept so a failure can name its cause (the
+// runtime logs "Missing operator: [i] name" before load_method returns OperatorMissing).
+std::vector<std::string> g_runtime_errors;
+std::vector<std::string> g_missing_operators;
+
+void emit_log(et_timestamp_t, et_pal_log_level_t level, const char* filename, const char*, size_t line,
+              const char* message, size_t length) {
+  std::string msg(message, length);
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == '\r')) msg.pop_back();
+  std::fprintf(stderr, "%c executorch:%s:%zu] %s\n", static_cast<char>(level), filename, line, msg.c_str());
+  if (level == kError || level == kFatal) {
+    const std::string marker = "Missing operator: ";
+    size_t at = msg.find(marker);
+    if (at != std::string::npos) {
+      std::string op = msg.substr(at + marker.size());
+      size_t bracket = op.find("] ");
+      g_missing_operators.push_back(bracket == std::string::npos ? op : op.substr(bracket + 2));
+    }
+    if (g_runtime_errors.size() < 16) g_runtime_errors.push_back(msg);
+  }
+}
+
 [[noreturn]] void fail(const std::string& msg) {
-  std::fprintf(stderr, "error: %s\n", msg.c_str());
   std::fflush(stdout);
+  std::fprintf(stderr, "error: %s\n", msg.c_str());
   std::exit(1);
+}
+
+std::string error_name(Error err) {
+  return std::string(executorch::runtime::to_string(err)) + " (" + std::to_string(int(err)) + ")";
+}
+
+// The first error the runtime logged, as context for a failed call ("" if none).
+std::string runtime_said() {
+  return g_runtime_errors.empty() ? "" : ": " + g_runtime_errors.front();
 }
 
 long parse_int(const std::string& flag, const std::string& value) {
@@ -171,6 +235,7 @@ Options parse_args(int argc, char** argv) {
     else if (name == "num_executions") o.num_executions = parse_int(name, value);
     else if (name == "cpu_threads") o.cpu_threads = parse_int(name, value);
     else if (name == "warmup") o.warmup = parse_int(name, value);
+    else if (name == "inputs_file") o.inputs_file = value;
     else fail("unknown flag --" + name);
   }
   if (o.model_path.empty()) fail("--model_path is required");
@@ -180,57 +245,179 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-// Fill `n` elements of `type` at `data` with one, like upstream prepare_input_tensors.
+// Fill `n` elements of `type` at `data` with one, like upstream prepare_input_tensors: every
+// real type, Half, BFloat16 and Bool (fp16 models take Half inputs).
 bool fill_ones(ScalarType type, void* data, size_t n) {
   switch (type) {
-#define SME2FARM_FILL(ctype, stype)                                    \
-  case ScalarType::stype:                                              \
-    for (size_t i = 0; i < n; ++i) static_cast<ctype*>(data)[i] = ctype(1); \
+#define SME2FARM_FILL(ctype, stype)                                                 \
+  case ScalarType::stype:                                                           \
+    for (size_t i = 0; i < n; ++i) static_cast<ctype*>(data)[i] = static_cast<ctype>(1.0f); \
     return true;
-    ET_FORALL_REAL_TYPES_AND(Bool, SME2FARM_FILL)
+    ET_FORALL_REALHBBF16_TYPES(SME2FARM_FILL)
 #undef SME2FARM_FILL
     default:
       return false;
   }
 }
 
-// The input tensors of one method call: buffers and TensorImpls that must outlive the Method's
-// use of them (set_input copies into planned memory, but keep them alive for safety of
-// non-planned inputs).
+std::string shape_str(ScalarType type, const std::vector<int64_t>& sizes) {
+  std::string out = std::string(executorch::runtime::toString(type)) + " [";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+// One input as read from an SME2IN01 file (runners/inputs.py writes them).
+struct FileInput {
+  uint8_t kind = 0;  // 0 none, 1 tensor, 2 int, 3 double, 4 bool
+  ScalarType type = ScalarType::Float;
+  std::vector<int64_t> sizes;
+  std::vector<uint8_t> data;
+  int64_t i = 0;
+  double d = 0;
+  bool b = false;
+};
+
+std::vector<FileInput> read_inputs_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot open inputs file '" + path + "': " + std::strerror(errno));
+  std::vector<uint8_t> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t pos = 0;
+  auto take = [&](void* out, size_t n, const char* what) {
+    if (buf.size() - pos < n) fail("inputs file '" + path + "' is truncated (reading " + what + ")");
+    std::memcpy(out, buf.data() + pos, n);
+    pos += n;
+  };
+  char magic[8];
+  take(magic, 8, "the header");
+  if (std::memcmp(magic, "SME2IN01", 8) != 0) fail("inputs file '" + path + "' is not an SME2IN01 file");
+  uint32_t count = 0;
+  take(&count, 4, "the input count");
+  if (count > 4096) fail("inputs file '" + path + "' claims " + std::to_string(count) + " inputs");
+  std::vector<FileInput> inputs(count);
+  for (auto& in : inputs) {
+    take(&in.kind, 1, "an input kind");
+    if (in.kind == 1) {
+      uint8_t st = 0, ndim = 0, reserved = 0;
+      take(&st, 1, "a dtype");
+      take(&ndim, 1, "a rank");
+      take(&reserved, 1, "a reserved byte");
+      in.type = static_cast<ScalarType>(st);
+      in.sizes.resize(ndim);
+      for (auto& sz : in.sizes) take(&sz, 8, "a size");
+      uint64_t nbytes = 0;
+      take(&nbytes, 8, "a byte count");
+      if (nbytes > buf.size() - pos) fail("inputs file '" + path + "' is truncated (tensor data)");
+      in.data.assign(buf.begin() + pos, buf.begin() + pos + nbytes);
+      pos += nbytes;
+    } else if (in.kind == 2) {
+      take(&in.i, 8, "an int");
+    } else if (in.kind == 3) {
+      take(&in.d, 8, "a double");
+    } else if (in.kind == 4) {
+      uint8_t v = 0;
+      take(&v, 1, "a bool");
+      in.b = v != 0;
+    } else if (in.kind != 0) {
+      fail("inputs file '" + path + "' has an unknown input kind " + std::to_string(in.kind));
+    }
+  }
+  return inputs;
+}
+
+// The inputs of one method call: buffers and TensorImpls that outlive the Method's use of them,
+// and the values to set. They are set again before every execution: set_input copies a tensor
+// into planned memory, which the memory planner may reuse for intermediates once the input is
+// dead, so a second execute() would otherwise read garbage (fatal for token ids; silently
+// different work for anything else).
 struct Inputs {
   std::vector<std::vector<uint8_t>> data;
   std::vector<std::vector<TensorImpl::SizesType>> sizes;
   std::vector<std::vector<TensorImpl::DimOrderType>> dim_order;
   std::vector<std::vector<TensorImpl::StridesType>> strides;
   std::vector<std::unique_ptr<TensorImpl>> impls;
+  std::vector<std::pair<size_t, EValue>> values;
 };
 
-void set_ones_inputs(Method& method, Inputs& in) {
+void reset_inputs(Method& method, const Inputs& in, const std::string& when) {
+  for (const auto& [index, value] : in.values) {
+    Error err = method.set_input(value, index);
+    if (err != Error::Ok) fail("set_input " + std::to_string(index) + " failed " + when + ": " + error_name(err) + runtime_said());
+  }
+}
+
+// Tensor inputs are all ones unless `file` gives them; non-tensor inputs (ints, doubles, bools)
+// keep the values the program was exported with unless `file` gives them.
+void set_inputs(Method& method, const std::string& method_name, const std::vector<FileInput>* file, Inputs& in) {
   auto meta = method.method_meta();
+  if (file != nullptr && file->size() != meta.num_inputs())
+    fail("the inputs file gives " + std::to_string(file->size()) + " input(s), method '" + method_name +
+         "' takes " + std::to_string(meta.num_inputs()));
   for (size_t i = 0; i < meta.num_inputs(); ++i) {
+    const std::string which = "input " + std::to_string(i) + " of method '" + method_name + "'";
     auto tag = meta.input_tag(i);
-    if (!tag.ok()) fail("cannot read the tag of input " + std::to_string(i));
-    if (*tag != Tag::Tensor) continue;  // upstream leaves non-tensor inputs as the program set them
+    if (!tag.ok()) fail("cannot read the tag of " + which);
+    const FileInput* given = (file != nullptr && (*file)[i].kind != 0) ? &(*file)[i] : nullptr;
+    if (*tag != Tag::Tensor) {
+      // A scalar input not given keeps the value it was exported with (the Method still wants
+      // set_input called for it, or execute() fails with "Input i has not been set").
+      EValue value = method.get_input(i);
+      if (given != nullptr) {
+        static const char* kinds[] = {"none", "a tensor", "an int", "a double", "a bool"};
+        if (given->kind == 2 && *tag == Tag::Int) value = EValue(given->i);
+        else if (given->kind == 3 && *tag == Tag::Double) value = EValue(given->d);
+        else if (given->kind == 4 && *tag == Tag::Bool) value = EValue(given->b);
+        else fail("the inputs file gives " + which + " as " + kinds[given->kind] + ", the method expects " +
+                  (*tag == Tag::Int ? "an int" : *tag == Tag::Double ? "a double" : *tag == Tag::Bool ? "a bool"
+                                                                                     : "another kind of value"));
+      }
+      Error err = method.set_input(value, i);
+      if (err != Error::Ok) fail("set_input failed for " + which + ": " + error_name(err) + runtime_said());
+      in.values.emplace_back(i, value);
+      continue;
+    }
     auto info = meta.input_tensor_meta(i);
-    if (!info.ok()) fail("cannot read the metadata of input " + std::to_string(i));
+    if (!info.ok()) fail("cannot read the metadata of " + which);
     auto s = info->sizes();
     auto d = info->dim_order();
-    in.sizes.emplace_back(s.begin(), s.end());
+    std::vector<int64_t> expected(s.begin(), s.end());
+    if (given != nullptr) {
+      if (given->kind != 1) fail("the inputs file gives " + which + " as a scalar, the method expects a tensor " +
+                                 shape_str(info->scalar_type(), expected));
+      if (given->type != info->scalar_type() || given->sizes.size() != expected.size())
+        fail("the inputs file gives " + which + " as " + shape_str(given->type, given->sizes) +
+             ", the method expects " + shape_str(info->scalar_type(), expected));
+      in.sizes.emplace_back(given->sizes.begin(), given->sizes.end());
+      size_t numel = 1;
+      for (auto v : given->sizes) numel *= static_cast<size_t>(v);
+      if (numel * executorch::runtime::elementSize(given->type) != given->data.size())
+        fail("the inputs file's data for " + which + " has " + std::to_string(given->data.size()) +
+             " bytes, " + shape_str(given->type, given->sizes) + " needs " +
+             std::to_string(numel * executorch::runtime::elementSize(given->type)));
+      in.data.push_back(given->data);
+    } else {
+      in.sizes.emplace_back(s.begin(), s.end());
+      in.data.emplace_back(info->nbytes());
+      size_t n = info->nbytes() / executorch::runtime::elementSize(info->scalar_type());
+      if (!fill_ones(info->scalar_type(), in.data.back().data(), n))
+        fail(which + " has dtype " + executorch::runtime::toString(info->scalar_type()) +
+             ", which the runner cannot fill with ones; give it in an inputs file");
+    }
     in.dim_order.emplace_back(d.begin(), d.end());
     in.strides.emplace_back(s.size());
     if (executorch::runtime::dim_order_to_stride(
             in.sizes.back().data(), in.dim_order.back().data(), s.size(), in.strides.back().data()) != Error::Ok)
-      fail("bad dim order for input " + std::to_string(i));
-    in.data.emplace_back(info->nbytes());
-    size_t n = info->nbytes() / executorch::runtime::elementSize(info->scalar_type());
-    if (!fill_ones(info->scalar_type(), in.data.back().data(), n))
-      fail("input " + std::to_string(i) + " has an unsupported dtype " +
-           executorch::runtime::toString(info->scalar_type()));
+      fail("bad dim order for " + which);
     in.impls.push_back(std::make_unique<TensorImpl>(
         info->scalar_type(), s.size(), in.sizes.back().data(), in.data.back().data(),
         in.dim_order.back().data(), in.strides.back().data()));
-    Error err = method.set_input(EValue(executorch::aten::Tensor(in.impls.back().get())), i);
-    if (err != Error::Ok) fail("set_input " + std::to_string(i) + " failed: error " + std::to_string(int(err)));
+    EValue value(executorch::aten::Tensor(in.impls.back().get()));
+    Error err = method.set_input(value, i);
+    in.values.emplace_back(i, value);
+    if (err != Error::Ok) {
+      std::vector<int64_t> got(in.sizes.back().begin(), in.sizes.back().end());
+      fail("set_input failed for " + which + " (" + shape_str(info->scalar_type(), got) + ", the method expects " +
+           shape_str(info->scalar_type(), expected) + "): " + error_name(err) + runtime_said());
+    }
   }
 }
 
@@ -243,7 +430,16 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   Options opt = parse_args(argc, argv);
   std::printf("sme2farm runner (executor_runner-compatible), ExecuTorch %s\n", SME2FARM_EXECUTORCH_VERSION);
+  executorch::runtime::register_pal(executorch::runtime::PalImpl::create(emit_log, __FILE__));
   executorch::runtime::runtime_init();
+#if defined(__linux__) && defined(__aarch64__)
+  {
+    unsigned long real = __getauxval(AT_HWCAP2), seen = getauxval(AT_HWCAP2);
+    std::printf("HWCAP2: SME %d SME2 %d; as the libraries see it: SME %d SME2 %d%s\n", int((real >> 23) & 1),
+                int((real >> 37) & 1), int((seen >> 23) & 1), int((seen >> 37) & 1),
+                seen != real ? " (hidden by SME2FARM_HIDE_SME2=1)" : "");
+  }
+#endif
 
   if (opt.cpu_threads > 0) {
     auto* pool = executorch::extension::threadpool::get_threadpool();
@@ -253,13 +449,23 @@ int main(int argc, char** argv) {
   if (auto* pool = executorch::extension::threadpool::get_threadpool())
     std::printf("Threads: %zu\n", pool->get_thread_count());
 
+  std::vector<FileInput> file_inputs;
+  if (!opt.inputs_file.empty()) file_inputs = read_inputs_file(opt.inputs_file);
+
   auto loader = FileDataLoader::from(opt.model_path.c_str());
-  if (!loader.ok()) fail("cannot open model '" + opt.model_path + "' (error " + std::to_string(int(loader.error())) + ")");
+  if (!loader.ok()) fail("cannot open model '" + opt.model_path + "': " + error_name(loader.error()));
   auto program = Program::load(&loader.get());
-  if (!program.ok()) fail("cannot load program '" + opt.model_path + "': not a valid .pte (error " +
-                          std::to_string(int(program.error())) + ")");
+  if (!program.ok()) fail("cannot load program '" + opt.model_path + "': not a valid .pte (" +
+                          error_name(program.error()) + ")" + runtime_said());
   auto meta = program->method_meta(opt.method_name.c_str());
-  if (!meta.ok()) fail("the model has no method '" + opt.method_name + "'");
+  if (!meta.ok()) {
+    std::string names;
+    for (size_t i = 0; i < program->num_methods(); ++i) {
+      auto name = program->get_method_name(i);
+      if (name.ok()) names += std::string(names.empty() ? "" : ", ") + *name;
+    }
+    fail("the model has no method '" + opt.method_name + "' (it has: " + names + ")");
+  }
 
   // Planned memory: one malloc'd buffer per memory-planned arena, as upstream.
   std::vector<std::vector<uint8_t>> planned_buffers;
@@ -275,18 +481,26 @@ int main(int argc, char** argv) {
   ETDumpGen etdump, warmup_etdump;
   RoutingTracer tracer(&etdump);
   auto method = program->load_method(opt.method_name.c_str(), &memory_manager, &tracer);
-  if (!method.ok()) fail("cannot load method '" + opt.method_name + "' (error " + std::to_string(int(method.error())) +
-                         "); is an operator or delegate missing from this runner?");
+  if (!method.ok()) {
+    if (!g_missing_operators.empty()) {
+      std::string ops;
+      for (const auto& op : g_missing_operators) ops += (ops.empty() ? "" : ", ") + op;
+      fail("this runner has no kernel for operator(s) " + ops + " needed by method '" + opt.method_name +
+           "' (" + error_name(method.error()) + ")");
+    }
+    fail("cannot load method '" + opt.method_name + "': " + error_name(method.error()) + runtime_said());
+  }
 
   Inputs inputs;
-  set_ones_inputs(*method, inputs);
+  set_inputs(*method, opt.method_name, opt.inputs_file.empty() ? nullptr : &file_inputs, inputs);
 
   if (opt.warmup > 0) {
     tracer.route_to(&warmup_etdump);
     for (long i = 0; i < opt.warmup; ++i) {
+      reset_inputs(*method, inputs, "before warm-up " + std::to_string(i));
       auto t0 = std::chrono::steady_clock::now();
       Error err = method->execute();
-      if (err != Error::Ok) fail("warm-up execution " + std::to_string(i) + " failed (error " + std::to_string(int(err)) + ")");
+      if (err != Error::Ok) fail("warm-up execution " + std::to_string(i) + " failed: " + error_name(err) + runtime_said());
       std::printf("Warm-up %ld of %ld: %f ms\n", i + 1, opt.warmup, ms_since(t0));
     }
     tracer.route_to(&etdump);
@@ -294,10 +508,11 @@ int main(int argc, char** argv) {
 
   double total_ms = 0;
   for (long i = 0; i < opt.num_executions; ++i) {
+    reset_inputs(*method, inputs, "before execution " + std::to_string(i));
     auto t0 = std::chrono::steady_clock::now();
     Error err = method->execute();
     double ms = ms_since(t0);
-    if (err != Error::Ok) fail("execution " + std::to_string(i) + " failed (error " + std::to_string(int(err)) + ")");
+    if (err != Error::Ok) fail("execution " + std::to_string(i) + " failed: " + error_name(err) + runtime_said());
     total_ms += ms;
     std::printf("Iteration %ld of %ld: %f ms\n", i + 1, opt.num_executions, ms);
   }

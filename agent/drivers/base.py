@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import posixpath
+import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,7 +161,7 @@ class Driver(abc.ABC):
         if result.reason:
             return result
         if result.exit_code != 0:
-            result.reason = f"runner exited with code {result.exit_code}: {tail(log)}"
+            result.reason = failure_reason(log, result.exit_code)
         elif not etdump.exists() or etdump.stat().st_size == 0:
             result.reason = f"runner wrote no ETDump: {tail(log)}"
         else:
@@ -179,11 +180,46 @@ def require_runner(job: Job, platform: str | None) -> None:
                           "register a build of runners/runner.cpp for this platform")
 
 
-def tail(path: Path, lines: int = 8, limit: int = 2000) -> str:
-    """The runner's last log lines, the most useful failure reason there is."""
+def _read_log(path: Path) -> list[str] | None:
     try:
-        text = path.read_text(errors="replace")
+        return [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
+        return None
+
+
+def _is_info(line: str) -> bool:
+    """The runtime's INFO/DEBUG log lines ("I 00:00:00.001 executorch:..." or our "I executorch:...")."""
+    return len(line) > 2 and line[0] in "ID" and line[1] == " " and "executorch:" in line[:40]
+
+
+def tail(path: Path, lines: int = 8, limit: int = 2000) -> str:
+    """The runner's last log lines without the runtime's INFO chatter."""
+    text = _read_log(path)
+    if text is None:
         return "(no runner log)"
-    out = " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
+    out = " | ".join([line for line in text if not _is_info(line)][-lines:])
     return out[-limit:] or "(empty runner log)"
+
+
+def _signal_of(exit_code: int) -> str:
+    """'SIGSEGV' for a process killed by a signal: negative codes from subprocess, 128+N from a shell."""
+    n = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 160 else 0
+    try:
+        return signal.Signals(n).name if n else ""
+    except ValueError:
+        return f"signal {n}"
+
+
+def failure_reason(log: Path, exit_code: int, lines: int = 4) -> str:
+    """A failed run's reason, most useful first: the runner's `error:` line (or the runtime's first
+    error-level line), how it ended (exit code or signal), then a short log tail. The whole log stays
+    an artifact; this is what a person reads first."""
+    text = _read_log(log) or []
+    lead = next((line for line in text if line.startswith("error:")), "")
+    if not lead:
+        lead = next((line for line in text if line[:2] in ("E ", "F ") and "executorch:" in line[:40]), "")
+    sig = _signal_of(exit_code)
+    ended = f"runner killed by {sig} (exit {exit_code})" if sig else f"runner exited with code {exit_code}"
+    head = f"{lead} [{ended}]" if lead else ended
+    rest = [line for line in text if line != lead and not _is_info(line)][-lines:]
+    return f"{head} — log tail: {' | '.join(rest)}"[:2000] if rest else head
