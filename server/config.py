@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,6 +31,17 @@ class Settings(BaseSettings):
     agent_offline_s: float = Field(default=90.0, description="An agent silent this long has its devices marked offline")
     max_attempts: int = Field(default=3, description="A run whose lease expires is requeued up to this many attempts")
     broker_poll_s: float = Field(default=0.05, description="Embedded broker polling interval (the farm's latency floor)")
+    device_wait_s: float = Field(
+        default=30.0, ge=0,
+        description="How long a submission that matches no device waits for an expected one (an agent starting "
+                    "or just registered without devices; see services/devices.expected) before its 422",
+    )
+    # Set by `sme2-farm up` for its own server process: the local agent it is about to start is
+    # expected, so a submission racing that agent's registration waits for it instead of failing.
+    expect_agent: str | None = Field(default=None, description="Name of an agent started alongside this server (sme2-farm up sets it)")
+    expect_agent_since: datetime | None = Field(
+        default=None, description="expect_agent counts as registered only if seen at or after this time (UTC)",
+    )
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -17,13 +18,18 @@ import httpx
 from sme2farm.server.config import Settings
 
 log = logging.getLogger("sme2-farm")
+LOCAL_AGENT = "local"  # the name the farm's own agent registers under
 
 
 class Farm:
     """Supervises the farm's processes; stops them all cleanly on exit or Ctrl-C."""
 
-    def __init__(self, settings: Settings, host: str, port: int, drivers: str, manifest: Path | None):
+    def __init__(self, settings: Settings, host: str, port: int, drivers: str, manifest: Path | None,
+                 ready_timeout: float = 60.0):
         self.settings, self.host, self.port, self.drivers, self.manifest = settings, host, port, drivers, manifest
+        self.ready_timeout = ready_timeout
+        self.agent_since: datetime | None = None  # when this farm began starting its local agent
+        self.devices: list[str] = []  # what the local agent registered, once ready
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         self.token = ""
@@ -37,6 +43,11 @@ class Farm:
             env["SME2_BROKER_URL"] = self.settings.broker_url
         if self.manifest:
             env["SME2_RUNNER_MANIFEST"] = str(self.manifest)
+        if self.agent_since is not None:
+            # The server then makes a submission that races the local agent's registration wait
+            # for it (services/devices.expected) instead of answering 422 "no device matches".
+            env["SME2_EXPECT_AGENT"] = LOCAL_AGENT
+            env["SME2_EXPECT_AGENT_SINCE"] = self.agent_since.isoformat()
         return env
 
     def _spawn(self, name: str, argv: list[str]) -> None:
@@ -53,6 +64,7 @@ class Farm:
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         migrate(self.settings.sqlalchemy_url)
         self.token = ensure_admin_token(self.settings)
+        self.agent_since = datetime.now(timezone.utc)  # before the server starts, so it knows the agent is coming
         py = sys.executable
         self._spawn("server", [py, "-m", "uvicorn", "sme2farm.server.main:app", "--host", self.host,
                                "--port", str(self.port), "--log-level", "warning", "--no-access-log"])
@@ -62,9 +74,9 @@ class Farm:
         self.wait_healthy()
         agent = [py, "-m", "sme2farm.agent.cli", "--drivers", self.drivers,
                  "--work-dir", str(self.settings.data_dir.resolve() / "agent"), "run", "--server", self.url,
-                 "--token", self.token, "--name", "local"]
+                 "--token", self.token, "--name", LOCAL_AGENT]
         self._spawn("agent", agent)
-        self.wait_devices()
+        self.devices = self.wait_devices()
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -78,15 +90,36 @@ class Farm:
             time.sleep(0.1)
         raise RuntimeError(f"the server did not answer on {self.url} within {timeout:g} s (see {self.settings.data_dir}/logs/server.log)")
 
-    def wait_devices(self, timeout: float = 60.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_devices(self) -> list[str]:
+        """Return once the agent this farm started has registered with at least one device that
+        is not offline, so "farm up" is printed only when a submission can be placed. Read from
+        the database: rows left by an earlier run on this data dir, or by other agents, do not
+        count, only this agent seen since it was started (devices.agent_seen_since)."""
+        from sme2farm.server.db import session_scope
+        from sme2farm.server.services import devices as device_service
+
+        deadline = time.monotonic() + self.ready_timeout
+        registered = False
+        while True:
             self.check_alive()
-            devices = httpx.get(f"{self.url}/devices", headers={"Authorization": f"Bearer {self.token}"}, timeout=5).json()
-            if devices:
-                return devices
+            with session_scope(self.settings.sqlalchemy_url) as session:
+                agent = device_service.agent_seen_since(session, name=LOCAL_AGENT, since=self.agent_since)
+                if agent is not None:
+                    registered = True
+                    devices = [f"{d.serial} ({d.platform}, SME2 {'yes' if d.sme2 else 'no'})"
+                               for d in agent.devices if d.state != "offline"]
+                    if devices:
+                        return devices
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.1)
-        raise RuntimeError(f"no agent registered a device within {timeout:g} s (see {self.settings.data_dir}/logs/agent.log)")
+        logs = self.settings.data_dir / "logs" / "agent.log"
+        if registered:
+            raise RuntimeError(f"the local agent registered but reported no usable device within {self.ready_timeout:g} s "
+                               f"(drivers: {self.drivers}; `sme2-agent --drivers {self.drivers} devices` shows what it "
+                               f"finds; see {logs}); the farm is not ready")
+        raise RuntimeError(f"the local agent did not register within {self.ready_timeout:g} s (see {logs}); "
+                           f"the farm is not ready")
 
     def check_alive(self) -> None:
         for name, proc in self.procs:
@@ -134,13 +167,14 @@ def _run_farm(args, then=None) -> int:
     settings = _settings(args)
     manifest = Path(args.manifest).resolve() if args.manifest else None
     _ensure_runner(manifest)
-    farm = Farm(settings, args.host, args.port, args.drivers, manifest)
+    farm = Farm(settings, args.host, args.port, args.drivers, manifest, ready_timeout=args.ready_timeout)
     # Ctrl-C and SIGTERM both stop the farm cleanly. SIGINT is set explicitly because a process
     # started from a background shell inherits it ignored, and Ctrl-C would then do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         farm.start()
+        print(f"devices: {', '.join(farm.devices)}", flush=True)
         print(f"farm up: API {farm.url}  docs {farm.url}/docs  dashboard {farm.url}/", flush=True)
         print(f"admin token (also in {settings.data_dir / 'token'}): {farm.token}", flush=True)
         print(f"  export SME2_SERVER={farm.url} SME2_TOKEN=$(cat {settings.data_dir / 'token'})", flush=True)
@@ -236,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--port", type=int, default=8000)
         s.add_argument("--drivers", default="local", help="agent drivers: local,android,macos")
         s.add_argument("--manifest", help="runner manifest (default runners/build/manifest.json)")
+        s.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
+                       help="how long the local agent has to register a device before the farm gives up (exit 1)")
         s.set_defaults(fn=fn, exit=False)
         if name == "demo":
             s.add_argument("--exit", action="store_true", help="stop the farm once the demo has printed its report")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -14,12 +18,15 @@ from sme2farm.server.db import session_scope
 from sme2farm.server.models import Model
 from sme2farm.server.pte import InvalidProgram, validate
 from sme2farm.server.services import comparisons
+from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.uploads import receive_experiment
 
 router = APIRouter(tags=["experiments"])
+log = logging.getLogger(__name__)
+DEVICE_RECHECK_S = 0.25  # how often a submission waiting for an expected device looks again
 
 
 def validation_message(e: ValidationError, prefix: str) -> str:
@@ -59,14 +66,51 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
         upload.discard()
         raise
     try:
-        with session_scope(settings.sqlalchemy_url) as session:
-            report = _store_experiment(session, spec, upload, store)
+        report = await _store_waiting_for_device(request, settings, spec, upload, store)
     except experiment_service.NoMatchingDevice as e:
         upload.discard()
         raise HTTPException(422, f"spec.device: {e}")
     if any(r.status == "queued" for r in report.runs):
         request.app.state.enqueue("dispatch")
     return report
+
+
+async def _store_waiting_for_device(request: Request, settings, spec: ExperimentSpec, upload, store) -> ExperimentReport:
+    """Store the experiment. When no device matches yet but one is expected (an agent is starting
+    or has just registered without devices: device_service.expected says which), re-check every
+    DEVICE_RECHECK_S for up to settings.device_wait_s instead of failing at once. Between checks
+    no transaction is open and no thread is held, so waiting submissions cost the server nothing."""
+    start = time.monotonic()
+    waited_for = ""
+    while True:
+        try:
+            return await run_in_threadpool(_store_or_explain, settings, spec, upload, store)
+        except experiment_service.NoMatchingDevice as e:
+            waited = time.monotonic() - start
+            if not e.expected or waited >= settings.device_wait_s or await request.is_disconnected():
+                if waited_for:  # say it was waited for, and for what, so a late 422 is not a mystery
+                    raise experiment_service.NoMatchingDevice(
+                        f"{e}; waited {waited:.1f} s (SME2_DEVICE_WAIT_S={settings.device_wait_s:g}) "
+                        f"for {waited_for}") from None
+                raise
+            if not waited_for:
+                log.info("submission waits up to %g s for a device: %s", settings.device_wait_s, e.expected)
+            waited_for = e.expected
+            await asyncio.sleep(DEVICE_RECHECK_S)
+
+
+def _store_or_explain(settings, spec: ExperimentSpec, upload, store) -> ExperimentReport:
+    """One attempt in its own transaction; a NoMatchingDevice leaves with `.expected` set (the
+    first transaction rolled back, so the check reads in a fresh one)."""
+    try:
+        with session_scope(settings.sqlalchemy_url) as session:
+            return _store_experiment(session, spec, upload, store)
+    except experiment_service.NoMatchingDevice as e:
+        with session_scope(settings.sqlalchemy_url) as session:
+            e.expected = device_service.expected(
+                session, expect_agent=settings.expect_agent, expect_agent_since=settings.expect_agent_since,
+                offline_s=settings.agent_offline_s)
+        raise
 
 
 def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> ExperimentReport:

@@ -11,7 +11,8 @@ from sme2farm.server.services import devices as device_service
 
 
 class NoMatchingDevice(ValueError):
-    pass
+    # Why a matching device may still appear soon (devices.expected); the route waits only then.
+    expected: str = ""
 
 
 def arm_order(settings: list[str], session: int) -> list[str]:
