@@ -45,6 +45,9 @@ class RunnerBuild:
     loader: str = ""
     # Our runner reads --inputs_file (runners/inputs.py's container); upstream executor_runner does not.
     supports_inputs: bool = True
+    # How it was made, free-form (runners.cross: toolchain, wheel file and sha256, build seconds,
+    # minimum glibc). Defaulted so manifests written before it load unchanged.
+    provenance: dict = field(default_factory=dict)
 
     def info(self) -> RunnerInfo:
         return RunnerInfo(id=self.id, platform=self.platform, sme2=self.sme2, flavour=self.flavour,

@@ -254,7 +254,31 @@ def cmd_token(args) -> int:
 
 
 def cmd_build_runner(args) -> int:
-    _ensure_runner(Path(args.manifest).resolve() if args.manifest else None)
+    manifest = Path(args.manifest).resolve() if args.manifest else None
+    if args.platform == "host":
+        _ensure_runner(manifest)
+        return 0
+    # arm64 runners cross-compiled from PyPI's aarch64 wheel (runners/cross.py), both SME2 arms.
+    from sme2farm.runners.build import BuildError
+    from sme2farm.runners.cross import build_platform
+
+    try:
+        builds = build_platform(args.platform, manifest, force=args.force)
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for b in builds:
+        how = " ".join(f"{k}={v}" for k, v in b.env.items()) or "as the hardware is"
+        print(f"runner: {b.id} ({b.platform}, SME2 {b.sme2}: {how}; sha256 {b.sha256[:12]}…, "
+              f"{b.provenance.get('bundle_files')} files, {b.provenance.get('bundle_bytes', 0) / 1e6:.1f} MB)", flush=True)
+    return 0
+
+
+def cmd_runners(args) -> int:
+    from sme2farm.runners.catalog import Catalog
+    from sme2farm.runners.listing import render
+
+    print(render(Catalog.load(Path(args.manifest).resolve() if args.manifest else None), args.json))
     return 0
 
 
@@ -282,9 +306,18 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--name", required=True)
     t.add_argument("--scope", choices=["user", "admin", "register"], default="user")
     t.set_defaults(fn=cmd_token)
-    b = sub.add_parser("build-runner", help="build and register the local host runner")
+    b = sub.add_parser("build-runner", help="build and register a runner: the host's, or arm64 from the PyPI wheel")
     b.add_argument("--manifest")
+    b.add_argument("--platform", default="host",
+                   choices=["host", "linux-arm64", "android-arm64", "android-arm64-v9a"],
+                   help="host (default): build against the installed wheel; linux-arm64 / android-arm64: "
+                        "cross-compile against PyPI's aarch64 wheel and register SME2 on and off")
+    b.add_argument("--force", action="store_true", help="rebuild the arm64 runner even if up to date")
     b.set_defaults(fn=cmd_build_runner)
+    r = sub.add_parser("runners", help="list every registered runner build")
+    r.add_argument("--manifest", help="runner manifest (default runners/build/manifest.json, or SME2_RUNNER_MANIFEST)")
+    r.add_argument("--json", action="store_true", help="machine-readable: one object per build")
+    r.set_defaults(fn=cmd_runners)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("httpx", "alembic"):
