@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["local_runner", "example_pte"]
+__all__ = ["local_runner", "example_pte", "arm64_runners"]
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +40,16 @@ def example_pte(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def arm64_runners(tmp_path_factory):
+    """Catalog with the wheel cross-built aarch64 runners (linux-arm64 folder and the Android
+    bundle, both SME2 arms each), registered in a session-private manifest."""
+    from sme2farm.runners.catalog import Catalog
+    from sme2farm.runners.cross import build_platform
+
+    manifest = tmp_path_factory.mktemp("arm64") / "manifest.json"
+    for platform in ("linux-arm64", "android-arm64"):
+        build_platform(platform, manifest)
+    return Catalog.load(manifest)

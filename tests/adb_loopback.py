@@ -11,7 +11,8 @@ Behind it a sandbox directory stands in for the phone's file system: /data/local
 mistakes in the driver show up here too). `getprop`, `settings`, `svc`, `dumpsys`, `logcat` and
 `log` are small scripts on PATH, backed by state files the test can change (thermal status,
 temperatures, battery). Executables pushed to the device are host binaries: that is the fake at
-the hardware boundary.
+the hardware boundary. An emulated arm64 phone (emulated_arm64_phone) instead runs the real
+aarch64 runner bundle a phone would run, under qemu-aarch64.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class DeviceProfile:
     battery_level: int = 80
     battery_temp_c: float = 28.0
     usb_powered: bool = True
+    # The phone's CPU is aarch64, emulated: aarch64 executables started through the device's
+    # `env`/`taskset` toolbox commands run under qemu-aarch64 (see _ARM64_TOOLS).
+    arm64: bool = False
 
 
 def sme2_phone() -> DeviceProfile:
@@ -72,6 +76,17 @@ def sme2_phone() -> DeviceProfile:
                "ro.product.cpu.abi": "arm64-v8a", "ro.build.version.release": "15",
                "ro.build.version.sdk": "35"},
         cpuinfo=cpuinfo_text(8, sme2=True, sme2_cores={4, 5, 6, 7}))
+
+
+def emulated_arm64_phone() -> DeviceProfile:
+    """A phone whose CPU is QEMU's `-cpu max`: it has SME but no SME2, and its cpuinfo says so."""
+    return DeviceProfile(
+        props={"ro.product.model": "QEMU arm64", "ro.product.name": "loop_qemu", "ro.product.device": "qemu",
+               "ro.soc.manufacturer": "QEMU", "ro.soc.model": "max", "ro.board.platform": "qemu",
+               "ro.product.cpu.abi": "arm64-v8a", "ro.build.version.release": "15",
+               "ro.build.version.sdk": "35"},
+        cpuinfo=cpuinfo_text(4, sme2=False).replace(" bti", " bti sme smei16i64 smef64f64"),
+        arm64=True)
 
 
 def plain_phone() -> DeviceProfile:
@@ -113,6 +128,21 @@ esac''',
 }
 
 
+# On an emulated arm64 phone: the toolbox commands that start programs hand aarch64 ELF files
+# (e_machine 183 at offset 18) to qemu-aarch64, standing in for the phone's CPU. Everything else
+# (host tools such as sh, cat, sha256sum) runs as it is.
+_ARM64_TOOLS = {
+    "arm64-exec": r'''if [ "$(od -An -tx1 -j18 -N2 "$1" 2>/dev/null | tr -d ' \n')" = "b700" ]; then
+  exec qemu-aarch64 -cpu max "$@"
+fi
+exec "$@"''',
+    "env": r'''while [ $# -gt 0 ]; do case "$1" in *=*) export "$1"; shift ;; *) break ;; esac; done
+exec arm64-exec "$@"''',
+    "taskset": r'''mask=$1; shift
+exec /usr/bin/taskset "$mask" "$(command -v arm64-exec)" "$@"''',
+}
+
+
 class LoopbackDevice:
     """One fake phone on 127.0.0.1:port, file system and state under `root`."""
 
@@ -144,7 +174,7 @@ class LoopbackDevice:
         (self.root / "proc/cpuinfo").write_text(self.profile.cpuinfo)
         bin_dir = self.root / "bin"
         bin_dir.mkdir(exist_ok=True)
-        for name, body in _TOOLS.items():
+        for name, body in {**_TOOLS, **(_ARM64_TOOLS if self.profile.arm64 else {})}.items():
             (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
             (bin_dir / name).chmod(0o755)
         props = self.state / "props"

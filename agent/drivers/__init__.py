@@ -6,7 +6,7 @@ import platform
 
 from sme2farm.agent.drivers.base import Driver
 
-DRIVER_NAMES = ("local", "macos", "android")
+DRIVER_NAMES = ("local", "macos", "android", "qemu-arm64")
 
 
 def default_names() -> list[str]:
@@ -23,6 +23,9 @@ def load(names: list[str] | None = None, *, adb_port: int | None = None) -> list
         elif name == "macos":
             from sme2farm.agent.drivers.macos import MacDriver
             drivers.append(MacDriver())
+        elif name == "qemu-arm64":
+            from sme2farm.agent.drivers.qemu import QemuArm64Driver
+            drivers.append(QemuArm64Driver())
         elif name == "android":
             from sme2farm.agent.drivers.android import AndroidDriver
             drivers.append(AndroidDriver(adb_port=adb_port))

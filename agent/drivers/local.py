@@ -114,8 +114,12 @@ class LocalDriver(Driver):
             state["governor"] = gov.read_text().strip()
         return state
 
+    def runner_platform(self) -> str | None:
+        """The runner builds this device executes."""
+        return host_runner_platform()
+
     def prepare(self, serial: str, job: Job) -> dict[str, Any]:
-        require_runner(job, host_runner_platform())
+        require_runner(job, self.runner_platform())
         job.workdir.mkdir(parents=True, exist_ok=True)
         stage_file(job.model_path, job.workdir / job.model_name)
         if job.inputs_path is not None:
