@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iteration", type=int, default=0,
                         help="iteration drawn by --perfetto (default 0, after --skip-first)")
     parser.add_argument("--top", type=int, default=15, help="operators shown in the table")
+    parser.add_argument("--kit-json", nargs="?", const="", default=None, metavar="PATH",
+                        help="also write the SME2 kit's analysis_summary.json (default: beside TRACE; "
+                             "- for stdout only), for scripts written against the kit")
 
 
 def _read_text(path: str | None) -> str | None:
@@ -76,6 +79,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    if args.kit_json is not None:
+        from sme2farm.client import kit
+
+        try:
+            dest = kit.summary_path(args.kit_json, Path(args.trace).resolve().parent)
+        except kit.KitConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        traces = [(args.trace, report)] + ([(args.compare, other)] if other is not None else [])
+        run_dir = str(dest.parent) if dest is not None else str(Path(args.trace).resolve().parent)
+        kit.write_summary(kit.kit_summary(traces, run_dir=run_dir), dest)
+        if dest is None:
+            return 0
     if args.json:
         out = dict(report)
         if comparison is not None:

@@ -67,6 +67,13 @@ def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, 
 def cmd_submit(args) -> int:
     from sme2farm.client.render import experiment_text
 
+    if getattr(args, "kit_config", None):
+        from sme2farm.client import kit
+
+        return kit.cmd_submit(args)
+    if not args.model:
+        print("sme2-client: submit needs the .pte file (or --kit-config CONFIG.json)", file=sys.stderr)
+        return 2
     model = Path(args.model)
     if not model.is_file():
         print(f"sme2-client: {model} is not a file", file=sys.stderr)
@@ -100,6 +107,10 @@ def cmd_status(args) -> int:
     from sme2farm.client.render import experiment_text
 
     client = _client(args)
+    if getattr(args, "kit_json", None) is not None:
+        from sme2farm.client import kit
+
+        return kit.cmd_status_kit_json(client, args.id, args.kit_json)
     if args.json:
         print(json.dumps(client.experiment_json(args.id), indent=2))
     else:
@@ -157,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("submit", help="upload a .pte and queue runs")
-    s.add_argument("model", help="the .pte file")
+    s.add_argument("model", nargs="?", help="the .pte file (not with --kit-config)")
+    s.add_argument("--kit-config", metavar="CONFIG.json",
+                   help="run an SME2 learning-path kit config (model, SME2 on/off experiments) as one experiment")
     s.add_argument("--sme2", choices=["on", "off", "both"], default="both")
     s.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,4")
     s.add_argument("--iterations", type=int, default=20)
@@ -177,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="show one experiment's report")
     st.add_argument("id", type=int)
     st.add_argument("--json", action="store_true")
+    st.add_argument("--kit-json", nargs="?", const="", default=None, metavar="PATH",
+                    help="write the kit's analysis_summary.json (default ./analysis_summary.json; - for stdout)")
     st.set_defaults(fn=cmd_status)
 
     ca = sub.add_parser("cancel", help="cancel an experiment's queued and running runs")

@@ -1,0 +1,494 @@
+"""Compatibility with the Arm SME2 learning-path kit (ArmDeveloperEcosystem/sme-executorch-profiling).
+
+Kit users keep their files and scripts:
+
+* ``sme2-client submit --kit-config CONFIG.json`` reads the kit's pipeline config and submits it
+  as ONE farm experiment (:func:`load_kit_config`);
+* ``sme2-client analyze TRACE --kit-json [PATH]`` and ``sme2-client status ID --kit-json [PATH]``
+  write the kit's ``analysis_summary.json`` (:func:`kit_summary`).
+
+The kit's config (its ``pipeline/config_loader.py`` and shipped templates)::
+
+    {"model": "out_x/artifacts/x_xnnpack_fp16.pte", "output_root": "out_x/runs/mac",
+     "experiments": [{"name": "mac_sme2_on", "runner_path": ".../mac-arm64/executor_runner",
+                      "mode": "timing", "runs": 10, "warmup": 1, "threads": [1],
+                      "extra_args": [], "cpu_affinity": null}, {"name": "mac_sme2_off", ...}],
+     "analysis": {"compare_pairs": []}}
+
+The kit has no SME2 field: an experiment's arm is its runner build, which the kit's templates
+name in both the experiment name (``*_sme2_on`` / ``*_sme2_off``) and the runner preset
+(``*-sme2-off``); the kit's own orchestrator reads the name. The farm reads both and refuses a
+config where they disagree or say nothing, rather than guess which arm a run measured.
+
+The farm runs every thread count on both arms with one iteration count, warm-up, mode and core
+mask, so a config is accepted only where it says the same: anything else is a
+:class:`KitConfigError` naming the field, before anything is uploaded. Fields the farm does not
+use but that cannot change a measurement (runner paths: the farm runs its own registered
+builds; ``output_root``: results stay on the farm) come back as warnings, never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sme2farm.client.schemas import ExperimentSpec
+
+# The kit's loader defaults (pipeline/config_loader.py): a field it reads but the user left out
+# gets the value the kit itself would have used, so the same file measures the same thing.
+KIT_DEFAULT_RUNS = 100
+KIT_DEFAULT_WARMUP = 10
+KIT_MODES = {"timing": "timing", "xnntrace": "trace"}
+
+TOP_LEVEL_FIELDS = ("model", "output_root", "experiments", "analysis")
+# The learning path's text documents experiments[].num_runs / num_threads for the fields the
+# kit's code calls runs / threads; both spellings are read.
+EXPERIMENT_FIELDS = ("name", "runner_path", "quiet_runner", "mode", "runs", "num_runs", "warmup",
+                     "threads", "num_threads", "extra_args", "cpu_affinity")
+_HEX_MASK = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
+_OFF = re.compile(r"sme2[-_ ]?off(?![a-z])", re.I)
+_ON = re.compile(r"sme2[-_ ]?on(?![a-z])", re.I)
+
+
+class KitConfigError(ValueError):
+    """A kit config the farm cannot run as written; the message names the field or file."""
+
+
+@dataclass
+class KitSubmission:
+    model: Path
+    spec: ExperimentSpec
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _int(value: Any, where: str, lo: int, hi: int) -> int:
+    # The kit converts with int(), so "10" works there; bools and fractions are mistakes.
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise KitConfigError(f"{where}: {value!r} is not an integer")
+    try:
+        n = int(value)
+    except ValueError:
+        raise KitConfigError(f"{where}: {value!r} is not an integer") from None
+    if not lo <= n <= hi:
+        raise KitConfigError(f"{where}: {n} must be between {lo} and {hi}")
+    return n
+
+
+def _threads(value: Any, where: str) -> list[int]:
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise KitConfigError(f"{where}: no thread count given")
+    out = [_int(t, f"{where}", 1, 256) for t in items]
+    if len(set(out)) != len(out):
+        raise KitConfigError(f"{where}: thread counts {out} repeat")
+    return out
+
+
+def _arm_of(name: str, runner: str | None, where: str) -> str:
+    """SME2 'on' or 'off' from the experiment name and the runner path (see module doc)."""
+    by_name = "off" if _OFF.search(name) else "on" if (_ON.search(name) or "sme2" in name.lower()) else None
+    by_runner = None
+    if runner:
+        by_runner = "off" if _OFF.search(runner) else "on" if _ON.search(runner) else None
+    if by_name and by_runner and by_name != by_runner:
+        raise KitConfigError(
+            f"{where}: the name {name!r} says SME2 {by_name} but runner_path {runner!r} is an "
+            f"SME2-{by_runner} build; fix one of them")
+    arm = by_name or by_runner
+    if arm is None:
+        raise KitConfigError(
+            f"{where}: cannot tell whether {name!r} runs with SME2 on or off; name it *_sme2_on or "
+            "*_sme2_off as the kit's templates do")
+    return arm
+
+
+def _resolve_model(raw: Any, config: Path, cwd: Path) -> tuple[Path, str | None]:
+    if not isinstance(raw, str) or not raw.strip():
+        raise KitConfigError("model: must be the path of the .pte file")
+    p = Path(raw).expanduser()
+    if p.is_absolute():
+        if p.is_file():
+            return p, None
+        raise KitConfigError(f"model: file not found: {p}")
+    beside = config.parent / p
+    if beside.is_file():
+        return beside.resolve(), None
+    # The kit's scripts run from the kit's root, so its shipped configs hold paths relative to
+    # that (model_profiling/out_x/...); read such a config from there as the kit would.
+    here = cwd / p
+    if here.is_file():
+        return here.resolve(), f"model: {here.resolve()} (taken from the current directory as the kit's scripts do; not found beside the config)"
+    raise KitConfigError(
+        f"model: file not found: {beside} (relative paths are read from the config's folder, "
+        f"then from the current directory {cwd})")
+
+
+def _compare_pairs(raw: Any, names: dict[str, tuple[str, list[int]]], warnings: list[str]) -> None:
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        raise KitConfigError("analysis: must be an object")
+    unknown = sorted(set(raw) - {"compare_pairs"})
+    if unknown:
+        raise KitConfigError(f"analysis.{unknown[0]}: unknown field (the kit reads only analysis.compare_pairs)")
+    pairs = raw.get("compare_pairs") or []
+    if not isinstance(pairs, list):
+        raise KitConfigError("analysis.compare_pairs: must be a list")
+    for i, pair in enumerate(pairs):
+        where = f"analysis.compare_pairs[{i}]"
+        if not isinstance(pair, dict):
+            raise KitConfigError(f"{where}: must be an object")
+        extra = sorted(set(pair) - {"baseline", "candidate", "label"})
+        if extra:
+            raise KitConfigError(f"{where}.{extra[0]}: unknown field")
+        ends = []
+        for side in ("baseline", "candidate"):
+            end = pair.get(side)
+            if not isinstance(end, dict) or "experiment" not in end or "threads" not in end:
+                raise KitConfigError(f"{where}.{side}: needs 'experiment' and 'threads'")
+            extra = sorted(set(end) - {"experiment", "threads"})
+            if extra:
+                raise KitConfigError(f"{where}.{side}.{extra[0]}: unknown field")
+            exp = end["experiment"]
+            if exp not in names:
+                raise KitConfigError(f"{where}.{side}.experiment: {exp!r} is not an experiment of this config")
+            t = _int(end["threads"], f"{where}.{side}.threads", 1, 256)
+            if t not in names[exp][1]:
+                raise KitConfigError(f"{where}.{side}.threads: experiment {exp!r} does not run {t} thread(s)")
+            ends.append((names[exp][0], t))
+        (arm_a, t_a), (arm_b, t_b) = ends
+        # The farm compares SME2 off with SME2 on at each thread count, always; any other pair
+        # is a comparison it does not compute. It changes no measurement, so it is a warning.
+        if not (arm_a != arm_b and t_a == t_b):
+            label = pair.get("label") or f"{pair['baseline']['experiment']} vs {pair['candidate']['experiment']}"
+            warnings.append(
+                f"{where} ({label!s}): not computed; the farm compares SME2 off with SME2 on at "
+                "equal thread counts only (compare other runs offline with sme2-client analyze --compare)")
+
+
+def load_kit_config(path: str | Path, *, cwd: Path | None = None) -> KitSubmission:
+    """The kit's JSON config -> (model file, one ExperimentSpec, warnings). Raises KitConfigError."""
+    config = Path(path)
+    cwd = Path.cwd() if cwd is None else cwd
+    try:
+        raw = json.loads(config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KitConfigError(f"{config}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise KitConfigError(f"{config}: cannot read the config: {e}") from None
+    except json.JSONDecodeError as e:
+        raise KitConfigError(f"{config}: not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise KitConfigError(f"{config}: the config must be a JSON object")
+    unknown = [k for k in raw if k not in TOP_LEVEL_FIELDS]
+    if unknown:
+        raise KitConfigError(f"{unknown[0]}: unknown field in the kit config (known: {', '.join(TOP_LEVEL_FIELDS)})")
+    if "model" not in raw:
+        raise KitConfigError("model: missing (the path of the .pte file)")
+    warnings: list[str] = []
+    notes: list[str] = []
+
+    exps = raw.get("experiments")
+    if not isinstance(exps, list) or not exps:
+        raise KitConfigError("experiments: must be a non-empty list of experiments")
+
+    # Every run of one farm experiment shares these; the first experiment sets them and every
+    # other must agree, or the config cannot be expressed as one experiment.
+    shared: dict[str, tuple[Any, int]] = {}
+    arms: dict[str, dict[int, int]] = {}   # arm -> thread count -> experiment index
+    names: dict[str, tuple[str, list[int]]] = {}
+    runners: list[str] = []
+    for i, exp in enumerate(exps):
+        where = f"experiments[{i}]"
+        if not isinstance(exp, dict):
+            raise KitConfigError(f"{where}: must be an object")
+        bad = [k for k in exp if k not in EXPERIMENT_FIELDS]
+        if bad:
+            raise KitConfigError(f"{where}.{bad[0]}: unknown field (known: {', '.join(EXPERIMENT_FIELDS)})")
+        name = exp.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise KitConfigError(f"{where}.name: missing (the kit requires a name per experiment)")
+        if name in names:
+            raise KitConfigError(f"{where}.name: {name!r} is used twice")
+        runner = exp.get("runner_path") or exp.get("quiet_runner")
+        if runner is not None and not isinstance(runner, str):
+            raise KitConfigError(f"{where}.runner_path: must be a path")
+        if runner:
+            runners.append(runner)
+        arm = _arm_of(name, runner, where)
+
+        mode = exp.get("mode", "timing")
+        if mode not in KIT_MODES:
+            raise KitConfigError(f"{where}.mode: {mode!r} is not one of {', '.join(KIT_MODES)}")
+        runs = _pick(exp, ("runs", "num_runs"), where, KIT_DEFAULT_RUNS, lambda v, w: _int(v, w, 1, 100_000))
+        warmup = _int(exp.get("warmup", KIT_DEFAULT_WARMUP), f"{where}.warmup", 0, 10_000)
+        threads = _pick(exp, ("threads", "num_threads"), where, [1], _threads)
+        extra = exp.get("extra_args") or []
+        if not isinstance(extra, list):
+            raise KitConfigError(f"{where}.extra_args: must be a list")
+        if extra:
+            # Arbitrary runner flags could change what is measured (or clash with the flags the
+            # farm's runner is given); nothing is run rather than run something else.
+            raise KitConfigError(
+                f"{where}.extra_args: the farm cannot pass runner flags {extra!r}; remove them (it "
+                "sets the iteration count, threads and ETDump path itself)")
+        mask = exp.get("cpu_affinity")
+        if mask is not None and (not isinstance(mask, str) or not _HEX_MASK.match(mask)):
+            raise KitConfigError(f"{where}.cpu_affinity: {mask!r} must be a hexadecimal CPU mask such as 0x80")
+
+        for key, value in (("mode", mode), ("runs", runs), ("warmup", warmup), ("cpu_affinity", mask)):
+            if key not in shared:
+                shared[key] = (value, i)
+            elif shared[key][0] != value:
+                first, j = shared[key]
+                raise KitConfigError(
+                    f"{where}.{key}: {value!r} differs from experiments[{j}].{key} = {first!r}; the farm "
+                    f"runs every run of one experiment with the same {key}: make them equal or split "
+                    "the config")
+        seen = arms.setdefault(arm, {})
+        for t in threads:
+            if t in seen:
+                raise KitConfigError(
+                    f"{where}.threads: SME2 {arm} at {t} thread(s) is already run by "
+                    f"experiments[{seen[t]}] ({exps[seen[t]]['name']!r})")
+            seen[t] = i
+        names[name] = (arm, threads)
+
+    if len(arms) == 2 and set(arms["on"]) != set(arms["off"]):
+        on, off = sorted(arms["on"]), sorted(arms["off"])
+        raise KitConfigError(
+            f"experiments[].threads: SME2 on runs threads {on} but SME2 off runs {off}; the farm "
+            "runs every thread count on both arms: make them equal or split the config")
+    _compare_pairs(raw.get("analysis"), names, warnings)
+
+    model, note = _resolve_model(raw["model"], config, cwd)
+    if note:
+        notes.append(note)
+    if runners:
+        warnings.append(
+            "experiments[].runner_path: not used; the farm runs its own registered SME2-on/off "
+            "builds on the matching devices (choose devices with --device, e.g. platform=android)")
+    if raw.get("output_root"):
+        warnings.append(
+            f"output_root: not used; results stay on the farm (write the kit's analysis_summary.json "
+            f"with: sme2-client status ID --kit-json {Path(str(raw['output_root'])) / 'analysis_summary.json'})")
+
+    ordered: list[int] = []
+    for arm in ("off", "on"):
+        for t in arms.get(arm, {}):
+            if t not in ordered:
+                ordered.append(t)
+    if len(ordered) > 16:
+        raise KitConfigError(f"experiments[].threads: {len(ordered)} thread counts; the farm takes at most 16")
+    sme2 = "both" if len(arms) == 2 else next(iter(arms))
+    labels = {"kit_config": config.name[:256]}
+    for arm in ("on", "off"):
+        arm_names = [n for n, (a, _) in names.items() if a == arm]
+        if arm_names:
+            labels[f"kit_sme2_{arm}"] = ",".join(arm_names)[:256]
+    try:
+        spec = ExperimentSpec(
+            sme2=sme2, threads=ordered, iterations=shared["runs"][0], warmup=shared["warmup"][0],
+            mode=KIT_MODES[shared["mode"][0]], core_mask=shared["cpu_affinity"][0],
+            name=config.stem[:200], labels=labels)
+    except ValidationError as e:  # the checks above should make this unreachable
+        raise KitConfigError(f"{config}: {e}") from None
+    return KitSubmission(model=model, spec=spec, warnings=warnings, notes=notes)
+
+
+def _pick(exp: dict, keys: tuple[str, str], where: str, default: Any, parse) -> Any:
+    """A field the kit's code and the learning path's text spell differently; both must agree."""
+    got = {k: parse(exp[k], f"{where}.{k}") for k in keys if k in exp}
+    if len(got) == 2 and got[keys[0]] != got[keys[1]]:
+        raise KitConfigError(f"{where}.{keys[1]}: {got[keys[1]]!r} contradicts {keys[0]} = {got[keys[0]]!r}")
+    return next(iter(got.values())) if got else default
+
+
+# ---- the kit's analysis_summary.json ---------------------------------------------------------
+
+# Top-level keys of the kit's analysis_summary.json: what its analyze_results.py writes (run_dir,
+# etrecord, etdump_count, category_totals_ms, per_etdump, csv_files), what its known-good fixture
+# adds (model, kernel_hints) and what the learning path documents (operator_details).
+KIT_SUMMARY_KEYS = ("run_dir", "model", "etrecord", "etdump_count", "category_totals_ms",
+                    "kernel_hints", "per_etdump", "csv_files", "operator_details")
+OPERATOR_DETAIL_KEYS = ("name", "category", "avg_ms", "count", "total_ms", "kernel_hint")
+_XNN_KERNEL = re.compile(r"\bxnn_[A-Za-z0-9_]+")
+
+
+def _count(x: float) -> int | float:
+    # The kit's counts are integers; the farm's are per iteration and usually whole.
+    return int(round(x)) if abs(x - round(x)) < 1e-9 else x
+
+
+def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | None = None) -> dict:
+    """The kit's analysis_summary.json from farm reports (``analysis.analyze()`` output or a
+    run of the server's report: both carry categories_ms, operators and kernels).
+
+    ``traces`` is [(etdump label, report)]. As in the kit, category_totals_ms sums over every
+    trace (its run dir holds the SME2-on and -off traces alone or together), per_etdump keeps each
+    trace's own categories, and operator_details adds up operators of the same name. Times are
+    per iteration (the kit's are Inspector's per-run averages): count calls per iteration,
+    total_ms = count x avg_ms. kernel_hint is present only where a kernel log names an XNNPACK
+    microkernel, as in the kit. The farm writes no CSV files and reads no ETRecord: csv_*
+    are empty, etrecord null.
+    """
+    from sme2farm.analysis.categories import CATEGORIES
+
+    totals = {c: 0.0 for c in CATEGORIES}
+    per: list[dict] = []
+    ops: dict[str, dict] = {}
+    hints: dict[str, int] = {}
+    for label, rep in traces:
+        cats = {c: float((rep.get("categories_ms") or {}).get(c, 0.0)) for c in CATEGORIES}
+        for c, v in cats.items():
+            totals[c] += v
+        operators = rep.get("operators") or []
+        per.append({"etdump": label, "categories_ms": cats, "rows": len(operators),
+                    "csv_timeline": None, "csv_stats": None})
+        for op in operators:
+            d = ops.setdefault(op["name"], {"name": op["name"], "category": op["category"],
+                                            "count": 0.0, "total_ms": 0.0})
+            d["count"] += float(op["count"])
+            d["total_ms"] += float(op["total_ms"])
+            m = _XNN_KERNEL.search(op.get("kernel_hint") or "")
+            if m and "kernel_hint" not in d:
+                d["kernel_hint"] = m.group(0)
+        kernels = rep.get("kernels") or {}
+        for isa, n in (kernels.get("isa_counts") or {}).items():
+            if n:
+                hints[isa.lower()] = hints.get(isa.lower(), 0) + int(n)
+    details = []
+    for d in sorted(ops.values(), key=lambda d: -d["total_ms"]):
+        out = {"name": d["name"], "category": d["category"],
+               "avg_ms": d["total_ms"] / d["count"] if d["count"] else 0.0,
+               "count": _count(d["count"]), "total_ms": d["total_ms"]}
+        if "kernel_hint" in d:
+            out["kernel_hint"] = d["kernel_hint"]
+        details.append(out)
+    summary = {"run_dir": run_dir, "model": model, "etrecord": None, "etdump_count": len(traces),
+               "category_totals_ms": totals, "kernel_hints": hints, "per_etdump": per,
+               "csv_files": [], "operator_details": details}
+    return summary
+
+
+def summary_path(arg: str, default_dir: Path) -> Path | None:
+    """--kit-json's PATH: '' (no value) -> DEFAULT_DIR/analysis_summary.json, where the kit
+    writes it; '-' -> None (stdout). Refuses to overwrite a trace or model given by mistake."""
+    if arg == "-":
+        return None
+    p = Path(arg) if arg else default_dir / "analysis_summary.json"
+    if p.suffix.lower() in (".etdump", ".etdp", ".pte", ".bpte"):
+        raise KitConfigError(f"--kit-json: {p} looks like a trace or model, not the summary to write "
+                             "(put --kit-json after the trace, or give it a .json path)")
+    if p.is_dir():
+        p = p / "analysis_summary.json"
+    return p
+
+
+def write_summary(summary: dict, dest: Path | None) -> None:
+    text = json.dumps(summary, indent=2) + "\n"
+    if dest is None:
+        sys.stdout.write(text)
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text, encoding="utf-8")
+    print(f"Wrote: {dest}", file=sys.stderr)
+
+
+def summary_from_experiment(rep: dict) -> tuple[list[tuple[str, dict]], str]:
+    """(traces, model) from the server's experiment report JSON: its succeeded runs."""
+    traces = []
+    for run in rep.get("runs", []):
+        if run.get("status") == "succeeded" and run.get("categories_ms") is not None:
+            label = f"runs/{run['id']}/artifacts/trace.etdump (SME2 {run['sme2']}, {run['threads']} thread(s))"
+            traces.append((label, run))
+    return traces, f"sha256:{rep.get('model_sha256', '')}"
+
+
+# ---- CLI glue (sme2-client submit --kit-config / status --kit-json) ----------------------------
+
+# submit options the kit config decides, with their parser defaults: giving one with
+# --kit-config would be a second, conflicting answer.
+_CONFIG_DECIDES = {"sme2": ("--sme2", "both"), "threads": ("--threads", "1"), "iterations": ("--iterations", 20),
+                   "warmup": ("--warmup", 2), "mode": ("--mode", "timing"), "core_mask": ("--core-mask", None)}
+
+
+def cmd_submit(args) -> int:
+    from sme2farm.client.cli import _client, wait_for
+    from sme2farm.client.render import experiment_text
+
+    try:
+        if args.model:
+            raise KitConfigError(f"{args.model}: give either a model or --kit-config (the config names the model)")
+        for attr, (flag, default) in _CONFIG_DECIDES.items():
+            if getattr(args, attr, default) != default:
+                raise KitConfigError(f"{flag} cannot be combined with --kit-config: the config's experiments decide it")
+        inputs = Path(args.inputs) if getattr(args, "inputs", None) else None
+        if inputs is not None and not inputs.is_file():
+            raise KitConfigError(f"--inputs: {inputs} is not a file")
+        sub = load_kit_config(args.kit_config)
+        # What the kit config cannot say (where, under which name, power profile, sessions,
+        # representative inputs, the method) still comes from the command line.
+        data = sub.spec.model_dump()
+        if getattr(args, "method", None) and "method" in data:
+            data["method"] = args.method
+        if args.name:
+            data["name"] = args.name
+        if args.label:
+            data["labels"] = {**data["labels"], **dict(kv.split("=", 1) for kv in args.label)}
+        if args.device:
+            from sme2farm.client.cli import parse_selector
+
+            data["device"] = parse_selector(args.device).model_dump()
+        data["power_profile"], data["sessions"] = args.power_profile, args.sessions
+        spec = ExperimentSpec.model_validate(data)
+    except KitConfigError as e:
+        print(f"sme2-client: kit config {args.kit_config}: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, ValidationError) as e:
+        print(f"sme2-client: invalid spec: {e}", file=sys.stderr)
+        return 2
+    for line in sub.notes:
+        print(f"sme2-client: kit config: {line}", file=sys.stderr)
+    for line in sub.warnings:
+        print(f"sme2-client: warning: kit config: {line}", file=sys.stderr)
+    client = _client(args)
+    rep = client.submit(sub.model, spec, inputs=inputs) if inputs is not None else client.submit(sub.model, spec)
+    if not args.wait:
+        if args.json:
+            print(json.dumps(client.experiment_json(rep.id), indent=2))
+        else:
+            print(f"submitted experiment {rep.id} ({len(rep.runs)} run(s)) from {args.kit_config}; "
+                  f"follow with: sme2-client status {rep.id}")
+        return 0
+    wait_for(client, rep.id, quiet=args.json, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(client.experiment_json(rep.id), indent=2))
+    else:
+        print(experiment_text(client.experiment(rep.id)))
+    return 0
+
+
+def cmd_status_kit_json(client, experiment_id: int, arg: str) -> int:
+    try:
+        dest = summary_path(arg, Path.cwd())
+    except KitConfigError as e:
+        print(f"sme2-client: {e}", file=sys.stderr)
+        return 2
+    rep = client.experiment_json(experiment_id)
+    traces, model = summary_from_experiment(rep)
+    if not traces:
+        states = ", ".join(f"run {r['id']} {r['status']}" for r in rep.get("runs", [])) or "no runs"
+        print(f"sme2-client: experiment {experiment_id} has no succeeded run to summarise ({states})", file=sys.stderr)
+        return 1
+    run_dir = str(dest.parent) if dest is not None else f"experiment {experiment_id}"
+    write_summary(kit_summary(traces, run_dir=run_dir, model=model), dest)
+    return 0
