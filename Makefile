@@ -28,6 +28,7 @@ test: setup
 bench: setup
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/runners.py
 
 clean:
 	rm -rf $(VENV) .farm runners/build

@@ -360,7 +360,12 @@ void set_inputs(Method& method, const std::string& method_name, const std::vecto
     if (*tag != Tag::Tensor) {
       // A scalar input not given keeps the value it was exported with (the Method still wants
       // set_input called for it, or execute() fails with "Input i has not been set").
+      // get_input is deprecated for reading metadata, but it is the one way to read the value a
+      // scalar input was exported with (MethodMeta carries only its tag).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
       EValue value = method.get_input(i);
+#pragma GCC diagnostic pop
       if (given != nullptr) {
         static const char* kinds[] = {"none", "a tensor", "an int", "a double", "a bool"};
         if (given->kind == 2 && *tag == Tag::Int) value = EValue(given->i);
