@@ -89,11 +89,18 @@ class AgentApi:
 
     def download_model(self, sha256: str, dest: Path) -> None:
         """Stream the model to dest, verifying its sha256 before it is used."""
+        self._download("model", f"/agent/models/{sha256}", sha256, dest)
+
+    def download_inputs(self, sha256: str, dest: Path) -> None:
+        """Stream an experiment's inputs container to dest, verifying its sha256."""
+        self._download("inputs", f"/agent/inputs/{sha256}", sha256, dest)
+
+    def _download(self, what: str, url: str, sha256: str, dest: Path) -> None:
         tmp = dest.with_suffix(".part")
         h = hashlib.sha256()
-        with self.client.stream("GET", f"/agent/models/{sha256}") as r:
+        with self.client.stream("GET", url) as r:
             if r.status_code in (401, 403):
-                raise Unauthorized(f"model download: {r.status_code}")
+                raise Unauthorized(f"{what} download: {r.status_code}")
             r.raise_for_status()
             with open(tmp, "wb") as f:
                 for chunk in r.iter_bytes(1 << 20):
@@ -101,5 +108,5 @@ class AgentApi:
                     f.write(chunk)
         if h.hexdigest() != sha256:
             tmp.unlink()
-            raise ValueError(f"model {sha256} arrived with sha256 {h.hexdigest()}")
+            raise ValueError(f"{what} {sha256} arrived with sha256 {h.hexdigest()}")
         tmp.replace(dest)

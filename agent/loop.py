@@ -33,6 +33,8 @@ class Agent:
         self.work_dir = work_dir or Path(tempfile.gettempdir()) / "sme2-agent"
         self.models_dir = self.work_dir / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)
+        self.inputs_dir = self.work_dir / "inputs"
+        self.inputs_dir.mkdir(parents=True, exist_ok=True)
         self.device_sync_s = device_sync_s
         self.stop = threading.Event()
         self.devices: dict[str, tuple[Driver, DeviceInfo]] = {}
@@ -111,6 +113,16 @@ class Agent:
                 self.api.download_model(sha256, path)
         return path
 
+    def inputs(self, sha256: str) -> Path:
+        """An inputs container, cached by sha256 like models (the name is the digest, checked)."""
+        if not all(c in "0123456789abcdef" for c in sha256) or len(sha256) != 64:
+            raise ValueError(f"inputs digest {sha256[:80]!r} is not a sha256")
+        path = self.inputs_dir / f"{sha256}.bin"
+        with self._model_lock:
+            if not path.exists():
+                self.api.download_inputs(sha256, path)
+        return path
+
     def refuse(self, a: RunAssignment) -> str:
         """Last line of defence: never run an arm the device cannot honestly serve."""
         entry = self.devices.get(a.device_serial)
@@ -142,10 +154,16 @@ class Agent:
             self.api.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="failed",
                                                 reason=f"the agent could not fetch the model: {e}"))
             return
+        try:
+            inputs = self.inputs(a.inputs_sha256) if a.inputs_sha256 else None
+        except (OSError, ValueError, httpx.HTTPError) as e:
+            self.api.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="failed",
+                                                reason=f"the agent could not fetch the inputs: {e}"))
+            return
         workdir = Path(tempfile.mkdtemp(prefix=f"run{a.run_id}-", dir=self.work_dir))
         job = Job(run_id=a.run_id, model_path=model, runner=build, threads=a.threads,
                   iterations=a.iterations, warmup=a.warmup, timeout_s=a.timeout_s, workdir=workdir, mode=a.mode,
-                  core_mask=a.core_mask, power_profile=a.power_profile)
+                  core_mask=a.core_mask, power_profile=a.power_profile, method=a.method, inputs_path=inputs)
         if answer.cancel:
             job.cancel.set()
         done = threading.Event()

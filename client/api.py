@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,17 @@ class FarmClient:
             raise FarmError(r.status_code, detail if isinstance(detail, str) else json.dumps(detail))
         return r
 
-    def submit(self, model: Path, spec: ExperimentSpec | dict[str, Any]) -> ExperimentReport:
+    def submit(self, model: Path, spec: ExperimentSpec | dict[str, Any], inputs: Path | None = None) -> ExperimentReport:
+        """Upload a .pte (with an optional inputs .npz) or a .bpte; the server tells them apart by content."""
         spec_json = spec.model_dump_json(exclude_none=True) if isinstance(spec, ExperimentSpec) else json.dumps(spec)
-        with open(model, "rb") as f:
+        with contextlib.ExitStack() as stack:
+            f = stack.enter_context(open(model, "rb"))
             # The file object streams; the server never sees the local file name as a path.
-            r = self.http.post("/experiments", files={"model": ("model.pte", f, "application/octet-stream")},
-                               data={"spec": spec_json})
+            files = {"model": ("model.bpte" if Path(model).suffix == ".bpte" else "model.pte", f, "application/octet-stream")}
+            if inputs is not None:
+                # only the base name travels: the report says which inputs file was used
+                files["inputs"] = (Path(inputs).name, stack.enter_context(open(inputs, "rb")), "application/octet-stream")
+            r = self.http.post("/experiments", files=files, data={"spec": spec_json})
         return ExperimentReport.model_validate(self._check(r).json())
 
     def experiment(self, experiment_id: int) -> ExperimentReport:

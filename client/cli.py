@@ -78,17 +78,22 @@ def cmd_submit(args) -> int:
     if not model.is_file():
         print(f"sme2-client: {model} is not a file", file=sys.stderr)
         return 2
+    inputs = Path(args.inputs) if args.inputs else None
+    if inputs is not None and not inputs.is_file():
+        print(f"sme2-client: {inputs} is not a file", file=sys.stderr)
+        return 2
     try:
         threads = [int(t) for t in args.threads.split(",") if t.strip()]
         labels = dict(kv.split("=", 1) for kv in args.label or [])
         spec = ExperimentSpec(sme2=args.sme2, threads=threads, iterations=args.iterations, warmup=args.warmup,
                               mode=args.mode, device=parse_selector(args.device), name=args.name, labels=labels,
-                              power_profile=args.power_profile, core_mask=args.core_mask, sessions=args.sessions)
+                              power_profile=args.power_profile, core_mask=args.core_mask, sessions=args.sessions,
+                              method=args.method)
     except (ValueError, ValidationError) as e:
         print(f"sme2-client: invalid spec: {e}", file=sys.stderr)
         return 2
     client = _client(args)
-    rep = client.submit(model, spec)
+    rep = client.submit(model, spec, inputs=inputs)
     if not args.wait:
         if args.json:
             print(json.dumps(client.experiment_json(rep.id), indent=2))
@@ -168,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("submit", help="upload a .pte and queue runs")
-    s.add_argument("model", nargs="?", help="the .pte file (not with --kit-config)")
+    s.add_argument("model", nargs="?", help="the .pte, or a .bpte bundled program (its inputs are fed) (not with --kit-config)")
     s.add_argument("--kit-config", metavar="CONFIG.json",
                    help="run an SME2 learning-path kit config (model, SME2 on/off experiments) as one experiment")
     s.add_argument("--sme2", choices=["on", "off", "both"], default="both")
@@ -182,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--power-profile", choices=["none", "boost", "app"], default="none")
     s.add_argument("--core-mask", help="taskset mask in hex, same for both arms")
     s.add_argument("--sessions", type=int, default=1, help="timed sessions per arm, interleaved off/on/on/off")
+    s.add_argument("--inputs", metavar="INPUTS.npz",
+                   help="representative inputs for a .pte: arrays '0','1',... in input order (a .bpte brings its own)")
+    s.add_argument("--method", default="forward", help="the program method to run (default forward)")
     s.add_argument("--wait", action="store_true", help="follow progress and print the report")
     s.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
     s.add_argument("--json", action="store_true", help="print the report JSON")

@@ -23,7 +23,8 @@ def progress_line(rep: ExperimentReport) -> str:
 def experiment_text(rep: ExperimentReport) -> str:
     out = [f"Experiment {rep.id}{' ' + rep.name if rep.name else ''}: {rep.status}",
            f"  model sha256 {rep.model_sha256[:16]}… ({rep.model_size} bytes), sme2={rep.spec.sme2}, "
-           f"threads={rep.spec.threads}, iterations={rep.spec.iterations}, warm-up={rep.spec.warmup}", ""]
+           f"threads={rep.spec.threads}, iterations={rep.spec.iterations}, warm-up={rep.spec.warmup}",
+           f"  method {rep.spec.method}, inputs: {rep.inputs}", ""]
     for r in rep.runs:
         dev = r.device
         dev_s = f"{dev.serial} ({dev.platform}, {dev.model or dev.abi})" if dev else "no device"

@@ -30,6 +30,9 @@ DeviceState = Literal["idle", "busy", "offline", "unhealthy"]
 # line of defence behind the drivers' quoting (nothing from a spec is ever put in a shell string).
 _TAG = re.compile(r"^[A-Za-z0-9._:@/+-]{1,64}$")
 _HEX_MASK = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
+# A program method name travels to the runner's command line (--method_name=...).
+_METHOD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+DEFAULT_INPUTS = "all ones (default)"
 
 
 class _Strict(BaseModel):
@@ -68,6 +71,14 @@ class ExperimentSpec(_Strict):
     core_mask: str | None = Field(default=None, description="taskset CPU mask in hex, e.g. f0")
     sessions: int = Field(default=1, ge=1, le=20, description="Timed sessions per arm; interleaved off/on/on/off")
     timeout_s: int = Field(default=600, ge=1, le=24 * 3600)
+    method: str = Field(default="forward", description="The program method to run (a .bpte's test suite of that name gives the inputs)")
+
+    @field_validator("method")
+    @classmethod
+    def _method_plain(cls, method: str) -> str:
+        if not _METHOD.match(method):
+            raise ValueError(f"method {method[:64]!r} must be a plain identifier (letters, digits, _; not starting with a digit)")
+        return method
 
     @field_validator("threads")
     @classmethod
@@ -171,6 +182,10 @@ class RunAssignment(BaseModel):
     core_mask: str | None = None
     timeout_s: int = 600
     attempt: int = 1
+    method: str = "forward"
+    # The SME2IN01 inputs container to feed (GET /agent/inputs/{sha256}); None: all ones.
+    inputs_sha256: str | None = None
+    inputs_size: int | None = None
 
 
 class LeaseRequest(_Strict):
@@ -256,6 +271,8 @@ class ExperimentReport(BaseModel):
     spec: ExperimentSpec
     model_sha256: str
     model_size: int
+    inputs: str = Field(default=DEFAULT_INPUTS, description="Which inputs the runs were fed")
+    inputs_sha256: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
     runs: list[RunReport]

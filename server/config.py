@@ -24,6 +24,7 @@ class Settings(BaseSettings):
     )
     admin_token: SecretStr | None = Field(default=None, description="Bootstrap admin API token (else read or created in <data_dir>/token)")
     max_upload_mb: int = Field(default=512, description="Largest accepted .pte upload")
+    max_inputs_mb: int = Field(default=64, description="Largest accepted inputs upload (.npz), and largest total size of its arrays once unpacked")
     max_artifact_mb: int = Field(default=1024, description="Largest accepted ETDump/log upload from an agent")
     lease_s: float = Field(default=60.0, description="How long an agent owns a run without a heartbeat")
     heartbeat_interval_s: float = Field(default=10.0, description="How often agents heartbeat a running run")

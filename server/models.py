@@ -74,6 +74,12 @@ class Experiment(Base):
     spec: Mapped[dict[str, Any]] = mapped_column()
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     comparisons: Mapped[list[Any]] = mapped_column(default=list)
+    # The SME2IN01 container the runs are fed (content-addressed in the store; runners/inputs.py),
+    # and what the report says about it. No container: the runner's all-ones default.
+    inputs_sha256: Mapped[str | None] = mapped_column(String(64), index=True)
+    inputs_size: Mapped[int | None] = mapped_column(BigInteger)
+    inputs_description: Mapped[str] = mapped_column(String(400), default="all ones (default)",
+                                                    server_default="all ones (default)")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     runs: Mapped[list["Run"]] = relationship(back_populates="experiment", order_by="Run.id")
     model: Mapped[Model] = relationship()

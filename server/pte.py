@@ -3,18 +3,26 @@
 A .pte is a flatbuffer with file identifier "ET" + two digits at offset 4 (ET12 today), and,
 when segments live outside the flatbuffer, an extended header "eh00" at offset 8 giving the
 program size and where the segment data ends: a truncated upload fails those bounds.
+
+`prepare` goes further for a submission: a bundled program (.bpte, identifier BP08) is unpacked
+into its program and its first test case's inputs; the program's methods (ExecutionPlan name,
+inputs, values) are read, so a missing method or inputs the method would refuse (dtype, shape,
+count, a non-tensor value other than the exported one) are a 422 at submission, not a failed run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import struct
+import tempfile
 from pathlib import Path
 
 MIN_SIZE = 16
 
 
 class InvalidProgram(ValueError):
-    pass
+    field = "model"  # the part of the request a 422 names
 
 
 def validate(path: Path) -> None:
@@ -37,3 +45,94 @@ def validate(path: Path) -> None:
             raise InvalidProgram(f"truncated ExecuTorch program: header says {program_size} bytes of program, file has {size}")
         if seg_size and seg_base + seg_size > size:
             raise InvalidProgram(f"truncated ExecuTorch program: segment data ends at byte {seg_base + seg_size}, file has {size}")
+
+
+# ---- the program's methods and the run's inputs ---------------------------------------------
+
+DEFAULT_INPUTS = "all ones (default)"
+_COPY_CHUNK = 1 << 20
+
+
+class InvalidInputs(InvalidProgram):
+    """A problem with the inputs or the method; `field` says which part of the request to blame."""
+
+    def __init__(self, message: str, field: str = "inputs"):
+        super().__init__(message)
+        self.field = field
+
+
+def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> None:
+    """Turn an upload into what is stored: a validated program and, where inputs were given, an
+    SME2IN01 container checked against the method. Mutates `upload` (server/uploads.Upload):
+    a .bpte's temp file is replaced by its embedded program's, the .npz's by the container's.
+    Raises InvalidProgram / InvalidInputs; the caller discards the upload's temp files then."""
+    from sme2farm.runners import inputs as inp
+
+    with open(upload.model_path, "rb") as f:
+        head = f.read(8)
+    inputs = None
+    if inp.is_bundled_program(head):
+        if upload.inputs_path is not None:
+            raise InvalidInputs("a .bpte carries its own inputs; send either a .bpte, or a .pte with an 'inputs' .npz")
+        _unbundle(upload, method, tmp_dir)
+        inputs, description = upload.bundled.inputs, upload.bundled.description
+    validate(upload.model_path)
+    with inp.mapped(upload.model_path) as m:
+        try:
+            methods = inp.program_methods(m, end=inp.program_end(m))
+        except inp.InputsError as e:
+            raise InvalidProgram(f"cannot read the program's methods: {e}") from None
+    if method not in methods:
+        raise InvalidInputs(f"the program has no method {method!r}; it has: {', '.join(methods) or 'none'}", "spec.method")
+    sig = methods[method]
+    if upload.inputs_path is not None:
+        try:
+            inputs = inp.read_npz(upload.inputs_path, signature=sig, max_bytes=max_inputs_bytes)
+        except inp.InputsError as e:
+            raise InvalidInputs(str(e)) from None
+        name = upload.inputs_filename or "inputs.npz"
+        description = f"{name}: {inp.plural(len(inputs))}" + (f" ({inp.summary(inputs)})" if inputs else "")
+    if inputs is None:
+        return
+    try:
+        inp.check(sig, inputs)
+        blob = inp.write(inputs)
+    except inp.InputsError as e:
+        # a .bpte's inputs are part of the model the user sent
+        raise InvalidInputs(f"{'bundled inputs do not fit: ' if upload.inputs_path is None else ''}{e}",
+                            "inputs" if upload.inputs_path is not None else "model") from None
+    fd, name = tempfile.mkstemp(dir=tmp_dir, suffix=".inputs")
+    with os.fdopen(fd, "wb") as f:
+        f.write(blob)
+    if upload.inputs_path is not None:
+        upload.inputs_path.unlink()
+    upload.inputs_path = Path(name)
+    upload.inputs_sha256 = hashlib.sha256(blob).hexdigest()
+    upload.inputs_size = len(blob)
+    upload.inputs_description = description[:400]
+
+
+def _unbundle(upload, method: str, tmp_dir: Path) -> None:
+    """Replace the .bpte temp file by its embedded program (hashed as it is copied)."""
+    from sme2farm.runners import inputs as inp
+
+    with inp.mapped(upload.model_path) as m:
+        try:
+            bundled = inp.read_bundled(m, method)
+        except inp.InputsError as e:
+            raise InvalidInputs(str(e), "model") from None
+        fd, name = tempfile.mkstemp(dir=tmp_dir, suffix=".pte")
+        h = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                end = bundled.program_offset + bundled.program_size
+                for pos in range(bundled.program_offset, end, _COPY_CHUNK):
+                    chunk = m[pos:min(pos + _COPY_CHUNK, end)]
+                    h.update(chunk)
+                    f.write(chunk)
+        except BaseException:
+            os.unlink(name)
+            raise
+    upload.model_path.unlink()
+    upload.model_path, upload.sha256, upload.size = Path(name), h.hexdigest(), bundled.program_size
+    upload.bundled = bundled

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import AsyncIterator
@@ -23,6 +24,9 @@ ARTIFACT_MEDIA = {
 }
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
 class TooLarge(Exception):
     def __init__(self, limit: int):
         super().__init__(f"upload exceeds the {limit // (1 << 20)} MiB limit")
@@ -35,11 +39,17 @@ class Store:
         self.models = root / "models"
         self.runs = root / "artifacts" / "runs"
         self.tmp = root / "tmp"
-        for d in (self.models, self.runs, self.tmp):
+        self.inputs = root / "inputs"  # SME2IN01 containers (runners/inputs.py), by sha256
+        for d in (self.models, self.runs, self.tmp, self.inputs):
             d.mkdir(parents=True, exist_ok=True)
 
     def model_path(self, sha256: str) -> Path:
         return self.models / sha256[:2] / f"{sha256}.pte"
+
+    def inputs_path(self, sha256: str) -> Path:
+        if not _SHA256.match(sha256):  # it arrives in URLs: only a digest may become a path
+            raise ValueError(f"not a sha256 digest: {sha256!r}")
+        return self.inputs / sha256[:2] / f"{sha256}.bin"
 
     def artifact_path(self, run_id: int, name: str) -> Path:
         if name not in ARTIFACT_NAMES:
@@ -73,6 +83,23 @@ class Store:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, dest)
         return dest
+
+    def keep_inputs(self, tmp: Path, sha256: str) -> Path:
+        """Move a validated inputs container into place; identical bytes already stored win."""
+        dest = self.inputs_path(sha256)
+        if dest.exists():
+            tmp.unlink()
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dest)
+        return dest
+
+    def write_temp(self, data: bytes) -> tuple[Path, str, int]:
+        """Bytes into a temp file beside the uploads; returns (path, sha256, size)."""
+        fd, name = tempfile.mkstemp(dir=self.tmp, suffix=".part")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return Path(name), hashlib.sha256(data).hexdigest(), len(data)
 
     def keep_artifact(self, tmp: Path, run_id: int, name: str) -> Path:
         dest = self.artifact_path(run_id, name)

@@ -1,14 +1,16 @@
 """Streaming multipart parsing for POST /experiments.
 
 FastAPI's UploadFile would spool the whole body before we could refuse it; this parser hashes and
-writes the `model` part to a temp file as it arrives and stops at the size limit, so an oversized
-upload costs at most `limit` bytes of disk and never reaches the model store.
+writes the `model` part (and the optional `inputs` part, an .npz) to temp files as they arrive and
+stops at each one's size limit, so an oversized upload costs at most `limit` bytes of disk and
+never reaches the store.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,8 @@ from fastapi import HTTPException, Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 MAX_FIELD_BYTES = 64 * 1024  # the JSON spec and other small fields
+FILE_PARTS = ("model", "inputs")
+_PLAIN_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
 @dataclass
@@ -25,15 +29,23 @@ class Upload:
     sha256: str = ""
     size: int = 0
     fields: dict[str, str] = field(default_factory=dict)
+    inputs_path: Path | None = None
+    inputs_size: int = 0
+    inputs_filename: str = ""  # shown in the report only, reduced to a plain name; never a path
+    # Set by server/pte.prepare: the SME2IN01 container that replaced the .npz (or came from a .bpte)
+    inputs_sha256: str | None = None
+    inputs_description: str = "all ones (default)"
+    bundled: object = None  # runners.inputs.BundledInputs when the model part was a .bpte
 
     def discard(self) -> None:
-        if self.model_path and self.model_path.exists():
-            self.model_path.unlink()
+        for p in (self.model_path, self.inputs_path):
+            if p and p.exists():
+                p.unlink()
 
 
 class _Collector:
-    def __init__(self, tmp_dir: Path, limit: int):
-        self.tmp_dir, self.limit = tmp_dir, limit
+    def __init__(self, tmp_dir: Path, limit: int, inputs_limit: int = 0):
+        self.tmp_dir, self.limit, self.inputs_limit = tmp_dir, limit, inputs_limit
         self.upload = Upload()
         self.error: tuple[int, str] | None = None
         self._header_field = b""
@@ -62,20 +74,30 @@ class _Collector:
     def on_headers_finished(self) -> None:
         _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
         self._name = params.get(b"name", b"").decode("utf-8", "replace")
-        self._is_file = self._name == "model"
+        self._is_file = self._name in FILE_PARTS
         if self._is_file:
-            if self.upload.model_path is not None:
-                self.error = (422, "only one 'model' file may be uploaded")
+            attr = "model_path" if self._name == "model" else "inputs_path"
+            if getattr(self.upload, attr) is not None:
+                self.error = (422, f"only one '{self._name}' file may be uploaded")
                 return
             fd, name = tempfile.mkstemp(dir=self.tmp_dir, suffix=".upload")
             self._file, self._hash = os.fdopen(fd, "wb"), hashlib.sha256()
-            self.upload.model_path = Path(name)
+            setattr(self.upload, attr, Path(name))
+            if self._name == "inputs":
+                raw = params.get(b"filename", b"").decode("utf-8", "replace")
+                self.upload.inputs_filename = _PLAIN_NAME.sub("_", raw.replace("\\", "/").rsplit("/", 1)[-1])[:64]
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self.error:
             return
         chunk = data[start:end]
-        if self._is_file:
+        if self._is_file and self._name == "inputs":
+            self.upload.inputs_size += len(chunk)
+            if self.upload.inputs_size > self.inputs_limit:
+                self.error = (413, f"inputs upload exceeds the {self.inputs_limit // (1 << 20)} MiB limit")
+                return
+            self._file.write(chunk)
+        elif self._is_file:
             self.upload.size += len(chunk)
             if self.upload.size > self.limit:
                 self.error = (413, f"model upload exceeds the {self.limit // (1 << 20)} MiB limit")
@@ -90,7 +112,8 @@ class _Collector:
     def on_part_end(self) -> None:
         if self._is_file and self._file:
             self._file.close()
-            self.upload.sha256 = self._hash.hexdigest()
+            if self._name == "model":
+                self.upload.sha256 = self._hash.hexdigest()
             self._file = None
         elif self._name and not self.error:
             self.upload.fields[self._name] = bytes(self._buf).decode("utf-8", "replace")
@@ -100,14 +123,14 @@ class _Collector:
             self._file.close()
 
 
-async def receive_experiment(request: Request, tmp_dir: Path, limit: int) -> Upload:
+async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs_limit: int = 0) -> Upload:
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise HTTPException(415, "POST /experiments takes multipart/form-data with a 'model' file and a 'spec' JSON field")
     length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > limit + MAX_FIELD_BYTES * 4:
+    if length and length.isdigit() and int(length) > limit + inputs_limit + MAX_FIELD_BYTES * 4:
         raise HTTPException(413, f"request body of {int(length)} bytes exceeds the {limit // (1 << 20)} MiB model limit")
-    c = _Collector(tmp_dir, limit)
+    c = _Collector(tmp_dir, limit, inputs_limit)
     parser = MultipartParser(params[b"boundary"], callbacks={
         name: getattr(c, name) for name in (
             "on_part_begin", "on_part_data", "on_part_end", "on_header_field",
@@ -130,5 +153,6 @@ async def receive_experiment(request: Request, tmp_dir: Path, limit: int) -> Upl
         c.upload.discard()
         raise HTTPException(*c.error)
     if c.upload.model_path is None:
-        raise HTTPException(422, "missing the 'model' file part (the .pte)")
+        c.upload.discard()
+        raise HTTPException(422, "missing the 'model' file part (the .pte or .bpte)")
     return c.upload

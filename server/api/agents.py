@@ -20,7 +20,7 @@ from sme2farm.client.schemas import (
 )
 from sme2farm.server.api.deps import AgentIdDep, Credentials, SessionDep, SettingsDep, StoreDep, _token, agent_of
 from sme2farm.server.db import session_scope
-from sme2farm.server.models import Agent, Artifact, Device, Model
+from sme2farm.server.models import Agent, Artifact, Device, Experiment, Model
 from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
@@ -76,6 +76,7 @@ def _assignments(settings, agent_id: int) -> list[RunAssignment]:
                 sme2=run.sme2, threads=run.threads, iterations=spec["iterations"], warmup=spec["warmup"],
                 mode=run.mode, power_profile=spec.get("power_profile", "none"), core_mask=spec.get("core_mask"),
                 timeout_s=spec.get("timeout_s", 600), attempt=run.attempt,
+                method=spec.get("method", "forward"), inputs_sha256=exp.inputs_sha256, inputs_size=exp.inputs_size,
             ))
         return out
 
@@ -177,4 +178,17 @@ def download_model(sha256: str, session: SessionDep, store: StoreDep, _agent: Ag
     path = store.model_path(sha256)
     if session.get(Model, sha256) is None or not path.exists():
         raise HTTPException(404, f"model {sha256} not found")
+    return FileResponse(path, media_type="application/octet-stream")
+
+
+@router.get("/inputs/{sha256}")
+def download_inputs(sha256: str, session: SessionDep, store: StoreDep, _agent: AgentIdDep) -> FileResponse:
+    """An experiment's SME2IN01 inputs container (runners/inputs.py), by sha256."""
+    try:
+        path = store.inputs_path(sha256)
+    except ValueError:
+        raise HTTPException(404, f"inputs {sha256[:80]} not found")
+    known = session.scalar(select(Experiment.id).where(Experiment.inputs_sha256 == sha256).limit(1))
+    if known is None or not path.exists():
+        raise HTTPException(404, f"inputs {sha256} not found")
     return FileResponse(path, media_type="application/octet-stream")

@@ -16,7 +16,7 @@ from sme2farm.client.schemas import ExperimentPage, ExperimentReport, Experiment
 from sme2farm.server.api.deps import SessionDep, SettingsDep, StoreDep, UserDep
 from sme2farm.server.db import session_scope
 from sme2farm.server.models import Model
-from sme2farm.server.pte import InvalidProgram, validate
+from sme2farm.server.pte import InvalidProgram, prepare
 from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
@@ -54,14 +54,17 @@ def parse_spec(raw: str | None) -> ExperimentSpec:
 
 @router.post("/experiments", status_code=201, response_model=ExperimentReport)
 async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, _user: UserDep) -> ExperimentReport:
-    """Upload a .pte (`model` part) and a JSON `spec`; one Run per device x sme2 x threads."""
-    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20)
+    """Upload a .pte (`model` part) with an optional `inputs` .npz, or a .bpte (its first test case
+    of `spec.method` gives the inputs), and a JSON `spec`; one Run per device x sme2 x threads."""
+    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20, settings.max_inputs_mb << 20)
     try:
         spec = parse_spec(upload.fields.get("spec"))
-        validate(upload.model_path)
+        # off the event loop: a .bpte's program is copied out, and an .npz unpacked
+        await run_in_threadpool(prepare, upload, method=spec.method, tmp_dir=store.tmp,
+                                max_inputs_bytes=settings.max_inputs_mb << 20)
     except InvalidProgram as e:
         upload.discard()
-        raise HTTPException(422, f"model: {e}")
+        raise HTTPException(422, f"{e.field}: {e}")
     except HTTPException:
         upload.discard()
         raise
@@ -119,8 +122,12 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> 
         model = Model(sha256=upload.sha256, size=upload.size)
         session.add(model)
     exp = experiment_service.create(session, spec=spec, model=model)
+    exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
+    exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
     comparisons.refresh(session, experiment_id=exp.id)  # nothing to run at all: complete now
-    # The file moves into the store only once the rows exist; a failure above leaves nothing behind.
+    # The files move into the store only once the rows exist; a failure above leaves nothing behind.
+    if upload.inputs_sha256:
+        store.keep_inputs(upload.inputs_path, upload.inputs_sha256)
     store.keep_model(upload.model_path, upload.sha256)
     session.flush()
     exp = experiment_service.get(session, experiment_id=exp.id)

@@ -31,6 +31,7 @@ def experiment_report(exp: Experiment) -> ExperimentReport:
     return ExperimentReport(
         id=exp.id, name=exp.name, status=experiment_service.status(exp), spec=ExperimentSpec(**exp.spec),
         model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
+        inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
         created_at=exp.created_at, runs=[run_report(r) for r in exp.runs], comparisons=exp.comparisons or [],
     )
 

@@ -194,6 +194,8 @@ export async function experimentView({ id }) {
         ["mode", s.mode], ["sessions", s.sessions], ["power", s.power_profile],
         s.core_mask && ["core mask", s.core_mask], device && ["devices", device],
         ["model", h("span", { class: "mono", title: exp.model_sha256 }, `${short(exp.model_sha256, 16)} · ${(exp.model_size / 1024).toFixed(1)} KiB`)],
+        ["method", s.method || "forward"],
+        ["inputs", h("span", { title: exp.inputs_sha256 || "" }, exp.inputs || "all ones (default)")],
         ["created", when(exp.created_at)],
         ...Object.entries(exp.labels || {}).map(([k, v]) => [`label ${k}`, v]),
       ], { class: "kv wide" })),

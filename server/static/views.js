@@ -73,7 +73,9 @@ export async function devicesView() {
 }
 
 export function submitView() {
-  const file = h("input", { id: "model", name: "model", type: "file", accept: ".pte", required: true });
+  const file = h("input", { id: "model", name: "model", type: "file", accept: ".pte,.bpte", required: true });
+  const inputs = h("input", { id: "inputs", name: "inputs", type: "file", accept: ".npz" });
+  const method = h("input", { id: "method", value: "forward", pattern: "[A-Za-z_][A-Za-z0-9_]*" });
   const sme2 = h("select", { id: "sme2" }, ["both", "off", "on"].map((v) => h("option", { value: v }, v === "both" ? "both (off vs on)" : v)));
   const threads = h("input", { id: "threads", value: "1", pattern: "[0-9, ]+", title: "comma-separated thread counts, e.g. 1,4" });
   const iterations = h("input", { id: "iterations", type: "number", min: 1, value: 20 });
@@ -92,8 +94,10 @@ export function submitView() {
       warmup: Number(warmup.value),
     };
     if (name.value.trim()) spec.name = name.value.trim();
+    if (method.value.trim() && method.value.trim() !== "forward") spec.method = method.value.trim();
     const form = new FormData();
     form.append("model", file.files[0]);
+    if (inputs.files[0]) form.append("inputs", inputs.files[0]);
     form.append("spec", JSON.stringify(spec));
     button.disabled = true;
     button.textContent = "Uploading…";
@@ -115,7 +119,9 @@ export function submitView() {
     node: h("section", {},
       h("div", { class: "title" }, h("h1", {}, "New experiment")),
       h("form", { id: "submit-form", class: "card narrow", onsubmit: submit },
-        field("Model (.pte)", file, "an ExecuTorch program, e.g. exported with the XNNPACK partitioner"),
+        field("Model (.pte or .bpte)", file, "an ExecuTorch program, e.g. exported with the XNNPACK partitioner; a bundled program's first test case gives the inputs"),
+        h("div", { class: "row" }, field("Inputs (.npz, optional)", inputs, "arrays '0', '1', ... in input order; default all ones"),
+          field("Method", method)),
         h("div", { class: "row" }, field("SME2", sme2), field("Threads", threads, "e.g. 1,4")),
         h("div", { class: "row" }, field("Iterations", iterations), field("Warm-up", warmup)),
         field("Name", name),
