@@ -10,6 +10,7 @@ import io
 import json
 import struct
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -475,3 +476,76 @@ def _compressed(*arrays) -> bytes:
     f = io.BytesIO()
     np.savez_compressed(f, *arrays)
     return f.getvalue()
+
+
+# ---- end to end: the real farm, the real runner ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def divide_pte(tmp_path_factory) -> Path:
+    """floor_divide of two int64 tensors (portable kernel): it fails on a zero divisor, so
+    whether a run succeeds shows which values reached the runtime."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    class Divide(nn.Module):
+        def forward(self, a, b):
+            return torch.floor_divide(a, b)
+
+    path = tmp_path_factory.mktemp("divide") / "divide.pte"
+    ones = torch.ones(4, dtype=torch.int64)
+    path.write_bytes(export({"forward": (Divide().eval(), (ones, ones))}, xnnpack=False).buffer)
+    return path
+
+
+def _cli_report(farm, *args) -> tuple[dict, dict]:
+    done = farm.cli("submit", *args, "--sme2", "off", "--iterations", "3", "--warmup", "1", "--wait", "--json")
+    assert done.returncode == 0, done.stderr + farm.log("agent")
+    rep = json.loads(done.stdout)
+    [run] = rep["runs"]
+    return rep, run
+
+
+@pytest.mark.e2e
+def test_bpte_runs_on_the_farm_with_its_first_test_case(farm, programs, tmp_path):
+    path = tmp_path / "multi.bpte"
+    path.write_bytes(programs["multi_bpte"])
+    rep, run = _cli_report(farm, str(path))  # forward: a Float tensor, an int and a bool
+    assert run["status"] == "succeeded", run["reason"]
+    assert rep["inputs"] == "bundled program: method forward, test case 0, 3 inputs (Float[2, 3], int 3, bool true)"
+    rep, run = _cli_report(farm, str(path), "--method", "encode")  # the fp16 XNNPACK method
+    assert run["status"] == "succeeded", run["reason"]
+    assert rep["spec"]["method"] == "encode"
+    assert rep["inputs"] == "bundled program: method encode, test case 0, 1 input (Half[1, 3, 8, 8])"
+    assert run["e2e_ms"]["n"] == 3
+    text = farm.cli("status", str(rep["id"]))
+    assert "method encode, inputs: bundled program: method encode, test case 0" in text.stdout
+
+
+@pytest.mark.e2e
+def test_npz_inputs_reach_the_runtime(farm, divide_pte, tmp_path):
+    good, zero = tmp_path / "good.npz", tmp_path / "zero.npz"
+    np.savez(good, np.array([7, 8, 9, 10]), np.array([2, 2, 3, 5]))
+    np.savez(zero, np.array([7, 8, 9, 10]), np.array([2, 0, 3, 5]))
+    rep, run = _cli_report(farm, str(divide_pte), "--inputs", str(good))
+    assert run["status"] == "succeeded", run["reason"]
+    assert rep["inputs"] == "good.npz: 2 inputs (Long[4], Long[4])"
+    rep, run = _cli_report(farm, str(divide_pte))  # all ones: no zero divisor either
+    assert run["status"] == "succeeded" and rep["inputs"] == "all ones (default)"
+    # a zero divisor only the inputs file holds: the run fails, and says why
+    rep, run = _cli_report(farm, str(divide_pte), "--inputs", str(zero))
+    assert run["status"] == "failed"
+    assert "division by zero" in run["reason"], run["reason"]
+
+
+@pytest.mark.e2e
+def test_bpte_whose_inputs_do_not_fit_is_refused_naming_the_input(farm, programs, tmp_path):
+    import torch
+
+    path = tmp_path / "mismatch.bpte"
+    path.write_bytes(bundle(None, {"forward": [(torch.ones(2, 4), 3, True)]}, pte_path=programs["multi_pte"]))
+    before = farm.client().experiments().total
+    done = farm.cli("submit", str(path), "--sme2", "off", "--wait")
+    assert done.returncode == 1
+    assert "422" in done.stderr and "input 0 of method forward takes Float[2, 3], got Float[2, 4]" in done.stderr
+    assert farm.client().experiments().total == before
