@@ -200,11 +200,12 @@ def test_bundled_dtypes_and_channels_last_match_the_torch_tensors(programs):
     np.testing.assert_array_equal(b.inputs[4].numpy(), cl.contiguous().numpy())
 
 
-def test_program_methods_agree_with_executorchs_deserializer(programs):
+def test_program_methods_agree_with_executorchs_deserializer(programs, example_pte):
     from executorch.exir._serialize._program import deserialize_pte_binary
     from executorch.exir.schema import Bool, Int, Tensor
 
-    for prog in (programs["multi"].buffer, programs["multi_bpte"], programs["mixed_bpte"]):
+    examples = [example_pte(name).read_bytes() for name in ("toy_cnn", "portable_mix", "mlp")]
+    for prog in (programs["multi"].buffer, programs["multi_bpte"], programs["mixed_bpte"], *examples):
         if I.is_bundled_program(prog[:8]):
             b = I.read_bundled(prog)
             prog = prog[b.program_offset:b.program_offset + b.program_size]
