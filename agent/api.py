@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from sme2farm.client.schemas import (
+from sme2farm.protocol import (
     AgentDevices, AgentRegister, AgentRegistered, DeviceInfo, HeartbeatAnswer, RunAssignment, RunFinish, RunnerInfo,
 )
 

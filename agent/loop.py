@@ -19,7 +19,7 @@ import httpx
 from sme2farm import __version__
 from sme2farm.agent.api import AgentApi, LeaseLost, Unauthorized
 from sme2farm.agent.drivers.base import Driver, Job, JobResult
-from sme2farm.client.schemas import DeviceInfo, RunAssignment, RunFinish
+from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish
 from sme2farm.runners.catalog import Catalog
 
 log = logging.getLogger(__name__)

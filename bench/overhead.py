@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _fixtures_farm import start_farm, stop_farm  # noqa: E402
 
-from sme2farm.client.schemas import TERMINAL_RUN_STATUSES, ExperimentSpec  # noqa: E402
+from sme2farm.protocol import TERMINAL, ExperimentSpec  # noqa: E402
 from sme2farm.runners.build import build_local  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def main() -> int:
         for _ in range(args.n):
             t0 = time.perf_counter()
             rep = client.submit(model, spec)
-            while not all(r.status in TERMINAL_RUN_STATUSES for r in rep.runs):
+            while not all(r.status in TERMINAL for r in rep.runs):
                 time.sleep(0.01)
                 rep = client.experiment(rep.id)
             total = time.perf_counter() - t0

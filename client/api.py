@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from sme2farm.client.schemas import ExperimentPage, ExperimentReport, ExperimentSpec, RunReport
+from sme2farm.protocol import ExperimentPage, ExperimentReport, ExperimentSpec, RunReport
 
 
 class FarmError(Exception):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sme2farm.client.schemas import TERMINAL_RUN_STATUSES, DeviceSelector, ExperimentSpec
+from sme2farm.protocol import TERMINAL, DeviceSelector, ExperimentSpec
 
 
 def parse_selector(text: str | None) -> DeviceSelector | None:
@@ -48,7 +48,7 @@ def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, 
         if check is not None:
             check()
         rep = client.experiment(experiment_id)
-        done = all(r.status in TERMINAL_RUN_STATUSES for r in rep.runs)
+        done = all(r.status in TERMINAL for r in rep.runs)
         if not quiet:
             from sme2farm.client.render import progress_line
 

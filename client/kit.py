@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sme2farm.client.schemas import ExperimentSpec
+from sme2farm.protocol import ExperimentSpec
 
 # The kit's loader defaults (pipeline/config_loader.py): a field it reads but the user left out
 # gets the value the kit itself would have used, so the same file measures the same thing.

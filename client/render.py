@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sme2farm.client.schemas import ExperimentReport
+from sme2farm.protocol import ExperimentReport
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sme2farm.client.schemas import RunnerInfo
+from sme2farm.protocol import RunnerInfo
 
 RUNNERS_DIR = Path(__file__).resolve().parent
 DEFAULT_MANIFEST = RUNNERS_DIR / "build" / "manifest.json"

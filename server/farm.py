@@ -203,7 +203,7 @@ def cmd_demo(args) -> int:
         from sme2farm.client.api import FarmClient
         from sme2farm.client.cli import wait_for
         from sme2farm.client.render import experiment_text
-        from sme2farm.client.schemas import ExperimentSpec
+        from sme2farm.protocol import ExperimentSpec
 
         model = farm.settings.data_dir / "examples" / f"{args.model}.pte"
         if not model.exists():

@@ -13,15 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import AsyncIterator
 
-# The only artifact names an agent may upload, and what ingest derives from them.
-AGENT_ARTIFACTS = {"trace.etdump", "runner.log", "kernels.log"}
-DERIVED_ARTIFACTS = {"report.json", "report.md", "latencies.csv", "perfetto.json"}
-ARTIFACT_NAMES = AGENT_ARTIFACTS | DERIVED_ARTIFACTS
-ARTIFACT_MEDIA = {
-    "trace.etdump": "application/octet-stream", "runner.log": "text/plain", "kernels.log": "text/plain",
-    "report.json": "application/json", "report.md": "text/markdown", "latencies.csv": "text/csv",
-    "perfetto.json": "application/json",
-}
+# The artifact names (what agents upload, what ingest derives) are part of the wire contract.
+from sme2farm.protocol import ARTIFACT_NAMES
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

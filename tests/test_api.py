@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sme2farm.client.schemas import DeviceInfo, RunnerInfo
+from sme2farm.protocol import DeviceInfo, RunnerInfo
 
 HOST = DeviceInfo(serial="host-test", platform="linux", model="x86 test host", cpu_cores=2, abi="x86_64",
                   sme2=False, sme2_evidence="x86_64 CPU: SME2 is an Arm extension", runner_platform="linux-x86_64")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from sme2farm.client.cli import wait_for
-from sme2farm.client.schemas import ExperimentSpec
+from sme2farm.protocol import ExperimentSpec
 
 pytestmark = pytest.mark.browser
 

@@ -14,7 +14,7 @@ from sqlalchemy import update
 from sme2farm.agent.api import AgentApi, LeaseLost
 from sme2farm.agent.drivers.local import LocalDriver
 from sme2farm.agent.loop import Agent
-from sme2farm.client.schemas import DeviceInfo
+from sme2farm.protocol import DeviceInfo
 from sme2farm.server.db import session_scope
 from sme2farm.server.models import Device, Run, utcnow
 from sme2farm.server.services import runs as run_service
@@ -158,7 +158,7 @@ def test_damaged_or_unknown_artifacts_are_refused(api, agent, example_pte, tmp_p
                                 "X-Content-SHA256": hashlib.sha256(body).hexdigest()})
     assert r.status_code in (404, 422)
     # success without a trace is not success
-    from sme2farm.client.schemas import RunFinish
+    from sme2farm.protocol import RunFinish
 
     agent.api.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="succeeded"))
     run = api.client.get(f"/runs/{a.run_id}", headers=api.auth()).json()
@@ -213,7 +213,7 @@ def test_corrupt_model_fails_with_the_runners_last_log_lines(api, agent, example
 def test_agent_refuses_sme2_on_for_a_device_without_it(agent):
     from datetime import datetime, timezone
 
-    from sme2farm.client.schemas import RunAssignment
+    from sme2farm.protocol import RunAssignment
 
     serial = next(iter(agent.devices))
     a = RunAssignment(run_id=1, lease_id="x", lease_expires_at=datetime.now(timezone.utc), device_serial=serial,

@@ -20,7 +20,7 @@ import pytest
 from _fixtures_farm import free_port, stop_farm
 from sme2farm.client.api import FarmClient, FarmError
 from sme2farm.client.cli import wait_for
-from sme2farm.client.schemas import DeviceInfo, ExperimentSpec, RunnerInfo
+from sme2farm.protocol import DeviceInfo, ExperimentSpec, RunnerInfo
 
 WAIT_LOG = "submission waits up to"
 HOST = DeviceInfo(serial="host-ready", platform="linux", model="x86 test host", cpu_cores=2, abi="x86_64",

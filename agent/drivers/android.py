@@ -32,7 +32,7 @@ from adbutils.errors import AdbError
 
 from sme2farm.agent.drivers import cpuinfo, hygiene
 from sme2farm.agent.drivers.base import ETDUMP_NAME, INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner, tail
-from sme2farm.client.schemas import DeviceInfo
+from sme2farm.protocol import DeviceInfo
 from sme2farm.runners.catalog import sha256_file
 
 RUNNER_PLATFORM = "android-arm64-v9a"

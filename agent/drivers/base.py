@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sme2farm.client.schemas import DeviceInfo
+from sme2farm.protocol import KERNEL_LOG, RUNNER_LOG, TRACE, DeviceInfo
 from sme2farm.runners.catalog import RunnerBuild
 
 
@@ -71,10 +71,11 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
-ETDUMP_NAME = "trace.etdump"
+# Named as the server stores them (protocol.AGENT_ARTIFACTS), so a file is uploaded under its own name.
+ETDUMP_NAME = TRACE
 INPUTS_NAME = "inputs.bin"
-LOG_NAME = "runner.log"
-KERNEL_LOG_NAME = "kernels.log"
+LOG_NAME = RUNNER_LOG
+KERNEL_LOG_NAME = KERNEL_LOG
 
 
 @dataclass

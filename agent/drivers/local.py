@@ -14,7 +14,7 @@ from typing import Any
 
 from sme2farm.agent.drivers import cpuinfo
 from sme2farm.agent.drivers.base import INPUTS_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
-from sme2farm.client.schemas import DeviceInfo
+from sme2farm.protocol import DeviceInfo
 
 RUNNER_PLATFORMS = {("Linux", "x86_64"): "linux-x86_64", ("Linux", "aarch64"): "linux-arm64",
                     ("Linux", "arm64"): "linux-arm64", ("Darwin", "arm64"): "macos-arm64"}

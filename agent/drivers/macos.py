@@ -20,7 +20,7 @@ from typing import Any, Callable
 from sme2farm.agent.drivers import hygiene
 from sme2farm.agent.drivers.base import INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
 from sme2farm.agent.drivers.local import host_serial, run_subprocess, stage_file
-from sme2farm.client.schemas import DeviceInfo
+from sme2farm.protocol import DeviceInfo
 
 RUNNER_PLATFORM = "macos-arm64"
 SME2_SYSCTL = "hw.optional.arm.FEAT_SME2"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sme2farm.agent.drivers.cpuinfo import HWCAP2_SME2
 from sme2farm.agent.drivers.local import LocalDriver
-from sme2farm.client.schemas import DeviceInfo
+from sme2farm.protocol import DeviceInfo
 
 SYSROOT = Path("/usr/aarch64-linux-gnu")   # Debian's aarch64 glibc (libc6-arm64-cross)
 LOADER = "lib/ld-linux-aarch64.so.1"

@@ -14,8 +14,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy import select
 
-from sme2farm.client.schemas import (
-    AgentDevices, AgentRegister, AgentRegistered, Conflict, Heartbeat, HeartbeatAnswer, LeaseRequest,
+from sme2farm.protocol import (
+    AGENT_ARTIFACTS, AgentDevices, AgentRegister, AgentRegistered, Conflict, Heartbeat, HeartbeatAnswer, LeaseRequest,
     RunAssignment, RunFinish,
 )
 from sme2farm.server.api.deps import AgentIdDep, Credentials, SessionDep, SettingsDep, StoreDep, _token, agent_of
@@ -25,7 +25,7 @@ from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.storage import AGENT_ARTIFACTS, TooLarge
+from sme2farm.server.storage import TooLarge
 
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 

@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from sme2farm.client.schemas import ExperimentPage, ExperimentReport, ExperimentSpec
+from sme2farm.protocol import ExperimentPage, ExperimentReport, ExperimentSpec
 from sme2farm.server.api.deps import SessionDep, SettingsDep, StoreDep, UserDep
 from sme2farm.server.db import session_scope
 from sme2farm.server.models import Model

@@ -5,11 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse
 
-from sme2farm.client.schemas import RunReport
+from sme2farm.protocol import ARTIFACT_MEDIA, ARTIFACT_NAMES, RunReport
 from sme2farm.server.api.deps import SessionDep, StoreDep, UserDep
 from sme2farm.server.services import comparisons, reports
 from sme2farm.server.services import runs as run_service
-from sme2farm.server.storage import ARTIFACT_MEDIA, ARTIFACT_NAMES
 
 router = APIRouter(tags=["runs"])
 

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sme2farm import analysis
-from sme2farm.client.schemas import TERMINAL_RUN_STATUSES
+from sme2farm.protocol import TERMINAL
 from sme2farm.server.models import Device, Experiment, Run
 
 
@@ -35,7 +35,7 @@ def refresh(session: Session, *, experiment_id: int) -> None:
     if exp is None:
         return
     runs = session.scalars(select(Run).where(Run.experiment_id == experiment_id).execution_options(populate_existing=True)).all()
-    if any(r.status not in TERMINAL_RUN_STATUSES for r in runs):
+    if any(r.status not in TERMINAL for r in runs):
         return
     groups: dict[tuple, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:

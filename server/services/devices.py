@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from sme2farm.client.schemas import DeviceInfo, DeviceSelector, RunnerInfo
+from sme2farm.protocol import DeviceInfo, DeviceSelector, RunnerInfo
 from sme2farm.server.models import Agent, ApiToken, Device, utcnow
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from sme2farm.client.schemas import TERMINAL_RUN_STATUSES, ExperimentSpec
+from sme2farm.protocol import TERMINAL, ExperimentSpec
 from sme2farm.server.models import Agent, Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
 
@@ -82,7 +82,7 @@ def get_page(session: Session, *, page: int, page_size: int) -> tuple[list[Exper
 
 def status(exp: Experiment) -> str:
     states = [r.status for r in exp.runs]
-    if any(s not in TERMINAL_RUN_STATUSES for s in states):
+    if any(s not in TERMINAL for s in states):
         return "queued" if all(s in ("queued", "unschedulable") for s in states) and "queued" in states else "running"
     if all(s == "succeeded" for s in states):
         return "succeeded"

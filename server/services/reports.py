@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sme2farm.client.schemas import ExperimentReport, ExperimentSpec, ExperimentSummary, RunReport
+from sme2farm.protocol import ExperimentReport, ExperimentSpec, ExperimentSummary, RunReport
 from sme2farm.server.models import Experiment, Run
 from sme2farm.server.services import experiments as experiment_service
 

@@ -16,7 +16,7 @@ from datetime import timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from sme2farm.client.schemas import TERMINAL_RUN_STATUSES, RunFinish
+from sme2farm.protocol import TERMINAL, RunFinish
 from sme2farm.server.models import Device, Run, utcnow
 from sme2farm.server.services import devices as device_service
 
@@ -132,7 +132,7 @@ def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has
 
 
 def cancel(session: Session, *, run: Run) -> None:
-    if run.status in TERMINAL_RUN_STATUSES or run.status == "analyzing":
+    if run.status in TERMINAL or run.status == "analyzing":
         return
     if run.status == "queued":
         run.status, run.reason, run.finished_at = "cancelled", "cancelled by user", utcnow()

@@ -1,14 +1,18 @@
-"""Wire schemas: the one definition of every message the server, agents and clients exchange.
+"""The wire contract: the one definition of what the server, the worker, agents and clients
+exchange. Run statuses and which of them are terminal, the artifact names agents upload and
+ingest derives, the Celery task names, and every pydantic message schema.
 
-The server imports these (as Prefect's server imports its client's schemas) so both ends of a
-request are checked against the same model. Pydantic only: this module must stay importable on
-lab hosts and laptops without SQLAlchemy, Celery, torch or executorch.
+A neutral module (not under server/ or client/) so that every side imports the same
+definitions, as both ends of a request are checked against the same model. Pydantic only: it
+must stay importable on lab hosts and laptops without SQLAlchemy, Celery, FastAPI, torch or
+executorch (tests/test_packaging.py).
 """
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -19,12 +23,62 @@ Platform = Literal["linux", "macos", "android"]
 RunnerPlatform = Literal["linux-x86_64", "linux-arm64", "macos-arm64", "android-arm64-v9a"]
 Flavour = Literal["timing", "xnnlog"]
 PowerProfile = Literal["none", "boost", "app"]
-RunStatus = Literal[
-    "queued", "assigned", "running", "uploading", "analyzing",
-    "succeeded", "failed", "cancelled", "unschedulable",
-]
-TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})
 DeviceState = Literal["idle", "busy", "offline", "unhealthy"]
+
+
+class RunStatus(str, Enum):
+    """A run's state. queued -> assigned -> running -> uploading -> analyzing -> succeeded, or it
+    ends failed | cancelled on the way; unschedulable is decided at submission. The transitions
+    themselves live in one place: server/services/runs.py."""
+
+    queued = "queued"
+    assigned = "assigned"
+    running = "running"
+    uploading = "uploading"
+    analyzing = "analyzing"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    unschedulable = "unschedulable"
+
+    # Printed and formatted as the bare value ("failed", not "RunStatus.failed") on every Python;
+    # member names equal their values, so a plain string from the database or the wire hashes
+    # and compares equal to its member (`"failed" in TERMINAL`).
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+# States nothing leaves.
+TERMINAL = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled, RunStatus.unschedulable})
+# States in which an agent holds the run's lease, in the order a run moves through them.
+ACTIVE = (RunStatus.assigned, RunStatus.running, RunStatus.uploading)
+# Every state a run can still leave (each has a deadline: the lease, or the ingest deadline).
+NON_TERMINAL = (RunStatus.queued, *ACTIVE, RunStatus.analyzing)
+
+# Artifacts an agent uploads (PUT /agent/runs/{id}/artifacts/{name}), and what ingest derives.
+TRACE = "trace.etdump"
+RUNNER_LOG = "runner.log"
+KERNEL_LOG = "kernels.log"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+LATENCIES_CSV = "latencies.csv"
+PERFETTO_JSON = "perfetto.json"
+AGENT_ARTIFACTS = frozenset({TRACE, RUNNER_LOG, KERNEL_LOG})
+DERIVED_ARTIFACTS = frozenset({REPORT_JSON, REPORT_MD, LATENCIES_CSV, PERFETTO_JSON})
+ARTIFACT_NAMES = AGENT_ARTIFACTS | DERIVED_ARTIFACTS
+ARTIFACT_MEDIA = {
+    TRACE: "application/octet-stream", RUNNER_LOG: "text/plain", KERNEL_LOG: "text/plain",
+    REPORT_JSON: "application/json", REPORT_MD: "text/markdown", LATENCIES_CSV: "text/csv",
+    PERFETTO_JSON: "application/json",
+}
+
+# Celery task names: the API sends tasks by name, so it never imports the worker's code.
+TASK_DISPATCH = "sme2farm.dispatch"
+TASK_INGEST = "sme2farm.ingest"
+TASK_REAP = "sme2farm.reap"
 
 # Labels, tags and serials travel to device hosts; keeping them to a plain alphabet is a second
 # line of defence behind the drivers' quoting (nothing from a spec is ever put in a shell string).
