@@ -5,6 +5,7 @@
 // Flags (as upstream examples/portable/executor_runner, plus --warmup and --inputs_file):
 //   --model_path PATH  --num_executions N (1)  --cpu_threads N (-1: leave the default)
 //   --etdump_path PATH  --method_name NAME (forward)  --warmup N (0)
+//   --print_output (each output's values after the last execution)
 //   --inputs_file PATH  (runners/inputs.py's SME2IN01 container: tensors of any dtype, ints,
 //                        doubles, bools; without it tensor inputs are all ones, as upstream)
 // Both --flag=value and --flag value are accepted.
@@ -32,6 +33,7 @@
 #include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -167,6 +169,7 @@ struct Options {
   long cpu_threads = -1;
   long warmup = 0;
   std::string inputs_file;
+  bool print_output = false;
 };
 
 // The runtime's log goes through this PAL hook (register_pal): lines are printed as the
@@ -225,6 +228,8 @@ Options parse_args(int argc, char** argv) {
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
+    } else if (name == "print_output") {
+      value = "true";  // a boolean flag, as upstream's gflags --print_output
     } else {
       if (i + 1 >= argc) fail("--" + name + " needs a value");
       value = argv[++i];
@@ -236,6 +241,7 @@ Options parse_args(int argc, char** argv) {
     else if (name == "cpu_threads") o.cpu_threads = parse_int(name, value);
     else if (name == "warmup") o.warmup = parse_int(name, value);
     else if (name == "inputs_file") o.inputs_file = value;
+    else if (name == "print_output") o.print_output = value == "true" || value == "1";
     else fail("unknown flag --" + name);
   }
   if (o.model_path.empty()) fail("--model_path is required");
@@ -264,6 +270,33 @@ std::string shape_str(ScalarType type, const std::vector<int64_t>& sizes) {
   std::string out = std::string(executorch::runtime::toString(type)) + " [";
   for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
   return out + "]";
+}
+
+// The inputs file holds row-major data; a tensor whose dim order is not the identity (a
+// channels-last input, dim order 0 2 3 1) keeps its elements at `strides`. Move each element from
+// its row-major offset to its strided one.
+void to_dim_order(std::vector<uint8_t>& data, const std::vector<TensorImpl::SizesType>& sizes,
+                  const std::vector<TensorImpl::StridesType>& strides, size_t elem) {
+  bool contiguous = true;
+  int64_t expect = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    if (sizes[k] != 1 && strides[k] != expect) contiguous = false;
+    expect *= sizes[k];
+  }
+  if (contiguous || data.empty()) return;
+  std::vector<uint8_t> out(data.size());
+  std::vector<int64_t> index(sizes.size(), 0);
+  size_t numel = data.size() / elem;
+  for (size_t flat = 0; flat < numel; ++flat) {
+    int64_t offset = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) offset += index[k] * strides[k];
+    std::memcpy(out.data() + static_cast<size_t>(offset) * elem, data.data() + flat * elem, elem);
+    for (size_t k = sizes.size(); k-- > 0;) {  // next row-major index
+      if (++index[k] < sizes[k]) break;
+      index[k] = 0;
+    }
+  }
+  data.swap(out);
 }
 
 // One input as read from an SME2IN01 file (runners/inputs.py writes them).
@@ -412,6 +445,8 @@ void set_inputs(Method& method, const std::string& method_name, const std::vecto
     if (executorch::runtime::dim_order_to_stride(
             in.sizes.back().data(), in.dim_order.back().data(), s.size(), in.strides.back().data()) != Error::Ok)
       fail("bad dim order for " + which);
+    if (given != nullptr) to_dim_order(in.data.back(), in.sizes.back(), in.strides.back(),
+                                       executorch::runtime::elementSize(given->type));
     in.impls.push_back(std::make_unique<TensorImpl>(
         info->scalar_type(), s.size(), in.sizes.back().data(), in.data.back().data(),
         in.dim_order.back().data(), in.strides.back().data()));
@@ -423,6 +458,41 @@ void set_inputs(Method& method, const std::string& method_name, const std::vecto
       fail("set_input failed for " + which + " (" + shape_str(info->scalar_type(), got) + ", the method expects " +
            shape_str(info->scalar_type(), expected) + "): " + error_name(err) + runtime_said());
     }
+  }
+}
+
+// --print_output: every output of the last execution, elements in logical (row-major) order
+// whatever the tensor's dim order, as "Output i: <dtype> [sizes] v0 v1 ..." (at most 1000 values).
+void print_outputs(Method& method) {
+  for (size_t i = 0; i < method.outputs_size(); ++i) {
+    const EValue& out = method.get_output(i);
+    if (out.isInt()) { std::printf("Output %zu: Int %lld\n", i, static_cast<long long>(out.toInt())); continue; }
+    if (out.isDouble()) { std::printf("Output %zu: Double %.9g\n", i, out.toDouble()); continue; }
+    if (out.isBool()) { std::printf("Output %zu: Bool %d\n", i, int(out.toBool())); continue; }
+    if (!out.isTensor()) { std::printf("Output %zu: (tag %d)\n", i, int(out.tag)); continue; }
+    auto t = out.toTensor();
+    std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+    std::printf("Output %zu: %s", i, shape_str(t.scalar_type(), sizes).c_str());
+    std::vector<int64_t> index(sizes.size(), 0);
+    size_t n = std::min<size_t>(t.numel(), 1000);
+    for (size_t flat = 0; flat < n; ++flat) {
+      int64_t off = 0;
+      for (size_t k = 0; k < sizes.size(); ++k) off += index[k] * t.strides()[k];
+      double v = 0;
+      switch (t.scalar_type()) {
+#define SME2FARM_READ(ctype, stype) \
+  case ScalarType::stype: v = static_cast<double>(t.const_data_ptr<ctype>()[off]); break;
+        ET_FORALL_REALHBBF16_TYPES(SME2FARM_READ)
+#undef SME2FARM_READ
+        default: break;
+      }
+      std::printf(" %.9g", v);
+      for (size_t k = sizes.size(); k-- > 0;) {
+        if (++index[k] < sizes[k]) break;
+        index[k] = 0;
+      }
+    }
+    std::printf("%s\n", static_cast<size_t>(t.numel()) > n ? " ..." : "");
   }
 }
 
@@ -522,6 +592,7 @@ int main(int argc, char** argv) {
     std::printf("Iteration %ld of %ld: %f ms\n", i + 1, opt.num_executions, ms);
   }
   std::printf("Model executed successfully %ld time(s) in %f ms.\n", opt.num_executions, total_ms);
+  if (opt.print_output) print_outputs(*method);
 
   if (!opt.etdump_path.empty()) {
     auto result = etdump.get_etdump_data();  // size-prefixed flatbuffer, malloc'd by ETDumpGen

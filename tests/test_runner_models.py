@@ -78,8 +78,14 @@ def programs(tmp_path_factory):
         def forward(self, x):
             return torch.ops.sme2test.twice(x) + 1
 
+    class Relu(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
     fp16 = Conv().eval().half()
+    channels_last = torch.ones(1, 2, 3, 4).to(memory_format=torch.channels_last)
     return {
+        "channels_last": _save(to_edge(export(Relu(), (channels_last,))), out / "channels_last.pte"),
         "fp16": _save(to_edge_transform_and_lower(export(fp16, (torch.ones(1, 3, 16, 16, dtype=torch.half),)),
                                                   partitioner=[XnnpackPartitioner()]), out / "fp16.pte"),
         "bf16": _save(to_edge(export(TwoBf16(), (torch.ones(4, 4, dtype=torch.bfloat16),) * 2)), out / "bf16.pte"),
@@ -181,6 +187,26 @@ def test_inputs_that_do_not_match_the_method_fail_naming_the_input(local_runner,
     assert r.returncode == 1
     assert message in r.stderr
     assert not (tmp_path / "t.etdump").exists()
+
+
+def _printed(stdout: str) -> list[float]:
+    line = next(line for line in stdout.splitlines() if line.startswith("Output 0: "))
+    return [float(v) for v in line.split("] ", 1)[1].split()]
+
+
+def test_inputs_file_values_reach_a_channels_last_input_in_logical_order(local_runner, programs, tmp_path):
+    """The file holds row-major values; an input with dim order 0 2 3 1 must see the same logical
+    tensor. --print_output against the Python bindings given that tensor decides it."""
+    values = [float(v - 11) for v in range(24)]
+    inputs = _inputs_file(tmp_path / "in.bin", [_tensor(FLOAT, (1, 2, 3, 4), struct.pack("<24f", *values))])
+    r = _run(local_runner, tmp_path, f"--model_path={programs['channels_last']}", f"--inputs_file={inputs}",
+             "--num_executions=2", "--print_output")
+    assert r.returncode == 0, r.stderr
+    x = torch.tensor(values).reshape(1, 2, 3, 4).to(memory_format=torch.channels_last)
+    expected = _bindings_run(programs["channels_last"], "forward", [x])[0].flatten().tolist()
+    assert _printed(r.stdout) == expected
+    # The channels-last memory order of the same tensor differs, so a scramble would show.
+    assert torch.relu(x).permute(0, 2, 3, 1).flatten().tolist() != expected
 
 
 def test_truncated_inputs_file_is_named(local_runner, programs, tmp_path):
