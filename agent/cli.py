@@ -46,7 +46,12 @@ def cmd_run(args) -> int:
         return 2
     agent = Agent(AgentApi(args.server, token), _drivers(args), Catalog.load(args.manifest), name=args.name,
                   work_dir=Path(args.work_dir) if args.work_dir else None)
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
+    def terminate(*_):
+        # Stop now, not after the current long-poll (up to 20 s): a supervisor waits on this.
+        agent.stop.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         agent.serve()
     except KeyboardInterrupt:
@@ -74,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--name", default=None)
     r.set_defaults(fn=cmd_run)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    from sme2farm import logs
+
+    logs.configure("agent", logging.DEBUG if args.verbose else logging.INFO)  # JSON lines unless on a terminal
     return args.fn(args)
 
 

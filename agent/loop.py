@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from sme2farm import __version__
+from sme2farm.logs import log_context
 from sme2farm.agent.api import AgentApi, LeaseLost, Unauthorized
 from sme2farm.agent.drivers.base import Driver, Job, JobResult
 from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish
@@ -97,9 +98,12 @@ class Agent:
 
     def _run_guarded(self, a: RunAssignment) -> None:
         try:
-            self.execute(a)
+            with log_context(run_id=a.run_id):  # every line this run's thread logs carries its id
+                log.info("run %s: SME2 %s, %d thread(s), %s on %s", a.run_id, a.sme2, a.threads, a.mode, a.device_serial)
+                self.execute(a)
+                log.info("run %s: done", a.run_id)
         except Exception:
-            log.exception("run %s crashed in the agent", a.run_id)
+            log.exception("run %s crashed in the agent", a.run_id, extra={"run_id": a.run_id})
         finally:
             with self._lock:
                 self.active.discard(a.run_id)

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from sme2farm import __version__
-from sme2farm.server.api import agents, devices, experiments, runs
+from sme2farm import logs
+from sme2farm.server.api import agents, devices, experiments, ops, runs
 from sme2farm.server.config import Settings, get_settings
 from sme2farm.server.db import session_scope
+from sme2farm.server.metrics import HttpMetrics
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.storage import Store
 
@@ -52,24 +55,40 @@ def ensure_admin_token(settings: Settings) -> str:
         token = token_service.create(session, name="admin", scope="admin", token=token)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(token + "\n")
+        # Created 0600 in one call: never a moment when the token is in a file others can read.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    elif path.stat().st_mode & 0o077:  # written by an older version, or copied in by hand
+        path.chmod(0o600)
     return token
+
+
+async def _log_ids(request: Request) -> None:
+    """Every log line a request emits carries the run/experiment id of its path (sme2farm/logs.py).
+    Async, so it runs in the request's own context, which sync routes' threads inherit."""
+    params = request.path_params
+    logs.bind(run_id=_int(params.get("run_id")), experiment_id=_int(params.get("experiment_id")))
+
+
+def _int(value):
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="SME2 device farm", version=__version__,
-                  description="Profile ExecuTorch models with SME2 on and off on real devices.")
+                  description="Profile ExecuTorch models with SME2 on and off on real devices.",
+                  dependencies=[Depends(_log_ids)])
     app.state.settings = settings
     app.state.store = Store(settings.data_dir)
     app.state.enqueue = enqueue or celery_enqueue(settings)
-    for module in (experiments, runs, devices, agents):
+    for module in (experiments, runs, devices, agents, ops):
         app.include_router(module.router)
-
-    @app.get("/health", tags=["health"])
-    def health() -> dict[str, str]:
-        return {"status": "ok", "version": __version__}
+    app.add_middleware(HttpMetrics)  # latency by route template, structured access lines
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:

@@ -37,6 +37,14 @@ class Settings(BaseSettings):
         description="How long a submission that matches no device waits for an expected one (an agent starting "
                     "or just registered without devices; see services/devices.expected) before its 422",
     )
+    beat_lease_s: float = Field(
+        default=15.0, gt=0,
+        description="The beat holds a lease this long and renews it every third of it; another beat takes over "
+                    "only once it expires, and /ready calls the beat dead past it",
+    )
+    metrics_public: bool = Field(default=False, description="Serve /metrics without a token (a scraper on a trusted network)")
+    # Set by `sme2-farm up` for its children: where its supervisor writes each child's state (/ready reads it).
+    supervisor_status: Path | None = Field(default=None, description="The supervisor's status file (sme2-farm up sets it)")
     # Set by `sme2-farm up` for its own server process: the local agent it is about to start is
     # expected, so a submission racing that agent's registration waits for it instead of failing.
     expect_agent: str | None = Field(default=None, description="Name of an agent started alongside this server (sme2-farm up sets it)")

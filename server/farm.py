@@ -1,11 +1,13 @@
-"""sme2-farm: run the whole farm on one machine (server, worker + beat, a local agent), or its
-admin chores (migrate, tokens, building the local runner)."""
+"""sme2-farm: the command line. `up`/`demo` run the whole farm on one machine (server, worker,
+beat, a local agent) under the process supervisor (server/supervisor.py); the other commands are
+admin chores (migrate, tokens, building and listing runners)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,13 +18,53 @@ from pathlib import Path
 import httpx
 
 from sme2farm.server.config import Settings
+from sme2farm.server.supervisor import Supervisor, describe_exit
 
 log = logging.getLogger("sme2-farm")
 LOCAL_AGENT = "local"  # the name the farm's own agent registers under
+AGENT_TOKEN_NAME = "farm:local-agent"  # the registration token minted for it on every start
+# Never handed to a child: the admin token stays in the farm process and the 0600 token file;
+# the local agent gets only its own registration token (SME2_AGENT_TOKEN), and no database or
+# broker URL (it speaks HTTP only).
+SECRET_ENV = ("SME2_ADMIN_TOKEN", "SME2_TOKEN", "SME2_AGENT_TOKEN")
+SERVER_ONLY_ENV = ("SME2_DATABASE_URL", "DATABASE_URL", "SME2_BROKER_URL", "CELERY_BROKER_URL")
+
+
+def secure_data_dir(path: Path) -> None:
+    """umask 077 for this process and its children (every file the farm writes is the user's
+    alone), and the data dir itself 0700: it holds the token, the database and everyone's models."""
+    os.umask(0o077)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        log.info("data dir %s was readable by others; now 0700", path)
+        path.chmod(0o700)
+
+
+def token_hint(token: str) -> str:
+    """Enough to tell tokens apart, never enough to use one."""
+    return token[:9] + "…"
+
+
+def mint_agent_token(settings: Settings) -> str:
+    """A fresh registration token for the local agent (revoking the previous start's): it can
+    register agents and nothing else, unlike the admin token the agent used to get on argv."""
+    from sqlalchemy import update
+
+    from sme2farm.server.db import session_scope
+    from sme2farm.server.models import ApiToken
+    from sme2farm.server.services import tokens as token_service
+
+    with session_scope(settings.sqlalchemy_url) as session:
+        session.execute(update(ApiToken).where(ApiToken.name == AGENT_TOKEN_NAME, ApiToken.scope == "register")
+                        .values(revoked=True))
+        return token_service.create(session, name=AGENT_TOKEN_NAME, scope="register")
 
 
 class Farm:
-    """Supervises the farm's processes; stops them all cleanly on exit or Ctrl-C."""
+    """The farm on one machine: server, worker, beat and a local agent under a Supervisor, which
+    restarts whichever exits once the farm is up. Before it is up, a child that exits fails
+    `up` at once with its log's path: at start-up that is a configuration error (port taken, bad
+    database URL), which restarting would only hide."""
 
     def __init__(self, settings: Settings, host: str, port: int, drivers: str, manifest: Path | None,
                  ready_timeout: float = 60.0):
@@ -30,19 +72,30 @@ class Farm:
         self.ready_timeout = ready_timeout
         self.agent_since: datetime | None = None  # when this farm began starting its local agent
         self.devices: list[str] = []  # what the local agent registered, once ready
-        self.procs: list[tuple[str, subprocess.Popen]] = []
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         self.token = ""
+        self.agent_token = ""
+        self.data_dir = settings.data_dir.resolve()
+        self.sup = Supervisor(self.data_dir / "logs", self.data_dir / "supervisor.json")
+        self.up = False
 
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["SME2_DATA_DIR"] = str(self.settings.data_dir.resolve())
+    def env(self, name: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env.setdefault("SME2_LOG_FORMAT", "json")  # children write log files: one JSON object a line
+        env["SME2_DATA_DIR"] = str(self.data_dir)
+        if name == "agent":
+            for k in SERVER_ONLY_ENV:
+                env.pop(k, None)
+            env["SME2_AGENT_TOKEN"] = self.agent_token  # environment, never argv: `ps` shows argv to everyone
+            if self.manifest:
+                env["SME2_RUNNER_MANIFEST"] = str(self.manifest)
+            return env
         if self.settings.database_url:
             env["SME2_DATABASE_URL"] = self.settings.database_url
         if self.settings.broker_url:
             env["SME2_BROKER_URL"] = self.settings.broker_url
-        if self.manifest:
-            env["SME2_RUNNER_MANIFEST"] = str(self.manifest)
+        env["SME2_SUPERVISOR_STATUS"] = str(self.sup.status_path)
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(self.data_dir / "metrics")  # server and worker metrics, joined
         if self.agent_since is not None:
             # The server then makes a submission that races the local agent's registration wait
             # for it (services/devices.expected) instead of answering 422 "no device matches".
@@ -50,45 +103,69 @@ class Farm:
             env["SME2_EXPECT_AGENT_SINCE"] = self.agent_since.isoformat()
         return env
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        logs = self.settings.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        out = open(logs / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append((name, proc))
-
     def start(self) -> None:
         from sme2farm.server.app import ensure_admin_token
         from sme2farm.server.db import migrate
 
-        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        secure_data_dir(self.data_dir)
+        self._log_to_file()
         migrate(self.settings.sqlalchemy_url)
         self.token = ensure_admin_token(self.settings)
+        self.agent_token = mint_agent_token(self.settings)
+        metrics = self.data_dir / "metrics"
+        shutil.rmtree(metrics, ignore_errors=True)  # counters from an earlier run would be summed in
+        metrics.mkdir()
         self.agent_since = datetime.now(timezone.utc)  # before the server starts, so it knows the agent is coming
         py = sys.executable
-        self._spawn("server", [py, "-m", "uvicorn", "sme2farm.server.main:app", "--host", self.host,
-                               "--port", str(self.port), "--log-level", "warning", "--no-access-log"])
-        self._spawn("worker", [py, "-m", "celery", "-A", "sme2farm.worker.celery_app", "worker", "-B",
-                               "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
-                               "--schedule", str(self.settings.data_dir.resolve() / "celerybeat-schedule")])
+        self.sup.start("server", [py, "-m", "uvicorn", "sme2farm.server.main:app", "--host", self.host,
+                                  "--port", str(self.port), "--log-level", "warning", "--no-access-log",
+                                  # an agent's open long-poll must not hold a stop for its 20 s
+                                  "--timeout-graceful-shutdown", "2"],
+                       self.env("server"))
+        # The beat is its own process, never `worker -B`: a restarted worker must not bring a second
+        # beat, and the beat holds a lease so that even a second one sends nothing (worker/beat.py).
+        self.sup.start("worker", [py, "-m", "celery", "-A", "sme2farm.worker.celery_app", "worker",
+                                  "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO"], self.env("worker"))
+        self.sup.start("beat", [py, "-m", "celery", "-A", "sme2farm.worker.celery_app", "beat", "--loglevel", "INFO"],
+                       self.env("beat"))
         self.wait_healthy()
-        agent = [py, "-m", "sme2farm.agent.cli", "--drivers", self.drivers,
-                 "--work-dir", str(self.settings.data_dir.resolve() / "agent"), "run", "--server", self.url,
-                 "--token", self.token, "--name", LOCAL_AGENT]
-        self._spawn("agent", agent)
+        self.sup.start("agent", [py, "-m", "sme2farm.agent.cli", "--drivers", self.drivers,
+                                 "--work-dir", str(self.data_dir / "agent"), "run", "--server", self.url,
+                                 "--name", LOCAL_AGENT], self.env("agent"))
         self.devices = self.wait_devices()
+        self.up = True
+
+    def _log_to_file(self) -> None:
+        from sme2farm.logs import ContextFilter, JsonFormatter
+
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(logs / "supervisor.log")
+        handler.setFormatter(JsonFormatter("supervisor"))
+        handler.addFilter(ContextFilter())
+        logging.getLogger("sme2farm.supervisor").addHandler(handler)
+
+    def poll(self) -> None:
+        """Once up: restart children that exited. Before: a child that exited fails start-up."""
+        if self.up:
+            self.sup.poll()
+            return
+        for child in self.sup.exited():
+            raise RuntimeError(f"the {child.name} process {describe_exit(child.proc.returncode)} "
+                               f"(see {self.data_dir}/logs/{child.name}.log)")
+        self.sup.poll()  # nothing has exited: this only keeps the status file fresh
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self.check_alive()
+            self.poll()
             try:
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"the server did not answer on {self.url} within {timeout:g} s (see {self.settings.data_dir}/logs/server.log)")
+        raise RuntimeError(f"the server did not answer on {self.url} within {timeout:g} s (see {self.data_dir}/logs/server.log)")
 
     def wait_devices(self) -> list[str]:
         """Return once the agent this farm started has registered with at least one device that
@@ -101,7 +178,7 @@ class Farm:
         deadline = time.monotonic() + self.ready_timeout
         registered = False
         while True:
-            self.check_alive()
+            self.poll()
             with session_scope(self.settings.sqlalchemy_url) as session:
                 agent = device_service.agent_seen_since(session, name=LOCAL_AGENT, since=self.agent_since)
                 if agent is not None:
@@ -113,7 +190,7 @@ class Farm:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
-        logs = self.settings.data_dir / "logs" / "agent.log"
+        logs = self.data_dir / "logs" / "agent.log"
         if registered:
             raise RuntimeError(f"the local agent registered but reported no usable device within {self.ready_timeout:g} s "
                                f"(drivers: {self.drivers}; `sme2-agent --drivers {self.drivers} devices` shows what it "
@@ -121,30 +198,15 @@ class Farm:
         raise RuntimeError(f"the local agent did not register within {self.ready_timeout:g} s (see {logs}); "
                            f"the farm is not ready")
 
-    def check_alive(self) -> None:
-        for name, proc in self.procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the {name} process exited with code {proc.returncode} "
-                                   f"(see {self.settings.data_dir}/logs/{name}.log)")
-
     def stop(self) -> None:
-        # Agent first (it finishes nothing mid-run; the lease reaper would requeue), then worker, then API.
-        for name, proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for name, proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self.procs.clear()
+        # Agent first (it finishes nothing mid-run; the lease reaper would requeue), then beat,
+        # worker, API: the reverse of the start order.
+        self.sup.stop()
 
     def serve_forever(self) -> None:
         while True:
-            self.check_alive()
-            time.sleep(0.5)
+            self.sup.poll()
+            time.sleep(0.2)
 
 
 def _settings(args) -> Settings:
@@ -176,8 +238,10 @@ def _run_farm(args, then=None) -> int:
         farm.start()
         print(f"devices: {', '.join(farm.devices)}", flush=True)
         print(f"farm up: API {farm.url}  docs {farm.url}/docs  dashboard {farm.url}/", flush=True)
-        print(f"admin token (also in {settings.data_dir / 'token'}): {farm.token}", flush=True)
-        print(f"  export SME2_SERVER={farm.url} SME2_TOKEN=$(cat {settings.data_dir / 'token'})", flush=True)
+        token_file = farm.data_dir / "token"
+        # Never printed in full: terminal scrollback and CI logs are read by more people than the file.
+        print(f"admin token: in {token_file} (mode 0600; {token_hint(farm.token)})", flush=True)
+        print(f"  export SME2_SERVER={farm.url} SME2_TOKEN=$(cat {token_file})", flush=True)
         if then is not None:
             code = then(farm)
             if args.exit:
@@ -218,7 +282,7 @@ def cmd_demo(args) -> int:
         rep = client.submit(model, ExperimentSpec(sme2="both", threads=[1], iterations=args.iterations, warmup=2,
                                                   name=f"demo {args.model}"))
         print(f"submitted experiment {rep.id}: sme2-client submit {model.name} --sme2 both --wait", flush=True)
-        wait_for(client, rep.id, quiet=False, timeout=600, check=farm.check_alive)
+        wait_for(client, rep.id, quiet=False, timeout=600, check=farm.poll)
         print()
         print(experiment_text(client.experiment(rep.id)))
         print(f"report JSON: {farm.url}/experiments/{rep.id}   dashboard: {farm.url}/", flush=True)
@@ -233,7 +297,7 @@ def cmd_migrate(args) -> int:
     from sme2farm.server.app import ensure_admin_token
 
     settings = _settings(args)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    secure_data_dir(settings.data_dir)
     migrate(settings.sqlalchemy_url)
     print(f"schema at head on {settings.sqlalchemy_url.split('@')[-1]}")
     if settings.admin_token:  # production bootstrap (docker-compose's migrate step)
@@ -247,6 +311,7 @@ def cmd_token(args) -> int:
     from sme2farm.server.services import tokens as token_service
 
     settings = _settings(args)
+    secure_data_dir(settings.data_dir)
     migrate(settings.sqlalchemy_url)
     with session_scope(settings.sqlalchemy_url) as session:
         print(token_service.create(session, name=args.name, scope=args.scope))

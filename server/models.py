@@ -158,3 +158,14 @@ class OperatorStat(Base):
     total_ms: Mapped[float] = mapped_column(Float)
     share: Mapped[float] = mapped_column(Float)
     delegated: Mapped[bool] = mapped_column(Boolean)
+
+
+class Lease(Base):
+    """A named lock with a deadline, held by one process at a time (the beat: exactly one sends
+    the periodic tasks). `renewed_at` doubles as the holder's heartbeat, read by /ready."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime] = mapped_column()
+    renewed_at: Mapped[datetime] = mapped_column()

@@ -213,11 +213,11 @@ def test_submit_right_after_up_succeeds(tmp_path, local_runner, example_pte):
 def test_up_says_not_ready_and_exits_1_when_the_agent_reports_no_device(tmp_path, local_runner):
     """--drivers macos on Linux: the agent registers, but with no device; `up` must not claim ready."""
     catalog, _ = local_runner
-    proc, _url = _up(tmp_path / "farm", catalog.manifest, "--drivers", "macos", "--ready-timeout", "3")
+    proc, _url = _up(tmp_path / "farm", catalog.manifest, "--drivers", "macos", "--ready-timeout", "15")  # room for a loaded host: the agent must register first
     try:
         out, _ = proc.communicate(timeout=120)
     finally:
         stop_farm(proc)
     assert proc.returncode == 1, out
     assert "farm up:" not in out
-    assert "the local agent registered but reported no usable device within 3 s (drivers: macos" in out
+    assert "the local agent registered but reported no usable device within 15 s (drivers: macos" in out

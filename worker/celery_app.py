@@ -3,9 +3,14 @@ transport on the embedded default), beat schedule for the periodic safety nets."
 
 from __future__ import annotations
 
-from celery import Celery
+import logging
+import sys
+import time
+
+from celery import Celery, signals
 from kombu.transport import sqlalchemy as kombu_sqla
 
+from sme2farm import logs
 from sme2farm.server.config import Settings, get_settings
 
 
@@ -22,6 +27,8 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=True,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        # Exactly one beat sends: the scheduler holds a lease in the database (worker/beat.py).
+        beat_scheduler="sme2farm.worker.beat:LeasedScheduler",
         beat_schedule={
             # Dispatch is enqueued on every event that can free or add work; the periodic one is a net.
             "dispatch": {"task": "sme2farm.dispatch", "schedule": 5.0},
@@ -29,6 +36,46 @@ def make_celery(settings: Settings) -> Celery:
         },
     )
     return app
+
+
+@signals.setup_logging.connect
+def _structured_logs(loglevel=logging.INFO, **_) -> None:
+    """Worker and beat log JSON lines (sme2farm/logs.py) instead of Celery's own format."""
+    logs.configure("beat" if "beat" in sys.argv else "worker", loglevel or logging.INFO)
+
+
+_started: dict[str, float] = {}
+
+
+@signals.task_prerun.connect
+def _task_started(task_id=None, task=None, args=None, **_) -> None:
+    _started[task_id] = time.perf_counter()
+    run_id = args[0] if task is not None and task.name == "sme2farm.ingest" and args else None
+    logs.clear()
+    if isinstance(run_id, int):
+        logs.bind(run_id=run_id, experiment_id=_experiment_of(run_id))
+
+
+def _experiment_of(run_id: int) -> int | None:
+    from sme2farm.server.db import session_scope
+    from sme2farm.server.models import Run
+
+    try:
+        with session_scope(get_settings().sqlalchemy_url) as session:
+            run = session.get(Run, run_id)
+            return run.experiment_id if run is not None else None
+    except Exception:  # a log field is never worth failing a task for
+        return None
+
+
+@signals.task_postrun.connect
+def _task_finished(task_id=None, task=None, state=None, **_) -> None:
+    from sme2farm.server import metrics
+
+    began = _started.pop(task_id, None)
+    if task is not None and began is not None:
+        metrics.observe_task(task.name, state or "unknown", time.perf_counter() - began)
+    logs.clear()
 
 
 app = make_celery(get_settings())

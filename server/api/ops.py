@@ -1,0 +1,132 @@
+"""Operations endpoints: liveness, readiness, Prometheus metrics.
+
+- GET /health: the process answers. No auth, no database: a load balancer's liveness probe.
+- GET /ready: can the farm do work? Database, broker, beat (its lease renewed within
+  SME2_BEAT_LEASE_S), agents online, and under `sme2-farm up` each supervised child. 200 when
+  every part is ok, else 503 with `failing` naming the parts. No auth (readiness probes carry no
+  token); it shows states and counts, never a secret.
+- GET /metrics: Prometheus text format. A bearer token like every other read (Prometheus:
+  `authorization: {credentials_file: ...}`), or open with SME2_METRICS_PUBLIC=1 for a scraper on
+  a trusted network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+
+from sme2farm import __version__
+from sme2farm.server.api.deps import Credentials, SettingsDep, current_user
+
+router = APIRouter(tags=["operations"])
+
+CHECK_TIMEOUT_S = 3.0
+SUPERVISOR_STALE_S = 10.0  # the supervisor rewrites its status file every second or two
+
+
+@router.get("/health")
+def health() -> dict[str, str]:
+    return {"status": "ok", "version": __version__}
+
+
+def _database(settings) -> dict[str, Any]:
+    from sqlalchemy import func, select
+
+    from sme2farm.server.db import session_scope
+    from sme2farm.server.models import Agent, Device
+    from sme2farm.server.services import leases
+
+    with session_scope(settings.sqlalchemy_url) as session:
+        session.execute(select(1))
+        beat = leases.state(session, leases.BEAT)
+        now = datetime.now(timezone.utc)
+        since = now.timestamp() - settings.agent_offline_s
+        seen = list(session.scalars(select(Agent.last_seen)))
+        devices = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
+    online = sum(1 for t in seen if (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp() >= since)
+    if beat is None:
+        beat_check = {"ok": False, "detail": "no beat has ever held the lease (is `celery beat` running?)"}
+    else:
+        age = beat.age_s(now)
+        ok = age < settings.beat_lease_s
+        beat_check = {"ok": ok, "holder": beat.holder, "heartbeat_age_s": round(age, 1),
+                      "detail": "alive" if ok else f"no heartbeat for {age:.0f} s (limit SME2_BEAT_LEASE_S={settings.beat_lease_s:g})"}
+    return {"database": {"ok": True},
+            "beat": beat_check,
+            # Informational: a farm without agents still accepts work (it queues, or waits for one).
+            "agents": {"ok": True, "online": online, "registered": len(seen), "devices": devices}}
+
+
+def _broker(settings) -> dict[str, Any]:
+    from sme2farm.server.metrics import broker_queue_depth
+
+    depth = broker_queue_depth(settings.celery_broker_url)
+    if depth is None:
+        return {"broker": {"ok": False, "detail": f"cannot reach {settings.celery_broker_url.split('@')[-1]}"}}
+    return {"broker": {"ok": True, "queue_depth": depth}}
+
+
+def _supervisor(settings) -> dict[str, Any]:
+    from sme2farm.server.metrics import read_supervisor_status
+
+    if settings.supervisor_status is None:
+        return {}
+    status = read_supervisor_status(settings.supervisor_status)
+    if status is None:
+        return {"supervisor": {"ok": False, "detail": f"no status file at {settings.supervisor_status}"}}
+    age = time.time() - status.get("updated", 0)
+    out: dict[str, Any] = {"supervisor": {"ok": age < SUPERVISOR_STALE_S, "pid": status.get("pid"),
+                                          "detail": "alive" if age < SUPERVISOR_STALE_S else f"status not updated for {age:.0f} s"}}
+    for name, child in status.get("children", {}).items():
+        ok = child.get("state") == "running"
+        detail = child.get("state", "unknown")
+        if not ok and child.get("last_exit") is not None:
+            detail += f" after exit code {child['last_exit']}"
+        out[f"supervisor.{name}"] = {"ok": ok, "state": child.get("state"), "pid": child.get("pid"),
+                                     "restarts": child.get("restarts", 0), "detail": detail}
+    return out
+
+
+async def _run(name: str, fn: Callable[[Any], dict], settings) -> dict[str, Any]:
+    try:
+        return await asyncio.wait_for(run_in_threadpool(fn, settings), CHECK_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return {name: {"ok": False, "detail": f"no answer within {CHECK_TIMEOUT_S:g} s"}}
+    except Exception as e:
+        return {name: {"ok": False, "detail": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}}
+
+
+@router.get("/ready", responses={503: {"description": "a part named in `failing` is not ready"}})
+async def ready(settings: SettingsDep) -> JSONResponse:
+    checks: dict[str, Any] = {}
+    parts = await asyncio.gather(_run("database", _database, settings), _run("broker", _broker, settings),
+                                 _run("supervisor", _supervisor, settings))
+    for part in parts:
+        checks.update(part)
+    if not checks.get("database", {}).get("ok"):  # beat and agents are read from the database
+        checks.setdefault("beat", {"ok": False, "detail": "unknown: the database did not answer"})
+    failing = sorted(name for name, c in checks.items() if not c.get("ok"))
+    body = {"status": "not ready" if failing else "ready", "failing": failing, "checks": checks}
+    return JSONResponse(body, status_code=503 if failing else 200)
+
+
+def _metrics_auth(request: Request, settings: SettingsDep, creds: Credentials) -> None:
+    if not settings.metrics_public:
+        current_user(settings, creds)
+
+
+@router.get("/metrics", dependencies=[Depends(_metrics_auth)], response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+async def metrics(settings: SettingsDep) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from sme2farm.server.metrics import render
+
+    body = await run_in_threadpool(render, settings)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,187 @@
+"""Prometheus metrics.
+
+Two kinds:
+- events counted where they happen: HTTP requests (server, by route template), Celery tasks and
+  ingest time (worker). When server and worker are separate processes, prometheus_client's
+  multiprocess mode joins them: set PROMETHEUS_MULTIPROC_DIR to one directory both can write
+  (`sme2-farm up` does: <data dir>/metrics, emptied at start; docker-compose: the shared volume).
+  Without it each process counts only its own events, and /metrics shows the server's.
+- state read from the database at scrape time: runs by status, devices by state, agents online,
+  the beat's heartbeat age, the broker's queue depth, and the supervisor's children (restarts,
+  up), so they are right whichever process changed them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("sme2farm.access")
+
+HTTP_LATENCY = Histogram(
+    "sme2farm_http_request_duration_seconds", "HTTP request latency, by route template",
+    ["method", "route", "status"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+INGEST = Histogram(
+    "sme2farm_ingest_duration_seconds", "Time the worker spent ingesting one run's ETDump",
+    ["outcome"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+TASKS = Counter("sme2farm_tasks", "Celery tasks run by the worker", ["task", "outcome"])
+
+RUN_STATUSES = ("queued", "assigned", "running", "uploading", "analyzing",
+                "succeeded", "failed", "cancelled", "unschedulable")
+DEVICE_STATES = ("idle", "busy", "offline", "unhealthy")
+
+
+def observe_task(task: str, state: str, seconds: float) -> None:
+    outcome = state.lower()
+    TASKS.labels(task, outcome).inc()
+    if task == "sme2farm.ingest":
+        INGEST.labels(outcome).observe(seconds)
+
+
+class HttpMetrics:
+    """ASGI middleware: latency by route *template* (/runs/{run_id}, not /runs/7, so the label
+    set stays small), and a structured access line for writes and errors with the request's
+    run/experiment id. Pure ASGI, so long-polls and streamed uploads pass through untouched."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        began = time.perf_counter()
+        status = [500]
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            elapsed = time.perf_counter() - began
+            route = getattr(scope.get("route"), "path", None) or "<unmatched>"
+            method = scope.get("method", "")
+            HTTP_LATENCY.labels(method, route, str(status[0])).observe(elapsed)
+            # Writes and errors; not GETs (pollers) nor agents' empty long-polls (one per agent per 20 s).
+            if (method not in ("GET", "HEAD") and route != "/agent/claim") or status[0] >= 400:
+                params = scope.get("path_params") or {}
+                access_log.info("%s %s %s %.1f ms", method, route, status[0], elapsed * 1000, extra={
+                    "method": method, "route": route, "status": status[0], "duration_ms": round(elapsed * 1000, 1),
+                    "run_id": _int(params.get("run_id")), "experiment_id": _int(params.get("experiment_id"))})
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+class StateCollector:
+    """Gauges read from the database (and broker, and supervisor status file) at scrape time."""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def collect(self):
+        from sqlalchemy import func, select
+
+        from sme2farm.server.db import session_scope
+        from sme2farm.server.models import Agent, Device, Run
+        from sme2farm.server.services import leases
+
+        s = self.settings
+        runs = GaugeMetricFamily("sme2farm_runs", "Runs by status", labels=["status"])
+        devices = GaugeMetricFamily("sme2farm_devices", "Devices by state", labels=["state"])
+        with session_scope(s.sqlalchemy_url) as session:
+            by_status = dict(session.execute(select(Run.status, func.count()).group_by(Run.status)).all())
+            by_state = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
+            since = datetime.now(timezone.utc).timestamp() - s.agent_offline_s
+            agents = [a for a in session.scalars(select(Agent.last_seen))]
+            beat = leases.state(session, leases.BEAT)
+        for status in sorted(set(RUN_STATUSES) | set(by_status)):
+            runs.add_metric([status], by_status.get(status, 0))
+        for state in sorted(set(DEVICE_STATES) | set(by_state)):
+            devices.add_metric([state], by_state.get(state, 0))
+        yield runs
+        yield devices
+        online = sum(1 for t in agents if _ts(t) >= since)
+        yield GaugeMetricFamily("sme2farm_agents_online", "Agents heard from within SME2_AGENT_OFFLINE_S", value=online)
+        if beat is not None:
+            yield GaugeMetricFamily("sme2farm_beat_heartbeat_age_seconds", "Seconds since the beat last renewed its lease",
+                                    value=beat.age_s())
+        depth = broker_queue_depth(s.celery_broker_url)
+        if depth is not None:
+            yield GaugeMetricFamily("sme2farm_queue_depth", "Task messages waiting in the broker", value=depth)
+        status = read_supervisor_status(s.supervisor_status)
+        if status is not None:
+            up = GaugeMetricFamily("sme2farm_child_up", "Supervisor child running (1) or not (0)", labels=["child"])
+            restarts = GaugeMetricFamily("sme2farm_child_restarts", "Times the supervisor restarted the child", labels=["child"])
+            for name, child in sorted(status.get("children", {}).items()):
+                up.add_metric([name], 1 if child.get("state") == "running" else 0)
+                restarts.add_metric([name], child.get("restarts", 0))
+            yield up
+            yield restarts
+
+
+def _ts(t: datetime) -> float:
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
+class _Process:
+    """This process's own metrics (single-process mode), as one collector of a scrape registry."""
+
+    def collect(self):
+        yield from REGISTRY.collect()
+
+
+def render(settings) -> bytes:
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(_Process())
+    registry.register(StateCollector(settings))
+    return generate_latest(registry)
+
+
+def broker_queue_depth(url: str, queue: str = "celery") -> int | None:
+    """Messages waiting in the default Celery queue; None if the broker cannot be asked."""
+    import kombu
+    from amqp.exceptions import ChannelError
+
+    options = {"socket_timeout": 2, "socket_connect_timeout": 2} if url.startswith("redis") else {}
+    try:
+        with kombu.Connection(url, connect_timeout=2, transport_options=options) as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+            try:
+                return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+            except ChannelError:  # no such queue yet: nothing was ever sent
+                return 0
+    except Exception:
+        log.debug("broker queue depth unavailable", exc_info=True)
+        return None
+
+
+def read_supervisor_status(path: Path | None) -> dict | None:
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
