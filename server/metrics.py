@@ -20,7 +20,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # must exist before the first metric is created
+    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest  # noqa: E402
 from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger(__name__)
