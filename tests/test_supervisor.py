@@ -300,16 +300,20 @@ def _broker_messages(broker_db: Path) -> list[tuple[int, str, int]]:
     return out
 
 
-def test_two_beats_send_each_periodic_task_once(tmp_path):
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_two_beats_send_each_periodic_task_once(tmp_path, database, request):
     """Two real beats on one database and broker: one holds the lease and sends; the other
-    stands by. Frozen past its lease, the holder is replaced; thawed, it sends nothing more."""
+    stands by. Frozen past its lease, the holder is replaced; thawed, it sends nothing more.
+    (The broker is the embedded one in tmp_path either way, so the messages can be read back.)"""
     from sme2farm.server.db import migrate
 
-    migrate(f"sqlite:///{tmp_path / 'farm.db'}")
+    url = f"sqlite:///{tmp_path / 'farm.db'}" if database == "sqlite" else request.getfixturevalue("postgres_url")
+    migrate(url)
     env = {**os.environ, "SME2_DATA_DIR": str(tmp_path), "SME2_BEAT_LEASE_S": "3", "SME2_LEASE_S": "4",  # reap every 1 s
            "SME2_LOG_FORMAT": "json"}
     for k in ("SME2_DATABASE_URL", "DATABASE_URL", "SME2_BROKER_URL", "CELERY_BROKER_URL"):
         env.pop(k, None)
+    env["SME2_DATABASE_URL"] = url
     beats = []
     try:
         for i in range(2):
