@@ -364,6 +364,13 @@ def postgres_backends(db_name: str) -> list[int]:
     return out
 
 
+def pg_cpu(db_name: str, since: dict | None = None):
+    """Per-backend CPU seconds now, or (given an earlier reading) the CPU used since it: backends
+    opened in between count whole, ones closed in between are missed (pools keep theirs)."""
+    now = {pid: cpu_ticks([pid]) for pid in postgres_backends(db_name)}
+    return now if since is None else sum(v - since.get(pid, 0.0) for pid, v in now.items())
+
+
 # ---- the load phase ----------------------------------------------------------------------------
 
 
@@ -399,11 +406,11 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
         poller = ctx.Process(target=poller_main, args=(url, admin, str(work / "poller.json"), args.poll_think, poll_stop), daemon=True)
         poller.start()
         # What idle agents cost: long-polls with no work to hand out, before anything is submitted.
-        idle0, idle_pg0, t_idle = cpu_ticks([procs.procs["server"].pid]), cpu_ticks(postgres_backends(db_name)), time.time()
+        idle0, idle_pg0, t_idle = cpu_ticks([procs.procs["server"].pid]), pg_cpu(db_name), time.time()
         time.sleep(5.0)
         idle_s = time.time() - t_idle
         print(f"  idle: {len(agents)} agents long-polling cost the server {100 * (cpu_ticks([procs.procs['server'].pid]) - idle0) / idle_s:.0f}% "
-              f"of a core and PostgreSQL {100 * (cpu_ticks(postgres_backends(db_name)) - idle_pg0) / idle_s:.0f}%")
+              f"of a core and PostgreSQL {100 * pg_cpu(db_name, idle_pg0) / idle_s:.0f}%")
         per_exp = 2 * args.devices
         n_exp = max(1, round(args.runs / per_exp))
         spec = {"sme2": "both", "threads": [1], "iterations": 20, "warmup": 2, "device": {"tags": [SIM_TAG]}}
@@ -411,7 +418,7 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
         pids = {"server": [procs.procs["server"].pid], "worker": [procs.procs["worker"].pid],
                 "beat": [procs.procs["beat"].pid], "agents": [p.pid for p in agents], "poller": [poller.pid]}
         cpu0 = {k: cpu_ticks(v) for k, v in pids.items()}
-        pg0 = {pid: cpu_ticks([pid]) for pid in postgres_backends(db_name)}
+        pg0 = pg_cpu(db_name)
         load0 = os.getloadavg()[0]
         spies = []
         if args.py_spy:  # sample the server and the worker (with its pool children) through the load
@@ -457,8 +464,7 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
                 last_print = time.time()
             time.sleep(0.25)
         cpu1 = {k: cpu_ticks(v) for k, v in pids.items()}
-        # Backends opened during the load count whole; ones closed during it are missed (pools keep theirs).
-        cpu1["postgres"] = sum(cpu_ticks([pid]) - pg0.get(pid, 0.0) for pid in postgres_backends(db_name))
+        cpu1["postgres"] = pg_cpu(db_name, pg0)
         cpu0["postgres"] = 0.0
         load1 = os.getloadavg()[0]
         for spy in spies:
@@ -522,6 +528,12 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
             started.setdefault(r["run_id"], set()).add((r["agent"], r["lease"]))
         if "t_finish" in r:
             finished.setdefault(r["run_id"], set()).add((r["agent"], r["lease"]))
+    # Work the farm threw away: the agent's finish was accepted as a success, the run still failed.
+    dropped: dict[str, int] = {}
+    for r in recs:
+        st, reason = runs.get(r["run_id"], ("missing", ""))[:2]
+        if r.get("finished") == "analyzing" and st in TERMINAL and st != "succeeded":
+            dropped[reason[:140]] = dropped.get(reason[:140], 0) + 1
     dup_exec = sorted(rid for rid, s in started.items() if len(s) > 1)
     dup_finish = sorted(rid for rid, s in finished.items() if len(s) > 1)
     lost = len(not_terminal) + len(no_reason) + (res["expected"] - len(runs)) + succeeded_no_result
@@ -603,6 +615,9 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
           f"missing rows {res['expected'] - len(runs)}, succeeded without result {succeeded_no_result})")
     print(f"  DUPLICATED: {dup}  (executed under two leases {len(dup_exec)}, finished under two leases {len(dup_finish)}, "
           f"two RunResult rows {len(dup_results)}, operator rows stored twice {len(dup_ops)})")
+    if dropped:
+        print(f"  FAILED AFTER A SUCCESSFUL FINISH: {sum(dropped.values())} runs the agent delivered (finish answered "
+              f"'analyzing') ended not succeeded: " + "; ".join(f"{v} x {k}" for k, v in dropped.items()))
     if exp_no_comparison:
         print(f"  experiments without comparisons: {exp_no_comparison}")
     for name in ("server", "worker"):
