@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -15,7 +16,9 @@ from sme2farm import __version__
 from sme2farm import logs
 from sme2farm.server.api import agents, devices, experiments, ops, runs
 from sme2farm.server.config import Settings, get_settings
+from sme2farm.server.api import tokens as token_routes
 from sme2farm.server.db import session_scope
+from sme2farm.server.limits import BodyLimits, RateLimiter, request_validation_error
 from sme2farm.server.metrics import HttpMetrics
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.storage import Store
@@ -40,6 +43,16 @@ def celery_enqueue(settings: Settings) -> Callable[..., None]:
             log.exception("could not enqueue %s%s", task, args)
 
     return enqueue
+
+
+def make_limiter(settings: Settings) -> RateLimiter:
+    """Rate-limit buckets in Redis when the broker is Redis (shared by every server process),
+    else in this process. Namespaced by database, so farms sharing a Redis do not share buckets."""
+    import hashlib
+
+    broker = settings.celery_broker_url
+    ns = "sme2farm:rl:" + hashlib.sha256(settings.sqlalchemy_url.encode()).hexdigest()[:12]
+    return RateLimiter(broker if broker.startswith(("redis://", "rediss://")) else None, namespace=ns)
 
 
 def ensure_admin_token(settings: Settings) -> str:
@@ -86,8 +99,12 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     app.state.settings = settings
     app.state.store = Store(settings.data_dir)
     app.state.enqueue = enqueue or celery_enqueue(settings)
+    app.state.limiter = make_limiter(settings)
+    app.add_middleware(BodyLimits, max_bytes=settings.max_json_kb << 10)
+    app.add_exception_handler(RequestValidationError, request_validation_error)
     for module in (experiments, runs, devices, agents, ops):
         app.include_router(module.router)
+    app.include_router(token_routes.router)
     app.add_middleware(HttpMetrics)  # latency by route template, structured access lines
 
     @app.get("/", include_in_schema=False)

@@ -26,6 +26,13 @@ class Settings(BaseSettings):
     max_upload_mb: int = Field(default=512, description="Largest accepted .pte upload")
     max_inputs_mb: int = Field(default=64, description="Largest accepted inputs upload (.npz), and largest total size of its arrays once unpacked")
     max_artifact_mb: int = Field(default=1024, description="Largest accepted ETDump/log upload from an agent")
+    max_json_kb: int = Field(default=1024, ge=1, description="Largest request body of any route but the two uploads (JSON bodies also nest at most 32 levels)")
+    max_runs_per_experiment: int = Field(
+        default=1000, ge=1,
+        description="Most runs one submission may fan out to (devices x SME2 settings x thread counts x sessions); past it a 422 names the count",
+    )
+    rate_writes_per_min: float = Field(default=120.0, ge=0, description="Writes per minute per token (user API and agent registration; bursts of as many); 0: unlimited")
+    rate_auth_failures_per_min: float = Field(default=30.0, ge=0, description="Failed authentications per minute per client IP before 429s; 0: unlimited")
     lease_s: float = Field(default=60.0, description="How long an agent owns a run without a heartbeat")
     heartbeat_interval_s: float = Field(default=10.0, description="How often agents heartbeat a running run")
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")

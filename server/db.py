@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import sme2farm.migrations
 
 MIGRATIONS_DIR = Path(sme2farm.migrations.__file__).resolve().parent
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=8)
@@ -41,11 +43,34 @@ def _factory(url: str) -> sessionmaker[Session]:
     return sessionmaker(get_engine(url), expire_on_commit=False)
 
 
+_OUTBOX = "sme2farm.outbox"
+
+
+def enqueue_after_commit(session: Session, task: str, *args: Any) -> None:
+    """Ask for a Celery task to be sent once this transaction has committed (protocol.TASK_*).
+
+    Never before: a worker could pick the task up before the rows it needs are visible, and a
+    transaction that rolls back afterwards must have asked for nothing. The same task with the
+    same arguments is sent once per transaction. Sent by session_scope's `enqueue`; a scope
+    without one (CLI, tests) drops them, and the beat's periodic dispatch and reap catch up."""
+    outbox: list = session.info.setdefault(_OUTBOX, [])
+    if (task, args) not in outbox:
+        outbox.append((task, args))
+
+
 @contextmanager
-def session_scope(url: str) -> Iterator[Session]:
-    """One transaction: commit on success, roll back on error."""
-    with _factory(url)() as session, session.begin():
-        yield session
+def session_scope(url: str, *, enqueue: Callable[..., None] | None = None) -> Iterator[Session]:
+    """One transaction: commit on success, roll back on error; then send the tasks it asked for
+    (enqueue_after_commit) with `enqueue(task, *args)`, only if it committed."""
+    with _factory(url)() as session:
+        with session.begin():
+            yield session
+        outbox = session.info.pop(_OUTBOX, [])
+    for task, args in outbox:
+        if enqueue is not None:
+            enqueue(task, *args)
+        else:
+            log.debug("no task queue in this scope: %s%s left to the beat", task, args)
 
 
 def migrate(url: str, revision: str = "head") -> None:

@@ -307,14 +307,40 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_token(args) -> int:
+    """token create --name N --scope S | token list [--json] | token revoke ID. The older form
+    `token --name N --scope S` (no subcommand) still creates; its scope `user` is now `submit`."""
+    import json
+
     from sme2farm.server.db import migrate, session_scope
     from sme2farm.server.services import tokens as token_service
 
+    what = args.token_cmd or "create"
+    if what == "create" and not args.name:
+        print("error: token create needs --name", file=sys.stderr)
+        return 2
     settings = _settings(args)
     secure_data_dir(settings.data_dir)
     migrate(settings.sqlalchemy_url)
     with session_scope(settings.sqlalchemy_url) as session:
-        print(token_service.create(session, name=args.name, scope=args.scope))
+        if what == "create":
+            # stdout carries the plaintext, once, for `$(sme2-farm token create ...)`; never logged
+            print(token_service.create(session, name=args.name, scope=args.scope or "submit"))
+        elif what == "list":
+            rows = token_service.list_all(session, include_revoked=not args.active)
+            if args.json:
+                print(json.dumps([{"id": r.id, "name": r.name, "scope": token_service.canonical(r.scope),
+                                   "agent_id": r.agent_id, "created_at": r.created_at.isoformat(),
+                                   "revoked": r.revoked} for r in rows], indent=2))
+            for r in [] if args.json else rows:
+                print(f"{r.id:<6} {token_service.canonical(r.scope):<9} {'revoked' if r.revoked else 'active':<8} "
+                      f"{r.created_at:%Y-%m-%d %H:%M}  {r.name}")
+        else:
+            row = token_service.revoke(session, token_id=args.token_id)
+            if row is None:
+                print(f"error: no token with id {args.token_id} (see `sme2-farm token list`)", file=sys.stderr)
+                return 1
+            print(f"revoked token {row.id} ({row.name}, {token_service.canonical(row.scope)}); "
+                  f"its next request is refused")
     return 0
 
 
@@ -367,10 +393,23 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--model", default="toy_cnn", help="bundled example: toy_cnn, mlp, portable_mix, cnn_blocks")
             s.add_argument("--iterations", type=int, default=50)
     sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=cmd_migrate)
-    t = sub.add_parser("token", help="mint an API token")
-    t.add_argument("--name", required=True)
-    t.add_argument("--scope", choices=["user", "admin", "register"], default="user")
-    t.set_defaults(fn=cmd_token)
+    t = sub.add_parser("token", help="API tokens: create, list, revoke")
+    user_scopes = ["read", "submit", "admin", "register"]
+    # the older form, `token --name N --scope S`, creates (scope `user` = submit)
+    t.add_argument("--name", help=argparse.SUPPRESS)
+    t.add_argument("--scope", choices=user_scopes + ["user"], help=argparse.SUPPRESS)
+    tsub = t.add_subparsers(dest="token_cmd")
+    tc = tsub.add_parser("create", help="mint a token and print it (once)")
+    tc.add_argument("--name", required=True)
+    tc.add_argument("--scope", choices=user_scopes + ["user"], default="submit",
+                    help="read: GET the API; submit: also submit and cancel; admin: also tokens and agents; "
+                         "register: register agents only (agents get their own token then)")
+    tl = tsub.add_parser("list", help="every token: id, scope, state, creation time, name (never the token)")
+    tl.add_argument("--json", action="store_true")
+    tl.add_argument("--active", action="store_true", help="leave revoked tokens out")
+    tr = tsub.add_parser("revoke", help="revoke a token by id: its next request is refused")
+    tr.add_argument("token_id", type=int)
+    t.set_defaults(fn=cmd_token, token_cmd=None)
     b = sub.add_parser("build-runner", help="build and register a runner: the host's, or arm64 from the PyPI wheel")
     b.add_argument("--manifest")
     b.add_argument("--platform", default="host",

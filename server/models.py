@@ -102,7 +102,10 @@ class Run(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     lease_id: Mapped[str | None] = mapped_column(String(64))
+    # The deadline of the current state: the agent's lease (assigned, running, uploading), then
+    # the ingest deadline (analyzing). The reaper acts on every non-terminal run past it.
     lease_expires_at: Mapped[datetime | None] = mapped_column()
+    ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     runner: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     device_snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON)

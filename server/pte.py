@@ -102,8 +102,12 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
         raise InvalidInputs(f"{'bundled inputs do not fit: ' if upload.inputs_path is None else ''}{e}",
                             "inputs" if upload.inputs_path is not None else "model") from None
     fd, name = tempfile.mkstemp(dir=tmp_dir, suffix=".inputs")
-    with os.fdopen(fd, "wb") as f:
-        f.write(blob)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+    except BaseException:  # disk full: no partial container left in the temp dir
+        os.unlink(name)
+        raise
     if upload.inputs_path is not None:
         upload.inputs_path.unlink()
     upload.inputs_path = Path(name)

@@ -4,6 +4,12 @@ FastAPI's UploadFile would spool the whole body before we could refuse it; this 
 writes the `model` part (and the optional `inputs` part, an .npz) to temp files as they arrive and
 stops at each one's size limit, so an oversized upload costs at most `limit` bytes of disk and
 never reaches the store.
+
+Hostile bodies: the whole body is counted as it streams (a chunked body has no Content-Length to
+check up front, and bytes before the first boundary or after the last are bytes too), the form
+takes exactly the parts it knows (model, inputs, spec; each once), part headers are bounded, and
+the temp files are removed on every way out but success (a refusal, a malformed body, a client
+that goes away, a cancelled request).
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ from pathlib import Path
 from fastapi import HTTPException, Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-MAX_FIELD_BYTES = 64 * 1024  # the JSON spec and other small fields
+MAX_FIELD_BYTES = 64 * 1024  # the JSON spec
+MAX_HEADER_BYTES = 8 * 1024  # one part's headers
 FILE_PARTS = ("model", "inputs")
+FIELD_PARTS = ("spec",)
+# Framing allowance beyond the parts' own limits: boundaries, part headers, a preamble.
+OVERHEAD_BYTES = 64 * 1024
 _PLAIN_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -56,6 +66,7 @@ class _Collector:
         self._buf = bytearray()
         self._file = None
         self._hash = None
+        self._seen: set[str] = set()
 
     # python-multipart push-parser callbacks
     def on_part_begin(self) -> None:
@@ -63,9 +74,15 @@ class _Collector:
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
         self._header_field += data[start:end]
+        self._check_header()
 
     def on_header_value(self, data: bytes, start: int, end: int) -> None:
         self._header_value += data[start:end]
+        self._check_header()
+
+    def _check_header(self) -> None:
+        if not self.error and len(self._header_field) + len(self._header_value) > MAX_HEADER_BYTES:
+            self.error = (413, f"a multipart part header exceeds {MAX_HEADER_BYTES} bytes")
 
     def on_header_end(self) -> None:
         self._headers[self._header_field.lower()] = self._header_value
@@ -74,6 +91,15 @@ class _Collector:
     def on_headers_finished(self) -> None:
         _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
         self._name = params.get(b"name", b"").decode("utf-8", "replace")
+        if self.error:
+            return
+        if self._name not in FILE_PARTS + FIELD_PARTS:
+            self.error = (422, f"unknown form part {self._name[:64]!r}; POST /experiments takes 'model', 'inputs' and 'spec'")
+            return
+        if self._name in self.upload.fields or self._name in self._seen:
+            self.error = (422, f"only one {self._name!r} part may be sent")
+            return
+        self._seen.add(self._name)
         self._is_file = self._name in FILE_PARTS
         if self._is_file:
             attr = "model_path" if self._name == "model" else "inputs_path"
@@ -110,6 +136,8 @@ class _Collector:
                 self.error = (413, f"form field {self._name!r} exceeds {MAX_FIELD_BYTES} bytes")
 
     def on_part_end(self) -> None:
+        if self.error:
+            return
         if self._is_file and self._file:
             self._file.close()
             if self._name == "model":
@@ -128,25 +156,38 @@ async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise HTTPException(415, "POST /experiments takes multipart/form-data with a 'model' file and a 'spec' JSON field")
     length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > limit + inputs_limit + MAX_FIELD_BYTES * 4:
+    if length and length.isdigit() and int(length) > limit + inputs_limit + MAX_FIELD_BYTES + OVERHEAD_BYTES:
         raise HTTPException(413, f"request body of {int(length)} bytes exceeds the {limit // (1 << 20)} MiB model limit")
+    total_limit = limit + inputs_limit + MAX_FIELD_BYTES + OVERHEAD_BYTES
     c = _Collector(tmp_dir, limit, inputs_limit)
     parser = MultipartParser(params[b"boundary"], callbacks={
         name: getattr(c, name) for name in (
             "on_part_begin", "on_part_data", "on_part_end", "on_header_field",
             "on_header_value", "on_header_end", "on_headers_finished")
     })
+    received = 0
     try:
         async for chunk in request.stream():
+            received += len(chunk)
+            if received > total_limit:  # counted as it streams: chunked bodies declare no length
+                c.error = (413, f"request body exceeds {total_limit} bytes (the {limit // (1 << 20)} MiB model "
+                                f"and {inputs_limit // (1 << 20)} MiB inputs limits, a {MAX_FIELD_BYTES // 1024} KiB spec and framing)")
+                break
             parser.write(chunk)
             if c.error:
                 break
         if not c.error:
             parser.finalize()
+            if c._file is not None:  # the body stopped inside a file part: what arrived is not the file
+                c.error = (400, f"malformed multipart body: the {c._name!r} part never ended (no closing boundary)")
     except HTTPException:
         raise
-    except Exception as e:  # malformed multipart framing
+    except Exception as e:  # malformed multipart framing, or the client went away
         c.error = (400, f"malformed multipart body: {e}")
+    except BaseException:  # cancelled: nothing answers, but nothing may stay behind either
+        c.close()
+        c.upload.discard()
+        raise
     finally:
         c.close()
     if c.error:
@@ -156,3 +197,21 @@ async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs
         c.upload.discard()
         raise HTTPException(422, "missing the 'model' file part (the .pte or .bpte)")
     return c.upload
+
+
+# The two streamed bodies, declared for the OpenAPI schema (the routes read the stream themselves,
+# so FastAPI cannot infer them): clients, docs and the schemathesis fuzz test see what to send.
+EXPERIMENT_FORM_OPENAPI = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["model"], "additionalProperties": False,
+    "properties": {
+        "model": {"type": "string", "format": "binary", "description": "the .pte, or a .bpte bundled program"},
+        "inputs": {"type": "string", "format": "binary", "description": "optional .npz of input arrays (with a .pte)"},
+        "spec": {"type": "string", "description": "JSON ExperimentSpec (see the ExperimentReport schema's spec)"},
+    }}}}}}
+ARTIFACT_BODY_OPENAPI = {
+    "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+    "parameters": [
+        {"name": "x-lease-id", "in": "header", "required": True, "schema": {"type": "string"}},
+        {"name": "x-content-sha256", "in": "header", "required": True, "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+    ],
+}

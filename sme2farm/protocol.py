@@ -11,11 +11,11 @@ executorch (tests/test_packaging.py).
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 Sme2Setting = Literal["on", "off"]
 Sme2Request = Literal["on", "off", "both"]
@@ -89,8 +89,66 @@ _METHOD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 DEFAULT_INPUTS = "all ones (default)"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# Every timestamp on the wire is UTC with its offset (RFC 3339, as the schema's date-time says);
+# SQLite hands stored times back without one.
+Timestamp = Annotated[datetime, AfterValidator(lambda t: t if t.tzinfo else t.replace(tzinfo=timezone.utc))]
+
+# Refused in every string a request carries (names, serials, labels, reasons, and keys and values
+# nested in free-form JSON): NUL (PostgreSQL cannot store it), the other C0 controls but tab,
+# newline and carriage return, DEL, and lone surrogates (not encodable as UTF-8).
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def _plain_text(value: Any, where: str = "") -> None:
+    if isinstance(value, str):
+        m = _CONTROL.search(value)
+        if m:
+            raise ValueError(f"{where + ': ' if where else ''}control character U+{ord(m.group()):04X} at "
+                             f"position {m.start()} is not allowed")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _plain_text(k, f"{where}{'.' if where else ''}key {str(k)[:40]!r}")
+            _plain_text(v, f"{where}{'.' if where else ''}{str(k)[:40]}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _plain_text(v, f"{where}[{i}]")
+
+
+def _scrub(value: Any) -> Any:
+    """Control characters replaced by U+FFFD, deep."""
+    if isinstance(value, str):
+        return _CONTROL.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+# The one exception to refusing: text an agent relays from the runner or the device (a failure
+# reason is the runner log's last lines; device state is read from sysfs and dumpsys). A crashing
+# runner may print any byte, and refusing its reason would lose the run's ending, so these are
+# scrubbed (U+FFFD) instead.
+RelayedText = Annotated[str, BeforeValidator(_scrub)]
+RelayedJson = Annotated[dict[str, Any], BeforeValidator(_scrub)]
+
+
+class _Wire(BaseModel):
+    """Base of every inbound message: its strings are plain text (_CONTROL), its floats finite
+    (a NaN or infinity stored would make every later JSON answer about it fail)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_control_characters(cls, value: Any) -> Any:
+        if not isinstance(value, BaseModel):  # nested messages checked their own fields
+            _plain_text(value)
+        return value
+
+
+class _Strict(_Wire):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DeviceSelector(_Strict):
@@ -163,46 +221,64 @@ class ExperimentSpec(_Strict):
         return ["off", "on"] if self.sme2 == "both" else [self.sme2]
 
 
-class DeviceInfo(BaseModel):
+class DeviceInfo(_Wire):
     """A device as an agent sees it: identity, capability (detected, never assumed) and state."""
 
-    serial: str
+    serial: str = Field(min_length=1, max_length=128)
     platform: Platform
-    model: str = ""
-    soc: str = ""
-    cpu_cores: int = 0
-    abi: str = ""
-    os_version: str = ""
+    model: str = Field(default="", max_length=256)
+    soc: str = Field(default="", max_length=256)
+    cpu_cores: int = Field(default=0, ge=0, le=65536)
+    abi: str = Field(default="", max_length=64)
+    os_version: str = Field(default="", max_length=256)
     sme2: bool = False
-    sme2_evidence: str = Field(default="", description="How SME2 was detected, e.g. 'HWCAP2' or '/proc/cpuinfo features'")
+    sme2_evidence: str = Field(default="", max_length=1000, description="How SME2 was detected, e.g. 'HWCAP2' or '/proc/cpuinfo features'")
     runner_platform: RunnerPlatform | None = None
     state: DeviceState = "idle"
-    tags: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list, max_length=64)
 
 
-class RunnerInfo(BaseModel):
+class RunnerInfo(_Wire):
     """Which runner build ran: recorded on every Run."""
 
-    id: str
+    id: str = Field(max_length=256)
     platform: RunnerPlatform
     sme2: Sme2Setting
     flavour: Flavour = "timing"
-    executorch_version: str = ""
-    executorch_commit: str = ""
-    sha256: str = ""
-    origin: str = Field(default="", description="wheel-cross | local-build | recipe")
+    executorch_version: str = Field(default="", max_length=128)
+    executorch_commit: str = Field(default="", max_length=128)
+    sha256: str = Field(default="", max_length=64)
+    origin: str = Field(default="", max_length=64, description="wheel-cross | local-build | recipe")
 
 
 # ---- agent protocol ------------------------------------------------------------------------
 
 
+def _one_per_serial(devices: list[DeviceInfo]) -> list[DeviceInfo]:
+    seen: set[str] = set()
+    for d in devices:
+        if d.serial in seen:
+            raise ValueError(f"device serial {d.serial!r} is listed twice")
+        seen.add(d.serial)
+    return devices
+
+
 class AgentRegister(_Strict):
-    name: str = Field(max_length=128)
+    name: str = Field(min_length=1, max_length=128)
     hostname: str = Field(default="", max_length=255)
-    version: str = ""
-    devices: list[DeviceInfo] = Field(default_factory=list)
+    version: str = Field(default="", max_length=64)
+    devices: list[DeviceInfo] = Field(default_factory=list, max_length=1024)
     # Runner builds this agent holds, so the server can tell "no build" apart from "no device".
-    runners: list[RunnerInfo] = Field(default_factory=list)
+    runners: list[RunnerInfo] = Field(default_factory=list, max_length=1024)
+
+    _devices_unique = field_validator("devices")(_one_per_serial)
+
+
+class DeviceRefused(BaseModel):
+    """A device an agent reported but may not drive: another live agent drives that serial."""
+
+    serial: str
+    reason: str
 
 
 class AgentRegistered(BaseModel):
@@ -211,11 +287,14 @@ class AgentRegistered(BaseModel):
     poll_timeout_s: float
     heartbeat_interval_s: float
     lease_s: float
+    refused: list[DeviceRefused] = Field(default_factory=list, description="Devices not handed to this agent, and why")
 
 
 class AgentDevices(_Strict):
-    devices: list[DeviceInfo]
-    runners: list[RunnerInfo] = Field(default_factory=list)
+    devices: list[DeviceInfo] = Field(max_length=1024)
+    runners: list[RunnerInfo] = Field(default_factory=list, max_length=1024)
+
+    _devices_unique = field_validator("devices")(_one_per_serial)
 
 
 class RunAssignment(BaseModel):
@@ -223,7 +302,7 @@ class RunAssignment(BaseModel):
 
     run_id: int
     lease_id: str
-    lease_expires_at: datetime
+    lease_expires_at: Timestamp
     device_serial: str
     model_sha256: str
     model_size: int
@@ -243,29 +322,54 @@ class RunAssignment(BaseModel):
 
 
 class LeaseRequest(_Strict):
-    lease_id: str
+    lease_id: str = Field(max_length=64)
 
 
 class Heartbeat(_Strict):
-    lease_id: str
+    lease_id: str = Field(max_length=64)
     status: Literal["running", "uploading"] = "running"
-    message: str = Field(default="", max_length=2000)
+    message: RelayedText = Field(default="", max_length=2000)
 
 
 class HeartbeatAnswer(BaseModel):
-    lease_expires_at: datetime
+    lease_expires_at: Timestamp
     cancel: bool = False
 
 
 class RunFinish(_Strict):
-    lease_id: str
+    lease_id: str = Field(max_length=64)
     status: Literal["succeeded", "failed"]
-    reason: str = Field(default="", max_length=8000)
+    reason: RelayedText = Field(default="", max_length=8000)
     runner: RunnerInfo | None = None
-    device_state: dict[str, Any] = Field(default_factory=dict)
-    wall_s: float | None = None
-    exit_code: int | None = None
-    warmup_in_trace: int = Field(default=0, ge=0, description="Leading Execute blocks ingest must skip")
+    device_state: RelayedJson = Field(default_factory=dict, max_length=256)
+    wall_s: float | None = Field(default=None, ge=0)
+    exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)  # an SQL INTEGER column
+    warmup_in_trace: int = Field(default=0, ge=0, le=1_000_000, description="Leading Execute blocks ingest must skip")
+
+
+# ---- tokens (admin API) --------------------------------------------------------------------
+
+TokenScope = Literal["read", "submit", "admin", "register", "agent"]
+
+
+class TokenCreate(_Strict):
+    """POST /tokens: agent tokens are not minted here (an agent gets its own at registration)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    scope: Literal["read", "submit", "admin", "register"] = "submit"
+
+
+class TokenInfo(BaseModel):
+    id: int
+    name: str
+    scope: TokenScope
+    agent_id: int | None = None
+    created_at: Timestamp
+    revoked: bool
+
+
+class TokenCreated(TokenInfo):
+    token: str = Field(description="The plaintext token: shown in this answer only")
 
 
 class Conflict(BaseModel):
@@ -313,9 +417,9 @@ class RunReport(BaseModel):
     kernels: dict[str, Any] | None = None
     artifacts: list[str] = Field(default_factory=list)
     runner_wall_s: float | None = None
-    created_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    created_at: Timestamp | None = None
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
 
 
 class ExperimentReport(BaseModel):
@@ -328,7 +432,7 @@ class ExperimentReport(BaseModel):
     inputs: str = Field(default=DEFAULT_INPUTS, description="Which inputs the runs were fed")
     inputs_sha256: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    created_at: datetime
+    created_at: Timestamp
     runs: list[RunReport]
     comparisons: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -338,7 +442,7 @@ class ExperimentSummary(BaseModel):
     name: str | None
     status: str
     model_sha256: str
-    created_at: datetime
+    created_at: Timestamp
     runs: int
     runs_by_status: dict[str, int]
 

@@ -57,7 +57,7 @@ def test_submit_fans_out_runs_and_names_unschedulable_reasons(api, pte):
     assert host_on["status"] == "unschedulable"
     assert "SME2" in host_on["reason"] and "host-test" in host_on["reason"]
     assert by[("host-test", "off", 1)]["status"] == "queued"
-    assert ("dispatch",) in api.enqueued
+    assert ("sme2farm.dispatch",) in api.enqueued  # protocol.TASK_DISPATCH, sent after the commit
 
 
 def test_same_model_twice_is_stored_once(api, pte):

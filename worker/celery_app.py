@@ -11,6 +11,7 @@ from celery import Celery, signals
 from kombu.transport import sqlalchemy as kombu_sqla
 
 from sme2farm import logs
+from sme2farm.protocol import TASK_DISPATCH, TASK_REAP
 from sme2farm.server.config import Settings, get_settings
 
 
@@ -31,8 +32,9 @@ def make_celery(settings: Settings) -> Celery:
         beat_scheduler="sme2farm.worker.beat:LeasedScheduler",
         beat_schedule={
             # Dispatch is enqueued on every event that can free or add work; the periodic one is a net.
-            "dispatch": {"task": "sme2farm.dispatch", "schedule": 5.0},
-            "reap-leases": {"task": "sme2farm.reap", "schedule": max(1.0, settings.lease_s / 4)},
+            "dispatch": {"task": TASK_DISPATCH, "schedule": 5.0},
+            # Every non-terminal run past its deadline (lease, ingest deadline): services/runs.py reap_expired.
+            "reap-leases": {"task": TASK_REAP, "schedule": max(1.0, settings.lease_s / 4)},
         },
     )
     return app

@@ -1,47 +1,83 @@
-"""Ingest: where a run's uploaded ETDump becomes stored results (SQL rows + derived artifacts)."""
+"""Ingest: where a run's uploaded ETDump becomes stored results (SQL rows + derived artifacts).
+
+Only the "how": read and analyse the trace, then write rows and files. What the outcome means
+for the run (succeeded, or failed with which reason) is decided by the run service
+(server/services/runs.py ingest), which calls this through its Ingester interface.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from sme2farm import analysis
-from sme2farm.server.models import Artifact, OperatorStat, Run, RunResult, utcnow
+from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
+from sme2farm.server.models import Artifact, OperatorStat, Run, RunResult
+from sme2farm.server.services.errors import DomainError
 from sme2farm.server.storage import Store
 
 
-def _derived(store: Store, session: Session, run: Run, name: str, data: str) -> None:
-    size, sha256 = store.write_artifact(run.id, name, data)
-    session.execute(delete(Artifact).where(Artifact.run_id == run.id, Artifact.name == name))
-    session.add(Artifact(run_id=run.id, name=name, size=size, sha256=sha256))
+class IngestError(DomainError):
+    """The trace is readable but cannot become results; the message says why, for the user."""
 
 
-def ingest_run(session: Session, *, store: Store, run_id: int) -> str:
-    run = session.scalar(select(Run).where(Run.id == run_id).with_for_update())
-    if run is None or run.status != "analyzing":
-        return run.status if run else "missing"  # a repeated ingest stores nothing twice
-    trace = store.artifact_path(run.id, "trace.etdump")
-    kernel_log_path = store.artifact_path(run.id, "kernels.log")
-    kernel_log = kernel_log_path.read_text(errors="replace") if kernel_log_path.exists() else None
-    try:
+@dataclass
+class Analysis:
+    report: dict
+    derived: dict[str, str]  # artifact name -> its text
+
+
+class Ingester:
+    def __init__(self, store: Store):
+        self.files = store
+
+    def analyze(self, run: Run) -> Analysis:
+        trace = self.files.artifact_path(run.id, TRACE)
+        if not trace.exists():
+            raise IngestError(f"no {TRACE} was stored for this run")
+        kernel_log_path = self.files.artifact_path(run.id, KERNEL_LOG)
+        kernel_log = kernel_log_path.read_text(errors="replace") if kernel_log_path.exists() else None
         etdump = trace.read_bytes()
         report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace)
-    except (OSError, analysis.EtdumpError) as e:
-        run.status, run.reason, run.finished_at = "failed", f"the ETDump could not be analysed: {e}", utcnow()
-        return run.status
-    e2e = report["e2e_ms"]
-    session.add(RunResult(
-        run_id=run.id, e2e_median_ms=e2e["median"], e2e_mean_ms=e2e["mean"], e2e_p10_ms=e2e["p10"],
-        e2e_p90_ms=e2e["p90"], e2e_cv=e2e["cv"], n=e2e["n"], categories_ms=report["categories_ms"], analysis=report,
-    ))
-    for op in report["operators"]:
-        session.add(OperatorStat(run_id=run.id, name=op["name"][:256], category=op["category"], count=op["count"],
-                                 total_ms=op["total_ms"], share=op["share"], delegated=op["delegated"]))
-    _derived(store, session, run, "report.json", json.dumps(report))
-    _derived(store, session, run, "report.md", analysis.to_markdown(report))
-    _derived(store, session, run, "latencies.csv", analysis.to_csv(report))
-    _derived(store, session, run, "perfetto.json", json.dumps(analysis.to_perfetto(etdump)))
-    run.status, run.finished_at = "succeeded", utcnow()
-    return run.status
+        if report["n_iterations"] == 0:
+            total = report["n_iterations"] + report["skipped_iterations"]
+            if total == 0:
+                raise IngestError("the ETDump holds no Execute block: nothing was timed")
+            raise IngestError(f"the ETDump has no timed iteration: its {total} Execute block(s) are all warm-up "
+                              f"(the agent said the first {run.warmup_in_trace} are)")
+        # Everything derived is rendered here, before any row is written: a trace that breaks a
+        # renderer fails the run like one that breaks the reader.
+        derived = {
+            REPORT_JSON: json.dumps(report),
+            REPORT_MD: analysis.to_markdown(report),
+            LATENCIES_CSV: analysis.to_csv(report),
+            PERFETTO_JSON: json.dumps(analysis.to_perfetto(etdump)),
+        }
+        return Analysis(report, derived)
+
+    def store(self, session: Session, run: Run, result: Analysis) -> None:
+        report = result.report
+        e2e = report["e2e_ms"]
+        session.add(RunResult(
+            run_id=run.id, e2e_median_ms=e2e["median"], e2e_mean_ms=e2e["mean"], e2e_p10_ms=e2e["p10"],
+            e2e_p90_ms=e2e["p90"], e2e_cv=e2e["cv"], n=e2e["n"], categories_ms=report["categories_ms"], analysis=report,
+        ))
+        for op in report["operators"]:
+            session.add(OperatorStat(run_id=run.id, name=op["name"][:256], category=op["category"], count=op["count"],
+                                     total_ms=op["total_ms"], share=op["share"], delegated=op["delegated"]))
+        session.flush()  # the rows are checked (constraints) before any file is written
+        written = []
+        try:
+            for name, data in result.derived.items():
+                size, sha256 = self.files.write_artifact(run.id, name, data)
+                written.append(name)
+                session.execute(delete(Artifact).where(Artifact.run_id == run.id, Artifact.name == name))
+                session.add(Artifact(run_id=run.id, name=name, size=size, sha256=sha256))
+            session.flush()
+        except BaseException:
+            for name in written:  # a failed run shows no half of its results
+                self.files.artifact_path(run.id, name).unlink(missing_ok=True)
+            raise

@@ -15,12 +15,14 @@ from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy import select
 
 from sme2farm.protocol import (
-    AGENT_ARTIFACTS, AgentDevices, AgentRegister, AgentRegistered, Conflict, Heartbeat, HeartbeatAnswer, LeaseRequest,
+    ACTIVE, AGENT_ARTIFACTS, AgentDevices, AgentRegister, AgentRegistered, Conflict, Heartbeat, HeartbeatAnswer, LeaseRequest,
     RunAssignment, RunFinish,
 )
-from sme2farm.server.api.deps import AgentIdDep, Credentials, SessionDep, SettingsDep, StoreDep, _token, agent_of
+from sme2farm.server.api.deps import (
+    AgentIdDep, RegistrarDep, RunId, SessionDep, SettingsDep, Sha256, StoreDep, WaitS,
+)
 from sme2farm.server.db import session_scope
-from sme2farm.server.models import Agent, Artifact, Device, Experiment, Model
+from sme2farm.server.models import Agent, Artifact, Device, Experiment, Run
 from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
@@ -35,29 +37,30 @@ def conflict(e: run_service.LeaseConflict) -> JSONResponse:
 
 
 @router.post("/register", response_model=AgentRegistered)
-def register(body: AgentRegister, request: Request, settings: SettingsDep, creds: Credentials) -> AgentRegistered:
-    """Exchange an admin or registration token for a per-agent access token."""
+def register(body: AgentRegister, request: Request, settings: SettingsDep, _registrar: RegistrarDep) -> AgentRegistered:
+    """Exchange a registration (or admin) token for a per-agent access token. A device another
+    live agent drives is not handed to this one: `refused` names it and why."""
     with session_scope(settings.sqlalchemy_url) as session:
-        row = _token(session, creds)
-        if row.scope not in ("admin", "register"):
-            raise HTTPException(403, "registering an agent needs an admin or registration token")
         agent = device_service.register_agent(session, name=body.name, hostname=body.hostname, version=body.version)
         token = token_service.create(session, name=f"agent:{body.name}", scope="agent", agent_id=agent.id)
-        device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners)
+        refused = device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners,
+                                      offline_s=settings.agent_offline_s)
         agent_id = agent.id
         request.app.state.enqueue("dispatch")
     return AgentRegistered(agent_id=agent_id, access_token=token, poll_timeout_s=settings.poll_timeout_s,
-                           heartbeat_interval_s=settings.heartbeat_interval_s, lease_s=settings.lease_s)
+                           heartbeat_interval_s=settings.heartbeat_interval_s, lease_s=settings.lease_s,
+                           refused=refused)
 
 
 @router.put("/devices")
-def sync_devices(body: AgentDevices, request: Request, settings: SettingsDep, creds: Credentials) -> dict:
+def sync_devices(body: AgentDevices, request: Request, settings: SettingsDep, agent_id: AgentIdDep) -> dict:
     # The transaction must commit before dispatch is enqueued, so it is opened here, not in a dependency.
     with session_scope(settings.sqlalchemy_url) as session:
-        agent = agent_of(session, creds)
-        device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners)
+        agent = session.get(Agent, agent_id)
+        refused = device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners,
+                                      offline_s=settings.agent_offline_s)
     request.app.state.enqueue("dispatch")
-    return {"devices": len(body.devices)}
+    return {"devices": len(body.devices) - len(refused), "refused": refused}
 
 
 def _assignments(settings, agent_id: int) -> list[RunAssignment]:
@@ -82,7 +85,7 @@ def _assignments(settings, agent_id: int) -> list[RunAssignment]:
 
 
 @router.post("/claim", response_model=list[RunAssignment])
-async def claim(request: Request, settings: SettingsDep, agent_id: AgentIdDep, wait: float = 0.0) -> list[RunAssignment]:
+async def claim(request: Request, settings: SettingsDep, agent_id: AgentIdDep, wait: WaitS = 0.0) -> list[RunAssignment]:
     """Long-poll: answer as soon as a run is assigned to one of this agent's devices, or after
     `wait` seconds (capped by the server's poll timeout) with an empty list."""
     deadline = time.monotonic() + min(max(wait, 0.0), settings.poll_timeout_s)
@@ -94,7 +97,7 @@ async def claim(request: Request, settings: SettingsDep, agent_id: AgentIdDep, w
 
 
 @router.post("/runs/{run_id}/start")
-def start(run_id: int, body: LeaseRequest, session: SessionDep, settings: SettingsDep, agent_id: AgentIdDep):
+def start(run_id: RunId, body: LeaseRequest, session: SessionDep, settings: SettingsDep, agent_id: AgentIdDep):
     try:
         run = run_service.start(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id, lease_s=settings.lease_s)
     except run_service.LeaseConflict as e:
@@ -105,7 +108,7 @@ def start(run_id: int, body: LeaseRequest, session: SessionDep, settings: Settin
 
 
 @router.post("/runs/{run_id}/heartbeat")
-def heartbeat(run_id: int, body: Heartbeat, session: SessionDep, settings: SettingsDep, agent_id: AgentIdDep):
+def heartbeat(run_id: RunId, body: Heartbeat, session: SessionDep, settings: SettingsDep, agent_id: AgentIdDep):
     try:
         run = run_service.heartbeat(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id,
                                     status=body.status, lease_s=settings.lease_s)
@@ -118,7 +121,7 @@ def heartbeat(run_id: int, body: Heartbeat, session: SessionDep, settings: Setti
 
 
 @router.put("/runs/{run_id}/artifacts/{name}")
-async def upload_artifact(run_id: int, name: str, request: Request, settings: SettingsDep, store: StoreDep, agent_id: AgentIdDep):
+async def upload_artifact(run_id: RunId, name: str, request: Request, settings: SettingsDep, store: StoreDep, agent_id: AgentIdDep):
     """Raw body upload; X-Lease-Id, X-Content-SHA256 and Content-Length are checked against it."""
     if name not in AGENT_ARTIFACTS:
         raise HTTPException(422, f"artifact name must be one of {sorted(AGENT_ARTIFACTS)}")
@@ -155,7 +158,7 @@ async def upload_artifact(run_id: int, name: str, request: Request, settings: Se
 
 
 @router.post("/runs/{run_id}/finish")
-def finish(run_id: int, body: RunFinish, request: Request, settings: SettingsDep, store: StoreDep, agent_id: AgentIdDep):
+def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsDep, store: StoreDep, agent_id: AgentIdDep):
     has_trace = store.artifact_path(run_id, "trace.etdump").exists()
     try:
         with session_scope(settings.sqlalchemy_url) as session:
@@ -174,21 +177,27 @@ def finish(run_id: int, body: RunFinish, request: Request, settings: SettingsDep
 
 
 @router.get("/models/{sha256}")
-def download_model(sha256: str, session: SessionDep, store: StoreDep, _agent: AgentIdDep) -> FileResponse:
+def download_model(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
+    """The model of a run assigned to this agent's devices (no other: an agent token is not a
+    key to every model on the farm)."""
     path = store.model_path(sha256)
-    if session.get(Model, sha256) is None or not path.exists():
-        raise HTTPException(404, f"model {sha256} not found")
+    if not _serves(session, agent_id, Experiment.model_sha256 == sha256) or not path.exists():
+        raise HTTPException(404, f"model {sha256} is not the model of a run this agent holds")
     return FileResponse(path, media_type="application/octet-stream")
 
 
 @router.get("/inputs/{sha256}")
-def download_inputs(sha256: str, session: SessionDep, store: StoreDep, _agent: AgentIdDep) -> FileResponse:
-    """An experiment's SME2IN01 inputs container (runners/inputs.py), by sha256."""
-    try:
-        path = store.inputs_path(sha256)
-    except ValueError:
-        raise HTTPException(404, f"inputs {sha256[:80]} not found")
-    known = session.scalar(select(Experiment.id).where(Experiment.inputs_sha256 == sha256).limit(1))
-    if known is None or not path.exists():
-        raise HTTPException(404, f"inputs {sha256} not found")
+def download_inputs(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
+    """The SME2IN01 inputs container (runners/inputs.py) of a run assigned to this agent's devices."""
+    path = store.inputs_path(sha256)
+    if not _serves(session, agent_id, Experiment.inputs_sha256 == sha256) or not path.exists():
+        raise HTTPException(404, f"inputs {sha256} are not the inputs of a run this agent holds")
     return FileResponse(path, media_type="application/octet-stream")
+
+
+def _serves(session, agent_id: int, which) -> bool:
+    """Does this agent hold (assigned, running or uploading) a run of an experiment matching `which`?"""
+    return session.scalar(
+        select(Run.id).join(Experiment, Run.experiment_id == Experiment.id).join(Device, Run.device_id == Device.id)
+        .where(which, Device.agent_id == agent_id, Run.status.in_([str(s) for s in ACTIVE])).limit(1)
+    ) is not None

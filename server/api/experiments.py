@@ -7,14 +7,15 @@ import json
 import logging
 import time
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import ExperimentPage, ExperimentReport, ExperimentSpec
-from sme2farm.server.api.deps import SessionDep, SettingsDep, StoreDep, UserDep
+from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, UserDep
 from sme2farm.server.db import session_scope
+from sme2farm.server.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.models import Model
 from sme2farm.server.pte import InvalidProgram, prepare
 from sme2farm.server.services import comparisons
@@ -22,7 +23,7 @@ from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
-from sme2farm.server.uploads import receive_experiment
+from sme2farm.server.uploads import EXPERIMENT_FORM_OPENAPI, receive_experiment
 
 router = APIRouter(tags=["experiments"])
 log = logging.getLogger(__name__)
@@ -41,7 +42,9 @@ def parse_spec(raw: str | None) -> ExperimentSpec:
     if raw is None or not raw.strip():
         return ExperimentSpec()
     try:
-        data = json.loads(raw)
+        data = loads_bounded(raw)
+    except JsonTooDeep as e:
+        raise HTTPException(422, f"spec: {e}")
     except json.JSONDecodeError as e:
         raise HTTPException(422, f"spec is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
     if not isinstance(data, dict):
@@ -52,7 +55,7 @@ def parse_spec(raw: str | None) -> ExperimentSpec:
         raise HTTPException(422, validation_message(e, "spec"))
 
 
-@router.post("/experiments", status_code=201, response_model=ExperimentReport)
+@router.post("/experiments", status_code=201, response_model=ExperimentReport, openapi_extra=EXPERIMENT_FORM_OPENAPI)
 async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, _user: UserDep) -> ExperimentReport:
     """Upload a .pte (`model` part) with an optional `inputs` .npz, or a .bpte (its first test case
     of `spec.method` gives the inputs), and a JSON `spec`; one Run per device x sme2 x threads."""
@@ -65,7 +68,7 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
     except InvalidProgram as e:
         upload.discard()
         raise HTTPException(422, f"{e.field}: {e}")
-    except HTTPException:
+    except BaseException:  # any refusal or failure: the upload's temp files go with it
         upload.discard()
         raise
     try:
@@ -73,6 +76,12 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
     except experiment_service.NoMatchingDevice as e:
         upload.discard()
         raise HTTPException(422, f"spec.device: {e}")
+    except experiment_service.TooManyRuns as e:
+        upload.discard()
+        raise HTTPException(422, f"spec: {e}")
+    except BaseException:
+        upload.discard()
+        raise
     if any(r.status == "queued" for r in report.runs):
         request.app.state.enqueue("dispatch")
     return report
@@ -107,7 +116,7 @@ def _store_or_explain(settings, spec: ExperimentSpec, upload, store) -> Experime
     first transaction rolled back, so the check reads in a fresh one)."""
     try:
         with session_scope(settings.sqlalchemy_url) as session:
-            return _store_experiment(session, spec, upload, store)
+            return _store_experiment(session, spec, upload, store, max_runs=settings.max_runs_per_experiment)
     except experiment_service.NoMatchingDevice as e:
         with session_scope(settings.sqlalchemy_url) as session:
             e.expected = device_service.expected(
@@ -116,12 +125,12 @@ def _store_or_explain(settings, spec: ExperimentSpec, upload, store) -> Experime
         raise
 
 
-def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> ExperimentReport:
+def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max_runs: int | None = None) -> ExperimentReport:
     model = session.get(Model, upload.sha256)
     if model is None:
         model = Model(sha256=upload.sha256, size=upload.size)
         session.add(model)
-    exp = experiment_service.create(session, spec=spec, model=model)
+    exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs)
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
     exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
     comparisons.refresh(session, experiment_id=exp.id)  # nothing to run at all: complete now
@@ -135,14 +144,14 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store) -> 
 
 
 @router.get("/experiments", response_model=ExperimentPage)
-def list_experiments(session: SessionDep, _user: UserDep, page: int = Query(1, ge=1), page_size: int = Query(20, ge=1, le=200)) -> ExperimentPage:
+def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_size: PageSize = 20) -> ExperimentPage:
     """Experiments, newest first."""
     rows, total = experiment_service.get_page(session, page=page, page_size=page_size)
     return ExperimentPage(items=[reports.summary(e) for e in rows], total=total, page=page, page_size=page_size)
 
 
 @router.get("/experiments/{experiment_id}", response_model=ExperimentReport)
-def get_experiment(experiment_id: int, session: SessionDep, _user: UserDep) -> ExperimentReport:
+def get_experiment(experiment_id: ExperimentId, session: SessionDep, _user: UserDep) -> ExperimentReport:
     exp = experiment_service.get(session, experiment_id=experiment_id)
     if exp is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")
@@ -150,7 +159,7 @@ def get_experiment(experiment_id: int, session: SessionDep, _user: UserDep) -> E
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport)
-def cancel_experiment(experiment_id: int, settings: SettingsDep, _user: UserDep) -> ExperimentReport:
+def cancel_experiment(experiment_id: ExperimentId, settings: SettingsDep, _user: UserDep) -> ExperimentReport:
     with session_scope(settings.sqlalchemy_url) as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:

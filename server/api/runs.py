@@ -6,7 +6,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse
 
 from sme2farm.protocol import ARTIFACT_MEDIA, ARTIFACT_NAMES, RunReport
-from sme2farm.server.api.deps import SessionDep, StoreDep, UserDep
+from sme2farm.server.api.deps import RunId, SessionDep, StoreDep, UserDep
 from sme2farm.server.services import comparisons, reports
 from sme2farm.server.services import runs as run_service
 
@@ -14,7 +14,7 @@ router = APIRouter(tags=["runs"])
 
 
 @router.get("/runs/{run_id}", response_model=RunReport)
-def get_run(run_id: int, session: SessionDep, _user: UserDep) -> RunReport:
+def get_run(run_id: RunId, session: SessionDep, _user: UserDep) -> RunReport:
     run = run_service.get(session, run_id=run_id)
     if run is None:
         raise HTTPException(404, f"run {run_id} not found")
@@ -22,7 +22,7 @@ def get_run(run_id: int, session: SessionDep, _user: UserDep) -> RunReport:
 
 
 @router.get("/runs/{run_id}/artifacts/{name}")
-def get_artifact(run_id: int, name: str, session: SessionDep, store: StoreDep, _user: UserDep) -> FileResponse:
+def get_artifact(run_id: RunId, name: str, session: SessionDep, store: StoreDep, _user: UserDep) -> FileResponse:
     if name not in ARTIFACT_NAMES:
         raise HTTPException(404, f"unknown artifact {name!r}; artifacts are {sorted(ARTIFACT_NAMES)}")
     if run_service.get(session, run_id=run_id) is None:
@@ -34,7 +34,7 @@ def get_artifact(run_id: int, name: str, session: SessionDep, store: StoreDep, _
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunReport)
-def cancel_run(run_id: int, session: SessionDep, _user: UserDep) -> RunReport:
+def cancel_run(run_id: RunId, session: SessionDep, _user: UserDep) -> RunReport:
     run = run_service.get(session, run_id=run_id)
     if run is None:
         raise HTTPException(404, f"run {run_id} not found")

@@ -1,5 +1,6 @@
 """SME2 off vs on comparisons for an experiment, refreshed in the same transaction that makes
-its last run terminal, so a client that sees every run terminal also sees the comparisons."""
+its last run terminal, so a client that sees every run terminal also sees the comparisons.
+Called only by the run service when it ends runs (services/runs.py end_run)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def refresh(session: Session, *, experiment_id: int) -> None:
     exp = session.scalar(select(Experiment).where(Experiment.id == experiment_id).with_for_update())
     if exp is None:
         return
-    runs = session.scalars(select(Run).where(Run.experiment_id == experiment_id).execution_options(populate_existing=True)).all()
-    if any(r.status not in TERMINAL for r in runs):
+    # Cheap while runs are left (this is called each time one of the experiment's runs ends).
+    if session.scalar(select(Run.id).where(Run.experiment_id == experiment_id,
+                                           Run.status.not_in([s.value for s in TERMINAL])).limit(1)) is not None:
         return
+    runs = session.scalars(select(Run).where(Run.experiment_id == experiment_id).execution_options(populate_existing=True)).all()
     groups: dict[tuple, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         groups[(r.device_id, r.threads, r.mode)][r.sme2].append(r)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import DeviceInfo, DeviceSelector, RunnerInfo
@@ -25,13 +25,53 @@ def register_agent(session: Session, *, name: str, hostname: str, version: str) 
     return agent
 
 
-def sync(session: Session, *, agent: Agent, devices: list[DeviceInfo], runners: list[RunnerInfo]) -> None:
+# Device ownership is decided under one lock (a PostgreSQL advisory lock; SQLite's write lock), so
+# two agents registering the same serial at the same moment cannot both be handed it.
+_OWNERSHIP_LOCK = 0x534D4532  # "SME2"
+
+
+def _lock_ownership(session: Session) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _OWNERSHIP_LOCK})
+    else:
+        session.flush()  # the agent's last_seen is written: this transaction now holds SQLite's write lock
+
+
+def live_owner(session: Session, *, serial: str, agent: Agent, offline_s: float) -> Agent | None:
+    """Another agent that owns `serial` now: it reports the device (not offline) and has talked to
+    the server within offline_s. Its row is what dispatch hands runs to."""
+    cutoff = utcnow() - timedelta(seconds=offline_s)
+    return session.scalars(
+        select(Agent).join(Device, Device.agent_id == Agent.id)
+        .where(Device.serial == serial, Device.agent_id != agent.id, Device.state != "offline",
+               Agent.last_seen >= cutoff)
+    ).first()
+
+
+def sync(session: Session, *, agent: Agent, devices: list[DeviceInfo], runners: list[RunnerInfo],
+         offline_s: float = 90.0) -> list[dict[str, str]]:
     """Upsert what the agent reports; a device it no longer reports goes offline (its run is
-    left to the lease reaper, which requeues it)."""
+    left to the lease reaper, which requeues it).
+
+    One device serial is driven by one agent at a time: a serial that another live agent owns
+    (see live_owner) is not handed to this one: it is returned as refused, with the reason, and
+    this agent gets no row for it (so no run), until the owner stops reporting it or goes silent
+    for offline_s; this agent's next sync (agents re-sync every 30 s) then takes it over, and the
+    previous owner's row goes offline. Returns the refused serials and why."""
     agent.runners = [r.model_dump() for r in runners]
     agent.last_seen = utcnow()
+    _lock_ownership(session)
     known = {d.serial: d for d in session.scalars(select(Device).where(Device.agent_id == agent.id))}
+    refused: list[dict[str, str]] = []
     for info in devices:
+        owner = live_owner(session, serial=info.serial, agent=agent, offline_s=offline_s)
+        if owner is not None:
+            refused.append({"serial": info.serial, "reason": (
+                f"device {info.serial} is driven by agent {owner.name!r} ({owner.hostname or 'unknown host'}), "
+                f"seen in the last {offline_s:g} s; one agent drives a device at a time")})
+            continue  # a row this agent had for it goes offline below, with the unreported ones
+        session.execute(update(Device).where(Device.serial == info.serial, Device.agent_id != agent.id,
+                                             Device.state != "offline").values(state="offline"))
         row = known.pop(info.serial, None)
         if row is None:
             row = Device(agent_id=agent.id, serial=info.serial, platform=info.platform)
@@ -41,8 +81,9 @@ def sync(session: Session, *, agent: Agent, devices: list[DeviceInfo], runners: 
             row.state = info.state
         elif row.state in ("offline", "unhealthy"):
             row.state = "busy" if row.current_run_id else "idle"
-    for row in known.values():
+    for row in known.values():  # no longer reported, or refused above: offline
         row.state = "offline"
+    return refused
 
 
 def touch(session: Session, *, agent: Agent) -> None:

@@ -15,6 +15,22 @@ class NoMatchingDevice(ValueError):
     expected: str = ""
 
 
+class TooManyRuns(ValueError):
+    """A submission that would fan out past SME2_MAX_RUNS_PER_EXPERIMENT (a 422 naming the count)."""
+
+
+def fan_out(n_devices: int, spec: ExperimentSpec, max_runs: int | None) -> int:
+    """How many runs the spec makes on n_devices; TooManyRuns past max_runs, before any row is written."""
+    arms, threads, sessions = len(spec.sme2_settings()), len(spec.threads), spec.sessions
+    total = n_devices * arms * threads * sessions
+    if max_runs is not None and total > max_runs:
+        raise TooManyRuns(
+            f"this submission would create {total} runs ({n_devices} device(s) x {arms} SME2 setting(s) x "
+            f"{threads} thread count(s) x {sessions} session(s)); an experiment may have at most {max_runs} "
+            f"(SME2_MAX_RUNS_PER_EXPERIMENT): narrow spec.device, or ask for fewer threads or sessions")
+    return total
+
+
 def arm_order(settings: list[str], session: int) -> list[str]:
     """A B B A: alternate which arm goes first per session so drift hits both arms alike."""
     return settings if session % 2 == 0 else list(reversed(settings))
@@ -38,12 +54,13 @@ def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str
             f"register one in its runner manifest (runners/recipe.py)")
 
 
-def create(session: Session, *, spec: ExperimentSpec, model: Model) -> Experiment:
+def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: int | None = None) -> Experiment:
     devices = device_service.matching(session, selector=spec.device)
     if not devices:
         what = spec.device.model_dump(exclude_none=True, exclude_defaults=True) if spec.device else {}
         known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
         raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
+    fan_out(len(devices), spec, max_runs)
     exp = Experiment(name=spec.name, model_sha256=model.sha256, spec=spec.model_dump(mode="json"), labels=spec.labels)
     session.add(exp)
     session.flush()

@@ -1,43 +1,147 @@
-"""The Run state machine: dispatch, claim, start, heartbeat, finish, cancel, lease reaping.
+"""The run lifecycle, owned here and only here: every transition of a Run, ingest's included, and
+the one way a run ends.
 
-queued -> assigned -> running -> uploading -> analyzing -> succeeded | failed
-   \-> unschedulable (at creation)     any non-terminal -> cancelled / failed (reaper)
+    queued ─dispatch─► assigned ─start─► running ─upload─► uploading ─finish─► analyzing ─ingest─► succeeded
+      │                 └──────────── lease expired: back to queued ─┘           │
+      │                   (or failed after max_attempts; cancelled if asked)        ├─► failed  (trace unusable;
+      └─► cancelled      any of assigned/running/uploading ─finish─► failed | cancelled      ingest deadline x attempts)
+    unschedulable: decided at submission, never left                                 └─► cancelled
 
-Every transition is a conditional UPDATE (or a row lock on PostgreSQL), so two workers or a
-retried agent request can never move a run twice. A repeat of the same transition by the lease
-owner is answered as success ("there may have been a network glitch").
+ALLOWED below is that picture as data; a move outside it raises IllegalTransition (409).
+
+Every status change is a conditional UPDATE (`... WHERE status = <the status this transaction
+read>`), on top of the row locks PostgreSQL takes: SQLite runs reads outside the write
+transaction, so without the condition a cancel, a reaper and an agent could each read a state
+and overwrite each other. A repeat of the same transition by the lease owner is answered as
+success ("there may have been a network glitch").
+
+A run ends only through _end (end_run outside this module), which stamps it, frees its device
+and then completes its experiment's comparisons in the same transaction (comparisons.refresh),
+so a client that sees every run of an experiment ended also sees the comparisons. Tasks a
+transition needs (dispatch, ingest) are sent after the transaction commits (db.enqueue_after_commit).
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
+from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any, Protocol
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
-from sme2farm.protocol import TERMINAL, RunFinish
+from sme2farm.analysis import EtdumpError
+from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunFinish, RunStatus
+from sme2farm.server.db import enqueue_after_commit
 from sme2farm.server.models import Device, Run, utcnow
+from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
+from sme2farm.server.services.errors import Conflict, DomainError, NotFound
 
-ACTIVE = ("assigned", "running", "uploading")
+log = logging.getLogger(__name__)
+S = RunStatus
+CANCELLED_BY_USER = "cancelled by user"
+
+# Which status each status may move to. Terminal statuses move nowhere.
+ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
+    S.queued: frozenset({S.assigned, S.cancelled}),
+    S.assigned: frozenset({S.running, S.uploading, S.analyzing, S.queued, S.failed, S.cancelled}),
+    S.running: frozenset({S.uploading, S.analyzing, S.queued, S.failed, S.cancelled}),
+    S.uploading: frozenset({S.analyzing, S.queued, S.failed, S.cancelled}),
+    S.analyzing: frozenset({S.succeeded, S.failed, S.cancelled}),
+    **{t: frozenset() for t in TERMINAL},
+}
 
 
-class LeaseConflict(Exception):
-    """The caller does not own this run (anymore): answered 409 with the previous state."""
+class LeaseConflict(Conflict):
+    """The caller does not own this run (anymore), or the run is past what it asks: 409."""
 
-    def __init__(self, reason: str, message: str, previous_state: str | None):
-        super().__init__(message)
-        self.reason, self.message, self.previous_state = reason, message, previous_state
+
+class IllegalTransition(LeaseConflict):
+    def __init__(self, run_id: int, frm: str, to: RunStatus):
+        super().__init__("invalid_state", f"run {run_id} cannot move from {frm} to {to}", frm)
+
+
+class StateChanged(LeaseConflict):
+    """Another transaction moved the run between this one's read and its write."""
+
+    def __init__(self, run_id: int, expected: str):
+        super().__init__("state_changed", f"run {run_id} changed state while this request handled it "
+                                          f"(it was {expected}); ask again", expected)
 
 
 def get(session: Session, *, run_id: int) -> Run | None:
     return session.get(Run, run_id)
 
 
+def require(session: Session, *, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
 def _locked(session: Session, run_id: int) -> Run | None:
-    # FOR UPDATE on PostgreSQL; SQLite ignores it and serialises writers on the file lock.
+    # FOR UPDATE on PostgreSQL; SQLite ignores it (the conditional UPDATEs in _move guard it).
     return session.scalar(select(Run).where(Run.id == run_id).with_for_update())
+
+
+def _values(statuses: Iterable[RunStatus]) -> list[str]:
+    return [s.value for s in statuses]
+
+
+def _move(session: Session, run: Run, to: RunStatus, **values: Any) -> None:
+    """The one place a run's status is written: checked against ALLOWED, conditional on the
+    status this transaction read, mirrored onto the loaded object. `to` equal to the current
+    status updates only `values` (a new deadline), still conditional on the status."""
+    frm = run.status
+    touch = to == frm and to not in TERMINAL
+    if not touch and to not in ALLOWED[S(frm)]:
+        raise IllegalTransition(run.id, frm, to)
+    moved = session.execute(
+        update(Run).where(Run.id == run.id, Run.status == frm).values(status=to.value, **values)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if moved != 1:
+        session.expire(run)
+        raise StateChanged(run.id, frm)
+    for key, value in {"status": to.value, **values}.items():
+        set_committed_value(run, key, value)
+
+
+def _end(session: Session, run: Run, status: RunStatus, reason: str | None, *, device_lost: bool = False) -> None:
+    """End a run (without completing comparisons: callers below do that once per experiment).
+    reason None keeps the current one (a requeued run that then succeeds says it was requeued)."""
+    if status not in TERMINAL:
+        raise ValueError(f"{status} is not a terminal status")
+    values: dict[str, Any] = {"finished_at": utcnow(), "lease_expires_at": None}
+    if reason is not None:
+        values["reason"] = reason
+    _move(session, run, status, **values)  # first: if it fails, nothing else has been touched
+    device_service.free(session, device_id=run.device_id, run_id=run.id, lost=device_lost)
+
+
+def _complete(session: Session, experiment_ids: Iterable[int]) -> None:
+    """Complete the comparisons of experiments whose runs have all ended. In id order, so two
+    transactions ending runs of the same experiments lock them in the same order."""
+    session.flush()
+    for experiment_id in sorted(set(experiment_ids)):
+        comparisons.refresh(session, experiment_id=experiment_id)
+
+
+def end_run(session: Session, run: Run, status: RunStatus, reason: str | None = None, *, device_lost: bool = False) -> None:
+    """The one way a run ends: stamped, its device freed (offline if the device was lost), and
+    its experiment's comparisons completed if it was the last, in this same transaction."""
+    _end(session, run, status, reason, device_lost=device_lost)
+    _complete(session, [run.experiment_id])
+
+
+def runs_created(session: Session, *, experiment_id: int) -> None:
+    """A new experiment all of whose runs are unschedulable is complete at once."""
+    _complete(session, [experiment_id])
 
 
 def dispatch(session: Session, *, lease_s: float) -> list[int]:
@@ -46,7 +150,7 @@ def dispatch(session: Session, *, lease_s: float) -> list[int]:
     idle = session.scalars(select(Device).where(Device.state == "idle", Device.current_run_id.is_(None)))
     for device in list(idle):
         run = session.scalar(
-            select(Run).where(Run.device_id == device.id, Run.status == "queued")
+            select(Run).where(Run.device_id == device.id, Run.status == S.queued.value)
             .order_by(Run.experiment_id, Run.sequence, Run.id).limit(1)
         )
         if run is None:
@@ -58,30 +162,27 @@ def dispatch(session: Session, *, lease_s: float) -> list[int]:
         ).rowcount
         if not took:
             continue
-        moved = session.execute(
-            update(Run).where(Run.id == run.id, Run.status == "queued").values(
-                status="assigned", lease_id=secrets.token_hex(16), attempt=Run.attempt + 1,
-                lease_expires_at=utcnow() + timedelta(seconds=lease_s),
-            )
-        ).rowcount
-        if moved:
-            assigned.append(run.id)
-        else:
+        try:
+            _move(session, run, S.assigned, lease_id=secrets.token_hex(16), attempt=run.attempt + 1,
+                  lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+        except StateChanged:  # cancelled (or taken) meanwhile: give the device back
             device_service.free(session, device_id=device.id, run_id=run.id)
+            continue
+        assigned.append(run.id)
     return assigned
 
 
 def assigned_to_agent(session: Session, *, agent_id: int) -> list[Run]:
     return list(session.scalars(
         select(Run).join(Device, Run.device_id == Device.id)
-        .where(Device.agent_id == agent_id, Run.status == "assigned").order_by(Run.id)
+        .where(Device.agent_id == agent_id, Run.status == S.assigned.value).order_by(Run.id)
     ))
 
 
 def _owned(session: Session, run_id: int, lease_id: str, agent_id: int) -> Run:
     run = _locked(session, run_id)
     if run is None:
-        raise LookupError(f"run {run_id} not found")
+        raise NotFound(f"run {run_id} not found")
     device = session.get(Device, run.device_id) if run.device_id else None
     if device is None or device.agent_id != agent_id or run.lease_id != lease_id:
         raise LeaseConflict("not_owner", f"run {run_id} is not leased to this agent", run.status)
@@ -90,72 +191,184 @@ def _owned(session: Session, run_id: int, lease_id: str, agent_id: int) -> Run:
 
 def start(session: Session, *, run_id: int, lease_id: str, agent_id: int, lease_s: float) -> Run:
     run = _owned(session, run_id, lease_id, agent_id)
-    if run.status == "assigned":
-        run.status, run.started_at = "running", utcnow()
-        run.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
-    elif run.status not in ("running", "uploading"):
+    if run.status == S.assigned:
+        now = utcnow()
+        _move(session, run, S.running, started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+    elif run.status not in (S.running, S.uploading):
         raise LeaseConflict("invalid_state", f"run {run_id} cannot start from {run.status}", run.status)
     return run
 
 
 def heartbeat(session: Session, *, run_id: int, lease_id: str, agent_id: int, status: str, lease_s: float) -> Run:
     run = _owned(session, run_id, lease_id, agent_id)
-    if run.status not in ("assigned", "running", "uploading"):
+    if run.status not in ACTIVE:
         raise LeaseConflict("invalid_state", f"run {run_id} is {run.status}", run.status)
-    if ACTIVE.index(status) > ACTIVE.index(run.status):  # heartbeats only move a run forward
-        run.status = status
-    run.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
+    expires = utcnow() + timedelta(seconds=lease_s)
+    if ACTIVE.index(S(status)) > ACTIVE.index(S(run.status)):  # heartbeats only move a run forward
+        _move(session, run, S(status), lease_expires_at=expires)
+    else:
+        run.lease_expires_at = expires
     return run
 
 
-def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has_trace: bool) -> Run:
-    """The agent is done with the device. Succeeded runs go to analysis; the device is freed now,
-    so the next run can start while this one is ingested."""
+def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has_trace: bool,
+           ingest_deadline_s: float) -> Run:
+    """The agent is done with the device. A succeeded run goes to analysis (ingest is sent once
+    this commits, with a deadline the reaper holds it to); the device is freed now, so the next
+    run can start while this one is ingested."""
     run = _owned(session, run_id, body.lease_id, agent_id)
-    if run.status in ("analyzing", "succeeded", "failed", "cancelled"):
+    if run.status == S.analyzing or run.status in TERMINAL:
         return run  # a repeat of the same finish
     run.runner = body.runner.model_dump() if body.runner else None
     run.device_state, run.exit_code, run.runner_wall_s = body.device_state, body.exit_code, body.wall_s
     run.warmup_in_trace = body.warmup_in_trace
-    run.lease_expires_at = None
-    if run.cancel_requested:
-        run.status, run.reason, run.finished_at = "cancelled", "cancelled by user", utcnow()
-    elif body.status == "succeeded" and not has_trace:
-        run.status, run.reason, run.finished_at = "failed", "the agent reported success but uploaded no ETDump", utcnow()
-    elif body.status == "succeeded":
-        run.status = "analyzing"
-    else:
-        run.status, run.reason, run.finished_at = "failed", body.reason or "the run failed (no reason given)", utcnow()
     lost = bool(body.device_state.get("device_lost"))
-    device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
+    if run.cancel_requested:
+        end_run(session, run, S.cancelled, CANCELLED_BY_USER, device_lost=lost)
+    elif body.status == "succeeded" and not has_trace:
+        end_run(session, run, S.failed, "the agent reported success but uploaded no ETDump", device_lost=lost)
+    elif body.status == "succeeded":
+        _move(session, run, S.analyzing, ingest_attempts=1,
+              lease_expires_at=utcnow() + timedelta(seconds=ingest_deadline_s))
+        device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
+        enqueue_after_commit(session, TASK_INGEST, run.id)
+    else:
+        end_run(session, run, S.failed, body.reason or "the run failed (no reason given)", device_lost=lost)
+    enqueue_after_commit(session, TASK_DISPATCH)  # its device can take the next run
     return run
 
 
-def cancel(session: Session, *, run: Run) -> None:
-    if run.status in TERMINAL or run.status == "analyzing":
-        return
-    if run.status == "queued":
-        run.status, run.reason, run.finished_at = "cancelled", "cancelled by user", utcnow()
+def cancel(session: Session, runs: Iterable[Run]) -> None:
+    """Cancel, in each state:
+
+    - queued, analyzing: cancelled at once. An ingest in flight finds the run no longer
+      analyzing and stores nothing (its device was freed when the agent finished);
+    - assigned, running, uploading: the agent is told in its next start or heartbeat answer, kills
+      the runner and finishes, and the run ends cancelled (device freed then). If the agent is
+      gone, the reaper ends it cancelled when the lease expires (it is not requeued);
+    - terminal: nothing changes.
+    """
+    ended = []
+    for run in runs:
+        for _ in range(3):  # SQLite: the run may move under us; read it again and decide again
+            if run.status in TERMINAL:
+                break
+            if run.status in (S.queued, S.analyzing):
+                try:
+                    _end(session, run, S.cancelled, CANCELLED_BY_USER)
+                except StateChanged:
+                    continue
+                ended.append(run.experiment_id)
+            else:
+                run.cancel_requested = True  # travels to the agent in its next answer
+            break
+    _complete(session, ended)
+
+
+class Ingester(Protocol):
+    """How a run's uploaded trace becomes results (worker/ingest.py); the run service decides
+    what the outcome means for the run."""
+
+    def analyze(self, run: Run) -> Any:
+        """Read and analyse the trace, render what is derived from it. No database writes; any
+        exception means the trace cannot become results, and its message says why."""
+
+    def store(self, session: Session, run: Run, analysis: Any) -> None:
+        """Write the result rows and derived artifacts."""
+
+
+def ingest(session: Session, *, run_id: int, ingester: Ingester) -> str:
+    """analyzing -> succeeded, or failed with a reason naming the problem, whatever goes wrong
+    with the trace or with storing its results. A run no longer analyzing (ingested already,
+    cancelled, failed by the reaper) is left alone, so a repeated or late ingest stores nothing."""
+    run = session.get(Run, run_id)
+    if run is None:
+        return "missing"
+    if run.status != S.analyzing:
+        return run.status
+    failure = None
+    try:  # before any lock: analysis can take a while and needs no database
+        analysis = ingester.analyze(run)
+    except Exception as e:
+        log.warning("run %s: the ETDump could not be analysed", run_id, exc_info=True)
+        failure = f"the ETDump could not be analysed: {_describe(e)}"
+    # Take the run (a row lock on PostgreSQL, the write lock on SQLite) only if still analyzing.
+    try:
+        _move(session, run, S.analyzing)
+    except StateChanged:
+        return run.status
+    if failure is None:
+        try:
+            with session.begin_nested():  # a failed insert rolls back to here, not the whole session
+                ingester.store(session, run, analysis)
+        except Exception as e:
+            log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
+            failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
+    if failure is None:
+        end_run(session, run, S.succeeded)
     else:
-        run.cancel_requested = True  # travels to the agent in its next heartbeat answer
+        end_run(session, run, S.failed, failure)
+    return run.status
 
 
-def reap_expired(session: Session, *, max_attempts: int) -> list[int]:
-    """Requeue runs whose lease expired (their agent died or lost the network); fail them after
-    max_attempts. The stale owner's later calls get 409, so nothing is stored twice."""
-    touched = []
+def _describe(e: BaseException) -> str:
+    """A reason a user can act on: our own errors say it in words; anything else is named with
+    its type (an IndexError's message alone, e.g. 'index 7 is out of bounds', says nothing)."""
+    text = str(e).strip().splitlines()[0][:500] if str(e).strip() else ""
+    if isinstance(e, (EtdumpError, OSError, DomainError)):
+        return text or type(e).__name__
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: float = 180.0,
+                 max_ingest_attempts: int = 3) -> list[int]:
+    """Act on every non-terminal run past its deadline, so none stays non-terminal forever:
+
+    - assigned, running, uploading (lease expired: the agent died or lost the network):
+      requeued, or failed after max_attempts, or cancelled if cancel was asked. The stale
+      owner's later calls get 409, so nothing is stored twice;
+    - analyzing (ingest deadline passed: the worker died mid-ingest or the broker lost the
+      task): ingest sent again, or failed after max_ingest_attempts sends.
+
+    queued has no deadline of its own: it waits for its device (cancel ends it). Returns the ids
+    of the runs acted on."""
+    now = utcnow()
     expired = session.scalars(
-        select(Run).where(Run.status.in_(ACTIVE), Run.lease_expires_at < utcnow()).with_for_update()
-    )
-    for run in list(expired):
-        device_service.free(session, device_id=run.device_id, run_id=run.id)
-        if run.cancel_requested:
-            run.status, run.reason, run.finished_at = "cancelled", "cancelled by user", utcnow()
-        elif run.attempt >= max_attempts:
-            run.status, run.finished_at = "failed", utcnow()
-            run.reason = f"the agent stopped answering (lease expired) on all {run.attempt} attempts"
-        else:
-            run.status, run.reason = "queued", f"requeued after attempt {run.attempt}: the agent's lease expired"
-        run.lease_id, run.lease_expires_at = None, None
-        touched.append(run.id)
+        select(Run).where(Run.status.in_(_values([*ACTIVE, S.analyzing])), Run.lease_expires_at < now)
+        .order_by(Run.id).with_for_update()
+    ).all()
+    touched, ended, freed = [], [], False
+    for run in expired:
+        try:
+            if run.status == S.analyzing:
+                if run.ingest_attempts >= max_ingest_attempts:
+                    _end(session, run, S.failed, (
+                        f"ingest did not finish: sent {run.ingest_attempts} time(s), each given {ingest_deadline_s:g} s "
+                        f"(SME2_INGEST_DEADLINE_S); the worker died or its task was lost (see the worker's log)"))
+                    ended.append(run.experiment_id)
+                else:
+                    _move(session, run, S.analyzing, ingest_attempts=run.ingest_attempts + 1,
+                          lease_expires_at=now + timedelta(seconds=ingest_deadline_s))
+                    enqueue_after_commit(session, TASK_INGEST, run.id)
+                touched.append(run.id)
+                continue
+            if run.cancel_requested:
+                _end(session, run, S.cancelled, CANCELLED_BY_USER)
+                ended.append(run.experiment_id)
+            elif run.attempt >= max_attempts:
+                _end(session, run, S.failed,
+                     f"the agent stopped answering (lease expired) on all {run.attempt} attempts")
+                ended.append(run.experiment_id)
+            else:
+                _move(session, run, S.queued, reason=f"requeued after attempt {run.attempt}: the agent's lease expired",
+                      lease_expires_at=None)
+                device_service.free(session, device_id=run.device_id, run_id=run.id)
+            run.lease_id = None  # the stale owner's calls are refused from now on
+            freed = True
+            touched.append(run.id)
+        except StateChanged:  # finished by its agent meanwhile (SQLite): nothing to reap
+            continue
+    if freed:
+        enqueue_after_commit(session, TASK_DISPATCH)
+    _complete(session, ended)
     return touched

@@ -1,0 +1,42 @@
+"""Admin API for bearer tokens: mint (shown once), list, revoke. Admin tokens only.
+
+Agent tokens are not minted here: an agent gets its own at POST /agent/register (with a
+registration token); they are listed and can be revoked here like any other.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from sme2farm.protocol import TokenCreate, TokenCreated, TokenInfo
+from sme2farm.server.api.deps import AdminDep, SessionDep, TokenId
+from sme2farm.server.services import tokens as token_service
+
+router = APIRouter(prefix="/tokens", tags=["tokens"])
+
+
+def _info(row) -> TokenInfo:
+    return TokenInfo(id=row.id, name=row.name, scope=token_service.canonical(row.scope), agent_id=row.agent_id,
+                     created_at=row.created_at, revoked=row.revoked)
+
+
+@router.post("", status_code=201, response_model=TokenCreated)
+def create_token(body: TokenCreate, session: SessionDep, _admin: AdminDep) -> TokenCreated:
+    """Mint a read, submit, admin or register token. The plaintext is in this answer only; the
+    farm keeps its sha256."""
+    row, token = token_service.create_row(session, name=body.name, scope=body.scope)
+    return TokenCreated(**_info(row).model_dump(), token=token)
+
+
+@router.get("", response_model=list[TokenInfo])
+def list_tokens(session: SessionDep, _admin: AdminDep, include_revoked: bool = True) -> list[TokenInfo]:
+    return [_info(row) for row in token_service.list_all(session, include_revoked=include_revoked)]
+
+
+@router.delete("/{token_id}", response_model=TokenInfo)
+def revoke_token(token_id: TokenId, session: SessionDep, _admin: AdminDep) -> TokenInfo:
+    """Revoke at once: the token's next request is a 401 (tokens are checked on every request)."""
+    row = token_service.revoke(session, token_id=token_id)
+    if row is None:
+        raise HTTPException(404, f"token {token_id} not found")
+    return _info(row)

@@ -1,0 +1,25 @@
+"""Domain errors: what a service raises when a request cannot be done. The API maps them to HTTP
+in one place (server/api/errors.py), so routes do not catch and translate them one by one."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base of the errors services raise on purpose; its message is safe to show the caller."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(DomainError, LookupError):
+    """The thing asked for does not exist (404)."""
+
+
+class Conflict(DomainError):
+    """The request does not fit the current state (409 `{reason, message, previous_state}`)."""
+
+    def __init__(self, reason: str, message: str, previous_state: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.previous_state = None if previous_state is None else str(previous_state)
