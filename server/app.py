@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from sme2farm import __version__
 from sme2farm import logs
 from sme2farm.server.api import agents, devices, experiments, ops, runs
+from sme2farm.server.api.errors import install as install_error_handlers
 from sme2farm.server.config import Settings, get_settings
 from sme2farm.server.api import tokens as token_routes
 from sme2farm.server.db import session_scope
@@ -25,11 +26,10 @@ from sme2farm.server.storage import Store
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
-TASKS = {"dispatch": "sme2farm.dispatch", "ingest": "sme2farm.ingest"}
 
 
 def celery_enqueue(settings: Settings) -> Callable[..., None]:
-    """Send tasks by name, so the API process never imports the worker's code."""
+    """Send tasks by name (protocol.TASK_*), so the API process never imports the worker's code."""
     from celery import Celery
 
     from sme2farm.worker.celery_app import make_celery
@@ -38,7 +38,7 @@ def celery_enqueue(settings: Settings) -> Callable[..., None]:
 
     def enqueue(task: str, *args: Any) -> None:
         try:
-            celery.send_task(TASKS[task], args=args)
+            celery.send_task(task, args=args)
         except Exception:  # the beat's periodic dispatch/reap picks the work up later
             log.exception("could not enqueue %s%s", task, args)
 
@@ -99,6 +99,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     app.state.settings = settings
     app.state.store = Store(settings.data_dir)
     app.state.enqueue = enqueue or celery_enqueue(settings)
+    install_error_handlers(app)  # domain errors -> 404/409, once for every route
     app.state.limiter = make_limiter(settings)
     app.add_middleware(BodyLimits, max_bytes=settings.max_json_kb << 10)
     app.add_exception_handler(RequestValidationError, request_validation_error)

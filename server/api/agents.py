@@ -11,60 +11,57 @@ import time
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse
 from sqlalchemy import select
 
 from sme2farm.protocol import (
-    ACTIVE, AGENT_ARTIFACTS, AgentDevices, AgentRegister, AgentRegistered, Conflict, Heartbeat, HeartbeatAnswer, LeaseRequest,
+    ACTIVE, AGENT_ARTIFACTS, AgentDevices, AgentRegister, AgentRegistered, Heartbeat, HeartbeatAnswer, LeaseRequest,
     RunAssignment, RunFinish,
 )
+from sme2farm.protocol import TASK_DISPATCH, TRACE
+from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
 from sme2farm.server.api.deps import (
-    AgentIdDep, RegistrarDep, RunId, SessionDep, SettingsDep, Sha256, StoreDep, WaitS,
+    AgentIdDep, RegistrarDep, RunId, SessionDep, SettingsDep, Sha256, StoreDep, TxDep, WaitS,
 )
-from sme2farm.server.db import session_scope
+from sme2farm.server.db import enqueue_after_commit
 from sme2farm.server.models import Agent, Artifact, Device, Experiment, Run
-from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.storage import TooLarge
+from sme2farm.server.uploads import ARTIFACT_BODY_OPENAPI
 
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 
 
-def conflict(e: run_service.LeaseConflict) -> JSONResponse:
-    return JSONResponse(status_code=409, content=Conflict(reason=e.reason, message=e.message, previous_state=e.previous_state).model_dump())
-
-
 @router.post("/register", response_model=AgentRegistered)
-def register(body: AgentRegister, request: Request, settings: SettingsDep, _registrar: RegistrarDep) -> AgentRegistered:
+def register(body: AgentRegister, request: Request, settings: SettingsDep, _registrar: RegistrarDep, tx: TxDep) -> AgentRegistered:
     """Exchange a registration (or admin) token for a per-agent access token. A device another
     live agent drives is not handed to this one: `refused` names it and why."""
-    with session_scope(settings.sqlalchemy_url) as session:
+    with tx() as session:
         agent = device_service.register_agent(session, name=body.name, hostname=body.hostname, version=body.version)
         token = token_service.create(session, name=f"agent:{body.name}", scope="agent", agent_id=agent.id)
         refused = device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners,
                                       offline_s=settings.agent_offline_s)
         agent_id = agent.id
-        request.app.state.enqueue("dispatch")
+        enqueue_after_commit(session, TASK_DISPATCH)
     return AgentRegistered(agent_id=agent_id, access_token=token, poll_timeout_s=settings.poll_timeout_s,
                            heartbeat_interval_s=settings.heartbeat_interval_s, lease_s=settings.lease_s,
                            refused=refused)
 
 
 @router.put("/devices")
-def sync_devices(body: AgentDevices, request: Request, settings: SettingsDep, agent_id: AgentIdDep) -> dict:
-    # The transaction must commit before dispatch is enqueued, so it is opened here, not in a dependency.
-    with session_scope(settings.sqlalchemy_url) as session:
+def sync_devices(body: AgentDevices, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> dict:
+    with tx() as session:
         agent = session.get(Agent, agent_id)
         refused = device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners,
                                       offline_s=settings.agent_offline_s)
-    request.app.state.enqueue("dispatch")
+        enqueue_after_commit(session, TASK_DISPATCH)
     return {"devices": len(body.devices) - len(refused), "refused": refused}
 
 
-def _assignments(settings, agent_id: int) -> list[RunAssignment]:
-    with session_scope(settings.sqlalchemy_url) as session:
+def _assignments(tx, agent_id: int) -> list[RunAssignment]:
+    with tx() as session:
         agent = session.get(Agent, agent_id)
         device_service.touch(session, agent=agent)
         out = []
@@ -85,43 +82,35 @@ def _assignments(settings, agent_id: int) -> list[RunAssignment]:
 
 
 @router.post("/claim", response_model=list[RunAssignment])
-async def claim(request: Request, settings: SettingsDep, agent_id: AgentIdDep, wait: WaitS = 0.0) -> list[RunAssignment]:
+async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: AgentIdDep, wait: WaitS = 0.0) -> list[RunAssignment]:
     """Long-poll: answer as soon as a run is assigned to one of this agent's devices, or after
     `wait` seconds (capped by the server's poll timeout) with an empty list."""
     deadline = time.monotonic() + min(max(wait, 0.0), settings.poll_timeout_s)
     while True:
-        runs = await run_in_threadpool(_assignments, settings, agent_id)
+        runs = await run_in_threadpool(_assignments, tx, agent_id)
         if runs or time.monotonic() >= deadline or await request.is_disconnected():
             return runs
         await asyncio.sleep(0.05)
 
 
-@router.post("/runs/{run_id}/start")
-def start(run_id: RunId, body: LeaseRequest, session: SessionDep, settings: SettingsDep, agent_id: AgentIdDep):
-    try:
+@router.post("/runs/{run_id}/start", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
+def start(run_id: RunId, body: LeaseRequest, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> HeartbeatAnswer:
+    with tx() as session:
         run = run_service.start(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id, lease_s=settings.lease_s)
-    except run_service.LeaseConflict as e:
-        return conflict(e)
-    except LookupError as e:
-        raise HTTPException(404, str(e))
-    return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
+        return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
-@router.post("/runs/{run_id}/heartbeat")
-def heartbeat(run_id: RunId, body: Heartbeat, session: SessionDep, settings: SettingsDep, agent_id: AgentIdDep):
-    try:
+@router.post("/runs/{run_id}/heartbeat", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
+def heartbeat(run_id: RunId, body: Heartbeat, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> HeartbeatAnswer:
+    with tx() as session:
         run = run_service.heartbeat(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id,
                                     status=body.status, lease_s=settings.lease_s)
-    except run_service.LeaseConflict as e:
-        return conflict(e)
-    except LookupError as e:
-        raise HTTPException(404, str(e))
-    device_service.touch(session, agent=session.get(Agent, agent_id))
-    return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
+        device_service.touch(session, agent=session.get(Agent, agent_id))
+        return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
-@router.put("/runs/{run_id}/artifacts/{name}")
-async def upload_artifact(run_id: RunId, name: str, request: Request, settings: SettingsDep, store: StoreDep, agent_id: AgentIdDep):
+@router.put("/runs/{run_id}/artifacts/{name}", responses={**CONFLICT, **NOT_FOUND}, openapi_extra=ARTIFACT_BODY_OPENAPI)
+async def upload_artifact(run_id: RunId, name: str, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep, agent_id: AgentIdDep):
     """Raw body upload; X-Lease-Id, X-Content-SHA256 and Content-Length are checked against it."""
     if name not in AGENT_ARTIFACTS:
         raise HTTPException(422, f"artifact name must be one of {sorted(AGENT_ARTIFACTS)}")
@@ -133,13 +122,8 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     limit = settings.max_artifact_mb << 20
     if int(length) > limit:
         raise HTTPException(413, f"artifact of {length} bytes exceeds the {settings.max_artifact_mb} MiB limit")
-    with session_scope(settings.sqlalchemy_url) as session:
-        try:
-            run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id, status="uploading", lease_s=settings.lease_s)
-        except run_service.LeaseConflict as e:
-            return conflict(e)
-        except LookupError as e:
-            raise HTTPException(404, str(e))
+    with tx() as session:  # committed before the body streams: no transaction is held meanwhile
+        run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id, status="uploading", lease_s=settings.lease_s)
     try:
         tmp, sha, size = await store.receive(request.stream(), limit)
     except TooLarge as e:
@@ -148,7 +132,7 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
         tmp.unlink()
         raise HTTPException(422, f"artifact {name} arrived damaged: {size} bytes sha256 {sha}, expected {length} bytes sha256 {want_sha}")
     store.keep_artifact(tmp, run_id, name)
-    with session_scope(settings.sqlalchemy_url) as session:
+    with tx() as session:
         row = session.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
         if row is None:
             session.add(Artifact(run_id=run_id, name=name, size=size, sha256=sha))
@@ -157,23 +141,14 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     return {"name": name, "size": size, "sha256": sha}
 
 
-@router.post("/runs/{run_id}/finish")
-def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsDep, store: StoreDep, agent_id: AgentIdDep):
-    has_trace = store.artifact_path(run_id, "trace.etdump").exists()
-    try:
-        with session_scope(settings.sqlalchemy_url) as session:
-            run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace)
-            status = run.status
-            if status != "analyzing":  # terminal now: the comparisons commit with it
-                comparisons.refresh(session, experiment_id=run.experiment_id)
-    except run_service.LeaseConflict as e:
-        return conflict(e)
-    except LookupError as e:
-        raise HTTPException(404, str(e))
-    if status == "analyzing":
-        request.app.state.enqueue("ingest", run_id)
-    request.app.state.enqueue("dispatch")
-    return {"status": status}
+@router.post("/runs/{run_id}/finish", responses={**CONFLICT, **NOT_FOUND})
+def finish(run_id: RunId, body: RunFinish, settings: SettingsDep, store: StoreDep, tx: TxDep, agent_id: AgentIdDep) -> dict:
+    """The run ends here (failed, cancelled), or goes to analysis: ingest is sent once this commits."""
+    has_trace = store.artifact_path(run_id, TRACE).exists()
+    with tx() as session:
+        run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
+                                 ingest_deadline_s=settings.ingest_deadline_s)
+        return {"status": str(run.status)}
 
 
 @router.get("/models/{sha256}")

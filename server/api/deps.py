@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Iterator
+from contextlib import AbstractContextManager
+from functools import partial
+from typing import Annotated, Callable, Iterator
 
 from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -31,11 +33,21 @@ def get_session(settings: Annotated[Settings, Depends(get_settings)]) -> Iterato
         yield session
 
 
+def get_transaction(request: Request) -> Callable[[], AbstractContextManager[Session]]:
+    """The one idiom for a route that changes state: `with tx() as session:` is one transaction,
+    committed when the block ends, before the route answers; the tasks it asked for
+    (db.enqueue_after_commit) are sent only after that commit; a domain error raised inside
+    rolls it back and is answered by the handlers in api/errors.py. Opened in the route body,
+    not around the whole request, so an upload or a long-poll holds no transaction meanwhile."""
+    return partial(session_scope, request.app.state.settings.sqlalchemy_url, enqueue=request.app.state.enqueue)
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
-# scope="function": the transaction commits before the response is sent. With the default
+# Reads. scope="function": the transaction ends before the response is sent. With the default
 # ("request") a client could see 200 for a state change that is committed later, or never.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+TxDep = Annotated[Callable[[], AbstractContextManager[Session]], Depends(get_transaction)]
 
 
 def client_ip(request: Request | None) -> str:

@@ -12,17 +12,19 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from sme2farm.protocol import ExperimentPage, ExperimentReport, ExperimentSpec
-from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, UserDep
-from sme2farm.server.db import session_scope
+from sme2farm.protocol import TASK_DISPATCH, ExperimentPage, ExperimentReport, ExperimentSpec, RunStatus
+from sme2farm.server.api.deps import get_transaction
+from sme2farm.server.api.errors import NOT_FOUND
+from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
+from sme2farm.server.db import enqueue_after_commit, session_scope
 from sme2farm.server.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.models import Model
 from sme2farm.server.pte import InvalidProgram, prepare
-from sme2farm.server.services import comparisons
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
+from sme2farm.server.services.errors import NotFound
 from sme2farm.server.uploads import EXPERIMENT_FORM_OPENAPI, receive_experiment
 
 router = APIRouter(tags=["experiments"])
@@ -82,8 +84,6 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
     except BaseException:
         upload.discard()
         raise
-    if any(r.status == "queued" for r in report.runs):
-        request.app.state.enqueue("dispatch")
     return report
 
 
@@ -96,7 +96,7 @@ async def _store_waiting_for_device(request: Request, settings, spec: Experiment
     waited_for = ""
     while True:
         try:
-            return await run_in_threadpool(_store_or_explain, settings, spec, upload, store)
+            return await run_in_threadpool(_store_or_explain, settings, spec, upload, store, get_transaction(request))
         except experiment_service.NoMatchingDevice as e:
             waited = time.monotonic() - start
             if not e.expected or waited >= settings.device_wait_s or await request.is_disconnected():
@@ -111,11 +111,11 @@ async def _store_waiting_for_device(request: Request, settings, spec: Experiment
             await asyncio.sleep(DEVICE_RECHECK_S)
 
 
-def _store_or_explain(settings, spec: ExperimentSpec, upload, store) -> ExperimentReport:
+def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> ExperimentReport:
     """One attempt in its own transaction; a NoMatchingDevice leaves with `.expected` set (the
     first transaction rolled back, so the check reads in a fresh one)."""
     try:
-        with session_scope(settings.sqlalchemy_url) as session:
+        with tx() as session:
             return _store_experiment(session, spec, upload, store, max_runs=settings.max_runs_per_experiment)
     except experiment_service.NoMatchingDevice as e:
         with session_scope(settings.sqlalchemy_url) as session:
@@ -133,13 +133,15 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max
     exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs)
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
     exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
-    comparisons.refresh(session, experiment_id=exp.id)  # nothing to run at all: complete now
+    run_service.runs_created(session, experiment_id=exp.id)  # nothing to run at all: complete now
     # The files move into the store only once the rows exist; a failure above leaves nothing behind.
     if upload.inputs_sha256:
         store.keep_inputs(upload.inputs_path, upload.inputs_sha256)
     store.keep_model(upload.model_path, upload.sha256)
     session.flush()
     exp = experiment_service.get(session, experiment_id=exp.id)
+    if any(r.status == RunStatus.queued for r in exp.runs):
+        enqueue_after_commit(session, TASK_DISPATCH)
     return reports.experiment_report(exp)
 
 
@@ -158,14 +160,12 @@ def get_experiment(experiment_id: ExperimentId, session: SessionDep, _user: User
     return reports.experiment_report(exp)
 
 
-@router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport)
-def cancel_experiment(experiment_id: ExperimentId, settings: SettingsDep, _user: UserDep) -> ExperimentReport:
-    with session_scope(settings.sqlalchemy_url) as session:
+@router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
+def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep) -> ExperimentReport:
+    """Cancel every run of the experiment (services/runs.py cancel: what that does in each state)."""
+    with tx() as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:
-            raise HTTPException(404, f"experiment {experiment_id} not found")
-        for run in exp.runs:
-            run_service.cancel(session, run=run)
-        session.flush()
-        comparisons.refresh(session, experiment_id=exp.id)
+            raise NotFound(f"experiment {experiment_id} not found")
+        run_service.cancel(session, exp.runs)
         return reports.experiment_report(exp)

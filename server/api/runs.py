@@ -6,8 +6,9 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse
 
 from sme2farm.protocol import ARTIFACT_MEDIA, ARTIFACT_NAMES, RunReport
-from sme2farm.server.api.deps import RunId, SessionDep, StoreDep, UserDep
-from sme2farm.server.services import comparisons, reports
+from sme2farm.server.api.deps import RunId, SessionDep, StoreDep, TxDep, UserDep
+from sme2farm.server.api.errors import NOT_FOUND
+from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 
 router = APIRouter(tags=["runs"])
@@ -33,12 +34,11 @@ def get_artifact(run_id: RunId, name: str, session: SessionDep, store: StoreDep,
     return FileResponse(path, media_type=ARTIFACT_MEDIA[name], filename=f"run{run_id}-{name}")
 
 
-@router.post("/runs/{run_id}/cancel", response_model=RunReport)
-def cancel_run(run_id: RunId, session: SessionDep, _user: UserDep) -> RunReport:
-    run = run_service.get(session, run_id=run_id)
-    if run is None:
-        raise HTTPException(404, f"run {run_id} not found")
-    run_service.cancel(session, run=run)
-    session.flush()
-    comparisons.refresh(session, experiment_id=run.experiment_id)
-    return reports.run_report(run)
+@router.post("/runs/{run_id}/cancel", response_model=RunReport, responses=NOT_FOUND)
+def cancel_run(run_id: RunId, tx: TxDep, _user: UserDep) -> RunReport:
+    """Cancel one run; what that does in each state: services/runs.py cancel. Cancelling an
+    ended run changes nothing."""
+    with tx() as session:
+        run = run_service.require(session, run_id=run_id)
+        run_service.cancel(session, [run])
+        return reports.run_report(run)

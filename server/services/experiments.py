@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from sme2farm.protocol import TERMINAL, ExperimentSpec
+from sme2farm.protocol import TERMINAL, ExperimentSpec, RunStatus
 from sme2farm.server.models import Agent, Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
 
@@ -73,7 +73,7 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: in
                     reason = why_unschedulable(device, agent, sme2, spec.mode)
                     session.add(Run(
                         experiment_id=exp.id, device_id=device.id, sme2=sme2, threads=threads, mode=spec.mode,
-                        session=s, sequence=seq, status="unschedulable" if reason else "queued", reason=reason,
+                        session=s, sequence=seq, status=(RunStatus.unschedulable if reason else RunStatus.queued).value, reason=reason,
                         device_snapshot=device.info,
                     ))
                     seq += 1
