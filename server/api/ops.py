@@ -118,7 +118,7 @@ async def ready(settings: SettingsDep) -> JSONResponse:
 
 def _metrics_auth(request: Request, settings: SettingsDep, creds: Credentials) -> None:
     if not settings.metrics_public:
-        current_user(settings, creds)
+        current_user(settings, creds, request)  # the request: failed tokens count against the client's rate limit
 
 
 @router.get("/metrics", dependencies=[Depends(_metrics_auth)], response_class=Response,
