@@ -26,6 +26,8 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # must exist before the first me
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest  # noqa: E402
 from prometheus_client.core import GaugeMetricFamily
 
+from sme2farm.protocol import TASK_INGEST, RunStatus  # noqa: E402
+
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("sme2farm.access")
 
@@ -40,15 +42,14 @@ INGEST = Histogram(
 )
 TASKS = Counter("sme2farm_tasks", "Celery tasks run by the worker", ["task", "outcome"])
 
-RUN_STATUSES = ("queued", "assigned", "running", "uploading", "analyzing",
-                "succeeded", "failed", "cancelled", "unschedulable")
+RUN_STATUSES = tuple(s.value for s in RunStatus)
 DEVICE_STATES = ("idle", "busy", "offline", "unhealthy")
 
 
 def observe_task(task: str, state: str, seconds: float) -> None:
     outcome = state.lower()
     TASKS.labels(task, outcome).inc()
-    if task == "sme2farm.ingest":
+    if task == TASK_INGEST:
         INGEST.labels(outcome).observe(seconds)
 
 

@@ -11,7 +11,7 @@ from celery import Celery, signals
 from kombu.transport import sqlalchemy as kombu_sqla
 
 from sme2farm import logs
-from sme2farm.protocol import TASK_DISPATCH, TASK_REAP
+from sme2farm.protocol import TASK_DISPATCH, TASK_INGEST, TASK_REAP
 from sme2farm.server.config import Settings, get_settings
 
 
@@ -52,7 +52,7 @@ _started: dict[str, float] = {}
 @signals.task_prerun.connect
 def _task_started(task_id=None, task=None, args=None, **_) -> None:
     _started[task_id] = time.perf_counter()
-    run_id = args[0] if task is not None and task.name == "sme2farm.ingest" and args else None
+    run_id = args[0] if task is not None and task.name == TASK_INGEST and args else None
     logs.clear()
     if isinstance(run_id, int):
         logs.bind(run_id=run_id, experiment_id=_experiment_of(run_id))
