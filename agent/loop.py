@@ -1,12 +1,11 @@
-"""The agent: registers, keeps its device list fresh, long-polls for runs, drives each device
-through its driver (one run per device at a time), heartbeats, uploads artifacts, finishes."""
+"""The agent's worker loop: registers, keeps its device list fresh (killing runners a previous,
+killed agent on this host left behind), long-polls for runs and hands each to a thread (one run per
+device at a time). What happens to one run is job.py's."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
-import shutil
 import socket
 import tempfile
 import threading
@@ -14,13 +13,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
-
 from sme2farm import __version__
 from sme2farm.logs import log_context
-from sme2farm.agent.api import AgentApi, LeaseLost, Unauthorized
-from sme2farm.agent.drivers.base import Driver, Job, JobResult
-from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish
+from sme2farm.agent.api import AgentApi, Unauthorized
+from sme2farm.agent.drivers.base import Driver
+from sme2farm.agent.drivers.leftovers import PidRecords
+from sme2farm.agent.job import Downloads, JobRunner, refuse
+from sme2farm.protocol import DeviceInfo, RunAssignment
 from sme2farm.runners.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -32,17 +31,19 @@ class Agent:
         self.api, self.drivers, self.catalog = api, drivers, catalog
         self.name = name or socket.gethostname()
         self.work_dir = work_dir or Path(tempfile.gettempdir()) / "sme2-agent"
-        self.models_dir = self.work_dir / "models"
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        self.inputs_dir = self.work_dir / "inputs"
-        self.inputs_dir.mkdir(parents=True, exist_ok=True)
+        self.downloads = Downloads(api, self.work_dir)
+        # Runners are recorded here while they run; discovery kills those a killed agent left.
+        # Without a server (`sme2-agent devices`) the agent only looks, and kills nothing.
+        self.pids = PidRecords(self.work_dir / "pids")
+        self.reaps_leftovers = api is not None
+        for driver in drivers:
+            driver.pids = self.pids
         self.device_sync_s = device_sync_s
         self.stop = threading.Event()
         self.devices: dict[str, tuple[Driver, DeviceInfo]] = {}
         self.active: set[int] = set()
         self.busy: set[str] = set()
         self._lock = threading.Lock()
-        self._model_lock = threading.Lock()
         self.heartbeat_s = 10.0
         self.poll_s = 20.0
 
@@ -51,7 +52,11 @@ class Agent:
         found: dict[str, tuple[Driver, DeviceInfo]] = {}
         for driver in self.drivers:
             try:
-                for info in driver.discover():
+                infos = driver.discover()
+                if self.reaps_leftovers:
+                    for line in driver.reap_leftovers({i.serial for i in infos if i.state == "idle"}):
+                        log.warning("leftover of a previous agent: %s", line)
+                for info in infos:
                     if info.serial in self.busy:
                         info.state = "busy"
                     found[info.serial] = (driver, info)
@@ -109,102 +114,12 @@ class Agent:
                 self.active.discard(a.run_id)
                 self.busy.discard(a.device_serial)
 
-    # ---- one run ------------------------------------------------------------------------
-    def model(self, sha256: str) -> Path:
-        path = self.models_dir / f"{sha256}.pte"
-        with self._model_lock:
-            if not path.exists():
-                self.api.download_model(sha256, path)
-        return path
-
-    def inputs(self, sha256: str) -> Path:
-        """An inputs container, cached by sha256 like models (the name is the digest, checked)."""
-        if not all(c in "0123456789abcdef" for c in sha256) or len(sha256) != 64:
-            raise ValueError(f"inputs digest {sha256[:80]!r} is not a sha256")
-        path = self.inputs_dir / f"{sha256}.bin"
-        with self._model_lock:
-            if not path.exists():
-                self.api.download_inputs(sha256, path)
-        return path
-
+    # ---- one run (job.py) ----------------------------------------------------------------
     def refuse(self, a: RunAssignment) -> str:
-        """Last line of defence: never run an arm the device cannot honestly serve."""
-        entry = self.devices.get(a.device_serial)
-        if entry is None:
-            return f"device {a.device_serial} is no longer attached to this agent"
-        _, info = entry
-        if a.sme2 == "on" and not info.sme2:
-            return f"SME2 on was asked of {info.serial}, which has no SME2 ({info.sme2_evidence or 'not detected'}); not run"
-        flavour = "xnnlog" if a.mode == "trace" else "timing"
-        if self.catalog.find(info.runner_platform or "", a.sme2, flavour) is None:
-            return f"this agent has no runner build for {info.runner_platform} with SME2 {a.sme2} ({flavour} flavour)"
-        return ""
+        return refuse(a, self.devices.get(a.device_serial), self.catalog)
 
     def execute(self, a: RunAssignment) -> None:
-        try:
-            answer = self.api.start(a.run_id, a.lease_id)
-        except LeaseLost:
-            return
-        reason = self.refuse(a)
-        if reason:
-            self.api.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="failed", reason=reason))
-            return
-        driver, info = self.devices[a.device_serial]
-        build = self.catalog.find(info.runner_platform, a.sme2, "xnnlog" if a.mode == "trace" else "timing")
-        build = dataclasses.replace(build, path=str(self.catalog.resolve(build)))
-        try:
-            model = self.model(a.model_sha256)
-        except (OSError, ValueError, httpx.HTTPError) as e:
-            self.api.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="failed",
-                                                reason=f"the agent could not fetch the model: {e}"))
-            return
-        try:
-            inputs = self.inputs(a.inputs_sha256) if a.inputs_sha256 else None
-        except (OSError, ValueError, httpx.HTTPError) as e:
-            self.api.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="failed",
-                                                reason=f"the agent could not fetch the inputs: {e}"))
-            return
-        workdir = Path(tempfile.mkdtemp(prefix=f"run{a.run_id}-", dir=self.work_dir))
-        job = Job(run_id=a.run_id, model_path=model, runner=build, threads=a.threads,
-                  iterations=a.iterations, warmup=a.warmup, timeout_s=a.timeout_s, workdir=workdir, mode=a.mode,
-                  core_mask=a.core_mask, power_profile=a.power_profile, method=a.method, inputs_path=inputs)
-        if answer.cancel:
-            job.cancel.set()
-        done = threading.Event()
-        # Heartbeats go on through execution and upload; they stop once the run is finished.
-        threading.Thread(target=self._heartbeat, args=(a, job, done), daemon=True).start()
-        try:
-            result = driver.execute(a.device_serial, job)
-            self._report(a, job, build.info(), result)
-        except LeaseLost:
-            log.warning("run %s: lease lost before finishing; the server has requeued it", a.run_id)
-            return
-        finally:
-            done.set()
-            shutil.rmtree(workdir, ignore_errors=True)
-        if result.device_lost:
+        result = JobRunner(self.api, a, find_device=lambda serial: self.devices.get(serial), catalog=self.catalog,
+                           downloads=self.downloads, work_dir=self.work_dir, heartbeat_s=self.heartbeat_s).run()
+        if result is not None and result.device_lost:
             self.api.sync_devices(self.discover(), self.runners())
-
-    def _heartbeat(self, a: RunAssignment, job: Job, done: threading.Event) -> None:
-        while not done.wait(self.heartbeat_s):
-            try:
-                if self.api.heartbeat(a.run_id, a.lease_id).cancel:
-                    job.cancel.set()
-            except LeaseLost:
-                job.cancel.set()
-            except Exception:
-                log.exception("heartbeat for run %s failed", a.run_id)
-
-    def _report(self, a: RunAssignment, job: Job, runner, result: JobResult) -> None:
-        for name, path in (("runner.log", result.log_path), ("kernels.log", result.kernel_log_path),
-                           ("trace.etdump", result.etdump_path)):
-            if path is not None and path.exists():
-                self.api.upload(a.run_id, a.lease_id, name, path)
-        state = dict(result.device_state)
-        if result.device_lost:
-            state["device_lost"] = True
-        self.api.finish(a.run_id, RunFinish(
-            lease_id=a.lease_id, status="succeeded" if result.ok else "failed", reason=result.reason,
-            runner=runner, device_state=state, wall_s=result.wall_s, exit_code=result.exit_code,
-            warmup_in_trace=job.warmup_in_trace,
-        ))

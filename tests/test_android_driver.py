@@ -100,7 +100,7 @@ def test_discover_returns_empty_on_a_fresh_server_without_phones():
     driver = AndroidDriver(port)
     try:
         assert driver.discover() == []
-        assert driver._server_up()   # it started its own server on that port, not the default one
+        assert driver.adb.server_up()   # it started its own server on that port, not the default one
     finally:
         subprocess.run([adbutils.adb_path(), "-P", str(port), "kill-server"], capture_output=True, timeout=30)
 

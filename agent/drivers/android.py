@@ -1,4 +1,5 @@
-"""Android phones over adb: adbutils talking to its bundled adb server.
+"""Android phones over adb: the driver (discovery, describe, health, prepare/run/collect/cleanup);
+the adb calls themselves are adb.py's.
 
     AndroidDriver(adb_port=None, *, connect=(), gate=None, remote_root="/data/local/tmp/sme2farm")
 
@@ -13,50 +14,36 @@ On the phone, under remote_root:
         one directory per run, removed in cleanup
 Every command reaches the phone's shell as a string that shell parses, so each one is built from
 an argv list with shlex.join / shlex.quote: no value from a spec is ever pasted in unquoted.
+
+A runner keeps running on the phone when the agent is killed. While it runs, its pid on the phone
+is recorded in the agent's work dir (leftovers.py); the next agent on this host, when it finds the
+phone, kills it if /proc/<pid> on the phone is still that runner, and removes its run directory.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 import shlex
 import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import adbutils
-from adbutils.errors import AdbError
-
 from sme2farm.agent.drivers import cpuinfo, hygiene
+from sme2farm.agent.drivers.adb import ADB_ERRORS, EXIT_MARK, Adb
 from sme2farm.agent.drivers.base import ETDUMP_NAME, INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner, tail
 from sme2farm.protocol import DeviceInfo
 from sme2farm.runners.catalog import sha256_file
 
 RUNNER_PLATFORM = "android-arm64-v9a"
 RUNNER_NAME = "runner"
-EXIT_MARK = "__SME2FARM_EXIT__"
 PID_MARK = "__SME2FARM_PID__"
 SEP = "__SME2FARM_SEP__"
 XNN_LOG_LEVEL = "5"   # debug: XNNPACK logs every microkernel it picks ("Using ... microkernel")
-ADB_ERRORS = (AdbError, OSError, EOFError)
 
-
-class _Connection(adbutils.AdbConnection):
-    def _safe_connect(self):
-        # adbutils would run `adb start-server` on the *default* port when the connection fails;
-        # this driver owns exactly one server (its port) and starts it itself.
-        return self._create_socket()
-
-
-class _Client(adbutils.AdbClient):
-    def make_connection(self, timeout: float | None = None) -> adbutils.AdbConnection:
-        conn = _Connection(self.host, self.port)
-        if timeout:
-            conn.conn.settimeout(timeout)
-        return conn
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,116 +62,29 @@ class AndroidDriver(Driver):
                  adb_path: str | None = None, shell_timeout_s: float = 60.0,
                  pull_attempts: int = 3, pull_retry_s: float = 1.0,
                  sleep: Callable[[float], None] = time.sleep):
-        self.port = adb_port or int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
-        self.client = _Client(port=self.port)
-        self.adb_path = adb_path or adbutils.adb_path()
+        self.adb = Adb(adb_port, adb_path=adb_path, shell_timeout_s=shell_timeout_s,
+                       pull_attempts=pull_attempts, pull_retry_s=pull_retry_s, sleep=sleep)
         self.connect = list(connect)
         self.gate = gate or hygiene.GateConfig()
         self.remote_root = remote_root.rstrip("/")
-        self.shell_timeout_s = shell_timeout_s
-        self.pull_attempts, self.pull_retry_s = pull_attempts, pull_retry_s
         self.sleep = sleep
         self._staged: dict[tuple[str, int], _Staged] = {}
-
-    # ---- adb plumbing ----------------------------------------------------------------------
-
-    def _server_up(self) -> bool:
-        try:
-            self.client.server_version()
-            return True
-        except ADB_ERRORS:
-            return False
-
-    def ensure_server(self, timeout_s: float = 10.0) -> bool:
-        """True when the adb server answers, starting it on our port if needed; never raises."""
-        if self._server_up():
-            return True
-        try:
-            subprocess.run([self.adb_path, "-P", str(self.port), "start-server"], stdin=subprocess.DEVNULL,
-                           capture_output=True, timeout=timeout_s)
-        except (OSError, subprocess.SubprocessError):
-            return False
-        return self._server_up()
-
-    def _adb_state(self, serial: str) -> str | None:
-        try:
-            return {d.serial: d.state for d in self.client.list()}.get(serial)
-        except ADB_ERRORS:
-            return None
-
-    def _failure(self, serial: str, reason: str) -> DriverError:
-        """A failed adb call means either the device went away (offline it) or a plain error."""
-        state = self._adb_state(serial)
-        if state != "device":
-            return DriverError(f"device {serial} disconnected ({state or 'gone'}): {reason}", device_lost=True)
-        return DriverError(reason)
-
-    def _shell(self, serial: str, script: str, timeout: float | None = None) -> tuple[int, str]:
-        """Run a script on the phone; (exit status, output). The legacy shell service carries no
-        exit status, so the script echoes it after a marker."""
-        try:
-            out = self.client.device(serial).shell(f"{script}; echo {EXIT_MARK}$?",
-                                                   timeout=timeout or self.shell_timeout_s, rstrip=False)
-        except ADB_ERRORS as e:
-            raise self._failure(serial, f"adb shell failed: {e}") from None
-        m = re.search(rf"{EXIT_MARK}(\d+)\s*$", out)
-        if not m:
-            raise self._failure(serial, f"adb shell ended early: {out[-300:]!r}")
-        return int(m.group(1)), out[:m.start()]
-
-    def _checked(self, serial: str, script: str, what: str) -> str:
-        code, out = self._shell(serial, script)
-        if code:
-            raise DriverError(f"{what} failed on {serial} (exit {code}): {out.strip()[-500:]}")
-        return out
-
-    def _sha256s(self, serial: str, paths: list[str]) -> dict[str, str]:
-        """sha256 of each remote file that exists (missing ones are simply absent)."""
-        _, out = self._shell(serial, shlex.join(["sha256sum", "--", *paths]) + " 2>/dev/null")
-        sums = {}
-        for line in out.splitlines():
-            parts = line.split(None, 1)
-            if len(parts) == 2 and re.fullmatch(r"[0-9a-f]{64}", parts[0]):
-                sums[parts[1].strip()] = parts[0]
-        return sums
-
-    def _push(self, serial: str, local: Path, remote: str, mode: int) -> None:
-        try:
-            self.client.device(serial).sync.push(local, remote, mode=mode)
-        except ADB_ERRORS as e:
-            raise self._failure(serial, f"pushing {local.name} to {remote} failed: {e}") from None
-
-    def _pull(self, serial: str, remote: str, local: Path) -> bool:
-        """Pull if the file exists; retried because pulls can fail right after a run (ANDROID.md)."""
-        sync = self.client.device(serial).sync
-        for attempt in range(1, self.pull_attempts + 1):
-            try:
-                if sync.stat(remote).mode == 0:
-                    return False
-                sync.pull_file(remote, local)
-                return True
-            except ADB_ERRORS as e:
-                error = self._failure(serial, f"pulling {remote} failed after {attempt} attempt(s): {e}")
-                if error.device_lost or attempt == self.pull_attempts:
-                    raise error from None
-                self.sleep(self.pull_retry_s)
-        return False
 
     # ---- discovery -------------------------------------------------------------------------
 
     def discover(self) -> list[DeviceInfo]:
-        if not self.ensure_server():
+        if not self.adb.ensure_server():
             return []
         try:
-            listed = {d.serial: d.state for d in self.client.list()}
+            listed = self.adb.devices()
             missing = [a for a in self.connect if listed.get(a) != "device"]
             for addr in missing:
                 try:
-                    self.client.connect(addr, timeout=5)
+                    self.adb.connect(addr, timeout=5)
                 except ADB_ERRORS:
                     pass   # unreachable now; it shows as offline or not at all, tried again next time
             if missing:
-                listed = {d.serial: d.state for d in self.client.list()}
+                listed = self.adb.devices()
         except ADB_ERRORS:
             return []
         devices = []
@@ -203,7 +103,7 @@ class AndroidDriver(Driver):
         return self._describe(serial)
 
     def _describe(self, serial: str) -> DeviceInfo:
-        _, out = self._shell(serial, f"getprop; echo {SEP}; cat /proc/cpuinfo")
+        _, out = self.adb.shell(serial, f"getprop; echo {SEP}; cat /proc/cpuinfo")
         props_text, _, cpu = out.partition(f"{SEP}\n")
         props = dict(re.findall(r"^\[([^\]]+)\]: \[(.*)\]$", props_text, re.M))
         soc = " ".join(filter(None, (props.get("ro.soc.manufacturer"), props.get("ro.soc.model"))))
@@ -218,7 +118,7 @@ class AndroidDriver(Driver):
             runner_platform=RUNNER_PLATFORM if abi == "arm64-v8a" else None, state="idle")
 
     def health(self, serial: str) -> dict[str, Any]:
-        _, out = self._shell(serial, f"dumpsys thermalservice; echo {SEP}; dumpsys battery; echo {SEP}; "
+        _, out = self.adb.shell(serial, f"dumpsys thermalservice; echo {SEP}; dumpsys battery; echo {SEP}; "
                                      + hygiene.THERMAL_ZONES_SCRIPT)
         parts = out.split(f"{SEP}\n")
         if len(parts) != 3:
@@ -246,21 +146,21 @@ class AndroidDriver(Driver):
                      runner_dir=f"{self.remote_root}/runners/{local_sums[RUNNER_NAME]}",
                      thermal_status=before["reading"].get("thermal_status"))
         self._staged[(serial, job.run_id)] = st
-        self._checked(serial, f"rm -rf {shlex.quote(st.run_dir)} && "
+        self.adb.checked(serial, f"rm -rf {shlex.quote(st.run_dir)} && "
                               + shlex.join(["mkdir", "-p", st.run_dir, st.runner_dir]), "creating the run directory")
 
         t0 = time.monotonic()
         remote = {name: f"{st.runner_dir}/{name}" for name in files}
-        present = self._sha256s(serial, list(remote.values()))
+        present = self.adb.sha256s(serial, list(remote.values()))
         stale = [name for name in files if present.get(remote[name]) != local_sums[name]]
         for name in stale:
-            self._push(serial, files[name], remote[name], 0o755)
+            self.adb.push(serial, files[name], remote[name], 0o755)
         run_files = {f"{st.run_dir}/{job.model_name}": job.model_path}
         if job.inputs_path is not None:
             run_files[f"{st.run_dir}/{INPUTS_NAME}"] = job.inputs_path
         for target, local in run_files.items():
-            self._push(serial, local, target, 0o644)
-        check = self._sha256s(serial, [remote[n] for n in stale] + list(run_files))
+            self.adb.push(serial, local, target, 0o644)
+        check = self.adb.sha256s(serial, [remote[n] for n in stale] + list(run_files))
         wrong = [p for p, want in [*((remote[n], local_sums[n]) for n in stale),
                                    *((t, sha256_file(l)) for t, l in run_files.items())]
                  if check.get(p) != want]
@@ -272,7 +172,7 @@ class AndroidDriver(Driver):
         if job.power_profile != "none":
             keys = hygiene.profile_settings(job.power_profile)
             st.previous_settings = self._settings(serial, keys)
-            self._checked(serial, "; ".join(shlex.join(c) for c in hygiene.POWER_PROFILES[job.power_profile]),
+            self.adb.checked(serial, "; ".join(shlex.join(c) for c in hygiene.POWER_PROFILES[job.power_profile]),
                           f"applying power profile {job.power_profile}")
             before["power_profile"] = {"name": job.power_profile, "previous": st.previous_settings,
                                        "applied": self._settings(serial, keys)}
@@ -289,11 +189,11 @@ class AndroidDriver(Driver):
             st.thermal_status = before["gates"]["checks"][-1]["reading"].get("thermal_status")
         else:
             before["gates"] = {"skipped": "trace runs are for kernel evidence, not timing"}
-            self._checked(serial, "logcat -c", "clearing logcat")
+            self.adb.checked(serial, "logcat -c", "clearing logcat")
         return before
 
     def _settings(self, serial: str, keys: list[str]) -> dict[str, str]:
-        out = self._checked(serial, "; ".join(shlex.join(["settings", "get", "global", k]) for k in keys),
+        out = self.adb.checked(serial, "; ".join(shlex.join(["settings", "get", "global", k]) for k in keys),
                             "reading settings")
         values = out.splitlines()
         if len(values) != len(keys):
@@ -312,18 +212,20 @@ class AndroidDriver(Driver):
         script = (f"cd {shlex.quote(st.run_dir)} || exit; {shlex.join(argv)} >{LOG_NAME} 2>&1 & "
                   f"echo {PID_MARK}$!; wait $!; echo {EXIT_MARK}$?")
         t0 = time.monotonic()
-        try:
-            conn = self.client.device(serial).shell(script, stream=True)
-        except ADB_ERRORS as e:
-            raise self._failure(serial, f"could not start the runner: {e}") from None
-        out = b""
+        conn = self.adb.stream(serial, script)
+        out, pid, key, ended = b"", None, None, False
         try:
             conn.conn.settimeout(0.2)   # short reads so cancellation and the deadline are checked
             while True:
-                if job.cancel.is_set():
-                    self._kill(serial, job, out, "cancelled while the runner was executing")
-                if time.monotonic() - t0 > job.timeout_s:
-                    self._kill(serial, job, out, f"runner timed out after {job.timeout_s:g} s")
+                why = ("cancelled while the runner was executing" if job.cancel.is_set() else
+                       f"runner timed out after {job.timeout_s:g} s" if time.monotonic() - t0 > job.timeout_s else "")
+                if why:
+                    if pid is not None:
+                        self.adb.shell(serial, f"kill -9 {pid}")
+                        ended = True
+                        why += f"; killed pid {pid} on the device"
+                    self.adb.pull(serial, f"{st.run_dir}/{LOG_NAME}", job.workdir / LOG_NAME)
+                    raise DriverError(f"{why}: {tail(job.workdir / LOG_NAME)}")
                 try:
                     chunk = conn.conn.recv(65536)
                 except socket.timeout:
@@ -333,37 +235,70 @@ class AndroidDriver(Driver):
                 if not chunk:
                     break
                 out += chunk
+                if pid is None and (m := re.search(rf"{PID_MARK}(\d+)\s", out.decode(errors="replace"))):
+                    pid = int(m.group(1))
+                    if self.pids is not None:   # from here on a killed agent leaves a runner behind
+                        key = self.pids.add("adb", job.run_id, serial=serial, pid=pid, run_dir=st.run_dir,
+                                            workdir=str(job.workdir))
         finally:
             conn.close()
+            if key is not None:
+                if ended or re.search(rf"{EXIT_MARK}\d+\s*$", out.decode(errors="replace")):
+                    self.pids.remove(key)
+                else:   # the shell broke off (device gone?): the runner may still be running there
+                    self.pids.abandon(key)
         wall = time.monotonic() - t0
         m = re.search(rf"{EXIT_MARK}(\d+)\s*$", out.decode(errors="replace"))
         if m:
             return int(m.group(1)), wall
-        raise self._failure(serial, f"the device shell ended before the runner finished: {out.decode(errors='replace')[-300:]!r}")
+        raise self.adb.failure(serial, f"the device shell ended before the runner finished: {out.decode(errors='replace')[-300:]!r}")
 
-    def _kill(self, serial: str, job: Job, out: bytes, why: str) -> None:
-        m = re.search(rf"{PID_MARK}(\d+)", out.decode(errors="replace"))
-        if m:
-            self._shell(serial, f"kill -9 {int(m.group(1))}")
-            why += f"; killed pid {int(m.group(1))} on the device"
-        self._pull(serial, f"{self._staged[(serial, job.run_id)].run_dir}/{LOG_NAME}", job.workdir / LOG_NAME)
-        raise DriverError(f"{why}: {tail(job.workdir / LOG_NAME)}")
+    def reap_leftovers(self, online: set[str]) -> list[str]:
+        """Runners a dead agent of this host left on these phones: killed if /proc/<pid> is still
+        one of our runners started in that run's directory, and the run directory removed."""
+        if self.pids is None:
+            return []
+        done = []
+        for key, record in self.pids.leftovers("adb"):
+            serial, pid, run_dir = record.get("serial"), int(record["pid"]), str(record.get("run_dir", ""))
+            if serial not in online:
+                continue   # not attached now: dealt with when it is found again
+            if not re.fullmatch(rf"{re.escape(self.remote_root)}/runs/\d+", run_dir):
+                self.pids.done(key, record)   # not one of this driver's run directories: touch nothing there
+                continue
+            try:
+                _, out = self.adb.shell(serial, f"cat /proc/{pid}/cmdline 2>/dev/null; echo; echo {SEP}; "
+                                                f"readlink /proc/{pid}/cwd 2>/dev/null")
+                cmdline, _, cwd = out.partition(SEP)
+                # The pid may have been reused since: only our runner binary, in that run's directory
+                # (when the directory is readable), is killed.
+                ours = f"{self.remote_root}/runners/" in cmdline and cwd.strip() in ("", run_dir)
+                if ours:
+                    self.adb.shell(serial, f"kill -9 {pid}")
+                self.adb.checked(serial, shlex.join(["rm", "-rf", run_dir]), "removing a leftover run directory")
+            except DriverError as e:
+                log.warning("leftover runner of run %s on %s not dealt with yet: %s", record["run_id"], serial, e)
+                continue
+            done.append(f"{'killed' if ours else 'found no'} runner pid {pid} left on {serial} by run "
+                        f"{record['run_id']}; removed {run_dir}")
+            self.pids.done(key, record)
+        return done
 
     def collect(self, serial: str, job: Job) -> None:
         st = self._staged[(serial, job.run_id)]
         for name in (ETDUMP_NAME, LOG_NAME):
-            self._pull(serial, f"{st.run_dir}/{name}", job.workdir / name)
+            self.adb.pull(serial, f"{st.run_dir}/{name}", job.workdir / name)
         if job.mode == "trace":
-            out = self._checked(serial, "logcat -d -s XNNPACK", "reading the XNNPACK log")
+            out = self.adb.checked(serial, "logcat -d -s XNNPACK", "reading the XNNPACK log")
             (job.workdir / KERNEL_LOG_NAME).write_text(out)
 
     def cleanup(self, serial: str, job: Job) -> dict[str, Any]:
         st = self._staged.pop((serial, job.run_id), None)
         after: dict[str, Any] = {}
         if st:
-            self._checked(serial, shlex.join(["rm", "-rf", st.run_dir]), "removing the run directory")
+            self.adb.checked(serial, shlex.join(["rm", "-rf", st.run_dir]), "removing the run directory")
             if st.previous_settings:
-                self._checked(serial, "; ".join(shlex.join(c) for c in hygiene.restore_commands(st.previous_settings)),
+                self.adb.checked(serial, "; ".join(shlex.join(c) for c in hygiene.restore_commands(st.previous_settings)),
                               "restoring settings")
                 after["power_profile_restored"] = self._settings(serial, list(st.previous_settings))
         after["reading"] = self.health(serial)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sme2farm.agent.drivers.leftovers import PidRecords
 from sme2farm.protocol import KERNEL_LOG, RUNNER_LOG, TRACE, DeviceInfo
 from sme2farm.runners.catalog import RunnerBuild
 
@@ -103,6 +104,14 @@ class DriverError(Exception):
 
 class Driver(abc.ABC):
     platform: str  # "linux" | "macos" | "android"
+    # Set by the agent: where runners are recorded while they run, so that the next agent on this
+    # host can kill what a killed one left running (leftovers.py). None: nothing is recorded.
+    pids: PidRecords | None = None
+
+    def reap_leftovers(self, online: set[str]) -> list[str]:
+        """Kill runners a previous, dead agent on this host left on these devices (serials now
+        online) and remove their files; what was done, one line each."""
+        return []
 
     @abc.abstractmethod
     def discover(self) -> list[DeviceInfo]:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from sme2farm.agent.drivers import cpuinfo
 from sme2farm.agent.drivers.base import INPUTS_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
+from sme2farm.agent.drivers.leftovers import PidRecords, kill_leftover_processes, process_identity
 from sme2farm.protocol import DeviceInfo
 
 RUNNER_PLATFORMS = {("Linux", "x86_64"): "linux-x86_64", ("Linux", "aarch64"): "linux-arm64",
@@ -36,15 +39,43 @@ def host_serial() -> str:
     return f"host-{socket.gethostname()}"
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    """preexec_fn (Linux): the runner gets SIGKILL when the agent dies, however it dies.
+
+    The death signal is kept across execve, so a runner started through taskset is still covered,
+    and with qemu the emulator (which is the runner's process) is. The kernel sends it when the
+    *thread* that forked exits: run_subprocess blocks in that thread until the runner is gone."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up here: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:   # the agent died before prctl: nobody would send the signal
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 def run_subprocess(argv: list[str], cwd: Path, log: Path, timeout_s: float, cancel,
-                   env: dict[str, str] | None = None) -> tuple[int, float]:
+                   env: dict[str, str] | None = None, *, pids: PidRecords | None = None,
+                   run_id: int = 0) -> tuple[int, float]:
     """Run argv (never a shell string) with output to `log`, `env` added to ours; kill its process
-    group on timeout or cancellation. Shared by the Linux and macOS drivers."""
+    group on timeout or cancellation. Shared by the Linux and macOS drivers. A killed agent's
+    runner dies with it on Linux (PR_SET_PDEATHSIG); elsewhere (macOS), and in case it did not,
+    the runner is recorded in `pids` while it runs, so the next agent kills it (leftovers.py)."""
     t0 = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **env} if env else None)
+                                env={**os.environ, **env} if env else None,
+                                preexec_fn=_die_with_parent() if sys.platform == "linux" else None)
+        key = None
         try:
+            if pids is not None:
+                key = pids.add("process", run_id, pid=proc.pid, start=process_identity(proc.pid), argv0=argv[0],
+                               workdir=str(cwd))
             while True:
                 try:
                     code = proc.wait(timeout=0.05)
@@ -59,6 +90,8 @@ def run_subprocess(argv: list[str], cwd: Path, log: Path, timeout_s: float, canc
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            if key is not None:
+                pids.remove(key)
 
 
 class LocalDriver(Driver):
@@ -133,7 +166,11 @@ class LocalDriver(Driver):
         argv = self.wrap(job.runner_command(str(runner)))
         if job.core_mask:
             argv = ["taskset", job.core_mask, *argv]
-        return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel, job.runner.env)
+        return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel, job.runner.env,
+                              pids=self.pids, run_id=job.run_id)
+
+    def reap_leftovers(self, online: set[str]) -> list[str]:
+        return kill_leftover_processes(self.pids) if self.pids is not None else []
 
     def wrap(self, argv: list[str]) -> list[str]:
         """How this device executes a runner command (the host CPU: as it is)."""

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from sme2farm.agent.drivers import hygiene
 from sme2farm.agent.drivers.base import INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
+from sme2farm.agent.drivers.leftovers import kill_leftover_processes
 from sme2farm.agent.drivers.local import host_serial, run_subprocess, stage_file
 from sme2farm.protocol import DeviceInfo
 
@@ -105,7 +106,11 @@ class MacDriver(Driver):
         if job.mode == "trace":
             env["XNN_LOG_LEVEL"] = XNN_LOG_LEVEL
         return run_subprocess(job.runner_command(job.runner.path), job.workdir, job.workdir / LOG_NAME,
-                              job.timeout_s, job.cancel, env)
+                              job.timeout_s, job.cancel, env, pids=self.pids, run_id=job.run_id)
+
+    def reap_leftovers(self, online: set[str]) -> list[str]:
+        # No PR_SET_PDEATHSIG on macOS: the record is what finds a killed agent's runner.
+        return kill_leftover_processes(self.pids) if self.pids is not None else []
 
     def collect(self, serial: str, job: Job) -> None:
         # The runner wrote its ETDump into job.workdir; XNNPACK logs to stderr, i.e. the runner log.
