@@ -539,3 +539,13 @@ def test_conflicts_are_409_with_the_state_and_declared_in_openapi(api, example_p
         assert body == {"$ref": "#/components/schemas/Conflict"}, path
     assert set(spec["components"]["schemas"]["Conflict"]["properties"]) == {"reason", "message", "previous_state"}
 
+
+
+def test_a_reason_names_an_unexpected_error_by_its_type():
+    """An IndexError's message alone ('index 7 is out of bounds ...') says nothing to a user."""
+    from sme2farm.analysis import EtdumpError
+
+    assert run_service._describe(IndexError("index 7 is out of bounds for axis 0 with size 3")) == \
+        "IndexError: index 7 is out of bounds for axis 0 with size 3"
+    assert run_service._describe(KeyError()) == "KeyError"
+    assert run_service._describe(EtdumpError("corrupt ETDump: x\nsecond line")) == "corrupt ETDump: x"
