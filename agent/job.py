@@ -90,11 +90,12 @@ class JobRunner:
             answer = self.api.start(a.run_id, a.lease_id)
         except LeaseLost:
             return None
-        reason = refuse(a, self.find_device(a.device_serial), self.catalog)
+        device = self.find_device(a.device_serial)   # once: a device sync may replace the agent's view
+        reason = refuse(a, device, self.catalog)
         if reason:
             self._fail(reason)
             return None
-        driver, info = self.find_device(a.device_serial)
+        driver, info = device
         build = self.catalog.find(info.runner_platform, a.sme2, "xnnlog" if a.mode == "trace" else "timing")
         build = dataclasses.replace(build, path=str(self.catalog.resolve(build)))
         try:
