@@ -22,35 +22,41 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 MAX_JSON_DEPTH = 32
 # Routes that stream their body to disk under their own limits (method, path pattern).
 STREAMED = (("POST", re.compile(r"^/experiments/?$")),
             ("PUT", re.compile(r"^/agent/runs/[^/]+/artifacts/[^/]+$")))
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKETS = bytes.maketrans(b"", b"")
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
 class JsonTooDeep(ValueError):
     pass
 
 
 def check_json_depth(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Raise JsonTooDeep when a JSON text nests deeper than max_depth; malformed text is left to
-    the JSON parser. Linear: strings are cut out by one regex, then only brackets are walked."""
+    the JSON parser. Vectorised and linear (a few milliseconds a megabyte, on the event loop):
+    a quote counts unless an odd run of backslashes precedes it, brackets count outside strings.
+    (A regex that cuts strings out is quadratic on unclosed quotes: a denial of service itself.)"""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
-    brackets = _STRINGS.sub(b"", raw).translate(_BRACKETS, _NOT_BRACKETS)
-    depth = 0
-    for b in brackets:
-        if b in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > max_depth:
-                raise JsonTooDeep(f"JSON nests deeper than {max_depth} levels")
-        else:
-            depth -= 1
+    a = np.frombuffer(raw, dtype=np.uint8)
+    if not a.size:
+        return
+    outside = True
+    quote = a == 0x22
+    if quote.any():
+        idx = np.arange(a.size, dtype=np.int32)  # bodies are bounded far below 2**31
+        last_plain = np.maximum.accumulate(np.where(a == 0x5C, -1, idx))  # last non-backslash at or before i
+        run = np.zeros(a.size, dtype=np.int32)
+        run[1:] = idx[1:] - 1 - last_plain[:-1]  # backslashes right before i
+        real = quote & (run % 2 == 0)
+        outside = np.cumsum(real) % 2 == 0  # after an even number of real quotes (a closing quote: outside)
+    opens = ((a == 0x5B) | (a == 0x7B)) & outside
+    closes = ((a == 0x5D) | (a == 0x7D)) & outside
+    if int(np.cumsum(opens.astype(np.int32) - closes.astype(np.int32)).max()) > max_depth:
+        raise JsonTooDeep(f"JSON nests deeper than {max_depth} levels")
 
 
 def loads_bounded(raw: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -103,7 +109,12 @@ class BodyLimits:
         ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
         if ctype == b"application/json" or ctype.endswith(b"+json"):
             try:
-                check_json_depth(bytes(body), self.max_depth)
+                if len(body) > 65536:  # ~0.1 s a megabyte at worst: off the event loop
+                    from starlette.concurrency import run_in_threadpool
+
+                    await run_in_threadpool(check_json_depth, bytes(body), self.max_depth)
+                else:
+                    check_json_depth(bytes(body), self.max_depth)
             except JsonTooDeep as e:
                 for m in _problem(422, f"request body: {e}"):
                     await send(m)

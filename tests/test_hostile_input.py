@@ -257,3 +257,21 @@ def test_nul_in_a_submission_name_on_every_database(api, pte):
     r = api.client.post("/tokens", json={"name": "t\x00", "scope": "read"}, headers=api.auth())
     assert r.status_code == 422 and "U+0000" in r.text
     assert state(api) == before
+
+
+@pytest.mark.parametrize("text, depth", [
+    ('{"a": [[1]]}', 3),
+    ('{"a": "[[[[[["}', 1),                  # brackets inside strings do not count
+    ('{"a": "\\\\", "b": [[]]}', 3),          # an escaped backslash ends before the closing quote
+    ('{"a": "\\"[[[[", "b": []}', 2),         # an escaped quote does not end the string
+    ('["\\\\\\"[[[[[[["]', 1),               # three backslashes: the quote is escaped
+    ('"' + '\\"' * 1000, 0),                  # an unclosed string of escaped quotes (quadratic for a regex)
+    ("[" * 40 + "]" * 40, 40),
+])
+def test_json_depth_counts_brackets_outside_strings_only(text, depth):
+    from sme2farm.server.limits import JsonTooDeep, check_json_depth
+
+    check_json_depth(text, max_depth=depth)
+    if depth:
+        with pytest.raises(JsonTooDeep):
+            check_json_depth(text, max_depth=depth - 1)
