@@ -16,7 +16,6 @@ from typing import AsyncIterator
 # The artifact names (what agents upload, what ingest derives) are part of the wire contract.
 from sme2farm.protocol import ARTIFACT_NAMES
 
-
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
