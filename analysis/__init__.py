@@ -4,7 +4,9 @@ Pure package (numpy only: no torch, pandas or executorch), imported by the lapto
 by the worker. Public API:
 
 - :func:`analyze` (ETDump bytes -> JSON report), :func:`compare` (two reports -> speedup, CI,
-  narrative), :class:`EtdumpError`;
+  verdict, narrative), :class:`EtdumpError`;
+- :func:`verdict` (calibrated verdict on two arms of sessions) and :class:`NoiseModel` (a
+  device's between-session noise, learned from A/A runs; JSON);
 - renderers :func:`to_markdown`, :func:`to_csv`, :func:`to_perfetto`, :func:`to_terminal`;
 - :func:`parse_kernel_log`, :func:`read_etdump` (the raw event arrays), :func:`category_of`.
 """
@@ -16,9 +18,10 @@ from .kernels import classify_kernel, parse_kernel_log
 from .render import to_csv, to_markdown, to_perfetto, to_terminal
 from .report import analyze
 from .stats import bootstrap_ratio, latency_stats
+from .verdict import NoiseModel, Verdict, verdict
 
 __all__ = [
     "analyze", "compare", "EtdumpError", "to_markdown", "to_csv", "to_perfetto", "to_terminal",
     "parse_kernel_log", "classify_kernel", "read_etdump", "Events", "category_of", "CATEGORIES",
-    "latency_stats", "bootstrap_ratio",
+    "latency_stats", "bootstrap_ratio", "verdict", "Verdict", "NoiseModel",
 ]

@@ -1,53 +1,126 @@
-"""compare(): two analyze() reports -> speedup with a bootstrap CI, per-category speedups,
-category shares before/after and a generated narrative of the bottleneck shift.
+"""compare(): two analyze() reports (or two arms of several sessions) -> a calibrated verdict,
+per-category and per-operator verdicts, category shares before/after and a generated narrative
+of the bottleneck shift.
 
 Generic over any two runs: SME2 off vs on, model A vs B, build X vs Y. ``baseline`` is the
-reference: speedup > 1 means the candidate is faster.
+reference: speedup > 1 means the candidate is faster. The interval and the verdict come from
+:func:`sme2farm.analysis.verdict.verdict` (sessions as the unit, the device's noise model, a
+minimum effect): see that module for the model and the exact rule.
 """
 
 from __future__ import annotations
 
-from .categories import CATEGORIES
-from .stats import bootstrap_ratio
+import numpy as np
 
-N_BOOT = 10_000
+from .categories import CATEGORIES
+from .stats import latency_stats
+from .verdict import DEFAULT_MIN_EFFECT, N_BOOT, NoiseModel, as_noise_model, summarize, verdict
+
+N_BOOT_PARTS = 1000  # categories and operators: many verdicts per comparison, 1,000 is plenty
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def _verdict(est, lo, hi) -> tuple[bool, str]:
-    if est is None or lo is None or hi is None:
-        return False, "insufficient data"
-    if lo > 1:
-        return True, "speedup"
-    if hi < 1:
-        return True, "slowdown"
-    return False, "no significant difference"
+def _split(pooled, lens: list[int]) -> list[list[float]] | None:
+    """Pooled per-iteration values cut back into sessions of the given lengths (None if they do not add up)."""
+    if pooled is None or sum(lens) != len(pooled):
+        return None
+    out, i = [], 0
+    for n in lens:
+        out.append(list(pooled[i:i + n]))
+        i += n
+    return out
 
 
-def compare(baseline: dict, candidate: dict, *, labels: tuple[str, str] = ("SME2 off", "SME2 on"),
-            seed: int = 0) -> dict:
-    """Compare two reports. speedup = median(baseline) / median(candidate), 95% percentile
-    bootstrap CI of the ratio of medians (10,000 resamples of each arm's iterations).
-    ``significant`` only when the whole interval is above 1 (``verdict: "speedup"``) or below
-    1 (``verdict: "slowdown"``)."""
+def _arm(x) -> tuple[dict, dict]:
+    """(report to display, sessions) for one arm given as a report, a report pooled from
+    sessions (``session_iterations_ms``, as the server merges them) or a list of reports.
+    sessions = {"e2e": [iterations per session], "categories": {c: [...]}, "operators": {op: [...]}}."""
+    if isinstance(x, (list, tuple)):
+        reports = [r for r in x if r]
+        if not reports:
+            return {}, {"e2e": [], "categories": {}, "operators": {}}
+        if len(reports) == 1:
+            return _arm(reports[0])
+        pooled = [v for r in reports for v in (r.get("iterations_ms") or [])]
+        view = dict(reports[0])
+        view["iterations_ms"] = pooled
+        view["e2e_ms"] = latency_stats(pooled)
+        cats = {c: [v for r in reports for v in ((r.get("category_iterations_ms") or {}).get(c) or [])]
+                for c in (reports[0].get("category_iterations_ms") or {})}
+        if cats and pooled:
+            view["categories_ms"] = {c: float(np.mean(v)) if v else 0.0 for c, v in cats.items()}
+            mean_e2e = float(np.mean(pooled))
+            view["category_share"] = {c: (v / mean_e2e if mean_e2e > 0 else 0.0) for c, v in view["categories_ms"].items()}
+        totals: dict[str, list[float]] = {}
+        for r in reports:
+            for o in r.get("operators") or []:
+                totals.setdefault(o["name"], []).append(o["total_ms"])
+        view["operators"] = [{**o, "total_ms": float(np.mean(totals[o["name"]]))} for o in reports[0].get("operators") or []]
+        ops: dict[str, list] = {}
+        for name in (reports[0].get("operator_iterations_ms") or {}):
+            per = [(r.get("operator_iterations_ms") or {}).get(name) for r in reports]
+            if all(p is not None for p in per):
+                ops[name] = per
+        sess = {"e2e": [r.get("iterations_ms") or [] for r in reports],
+                "categories": {c: [(r.get("category_iterations_ms") or {}).get(c) or [] for r in reports] for c in cats},
+                "operators": ops}
+        return view, sess
+    r = x or {}
+    it = r.get("iterations_ms") or []
+    sess_it = r.get("session_iterations_ms")
+    if sess_it and len(sess_it) > 1:
+        lens = [len(s) for s in sess_it]
+        cats = {c: _split(v, lens) for c, v in (r.get("category_iterations_ms") or {}).items()}
+        ops = {o: _split(v, lens) for o, v in (r.get("operator_iterations_ms") or {}).items()}
+        return r, {"e2e": [list(s) for s in sess_it],
+                   "categories": {c: v for c, v in cats.items() if v is not None},
+                   "operators": {o: v for o, v in ops.items() if v is not None}}
+    return r, {"e2e": [it], "categories": {c: [v] for c, v in (r.get("category_iterations_ms") or {}).items()},
+               "operators": {o: [v] for o, v in (r.get("operator_iterations_ms") or {}).items()}}
+
+
+def _op_category(report: dict, name: str) -> str | None:
+    for o in report.get("operators") or []:
+        if o["name"] == name:
+            return o.get("category")
+    return None
+
+
+def _op_ms(report: dict, name: str) -> float:
+    for o in report.get("operators") or []:
+        if o["name"] == name:
+            return float(o["total_ms"])
+    return 0.0
+
+
+def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2 on"), seed: int = 0,
+            noise: NoiseModel | dict | None = None, min_effect: float = DEFAULT_MIN_EFFECT,
+            level: float = 0.95) -> dict:
+    """Compare two arms. Each is an analyze() report (one session), a report pooled from several
+    sessions with ``session_iterations_ms``, or a list of reports (one per session).
+
+    speedup = median(baseline) / median(candidate) (with several sessions: the geometric mean of
+    the per-session medians' ratio); ``ci_low``/``ci_high`` its calibrated ``level`` interval
+    (within-session AND between-session variance, the device ``noise`` model, or the default
+    prior without one); ``verdict`` one of speedup / slowdown / no significant difference /
+    insufficient data, claimed only beyond ``min_effect``; ``sentence`` says it in words and
+    ``needed`` what would resolve it. Categories and the largest operators get the same verdict
+    on their mean time per iteration (their own noise model if learned, else the default prior)."""
     la, lb = labels
-    b_it = baseline.get("iterations_ms") or []
-    c_it = candidate.get("iterations_ms") or []
-    # Reports pooled from several interleaved sessions carry them; resample sessions first.
-    b_sess, c_sess = baseline.get("session_iterations_ms"), candidate.get("session_iterations_ms")
-    r = bootstrap_ratio(b_it, c_it, stat="median", n_boot=N_BOOT, seed=seed, base_sessions=b_sess, cand_sessions=c_sess)
-    hierarchical = bool(b_sess and c_sess and len(b_sess) > 1 and len(c_sess) > 1)
-    sig, verdict = _verdict(r["estimate"], r["ci_low"], r["ci_high"])
+    model = as_noise_model(noise)
+    b_view, b_s = _arm(baseline)
+    c_view, c_s = _arm(candidate)
+    kw = dict(min_effect=min_effect, level=level, labels=(la, lb))
+    v = verdict(b_s["e2e"], c_s["e2e"], noise=model, stat="median", n_boot=N_BOOT, seed=seed, **kw)
+    hierarchical = v.sessions[0] > 1 and v.sessions[1] > 1
 
-    b_cat = baseline.get("categories_ms", {})
-    c_cat = candidate.get("categories_ms", {})
-    b_share = baseline.get("category_share", {})
-    c_share = candidate.get("category_share", {})
-    b_ci = baseline.get("category_iterations_ms", {})
-    c_ci = candidate.get("category_iterations_ms", {})
+    b_cat = b_view.get("categories_ms", {}) or {}
+    c_cat = c_view.get("categories_ms", {}) or {}
+    b_share = b_view.get("category_share", {}) or {}
+    c_share = c_view.get("category_share", {}) or {}
     per_cat = {}
     for i, c in enumerate(CATEGORIES):
         bm, cm = b_cat.get(c) or 0.0, c_cat.get(c) or 0.0
@@ -55,29 +128,54 @@ def compare(baseline: dict, candidate: dict, *, labels: tuple[str, str] = ("SME2
             "baseline_ms": bm, "candidate_ms": cm,
             "speedup": (bm / cm) if cm > 0 and bm > 0 else None,
             "share_before": b_share.get(c, 0.0), "share_after": c_share.get(c, 0.0),
-            "ci_low": None, "ci_high": None,
+            "ci_low": None, "ci_high": None, "verdict": None, "significant": False,
         }
-        # categories are means per iteration, so their interval is a ratio of means
-        if entry["speedup"] is not None and b_ci.get(c) and c_ci.get(c):
-            rc = bootstrap_ratio(b_ci[c], c_ci[c], stat="mean", n_boot=2000, seed=seed + 1 + i)
-            entry["ci_low"], entry["ci_high"] = rc["ci_low"], rc["ci_high"]
+        # categories are means per iteration, so their verdict is on a ratio of means
+        if entry["speedup"] is not None and b_s["categories"].get(c) and c_s["categories"].get(c):
+            cv = verdict(summarize(b_s["categories"][c], stat="mean", n_boot=N_BOOT_PARTS, seed=seed + 1 + i),
+                         summarize(c_s["categories"][c], stat="mean", n_boot=N_BOOT_PARTS, seed=seed + 101 + i),
+                         noise=model.for_metric(c) if model else None, stat="mean", **kw)
+            if cv.ratio is not None:
+                entry.update(speedup=cv.ratio, ci_low=cv.ci_low, ci_high=cv.ci_high, verdict=cv.verdict,
+                             significant=cv.significant, sentence=cv.sentence)
         per_cat[c] = entry
 
-    narrative = _narrative(baseline, candidate, la, lb, r, verdict, per_cat)
+    per_op = {}
+    shared = [o for o in b_s["operators"] if o in c_s["operators"]]
+    for i, name in enumerate(sorted(shared, key=lambda o: -_op_ms(b_view, o))):
+        ov = verdict(summarize(b_s["operators"][name], stat="mean", n_boot=N_BOOT_PARTS, seed=seed + 201 + i),
+                     summarize(c_s["operators"][name], stat="mean", n_boot=N_BOOT_PARTS, seed=seed + 301 + i),
+                     noise=model.for_metric(name) if model else None, stat="mean", **kw)
+        per_op[name] = {"category": _op_category(b_view, name) or _op_category(c_view, name),
+                        "baseline_ms": _op_ms(b_view, name), "candidate_ms": _op_ms(c_view, name),
+                        "speedup": ov.ratio, "ci_low": ov.ci_low, "ci_high": ov.ci_high,
+                        "verdict": ov.verdict, "significant": ov.significant, "sentence": ov.sentence}
+
+    narrative = _narrative(b_view, c_view, la, lb, v, per_cat)
     return {
         "labels": [la, lb],
-        "baseline_median_ms": (baseline.get("e2e_ms") or {}).get("median"),
-        "candidate_median_ms": (candidate.get("e2e_ms") or {}).get("median"),
-        "speedup": r["estimate"],
-        "ci_low": r["ci_low"],
-        "ci_high": r["ci_high"],
-        "ci_level": r["level"],
-        "n_boot": r["n_boot"],
+        "baseline_median_ms": (b_view.get("e2e_ms") or {}).get("median"),
+        "candidate_median_ms": (c_view.get("e2e_ms") or {}).get("median"),
+        "speedup": v.ratio,
+        "ci_low": v.ci_low,
+        "ci_high": v.ci_high,
+        "ci_level": level,
+        "n_boot": N_BOOT,
         "resampling": "sessions, then iterations" if hierarchical else "iterations",
-        "n": [len(b_it), len(c_it)],
-        "significant": sig,
-        "verdict": verdict,
+        "method": v.method,
+        "n": v.iterations,
+        "sessions": v.sessions,
+        "iterations_per_session": v.iterations_per_session,
+        "significant": v.significant,
+        "verdict": v.verdict,
+        "sentence": v.sentence,
+        "min_effect": min_effect,
+        "margin": v.margin,
+        "noise": v.noise,
+        "needed": v.needed,
+        "components": v.components,
         "categories": per_cat,
+        "operators": per_op,
         "category_share": {"before": dict(b_share), "after": dict(c_share)},
         "narrative": narrative,
     }
@@ -93,23 +191,10 @@ def _top_op(report: dict, category: str) -> tuple[str, float] | None:
     return top["name"], top["total_ms"] / total
 
 
-def _narrative(baseline, candidate, la, lb, r, verdict, per_cat) -> list[str]:
-    lines = []
-    est, lo, hi = r["estimate"], r["ci_low"], r["ci_high"]
-    bm = (baseline.get("e2e_ms") or {}).get("median")
-    cm = (candidate.get("e2e_ms") or {}).get("median")
-    if est is None:
-        lines.append(f"Not enough iterations to compare {la} and {lb}.")
+def _narrative(baseline, candidate, la, lb, v, per_cat) -> list[str]:
+    lines = [v.sentence]
+    if v.ratio is None:
         return lines
-    ci = f"95% CI {lo:.3f}-{hi:.3f}"
-    if verdict == "speedup":
-        lines.append(f"{lb} is {est:.2f}x faster than {la} (median {bm:.3f} -> {cm:.3f} ms, {ci}).")
-    elif verdict == "slowdown":
-        lines.append(f"{lb} is slower than {la}: {1 / est:.2f}x the time "
-                     f"(median {bm:.3f} -> {cm:.3f} ms, speedup {est:.3f}, {ci}).")
-    else:
-        lines.append(f"No significant difference between {la} and {lb} "
-                     f"(speedup {est:.3f}, {ci} contains 1; median {bm:.3f} vs {cm:.3f} ms).")
     # the bottleneck shift: the category whose share of E2E moved most
     named = [c for c in CATEGORIES if c != "Other"]
     moves = sorted(CATEGORIES, key=lambda c: -abs(per_cat[c]["share_after"] - per_cat[c]["share_before"]))
@@ -134,7 +219,9 @@ def _narrative(baseline, candidate, la, lb, r, verdict, per_cat) -> list[str]:
             lines.append(f"{best[0]} gained most: {best[1]['baseline_ms']:.3f} -> "
                          f"{best[1]['candidate_ms']:.3f} ms ({best[1]['speedup']:.2f}x).")
         worst = min(gains, key=lambda kv: kv[1]["baseline_ms"] - kv[1]["candidate_ms"])
-        if worst[1]["candidate_ms"] > worst[1]["baseline_ms"] * 1.02 and worst[0] != best[0]:
+        # "got slower" only when that category's own verdict says so (not on noise)
+        if (worst[1]["candidate_ms"] > worst[1]["baseline_ms"] * 1.02 and worst[0] != best[0]
+                and worst[1].get("verdict") in (None, "slowdown")):
             lines.append(f"{worst[0]} got slower: {worst[1]['baseline_ms']:.3f} -> "
                          f"{worst[1]['candidate_ms']:.3f} ms.")
     port = [o for o in candidate.get("portable_ops", [])]

@@ -64,16 +64,26 @@ def to_markdown(report: dict, comparison: dict | None = None) -> str:
         out.append(f"Speedup (median ratio) **{comparison['speedup']:.3f}** "
                    f"(95% CI {comparison['ci_low']:.3f}–{comparison['ci_high']:.3f}): {comparison['verdict']}."
                    if comparison.get("speedup") is not None else "Speedup: not enough data.")
-        out += ["", f"| category | {comparison['labels'][0]} ms | {comparison['labels'][1]} ms | speedup | share before | share after |",
-                "|---|---|---|---|---|---|"]
+        out += ["", f"| category | {comparison['labels'][0]} ms | {comparison['labels'][1]} ms | speedup | 95% CI | verdict | share before | share after |",
+                "|---|---|---|---|---|---|---|---|"]
         for c, v in comparison["categories"].items():
             sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}x"
-            out.append(f"| {c} | {_ms(v['baseline_ms'])} | {_ms(v['candidate_ms'])} | {sp} | "
-                       f"{_pct(v['share_before'])} | {_pct(v['share_after'])} |")
+            out.append(f"| {c} | {_ms(v['baseline_ms'])} | {_ms(v['candidate_ms'])} | {sp} | {_ci(v)} | "
+                       f"{v.get('verdict') or '—'} | {_pct(v['share_before'])} | {_pct(v['share_after'])} |")
+        if comparison.get("operators"):
+            out += ["", f"| operator | {comparison['labels'][0]} ms | {comparison['labels'][1]} ms | speedup | 95% CI | verdict |",
+                    "|---|---|---|---|---|---|"]
+            for name, v in comparison["operators"].items():
+                sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}x"
+                out.append(f"| {name} | {_ms(v['baseline_ms'])} | {_ms(v['candidate_ms'])} | {sp} | {_ci(v)} | {v['verdict']} |")
         out += [""] + [f"- {s}" for s in comparison["narrative"]]
     if report.get("warnings"):
         out += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]
     return "\n".join(out) + "\n"
+
+
+def _ci(v: dict) -> str:
+    return "—" if v.get("ci_low") is None else f"{v['ci_low']:.2f}–{v['ci_high']:.2f}"
 
 
 def to_csv(report: dict) -> str:
@@ -179,7 +189,12 @@ def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> 
         for c, v in comparison["categories"].items():
             sp = "   —  " if v["speedup"] is None else f"{v['speedup']:5.2f}x"
             lines.append(f"  {c:<14} {_ms(v['baseline_ms']):>9} -> {_ms(v['candidate_ms']):>9} ms  {sp}  "
-                         f"share {_pct(v['share_before'])} -> {_pct(v['share_after'])}")
+                         f"share {_pct(v['share_before'])} -> {_pct(v['share_after'])}"
+                         + (f"  {v['verdict']}" if v.get("verdict") else ""))
+        for name, v in (comparison.get("operators") or {}).items():
+            sp = "   —  " if v["speedup"] is None else f"{v['speedup']:5.2f}x"
+            lines.append(f"  op {name[:40]:<40} {_ms(v['baseline_ms']):>9} -> {_ms(v['candidate_ms']):>9} ms  {sp}  "
+                         f"{v['verdict']}")
     if report.get("warnings"):
         lines.append("")
         lines += [f"warning: {w}" for w in report["warnings"]]

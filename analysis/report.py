@@ -222,6 +222,21 @@ def _operators(m: _Model, kernels: dict | None) -> list[dict]:
     return ops
 
 
+TOP_OPERATOR_SERIES = 10
+
+
+def _operator_iterations(m: _Model, names: list[str]) -> dict[str, list[float]]:
+    """Per-iteration total ms of the named operator types (the largest few only: comparisons
+    give them per-operator verdicts, and the report stays small)."""
+    if not names or m.n_it == 0:
+        return {}
+    index = {t: i for i, t in enumerate(m.types)}
+    n_it = m.n_it
+    sums = np.bincount(m.type_id * n_it + m.op_it, weights=m.op_ms,
+                       minlength=len(m.types) * n_it)[: len(m.types) * n_it].reshape(len(m.types), n_it)
+    return {t: [float(x) for x in sums[index[t]]] for t in names if t in index}
+
+
 def analyze(etdump: bytes, *, kernel_log: str | None = None, skip_first: int = 0) -> dict:
     """The JSON-ready report of one ETDump. See the module docstring for the event model."""
     ev = read_etdump(etdump)
@@ -257,6 +272,7 @@ def analyze(etdump: bytes, *, kernel_log: str | None = None, skip_first: int = 0
         "iterations_ms": [float(x) for x in m.e2e],
         "category_iterations_ms": {c: [float(x) for x in m.cat_it[i]]
                                    for i, c in enumerate(CATEGORIES)},
+        "operator_iterations_ms": _operator_iterations(m, [o["name"] for o in operators[:TOP_OPERATOR_SERIES]]),
         "n_events": len(ev),
         "n_iterations": n_it,
         "skipped_iterations": m.n_exec_total - n_it,

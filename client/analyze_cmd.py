@@ -4,7 +4,10 @@
                         [--kernel-log FILE] [--json | --markdown | --csv | --perfetto OUT.json]
 
 With --compare, TRACE is the baseline and OTHER the candidate: speedup > 1 means OTHER is
-faster (labels default to the file names; --labels "SME2 off" "SME2 on" to name them).
+faster (labels default to the file names; --labels "SME2 off" "SME2 on" to name them). The
+verdict is calibrated (analysis/verdict.py): one trace per arm cannot see run-to-run noise, so
+the interval is widened by the device's noise model (--noise-model FILE.json) or, without one,
+by a conservative default, and no difference below --min-effect is claimed.
 --json prints TRACE's report with a "comparison" key (and OTHER's report under
 "compare_report"). Imports only numpy and sme2farm.analysis: fast, and no torch.
 """
@@ -31,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-kernel-log", metavar="FILE", default=None,
                         help="kernel log for OTHER")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--noise-model", metavar="FILE.json", default=None,
+                        help="the device's noise model (JSON from NoiseModel.to_json(), learned from A/A "
+                             "runs): widens the interval by its between-session noise instead of the "
+                             "conservative default")
+    parser.add_argument("--min-effect", type=float, default=0.02, metavar="FRACTION",
+                        help="smallest difference claimed (default 0.02 = 2%%)")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON report")
     fmt.add_argument("--markdown", action="store_true", help="Markdown report")
@@ -52,8 +61,18 @@ def _read_text(path: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sme2farm.analysis import (EtdumpError, analyze, compare, to_csv, to_markdown,
+    from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, to_csv, to_markdown,
                                    to_perfetto, to_terminal)
+    if not 0.0 <= args.min_effect < 1.0:
+        print(f"error: --min-effect must be in [0, 1), got {args.min_effect}", file=sys.stderr)
+        return 2
+    noise = None
+    if args.noise_model:
+        try:
+            noise = NoiseModel.from_json(Path(args.noise_model).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"error: --noise-model {args.noise_model}: {exc}", file=sys.stderr)
+            return 2
     try:
         data = Path(args.trace).read_bytes()
         if args.perfetto:
@@ -71,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
                             skip_first=args.skip_first)
             labels = tuple(args.labels) if args.labels else (Path(args.trace).name,
                                                               Path(args.compare).name)
-            comparison = compare(report, other, labels=labels, seed=args.seed)
+            comparison = compare(report, other, labels=labels, seed=args.seed, noise=noise,
+                                 min_effect=args.min_effect)
     except EtdumpError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -47,4 +47,14 @@ def test_compare_uses_sessions_when_both_reports_carry_them():
     pooled = compare({**report(a), "session_iterations_ms": None}, {**report(b), "session_iterations_ms": None})
     assert pooled["resampling"] == "iterations"
     width = lambda r: r["ci_high"] - r["ci_low"]  # noqa: E731
-    assert width(with_sessions) > width(pooled)
+    # without sessions each arm is one session: only the device noise prior speaks (wide); with
+    # three sessions per arm their own spread is pooled in
+    assert with_sessions["sessions"] == [3, 3] and pooled["sessions"] == [1, 1]
+    assert width(with_sessions) < width(pooled)
+    for r in (with_sessions, pooled):
+        assert r["ci_low"] <= 1.0 <= r["ci_high"] and not r["significant"]
+    # an optimistic prior (0.1% from 2 pairs) is overruled by the sessions' 3% drift
+    from sme2farm.analysis import NoiseModel
+    optimistic = compare(report(a), report(b), noise=NoiseModel(0.001, 2))
+    assert optimistic["noise"]["sigma_between"] > 0.01
+    assert optimistic["ci_low"] <= 1.0 <= optimistic["ci_high"]
