@@ -105,7 +105,10 @@ class Run(Base):
     # The deadline of the current state: the agent's lease (assigned, running, uploading), then
     # the ingest deadline (analyzing). The reaper acts on every non-terminal run past it.
     lease_expires_at: Mapped[datetime | None] = mapped_column()
+    # Ingest tasks that began for the current analysis (a task still waiting in the queue is not
+    # an attempt), and when the latest began: the analyzing deadline counts from then.
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    ingest_started_at: Mapped[datetime | None] = mapped_column()
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     runner: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     device_snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON)

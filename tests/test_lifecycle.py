@@ -89,6 +89,10 @@ class Farm:
         with self.tx() as s:
             return run_service.ingest(s, run_id=rid, ingester=ingester or Ingester(self.store))
 
+    def ingest_begins(self, rid: int, ingest_deadline_s: float = 60) -> None:
+        with self.tx() as s:
+            run_service.ingest_started(s, run_id=rid, ingest_deadline_s=ingest_deadline_s)
+
     def cancel(self, rid: int) -> None:
         with self.tx() as s:
             run_service.cancel(s, [s.get(Run, rid)])
@@ -196,7 +200,8 @@ def test_queued_to_succeeded_through_the_services(farm, etdump):
     farm.sent.clear()
     assert farm.finish(rid, trace=etdump).status == S.analyzing
     run = farm.run(rid)
-    assert run.ingest_attempts == 1 and run.lease_expires_at is not None  # the ingest deadline
+    assert run.ingest_attempts == 0 and run.ingest_started_at is None  # sent, not begun: no attempt yet
+    assert run.lease_expires_at is not None  # the ingest deadline
     assert farm.device().state == "idle" and farm.device().current_run_id is None  # free while it is analysed
     assert farm.sent == [(TASK_INGEST, rid), (TASK_DISPATCH,)]  # sent after the commit, once each
     assert farm.finish(rid, trace=etdump).status == S.analyzing  # a repeated finish is answered, changes nothing
@@ -379,19 +384,67 @@ def test_analyzing_past_its_deadline_gets_ingest_again_then_fails_with_a_reason(
     farm.start(off)
     farm.finish(off, status="failed", trace=None, reason="x")
     farm.to(on, S.analyzing)
-    for sends in (2, 3):
+    for attempt in (1, 2):
+        farm.ingest_begins(on)  # the task began, then its worker died: the attempt counts
         farm.expire(on)
         farm.sent.clear()
         assert farm.reap(ingest_deadline_s=30, max_ingest_attempts=3) == [on]
         run = farm.run(on)
-        assert run.status == S.analyzing and run.ingest_attempts == sends
+        assert run.status == S.analyzing and run.ingest_attempts == attempt and run.ingest_started_at is None
         assert farm.sent == [(TASK_INGEST, on)]
         assert farm.reap(ingest_deadline_s=30, max_ingest_attempts=3) == []  # not before the new deadline
+    farm.ingest_begins(on)
     farm.expire(on)
     assert farm.reap(ingest_deadline_s=30, max_ingest_attempts=3) == [on]
     run = farm.run(on)
-    assert run.status == S.failed and "ingest did not finish" in run.reason and "3 time(s)" in run.reason
+    assert run.status == S.failed and "ingest did not finish" in run.reason and "started 3 time(s)" in run.reason
     assert farm.comparisons(on)[0]["status"] == "incomplete"  # the reaper's end completes them too
+
+
+def test_an_ingest_waiting_in_the_queue_is_re_sent_but_never_counted_nor_failed(farm, etdump):
+    """Under a backlog the ingest task waits behind others past the deadline counted from finish:
+    that wait is not an attempt, so however long it lasts the run is not failed, and once the
+    task begins it has the whole deadline from then."""
+    [rid] = farm.submit()
+    farm.to(rid, S.analyzing, trace=etdump)
+    for _ in range(5):  # more deadlines than max_ingest_attempts, none of them begun
+        farm.expire(rid)
+        farm.sent.clear()
+        assert farm.reap(ingest_deadline_s=30, max_ingest_attempts=2) == [rid]
+        run = farm.run(rid)
+        assert run.status == S.analyzing and run.ingest_attempts == 0
+        assert farm.sent == [(TASK_INGEST, rid)]  # in case the broker lost it
+    farm.expire(rid)  # the task finally begins after its deadline passed: the deadline restarts
+    farm.ingest_begins(rid, ingest_deadline_s=30)
+    run = farm.run(rid)
+    assert run.ingest_attempts == 1 and run.ingest_started_at is not None
+    assert farm.reap(ingest_deadline_s=30, max_ingest_attempts=2) == []  # its deadline is 30 s from its start
+    assert farm.ingest(rid) == S.succeeded
+    farm.ingest_begins(rid)  # a late duplicate of the task changes nothing
+    assert farm.run(rid).ingest_attempts == 1
+
+
+def test_concurrent_ingests_of_one_experiment_all_succeed_and_complete_it_once(farm, etdump, db_url):
+    """The transactions ending an experiment's runs all lock its row to complete the comparisons.
+    On PostgreSQL the run row updated twice in one transaction takes a KEY SHARE lock on the
+    experiment (foreign key check), and two such transactions both upgrading it to FOR UPDATE
+    deadlocked: half the ingests of a busy experiment failed. Every ingest here runs at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time: no row locks to order")
+    rids = farm.submit(sme2="both", threads=[1, 2, 3, 4], sessions=2)  # 16 runs on the one device
+    for _ in rids:  # the device takes them one by one; each is left analyzing
+        [rid] = farm.dispatch()
+        farm.start(rid)
+        farm.finish(rid, trace=etdump)
+    assert {farm.run(r).status for r in rids} == {S.analyzing}
+    with ThreadPoolExecutor(len(rids)) as pool:
+        ended = list(pool.map(farm.ingest, rids))
+    assert ended == [S.succeeded] * len(rids)
+    comparisons = farm.comparisons(rids[0])
+    assert len(comparisons) == 4 and {c["status"] for c in comparisons} == {"complete"}
+    assert sorted(c["threads"] for c in comparisons) == [1, 2, 3, 4]
 
 
 def test_a_re_sent_ingest_succeeds(farm, etdump):

@@ -228,7 +228,7 @@ def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has
     elif body.status == "succeeded" and not has_trace:
         end_run(session, run, S.failed, "the agent reported success but uploaded no ETDump", device_lost=lost)
     elif body.status == "succeeded":
-        _move(session, run, S.analyzing, ingest_attempts=1,
+        _move(session, run, S.analyzing, ingest_attempts=0, ingest_started_at=None,
               lease_expires_at=utcnow() + timedelta(seconds=ingest_deadline_s))
         device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
         enqueue_after_commit(session, TASK_INGEST, run.id)
@@ -275,6 +275,20 @@ class Ingester(Protocol):
 
     def store(self, session: Session, run: Run, analysis: Any) -> None:
         """Write the result rows and derived artifacts."""
+
+
+def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float) -> bool:
+    """An ingest task has begun (committed on its own before the analysis): one more attempt,
+    and the run's deadline is now + ingest_deadline_s. The time the task waited in the queue
+    behind other ingests counts for nothing, so a backlog does not fail good runs. False if the
+    run is no longer analyzing."""
+    now = utcnow()
+    return session.execute(
+        update(Run).where(Run.id == run_id, Run.status == S.analyzing.value)
+        .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
+                lease_expires_at=now + timedelta(seconds=ingest_deadline_s))
+        .execution_options(synchronize_session=False)
+    ).rowcount == 1
 
 
 def ingest(session: Session, *, run_id: int, ingester: Ingester) -> str:
@@ -327,8 +341,11 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
     - assigned, running, uploading (lease expired: the agent died or lost the network):
       requeued, or failed after max_attempts, or cancelled if cancel was asked. The stale
       owner's later calls get 409, so nothing is stored twice;
-    - analyzing (ingest deadline passed: the worker died mid-ingest or the broker lost the
-      task): ingest sent again, or failed after max_ingest_attempts sends.
+    - analyzing (ingest deadline passed): if the task began (ingest_started) and did not end
+      in time (the worker died mid-ingest, or it hangs), that attempt counts: ingest is sent
+      again, or the run fails once max_ingest_attempts have begun. If it never began (waiting
+      behind a backlog, or lost by the broker) it is sent again without counting, so a long
+      queue cannot fail good runs (and this reaper runs only while a worker does).
 
     queued has no deadline of its own: it waits for its device (cancel ends it). Returns the ids
     of the runs acted on."""
@@ -341,13 +358,14 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
     for run in expired:
         try:
             if run.status == S.analyzing:
-                if run.ingest_attempts >= max_ingest_attempts:
+                began = run.ingest_started_at is not None
+                if began and run.ingest_attempts >= max_ingest_attempts:
                     _end(session, run, S.failed, (
-                        f"ingest did not finish: sent {run.ingest_attempts} time(s), each given {ingest_deadline_s:g} s "
-                        f"(SME2_INGEST_DEADLINE_S); the worker died or its task was lost (see the worker's log)"))
+                        f"ingest did not finish: started {run.ingest_attempts} time(s), each given {ingest_deadline_s:g} s "
+                        f"(SME2_INGEST_DEADLINE_S); the worker died or the analysis hung (see the worker's log)"))
                     ended.append(run.experiment_id)
                 else:
-                    _move(session, run, S.analyzing, ingest_attempts=run.ingest_attempts + 1,
+                    _move(session, run, S.analyzing, ingest_started_at=None,
                           lease_expires_at=now + timedelta(seconds=ingest_deadline_s))
                     enqueue_after_commit(session, TASK_INGEST, run.id)
                 touched.append(run.id)
