@@ -72,7 +72,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -219,9 +219,10 @@ def chi2_quantile(p: float, df: float) -> float:
 
 # --- per-session statistics ----------------------------------------------------------------
 
-def _clean(x) -> np.ndarray:
+def _clean(x, allow_zero: bool = False) -> np.ndarray:
+    """Finite latencies > 0 (E2E); >= 0 for per-iteration means (a category can be 0 in an iteration)."""
     a = np.asarray(x, dtype=np.float64).ravel()
-    return a[np.isfinite(a) & (a > 0)]
+    return a[np.isfinite(a) & ((a >= 0) if allow_zero else (a > 0))]
 
 
 def _block_len(n: int) -> int:
@@ -257,22 +258,25 @@ def _log_stats(x: np.ndarray, stat: str, n_boot: int, rng: np.random.Generator) 
         r = x[:, _block_indices(n, m, rng)]                    # (g, m, n)
         reps[:, done:done + m] = f(r, axis=2)
         done += m
-    # callers pass finite positive latencies (_clean), so every replicate is > 0
-    lo, hi = np.quantile(np.log(reps), [0.025, 0.975], axis=1) if n_boot > 1 else (np.zeros(g), np.zeros(g))
+    # medians of positive latencies are > 0; a mean of category times can resample to 0
+    with np.errstate(divide="ignore"):
+        lr = np.log(np.maximum(reps, 1e-300))
+    lo, hi = np.quantile(lr, [0.025, 0.975], axis=1) if n_boot > 1 else (np.zeros(g), np.zeros(g))
     boot = ((hi - lo) / (2 * 1.959963984540054)) ** 2
     # Floor: the bootstrap of a median from few iterations is too narrow (few distinct values),
     # and short blocks miss part of a strong autocorrelation. The large-sample variance of the
     # log statistic (median: pi/2 (1.4826 MAD / median)^2 / n; mean: (sd / mean)^2 / n), times
     # the AR(1) factor (1 + r) / (1 - r) of the lag-1 autocorrelation r of what drives it
     # (median: the indicator of being above the median; mean: the values), bounds it from below.
-    lx = np.log(x)
     if stat == "median":
+        lx = np.log(x)
         med = np.median(lx, axis=1, keepdims=True)
         mad = 1.4826 * np.median(np.abs(lx - med), axis=1)
         asym = (math.pi / 2) * mad ** 2 / n
         driver = (lx > med).astype(np.float64)
     else:
-        asym = (x.std(axis=1, ddof=1) / s) ** 2 / n if n > 1 else np.zeros(g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            asym = (x.std(axis=1, ddof=1) / s) ** 2 / n if n > 1 else np.zeros(g)
         driver = x
     if n >= 4:
         c = driver - driver.mean(axis=1, keepdims=True)
@@ -281,7 +285,8 @@ def _log_stats(x: np.ndarray, stat: str, n_boot: int, rng: np.random.Generator) 
             r = np.where(den > 0, (c[:, 1:] * c[:, :-1]).sum(axis=1) / den, 0.0)
         r = np.clip(r, -0.5, 0.9)
         asym = asym * (1 + r) / (1 - r)
-    return np.log(s), np.maximum(boot, asym)
+    with np.errstate(divide="ignore"):
+        return np.log(s), np.maximum(boot, asym)      # log(0): a mean of 0, dropped by the caller
 
 
 @dataclass
@@ -301,7 +306,7 @@ def summarize(sessions, *, stat: str = "median", n_boot: int = N_BOOT, seed: int
     """Summarise an arm's sessions once (the expensive bootstrap); :func:`verdict` takes the
     result in place of the sessions, so one arm can be compared several ways cheaply."""
     rng = rng if rng is not None else np.random.default_rng(seed)
-    clean = [_clean(x) for x in _as_sessions(sessions)]
+    clean = [_clean(x, allow_zero=stat == "mean") for x in _as_sessions(sessions)]
     keep = [i for i, x in enumerate(clean) if x.size >= MIN_ITERATIONS]
     m = np.full(len(clean), np.nan)
     w = np.full(len(clean), np.nan)
@@ -310,16 +315,6 @@ def summarize(sessions, *, stat: str = "median", n_boot: int = N_BOOT, seed: int
         m[idx], w[idx] = _log_stats(np.stack([clean[i] for i in idx]), stat, n_boot, rng)
     ok = [i for i in keep if np.isfinite(m[i]) and np.isfinite(w[i])]
     return ArmStats(m[ok], w[ok], [int(clean[i].size) for i in ok], len(clean) - len(ok), stat, ok)
-
-
-def session_log_stat(x, *, stat: str = "median", n_boot: int = N_BOOT,
-                     rng: np.random.Generator | None = None) -> tuple[float, float]:
-    """(log statistic, within-session variance of it) of one session's iterations."""
-    a = _clean(x)
-    if a.size == 0:
-        return float("nan"), float("nan")
-    m, w = _log_stats(a[None, :], stat, n_boot, rng if rng is not None else np.random.default_rng(0))
-    return float(m[0]), float(w[0])
 
 
 def _stats_of(sessions, stat: str, n_boot: int, rng) -> tuple[np.ndarray, np.ndarray, list[int], int]:
@@ -787,16 +782,3 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
                     + "; ".join(adv) + ".")
     return Verdict(v, ratio, lo, hi, noise=noise_info, components=components, sentence=sentence,
                    needed=needed, **common)
-
-
-def verdicts_by_key(base: dict[str, Iterable], cand: dict[str, Iterable], *, noise: NoiseModel | None = None,
-                    stat: str = "mean", **kw: Any) -> dict[str, Verdict]:
-    """One verdict per key present in both (categories, operators): each key's sessions compared
-    with that key's noise model (``noise.for_metric(key)``, the default prior if not learned)."""
-    out = {}
-    model = as_noise_model(noise)
-    seed = kw.pop("seed", 0)
-    for i, k in enumerate(sorted(set(base) & set(cand))):
-        km = model.for_metric(k) if model else None
-        out[k] = verdict(base[k], cand[k], noise=km, stat=stat, seed=seed + 1 + i, **kw)
-    return out
