@@ -825,7 +825,7 @@ def bulk_phase(args, url: str, admin: str, db_url: str, pg, template_exps: list[
         def listing(engine, scope):
             with scope(db_url) as s:
                 rows, _ = es.get_page(s, page=1, page_size=20)
-                [reports.summary(e).model_dump_json() for e in rows]
+                [reports.summary(e, by_status).model_dump_json() for e, by_status in rows]
 
         def one(eid):
             def f(engine, scope):

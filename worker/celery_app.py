@@ -8,11 +8,16 @@ import sys
 import time
 
 from celery import Celery, signals
+from kombu import Queue
 from kombu.transport import sqlalchemy as kombu_sqla
 
 from sme2farm import logs
 from sme2farm.protocol import TASK_DISPATCH, TASK_INGEST, TASK_REAP
 from sme2farm.server.config import Settings, get_settings
+
+
+CONTROL_QUEUE = "sme2farm.control"  # dispatch, reap: short, and what keeps devices busy
+DEFAULT_QUEUE = "celery"  # ingest (Celery's default name, so messages already queued are kept)
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -23,6 +28,13 @@ def make_celery(settings: Settings) -> Celery:
         kombu_sqla.Transport.polling_interval = settings.broker_poll_s
     app = Celery("sme2farm", broker=settings.celery_broker_url, include=["sme2farm.worker.tasks"])
     app.conf.update(
+        # Dispatch and reap have their own queue: on the one FIFO they waited behind every ingest
+        # already queued, so under a backlog a freed device sat idle for the whole backlog. A
+        # worker started without -Q consumes every queue listed here (the broker polls them in
+        # turn), so dispatch waits at most for a worker slot, not for the backlog.
+        task_queues=(Queue(CONTROL_QUEUE), Queue(DEFAULT_QUEUE)),
+        task_default_queue=DEFAULT_QUEUE,
+        task_routes={TASK_DISPATCH: {"queue": CONTROL_QUEUE}, TASK_REAP: {"queue": CONTROL_QUEUE}},
         task_ignore_result=True,
         worker_prefetch_multiplier=1,
         task_acks_late=True,

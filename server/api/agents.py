@@ -122,8 +122,15 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     limit = settings.max_artifact_mb << 20
     if int(length) > limit:
         raise HTTPException(413, f"artifact of {length} bytes exceeds the {settings.max_artifact_mb} MiB limit")
-    with tx() as session:  # committed before the body streams: no transaction is held meanwhile
-        run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id, status="uploading", lease_s=settings.lease_s)
+    # The route is async (the body streams in without a thread per upload), so its blocking
+    # database transactions run in the threadpool: on the event loop they stalled every other
+    # request (bench/scale.py: API p99 under load).
+    def uploading() -> None:
+        with tx() as session:  # committed before the body streams: no transaction is held meanwhile
+            run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id, status="uploading",
+                                  lease_s=settings.lease_s)
+
+    await run_in_threadpool(uploading)
     try:
         tmp, sha, size = await store.receive(request.stream(), limit)
     except TooLarge as e:
@@ -131,13 +138,17 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     if size != int(length) or sha != want_sha:
         tmp.unlink()
         raise HTTPException(422, f"artifact {name} arrived damaged: {size} bytes sha256 {sha}, expected {length} bytes sha256 {want_sha}")
-    store.keep_artifact(tmp, run_id, name)
-    with tx() as session:
-        row = session.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
-        if row is None:
-            session.add(Artifact(run_id=run_id, name=name, size=size, sha256=sha))
-        else:
-            row.size, row.sha256 = size, sha
+
+    def keep() -> None:
+        store.keep_artifact(tmp, run_id, name)
+        with tx() as session:
+            row = session.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
+            if row is None:
+                session.add(Artifact(run_id=run_id, name=name, size=size, sha256=sha))
+            else:
+                row.size, row.sha256 = size, sha
+
+    await run_in_threadpool(keep)
     return {"name": name, "size": size, "sha256": sha}
 
 

@@ -149,7 +149,7 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max
 def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_size: PageSize = 20) -> ExperimentPage:
     """Experiments, newest first."""
     rows, total = experiment_service.get_page(session, page=page, page_size=page_size)
-    return ExperimentPage(items=[reports.summary(e) for e in rows], total=total, page=page, page_size=page_size)
+    return ExperimentPage(items=[reports.summary(e, by_status) for e, by_status in rows], total=total, page=page, page_size=page_size)
 
 
 @router.get("/experiments/{experiment_id}", response_model=ExperimentReport)

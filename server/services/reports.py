@@ -36,11 +36,9 @@ def experiment_report(exp: Experiment) -> ExperimentReport:
     )
 
 
-def summary(exp: Experiment) -> ExperimentSummary:
-    by_status: dict[str, int] = {}
-    for r in exp.runs:
-        by_status[r.status] = by_status.get(r.status, 0) + 1
+def summary(exp: Experiment, by_status: dict[str, int]) -> ExperimentSummary:
+    """`by_status`: its run count per status (experiment_service.get_page counts them in SQL)."""
     return ExperimentSummary(
-        id=exp.id, name=exp.name, status=experiment_service.status(exp), model_sha256=exp.model_sha256,
-        created_at=exp.created_at, runs=len(exp.runs), runs_by_status=by_status,
+        id=exp.id, name=exp.name, status=experiment_service.status_of(by_status), model_sha256=exp.model_sha256,
+        created_at=exp.created_at, runs=sum(by_status.values()), runs_by_status=dict(by_status),
     )
