@@ -38,14 +38,14 @@ class Settings(BaseSettings):
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
     agent_offline_s: float = Field(default=90.0, description="An agent silent this long has its devices marked offline")
     max_attempts: int = Field(default=3, description="A run whose lease expires is requeued up to this many attempts")
-    # Generous: the deadline also covers time queued behind other ingests, and a re-send only
-    # costs a look at the run (a second ingest of a run stores nothing twice).
+    # Counted from when the ingest task begins (time queued behind other ingests does not
+    # count); a re-send only costs a look at the run (a second ingest stores nothing twice).
     ingest_deadline_s: float = Field(
         default=180.0, gt=0,
         description="A run analyzing longer than this has its ingest sent again (the worker died, or the broker lost "
                     "the task); after max_ingest_attempts it fails, saying so",
     )
-    max_ingest_attempts: int = Field(default=3, ge=1, description="Ingest sends per run before it fails (see ingest_deadline_s)")
+    max_ingest_attempts: int = Field(default=3, ge=1, description="Ingest attempts that began per run before it fails (see ingest_deadline_s)")
     broker_poll_s: float = Field(default=0.05, description="Embedded broker polling interval (the farm's latency floor)")
     device_wait_s: float = Field(
         default=30.0, ge=0,
