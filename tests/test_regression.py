@@ -60,8 +60,11 @@ def test_a_clear_5pct_step_is_confirmed_on_the_next_night_and_alerts_only_then()
 
 
 def test_a_single_outlier_night_is_a_dropped_candidate_not_an_alert():
+    # 20 series with one 12% night each: averaging it with the next night would alert on
+    # about half of them (measured with the guards and the agreement check removed)
+    for seed in range(100, 120):
+        assert confirmed(detect(nights(seed, 30, outliers={18: 1.12}), noise=NOISE)) == [], seed
     det = detect(nights(2, 30, outliers={18: 1.12}), noise=NOISE)
-    assert det.alerts == [] and confirmed(det) == []
     # the detector did see it (so this test could fail): flagged once, dropped the next night
     # (candidates are a loose screen, so other nights may have been flagged once too)
     assert [(c.status, c.first_flagged, c.dropped_at) for c in det.changes if c.index == 18] == \
