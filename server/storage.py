@@ -66,9 +66,9 @@ class Store:
             raise
         return Path(name), h.hexdigest(), size
 
-    def keep_model(self, tmp: Path, sha256: str) -> Path:
-        """Move a validated upload into place; an identical model already stored wins."""
-        dest = self.model_path(sha256)
+    @staticmethod
+    def _keep(tmp: Path, dest: Path) -> Path:
+        """Move a validated temp file to its content address; identical bytes already stored win."""
         if dest.exists():
             tmp.unlink()
         else:
@@ -76,15 +76,11 @@ class Store:
             os.replace(tmp, dest)
         return dest
 
+    def keep_model(self, tmp: Path, sha256: str) -> Path:
+        return self._keep(tmp, self.model_path(sha256))
+
     def keep_inputs(self, tmp: Path, sha256: str) -> Path:
-        """Move a validated inputs container into place; identical bytes already stored win."""
-        dest = self.inputs_path(sha256)
-        if dest.exists():
-            tmp.unlink()
-        else:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)
-        return dest
+        return self._keep(tmp, self.inputs_path(sha256))
 
     def write_temp(self, data: bytes) -> tuple[Path, str, int]:
         """Bytes into a temp file beside the uploads; returns (path, sha256, size)."""
