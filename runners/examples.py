@@ -115,13 +115,20 @@ def export_example(name: str, out: Path, **kw: Any) -> Path:
     if name not in EXAMPLES:
         raise KeyError(f"unknown example {name!r}; choose from {', '.join(EXAMPLES)}")
     import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
 
     # Fixed weights: the same example exports to the same bytes, so the farm stores it once and
     # results from different days compare like for like.
     torch.manual_seed(0)
     model, inputs = EXAMPLES[name].build(**kw)
+    return write_xnnpack_pte(model, inputs, out)
+
+
+def write_xnnpack_pte(model: Any, inputs: tuple, out: Path) -> Path:
+    """Export `model` on `inputs`, lower to XNNPACK and write the .pte to `out`."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
     with torch.no_grad():
         exported = torch.export.export(model, inputs)
     program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()

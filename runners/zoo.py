@@ -252,18 +252,10 @@ def _quantize(model: Any, inputs: tuple) -> Any:
 
 def export_zoo(name: str, dtype: str, out: Path) -> Path:
     """Export zoo model `name` in `dtype` (fp32 | fp16 | int8) to `out` as an XNNPACK .pte."""
-    import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
+    from sme2farm.runners.examples import write_xnnpack_pte
 
     model, inputs = build(name, dtype)
-    with torch.no_grad():
-        exported = torch.export.export(model, inputs)
-    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(program.buffer)
-    return out
+    return write_xnnpack_pte(model, inputs, out)
 
 
 def main(argv: list[str] | None = None) -> int:
