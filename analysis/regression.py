@@ -52,6 +52,9 @@ from typing import Any
 
 import numpy as np
 
+from sme2farm.analysis.verdict import _betainc
+from sme2farm.analysis.verdict import t_quantile as _t_quantile
+
 REGRESSION, IMPROVEMENT = "regression", "improvement"
 CANDIDATE, CONFIRMED = "candidate", "confirmed"
 MODEL, DEVICE_DRIFT = "model", "device_drift"
@@ -243,45 +246,7 @@ def noise_sigma(noise) -> float | None:
     return s
 
 
-# --- Student's t (no scipy in the light core) -----------------------------------------------
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        de = d * c
-        h *= de
-        if abs(de - 1.0) < 1e-12:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1) / (a + b + 2):
-        return math.exp(lbt) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
-
+# --- Student's t (verdict.py's incomplete beta: no scipy in the light core) ----------------
 
 def t_two_sided(t: float, dof: float) -> float:
     """Two-sided p-value of Student's t (normal beyond 1000 degrees of freedom)."""
@@ -292,18 +257,8 @@ def t_two_sided(t: float, dof: float) -> float:
 
 
 def t_quantile(p: float, dof: float) -> float:
-    """x with two-sided p-value p: Newton's method on the survival function from the normal
-    guess (used only for reported intervals)."""
-    dof = min(dof, 1e6)
-    logc = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
-    x = 2.0
-    for _ in range(50):
-        pdf = math.exp(logc - (dof + 1) / 2 * math.log1p(x * x / dof))
-        step = (t_two_sided(x, dof) - p) / (2 * pdf)
-        x = max(x + step, x / 2)
-        if abs(step) < 1e-10 * x:
-            break
-    return x
+    """x with two-sided p-value p (used only for reported intervals)."""
+    return _t_quantile(1.0 - p / 2.0, min(dof, 1e6))
 
 
 # --- the core ----------------------------------------------------------------------------
