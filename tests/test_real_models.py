@@ -153,3 +153,19 @@ def test_real_model_runs_and_matches_flatcc(zoo_pte, farm, name, dtype, heavy, d
     # the dtype reached XNNPACK: its heavy operators carry the dtype in their type string
     heavy_types = [t for t in its[0]["delegate_types"] if category_of(t) == heavy]
     assert heavy_types and all(dtype_tag in t for t in heavy_types if "Batch Matrix Multiply" not in t), heavy_types
+
+
+def test_zoo_import_is_light_and_names_are_checked():
+    import subprocess
+    import sys
+
+    # agents and clients import sme2farm.runners: the zoo must not pull torch or transformers in
+    code = "import sys, sme2farm.runners.zoo as z; print(len(z.ZOO), 'torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split()[1:] == ["False", "False"]
+    from sme2farm.runners.zoo import build
+
+    with pytest.raises(KeyError, match="bert"):
+        build("resnet9000", "fp32")
+    with pytest.raises(ValueError, match="fp16"):
+        build("bert", "bf16")
