@@ -65,8 +65,6 @@ def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, 
 
 
 def cmd_submit(args) -> int:
-    from sme2farm.client.render import experiment_text
-
     if getattr(args, "kit_config", None):
         from sme2farm.client import kit
 
@@ -92,13 +90,21 @@ def cmd_submit(args) -> int:
     except (ValueError, ValidationError) as e:
         print(f"sme2-client: invalid spec: {e}", file=sys.stderr)
         return 2
+    return submit_and_follow(args, model, spec, inputs)
+
+
+def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str = "") -> int:
+    """Upload, then print the experiment (--json), or wait for it (--wait) and print its report."""
+    from sme2farm.client.render import experiment_text
+
     client = _client(args)
     rep = client.submit(model, spec, inputs=inputs)
     if not args.wait:
         if args.json:
             print(json.dumps(client.experiment_json(rep.id), indent=2))
         else:
-            print(f"submitted experiment {rep.id} ({len(rep.runs)} run(s)); follow with: sme2-client status {rep.id}")
+            print(f"submitted experiment {rep.id} ({len(rep.runs)} run(s)){origin}; "
+                  f"follow with: sme2-client status {rep.id}")
         return 0
     wait_for(client, rep.id, quiet=args.json, timeout=args.timeout)
     if args.json:

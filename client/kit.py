@@ -422,8 +422,7 @@ _CONFIG_DECIDES = {"sme2": ("--sme2", "both"), "threads": ("--threads", "1"), "i
 
 
 def cmd_submit(args) -> int:
-    from sme2farm.client.cli import _client, wait_for
-    from sme2farm.client.render import experiment_text
+    from sme2farm.client.cli import submit_and_follow
 
     try:
         if args.model:
@@ -460,21 +459,7 @@ def cmd_submit(args) -> int:
         print(f"sme2-client: kit config: {line}", file=sys.stderr)
     for line in sub.warnings:
         print(f"sme2-client: warning: kit config: {line}", file=sys.stderr)
-    client = _client(args)
-    rep = client.submit(sub.model, spec, inputs=inputs) if inputs is not None else client.submit(sub.model, spec)
-    if not args.wait:
-        if args.json:
-            print(json.dumps(client.experiment_json(rep.id), indent=2))
-        else:
-            print(f"submitted experiment {rep.id} ({len(rep.runs)} run(s)) from {args.kit_config}; "
-                  f"follow with: sme2-client status {rep.id}")
-        return 0
-    wait_for(client, rep.id, quiet=args.json, timeout=args.timeout)
-    if args.json:
-        print(json.dumps(client.experiment_json(rep.id), indent=2))
-    else:
-        print(experiment_text(client.experiment(rep.id)))
-    return 0
+    return submit_and_follow(args, sub.model, spec, inputs, origin=f" from {args.kit_config}")
 
 
 def cmd_status_kit_json(client, experiment_id: int, arg: str) -> int:
