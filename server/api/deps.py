@@ -122,7 +122,6 @@ def current_user(settings: SettingsDep, creds: Credentials, request: Request = N
 def admin_user(settings: SettingsDep, creds: Credentials, request: Request) -> ApiToken:
     row = _authenticate(settings, creds, request)
     if token_service.canonical(row.scope) != "admin":
-        # RECONSTRUCTED (L1 truncated this file by accident; L3 please check from here to MAX_PAGE)
         raise HTTPException(status.HTTP_403_FORBIDDEN,
                             f"this endpoint needs an admin token, not a {token_service.canonical(row.scope)} token")
     _limit_writes(request, row)
