@@ -12,8 +12,11 @@ COPY client client
 COPY analysis analysis
 COPY runners runners
 COPY migrations migrations
-RUN pip install ".[server]" && useradd --create-home --uid 10001 farm && mkdir -p /data && chown farm /data
+RUN pip install ".[server]" && useradd --create-home --uid 10001 farm && mkdir -p /data && chown farm /data \
+    && chmod 0700 /data
 USER farm
 VOLUME ["/data"]
 EXPOSE 8000
+# umask 077: what the farm writes (models, artifacts, logs) is readable by the farm user only
+ENTRYPOINT ["/bin/sh", "-c", "umask 077 && exec \"$@\"", "umask077"]
 CMD ["uvicorn", "sme2farm.server.main:app", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]

@@ -96,16 +96,32 @@ class AgentApi:
         self._download("inputs", f"/agent/inputs/{sha256}", sha256, dest)
 
     def _download(self, what: str, url: str, sha256: str, dest: Path) -> None:
+        """A dropped connection or a 5xx/429 (the server restarting) is retried like every other
+        call, the file written again from its start; 401/403 and other 4xx are not."""
         tmp = dest.with_suffix(".part")
-        h = hashlib.sha256()
-        with self.client.stream("GET", url) as r:
-            if r.status_code in (401, 403):
-                raise Unauthorized(f"{what} download: {r.status_code}")
-            r.raise_for_status()
-            with open(tmp, "wb") as f:
-                for chunk in r.iter_bytes(1 << 20):
-                    h.update(chunk)
-                    f.write(chunk)
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            h = hashlib.sha256()
+            try:
+                with self.client.stream("GET", url) as r:
+                    if r.status_code in (401, 403):
+                        raise Unauthorized(f"{what} download: {r.status_code}")
+                    retry = r.status_code >= 500 or r.status_code == 429
+                    if not retry or attempt == self.retries:
+                        r.raise_for_status()
+                        with open(tmp, "wb") as f:
+                            for chunk in r.iter_bytes(1 << 20):
+                                h.update(chunk)
+                                f.write(chunk)
+                        break
+                    log.warning("%s download: %s; retrying", what, r.status_code)
+            except httpx.TransportError as e:
+                if attempt == self.retries:
+                    tmp.unlink(missing_ok=True)
+                    raise
+                log.warning("%s download: %s; retrying", what, e)
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 10.0)
         if h.hexdigest() != sha256:
             tmp.unlink()
             raise ValueError(f"{what} {sha256} arrived with sha256 {h.hexdigest()}")

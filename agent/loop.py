@@ -73,7 +73,9 @@ class Agent:
                                 devices=self.discover(), runners=self.runners())
         self.heartbeat_s = reg.heartbeat_interval_s
         self.poll_s = reg.poll_timeout_s
-        log.info("registered as agent %s with %d device(s)", reg.agent_id, len(self.devices))
+        for refused in reg.refused:  # e.g. another live agent drives that serial: this one will not
+            log.warning("the server refused device %s: %s", refused.serial, refused.reason)
+        log.info("registered as agent %s with %d device(s)", reg.agent_id, len(self.devices) - len(reg.refused))
 
     # ---- main loop ----------------------------------------------------------------------
     def serve(self) -> None:

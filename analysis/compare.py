@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .categories import CATEGORIES
-from .stats import latency_stats
+from .stats import latency_stats, pooled, trimmed_mean
 from .verdict import DEFAULT_MIN_EFFECT, N_BOOT, NoiseModel, as_noise_model, summarize, verdict
 
 N_BOOT_PARTS = 1000  # categories and operators: many verdicts per comparison, 1,000 is plenty
@@ -108,7 +108,12 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
     prior without one); ``verdict`` one of speedup / slowdown / no significant difference /
     insufficient data, claimed only beyond ``min_effect``; ``sentence`` says it in words and
     ``needed`` what would resolve it. Categories and the largest operators get the same verdict
-    on their mean time per iteration (their own noise model if learned, else the default prior)."""
+    on their 10% trimmed mean time per iteration (their own noise model if learned, else the
+    default prior): a mean, since their times add up to E2E, that one preempted iteration cannot
+    move. ``baseline_ms``/``candidate_ms`` of a category or operator are that statistic (the
+    geometric mean over sessions, what the ratio compares), shares are trimmed means over their
+    sum; ``*_mean_ms`` keep the plain means. A category below the timer's resolution in either arm
+    (trimmed mean under RESOLUTION_MS, or zero in most iterations) gets no verdict and says so."""
     la, lb = labels
     model = as_noise_model(noise)
     b_view, b_s = _arm(baseline)
@@ -119,37 +124,28 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
 
     b_cat = b_view.get("categories_ms", {}) or {}
     c_cat = c_view.get("categories_ms", {}) or {}
-    b_share = b_view.get("category_share", {}) or {}
-    c_share = c_view.get("category_share", {}) or {}
+    b_share, c_share = _shares(b_s["categories"], b_view), _shares(c_s["categories"], c_view)
     per_cat = {}
     for i, c in enumerate(CATEGORIES):
         bm, cm = b_cat.get(c) or 0.0, c_cat.get(c) or 0.0
         entry = {
-            "baseline_ms": bm, "candidate_ms": cm,
+            "baseline_ms": bm, "candidate_ms": cm, "baseline_mean_ms": bm, "candidate_mean_ms": cm,
             "speedup": (bm / cm) if cm > 0 and bm > 0 else None,
             "share_before": b_share.get(c, 0.0), "share_after": c_share.get(c, 0.0),
             "ci_low": None, "ci_high": None, "verdict": None, "significant": False,
         }
-        # categories are means per iteration, so their verdict is on a ratio of means
-        if entry["speedup"] is not None and b_s["categories"].get(c) and c_s["categories"].get(c):
-            cv = verdict(summarize(b_s["categories"][c], stat="mean", n_boot=N_BOOT_PARTS, seed=seed + 1 + i),
-                         summarize(c_s["categories"][c], stat="mean", n_boot=N_BOOT_PARTS, seed=seed + 101 + i),
-                         noise=model.for_metric(c) if model else None, stat="mean", **kw)
-            if cv.ratio is not None:
-                entry.update(speedup=cv.ratio, ci_low=cv.ci_low, ci_high=cv.ci_high, verdict=cv.verdict,
-                             significant=cv.significant, sentence=cv.sentence)
+        if b_s["categories"].get(c) and c_s["categories"].get(c):
+            entry.update(_part_verdict(b_s["categories"][c], c_s["categories"][c], c, model, seed + 1 + i, kw))
         per_cat[c] = entry
 
     per_op = {}
     shared = [o for o in b_s["operators"] if o in c_s["operators"]]
     for i, name in enumerate(sorted(shared, key=lambda o: -_op_ms(b_view, o))):
-        ov = verdict(summarize(b_s["operators"][name], stat="mean", n_boot=N_BOOT_PARTS, seed=seed + 201 + i),
-                     summarize(c_s["operators"][name], stat="mean", n_boot=N_BOOT_PARTS, seed=seed + 301 + i),
-                     noise=model.for_metric(name) if model else None, stat="mean", **kw)
+        bm, cm = _op_ms(b_view, name), _op_ms(c_view, name)
         per_op[name] = {"category": _op_category(b_view, name) or _op_category(c_view, name),
-                        "baseline_ms": _op_ms(b_view, name), "candidate_ms": _op_ms(c_view, name),
-                        "speedup": ov.ratio, "ci_low": ov.ci_low, "ci_high": ov.ci_high,
-                        "verdict": ov.verdict, "significant": ov.significant, "sentence": ov.sentence}
+                        "baseline_ms": bm, "candidate_ms": cm, "baseline_mean_ms": bm, "candidate_mean_ms": cm,
+                        "speedup": None, "ci_low": None, "ci_high": None, "verdict": None, "significant": False,
+                        **_part_verdict(b_s["operators"][name], c_s["operators"][name], name, model, seed + 201 + i, kw)}
 
     narrative = _narrative(b_view, c_view, la, lb, v, per_cat)
     return {
@@ -179,6 +175,47 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
         "category_share": {"before": dict(b_share), "after": dict(c_share)},
         "narrative": narrative,
     }
+
+
+RESOLUTION_MS = 1e-3  # 1 us: below it a category's time per iteration is timer noise, not work
+
+
+def _below_resolution(sessions: list) -> bool:
+    x = pooled(sessions)
+    if x.size == 0:
+        return True
+    return bool(np.mean(x <= 0) > 0.5 or trimmed_mean(x) < RESOLUTION_MS)
+
+
+def _part_verdict(base: list, cand: list, name: str, model, seed: int, kw: dict) -> dict:
+    """A category's or operator's verdict on its trimmed mean per iteration (fields to update
+    its entry with), or why it has none."""
+    for arm, sessions in ((kw["labels"][0], base), (kw["labels"][1], cand)):
+        if _below_resolution(sessions):
+            return {"speedup": None, "verdict": None,
+                    "sentence": f"{name} is below the timer's resolution in {arm} (under {RESOLUTION_MS * 1000:g} us "
+                                f"per iteration, or zero in most iterations): no verdict"}
+    sb = summarize(base, stat="trimmed", n_boot=N_BOOT_PARTS, seed=seed)
+    sc = summarize(cand, stat="trimmed", n_boot=N_BOOT_PARTS, seed=seed + 100)
+    v = verdict(sb, sc, noise=model.for_metric(name) if model else None, stat="trimmed", **kw)
+    if v.ratio is None:
+        return {"speedup": None, "verdict": v.verdict, "sentence": v.sentence}
+    return {"baseline_ms": float(np.exp(np.mean(sb.log_stat))), "candidate_ms": float(np.exp(np.mean(sc.log_stat))),
+            "speedup": v.ratio, "ci_low": v.ci_low, "ci_high": v.ci_high, "verdict": v.verdict,
+            "significant": v.significant, "sentence": v.sentence}
+
+
+def _shares(sessions_by_category: dict, view: dict) -> dict:
+    """Each category's share of the time: trimmed means per iteration over their sum (robust to a
+    preempted iteration, unlike the means' shares), or the report's own shares without samples."""
+    t = {}
+    for c, sessions in (sessions_by_category or {}).items():
+        x = pooled(sessions)
+        t[c] = trimmed_mean(x) if x.size else 0.0
+    total = sum(t.values())
+    if total <= 0:
+        return dict(view.get("category_share", {}) or {})
+    return {c: v / total for c, v in t.items()}
 
 
 def _top_op(report: dict, category: str) -> tuple[str, float] | None:
@@ -211,19 +248,17 @@ def _narrative(baseline, candidate, la, lb, v, per_cat) -> list[str]:
                 if sa <= sb:
                     s += f" in {la}"
         lines.append(s + ".")
-    # where the time went: the category that gained most and the one that lost time
-    gains = [(c, per_cat[c]) for c in named if per_cat[c]["speedup"] is not None]
+    # where the time went: only categories whose own verdict claims a change (not on noise)
+    gains = [(c, per_cat[c]) for c in named if per_cat[c].get("verdict") == "speedup"]
     if gains:
         best = max(gains, key=lambda kv: kv[1]["baseline_ms"] - kv[1]["candidate_ms"])
-        if best[1]["baseline_ms"] > best[1]["candidate_ms"]:
-            lines.append(f"{best[0]} gained most: {best[1]['baseline_ms']:.3f} -> "
-                         f"{best[1]['candidate_ms']:.3f} ms ({best[1]['speedup']:.2f}x).")
-        worst = min(gains, key=lambda kv: kv[1]["baseline_ms"] - kv[1]["candidate_ms"])
-        # "got slower" only when that category's own verdict says so (not on noise)
-        if (worst[1]["candidate_ms"] > worst[1]["baseline_ms"] * 1.02 and worst[0] != best[0]
-                and worst[1].get("verdict") in (None, "slowdown")):
-            lines.append(f"{worst[0]} got slower: {worst[1]['baseline_ms']:.3f} -> "
-                         f"{worst[1]['candidate_ms']:.3f} ms.")
+        lines.append(f"{best[0]} gained most: {best[1]['baseline_ms']:.3f} -> "
+                     f"{best[1]['candidate_ms']:.3f} ms ({best[1]['speedup']:.2f}x).")
+    losses = [(c, per_cat[c]) for c in named if per_cat[c].get("verdict") == "slowdown"]
+    if losses:
+        worst = min(losses, key=lambda kv: kv[1]["baseline_ms"] - kv[1]["candidate_ms"])
+        lines.append(f"{worst[0]} got slower: {worst[1]['baseline_ms']:.3f} -> "
+                     f"{worst[1]['candidate_ms']:.3f} ms.")
     port = [o for o in candidate.get("portable_ops", [])]
     if port:
         lines.append(f"{len(port)} portable (non-delegated) op type(s) in {lb}: "

@@ -15,6 +15,13 @@ def _f(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def pooled(sessions) -> np.ndarray:
+    """Several sessions' per-iteration values as one array of the finite ones."""
+    parts = [np.asarray(s, dtype=np.float64).ravel() for s in sessions or []]
+    x = np.concatenate(parts) if parts else np.array([])
+    return x[np.isfinite(x)]
+
+
 def trimmed_mean(x: np.ndarray, proportion: float = 0.1) -> float:
     """Mean of the middle values after cutting ``proportion`` from each end (scipy's
     ``trim_mean`` rule: floor(proportion * n) values cut per side)."""

@@ -634,6 +634,7 @@ def print_profile(name: str, raw: Path) -> None:
     """py-spy's collapsed stacks grouped by the project's own frames (the first three), the event
     loop (the main thread) apart from the worker threads; waiting-for-work threads left out."""
     groups: dict[tuple[str, str], int] = {}
+    leaves: dict[str, int] = {}  # where the CPU is spent itself (the sampled frame), any thread
     totals = {"event loop": 0, "threads": 0}
     project = ("server/", "worker/", "analysis/", "agent/", "sme2farm/")
     for line in raw.read_text(errors="replace").splitlines():
@@ -648,11 +649,17 @@ def print_profile(name: str, raw: Path) -> None:
         key = (where, " > ".join(own) or frames[-1].split(" (")[0])
         groups[key] = groups.get(key, 0) + int(n)
         totals[where] += int(n)
+        leaf = frames[-1].rsplit("/", 1)[-1].rstrip(")")
+        leaves[leaf] = leaves.get(leaf, 0) + int(n)
     for where, total in totals.items():
         if total:
             top = sorted(((k[1], v) for k, v in groups.items() if k[0] == where), key=lambda kv: -kv[1])[:7]
             print(f"  py-spy {name} ({where}, {total} busy samples at 50 Hz): "
                   + "; ".join(f"{100 * v / total:.0f}% {k}" for k, v in top))
+    total = sum(leaves.values())
+    if total:
+        print(f"  py-spy {name} (self, all threads): " + "; ".join(
+            f"{100 * v / total:.0f}% {k}" for k, v in sorted(leaves.items(), key=lambda kv: -kv[1])[:10]))
 
 
 # ---- the 100k phase ----------------------------------------------------------------------------
@@ -674,6 +681,8 @@ def bulk_insert(pg, n_runs: int, per_exp: int, big: int, template_exps: list[int
     if (n_runs - big) % per_exp:
         sizes_plan.append((n_runs - big) % per_exp)
     now = datetime.now(timezone.utc)
+    from sme2farm.worker.ingest import report_parts
+
     analysis_json = json.dumps(analysis)
     cats = json.dumps(analysis["categories_ms"])
     e2e = analysis["e2e_ms"]
@@ -715,11 +724,13 @@ def bulk_insert(pg, n_runs: int, per_exp: int, big: int, template_exps: list[int
                 for seq, (rid, dev, sme2) in enumerate(runs):
                     cp.write_row((rid, eid, dev[0], sme2, 1, "timing", 0, seq % 2, "succeeded", "", 1, False, runner,
                                   json.dumps(dev[2]), '{"simulated": true}', 0, 0.002, 0, now, now, now))
+        parts = report_parts(analysis)  # the report's columns, as ingest writes them (migration 0008)
         with cur.copy("COPY run_results (run_id, e2e_median_ms, e2e_mean_ms, e2e_p10_ms, e2e_p90_ms, e2e_cv, n, "
-                      "categories_ms, analysis, created_at) FROM STDIN") as cp:
+                      "categories_ms, analysis, report_head, operators_json, kernels_json, created_at) FROM STDIN") as cp:
             for _, runs in plan:
                 for rid, *_ in runs:
-                    cp.write_row((rid, e2e["median"], e2e["mean"], e2e["p10"], e2e["p90"], e2e["cv"], e2e["n"], cats, analysis_json, now))
+                    cp.write_row((rid, e2e["median"], e2e["mean"], e2e["p10"], e2e["p90"], e2e["cv"], e2e["n"], cats, analysis_json,
+                                  parts["report_head"], parts["operators_json"], parts["kernels_json"], now))
         with cur.copy("COPY operator_stats (id, run_id, name, category, count, total_ms, share, delegated) FROM STDIN") as cp:
             for _, runs in plan:
                 for rid, *_ in runs:
@@ -812,7 +823,10 @@ def bulk_phase(args, url: str, admin: str, db_url: str, pg, template_exps: list[
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=300.0) as c:
         for label, path, reps in (("GET /experiments (page 1, 20 per page)", "/experiments", args.reps),
                                   (f"GET /experiments/{{id}} ({2 * args.devices} runs)", f"/experiments/{typical}", args.reps),
-                                  (f"GET /experiments/{{id}} ({big} runs)", f"/experiments/{exp_ids[0]}", max(3, args.reps // 4))):
+                                  (f"GET /experiments/{{id}} ({big} runs, default)", f"/experiments/{exp_ids[0]}", max(3, args.reps // 2)),
+                                  (f"  ... ?runs=summary ({big} runs)", f"/experiments/{exp_ids[0]}?runs=summary", max(3, args.reps // 2)),
+                                  (f"  ... ?runs=page (200 of {big} runs)", f"/experiments/{exp_ids[0]}?runs=page&run_page=3", args.reps),
+                                  (f"  ... ?runs=full ({big} runs)", f"/experiments/{exp_ids[0]}?runs=full", 3)):
             xs, size = time_get(c, path, reps)
             results.append((label, xs))
             print(f"  {label:44s} p50 {ms(pct(xs, 50)):>10}  p99 {ms(pct(xs, 99)):>10}  ({size / 1e3:.0f} kB, n={reps})  "
@@ -827,16 +841,17 @@ def bulk_phase(args, url: str, admin: str, db_url: str, pg, template_exps: list[
                 rows, _ = es.get_page(s, page=1, page_size=20)
                 [reports.summary(e, by_status).model_dump_json() for e, by_status in rows]
 
-        def one(eid):
+        def one(eid, runs=None):
             def f(engine, scope):
                 with scope(db_url) as s:
-                    reports.experiment_report(es.get(s, experiment_id=eid)).model_dump_json()
+                    reports.report_json(s, experiment_id=eid, runs=runs)
             return f
 
         print("  breakdown (slowest statements):")
         breakdown(db_url, "list", listing)
         breakdown(db_url, f"report of {2 * args.devices} runs", one(typical))
-        breakdown(db_url, f"report of {big} runs", one(exp_ids[0]))
+        breakdown(db_url, f"report of {big} runs (default)", one(exp_ids[0]))
+        breakdown(db_url, f"report of {big} runs in full", one(exp_ids[0], "full"))
     except Exception as e:  # the services are being refactored; the HTTP timings above stand alone
         print(f"  breakdown unavailable: {type(e).__name__}: {e}")
 
@@ -858,6 +873,7 @@ def main() -> int:
     p.add_argument("--claim-wait", type=float, default=20.0, help="agents' long-poll (capped by the server's poll timeout)")
     p.add_argument("--poll-think", type=float, default=0.25, help="poller pause between list+report pairs")
     p.add_argument("--worker-concurrency", type=int, default=4, help="Celery worker processes (docker-compose: 4)")
+    p.add_argument("--server-workers", type=int, default=1, help="uvicorn worker processes (docker-compose: 1)")
     p.add_argument("--postgres-url", default=os.environ.get("SME2_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/12", help="an empty Redis database; flushed at the end")
     p.add_argument("--trace-dir", help="keep the built model and trace here and reuse them next time (saves ~30 s)")
@@ -918,7 +934,7 @@ def main() -> int:
                "SME2_ADMIN_TOKEN": admin}
         procs = Procs(work / "logs", env)
         procs.spawn("server", [PY, "-m", "uvicorn", "sme2farm.server.main:app", "--host", "127.0.0.1", "--port", str(port),
-                               "--log-level", "warning", "--no-access-log"])
+                               "--log-level", "warning", "--no-access-log", "--workers", str(args.server_workers)])
         procs.spawn("worker", [PY, "-m", "celery", "-A", "sme2farm.worker.celery_app", "worker", "--loglevel", "WARNING",
                                "--concurrency", str(args.worker_concurrency)])
         procs.spawn("beat", [PY, "-m", "celery", "-A", "sme2farm.worker.celery_app", "beat", "--loglevel", "WARNING",
@@ -934,7 +950,7 @@ def main() -> int:
             if time.monotonic() > deadline:
                 raise RuntimeError("the server did not come up within 60 s")
             time.sleep(0.2)
-        print(f"  farm: uvicorn (1 process), celery worker (--concurrency {args.worker_concurrency}), celery beat; "
+        print(f"  farm: uvicorn ({args.server_workers} process(es)), celery worker (--concurrency {args.worker_concurrency}), celery beat; "
               f"PostgreSQL database {db_name}, Redis {args.redis_url}")
         pg = psycopg.connect(db_url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
         res = load_phase(args, url, admin, register, work, db_name, pg, procs)

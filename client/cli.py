@@ -77,28 +77,36 @@ def cmd_submit(args) -> int:
         print(f"sme2-client: {model} is not a file", file=sys.stderr)
         return 2
     inputs = Path(args.inputs) if args.inputs else None
-    if inputs is not None and not inputs.is_file():
-        print(f"sme2-client: {inputs} is not a file", file=sys.stderr)
-        return 2
+    vs_model = Path(args.vs) if args.vs else None
+    for path in (inputs, vs_model):
+        if path is not None and not path.is_file():
+            print(f"sme2-client: {path} is not a file", file=sys.stderr)
+            return 2
     try:
         threads = [int(t) for t in args.threads.split(",") if t.strip()]
         labels = dict(kv.split("=", 1) for kv in args.label or [])
         spec = ExperimentSpec(sme2=args.sme2, threads=threads, iterations=args.iterations, warmup=args.warmup,
                               mode=args.mode, device=parse_selector(args.device), name=args.name, labels=labels,
                               power_profile=args.power_profile, core_mask=args.core_mask, sessions=args.sessions,
-                              method=args.method)
-    except (ValueError, ValidationError) as e:
+                              method=args.method, min_effect=args.min_effect)
+    except ValidationError as e:
+        from sme2farm.client.api import error_sentences
+
+        for line in error_sentences(e.errors(include_url=False)):
+            print(f"sme2-client: invalid spec: {line}", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"sme2-client: invalid spec: {e}", file=sys.stderr)
         return 2
-    return submit_and_follow(args, model, spec, inputs)
+    return submit_and_follow(args, model, spec, inputs, vs_model=vs_model)
 
 
-def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str = "") -> int:
+def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str = "", vs_model: Path | None = None) -> int:
     """Upload, then print the experiment (--json), or wait for it (--wait) and print its report."""
     from sme2farm.client.render import experiment_text
 
     client = _client(args)
-    rep = client.submit(model, spec, inputs=inputs)
+    rep = client.submit(model, spec, inputs=inputs, vs_model=vs_model)
     if not args.wait:
         if args.json:
             print(json.dumps(client.experiment_json(rep.id), indent=2))
@@ -127,6 +135,14 @@ def cmd_status(args) -> int:
     else:
         print(experiment_text(client.experiment(args.id)))
     return 0
+
+
+def cmd_compare(args) -> int:
+    from sme2farm.client.render import comparison_text
+
+    result = _client(args).compare(args.baseline, args.candidate, min_effect=args.min_effect)
+    print(json.dumps(result, indent=2) if args.json else comparison_text(result))
+    return 0 if any(c.get("status") == "complete" for c in result.get("comparisons") or []) else 1
 
 
 def cmd_cancel(args) -> int:
@@ -196,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--inputs", metavar="INPUTS.npz",
                    help="representative inputs for a .pte: arrays '0','1',... in input order (a .bpte brings its own)")
     s.add_argument("--method", default="forward", help="the program method to run (default forward)")
+    s.add_argument("--min-effect", type=float, default=0.02,
+                   help="the smallest difference a verdict may claim: a fraction, 0 <= x <= 0.5 (default 0.02: 2%%)")
+    s.add_argument("--vs", metavar="B.pte",
+                   help="a second model run interleaved with the first on the same devices, per SME2 arm: "
+                        "the report gives the A->B verdict (the same file twice is an A/A check)")
     s.add_argument("--wait", action="store_true", help="follow progress and print the report")
     s.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
     s.add_argument("--json", action="store_true", help="print the report JSON")
@@ -207,6 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--kit-json", nargs="?", const="", default=None, metavar="PATH",
                     help="write the kit's analysis_summary.json (default ./analysis_summary.json; - for stdout)")
     st.set_defaults(fn=cmd_status)
+
+    cp = sub.add_parser("compare", help="compare two experiments or runs (matched by device model, SME2, threads, mode)",
+                        description="Exit codes: 0 when at least one pair has a verdict; 1 when no pair could be "
+                                    "compared (every pair 'no comparison') or the server refused (e.g. 422: nothing "
+                                    "matched); 2 on bad arguments.")
+    cp.add_argument("baseline", help="experiment id (12, E12; E12/B: an A/B experiment's B model) or run id (R34)")
+    cp.add_argument("candidate", help="the same forms; speedup > 1 means the candidate is faster")
+    cp.add_argument("--min-effect", type=float, default=0.02,
+                    help="the smallest difference to claim: a fraction, 0 <= x <= 0.5 (default 0.02: 2%%)")
+    cp.add_argument("--json", action="store_true")
+    cp.set_defaults(fn=cmd_compare)
 
     ca = sub.add_parser("cancel", help="cancel an experiment's queued and running runs")
     ca.add_argument("id", type=int)
@@ -227,6 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     analyze_cmd.add_arguments(an)
     an.set_defaults(fn=cmd_analyze)
+
+    from sme2farm.client import suites_cmd
+
+    suites_cmd.add_parsers(sub)  # suite create|list|run [--wait]|show|delete|pause|resume, regressions [--ack ID]
+
+    from sme2farm.client import document
+
+    document.add_parser(sub)  # report ID --markdown|--html [-o FILE] [--svg-files]
     return p
 
 
@@ -239,8 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except FarmError as e:
-        print(f"sme2-client: server said {e.status}: {e.message}", file=sys.stderr)
+        lines = e.message.splitlines() or [""]
+        print(f"sme2-client: server said {e.status}: {lines[0]}", file=sys.stderr)
+        for line in lines[1:]:  # one problem a line (client/api.py describe)
+            print(f"sme2-client: server said {e.status}: {line}", file=sys.stderr)
         return 1
+    except ValidationError as e:  # a spec or selector built here (e.g. --device in suite create)
+        from sme2farm.client.api import error_sentences
+
+        for line in error_sentences(e.errors(include_url=False)):
+            print(f"sme2-client: invalid: {line}", file=sys.stderr)
+        return 2
     except httpx.TransportError as e:
         print(f"sme2-client: cannot reach the server: {e}", file=sys.stderr)
         return 1

@@ -25,10 +25,14 @@ def experiment_text(rep: ExperimentReport) -> str:
            f"  model sha256 {rep.model_sha256[:16]}… ({rep.model_size} bytes), sme2={rep.spec.sme2}, "
            f"threads={rep.spec.threads}, iterations={rep.spec.iterations}, warm-up={rep.spec.warmup}",
            f"  method {rep.spec.method}, inputs: {rep.inputs}", ""]
+    if rep.vs_model_sha256:
+        same = " (the same model: an A/A check)" if rep.vs_model_sha256 == rep.model_sha256 else ""
+        out[2:2] = [f"  vs model B sha256 {rep.vs_model_sha256[:16]}… ({rep.vs_model_size} bytes){same}, interleaved with model A"]
     for r in rep.runs:
         dev = r.device
         dev_s = f"{dev.serial} ({dev.platform}, {dev.model or dev.abi})" if dev else "no device"
-        out.append(f"Run {r.id}: SME2 {r.sme2}, {r.threads} thread(s), {r.mode} on {dev_s} — {r.status}")
+        model = f"model {r.variant}, " if rep.vs_model_sha256 else ""
+        out.append(f"Run {r.id}: {model}SME2 {r.sme2}, {r.threads} thread(s), {r.mode} on {dev_s} — {r.status}")
         if r.reason:
             out.append(f"  reason: {r.reason}")
         if r.runner:
@@ -85,14 +89,57 @@ def _state(state: dict[str, Any]) -> str:
     return "; ".join(parts) or "not recorded"
 
 
+def _verdict(c: dict[str, Any]) -> str:
+    """'1.23× (95% CI 1.10–1.38), speedup' — either bound may be missing (insufficient data)."""
+    ratio = "—" if c.get("speedup") is None else f"{c['speedup']:.2f}×"
+    ci = f" (95% CI {_f(c.get('ci_low'), 2)}–{_f(c.get('ci_high'), 2)})" if c.get("ci_low") is not None or c.get("ci_high") is not None else ""
+    return f"{ratio}{ci}, {c.get('verdict') or 'no verdict'}"
+
+
+def _comparison_head(c: dict[str, Any]) -> str:
+    where = f"{c.get('device') or c.get('device_model')} × {c.get('threads')} thread(s)"
+    if c.get("kind") == "model":
+        return f"model A vs model B{' (A/A: the same model)' if c.get('a_a') else ''}, SME2 {c.get('sme2')} — {where}"
+    variant = f" (model {c['variant']})" if c.get("kind") == "sme2" and c.get("variant") == "B" else ""
+    return f"SME2 off vs on{variant} — {where}"
+
+
 def _comparison(c: dict[str, Any]) -> str:
-    head = f"SME2 off vs on — {c.get('device')} × {c.get('threads')} thread(s)"
+    head = _comparison_head(c)
     if c.get("status") != "complete":
         return f"{head}: no comparison — {c.get('reason', 'incomplete')}\n"
-    lines = [f"{head}: speedup {c['speedup']:.2f}× (95% CI {c['ci_low']:.2f}–{c['ci_high']:.2f}), {c['verdict']}"]
+    lines = [f"{head}: ratio {_verdict(c)}",
+             "  (ratio = baseline/candidate, > 1: the candidate is faster; categories in ms per iteration, 10% trimmed mean)"]
     for cat, v in c["categories"].items():
         sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}×"
         lines.append(f"  {cat:<14} {_f(v['baseline_ms'])} → {_f(v['candidate_ms'])} ms  {sp:>7}  "
-                     f"share {100 * v['share_before']:.0f}% → {100 * v['share_after']:.0f}%")
+                     f"share {100 * v['share_before']:.0f}% → {100 * v['share_after']:.0f}%  {v.get('verdict') or 'no verdict'}")
     lines += [f"  {s}" for s in c.get("narrative", [])]
     return "\n".join(lines) + "\n"
+
+
+def comparison_text(result: dict[str, Any]) -> str:
+    """GET /comparisons as text: what was compared, each matched pair's verdict, what did not match."""
+    b, c = result["baseline"], result["candidate"]
+
+    def side(x: dict[str, Any]) -> str:
+        what = f"run {x['id']}" if x["kind"] == "run" else f"experiment {x['id']}" + ("/B" if x.get("variant") == "B" else "")
+        return f"{what}{' ' + x['name'] if x.get('name') else ''} (model {x['model_sha256'][:12]}…, ExecuTorch {', '.join(x['et_versions']) or '?'})"
+
+    out = [f"baseline:  {side(b)}", f"candidate: {side(c)}", ""]
+    for entry in result["comparisons"]:
+        where = entry["device_model"] + ("" if entry.get("baseline_device") == entry.get("candidate_device")
+                                         else f" ({entry.get('baseline_device')} vs {entry.get('candidate_device')})")
+        head = f"{where}, SME2 {entry['sme2']}, {entry['threads']} thread(s), {entry['mode']}"
+        if entry.get("status") != "complete":
+            out.append(f"{head}: no comparison — {entry.get('reason', 'incomplete')}")
+            continue
+        out.append(f"{head}: ratio {_verdict(entry)}")
+        for cat, v in (entry.get("categories") or {}).items():
+            if v.get("speedup") is not None:
+                out.append(f"  {cat:<14} {_f(v['baseline_ms'])} → {_f(v['candidate_ms'])} ms  {v['speedup']:.2f}×  {v.get('verdict') or ''}")
+        out += [f"  {s}" for s in entry.get("narrative", [])]
+    for u in result.get("unmatched", []):
+        out.append(f"unmatched ({u['side']}): {u['device_model']}, SME2 {u['sme2']}, {u['threads']} thread(s), {u['mode']} — {u['why']}")
+    out += [f"note: {n}" for n in result.get("notes", [])]
+    return "\n".join(out).rstrip() + "\n"

@@ -14,10 +14,11 @@ from fastapi.staticfiles import StaticFiles
 
 from sme2farm import __version__
 from sme2farm import logs
-from sme2farm.server.api import agents, devices, experiments, ops, runs
+from sme2farm.server.api import agents, charts, comparisons, devices, experiments, ops, runs
 from sme2farm.server.api.errors import install as install_error_handlers
 from sme2farm.server.config import Settings, get_settings
 from sme2farm.server.api import tokens as token_routes
+from sme2farm.server.api import suites as suite_routes
 from sme2farm.server.db import session_scope
 from sme2farm.server.limits import BodyLimits, RateLimiter, request_validation_error
 from sme2farm.server.metrics import HttpMetrics
@@ -103,9 +104,10 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     app.state.limiter = make_limiter(settings)
     app.add_middleware(BodyLimits, max_bytes=settings.max_json_kb << 10)
     app.add_exception_handler(RequestValidationError, request_validation_error)
-    for module in (experiments, runs, devices, agents, ops):
+    for module in (experiments, runs, comparisons, charts, devices, agents, ops):
         app.include_router(module.router)
     app.include_router(token_routes.router)
+    app.include_router(suite_routes.router)  # suites, series, regressions (issue 9)
     app.add_middleware(HttpMetrics)  # latency by route template, structured access lines
 
     @app.get("/", include_in_schema=False)

@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     )
     rate_writes_per_min: float = Field(default=120.0, ge=0, description="Writes per minute per token (user API and agent registration; bursts of as many); 0: unlimited")
     rate_auth_failures_per_min: float = Field(default=30.0, ge=0, description="Failed authentications per minute per client IP before 429s; 0: unlimited")
+    token_cache_s: float = Field(
+        default=2.0, ge=0, le=60,
+        description="A verified token is remembered this long per server process (no database read); a revocation "
+                    "through this server takes effect at once, through another process (the CLI) within this; 0: off",
+    )
     lease_s: float = Field(default=60.0, description="How long an agent owns a run without a heartbeat")
     heartbeat_interval_s: float = Field(default=10.0, description="How often agents heartbeat a running run")
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
@@ -57,6 +62,12 @@ class Settings(BaseSettings):
         description="The beat holds a lease this long and renews it every third of it; another beat takes over "
                     "only once it expires, and /ready calls the beat dead past it",
     )
+    # Suites (services/suites.py): the beat's tick, and alerts POSTed to a suite's webhook.
+    public_url: str | None = Field(default=None, description="This farm's URL as people reach it: links in alerts (sme2-farm up sets it to its own)")
+    suite_tick_s: float = Field(default=60.0, gt=0, description="How often the beat starts the suites that are due")
+    webhook_attempts: int = Field(default=6, ge=1, le=20, description="Deliveries tried per alert before it is marked failed")
+    webhook_backoff_s: float = Field(default=5.0, ge=0, description="Wait before the first retry of a webhook, doubling each time")
+    webhook_timeout_s: float = Field(default=5.0, gt=0, description="Longest a webhook POST may take")
     metrics_public: bool = Field(default=False, description="Serve /metrics without a token (a scraper on a trusted network)")
     # Set by `sme2-farm up` for its children: where its supervisor writes each child's state (/ready reads it).
     supervisor_status: Path | None = Field(default=None, description="The supervisor's status file (sme2-farm up sets it)")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 import sme2farm.migrations
@@ -22,8 +22,11 @@ log = logging.getLogger(__name__)
 def get_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         # Server, worker and CLI share one SQLite file from several processes: WAL lets readers
-        # run beside the writer, and busy_timeout turns lock contention into a short wait.
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        # run beside the writer, and busy_timeout turns lock contention into a short wait. How
+        # long a writer waits for another process's write transaction before it gives up (and
+        # the API answers 503) is the URL's `?timeout=` in seconds, 30 by default.
+        busy_s = float(make_url(url).query.get("timeout", 30))
+        engine = create_engine(url, connect_args={"timeout": busy_s, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):
@@ -31,11 +34,21 @@ def get_engine(url: str) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # A database host that stops answering (dropped packets, not a refused connection) must not
+    # hang requests until TCP gives up (minutes): a connect timeout, and keepalives that notice a
+    # dead peer on an open connection in ~25 s. Either surfaces as an OperationalError: a 503.
+    # The URL's own libpq parameters win (?connect_timeout=... and so on).
+    query = make_url(url).query
+    connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in query}
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
+
+
+PG_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                   "keepalives_count": 3}
 
 
 @lru_cache(maxsize=8)

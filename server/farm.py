@@ -95,6 +95,7 @@ class Farm:
         if self.settings.broker_url:
             env["SME2_BROKER_URL"] = self.settings.broker_url
         env["SME2_SUPERVISOR_STATUS"] = str(self.sup.status_path)
+        env.setdefault("SME2_PUBLIC_URL", self.url)  # links in suite alerts (services/alerts.py)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self.data_dir / "metrics")  # server and worker metrics, joined
         if self.agent_since is not None:
             # The server then makes a submission that races the local agent's registration wait

@@ -61,6 +61,9 @@ class Device(Base):
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)  # DeviceInfo as reported
     sme2: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16), default="idle")  # idle | busy | offline | unhealthy
+    # The device's between-session noise (analysis.verdict.NoiseModel.to_dict()), learned from
+    # A/A work it ran (services/noise.py); None until it has any: verdicts use the default prior.
+    noise_model: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     current_run_id: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     agent: Mapped[Agent] = relationship(back_populates="devices")
@@ -71,6 +74,9 @@ class Experiment(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str | None] = mapped_column(String(200))
     model_sha256: Mapped[str] = mapped_column(ForeignKey("models.sha256"))
+    # `submit A.pte --vs B.pte`: the second model, interleaved with the first on the same devices
+    # (runs.variant "B"); None for a one-model experiment. May equal model_sha256 (an A/A check).
+    vs_model_sha256: Mapped[str | None] = mapped_column(ForeignKey("models.sha256"))
     spec: Mapped[dict[str, Any]] = mapped_column()
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     comparisons: Mapped[list[Any]] = mapped_column(default=list)
@@ -82,7 +88,8 @@ class Experiment(Base):
                                                     server_default="all ones (default)")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     runs: Mapped[list["Run"]] = relationship(back_populates="experiment", order_by="Run.id")
-    model: Mapped[Model] = relationship()
+    model: Mapped[Model] = relationship(foreign_keys=[model_sha256])
+    vs_model: Mapped[Model | None] = relationship(foreign_keys=[vs_model_sha256])
 
 
 class Run(Base):
@@ -97,6 +104,7 @@ class Run(Base):
     threads: Mapped[int] = mapped_column(Integer)
     mode: Mapped[str] = mapped_column(String(8))
     session: Mapped[int] = mapped_column(Integer, default=0)
+    variant: Mapped[str] = mapped_column(String(1), default="A", server_default="A")  # A: model, B: vs_model
     sequence: Mapped[int] = mapped_column(Integer, default=0)  # order on its device (interleaving)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     reason: Mapped[str] = mapped_column(Text, default="")
@@ -150,6 +158,11 @@ class RunResult(Base):
     n: Mapped[int] = mapped_column(Integer)
     categories_ms: Mapped[dict[str, Any]] = mapped_column()
     analysis: Mapped[dict[str, Any]] = mapped_column()
+    # What the experiment report shows of the analysis, as JSON text written by ingest (migration
+    # 0008; NULL in older rows): {"e2e_ms", "load_ms"}, the operators, the kernel evidence.
+    report_head: Mapped[str | None] = mapped_column(Text)
+    operators_json: Mapped[str | None] = mapped_column(Text)
+    kernels_json: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     run: Mapped[Run] = relationship(back_populates="result")
 
@@ -175,3 +188,118 @@ class Lease(Base):
     holder: Mapped[str] = mapped_column(String(200))
     expires_at: Mapped[datetime] = mapped_column()
     renewed_at: Mapped[datetime] = mapped_column()
+
+
+# ---- suites: nightly regression (services/suites.py) ------------------------------------------
+
+
+class Suite(Base):
+    """A named set of stored models run on a schedule; each run is one experiment per model, and
+    each model x device model x sme2 x threads is a series the regression detector watches."""
+
+    __tablename__ = "suites"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    models: Mapped[list[Any]] = mapped_column()  # [{"sha256", "name"}], stored models
+    device: Mapped[dict[str, Any]] = mapped_column(default=dict)  # a DeviceSelector
+    sme2: Mapped[str] = mapped_column(String(4), default="both")
+    threads: Mapped[list[Any]] = mapped_column()
+    iterations: Mapped[int] = mapped_column(Integer, default=50)
+    warmup: Mapped[int] = mapped_column(Integer, default=3)
+    sessions: Mapped[int] = mapped_column(Integer, default=1)
+    schedule: Mapped[str] = mapped_column(String(120), default="0 3 * * *")
+    min_effect: Mapped[float] = mapped_column(Float, default=0.03)
+    alpha: Mapped[float] = mapped_column(Float, default=0.0005)
+    canary: Mapped[bool] = mapped_column(Boolean, default=False)
+    webhook: Mapped[str | None] = mapped_column(String(2000))
+    next_run_at: Mapped[datetime | None] = mapped_column(index=True)
+    last_run_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SuiteRun(Base):
+    """One start of a suite (by the schedule or by hand): its experiments, one per model."""
+
+    __tablename__ = "suite_runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    suite_id: Mapped[int] = mapped_column(ForeignKey("suites.id", ondelete="CASCADE"), index=True)
+    trigger: Mapped[str] = mapped_column(String(16))  # schedule | manual
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | analyzing | complete | failed
+    reason: Mapped[str] = mapped_column(Text, default="")  # why it failed to start
+    triggered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column()
+    experiments: Mapped[list["SuiteExperiment"]] = relationship(order_by="SuiteExperiment.experiment_id")
+
+
+class SuiteExperiment(Base):
+    """Which suite run an experiment belongs to (the run service's end_run hook looks it up)."""
+
+    __tablename__ = "suite_experiments"
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    suite_run_id: Mapped[int] = mapped_column(ForeignKey("suite_runs.id", ondelete="CASCADE"), index=True)
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    model_name: Mapped[str] = mapped_column(String(200), default="")
+
+
+class SuitePoint(Base):
+    """One suite run's runs for one series key: the raw samples (iterations per session) and what
+    they ran on. The key: model x device model x sme2 x threads."""
+
+    __tablename__ = "suite_points"
+    __table_args__ = (UniqueConstraint("suite_run_id", "model_sha256", "device_model", "sme2", "threads"),
+                      Index("ix_suite_points_series", "suite_id", "model_sha256", "device_model", "sme2", "threads"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    suite_id: Mapped[int] = mapped_column(ForeignKey("suites.id", ondelete="CASCADE"))
+    suite_run_id: Mapped[int] = mapped_column(ForeignKey("suite_runs.id", ondelete="CASCADE"))
+    experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="SET NULL"))
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    model_name: Mapped[str] = mapped_column(String(200), default="")
+    device_model: Mapped[str] = mapped_column(String(256))
+    device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id", ondelete="SET NULL"))
+    sme2: Mapped[str] = mapped_column(String(3))
+    threads: Mapped[int] = mapped_column(Integer)
+    run_ids: Mapped[list[Any]] = mapped_column(default=list)
+    at: Mapped[datetime] = mapped_column()
+    samples: Mapped[list[Any]] = mapped_column(default=list)  # one list of iteration ms per session
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    low_ms: Mapped[float | None] = mapped_column(Float)
+    high_ms: Mapped[float | None] = mapped_column(Float)
+    n_iterations: Mapped[int] = mapped_column(Integer, default=0)
+    sessions: Mapped[int] = mapped_column(Integer, default=0)
+    runner: Mapped[str | None] = mapped_column(String(256))
+    et_version: Mapped[str | None] = mapped_column(String(128))
+    device_state: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    acknowledged: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class SuiteChange(Base):
+    """A change the detector flagged in a series (regression or improvement), and its alert:
+    candidate until the next point confirms it; acknowledged resets the series' baseline."""
+
+    __tablename__ = "suite_changes"
+    __table_args__ = (UniqueConstraint("point_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    suite_id: Mapped[int] = mapped_column(ForeignKey("suites.id", ondelete="CASCADE"), index=True)
+    point_id: Mapped[int] = mapped_column(ForeignKey("suite_points.id", ondelete="CASCADE"))  # first point at the new level
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    model_name: Mapped[str] = mapped_column(String(200), default="")
+    device_model: Mapped[str] = mapped_column(String(256))
+    sme2: Mapped[str] = mapped_column(String(3))
+    threads: Mapped[int] = mapped_column(Integer)
+    direction: Mapped[str] = mapped_column(String(12))  # regression | improvement
+    ratio: Mapped[float] = mapped_column(Float)
+    ci_low: Mapped[float | None] = mapped_column(Float)
+    ci_high: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16))  # candidate | confirmed | acknowledged
+    blamed: Mapped[str] = mapped_column(String(8), default="model")  # model | device
+    experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="SET NULL"))
+    baseline_experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="SET NULL"))
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the detector's Change.to_dict()
+    sentence: Mapped[str] = mapped_column(Text, default="")
+    detected_at: Mapped[datetime] = mapped_column(default=utcnow)
+    confirmed_at: Mapped[datetime | None] = mapped_column()
+    acknowledged_at: Mapped[datetime | None] = mapped_column()
+    # The webhook alert: none (no webhook, or not an alert) | pending | retrying | delivered | failed
+    webhook_state: Mapped[str] = mapped_column(String(12), default="none")
+    webhook_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    webhook_last_error: Mapped[str] = mapped_column(Text, default="")

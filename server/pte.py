@@ -76,15 +76,11 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
             raise InvalidInputs("a .bpte carries its own inputs; send either a .bpte, or a .pte with an 'inputs' .npz")
         _unbundle(upload, method, tmp_dir)
         inputs, description = upload.bundled.inputs, upload.bundled.description
-    validate(upload.model_path)
-    with inp.mapped(upload.model_path) as m:
-        try:
-            methods = inp.program_methods(m, end=inp.program_end(m))
-        except inp.InputsError as e:
-            raise InvalidProgram(f"cannot read the program's methods: {e}") from None
+    methods = _read_methods(upload.model_path, "model")
     if method not in methods:
         raise InvalidInputs(f"the program has no method {method!r}; it has: {', '.join(methods) or 'none'}", "spec.method")
     sig = methods[method]
+    vs_sig = _vs_signature(upload, method) if upload.vs_model_path is not None else None
     if upload.inputs_path is not None:
         try:
             inputs = inp.read_npz(upload.inputs_path, signature=sig, max_bytes=max_inputs_bytes)
@@ -94,6 +90,12 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
         description = f"{name}: {inp.plural(len(inputs))}" + (f" ({inp.summary(inputs)})" if inputs else "")
     if inputs is None:
         return
+    if vs_sig is not None:
+        try:
+            inp.check(vs_sig, inputs)
+        except inp.InputsError as e:
+            raise InvalidInputs(f"the inputs fit the model but not the vs_model (both are fed the same inputs): {e}",
+                                "inputs" if upload.inputs_path is not None else "vs_model") from None
     try:
         inp.check(sig, inputs)
         blob = inp.write(inputs)
@@ -114,6 +116,41 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
     upload.inputs_sha256 = hashlib.sha256(blob).hexdigest()
     upload.inputs_size = len(blob)
     upload.inputs_description = description[:400]
+
+
+def _vs_signature(upload, method: str):
+    """The vs_model's signature of `method` (a .pte: the inputs, if any, come with `model`)."""
+    from sme2farm.runners import inputs as inp
+
+    with open(upload.vs_model_path, "rb") as f:
+        if inp.is_bundled_program(f.read(8)):
+            raise _blaming(InvalidProgram("send a .pte as the vs_model (a .bpte's inputs would differ from the model's)"),
+                           "vs_model")
+    methods = _read_methods(upload.vs_model_path, "vs_model")
+    if method not in methods:
+        raise _blaming(InvalidProgram(f"the vs_model has no method {method!r}; it has: {', '.join(methods) or 'none'}"),
+                       "vs_model")
+    return methods[method]
+
+
+def _blaming(e: InvalidProgram, field: str) -> InvalidProgram:
+    e.field = field
+    return e
+
+
+def _read_methods(path: Path, field: str) -> dict:
+    """A validated program's method signatures; a problem is an InvalidProgram naming `field`."""
+    from sme2farm.runners import inputs as inp
+
+    try:
+        validate(path)
+    except InvalidProgram as e:
+        raise _blaming(e, field) from None
+    with inp.mapped(path) as m:
+        try:
+            return inp.program_methods(m, end=inp.program_end(m))
+        except inp.InputsError as e:
+            raise _blaming(InvalidProgram(f"cannot read the program's methods: {e}"), field) from None
 
 
 def _unbundle(upload, method: str, tmp_dir: Path) -> None:

@@ -14,6 +14,7 @@ that goes away, a cancelled request).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -26,7 +27,8 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 MAX_FIELD_BYTES = 64 * 1024  # the JSON spec
 MAX_HEADER_BYTES = 8 * 1024  # one part's headers
-FILE_PARTS = ("model", "inputs")
+FILE_PARTS = ("model", "vs_model", "inputs")
+_PATH_ATTR = {"model": "model_path", "vs_model": "vs_model_path", "inputs": "inputs_path"}
 FIELD_PARTS = ("spec",)
 # Framing allowance beyond the parts' own limits: boundaries, part headers, a preamble.
 OVERHEAD_BYTES = 64 * 1024
@@ -46,9 +48,13 @@ class Upload:
     inputs_sha256: str | None = None
     inputs_description: str = "all ones (default)"
     bundled: object = None  # runners.inputs.BundledInputs when the model part was a .bpte
+    # `submit A.pte --vs B.pte`: the second model (a .pte), run interleaved with the first
+    vs_model_path: Path | None = None
+    vs_sha256: str = ""
+    vs_size: int = 0
 
     def discard(self) -> None:
-        for p in (self.model_path, self.inputs_path):
+        for p in (self.model_path, self.vs_model_path, self.inputs_path):
             if p and p.exists():
                 p.unlink()
 
@@ -94,7 +100,7 @@ class _Collector:
         if self.error:
             return
         if self._name not in FILE_PARTS + FIELD_PARTS:
-            self.error = (422, f"unknown form part {self._name[:64]!r}; POST /experiments takes 'model', 'inputs' and 'spec'")
+            self.error = (422, f"unknown form part {self._name[:64]!r}; POST /experiments takes 'model', 'vs_model', 'inputs' and 'spec'")
             return
         if self._name in self.upload.fields or self._name in self._seen:
             self.error = (422, f"only one {self._name!r} part may be sent")
@@ -102,7 +108,7 @@ class _Collector:
         self._seen.add(self._name)
         self._is_file = self._name in FILE_PARTS
         if self._is_file:
-            attr = "model_path" if self._name == "model" else "inputs_path"
+            attr = _PATH_ATTR[self._name]
             if getattr(self.upload, attr) is not None:
                 self.error = (422, f"only one '{self._name}' file may be uploaded")
                 return
@@ -124,9 +130,11 @@ class _Collector:
                 return
             self._file.write(chunk)
         elif self._is_file:
-            self.upload.size += len(chunk)
-            if self.upload.size > self.limit:
-                self.error = (413, f"model upload exceeds the {self.limit // (1 << 20)} MiB limit")
+            size_attr = "size" if self._name == "model" else "vs_size"
+            size = getattr(self.upload, size_attr) + len(chunk)
+            setattr(self.upload, size_attr, size)
+            if size > self.limit:
+                self.error = (413, f"{self._name.replace('_', ' ')} upload exceeds the {self.limit // (1 << 20)} MiB limit")
                 return
             self._hash.update(chunk)
             self._file.write(chunk)
@@ -142,13 +150,21 @@ class _Collector:
             self._file.close()
             if self._name == "model":
                 self.upload.sha256 = self._hash.hexdigest()
+            elif self._name == "vs_model":
+                self.upload.vs_sha256 = self._hash.hexdigest()
             self._file = None
         elif self._name and not self.error:
             self.upload.fields[self._name] = bytes(self._buf).decode("utf-8", "replace")
 
     def close(self) -> None:
+        """Only ever open here on a way out that discards the file, so a failing flush (the disk
+        filled up) must not stop the discard."""
         if self._file:
-            self._file.close()
+            f, self._file = self._file, None
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs_limit: int = 0) -> Upload:
@@ -156,9 +172,10 @@ async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise HTTPException(415, "POST /experiments takes multipart/form-data with a 'model' file and a 'spec' JSON field")
     length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > limit + inputs_limit + MAX_FIELD_BYTES + OVERHEAD_BYTES:
+    # two models at most (`--vs`), each within `limit`
+    total_limit = 2 * limit + inputs_limit + MAX_FIELD_BYTES + OVERHEAD_BYTES
+    if length and length.isdigit() and int(length) > total_limit:
         raise HTTPException(413, f"request body of {int(length)} bytes exceeds the {limit // (1 << 20)} MiB model limit")
-    total_limit = limit + inputs_limit + MAX_FIELD_BYTES + OVERHEAD_BYTES
     c = _Collector(tmp_dir, limit, inputs_limit)
     parser = MultipartParser(params[b"boundary"], callbacks={
         name: getattr(c, name) for name in (
@@ -170,7 +187,7 @@ async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs
         async for chunk in request.stream():
             received += len(chunk)
             if received > total_limit:  # counted as it streams: chunked bodies declare no length
-                c.error = (413, f"request body exceeds {total_limit} bytes (the {limit // (1 << 20)} MiB model "
+                c.error = (413, f"request body exceeds {total_limit} bytes (two {limit // (1 << 20)} MiB models "
                                 f"and {inputs_limit // (1 << 20)} MiB inputs limits, a {MAX_FIELD_BYTES // 1024} KiB spec and framing)")
                 break
             parser.write(chunk)
@@ -182,6 +199,12 @@ async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs
                 c.error = (400, f"malformed multipart body: the {c._name!r} part never ended (no closing boundary)")
     except HTTPException:
         raise
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # the server's own I/O failed, not the client's body
+            c.close()
+            c.upload.discard()
+            raise
+        c.error = (507, "the server's disk is full: the upload was not stored; retry once space is freed")
     except Exception as e:  # malformed multipart framing, or the client went away
         c.error = (400, f"malformed multipart body: {e}")
     except BaseException:  # cancelled: nothing answers, but nothing may stay behind either
@@ -205,6 +228,8 @@ EXPERIMENT_FORM_OPENAPI = {"requestBody": {"required": True, "content": {"multip
     "type": "object", "required": ["model"], "additionalProperties": False,
     "properties": {
         "model": {"type": "string", "format": "binary", "description": "the .pte, or a .bpte bundled program"},
+        "vs_model": {"type": "string", "format": "binary",
+                     "description": "optional second .pte run interleaved with `model` on the same devices (A/B; may be the same file: A/A)"},
         "inputs": {"type": "string", "format": "binary", "description": "optional .npz of input arrays (with a .pte)"},
         "spec": {"type": "string", "description": "JSON ExperimentSpec (see the ExperimentReport schema's spec)"},
     }}}}}}

@@ -184,6 +184,8 @@ class ExperimentSpec(_Strict):
     sessions: int = Field(default=1, ge=1, le=20, description="Timed sessions per arm; interleaved off/on/on/off")
     timeout_s: int = Field(default=600, ge=1, le=24 * 3600)
     method: str = Field(default="forward", description="The program method to run (a .bpte's test suite of that name gives the inputs)")
+    min_effect: float = Field(default=0.02, ge=0.0, le=0.5,
+                              description="The smallest difference a verdict may claim (0.02: 2%); smaller differences are reported, never claimed")
 
     @field_validator("method")
     @classmethod
@@ -404,6 +406,8 @@ class RunReport(BaseModel):
     sme2: Sme2Setting
     threads: int
     mode: str
+    variant: Literal["A", "B"] = Field(default="A", description="A: the experiment's model, B: its vs_model")
+    session: int = 0
     status: RunStatus
     reason: str = ""
     attempt: int = 1
@@ -429,12 +433,21 @@ class ExperimentReport(BaseModel):
     spec: ExperimentSpec
     model_sha256: str
     model_size: int
+    vs_model_sha256: str | None = Field(default=None, description="The second model of an A/B experiment (runs with variant B)")
+    vs_model_size: int | None = None
     inputs: str = Field(default=DEFAULT_INPUTS, description="Which inputs the runs were fed")
     inputs_sha256: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: Timestamp
     runs: list[RunReport]
     comparisons: list[dict[str, Any]] = Field(default_factory=list)
+    runs_detail: Literal["full", "summary", "page"] = Field(
+        default="full", description="full: every run with operators and kernels; summary (the default above 2,000 "
+                                    "runs): every run with its headline latency (median, mean, p10, p90, cv, n) and "
+                                    "categories, without load times, operators or kernels; page: runs_page_size runs in full")
+    runs_total: int | None = Field(default=None, description="How many runs the experiment has (all of them, whatever runs_detail)")
+    runs_page: int | None = None
+    runs_page_size: int | None = None
 
 
 class ExperimentSummary(BaseModel):
@@ -445,6 +458,10 @@ class ExperimentSummary(BaseModel):
     created_at: Timestamp
     runs: int
     runs_by_status: dict[str, int]
+    vs_model_sha256: str | None = None  # model B of an A/B (--vs) experiment
+    sme2: str | None = None  # the spec's SME2 arm(s), threads and mode (the dashboard's "vs #N" matches on them)
+    threads: list[int] = []
+    mode: str | None = None
 
 
 class ExperimentPage(BaseModel):
@@ -452,3 +469,68 @@ class ExperimentPage(BaseModel):
     total: int
     page: int
     page_size: int
+
+
+# ---- suites: nightly regression (server/services/suites.py) ---------------------------------
+
+TASK_SUITES_TICK = "sme2farm.suites.tick"          # the beat, every minute: start the suites that are due
+TASK_SUITE_ANALYZE = "sme2farm.suites.analyze"     # a suite run's experiments ended: points, detection
+TASK_ALERT_WEBHOOK = "sme2farm.suites.webhook"     # POST one confirmed change to its suite's webhook
+
+SUITE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_SUITE_NAME = re.compile(SUITE_NAME_PATTERN)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class SuiteModel(_Strict):
+    sha256: str = Field(description="A stored model's sha256 (uploaded with an experiment before)")
+    name: str | None = Field(default=None, max_length=200, description="Display name (default: the sha's first 12)")
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, sha: str) -> str:
+        sha = sha.strip().lower()
+        if not _SHA256.match(sha):
+            raise ValueError(f"model sha256 {sha[:80]!r} must be 64 hexadecimal characters")
+        return sha
+
+
+class SuiteThresholds(_Strict):
+    min_effect: float = Field(default=0.03, ge=0, le=0.5, description="Smallest ratio change claimed, a fraction 0-0.5 (0.03: 3%)")
+    alpha: float = Field(default=0.0005, gt=0, lt=1, description="Two-sided level that confirms a change")
+
+
+class SuiteSpec(_Strict):
+    """POST /suites. One experiment per model each time the suite runs."""
+
+    name: str = Field(description="1-64 letters, digits, . _ -; unique")
+    models: list[SuiteModel] = Field(min_length=1, max_length=32)
+    device: DeviceSelector | None = None
+    sme2: Sme2Request = "both"
+    threads: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
+    iterations: int = Field(default=50, ge=1, le=100_000)
+    warmup: int = Field(default=3, ge=0, le=10_000)
+    sessions: int = Field(default=1, ge=1, le=20)
+    schedule: str = Field(default="0 3 * * *", max_length=120, description="cron, UTC (default nightly at 03:00)")
+    thresholds: SuiteThresholds = Field(default_factory=SuiteThresholds)
+    canary: bool = Field(default=False, description="Its series are their devices' canary (device drift, noise)")
+    webhook: str | None = Field(default=None, max_length=2000, description="http(s) URL alerts are POSTed to")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _SUITE_NAME.match(name):
+            raise ValueError(f"suite name {name[:80]!r} must be 1-64 letters, digits, '.', '_' or '-' (not starting with . _ -)")
+        return name
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, threads: list[int]) -> list[int]:
+        return ExperimentSpec._threads_positive(threads)
+
+    @field_validator("models")
+    @classmethod
+    def _distinct(cls, models: list[SuiteModel]) -> list[SuiteModel]:
+        if len({m.sha256 for m in models}) != len(models):
+            raise ValueError("a model is listed twice")
+        return models

@@ -36,6 +36,19 @@ EXPECTED = {
     ("POST", "/experiments"): SUBMIT,
     ("GET", "/experiments/{experiment_id}"): READ,
     ("POST", "/experiments/{experiment_id}/cancel"): SUBMIT,
+    ("GET", "/experiments/{experiment_id}/charts/{name}.svg"): READ,
+    ("GET", "/comparisons"): READ,
+    ("GET", "/comparisons/chart.svg"): READ,
+    ("GET", "/suites/{name}/charts/series.svg"): READ,
+    ("GET", "/suites"): READ,
+    ("POST", "/suites"): SUBMIT,
+    ("GET", "/suites/{name}"): READ,
+    ("PATCH", "/suites/{name}"): SUBMIT,
+    ("DELETE", "/suites/{name}"): SUBMIT,
+    ("POST", "/suites/{name}/run"): SUBMIT,
+    ("GET", "/suites/{name}/series"): READ,
+    ("GET", "/regressions"): READ,
+    ("POST", "/regressions/{change_id}/acknowledge"): SUBMIT,
     ("GET", "/runs/{run_id}"): READ,
     ("GET", "/runs/{run_id}/artifacts/{name}"): READ,
     ("POST", "/runs/{run_id}/cancel"): SUBMIT,
@@ -53,7 +66,7 @@ EXPECTED = {
     ("GET", "/agent/models/{sha256}"): AGENT,
     ("GET", "/agent/inputs/{sha256}"): AGENT,
 }
-DUMMY = {"experiment_id": "987654", "run_id": "987654", "token_id": "987654", "name": "trace.etdump", "sha256": "0" * 64}
+DUMMY = {"experiment_id": "987654", "run_id": "987654", "token_id": "987654", "change_id": "987654", "name": "trace.etdump", "sha256": "0" * 64}
 
 HOST = DeviceInfo(serial="host-auth", platform="linux", cpu_cores=2, abi="x86_64", runner_platform="linux-x86_64")
 RUNNERS = [RunnerInfo(id="r-off", platform="linux-x86_64", sme2="off")]
@@ -140,6 +153,9 @@ def _farm_cli(api, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_token_cli_create_list_revoke(api):
+    # A revocation from another process is seen within SME2_TOKEN_CACHE_S (test_scale_paths.py);
+    # here every request reads the database, so "the next request" holds without a wait.
+    api.settings.token_cache_s = 0.0
     out = _farm_cli(api, "create", "--name", "ci-reader", "--scope", "read")
     assert out.returncode == 0, out.stderr
     token = out.stdout.strip().splitlines()[-1]

@@ -19,7 +19,7 @@ import pytest
 from sme2farm.client.cli import wait_for
 from sme2farm.protocol import ExperimentSpec
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
 CHROMIUM = Path(os.environ.get("SME2_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("SME2_CHROMEDRIVER", "/usr/bin/chromedriver"))

@@ -203,7 +203,7 @@ def test_queued_to_succeeded_through_the_services(farm, etdump):
     assert run.ingest_attempts == 0 and run.ingest_started_at is None  # sent, not begun: no attempt yet
     assert run.lease_expires_at is not None  # the ingest deadline
     assert farm.device().state == "idle" and farm.device().current_run_id is None  # free while it is analysed
-    assert farm.sent == [(TASK_INGEST, rid), (TASK_DISPATCH,)]  # sent after the commit, once each
+    assert farm.sent == [(TASK_INGEST, rid, run.experiment_id), (TASK_DISPATCH,)]  # sent after the commit, once each (the experiment id for the logs)
     assert farm.finish(rid, trace=etdump).status == S.analyzing  # a repeated finish is answered, changes nothing
     assert farm.ingest(rid) == S.succeeded
     run = farm.run(rid)
@@ -391,7 +391,7 @@ def test_analyzing_past_its_deadline_gets_ingest_again_then_fails_with_a_reason(
         assert farm.reap(ingest_deadline_s=30, max_ingest_attempts=3) == [on]
         run = farm.run(on)
         assert run.status == S.analyzing and run.ingest_attempts == attempt and run.ingest_started_at is None
-        assert farm.sent == [(TASK_INGEST, on)]
+        assert farm.sent == [(TASK_INGEST, on, run.experiment_id)]
         assert farm.reap(ingest_deadline_s=30, max_ingest_attempts=3) == []  # not before the new deadline
     farm.ingest_begins(on)
     farm.expire(on)
@@ -413,7 +413,7 @@ def test_an_ingest_waiting_in_the_queue_is_re_sent_but_never_counted_nor_failed(
         assert farm.reap(ingest_deadline_s=30, max_ingest_attempts=2) == [rid]
         run = farm.run(rid)
         assert run.status == S.analyzing and run.ingest_attempts == 0
-        assert farm.sent == [(TASK_INGEST, rid)]  # in case the broker lost it
+        assert farm.sent == [(TASK_INGEST, rid, run.experiment_id)]  # in case the broker lost it
     farm.expire(rid)  # the task finally begins after its deadline passed: the deadline restarts
     farm.ingest_begins(rid, ingest_deadline_s=30)
     run = farm.run(rid)

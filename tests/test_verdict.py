@@ -229,6 +229,19 @@ def test_noise_model_json_round_trip_and_bad_input():
     assert m.for_metric("GEMM").source == "default"            # not learned: the default prior
     merged = m.merge(back)
     assert merged.df == 2 * m.df and merged.sigma_between == pytest.approx(m.sigma_between)
+    # metrics pool like E2E (both sides' degrees of freedom), not "the old one wins"
+    assert merged.metrics["Convolution"]["df"] == 50 and merged.metrics["Convolution"]["sigma_between"] == pytest.approx(0.03)
+    newer = NoiseModel(0.02, 10, metrics={"Convolution": {"sigma_between": 0.06, "df": 25, "within_var": 0.0},
+                                          "GEMM": {"sigma_between": 0.01, "df": 2, "within_var": 0.0}})
+    pooled = m.merge(newer)
+    assert pooled.metrics["Convolution"]["sigma_between"] == pytest.approx(math.sqrt((0.03 ** 2 + 0.06 ** 2) / 2))
+    # a metric only one side has is kept as it is (a batch without it is no evidence about it):
+    # merged five times with batches lacking it, Convolution does not drift towards the prior
+    assert pooled.metrics["GEMM"] == newer.metrics["GEMM"]
+    again = m
+    for _ in range(5):
+        again = again.merge(NoiseModel(0.05, 5))
+    assert again.metrics["Convolution"] == m.metrics["Convolution"]
     with pytest.raises(ValueError, match="lacks df"):
         NoiseModel.from_dict({"sigma_between": 0.1})
     with pytest.raises(ValueError, match="not JSON"):
@@ -324,3 +337,45 @@ def test_offline_analyze_takes_a_noise_model(etdump_builder, tmp_path, capsys):
     assert rc == 2 and "bad.json" in err and "lacks df" in err
     rc, _, err = run(a, "--compare", b, "--min-effect", "2")
     assert rc == 2 and "--min-effect" in err
+
+
+def _report(rng, outlier: bool = False, n: int = 20) -> dict:
+    """One session's analyze()-shaped report: E2E = the sum of its categories per iteration."""
+    cats = {"Convolution": 0.030 * np.exp(rng.normal(0, 0.02, n)), "GEMM": 0.010 * np.exp(rng.normal(0, 0.02, n)),
+            "Data Movement": np.where(rng.random(n) < 0.2, 1e-5, 0.0), "Elementwise": 0.002 * np.exp(rng.normal(0, 0.02, n)),
+            "Other": 0.005 * np.exp(rng.normal(0, 0.02, n))}
+    if outlier:  # a preempted iteration: 12 ms in GEMM
+        cats["GEMM"][10] = 12.0
+    e2e = sum(cats.values())
+    return {"iterations_ms": list(e2e), "e2e_ms": {"median": float(np.median(e2e))},
+            "category_iterations_ms": {c: list(v) for c, v in cats.items()},
+            "categories_ms": {c: float(np.mean(v)) for c, v in cats.items()}}
+
+
+def test_one_preempted_iteration_does_not_make_a_category_verdict_and_tiny_categories_get_none():
+    """A/A with one 12 ms iteration among ~0.05 ms ones (a new user's A/A experiment showed
+    "GEMM 26x speedup" from per-session means): categories are compared on trimmed means, the
+    shares are robust, and a category under the timer's resolution says so instead of an
+    interval 1e-235..1e+234."""
+    rng = np.random.default_rng(7)
+    base = [_report(rng, outlier=True), _report(rng)]
+    cand = [_report(rng), _report(rng)]
+    out = compare(base, cand, labels=("A", "A'"))
+    gemm = out["categories"]["GEMM"]
+    assert gemm["verdict"] not in ("speedup", "slowdown") and 0.9 < gemm["speedup"] < 1.1
+    assert gemm["baseline_ms"] == pytest.approx(0.010, rel=0.05)      # the trimmed mean, not 0.6 ms
+    assert gemm["baseline_mean_ms"] > 0.2                             # the plain mean keeps the outlier
+    assert out["category_share"]["before"]["GEMM"] == pytest.approx(0.010 / 0.047, rel=0.1)
+    dm = out["categories"]["Data Movement"]
+    assert dm["verdict"] is None and dm["speedup"] is None and "below the timer's resolution" in dm["sentence"]
+    assert not any("gained most" in line or "got slower" in line for line in out["narrative"])
+    # a real 3x GEMM change is still found and named
+    faster = []
+    for r in (_report(rng), _report(rng)):
+        g = np.asarray(r["category_iterations_ms"]["GEMM"]) / 3
+        r["iterations_ms"] = list(np.asarray(r["iterations_ms"]) - np.asarray(r["category_iterations_ms"]["GEMM"]) + g)
+        r["category_iterations_ms"]["GEMM"] = list(g)
+        faster.append(r)
+    out = compare(cand, faster, labels=("A", "B"), noise=NoiseModel(0.01, 50))
+    assert out["categories"]["GEMM"]["verdict"] == "speedup" and out["categories"]["GEMM"]["speedup"] == pytest.approx(3, rel=0.05)
+    assert any(line.startswith("GEMM gained most") for line in out["narrative"])

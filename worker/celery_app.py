@@ -12,7 +12,7 @@ from kombu import Queue
 from kombu.transport import sqlalchemy as kombu_sqla
 
 from sme2farm import logs
-from sme2farm.protocol import TASK_DISPATCH, TASK_INGEST, TASK_REAP
+from sme2farm.protocol import TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_SUITES_TICK
 from sme2farm.server.config import Settings, get_settings
 
 
@@ -34,7 +34,8 @@ def make_celery(settings: Settings) -> Celery:
         # turn), so dispatch waits at most for a worker slot, not for the backlog.
         task_queues=(Queue(CONTROL_QUEUE), Queue(DEFAULT_QUEUE)),
         task_default_queue=DEFAULT_QUEUE,
-        task_routes={TASK_DISPATCH: {"queue": CONTROL_QUEUE}, TASK_REAP: {"queue": CONTROL_QUEUE}},
+        task_routes={TASK_DISPATCH: {"queue": CONTROL_QUEUE}, TASK_REAP: {"queue": CONTROL_QUEUE},
+                     TASK_SUITES_TICK: {"queue": CONTROL_QUEUE}},
         task_ignore_result=True,
         worker_prefetch_multiplier=1,
         task_acks_late=True,
@@ -47,6 +48,8 @@ def make_celery(settings: Settings) -> Celery:
             "dispatch": {"task": TASK_DISPATCH, "schedule": 5.0},
             # Every non-terminal run past its deadline (lease, ingest deadline): services/runs.py reap_expired.
             "reap-leases": {"task": TASK_REAP, "schedule": max(1.0, settings.lease_s / 4)},
+            # Suites whose cron schedule is due (services/suites.py start_due).
+            "suites-tick": {"task": TASK_SUITES_TICK, "schedule": settings.suite_tick_s},
         },
     )
     return app
@@ -67,7 +70,10 @@ def _task_started(task_id=None, task=None, args=None, **_) -> None:
     run_id = args[0] if task is not None and task.name == TASK_INGEST and args else None
     logs.clear()
     if isinstance(run_id, int):
-        logs.bind(run_id=run_id, experiment_id=_experiment_of(run_id))
+        # The experiment id travels with the task (runs.py sends both); only a message sent by
+        # an older version costs a query.
+        experiment_id = args[1] if len(args) > 1 else _experiment_of(run_id)
+        logs.bind(run_id=run_id, experiment_id=experiment_id)
 
 
 def _experiment_of(run_id: int) -> int | None:

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError
 
-from sme2farm.protocol import TASK_DISPATCH, TASK_INGEST, TASK_REAP
+from sme2farm.protocol import (TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_SUITE_ANALYZE,
+                               TASK_SUITES_TICK, RunStatus)
 from sme2farm.server.config import get_settings
 from sme2farm.server.db import session_scope
+from sme2farm.server.services import alerts as alert_service
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
+from sme2farm.server.services import suites as suite_service
+from sme2farm.server import wakeup
+from sme2farm.server.models import Run
 from sme2farm.server.storage import Store
 from sme2farm.worker import ingest
 from sme2farm.worker.celery_app import app
@@ -48,33 +53,47 @@ def _send(task: str, *args: Any) -> None:
         log.exception("could not enqueue %s%s", task, args)
 
 
+def _in_transaction(task: Any, work: Callable[[Any, Any], Any]) -> Any:
+    """work(session, settings) in one transaction; the tasks it asks for are sent after the
+    commit; a transaction PostgreSQL aborted as a deadlock or serialization failure is retried."""
+    s = get_settings()
+    try:
+        with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
+            return work(session, s)
+    except DBAPIError as e:
+        _retry_later(task, e)
+        raise
+
+
 @app.task(name=TASK_DISPATCH, bind=True, max_retries=MAX_RETRIES)
 def dispatch(self) -> list[int]:
     """Match queued runs to idle devices (one run per device)."""
     s = get_settings()
-    try:
-        with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
-            assigned = run_service.dispatch(session, lease_s=s.lease_s)
-    except DBAPIError as e:
-        _retry_later(self, e)
-        raise
+    assigned, agents = _in_transaction(self, lambda session, s: (
+        run_service.dispatch(session, lease_s=s.lease_s), session.info.get(run_service.ASSIGNED_AGENTS, ())))
     if assigned:
+        wakeup.publish(s.celery_broker_url, agents)  # committed: wake those agents' claims
         log.info("dispatched runs %s", assigned)
     return assigned
 
 
 @app.task(name=TASK_INGEST, bind=True, max_retries=MAX_RETRIES)
-def ingest_run(self, run_id: int) -> str:
-    """Turn the run's ETDump into results; the run service ends the run succeeded or failed."""
+def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
+    """Turn the run's ETDump into results; the run service ends the run succeeded or failed.
+    experiment_id is only for the log lines (celery_app binds it; older messages lack it)."""
     s = get_settings()
     try:
-        if self.request.retries == 0:
-            # Its own short transaction, committed before the analysis: the reaper's deadline for
-            # this run counts from now, not from when the task was sent (queue wait is not ingest).
-            with session_scope(s.sqlalchemy_url) as session:
+        # Its own short transaction, committed before the analysis: the reaper's deadline for
+        # this run counts from now, not from when the task was sent (queue wait is not ingest).
+        with session_scope(s.sqlalchemy_url) as session:
+            if self.request.retries == 0:
                 run_service.ingest_started(session, run_id=run_id, ingest_deadline_s=s.ingest_deadline_s)
+            run = session.get(Run, run_id)
+        ingester = ingest.Ingester(Store(s.data_dir))
+        if run is not None and run.status == RunStatus.analyzing:
+            ingester = ingest.Prepared(ingester, run)  # analysed here, with no transaction open
         with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
-            return str(run_service.ingest(session, run_id=run_id, ingester=ingest.Ingester(Store(s.data_dir))))
+            return str(run_service.ingest(session, run_id=run_id, ingester=ingester))
     except DBAPIError as e:
         _retry_later(self, e)
         raise
@@ -84,15 +103,52 @@ def ingest_run(self, run_id: int) -> str:
 def reap(self) -> list[int]:
     """Every non-terminal run past its deadline: requeue or end runs whose agent stopped
     heartbeating, re-send or fail ingests past theirs; mark silent agents' devices offline."""
-    s = get_settings()
-    try:
-        with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
-            touched = run_service.reap_expired(session, max_attempts=s.max_attempts, ingest_deadline_s=s.ingest_deadline_s,
-                                               max_ingest_attempts=s.max_ingest_attempts)
-            device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s)
-    except DBAPIError as e:
-        _retry_later(self, e)
-        raise
+    def work(session, s):
+        touched = run_service.reap_expired(session, max_attempts=s.max_attempts, ingest_deadline_s=s.ingest_deadline_s,
+                                           max_ingest_attempts=s.max_ingest_attempts)
+        device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s)
+        return touched
+
+    touched = _in_transaction(self, work)
     if touched:
         log.info("reaped runs %s", touched)
     return touched
+
+
+@app.task(name=TASK_SUITES_TICK, bind=True, max_retries=MAX_RETRIES)
+def suites_tick(self) -> list[int]:
+    """The beat, every SME2_SUITE_TICK_S: start the suites whose schedule is due."""
+    started = _in_transaction(self, lambda session, s: suite_service.start_due(session, max_runs=s.max_runs_per_experiment))
+    if started:
+        log.info("started suite runs %s", started)
+    return started
+
+
+@app.task(name=TASK_SUITE_ANALYZE, bind=True, max_retries=MAX_RETRIES)
+def suite_analyze(self, suite_run_id: int) -> list[int]:
+    """A suite run's experiments ended: its series points, detection, alerts (sent after commit)."""
+    alerts = _in_transaction(self, lambda session, _s: suite_service.analyze(session, suite_run_id))
+    if alerts:
+        log.info("suite run %s: alerts %s", suite_run_id, alerts)
+    return alerts
+
+
+@app.task(name=TASK_ALERT_WEBHOOK, bind=True, max_retries=None)
+def deliver_alert(self, change_id: int) -> str:
+    """POST one alert to its suite's webhook; on failure retry after SME2_WEBHOOK_BACKOFF_S x 2^n,
+    at most SME2_WEBHOOK_ATTEMPTS deliveries. No transaction is open during the POST."""
+    s = get_settings()
+    with session_scope(s.sqlalchemy_url) as session:
+        delivery = alert_service.prepare(session, change_id, s.public_url)
+    if delivery is None:
+        return "nothing to deliver"
+    error = alert_service.post(delivery, s.webhook_timeout_s)
+    with session_scope(s.sqlalchemy_url) as session:
+        state = alert_service.record(session, change_id, error, max_attempts=s.webhook_attempts)
+    if state == "retrying":
+        log.warning("alert %s: webhook failed (%s); retrying", change_id, error)
+        raise self.retry(countdown=min(s.webhook_backoff_s * (2 ** self.request.retries), 600.0),
+                         max_retries=s.webhook_attempts)
+    if state == "failed":
+        log.error("alert %s: webhook failed %d times, giving up: %s", change_id, s.webhook_attempts, error)
+    return state

@@ -6,13 +6,13 @@ Agents get their own router and their own token scope.
 
 from __future__ import annotations
 
-import asyncio
+import threading
 import time
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 
 from sme2farm.protocol import (
     ACTIVE, AGENT_ARTIFACTS, AgentDevices, AgentRegister, AgentRegistered, Heartbeat, HeartbeatAnswer, LeaseRequest,
@@ -30,6 +30,12 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.storage import TooLarge
 from sme2farm.server.uploads import ARTIFACT_BODY_OPENAPI
+from sme2farm.server import wakeup
+from sme2farm.server.wakeup import ClaimWaiter
+
+# An agent's last_seen (what "offline" and device ownership are judged by, in tens of seconds) is
+# written at most this often by its claims and heartbeats.
+SEEN_EVERY_S = 5.0
 
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 
@@ -45,6 +51,7 @@ def register(body: AgentRegister, request: Request, settings: SettingsDep, _regi
                                       offline_s=settings.agent_offline_s)
         agent_id = agent.id
         enqueue_after_commit(session, TASK_DISPATCH)
+    claim_waiter(request).forget(agent_id)  # a restarted agent holds nothing: hand it its runs again
     return AgentRegistered(agent_id=agent_id, access_token=token, poll_timeout_s=settings.poll_timeout_s,
                            heartbeat_interval_s=settings.heartbeat_interval_s, lease_s=settings.lease_s,
                            refused=refused)
@@ -60,16 +67,21 @@ def sync_devices(body: AgentDevices, tx: TxDep, settings: SettingsDep, agent_id:
     return {"devices": len(body.devices) - len(refused), "refused": refused}
 
 
-def _assignments(tx, agent_id: int) -> list[RunAssignment]:
+def _assignments(tx, agent_id: int, waiter: ClaimWaiter) -> list[RunAssignment]:
+    """The runs assigned to this agent's devices that it has not been handed yet (waiter), as
+    assignments. Looking costs one indexed SELECT; the agent's last_seen is written at most
+    every SEEN_EVERY_S (it was an UPDATE on every look, 20 times a second per waiting agent)."""
     with tx() as session:
-        agent = session.get(Agent, agent_id)
-        device_service.touch(session, agent=agent)
+        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
+        new = waiter.undelivered(agent_id, run_service.assigned_leases(session, agent_id=agent_id))
+        if not new:
+            return []
         out = []
-        for run in run_service.assigned_to_agent(session, agent_id=agent_id):
+        for run in run_service.assigned_to_agent(session, agent_id=agent_id, run_ids=new):
             exp = run.experiment
             spec = exp.spec
-            device = session.get(Device, run.device_id)
-            model = exp.model
+            device = run.device
+            model = exp.vs_model if run.variant == "B" else exp.model
             out.append(RunAssignment(
                 run_id=run.id, lease_id=run.lease_id, lease_expires_at=run.lease_expires_at,
                 device_serial=device.serial, model_sha256=model.sha256, model_size=model.size,
@@ -81,16 +93,40 @@ def _assignments(tx, agent_id: int) -> list[RunAssignment]:
         return out
 
 
+_WAITER_LOCK = threading.Lock()
+
+
+def claim_waiter(request: Request) -> ClaimWaiter:
+    """The process's one ClaimWaiter, made on first use: the claim route (event loop) and the
+    finish route (a threadpool thread) may both get here first, so it is made under a lock."""
+    state = request.app.state
+    waiter = getattr(state, "claim_waiter", None)
+    if waiter is None:
+        with _WAITER_LOCK:
+            waiter = getattr(state, "claim_waiter", None)
+            if waiter is None:
+                waiter = state.claim_waiter = ClaimWaiter(state.settings.celery_broker_url)
+    return waiter
+
+
 @router.post("/claim", response_model=list[RunAssignment])
 async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: AgentIdDep, wait: WaitS = 0.0) -> list[RunAssignment]:
     """Long-poll: answer as soon as a run is assigned to one of this agent's devices, or after
-    `wait` seconds (capped by the server's poll timeout) with an empty list."""
+    `wait` seconds (capped by the server's poll timeout) with an empty list. A run is handed to
+    its agent once (again only if it is still assigned REDELIVER_S later, or after the agent
+    registers anew); a waiting claim is woken by dispatch (server/wakeup.py)."""
     deadline = time.monotonic() + min(max(wait, 0.0), settings.poll_timeout_s)
+    waiter = claim_waiter(request)
     while True:
-        runs = await run_in_threadpool(_assignments, tx, agent_id)
-        if runs or time.monotonic() >= deadline or await request.is_disconnected():
-            return runs
-        await asyncio.sleep(0.05)
+        event = waiter.register(agent_id)
+        try:
+            runs = await run_in_threadpool(_assignments, tx, agent_id, waiter)
+            left = deadline - time.monotonic()
+            if runs or left <= 0 or await request.is_disconnected():
+                return runs
+            await waiter.wait(event, min(left, waiter.poll_s))
+        finally:
+            waiter.unregister(agent_id, event)
 
 
 @router.post("/runs/{run_id}/start", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
@@ -105,7 +141,7 @@ def heartbeat(run_id: RunId, body: Heartbeat, tx: TxDep, settings: SettingsDep, 
     with tx() as session:
         run = run_service.heartbeat(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id,
                                     status=body.status, lease_s=settings.lease_s)
-        device_service.touch(session, agent=session.get(Agent, agent_id))
+        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
         return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
@@ -153,13 +189,21 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
 
 
 @router.post("/runs/{run_id}/finish", responses={**CONFLICT, **NOT_FOUND})
-def finish(run_id: RunId, body: RunFinish, settings: SettingsDep, store: StoreDep, tx: TxDep, agent_id: AgentIdDep) -> dict:
-    """The run ends here (failed, cancelled), or goes to analysis: ingest is sent once this commits."""
+def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep,
+           agent_id: AgentIdDep) -> dict:
+    """The run ends here (failed, cancelled), or goes to analysis: ingest is sent once this commits.
+    The device's next queued run is assigned in the same transaction, and the agent's waiting
+    claim woken once it commits (no dispatch task in between)."""
     has_trace = store.artifact_path(run_id, TRACE).exists()
     with tx() as session:
         run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
-                                 ingest_deadline_s=settings.ingest_deadline_s)
-        return {"status": str(run.status)}
+                                 ingest_deadline_s=settings.ingest_deadline_s, lease_s=settings.lease_s)
+        status = str(run.status)
+        woken = session.info.get(run_service.ASSIGNED_AGENTS, ())
+    if woken:
+        claim_waiter(request).wake_threadsafe(woken)  # this process's claims
+        wakeup.publish(settings.celery_broker_url, woken)  # and any other server process's
+    return {"status": status}
 
 
 @router.get("/models/{sha256}")
@@ -167,7 +211,9 @@ def download_model(sha256: Sha256, session: SessionDep, store: StoreDep, agent_i
     """The model of a run assigned to this agent's devices (no other: an agent token is not a
     key to every model on the farm)."""
     path = store.model_path(sha256)
-    if not _serves(session, agent_id, Experiment.model_sha256 == sha256) or not path.exists():
+    of_run = or_(and_(Run.variant != "B", Experiment.model_sha256 == sha256),
+                 and_(Run.variant == "B", Experiment.vs_model_sha256 == sha256))
+    if not _serves(session, agent_id, of_run) or not path.exists():
         raise HTTPException(404, f"model {sha256} is not the model of a run this agent holds")
     return FileResponse(path, media_type="application/octet-stream")
 

@@ -10,6 +10,7 @@ from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from sme2farm.protocol import SUITE_NAME_PATTERN
 from sme2farm.server.config import Settings
 from sme2farm.server.db import session_scope
 from sme2farm.server.limits import retry_after
@@ -60,12 +61,21 @@ def _limited(detail: str, wait: float) -> HTTPException:
     return HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, detail, headers={"Retry-After": retry_after(wait)})
 
 
-def _token(session: Session, creds: HTTPAuthorizationCredentials | None, request: Request | None = None) -> ApiToken:
-    """The caller's token row, or 401. Failed attempts (a token presented that is not valid) are
-    counted per client IP; past SME2_RATE_AUTH_FAILURES_PER_MIN every attempt from that IP is
-    answered 429 until its bucket refills, so tokens cannot be guessed at speed."""
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _verify(settings: Settings, creds: HTTPAuthorizationCredentials | None, request: Request | None = None) -> ApiToken:
+    """The caller's token (a row, or a detached copy of it from the verified-token cache), or 401.
+
+    Failed attempts (a token presented that is not valid) are counted per client IP; past
+    SME2_RATE_AUTH_FAILURES_PER_MIN every attempt from that IP is answered 429 until its bucket
+    refills, so tokens cannot be guessed at speed. A valid token is remembered for
+    SME2_TOKEN_CACHE_S (services/tokens.py VerifiedCache: what that means for revocation), so
+    most requests authenticate without a database transaction. An agent token is valid only
+    while its agent exists."""
     if creds is None or creds.scheme.lower() != "bearer":
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise _unauthorized("missing bearer token")
     limiter, per_min, key = None, 0.0, f"authfail:{client_ip(request)}"
     if request is not None:
         limiter = getattr(request.app.state, "limiter", None)
@@ -73,11 +83,22 @@ def _token(session: Session, creds: HTTPAuthorizationCredentials | None, request
     if limiter is not None and (wait := limiter.check(key, per_min)):
         raise _limited(f"too many failed authentication attempts from {client_ip(request)}; retry in "
                        f"{retry_after(wait)} s (SME2_RATE_AUTH_FAILURES_PER_MIN={per_min:g})", wait)
-    row = token_service.get_by_token(session, token=creds.credentials)
+    sha = token_service.digest(creds.credentials)
+    cache = token_service.verified
+    row = cache.get(settings.sqlalchemy_url, sha)
+    if row is not None:
+        return row
+    generation = cache.generation()
+    with session_scope(settings.sqlalchemy_url) as session:
+        row = token_service.get_by_token(session, token=creds.credentials)
+        agent_gone = row is not None and row.agent_id is not None and session.get(Agent, row.agent_id) is None
     if row is None:
         if limiter is not None:
             limiter.hit(key, per_min)
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
+        raise _unauthorized("invalid or revoked token")
+    if agent_gone:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this agent was removed")
+    cache.put(settings.sqlalchemy_url, row, settings.token_cache_s, generation)
     return row
 
 
@@ -93,15 +114,14 @@ def _limit_writes(request: Request | None, row: ApiToken) -> None:
 
 
 def _authenticate(settings: Settings, creds: HTTPAuthorizationCredentials | None, request: Request | None) -> ApiToken:
-    with session_scope(settings.sqlalchemy_url) as session:
-        return _token(session, creds, request)
+    return _verify(settings, creds, request)
 
 
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-# Authentication uses its own short transaction, so a long upload or a long-poll does not hold a
-# database connection for its whole duration. Every route's scope is decided by one of the
+# Authentication uses its own short transaction (or none: the verified-token cache), so a long
+# upload or a long-poll does not hold a database connection for its whole duration. Every route's scope is decided by one of the
 # dependencies below (tests/test_auth.py walks the OpenAPI schema with every kind of token).
 def current_user(settings: SettingsDep, creds: Credentials, request: Request = None) -> ApiToken:
     """The user API: GET/HEAD need a read token, other methods a submit token; admin does both.
@@ -139,19 +159,11 @@ def registrar(settings: SettingsDep, creds: Credentials, request: Request) -> Ap
     return row
 
 
-def agent_of(session: Session, creds: HTTPAuthorizationCredentials | None, request: Request | None = None) -> Agent:
-    row = _token(session, creds, request)
+def current_agent_id(settings: SettingsDep, creds: Credentials, request: Request = None) -> int:
+    row = _verify(settings, creds, request)
     if row.scope != "agent" or row.agent_id is None:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this endpoint needs an agent access token")
-    agent = session.get(Agent, row.agent_id)
-    if agent is None:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "this agent was removed")
-    return agent
-
-
-def current_agent_id(settings: SettingsDep, creds: Credentials, request: Request = None) -> int:
-    with session_scope(settings.sqlalchemy_url) as session:
-        return agent_of(session, creds, request).id
+    return row.agent_id
 
 
 # Ids, digests and pages arrive in URLs: bounded here, so a value the database cannot hold (ids
@@ -160,6 +172,7 @@ MAX_ID = 2**31 - 1
 MAX_PAGE = 1_000_000
 RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="a run id")]
 ExperimentId = Annotated[int, Path(ge=1, le=MAX_ID, description="an experiment id")]
+SuiteName = Annotated[str, Path(pattern=SUITE_NAME_PATTERN, description="a suite name")]
 TokenId = Annotated[int, Path(ge=1, le=MAX_ID, description="a token id")]
 Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="a sha256 digest: 64 lowercase hex digits")]
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="1-based page number")]

@@ -7,9 +7,12 @@ import json
 import logging
 import time
 
-from fastapi import APIRouter, HTTPException, Request
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import TASK_DISPATCH, ExperimentPage, ExperimentReport, ExperimentSpec, RunStatus
@@ -18,17 +21,19 @@ from sme2farm.server.api.errors import NOT_FOUND
 from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
 from sme2farm.server.db import enqueue_after_commit, session_scope
 from sme2farm.server.limits import JsonTooDeep, loads_bounded
-from sme2farm.server.models import Model
+from sme2farm.server.models import Model, Run
 from sme2farm.server.pte import InvalidProgram, prepare
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
+from sme2farm.server.services.reports import RunsDetail
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.uploads import EXPERIMENT_FORM_OPENAPI, receive_experiment
 
 router = APIRouter(tags=["experiments"])
 log = logging.getLogger(__name__)
+RunPageSize = Annotated[int, Query(ge=1, le=1000, description="runs per page with runs=page")]
 DEVICE_RECHECK_S = 0.25  # how often a submission waiting for an expected device looks again
 
 
@@ -58,9 +63,10 @@ def parse_spec(raw: str | None) -> ExperimentSpec:
 
 
 @router.post("/experiments", status_code=201, response_model=ExperimentReport, openapi_extra=EXPERIMENT_FORM_OPENAPI)
-async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, _user: UserDep) -> ExperimentReport:
+async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, _user: UserDep) -> Response:
     """Upload a .pte (`model` part) with an optional `inputs` .npz, or a .bpte (its first test case
-    of `spec.method` gives the inputs), and a JSON `spec`; one Run per device x sme2 x threads."""
+    of `spec.method` gives the inputs), and a JSON `spec`; one Run per device x sme2 x threads.
+    An optional `vs_model` .pte is run interleaved with `model` (A/B, per SME2 arm)."""
     upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20, settings.max_inputs_mb << 20)
     try:
         spec = parse_spec(upload.fields.get("spec"))
@@ -84,10 +90,10 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
     except BaseException:
         upload.discard()
         raise
-    return report
+    return Response(report, status_code=201, media_type="application/json")  # built as JSON by reports.report_json
 
 
-async def _store_waiting_for_device(request: Request, settings, spec: ExperimentSpec, upload, store) -> ExperimentReport:
+async def _store_waiting_for_device(request: Request, settings, spec: ExperimentSpec, upload, store) -> bytes:
     """Store the experiment. When no device matches yet but one is expected (an agent is starting
     or has just registered without devices: device_service.expected says which), re-check every
     DEVICE_RECHECK_S for up to settings.device_wait_s instead of failing at once. Between checks
@@ -111,7 +117,7 @@ async def _store_waiting_for_device(request: Request, settings, spec: Experiment
             await asyncio.sleep(DEVICE_RECHECK_S)
 
 
-def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> ExperimentReport:
+def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> bytes:
     """One attempt in its own transaction; a NoMatchingDevice leaves with `.expected` set (the
     first transaction rolled back, so the check reads in a fresh one)."""
     try:
@@ -125,12 +131,18 @@ def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> Expe
         raise
 
 
-def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max_runs: int | None = None) -> ExperimentReport:
+def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max_runs: int | None = None) -> bytes:
     model = session.get(Model, upload.sha256)
     if model is None:
         model = Model(sha256=upload.sha256, size=upload.size)
         session.add(model)
-    exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs)
+    vs_model = None
+    if upload.vs_model_path is not None:
+        vs_model = model if upload.vs_sha256 == upload.sha256 else session.get(Model, upload.vs_sha256)
+        if vs_model is None:
+            vs_model = Model(sha256=upload.vs_sha256, size=upload.vs_size)
+            session.add(vs_model)
+    exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs, vs_model=vs_model)
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
     exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
     run_service.runs_created(session, experiment_id=exp.id)  # nothing to run at all: complete now
@@ -138,11 +150,12 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max
     if upload.inputs_sha256:
         store.keep_inputs(upload.inputs_path, upload.inputs_sha256)
     store.keep_model(upload.model_path, upload.sha256)
+    if upload.vs_model_path is not None:
+        store.keep_model(upload.vs_model_path, upload.vs_sha256)
     session.flush()
-    exp = experiment_service.get(session, experiment_id=exp.id)
-    if any(r.status == RunStatus.queued for r in exp.runs):
+    if session.scalar(select(Run.id).where(Run.experiment_id == exp.id, Run.status == RunStatus.queued.value).limit(1)):
         enqueue_after_commit(session, TASK_DISPATCH)
-    return reports.experiment_report(exp)
+    return reports.report_json(session, experiment_id=exp.id)
 
 
 @router.get("/experiments", response_model=ExperimentPage)
@@ -153,19 +166,25 @@ def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_s
 
 
 @router.get("/experiments/{experiment_id}", response_model=ExperimentReport)
-def get_experiment(experiment_id: ExperimentId, session: SessionDep, _user: UserDep) -> ExperimentReport:
-    exp = experiment_service.get(session, experiment_id=experiment_id)
-    if exp is None:
+def get_experiment(experiment_id: ExperimentId, session: SessionDep, _user: UserDep, runs: RunsDetail | None = None,
+                   run_page: Page = 1, run_page_size: RunPageSize = 200) -> Response:
+    """The experiment's report. `runs`: full (the default up to 2,000 runs: every run with its
+    operators and kernels), summary (the default above: every run's headline numbers), or page
+    (`run_page_size` runs in full, page `run_page`); runs_detail/runs_total say which."""
+    body = reports.report_json(session, experiment_id=experiment_id, runs=runs, page=run_page, page_size=run_page_size,
+                               read_only=True)
+    if body is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")
-    return reports.experiment_report(exp)
+    return Response(body, media_type="application/json")  # built as JSON by reports.report_json
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
-def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep) -> ExperimentReport:
+def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep) -> Response:
     """Cancel every run of the experiment (services/runs.py cancel: what that does in each state)."""
     with tx() as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:
             raise NotFound(f"experiment {experiment_id} not found")
         run_service.cancel(session, exp.runs)
-        return reports.experiment_report(exp)
+        session.flush()
+        return Response(reports.report_json(session, experiment_id=experiment_id), media_type="application/json")

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 from sme2farm import __version__
 from sme2farm.server.api.deps import Credentials, SettingsDep, current_user
+from sme2farm.server.api.errors import RETRY_AFTER_S, database_unavailable
 
 router = APIRouter(tags=["operations"])
 
@@ -99,6 +100,8 @@ async def _run(name: str, fn: Callable[[Any], dict], settings) -> dict[str, Any]
     except asyncio.TimeoutError:
         return {name: {"ok": False, "detail": f"no answer within {CHECK_TIMEOUT_S:g} s"}}
     except Exception as e:
+        if database_unavailable(e):  # no auth here: name the fault, not the host, port or file
+            return {name: {"ok": False, "detail": f"unavailable ({type(e).__name__}); the server retries on every request"}}
         return {name: {"ok": False, "detail": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}}
 
 
@@ -113,7 +116,9 @@ async def ready(settings: SettingsDep) -> JSONResponse:
         checks.setdefault("beat", {"ok": False, "detail": "unknown: the database did not answer"})
     failing = sorted(name for name, c in checks.items() if not c.get("ok"))
     body = {"status": "not ready" if failing else "ready", "failing": failing, "checks": checks}
-    return JSONResponse(body, status_code=503 if failing else 200)
+    if not failing:
+        return JSONResponse(body)
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _metrics_auth(request: Request, settings: SettingsDep, creds: Credentials) -> None:

@@ -1,35 +1,51 @@
-"""SME2 off vs on comparisons for an experiment, refreshed in the same transaction that makes
-its last run terminal, so a client that sees every run terminal also sees the comparisons.
-Called only by the run service when it ends runs (services/runs.py end_run)."""
+"""An experiment's comparisons, refreshed in the same transaction that makes its last run
+terminal, so a client that sees every run terminal also sees the comparisons. Called only by the
+run service when it ends runs (services/runs.py end_run).
+
+Per device x threads x mode:
+- kind "sme2": SME2 off -> on, for each model of the experiment (variant A; and B for --vs);
+- kind "model": model A -> model B (`submit A.pte --vs B.pte`), for each SME2 arm.
+Each is analysis.compare() over the arms' sessions (one report per run, so the verdict resamples
+sessions), with the device's learned noise model (services/noise.py). Identical work the
+experiment did (several sessions of one arm; A and B of an A/A experiment) then teaches the
+device's noise model, after the verdicts: an experiment never calibrates itself.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from sme2farm import analysis
+from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
 from sme2farm.protocol import TERMINAL
 from sme2farm.server.models import Device, Experiment, Run
+from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import noise as noise_service
+from sme2farm.server.services.errors import Invalid, NotFound
 
 
-def _merged(reports: list[dict]) -> dict:
-    """Several sessions of one arm: pool their samples and keep the sessions, so the comparison
-    can resample sessions first, then iterations (sessions were interleaved A B B A)."""
-    if len(reports) == 1:
-        return reports[0]
-    out = dict(reports[0])
-    out["session_iterations_ms"] = [r["iterations_ms"] for r in reports]
-    out["iterations_ms"] = [x for r in reports for x in r["iterations_ms"]]
-    out["category_iterations_ms"] = {
-        k: [x for r in reports for x in r["category_iterations_ms"][k]] for k in reports[0]["category_iterations_ms"]
-    }
-    return out
+def _runs_text(runs: list[Run]) -> str:
+    return "; ".join(f"run {r.id} {r.status}" + (f" ({r.reason})" if r.reason else "") for r in runs)
+
+
+def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], noise,
+                 min_effect: float = DEFAULT_MIN_EFFECT) -> dict:
+    """One comparison entry of two arms (lists of runs): complete, or incomplete naming why."""
+    ok_b = [r for r in base if r.status == "succeeded" and r.result]
+    ok_c = [r for r in cand if r.status == "succeeded" and r.result]
+    if not ok_b or not ok_c:
+        missing = [f"{label}: {_runs_text(rs)}" for label, rs, ok in ((labels[0], base, ok_b), (labels[1], cand, ok_c)) if not ok]
+        return {"status": "incomplete", "labels": list(labels), "reason": " | ".join(missing)}
+    result = analysis.compare([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
+                              labels=labels, noise=noise, min_effect=min_effect)
+    return {"status": "complete", "baseline_runs": [r.id for r in ok_b], "candidate_runs": [r.id for r in ok_c], **result}
 
 
 def refresh(session: Session, *, experiment_id: int) -> None:
-    """Once every run is terminal, compare SME2 off vs on per device x threads x mode."""
+    """Once every run is terminal, compare the experiment's arms per device x threads x mode."""
     # The row lock serialises the transactions finishing this experiment's runs: the last one
     # to take it sees every other run's committed state. FOR NO KEY UPDATE, not FOR UPDATE: two
     # transactions ending runs of one experiment may both hold a KEY SHARE lock on its row
@@ -43,24 +59,136 @@ def refresh(session: Session, *, experiment_id: int) -> None:
     if session.scalar(select(Run.id).where(Run.experiment_id == experiment_id,
                                            Run.status.not_in([s.value for s in TERMINAL])).limit(1)) is not None:
         return
-    runs = session.scalars(select(Run).where(Run.experiment_id == experiment_id).execution_options(populate_existing=True)).all()
-    groups: dict[tuple, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
+    runs = session.scalars(select(Run).where(Run.experiment_id == experiment_id).options(selectinload(Run.result))
+                           .order_by(Run.id).execution_options(populate_existing=True)).all()
+    groups: dict[tuple, dict[tuple[str, str], list[Run]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        groups[(r.device_id, r.threads, r.mode)][r.sme2].append(r)
-    comparisons = []
-    for (device_id, threads, mode), arms in sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1])):
-        if set(arms) != {"off", "on"}:
-            continue
+        groups[(r.device_id, r.threads, r.mode)][(r.variant or "A", r.sme2)].append(r)
+    a_a = exp.vs_model_sha256 is not None and exp.vs_model_sha256 == exp.model_sha256
+    min_effect = float((exp.spec or {}).get("min_effect", DEFAULT_MIN_EFFECT))
+    comparisons, learning = [], []
+    for (device_id, threads, mode), arms in sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1], kv[0][2])):
         device = session.get(Device, device_id) if device_id else None
-        entry = {"device": device.serial if device else None, "threads": threads, "mode": mode}
-        ok = {arm: [r for r in rs if r.status == "succeeded" and r.result] for arm, rs in arms.items()}
-        if not ok["off"] or not ok["on"]:
-            missing = [f"SME2 {arm}: " + "; ".join(f"run {r.id} {r.status}" + (f" ({r.reason})" if r.reason else "") for r in arms[arm])
-                       for arm in ("off", "on") if not ok[arm]]
-            comparisons.append({**entry, "status": "incomplete", "reason": " | ".join(missing)})
-            continue
-        result = analysis.compare(_merged([r.result.analysis for r in ok["off"]]), _merged([r.result.analysis for r in ok["on"]]),
-                                  labels=("SME2 off", "SME2 on"))
-        comparisons.append({**entry, "status": "complete", "baseline_runs": [r.id for r in ok["off"]],
-                            "candidate_runs": [r.id for r in ok["on"]], **result})
+        entry = {"device": device.serial if device else None,
+                 "device_model": (device.info or {}).get("model") if device else None, "threads": threads, "mode": mode}
+        noise = noise_service.for_device(session, device_id)
+        variants = sorted({v for v, _ in arms})
+        for v in variants:
+            if (v, "off") in arms and (v, "on") in arms:
+                comparisons.append({**entry, "kind": "sme2", "variant": v, **compare_runs(
+                    arms[(v, "off")], arms[(v, "on")], labels=("SME2 off", "SME2 on"), noise=noise, min_effect=min_effect)})
+        if len(variants) == 2:
+            for sme2 in ("off", "on"):
+                if ("A", sme2) in arms and ("B", sme2) in arms:
+                    comparisons.append({**entry, "kind": "model", "sme2": sme2, "a_a": a_a, **compare_runs(
+                        arms[("A", sme2)], arms[("B", sme2)], labels=("model A", "model B"), noise=noise, min_effect=min_effect)})
+        # identical work: an arm's sessions; with A/A, both models' runs of one SME2 arm
+        same: dict[tuple, list[dict]] = defaultdict(list)
+        for (v, sme2), rs in arms.items():
+            for r in rs:
+                if r.status == "succeeded" and r.result:
+                    same[(sme2,) if a_a else (v, sme2)].append(r.result.analysis)
+        learning.append((device_id, [g for g in same.values() if len(g) >= 2]))
     exp.comparisons = comparisons
+    for device_id, learn_groups in learning:
+        if learn_groups:
+            noise_service.learn(session, device_id, learn_groups)
+
+
+# ---- any two experiments or runs (GET /comparisons) -------------------------------------------
+
+REF_HELP = "an experiment id (12 or E12; E12/B for the vs_model's runs of an A/B experiment) or a run id (R34)"
+
+
+def parse_ref(text: str, which: str) -> tuple[str, int, str]:
+    """'12' | 'E12' | 'E12/B' | 'R34' -> (kind, id, variant)."""
+    t = (text or "").strip()
+    kind, variant = "experiment", "A"
+    if t[:1] in ("R", "r"):
+        kind, t = "run", t[1:]
+    elif t[:1] in ("E", "e"):
+        t = t[1:]
+    if kind == "experiment" and t[-2:] in ("/A", "/B", "/a", "/b"):
+        t, variant = t[:-2], t[-1].upper()
+    if not t.isdigit() or len(t) > 18:
+        raise Invalid(f"{which}: {text[:40]!r} is not {REF_HELP}")
+    return kind, int(t), variant
+
+
+def _side(session: Session, ref: tuple[str, int, str], which: str) -> tuple[dict, list[Run]]:
+    kind, ident, variant = ref
+    if kind == "run":
+        run = session.scalar(select(Run).where(Run.id == ident).options(selectinload(Run.result), selectinload(Run.experiment)))
+        if run is None:
+            raise NotFound(f"{which}: run {ident} not found")
+        runs, exp = [run], run.experiment
+        model = exp.vs_model_sha256 if run.variant == "B" else exp.model_sha256
+    else:
+        exp = session.scalar(select(Experiment).where(Experiment.id == ident)
+                             .options(selectinload(Experiment.runs).selectinload(Run.result)))
+        if exp is None:
+            raise NotFound(f"{which}: experiment {ident} not found")
+        if variant == "B" and exp.vs_model_sha256 is None:
+            raise Invalid(f"{which}: experiment {ident} has no vs_model (it was not submitted with --vs), so it has no B runs")
+        runs = [r for r in exp.runs if (r.variant or "A") == variant]
+        model = exp.vs_model_sha256 if variant == "B" else exp.model_sha256
+    builds = sorted({(r.runner or {}).get("id", "") for r in runs if r.runner} - {""})
+    versions = sorted({(r.runner or {}).get("executorch_version", "") for r in runs if r.runner} - {""})
+    info = {"kind": kind, "id": ident, "variant": variant if kind == "experiment" else (runs[0].variant or "A"),
+            "experiment_id": exp.id, "name": exp.name, "model_sha256": model,
+            "et_versions": versions, "runner_builds": builds}
+    return info, runs
+
+
+def between(session: Session, baseline: str, candidate: str, min_effect: float = DEFAULT_MIN_EFFECT) -> dict:
+    """Compare any two experiments or runs, matched by device model, SME2 arm, threads and mode.
+    Raises NotFound for an unknown id, Invalid when nothing on one side matches the other."""
+    b_info, b_runs = _side(session, parse_ref(baseline, "baseline"), "baseline")
+    c_info, c_runs = _side(session, parse_ref(candidate, "candidate"), "candidate")
+    shared = sorted({r.id for r in b_runs} & {r.id for r in c_runs})
+    if shared:
+        raise Invalid(f"baseline and candidate share run(s) {', '.join(map(str, shared[:10]))}: a run compared with itself "
+                      "says nothing; compare an experiment with another one (or E12 with E12/B for an A/B experiment's models)")
+
+    def keyed(runs: list[Run]) -> dict[tuple, list[Run]]:
+        out: dict[tuple, list[Run]] = defaultdict(list)
+        for r in runs:
+            out[(device_service.device_model(r.device_snapshot), r.sme2, r.threads, r.mode)].append(r)
+        return out
+
+    def serials(runs: list[Run]) -> str:
+        return ", ".join(sorted({(r.device_snapshot or {}).get("serial") or "?" for r in runs}))
+
+    bk, ck = keyed(b_runs), keyed(c_runs)
+    names = ("device model", "SME2", "threads", "mode")
+    comparisons, unmatched = [], []
+    for key in sorted(set(bk) & set(ck), key=str):
+        device_model, sme2, threads, mode = key
+        b, c = bk[key], ck[key]
+        noise = noise_service.for_devices(session, {r.device_id for r in b + c})
+        entry = {"device_model": device_model, "baseline_device": serials(b), "candidate_device": serials(c),
+                 "sme2": sme2, "threads": threads, "mode": mode}
+        comparisons.append({**entry, **compare_runs(b, c, labels=("baseline", "candidate"), noise=noise, min_effect=min_effect)})
+    for side, mine, other in (("baseline", bk, ck), ("candidate", ck, bk)):
+        for key in sorted(set(mine) - set(other), key=str):
+            # the nearest key on the other side: what differs from it
+            best = min(other, key=lambda k: sum(a != b for a, b in zip(key, k)), default=None)
+            why = ("the other side has no runs" if best is None else
+                   "no match on the other side: " + ", ".join(f"{n} {a} vs {b}" for n, a, b in zip(names, key, best) if a != b))
+            unmatched.append({"side": side, "device_model": key[0], "sme2": key[1], "threads": key[2], "mode": key[3], "why": why})
+    if not comparisons:
+        detail = "; ".join(f"{u['side']} {u['device_model']}/SME2 {u['sme2']}/{u['threads']} thread(s)/{u['mode']}: {u['why']}"
+                           for u in unmatched[:8])
+        raise Invalid("nothing to compare: runs are matched by device model, SME2 arm, threads and mode, and no "
+                      f"pair matches ({detail or 'neither side has runs'})")
+    notes = []
+    if b_info["et_versions"] and c_info["et_versions"] and b_info["et_versions"] != c_info["et_versions"]:
+        notes.append(f"compared across ExecuTorch versions: {', '.join(b_info['et_versions'])} -> {', '.join(c_info['et_versions'])}")
+    if b_info["runner_builds"] and c_info["runner_builds"] and b_info["runner_builds"] != c_info["runner_builds"]:
+        notes.append(f"compared across runner builds: {', '.join(b_info['runner_builds'])} -> {', '.join(c_info['runner_builds'])}")
+    if b_info["model_sha256"] == c_info["model_sha256"]:
+        notes.append("both sides ran the same model (an A/A comparison: a claimed difference is noise or a device change)")
+    if any(x["baseline_device"] != x["candidate_device"] for x in comparisons):
+        notes.append("some pairs ran on different devices of the same model: their verdicts use the default noise "
+                     "prior (a device's learned noise says nothing about how far two boards sit apart)")
+    return {"baseline": b_info, "candidate": c_info, "comparisons": comparisons, "unmatched": unmatched, "notes": notes}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import select, text, update
@@ -9,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from sme2farm.protocol import DeviceInfo, DeviceSelector, RunnerInfo
 from sme2farm.server.models import Agent, ApiToken, Device, utcnow
+from sme2farm.server.services import tokens as token_service
 
 
 def register_agent(session: Session, *, name: str, hostname: str, version: str) -> Agent:
@@ -22,6 +24,7 @@ def register_agent(session: Session, *, name: str, hostname: str, version: str) 
     else:
         agent.version = version
         session.execute(update(ApiToken).where(ApiToken.agent_id == agent.id).values(revoked=True))
+        token_service.forget_after_commit(session)
     return agent
 
 
@@ -88,6 +91,20 @@ def sync(session: Session, *, agent: Agent, devices: list[DeviceInfo], runners: 
 
 def touch(session: Session, *, agent: Agent) -> None:
     agent.last_seen = utcnow()
+
+
+_seen_at: dict[int, float] = {}  # agent id -> when this process last wrote its last_seen (monotonic)
+
+
+def seen(session: Session, *, agent_id: int, every_s: float = 0.0) -> None:
+    """The agent talked to the server: its last_seen is now, written at most every `every_s` by
+    this process (claims look 20 times a second; an UPDATE each time was most of their cost)."""
+    now = time.monotonic()
+    if every_s > 0 and now - _seen_at.get(agent_id, -every_s) < every_s:
+        return
+    session.execute(update(Agent).where(Agent.id == agent_id).values(last_seen=utcnow())
+                    .execution_options(synchronize_session=False))
+    _seen_at[agent_id] = now
 
 
 def get_all(session: Session) -> list[Device]:
@@ -177,3 +194,10 @@ def mark_silent_agents_offline(session: Session, *, silent_for_s: float) -> int:
         update(Device).where(Device.agent_id.in_(agents), Device.state != "offline").values(state="offline")
     )
     return res.rowcount or 0
+
+
+def device_model(info: dict | None, platform: str = "") -> str:
+    """What devices of one kind share, for matching runs across experiments and suite series:
+    the reported model, else the SoC, else the platform."""
+    info = info or {}
+    return str(info.get("model") or info.get("soc") or info.get("platform") or platform or "unknown")

@@ -16,6 +16,11 @@ class NotFound(DomainError, LookupError):
     """The thing asked for does not exist (404)."""
 
 
+class Invalid(DomainError, ValueError):
+    """The request is well-formed but asks for something that cannot be done as asked, e.g. two
+    experiments with nothing comparable (422, the message says what does not fit)."""
+
+
 class Conflict(DomainError):
     """The request does not fit the current state (409 `{reason, message, previous_state}`)."""
 

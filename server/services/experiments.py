@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session, load_only, selectinload
 
 from sme2farm.protocol import TERMINAL, ExperimentSpec, RunStatus
 from sme2farm.server.models import Agent, Device, Experiment, Model, Run
@@ -21,21 +21,24 @@ class TooManyRuns(ValueError):
     """A submission that would fan out past SME2_MAX_RUNS_PER_EXPERIMENT (a 422 naming the count)."""
 
 
-def fan_out(n_devices: int, spec: ExperimentSpec, max_runs: int | None) -> int:
+def fan_out(n_devices: int, spec: ExperimentSpec, max_runs: int | None, variants: int = 1) -> int:
     """How many runs the spec makes on n_devices; TooManyRuns past max_runs, before any row is written."""
     arms, threads, sessions = len(spec.sme2_settings()), len(spec.threads), spec.sessions
-    total = n_devices * arms * threads * sessions
+    total = n_devices * arms * threads * sessions * variants
     if max_runs is not None and total > max_runs:
+        models = f" x {variants} models (--vs)" if variants > 1 else ""
         raise TooManyRuns(
             f"this submission would create {total} runs ({n_devices} device(s) x {arms} SME2 setting(s) x "
-            f"{threads} thread count(s) x {sessions} session(s)); an experiment may have at most {max_runs} "
+            f"{threads} thread count(s) x {sessions} session(s){models}); an experiment may have at most {max_runs} "
             f"(SME2_MAX_RUNS_PER_EXPERIMENT): narrow spec.device, or ask for fewer threads or sessions")
     return total
 
 
-def arm_order(settings: list[str], session: int) -> list[str]:
-    """A B B A: alternate which arm goes first per session so drift hits both arms alike."""
-    return settings if session % 2 == 0 else list(reversed(settings))
+def session_order(sme2_settings: list[str], variants: list[str], session: int) -> list[tuple[str, str]]:
+    """The (sme2, variant) runs of one session on one device, in the order they run: every SME2
+    arm x model, reversed on odd sessions (A B B A), so drift and warm-up hit both sides alike."""
+    order = [(sme2, v) for sme2 in sme2_settings for v in variants]
+    return order if session % 2 == 0 else order[::-1]
 
 
 def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str:
@@ -56,30 +59,40 @@ def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str
             f"register one in its runner manifest (runners/recipe.py)")
 
 
-def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: int | None = None) -> Experiment:
+def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: int | None = None,
+           vs_model: Model | None = None) -> Experiment:
+    """One Run per device x threads x session x SME2 arm (x model: A = `model`, B = `vs_model`)."""
     devices = device_service.matching(session, selector=spec.device)
     if not devices:
         what = spec.device.model_dump(exclude_none=True, exclude_defaults=True) if spec.device else {}
         known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
         raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
-    fan_out(len(devices), spec, max_runs)
-    exp = Experiment(name=spec.name, model_sha256=model.sha256, spec=spec.model_dump(mode="json"), labels=spec.labels)
+    variants = ["A", "B"] if vs_model is not None else ["A"]
+    fan_out(len(devices), spec, max_runs, len(variants))
+    exp = Experiment(name=spec.name, model_sha256=model.sha256, vs_model_sha256=vs_model.sha256 if vs_model else None,
+                     spec=spec.model_dump(mode="json"), labels=spec.labels)
     session.add(exp)
     session.flush()
+    # One multi-row INSERT (no Run object per row, no autoflush per agent looked up): a
+    # 400-run submission wrote its rows in 20 flushes, one per agent (bench/scale.py).
+    agents = {a.id: a for a in session.scalars(select(Agent).where(Agent.id.in_({d.agent_id for d in devices})))}
+    rows = []
     for device in devices:
-        agent = session.get(Agent, device.agent_id)
+        agent = agents.get(device.agent_id)
         seq = 0
         for threads in spec.threads:
             for s in range(spec.sessions):
-                for sme2 in arm_order(spec.sme2_settings(), s):
+                for sme2, variant in session_order(spec.sme2_settings(), variants, s):
                     reason = why_unschedulable(device, agent, sme2, spec.mode)
-                    session.add(Run(
+                    rows.append(dict(
                         experiment_id=exp.id, device_id=device.id, sme2=sme2, threads=threads, mode=spec.mode,
-                        session=s, sequence=seq, status=(RunStatus.unschedulable if reason else RunStatus.queued).value, reason=reason,
+                        session=s, sequence=seq, variant=variant, status=(RunStatus.unschedulable if reason else RunStatus.queued).value, reason=reason,
                         device_snapshot=device.info,
                     ))
                     seq += 1
-    session.flush()
+    if rows:
+        session.execute(insert(Run), rows)
+    session.expire(exp, ["runs"])  # loaded from the rows just written when asked for
     return exp
 
 
@@ -93,10 +106,14 @@ def get(session: Session, *, experiment_id: int) -> Experiment | None:
 def get_page(session: Session, *, page: int, page_size: int) -> tuple[list[tuple[Experiment, dict[str, int]]], int]:
     """A page of experiments, newest first, each with its run count per status. The counts come
     from one GROUP BY: loading every run of the page to count them cost the list ~160 ms of ORM
-    work per 800 runs (bench/scale.py)."""
+    work per 800 runs (bench/scale.py). The rows are loaded without spec and comparisons: a
+    finished 200-device experiment's comparisons are ~1 MB of JSON, parsed for nothing (the spec, a few
+    hundred bytes, is loaded: the list shows its threads and mode)."""
     total = session.scalar(select(func.count(Experiment.id))) or 0
-    rows = list(session.scalars(
-        select(Experiment).order_by(Experiment.id.desc()).offset((page - 1) * page_size).limit(page_size)
+    rows = list(session.scalars(  # only what a summary shows: comparisons (JSON) stay in the database
+        select(Experiment).options(load_only(Experiment.id, Experiment.name, Experiment.model_sha256, Experiment.created_at,
+                                        Experiment.vs_model_sha256, Experiment.spec))
+        .order_by(Experiment.id.desc()).offset((page - 1) * page_size).limit(page_size)
     ))
     counts: dict[int, dict[str, int]] = {e.id: {} for e in rows}
     if rows:
@@ -106,10 +123,6 @@ def get_page(session: Session, *, page: int, page_size: int) -> tuple[list[tuple
         ):
             counts[experiment_id][run_status] = n
     return [(e, counts[e.id]) for e in rows], total
-
-
-def status(exp: Experiment) -> str:
-    return status_of([r.status for r in exp.runs])
 
 
 def status_of(states: Iterable[str]) -> str:

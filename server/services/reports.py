@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from sme2farm.protocol import ExperimentReport, ExperimentSpec, ExperimentSummary, RunReport
-from sme2farm.server.models import Experiment, Run
+import json
+import math
+from datetime import timezone
+from typing import Literal
+
+from pydantic import TypeAdapter
+from sqlalchemy import Text, cast, func, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Session, defer, joinedload
+
+from sme2farm.protocol import (
+    DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary, LatencyStats, RunnerInfo, RunReport, RunStatus,
+)
+from sme2farm.server.models import Artifact, Experiment, Run, RunResult
 from sme2farm.server.services import experiments as experiment_service
 
 E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max", "cv", "mad", "outliers", "n")
@@ -14,6 +26,7 @@ def run_report(run: Run) -> RunReport:
     analysis = result.analysis if result else {}
     return RunReport(
         id=run.id, experiment_id=run.experiment_id, sme2=run.sme2, threads=run.threads, mode=run.mode,
+        variant=run.variant or "A", session=run.session or 0,
         status=run.status, reason=run.reason, attempt=run.attempt,
         device=run.device_snapshot, runner=run.runner, device_state=run.device_state or {},
         e2e_ms={k: v for k, v in analysis["e2e_ms"].items() if k in E2E_KEYS} if result else None,
@@ -27,18 +40,222 @@ def run_report(run: Run) -> RunReport:
     )
 
 
-def experiment_report(exp: Experiment) -> ExperimentReport:
-    return ExperimentReport(
-        id=exp.id, name=exp.name, status=experiment_service.status(exp), spec=ExperimentSpec(**exp.spec),
-        model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
-        inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
-        created_at=exp.created_at, runs=[run_report(r) for r in exp.runs], comparisons=exp.comparisons or [],
-    )
-
-
 def summary(exp: Experiment, by_status: dict[str, int]) -> ExperimentSummary:
     """`by_status`: its run count per status (experiment_service.get_page counts them in SQL)."""
     return ExperimentSummary(
         id=exp.id, name=exp.name, status=experiment_service.status_of(by_status), model_sha256=exp.model_sha256,
         created_at=exp.created_at, runs=sum(by_status.values()), runs_by_status=dict(by_status),
+        vs_model_sha256=exp.vs_model_sha256, sme2=(exp.spec or {}).get("sme2"),
+        threads=list((exp.spec or {}).get("threads") or []), mode=(exp.spec or {}).get("mode"),
     )
+
+
+# ---- the report of GET /experiments/{id}, from columns (no ORM objects, no full analysis JSON) ----
+
+RunsDetail = Literal["full", "summary", "page"]
+# An experiment with more runs than this is answered as a summary unless `runs` asks otherwise
+# (a 10,000-run report in full is ~43 MB of JSON: operators and kernels of every run).
+FULL_REPORT_MAX_RUNS = 2000
+_RUN_COLUMNS = (Run.id, Run.experiment_id, Run.device_id, Run.sme2, Run.threads, Run.mode, Run.variant, Run.session,
+                Run.status, Run.reason, Run.attempt, cast(Run.device_snapshot, Text).label("device_snapshot"),
+                cast(Run.runner, Text).label("runner"), cast(Run.device_state, Text).label("device_state"),
+                Run.runner_wall_s, Run.created_at, Run.started_at, Run.finished_at)
+
+
+def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
+                page_size: int = 200, read_only: bool = False) -> bytes | None:
+    """GET /experiments/{id}: the ExperimentReport as JSON bytes (None: no such experiment).
+
+    The report an ORM walk (run_report of every run) would build, read as columns instead: each
+    run's e2e, load, operator and kernel parts are taken out of its stored analysis by the
+    database (the raw per-iteration samples, most of that JSON, never leave it), and operators
+    and kernels go into the answer as the JSON text the database hands over, never parsed into
+    Python objects and serialised again (that was most of a large report's time: bench/scale.py).
+
+    read_only: the caller's transaction only reads (GET): it is ended once the rows are read.
+
+    runs: "full" (the default up to FULL_REPORT_MAX_RUNS runs): every run with its operators and
+    kernels; "summary" (the default above it): every run with its headline latency (median,
+    mean, p10, p90, cv, n) and categories, no load times, operators or kernels; "page":
+    `page_size` runs in full, page `page` in run id order. runs_detail, runs_total and
+    runs_page say which was answered."""
+    exp = session.scalar(
+        select(Experiment).where(Experiment.id == experiment_id)
+        .options(joinedload(Experiment.model), joinedload(Experiment.vs_model), defer(Experiment.comparisons))
+    )
+    if exp is None:
+        return None
+    # The comparisons (a finished 200-device experiment's are ~2 MB) go into the answer as the
+    # text the database holds, like the runs' operators: not parsed, checked and serialised again.
+    comparisons = session.scalar(select(cast(Experiment.comparisons, Text)).where(Experiment.id == experiment_id))
+    statuses = dict(session.execute(
+        select(Run.status, func.count()).where(Run.experiment_id == experiment_id).group_by(Run.status)).all())
+    total = sum(statuses.values())
+    detail: RunsDetail = runs or ("full" if total <= FULL_REPORT_MAX_RUNS else "summary")
+    query = select(*_RUN_COLUMNS).where(Run.experiment_id == experiment_id).order_by(Run.id)
+    if detail == "page":
+        query = query.offset((page - 1) * page_size).limit(page_size)
+    rows = session.execute(query).all()
+    results: dict[int, tuple] = {}
+    artifacts: dict[int, list[str]] = {}
+    # The runs' ids as a sub-select (an IN list of 10,000 parameters cost more to send and plan
+    # than the rows it found), or, for a page, the page's own ids.
+    ids = [r.id for r in rows] if detail == "page" else select(Run.id).where(Run.experiment_id == experiment_id)
+    if rows:
+        results.update((r[0], r) for r in _result_parts(session, ids, with_operators=detail != "summary"))
+        for run_id, name in session.execute(
+            select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(ids)).order_by(Artifact.run_id, Artifact.name)
+        ):
+            artifacts.setdefault(run_id, []).append(name)
+    if read_only:
+        # Everything is read: end the transaction before the answer is built in Python, so its
+        # connection goes back to the pool instead of sitting "idle in transaction" meanwhile.
+        session.commit()
+    # Snapshots and runner builds repeat (one per device, a few builds): read as text, each
+    # distinct one checked once. Device state and categories go in as the stored text.
+    devices: dict[str, DeviceInfo] = {}
+    runners: dict[str, RunnerInfo] = {}
+    out, raw = [], []
+    for r in rows:
+        res = results.get(r.id)
+        device = runner = None
+        if r.device_snapshot and r.device_snapshot != "null":
+            device = devices.get(r.device_snapshot) or devices.setdefault(
+                r.device_snapshot, DeviceInfo.model_validate_json(r.device_snapshot))
+        if r.runner and r.runner != "null":
+            runner = runners.get(r.runner) or runners.setdefault(r.runner, RunnerInfo.model_validate_json(r.runner))
+        e2e = load = None
+        cats = ops = kernels = "null"
+        if res is not None:
+            e2e_raw, load = _loads(res[2]), _loads(res[3])
+            e2e = LatencyStats.model_validate({k: v for k, v in e2e_raw.items() if k in E2E_KEYS}) if e2e_raw else None
+            cats, ops, kernels = _raw(res[1]), _raw(res[4]), _raw(res[5])
+        state = _raw(r.device_state)
+        raw.append(((state if state != "null" else "{}").encode(), cats.encode(), ops.encode(), kernels.encode()))
+        out.append(RunReport.model_construct(
+            id=r.id, experiment_id=r.experiment_id, sme2=r.sme2, threads=r.threads, mode=r.mode,
+            variant=r.variant or "A", session=r.session or 0, status=RunStatus(r.status), reason=r.reason or "",
+            attempt=r.attempt, device=device, runner=runner, device_state={},
+            e2e_ms=e2e, load_ms=load, categories_ms=None, operators=None, kernels=None,
+            artifacts=artifacts.get(r.id, []), runner_wall_s=r.runner_wall_s,
+            created_at=_utc(r.created_at), started_at=_utc(r.started_at), finished_at=_utc(r.finished_at),
+        ))
+    head = ExperimentReport(
+        id=exp.id, name=exp.name, status=experiment_service.status_of(statuses), spec=ExperimentSpec(**exp.spec),
+        model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
+        vs_model_sha256=exp.vs_model_sha256, vs_model_size=exp.vs_model.size if exp.vs_model_sha256 else None,
+        inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
+        created_at=exp.created_at, runs=[], comparisons=[],
+        runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
+        runs_page_size=page_size if detail == "page" else None,
+    ).model_dump_json(exclude={"runs", "comparisons"}).encode()
+    # Every run serialises its (empty) device state and its (None) categories, operators and
+    # kernels as these holes, once each, in field order; the stored JSON text goes in their
+    # place. A string value cannot contain a hole: its quotes are escaped.
+    pieces = _RUNS.dump_json(out).split(_STATE_HOLE)
+    if len(pieces) != len(out) + 1:
+        raise AssertionError("report: a run's device state placeholder was not found once per run")
+    body = [b'{"runs":', pieces[0]]
+    for (state, cats, ops, kernels), piece in zip(raw, pieces[1:]):
+        before, hole, after = piece.partition(_HOLE)
+        if not hole:
+            raise AssertionError("report: a run's categories/operators/kernels placeholder was not found")
+        body += [b'"device_state":', state, before, b'"categories_ms":', cats, b',"operators":', ops,
+                 b',"kernels":', kernels, after]
+    comparisons = _raw(comparisons)
+    body += [b',"comparisons":', (comparisons if comparisons != "null" else "[]").encode(), b",", head[1:]]
+    return b"".join(body)
+
+
+_STATE_HOLE = b'"device_state":{}'
+_HOLE = b'"categories_ms":null,"operators":null,"kernels":null'
+_RUNS = TypeAdapter(list[RunReport])
+
+
+def _result_parts(session: Session, ids, *, with_operators: bool):
+    """Per run (ids: a list, or a sub-select of run ids): (run id, categories as JSON text, e2e,
+    load, operators and kernels as JSON text).
+
+    Full: the parts ingest stored as text beside the analysis (migration 0008), so the database
+    parses nothing; older rows from the analysis itself. Summary: no analysis at all, only the result row's own columns (e2e is the headline stats
+    ingest keeps as columns; no load times, operators or kernels), so a 10,000-run summary does
+    not make the database parse 10,000 analyses."""
+    if not with_operators:
+        rows = session.execute(
+            select(RunResult.run_id, cast(RunResult.categories_ms, Text), RunResult.e2e_median_ms, RunResult.e2e_mean_ms,
+                   RunResult.e2e_p10_ms, RunResult.e2e_p90_ms, RunResult.e2e_cv, RunResult.n)
+            .where(RunResult.run_id.in_(ids))
+        )
+        return [(r[0], r[1], {"median": r[2], "mean": r[3], "p10": r[4], "p90": r[5], "cv": r[6], "n": r[7]}, None, None, None)
+                for r in rows]
+    # Rows ingest wrote since migration 0008 carry the parts as text: read as they are.
+    rows = session.execute(
+        select(RunResult.run_id, cast(RunResult.categories_ms, Text), RunResult.report_head, RunResult.operators_json,
+               RunResult.kernels_json).where(RunResult.run_id.in_(ids))
+    ).all()
+    out, older = [], []
+    for run_id, cats, head, ops, kernels in rows:
+        if head is None:
+            older.append(run_id)
+            continue
+        head = json.loads(head)
+        out.append((run_id, cats, head.get("e2e_ms"), head.get("load_ms"), ops, kernels))
+    if older:
+        out += _parts_from_analysis(session, older)
+    return out
+
+
+def _parts_from_analysis(session: Session, run_ids: list[int]) -> list[tuple]:
+    """Rows stored before migration 0008: the parts taken out of the stored analysis. PostgreSQL
+    parses each analysis once (jsonb, in a materialised CTE: every `->` on a json column parses
+    the whole document again); SQLite's json_extract reads it in place."""
+    out = []
+    for chunk in _chunks(run_ids, 5000):
+        picked = select(RunResult.run_id, RunResult.categories_ms, RunResult.analysis).where(RunResult.run_id.in_(chunk))
+        if session.get_bind().dialect.name == "postgresql":
+            a = picked.with_only_columns(RunResult.run_id, RunResult.categories_ms, cast(RunResult.analysis, JSONB).label("j")) \
+                .cte("a").prefix_with("MATERIALIZED")
+            j = a.c.j
+            query = select(a.c.run_id, cast(a.c.categories_ms, Text), cast(j["e2e_ms"], Text), cast(j["load_ms"], Text),
+                           cast(j["operators"], Text), cast(j["kernels"], Text))
+        else:
+            a = picked.subquery()
+            query = select(a.c.run_id, func.json(a.c.categories_ms), func.json_extract(a.c.analysis, "$.e2e_ms"),
+                           func.json_extract(a.c.analysis, "$.load_ms"), func.json_extract(a.c.analysis, "$.operators"),
+                           func.json_extract(a.c.analysis, "$.kernels"))
+        out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5]) for r in session.execute(query)]
+    return out
+
+
+def _raw(text: str | None) -> str:
+    """Stored JSON text as it can go into an answer. SQLite keeps what Python's json wrote,
+    which may hold NaN or Infinity (PostgreSQL refuses them): those are written as null, as
+    pydantic writes them."""
+    if text is None:
+        return "null"
+    if "NaN" in text or "Infinity" in text:  # rare (and maybe only inside a string): the slow way
+        return json.dumps(_finite(json.loads(text)))
+    return text
+
+
+def _finite(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    return x
+
+
+def _loads(value):
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+def _chunks(xs: list[int], n: int):
+    for i in range(0, len(xs), n):
+        yield xs[i:i + n]
+
+
+def _utc(t):
+    return t if t is None or t.tzinfo else t.replace(tzinfo=timezone.utc)

@@ -29,15 +29,16 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import distinct_on
+from sqlalchemy.orm import Session, joinedload
 from sqlalchemy.orm.attributes import set_committed_value
 
 from sme2farm.analysis import EtdumpError
 from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunFinish, RunStatus
 from sme2farm.server.db import enqueue_after_commit
-from sme2farm.server.models import Device, Run, utcnow
-from sme2farm.server.services import comparisons
+from sme2farm.server.models import Device, Experiment, Run, utcnow
+from sme2farm.server.services import comparisons, suites
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.errors import Conflict, DomainError, NotFound
 
@@ -130,6 +131,7 @@ def _complete(session: Session, experiment_ids: Iterable[int]) -> None:
     session.flush()
     for experiment_id in sorted(set(experiment_ids)):
         comparisons.refresh(session, experiment_id=experiment_id)
+        suites.experiment_ended(session, experiment_id)  # a suite's: its analysis is sent after commit
 
 
 def end_run(session: Session, run: Run, status: RunStatus, reason: str | None = None, *, device_lost: bool = False) -> None:
@@ -144,39 +146,104 @@ def runs_created(session: Session, *, experiment_id: int) -> None:
     _complete(session, [experiment_id])
 
 
+ASSIGNED_AGENTS = "sme2farm.assigned_agents"  # session.info: agents dispatch gave runs to
+
+
 def dispatch(session: Session, *, lease_s: float) -> list[int]:
-    """Give each idle device its next queued run (one run per device at a time). Returns run ids."""
+    """Give each idle device its next queued run (one run per device at a time). Returns run ids;
+    the agents that got runs are left in session.info[ASSIGNED_AGENTS] (the dispatch task wakes
+    their claims once this commits: server/wakeup.py).
+
+    One query finds every idle device's next queued run (DISTINCT ON the device on PostgreSQL,
+    the smallest (experiment, sequence, id) per device elsewhere), instead of one query per
+    idle device."""
     assigned = []
-    idle = session.scalars(select(Device).where(Device.state == "idle", Device.current_run_id.is_(None)))
-    for device in list(idle):
-        run = session.scalar(
-            select(Run).where(Run.device_id == device.id, Run.status == S.queued.value)
-            .order_by(Run.experiment_id, Run.sequence, Run.id).limit(1)
-        )
-        if run is None:
-            continue
-        # Claim the device first: the conditional update is what makes two dispatchers safe.
-        took = session.execute(
-            update(Device).where(Device.id == device.id, Device.state == "idle", Device.current_run_id.is_(None))
-            .values(state="busy", current_run_id=run.id)
-        ).rowcount
-        if not took:
-            continue
-        try:
-            _move(session, run, S.assigned, lease_id=secrets.token_hex(16), attempt=run.attempt + 1,
-                  lease_expires_at=utcnow() + timedelta(seconds=lease_s))
-        except StateChanged:  # cancelled (or taken) meanwhile: give the device back
-            device_service.free(session, device_id=device.id, run_id=run.id)
-            continue
-        assigned.append(run.id)
+    agents: set[int] = session.info.setdefault(ASSIGNED_AGENTS, set())
+    for device_id, agent_id, run in _next_runs(session):
+        if _assign(session, device_id, run, lease_s):
+            assigned.append(run.id)
+            agents.add(agent_id)
     return assigned
 
 
-def assigned_to_agent(session: Session, *, agent_id: int) -> list[Run]:
-    return list(session.scalars(
+def _assign(session: Session, device_id: int, run: Run, lease_s: float) -> bool:
+    # Claim the device first: the conditional update is what makes two dispatchers safe.
+    took = session.execute(
+        update(Device).where(Device.id == device_id, Device.state == "idle", Device.current_run_id.is_(None))
+        .values(state="busy", current_run_id=run.id)
+    ).rowcount
+    if not took:
+        return False
+    try:
+        _move(session, run, S.assigned, lease_id=secrets.token_hex(16), attempt=run.attempt + 1,
+              lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+    except StateChanged:  # cancelled (or taken) meanwhile: give the device back
+        device_service.free(session, device_id=device_id, run_id=run.id)
+        return False
+    return True
+
+
+def assign_next(session: Session, *, device_id: int | None, lease_s: float) -> int | None:
+    """Dispatch for one device, in the transaction that freed it (finish): its next queued run,
+    assigned as dispatch would, so the agent's claim gets it without a trip through the broker
+    and a worker. Returns the run id, or None (device not idle, nothing queued for it). The
+    agent is left in session.info[ASSIGNED_AGENTS] for its claims to be woken."""
+    if device_id is None:
+        return None
+    agent_id = session.scalar(select(Device.agent_id).where(
+        Device.id == device_id, Device.state == "idle", Device.current_run_id.is_(None)))
+    if agent_id is None:
+        return None
+    run = session.scalar(
+        select(Run).where(Run.device_id == device_id, Run.status == S.queued.value)
+        .order_by(Run.experiment_id, Run.sequence, Run.id).limit(1)
+    )
+    if run is None or not _assign(session, device_id, run, lease_s):
+        return None
+    session.info.setdefault(ASSIGNED_AGENTS, set()).add(agent_id)
+    return run.id
+
+
+def _next_runs(session: Session) -> list[tuple[int, int, Run]]:
+    """(device id, agent id, its next queued run) for every idle device that has one."""
+    idle = select(Device.id, Device.agent_id).where(Device.state == "idle", Device.current_run_id.is_(None))
+    devices = {device_id: agent_id for device_id, agent_id in session.execute(idle)}
+    if not devices:
+        return []
+    order = (Run.device_id, Run.experiment_id, Run.sequence, Run.id)
+    query = select(Run).where(Run.device_id.in_(list(devices)), Run.status == S.queued.value)
+    if session.get_bind().dialect.name == "postgresql":
+        runs = session.scalars(query.order_by(*order).ext(distinct_on(Run.device_id))).all()
+    else:
+        first = (select(Run.id, func.row_number().over(partition_by=Run.device_id, order_by=order[1:]).label("n"))
+                 .where(Run.device_id.in_(list(devices)), Run.status == S.queued.value).subquery())
+        runs = session.scalars(select(Run).join(first, first.c.id == Run.id).where(first.c.n == 1)
+                               .order_by(Run.device_id)).all()
+    return [(run.device_id, devices[run.device_id], run) for run in runs]
+
+
+def assigned_leases(session: Session, *, agent_id: int) -> list[tuple[int, str]]:
+    """(run id, lease id) of the runs assigned to this agent's devices, not yet started."""
+    return [(rid, lease) for rid, lease in session.execute(
+        select(Run.id, Run.lease_id).join(Device, Run.device_id == Device.id)
+        .where(Device.agent_id == agent_id, Run.status == S.assigned.value).order_by(Run.id)
+    )]
+
+
+def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | None = None) -> list[Run]:
+    """The runs assigned to this agent's devices (of `run_ids` if given), with what an
+    assignment needs (experiment, its models, the device) loaded in the same query."""
+    query = (
         select(Run).join(Device, Run.device_id == Device.id)
         .where(Device.agent_id == agent_id, Run.status == S.assigned.value).order_by(Run.id)
-    ))
+        .options(joinedload(Run.experiment).defer(Experiment.comparisons),
+                 joinedload(Run.experiment).joinedload(Experiment.model),
+                 joinedload(Run.experiment).joinedload(Experiment.vs_model),
+                 joinedload(Run.device).defer(Device.noise_model))
+    )
+    if run_ids is not None:
+        query = query.where(Run.id.in_(run_ids))
+    return list(session.scalars(query))
 
 
 def _owned(session: Session, run_id: int, lease_id: str, agent_id: int) -> Run:
@@ -212,10 +279,11 @@ def heartbeat(session: Session, *, run_id: int, lease_id: str, agent_id: int, st
 
 
 def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has_trace: bool,
-           ingest_deadline_s: float) -> Run:
+           ingest_deadline_s: float, lease_s: float | None = None) -> Run:
     """The agent is done with the device. A succeeded run goes to analysis (ingest is sent once
     this commits, with a deadline the reaper holds it to); the device is freed now, so the next
-    run can start while this one is ingested."""
+    run can start while this one is ingested. Given lease_s, the device's next queued run is
+    assigned here (assign_next); dispatch is sent only when it got none."""
     run = _owned(session, run_id, body.lease_id, agent_id)
     if run.status == S.analyzing or run.status in TERMINAL:
         return run  # a repeat of the same finish
@@ -231,10 +299,11 @@ def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has
         _move(session, run, S.analyzing, ingest_attempts=0, ingest_started_at=None,
               lease_expires_at=utcnow() + timedelta(seconds=ingest_deadline_s))
         device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
-        enqueue_after_commit(session, TASK_INGEST, run.id)
+        enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
     else:
         end_run(session, run, S.failed, body.reason or "the run failed (no reason given)", device_lost=lost)
-    enqueue_after_commit(session, TASK_DISPATCH)  # its device can take the next run
+    if lease_s is None or assign_next(session, device_id=run.device_id, lease_s=lease_s) is None:
+        enqueue_after_commit(session, TASK_DISPATCH)  # its device (or another) can take the next run
     return run
 
 
@@ -367,7 +436,7 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
                 else:
                     _move(session, run, S.analyzing, ingest_started_at=None,
                           lease_expires_at=now + timedelta(seconds=ingest_deadline_s))
-                    enqueue_after_commit(session, TASK_INGEST, run.id)
+                    enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
                 touched.append(run.id)
                 continue
             if run.cancel_requested:

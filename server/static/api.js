@@ -39,6 +39,18 @@ export async function request(path, { method = "GET", body } = {}) {
 }
 
 export const getJSON = async (path) => (await request(path)).json();
+
+// A chart from the server (analysis/charts.py draws every chart once, for here and for reports),
+// parsed as SVG and imported as nodes: no innerHTML, and nothing that fails to parse is inserted.
+export async function getSVG(path) {
+  const text = await (await request(path)).text();
+  const doc = new DOMParser().parseFromString(text, "image/svg+xml");
+  const root = doc.documentElement;
+  if (root.localName !== "svg" || doc.getElementsByTagName("parsererror").length) {
+    throw new ApiError(0, `${path} did not return an SVG chart`);
+  }
+  return document.importNode(root, true);
+}
 export const postForm = async (path, form) => (await request(path, { method: "POST", body: form })).json();
 export const post = async (path) => (await request(path, { method: "POST" })).json();
 

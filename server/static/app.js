@@ -1,8 +1,11 @@
-// Hash router: #/experiments[?page=N], #/experiments/<id>, #/devices, #/submit.
+// Hash router: #/experiments[?page=N], #/experiments/<id>, #/compare[?baseline=E1&candidate=E2],
+// #/suites, #/suites/<name>, #/devices, #/submit.
 
 import { ApiError, token } from "./api.js";
 import { h } from "./dom.js";
+import { compareView } from "./compare.js";
 import { experimentView } from "./experiment.js";
+import { suitesView, suiteView } from "./suites.js";
 import { devicesView, experimentsView, submitView, tokenView } from "./views.js";
 
 const REFRESH_MS = 3000;
@@ -16,6 +19,9 @@ function parse(hash) {
   const parts = path.split("/").filter(Boolean);
   const params = Object.fromEntries(new URLSearchParams(query));
   if (parts[0] === "experiments" && parts[1]) return { view: experimentView, nav: "experiments", params: { ...params, id: parts[1] } };
+  if (parts[0] === "compare") return { view: compareView, nav: "compare", params };
+  if (parts[0] === "suites" && parts[1]) return { view: suiteView, nav: "suites", params: { ...params, name: decodeURIComponent(parts[1]) } };
+  if (parts[0] === "suites") return { view: suitesView, nav: "suites", params };
   if (parts[0] === "devices") return { view: devicesView, nav: "devices", params };
   if (parts[0] === "submit") return { view: submitView, nav: "submit", params };
   return { view: experimentsView, nav: "experiments", params };

@@ -1,5 +1,7 @@
 // DOM building without innerHTML: every string becomes a text node or an attribute value.
 
+import { getSVG } from "./api.js";
+
 export function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -44,4 +46,29 @@ export function table(headers, rows, attrs = {}) {
 
 export function kv(pairs, attrs = {}) {
   return h("dl", { class: "kv", ...attrs }, pairs.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+// A server-drawn chart in a <figure>: the SVG, or the reason it could not be drawn (the page
+// still renders). data-state says which, for tests and for CSS.
+export async function chart(path, name) {
+  const fig = h("figure", { class: "chart-box", dataset: { chart: name, state: "loading" } });
+  try {
+    fig.append(await getSVG(path));
+    fig.dataset.state = "ready";
+  } catch (e) {
+    fig.append(h("p", { class: "alert small" }, `chart not available: ${e.message}`));
+    fig.dataset.state = "error";
+  }
+  return fig;
+}
+
+// "E12" / "R34" references as GET /comparisons takes them, and the hash of the compare page.
+export const compareHref = (baseline, candidate, minEffect) => `#/compare?${new URLSearchParams(
+  Object.entries({ baseline, candidate, min_effect: minEffect }).filter(([, v]) => v)).toString()}`;
+
+// A device selector ({"model": "Pixel 9", "sme2": true}) as text: "model Pixel 9, sme2 true"; empty: "any device".
+export function selectorText(sel) {
+  const parts = Object.entries(sel || {}).filter(([, v]) => v != null && v !== "" && !(Array.isArray(v) && !v.length))
+    .map(([k, v]) => `${k} ${Array.isArray(v) ? v.join(" or ") : typeof v === "object" ? JSON.stringify(v) : v}`);
+  return parts.length ? parts.join(", ") : "any device";
 }

@@ -1,7 +1,8 @@
-// One experiment: its spec, the SME2 off vs on comparisons and every run's results.
+// One experiment: its spec, the charts (server-drawn SVG), the verdicts (SME2 off vs on, model
+// A vs B) and every run's results.
 
 import { ApiError, download, getJSON, post } from "./api.js";
-import { badge, h, kv, ms, num, pct, short, table, when } from "./dom.js";
+import { badge, chart, compareHref, h, kv, ms, num, pct, short, table, when } from "./dom.js";
 import { ACTIVE } from "./views.js";
 
 export const CATEGORIES = ["Convolution", "GEMM", "Data Movement", "Elementwise", "Other"];
@@ -96,13 +97,14 @@ function artifactsBlock(run) {
     }, `⤓ ${name}`)), msg));
 }
 
-function runCard(run) {
+function runCard(run, twoModels = false) {
   const d = run.device;
   const r = run.runner;
   const problem = ["unschedulable", "failed", "cancelled"].includes(run.status);
   return h("article", { class: `card run ${problem ? "problem" : ""}`, id: `run-${run.id}`, dataset: { run: run.id, sme2: run.sme2 } },
     h("header", {},
       h("h2", {}, `Run #${run.id}`),
+      twoModels && h("span", { class: "chip variant" }, `model ${run.variant || "A"}`),
       h("span", { class: `chip sme2-${run.sme2}` }, `SME2 ${run.sme2}`),
       h("span", { class: "chip" }, `${run.threads} thread${run.threads > 1 ? "s" : ""}`),
       badge(run.status),
@@ -137,35 +139,70 @@ function runCard(run) {
     artifactsBlock(run));
 }
 
-function comparisonCard(c) {
-  const head = h("header", {}, h("h2", {}, "SME2 off vs on"),
-    h("span", { class: "chip" }, c.device || "any device"),
-    h("span", { class: "chip" }, `${c.threads} thread${c.threads > 1 ? "s" : ""}`),
+const VERDICT_CLASS = { speedup: "yes", slowdown: "no" };
+// A ratio bound: two decimals, or an exponent when a near-empty category makes it astronomic.
+const ratio = (v) => (v == null || !Number.isFinite(v) ? "—" : v >= 1000 || (v > 0 && v < 0.01) ? v.toExponential(1) : num(v, 2));
+
+// "95% CI 1.10 – 1.38", or why there is none (either bound may be null: insufficient data).
+function interval(c) {
+  const level = `${Math.round(100 * (c.ci_level || 0.95))}% CI`;
+  return c.ci_low == null || c.ci_high == null ? `${level}: no interval` : `${level} ${num(c.ci_low, 3)} – ${num(c.ci_high, 3)}`;
+}
+
+// What the data would need for a verdict ("insufficient data" carries `needed`).
+function neededBlock(needed) {
+  if (!needed) return null;
+  const parts = [];
+  if (needed.sessions_per_arm != null) parts.push(`${needed.sessions_per_arm} interleaved session(s) per arm`);
+  if (needed.iterations_per_session != null) parts.push(`${needed.iterations_per_session} iterations per session`);
+  return h("p", { class: "needed note small", dataset: { sessions: needed.sessions_per_arm ?? "", iterations: needed.iterations_per_session ?? "" } },
+    h("b", {}, "To decide: "), needed.why || (parts.length ? `about ${parts.join(", or ")}` : "no amount of data on this device would"), ".");
+}
+
+// One verdict: SME2 off→on (kind "sme2", per model variant) or model A→B (kind "model", per
+// SME2 arm) of an experiment, or a matched pair of GET /comparisons (`where` chips given).
+export function comparisonCard(c, { where } = {}) {
+  const [la, lb] = c.labels || (c.kind === "model" ? ["model A", "model B"] : ["SME2 off", "SME2 on"]);
+  const short = c.kind === "model" ? ["A", "B"] : c.kind === "sme2" || !c.kind ? ["off", "on"] : ["base", "cand"];
+  const title = c.kind === "model" ? "Model A vs B" : c.kind === "sme2" ? "SME2 off vs on" : `${la} vs ${lb}`;
+  const head = h("header", {}, h("h2", {}, title),
+    c.kind === "model" && h("span", { class: `chip sme2-${c.sme2}` }, `SME2 ${c.sme2}`),
+    c.kind === "model" && c.a_a && h("span", { class: "chip" }, "A/A: the same model"),
+    c.kind === "sme2" && c.variant && c.variant !== "A" && h("span", { class: "chip" }, `model ${c.variant}`),
+    where || [h("span", { class: "chip" }, c.device || c.device_model || "any device"),
+      h("span", { class: "chip" }, `${c.threads} thread${c.threads > 1 ? "s" : ""}`)],
     c.status !== "complete" && badge("incomplete"));
+  const attrs = { kind: c.kind || "sme2", verdict: c.verdict || "" };
   if (c.status !== "complete") {
-    return h("article", { class: "card comparison incomplete" }, head,
+    return h("article", { class: "card comparison incomplete", dataset: attrs }, head,
       h("p", { class: "reason alert" }, c.reason || "one arm has no successful run"));
   }
   const cats = c.categories || {};
   const before = Object.fromEntries(CATEGORIES.map((k) => [k, cats[k]?.share_before || 0]));
   const after = Object.fromEntries(CATEGORIES.map((k) => [k, cats[k]?.share_after || 0]));
-  const verdictClass = { speedup: "yes", slowdown: "no" }[c.verdict] || "neutral";
-  return h("article", { class: "card comparison" }, head,
+  const sessions = (c.sessions || []).length ? ` · sessions ${(c.sessions || []).join(" / ")}` : "";
+  return h("article", { class: "card comparison", dataset: attrs }, head,
     h("div", { class: "headline" },
-      h("div", { class: "speedup", dataset: { value: c.speedup } }, c.speedup == null ? "—" : `${num(c.speedup, 2)}×`),
+      h("div", { class: "speedup", dataset: { value: c.speedup ?? "" } }, c.speedup == null ? "—" : `${num(c.speedup, 2)}×`),
       h("div", {},
-        h("span", { class: `badge ${verdictClass}` }, c.verdict),
-        h("div", { class: "muted" }, `${Math.round(100 * (c.ci_level || 0.95))}% CI ${num(c.ci_low, 3)} – ${num(c.ci_high, 3)}`),
-        h("div", { class: "muted small" }, `median ${ms(c.baseline_median_ms)} → ${ms(c.candidate_median_ms)} ms · n ${(c.n || []).join(" / ")}`))),
-    h("div", { class: "bars" }, stackedBar(before, "off"), stackedBar(after, "on")),
-    table(["Category", "off ms", "on ms", "Speedup", "Share off", "Share on"], CATEGORIES.map((k) => {
+        h("span", { class: `badge verdict ${VERDICT_CLASS[c.verdict] || "neutral"}` }, c.verdict || "no verdict"),
+        h("div", { class: "muted interval" }, interval(c)),
+        h("div", { class: "muted small" }, `median ${ms(c.baseline_median_ms)} → ${ms(c.candidate_median_ms)} ms · n ${(c.n || []).join(" / ")}${sessions}`,
+          c.min_effect != null && ` · minimum effect ${pct(c.min_effect)}`))),
+    c.sentence && h("p", { class: "sentence" }, c.sentence),
+    c.verdict === "insufficient data" && neededBlock(c.needed),
+    h("div", { class: "bars" }, stackedBar(before, short[0]), stackedBar(after, short[1])),
+    table(["Category", `${la} ms`, `${lb} ms`, "Ratio", "95% CI", "Verdict", `Share ${short[0]}`, `Share ${short[1]}`], CATEGORIES.map((k) => {
       const e = cats[k] || {};
-      return h("tr", {}, h("td", {}, h("span", { class: `swatch ${catClass(k)}` }), k),
+      return h("tr", { dataset: { category: k } }, h("td", {}, h("span", { class: `swatch ${catClass(k)}` }), k),
         h("td", { class: "num" }, ms(e.baseline_ms)), h("td", { class: "num" }, ms(e.candidate_ms)),
         h("td", { class: "num" }, e.speedup == null ? "—" : `${num(e.speedup, 2)}×`),
+        h("td", { class: "num small" }, e.ci_low == null || e.ci_high == null ? "—" : `${ratio(e.ci_low)} – ${ratio(e.ci_high)}`),
+        h("td", { class: "small" }, e.verdict || "—"),
         h("td", { class: "num" }, pct(e.share_before)), h("td", { class: "num" }, pct(e.share_after)));
     }), { class: "cmp" }),
-    c.narrative?.length > 0 && h("ul", { class: "narrative" }, c.narrative.map((line) => h("li", {}, line))));
+    c.narrative?.some((line) => line !== c.sentence) && h("ul", { class: "narrative" },
+      c.narrative.filter((line) => line !== c.sentence).map((line) => h("li", {}, line))));
 }
 
 export async function experimentView({ id }) {
@@ -182,24 +219,39 @@ export async function experimentView({ id }) {
       }
     },
   }, "Cancel");
+  const base = `/experiments/${encodeURIComponent(exp.id)}/charts`;
+  const measured = exp.runs.some((r) => r.status === "succeeded");
+  const [distribution, categories, verdicts] = await Promise.all([
+    measured && chart(`${base}/distribution.svg`, "distribution"),
+    measured && chart(`${base}/categories.svg`, "categories"),
+    exp.comparisons.length > 0 && chart(`${base}/verdicts.svg`, "verdicts"),
+  ]);
   const device = s.device ? Object.entries(s.device).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length)).map(([k, v]) => `${k}=${v}`).join(", ") : "";
   return {
     refresh: running,
     node: h("section", { id: "experiment", dataset: { id: exp.id } },
       h("div", { class: "title" },
         h("h1", {}, `Experiment #${exp.id}`, exp.name && h("span", { class: "muted" }, ` · ${exp.name}`)),
-        badge(exp.status), running && h("span", { class: "muted live" }, "auto-refreshing"), cancel, cancelMsg),
+        badge(exp.status), running && h("span", { class: "muted live" }, "auto-refreshing"), cancel, cancelMsg,
+        h("a", { class: "button ghost compare-link", href: exp.vs_model_sha256 ? compareHref(`E${exp.id}`, `E${exp.id}/B`) : compareHref(`E${exp.id}`),
+          title: exp.vs_model_sha256 ? `model A vs model B of experiment ${exp.id} (change either side)` : "compare with another experiment or run" }, "Compare with…")),
       h("div", { class: "card spec" }, kv([
         ["SME2", s.sme2], ["threads", s.threads.join(", ")], ["iterations", `${s.iterations} (+${s.warmup} warm-up)`],
         ["mode", s.mode], ["sessions", s.sessions], ["power", s.power_profile],
         s.core_mask && ["core mask", s.core_mask], device && ["devices", device],
         ["model", h("span", { class: "mono", title: exp.model_sha256 }, `${short(exp.model_sha256, 16)} · ${(exp.model_size / 1024).toFixed(1)} KiB`)],
+        exp.vs_model_sha256 && ["vs model (B)", h("span", { class: "mono", title: exp.vs_model_sha256 },
+          exp.vs_model_sha256 === exp.model_sha256 ? "the same model (A/A)" : `${short(exp.vs_model_sha256, 16)}${exp.vs_model_size ? ` · ${(exp.vs_model_size / 1024).toFixed(1)} KiB` : ""}`)],
         ["method", s.method || "forward"],
         ["inputs", h("span", { title: exp.inputs_sha256 || "" }, exp.inputs || "all ones (default)")],
         ["created", when(exp.created_at)],
         ...Object.entries(exp.labels || {}).map(([k, v]) => [`label ${k}`, v]),
       ], { class: "kv wide" })),
-      exp.comparisons.map(comparisonCard),
-      exp.runs.map(runCard)),
+      measured && h("div", { class: "card charts" }, h("h3", {}, "Latency and where the time goes, per arm"),
+        h("div", { class: "cols" }, distribution, categories)),
+      exp.comparisons.length > 0 && h("section", { class: "verdicts", id: "verdicts" },
+        h("div", { class: "card" }, h("h3", {}, "Verdicts"), verdicts),
+        exp.comparisons.map((c) => comparisonCard(c))),
+      exp.runs.map((r) => runCard(r, Boolean(exp.vs_model_sha256)))),
   };
 }

@@ -1,7 +1,7 @@
 // The token prompt, the experiments list, the devices page and the upload form.
 
 import { getJSON, postForm, token } from "./api.js";
-import { badge, h, short, table, when } from "./dom.js";
+import { badge, compareHref, h, short, table, when } from "./dom.js";
 
 export const ACTIVE = new Set(["queued", "running", "assigned", "uploading", "analyzing"]);
 
@@ -16,17 +16,30 @@ export function tokenView(onDone, error) {
     }, h("label", {}, "Token", input), h("button", { type: "submit" }, "Use token")));
 }
 
+// GET /comparisons matches runs by SME2 arm too: "both" shares an arm with "off" and with "on"
+const arms = (e) => (e.sme2 === "both" ? ["off", "on"] : [e.sme2]);
+const sameSetup = (a, b) => a.model_sha256 === b.model_sha256 && a.mode === b.mode
+  && (a.threads || []).join(",") === (b.threads || []).join(",") && arms(a).some((x) => arms(b).includes(x));
+const comparable = (e) => (e.runs_by_status?.succeeded || 0) > 0;
+
 export async function experimentsView({ page = "1" }) {
   const n = Math.max(1, parseInt(page, 10) || 1);
   const data = await getJSON(`/experiments?page=${n}&page_size=20`);
   const pages = Math.max(1, Math.ceil(data.total / data.page_size));
-  const rows = data.items.map((e) => h("tr", { dataset: { id: e.id } },
+  // each row also links to its comparison with the previous experiment (on this page) of the same
+  // model, threads and mode that measured something: a comparison GET /comparisons can make
+  const rows = data.items.map((e, i) => [e, comparable(e) && data.items.slice(i + 1).find((o) => sameSetup(o, e) && comparable(o))]).map(([e, prev]) => h("tr", { dataset: { id: e.id } },
     h("td", {}, h("a", { href: `#/experiments/${e.id}` }, `#${e.id}`)),
     h("td", {}, h("a", { href: `#/experiments/${e.id}` }, e.name || "(unnamed)")),
     h("td", {}, badge(e.status)),
-    h("td", { class: "chips" }, Object.entries(e.runs_by_status).map(([s, c]) => h("span", { class: `chip s-${s}` }, `${c} ${s}`))),
-    h("td", { class: "mono", title: e.model_sha256 }, short(e.model_sha256)),
-    h("td", {}, when(e.created_at))));
+    h("td", {}, h("div", { class: "chips" }, Object.entries(e.runs_by_status).map(([s, c]) => h("span", { class: `chip s-${s}` }, `${c} ${s}`)))),
+    h("td", { class: "model" }, h("span", { class: "mono", title: e.model_sha256 }, short(e.model_sha256)),
+      e.vs_model_sha256 && h("div", { class: "small vs-model" }, "vs B ",
+        h("span", { class: "mono", title: e.vs_model_sha256 }, e.vs_model_sha256 === e.model_sha256 ? "(the same: A/A)" : short(e.vs_model_sha256)))),
+    h("td", {}, when(e.created_at)),
+    h("td", { class: "row-actions" },
+      h("a", { class: "compare-link small", href: compareHref(`E${e.id}`), title: `compare experiment ${e.id} with another` }, "compare"),
+      prev && h("a", { class: "compare-prev small", href: compareHref(`E${prev.id}`, `E${e.id}`), title: `experiment ${prev.id} → ${e.id}` }, ` vs #${prev.id}`))));
   const link = (p, label) => (p >= 1 && p <= pages && p !== n
     ? h("a", { class: "button ghost", href: `#/experiments?page=${p}` }, label)
     : h("span", { class: "button ghost disabled" }, label));
@@ -40,7 +53,7 @@ export async function experimentsView({ page = "1" }) {
       data.total === 0
         ? h("p", { class: "card muted" }, "No experiments yet. Upload a .pte to start one.")
         : h("div", { class: "card flush" },
-          table(["ID", "Name", "Status", "Runs", "Model", "Created"], rows, { id: "experiments" })),
+          table(["ID", "Name", "Status", "Runs", "Model", "Created", ""], rows, { id: "experiments" })),
       h("nav", { class: "pager" }, link(n - 1, "← Newer"),
         h("span", { class: "muted" }, `Page ${n} of ${pages} · ${data.total} experiment${data.total === 1 ? "" : "s"}`),
         link(n + 1, "Older →"))),

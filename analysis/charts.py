@@ -1,0 +1,559 @@
+"""Small SVG charts as strings: the one chart implementation the dashboard, the API and the
+pasteable reports (``sme2-client report``) share.
+
+numpy and the standard library only (no matplotlib, nothing fetched at run time). Every chart
+is a complete ``<svg>`` element with a ``viewBox`` (it scales to its container), an accessible
+``<title>`` and ``<desc>`` as its first children (``role="img"``), colours and fonts as
+attributes (no stylesheet needed: it renders the same inline in the dashboard, in an HTML
+report and as an image), every piece of text escaped, and a ``<title>`` on each mark so a
+hover says the exact number. Non-finite values are dropped; a chart with nothing to draw says
+so instead of failing.
+
+- :func:`distribution_chart`: latency distribution per arm (violin with the p10..p90 box and
+  the median), several arms side by side on one axis;
+- :func:`category_bars`: stacked bars of the five categories (analysis/categories.py) per arm,
+  in ms, on one scale so arms compare by length;
+- :func:`forest_plot`: one row per comparison, ratio and 95% interval on a log axis, the
+  minimum-effect band around 1, coloured by verdict;
+- :func:`line_chart`: a time series (one point per night/experiment) with each point's spread
+  (low..high) as a band and whiskers, and change marks (regression/improvement).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+
+import numpy as np
+
+from .categories import CATEGORIES
+
+FONT = "system-ui, -apple-system, Segoe UI, Roboto, sans-serif"
+INK, MUTED, GRID, BG = "#1d2330", "#6a7282", "#e2e5ea", "#ffffff"
+CATEGORY_COLOURS = dict(zip(CATEGORIES, ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b3aca6")))
+ARM_COLOURS = ("#4e79a7", "#8a5cd0", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1")
+VERDICT_COLOURS = {"speedup": "#1f8a4c", "slowdown": "#b4232c", "no significant difference": "#6a7282",
+                   "insufficient data": "#8a5a00"}
+CHANGE_COLOURS = {"regression": "#b4232c", "improvement": "#1f8a4c"}
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def _t(s) -> str:
+    """Text for an element body or an attribute value: &, <, >, " and ' escaped."""
+    return escape(str(s), quote=True)
+
+
+def _n(x: float) -> str:
+    """A coordinate: two decimals, no trailing zeros (small files, stable output)."""
+    s = f"{x:.2f}".rstrip("0").rstrip(".")
+    return "0" if s in ("-0", "") else s
+
+
+def _finite(values) -> np.ndarray:
+    """A 1-D float array of the finite values (None, NaN, inf and non-numbers dropped)."""
+    try:  # the common case, a list of floats: one numpy conversion, no Python loop
+        a = np.asarray(values if values is not None else (), dtype=np.float64).ravel()
+        return a[np.isfinite(a)]
+    except (TypeError, ValueError):
+        pass
+    out = []
+    for v in values if values is not None else ():
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(f):
+            out.append(f)
+    return np.asarray(out, dtype=np.float64)
+
+
+def _num(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def fmt(v: float | None, digits: int = 4) -> str:
+    """Four significant digits, as the dashboard shows milliseconds: 0.04215, 12.35, 1235."""
+    if v is None or not math.isfinite(v):
+        return "—"
+    if v == 0:
+        return "0"
+    mag = int(math.floor(math.log10(abs(v))))
+    decimals = max(0, digits - 1 - mag)
+    return f"{v:.{decimals}f}"
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About n round tick values covering [lo, hi] (1, 2, 2.5, 5 x 10^k steps)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return []
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / max(n - 1, 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks, t = [], first
+    while t <= hi + step * 1e-9:
+        ticks.append(round(t, 12))
+        t += step
+    return ticks
+
+
+def _open(width: int, height: int, title: str, desc: str, kind: str) -> list[str]:
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart chart-{_t(kind)}" data-chart="{_t(kind)}" '
+            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+            f'font-family="{_t(FONT)}" font-size="12" fill="{INK}">',
+            f"<title>{_t(title)}</title>", f"<desc>{_t(desc)}</desc>",
+            f'<rect class="bg" x="0" y="0" width="{width}" height="{height}" fill="{BG}"/>',
+            f'<text x="12" y="20" font-size="14" font-weight="600">{_t(title)}</text>']
+
+
+def _close(parts: list[str]) -> str:
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _text(x: float, y: float, s, *, anchor: str = "start", size: int | None = None, fill: str | None = None,
+          weight: str | None = None, cls: str | None = None, rotate: float | None = None) -> str:
+    attrs = [f'x="{_n(x)}"', f'y="{_n(y)}"']
+    if anchor != "start":
+        attrs.append(f'text-anchor="{anchor}"')
+    if size:
+        attrs.append(f'font-size="{size}"')
+    if fill:
+        attrs.append(f'fill="{fill}"')
+    if weight:
+        attrs.append(f'font-weight="{weight}"')
+    if cls:
+        attrs.append(f'class="{_t(cls)}"')
+    if rotate is not None:
+        attrs.append(f'transform="rotate({_n(rotate)} {_n(x)} {_n(y)})"')
+    return f"<text {' '.join(attrs)}>{_t(s)}</text>"
+
+
+def _fit(s, max_px: float, px_per_char: float = 7.2) -> str:
+    """s shortened with an ellipsis to about max_px of 12 px text (a character ~7 px)."""
+    s = str(s)
+    room = max(int(max_px / px_per_char), 4)
+    return s if len(s) <= room else s[:room - 1].rstrip() + "…"
+
+
+def _label(x: float, y: float, s, max_px: float, **kw) -> str:
+    """A label that fits max_px: ellipsised when longer, the full text in a <title> (hover) and in
+    data-full (the text of a cut label is still there for a reader or a test)."""
+    short = _fit(s, max_px, 6.2 if not kw.get("weight") else 7.2)
+    if short == str(s):
+        return _text(x, y, s, **kw)
+    el = _text(x, y, short, **kw)
+    return el.replace("<text ", f'<text data-full="{_t(s)}" ', 1).replace("</text>", f"<title>{_t(s)}</title></text>")
+
+
+def _empty(parts: list[str], width: int, height: int, message: str) -> str:
+    parts.append(_text(width / 2, height / 2, message, anchor="middle", fill=MUTED, cls="empty"))
+    return _close(parts)
+
+
+def _y_axis(parts: list[str], ticks: Sequence[float], y_of, x0: float, x1: float, label: str, top: float,
+            bottom: float, fmt_tick=lambda t: f"{t:g}") -> None:
+    for t in ticks:
+        y = y_of(t)
+        parts.append(f'<line x1="{_n(x0)}" y1="{_n(y)}" x2="{_n(x1)}" y2="{_n(y)}" stroke="{GRID}"/>')
+        parts.append(_text(x0 - 6, y + 4, fmt_tick(t), anchor="end", size=11, fill=MUTED))
+    if label:
+        parts.append(_text(14, (top + bottom) / 2, label, anchor="middle", size=11, fill=MUTED, rotate=-90))
+
+
+# --- latency distribution ------------------------------------------------------------------
+
+KDE_BINS = 2048  # above this many samples the density is computed from a fine histogram (cost independent of n)
+
+
+def _kde(x: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Gaussian kernel density of x (sorted) on grid (Silverman's bandwidth), vectorised. A long run
+    (100,000 iterations x 20 sessions) is binned first: grid x bins, not grid x samples."""
+    n = x.size
+    sd = float(x.std(ddof=1)) if n > 1 else 0.0
+    q75, q25 = _q(x, 75), _q(x, 25)
+    spread = min(sd, float(q75 - q25) / 1.34) if q75 > q25 else sd
+    bw = 0.9 * spread * n ** -0.2 if spread > 0 else 0.0
+    if bw <= 0:
+        bw = max(abs(float(x.mean())) * 1e-3, 1e-9)
+    if n > KDE_BINS:
+        counts, edges = np.histogram(x, bins=KDE_BINS)
+        centres, weights = (edges[:-1] + edges[1:]) / 2, counts.astype(np.float64)
+    else:
+        centres, weights = x, np.ones(n)
+    z = (grid[:, None] - centres[None, :]) / bw
+    return (np.exp(-0.5 * z * z) * weights[None, :]).sum(axis=1) / (n * bw * math.sqrt(2 * math.pi))
+
+
+def _q(s: np.ndarray, p: float, method: str = "linear") -> float:
+    """The p-th percentile of a SORTED array, as numpy's percentile with that method."""
+    pos = p / 100.0 * (s.size - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    if method == "lower":
+        return float(s[lo])
+    if method == "higher":
+        return float(s[hi])
+    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+def _fences(x: np.ndarray) -> tuple[float, float]:
+    """(x sorted) The range a violin's axis must show: Tukey's far-out fences (quartiles -/+ 3 IQR), widened
+    to the p10..p90 box the chart draws, so a few 30x first-iteration outliers (10 of 200, or 1 of 10)
+    do not flatten every violin into a line; what lies beyond is counted at the axis edge."""
+    q1, q3 = _q(x, 25), _q(x, 75)
+    # sample values, not interpolations: with 10 samples an interpolated p90 lands near the outlier
+    p10, p90 = _q(x, 10, "higher"), _q(x, 90, "lower")
+    iqr = q3 - q1
+    if iqr <= 0:
+        iqr = abs(_q(x, 50)) * 0.05
+    return min(q1 - 3 * iqr, p10), max(q3 + 3 * iqr, p90)
+
+
+def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: str = "Latency distribution",
+                       unit: str = "ms", width: int = 640, height: int = 300) -> str:
+    """Violin per arm (kernel density, each violin scaled to its own peak), with the p10..p90
+    box, the median as a white bar and n under each; samples beyond the far-out fences are
+    counted at the axis edge (the statistics include them). ``arms``: ``[(label, samples), ...]``."""
+    data = [(str(label), np.sort(_finite(samples))) for label, samples in arms]  # sorted once: every quantile is O(1)
+    desc = "; ".join(f"{lab}: n={x.size}" + (f", median {fmt(_q(x, 50))} {unit}, p10 "
+                                             f"{fmt(_q(x, 10))}, p90 {fmt(_q(x, 90))}"
+                                             if x.size else "")
+                     for lab, x in data) or "no arms"
+    parts = _open(width, height, title, f"Violin plot of per-iteration latency in {unit}. {desc}.", "distribution")
+    drawn = [(lab, x) for lab, x in data if x.size]
+    if not drawn:
+        return _empty(parts, width, height, "no latency samples")
+    left, right, top, bottom = 64, 12, 40, height - 40
+    fences = {id(x): _fences(x) for _, x in drawn}
+    lo = min(max(float(x.min()), fences[id(x)][0]) for _, x in drawn)
+    hi = max(min(float(x.max()), fences[id(x)][1]) for _, x in drawn)
+    pad = (hi - lo) * 0.05 or max(abs(hi) * 0.05, 1e-6)
+    ticks = nice_ticks(lo - pad, hi + pad)
+    lo_ax, hi_ax = min([lo - pad] + ticks), max([hi + pad] + ticks)
+
+    def y_of(v: float) -> float:
+        return bottom - (v - lo_ax) / (hi_ax - lo_ax) * (bottom - top)
+
+    _y_axis(parts, ticks, y_of, left, width - right, f"latency ({unit})", top, bottom)
+    slot = (width - left - right) / len(data)
+    half = min(slot * 0.42, 90)
+    grid = np.linspace(lo_ax, hi_ax, 96)
+    for i, (label, x) in enumerate(data):
+        cx = left + slot * (i + 0.5)
+        colour = ARM_COLOURS[i % len(ARM_COLOURS)]
+        parts.append(f'<g class="arm" data-label="{_t(label)}" data-n="{x.size}">')
+        parts.append(_label(cx, bottom + 16, label, slot - 10, anchor="middle", weight="600"))
+        parts.append(_text(cx, bottom + 30, f"n={x.size}", anchor="middle", size=11, fill=MUTED))
+        if not x.size:
+            parts.append(_text(cx, (top + bottom) / 2, "no samples", anchor="middle", fill=MUTED))
+            parts.append("</g>")
+            continue
+        med, p10, p90 = _q(x, 50), _q(x, 10), _q(x, 90)
+        tip = f"{label}: median {fmt(med)} {unit}, p10 {fmt(p10)}, p90 {fmt(p90)}, min {fmt(float(x.min()))}, " \
+              f"max {fmt(float(x.max()))}, n={x.size}"
+        keep = (x >= lo_ax) & (x <= hi_ax)
+        xin = x[keep]
+        for side, out, y_edge in (("above", x[x > hi_ax], top - 4), ("below", x[x < lo_ax], bottom + 4)):
+            if out.size:  # far outliers: counted at the edge instead of stretching the axis
+                extreme = float(out.max() if side == "above" else out.min())
+                d = -1 if side == "above" else 1
+                parts.append(f'<path class="outliers" data-side="{side}" data-count="{out.size}" '
+                             f'd="M{_n(cx - 5)},{_n(y_edge - d * 6)} L{_n(cx + 5)},{_n(y_edge - d * 6)} L{_n(cx)},{_n(y_edge)} Z" '
+                             f'fill="{colour}"><title>{_t(f"{out.size} sample(s) {side} the axis, most extreme {fmt(extreme)} {unit}")}</title></path>')
+                parts.append(_text(cx + 8, y_edge - d * 1 + (4 if side == "above" else 0), f"{out.size} {side}, to {fmt(extreme)}",
+                                   size=10, fill=MUTED))
+        inside = grid[(grid >= xin.min()) & (grid <= xin.max())] if xin.size else grid[:0]
+        inside = np.unique(np.concatenate([[xin.min()], inside, [xin.max()]])) if xin.size else inside
+        drew_violin = bool(xin.size >= 3 and inside.size >= 3 and xin.max() > xin.min())
+        if drew_violin:
+            dens = _kde(xin, inside)
+            w = dens / dens.max() * half
+            pts_r = [f"{_n(cx + wi)},{_n(y_of(v))}" for v, wi in zip(inside, w)]
+            pts_l = [f"{_n(cx - wi)},{_n(y_of(v))}" for v, wi in zip(inside[::-1], w[::-1])]
+            parts.append(f'<polygon class="violin" points="{" ".join(pts_r + pts_l)}" fill="{colour}" '
+                         f'fill-opacity="0.35" stroke="{colour}" stroke-width="1.2"><title>{_t(tip)}</title></polygon>')
+        else:  # too few (or identical) samples for a density: the samples themselves
+            for v in xin.tolist():
+                parts.append(f'<circle class="sample" cx="{_n(cx)}" cy="{_n(y_of(v))}" r="3" fill="{colour}">'
+                             f"<title>{_t(f'{label}: {fmt(v)} {unit}')}</title></circle>")
+        bw = max(4.0, min(14.0, half * 0.25))
+        b_hi, b_lo = min(p90, hi_ax), max(p10, lo_ax)
+        parts.append(f'<rect class="p10-p90" x="{_n(cx - bw / 2)}" y="{_n(y_of(b_hi))}" width="{_n(bw)}" '
+                     f'height="{_n(max(y_of(b_lo) - y_of(b_hi), 1))}" fill="{colour}" rx="2"><title>{_t(tip)}</title></rect>')
+        parts.append(f'<line class="median" x1="{_n(cx - bw)}" y1="{_n(y_of(med))}" x2="{_n(cx + bw)}" '
+                     f'y2="{_n(y_of(med))}" stroke="#fff" stroke-width="2.5"><title>{_t(tip)}</title></line>')
+        w_med = float(np.interp(med, inside, w)) if drew_violin else 3.0
+        lx = cx + max(w_med, bw / 2) + 6  # beside the violin at the median's height, not on it
+        parts.append(_text(lx, y_of(med) + 4, fmt(med), size=11, cls="median-label").replace(
+            "<text ", '<text paint-order="stroke" stroke="#fff" stroke-width="3" stroke-linejoin="round" ', 1))
+        parts.append("</g>")
+    return _close(parts)
+
+
+# --- stacked category bars -----------------------------------------------------------------
+
+def category_bars(arms: Sequence[tuple[str, Mapping[str, float]]], *, title: str = "Where the time goes",
+                  unit: str = "ms", width: int = 640, height: int | None = None) -> str:
+    """One horizontal stacked bar per arm, the five categories in ms per iteration, all bars on
+    one scale (a shorter bar is a faster arm). ``arms``: ``[(label, {category: ms}), ...]``;
+    categories missing from a dict count 0, unknown keys are ignored."""
+    rows = []
+    for label, cats in arms:
+        vals = {c: max(_num((cats or {}).get(c)) or 0.0, 0.0) for c in CATEGORIES}
+        rows.append((str(label), vals, sum(vals.values())))
+    bar_h, gap = 24, 14
+    label_w = min(260, max([60] + [int(7.5 * len(lab)) + 24 for lab, _, _ in rows]))
+    height = height or 34 + max(len(rows), 1) * (bar_h + gap) + 32
+    desc = "; ".join(f"{lab}: " + ", ".join(f"{c} {fmt(v[c])} {unit}" for c in CATEGORIES) + f" (total {fmt(t)})"
+                     for lab, v, t in rows) or "no arms"
+    parts = _open(width, height, title, f"Stacked bars of mean {unit} per iteration by operator category. {desc}.",
+                  "categories")
+    biggest = max([t for _, _, t in rows] + [0.0])
+    if not rows or biggest <= 0:
+        return _empty(parts, width, height, "no category timings")
+    x0, x1 = label_w, width - 86
+    scale = (x1 - x0) / biggest
+    y = 34.0
+    for label, vals, total in rows:
+        parts.append(f'<g class="bar" data-label="{_t(label)}" data-total="{total!r}">')
+        parts.append(_label(x0 - 8, y + bar_h / 2 + 4, label, x0 - 16, anchor="end", weight="600"))
+        x = x0
+        for c in CATEGORIES:
+            w = vals[c] * scale
+            share = vals[c] / total if total > 0 else 0.0
+            if w > 0:
+                parts.append(f'<rect class="segment" data-category="{_t(c)}" data-ms="{vals[c]!r}" x="{_n(x)}" '
+                             f'y="{_n(y)}" width="{_n(max(w, 0.5))}" height="{bar_h}" fill="{CATEGORY_COLOURS[c]}">'
+                             f"<title>{_t(f'{label} · {c}: {fmt(vals[c])} {unit} ({100 * share:.1f}%)')}</title></rect>")
+                if w > 44:
+                    parts.append(_text(x + w / 2, y + bar_h / 2 + 4, f"{100 * share:.0f}%", anchor="middle", size=11,
+                                       fill="#fff"))
+            x += w
+        parts.append(_text(x + 6, y + bar_h / 2 + 4, f"{fmt(total)} {unit}", size=11, fill=MUTED))
+        parts.append("</g>")
+        y += bar_h + gap
+    lx, ly = 12.0, height - 16
+    for c in CATEGORIES:
+        parts.append(f'<rect class="legend-swatch" x="{_n(lx)}" y="{_n(ly - 10)}" width="10" height="10" rx="2" '
+                     f'fill="{CATEGORY_COLOURS[c]}"/>')
+        parts.append(_text(lx + 14, ly, c, size=11))
+        lx += 14 + 7 * len(c) + 18
+    return _close(parts)
+
+
+# --- verdict forest plot -------------------------------------------------------------------
+
+def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
+                title: str = "Verdicts: ratio and 95% interval", width: int = 720) -> str:
+    """One row per comparison: ``{"label", "ratio" (baseline/candidate, > 1: candidate faster),
+    "ci_low", "ci_high", "verdict", "sentence"?}`` on a log axis with 1 marked and the
+    minimum-effect band [1/(1+m), 1+m] shaded. A row without an interval shows its point only;
+    one without a ratio says "no ratio" (its verdict, e.g. insufficient data, in words)."""
+    rows = list(rows)
+    row_h = 30
+    height = 46 + max(len(rows), 1) * row_h + 34
+    band = None
+    if min_effect is not None and _num(min_effect) is not None and 0 < min_effect < 1:
+        band = (1.0 / (1.0 + min_effect), 1.0 + min_effect)
+    desc = "; ".join(f"{r.get('label')}: ratio {fmt(_num(r.get('ratio')))} [{fmt(_num(r.get('ci_low')))}, "
+                     f"{fmt(_num(r.get('ci_high')))}] {r.get('verdict') or ''}" for r in rows) or "no comparisons"
+    parts = _open(width, height, title, "Forest plot of ratios baseline/candidate (above 1: the candidate is faster)"
+                  + (f", minimum effect {100 * min_effect:g}% shaded" if band else "") + f". {desc}.", "verdicts")
+    if not rows:
+        return _empty(parts, width, height, "no comparisons")
+    vals = [1.0] + (list(band) if band else [])
+    for r in rows:
+        vals += [v for v in (_num(r.get("ratio")), _num(r.get("ci_low")), _num(r.get("ci_high"))) if v and v > 0]
+    lo, hi = math.log(min(vals)), math.log(max(vals))
+    span = max(hi - lo, math.log(1.1))
+    lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    label_w = min(240, max([80] + [int(7.5 * len(str(r.get("label", "")))) + 24 for r in rows]))
+    x0, x1 = label_w, width - 320
+    top = 40
+
+    def x_of(v: float) -> float:
+        return x0 + (math.log(v) - lo) / (hi - lo) * (x1 - x0)
+
+    bottom = top + len(rows) * row_h
+    if band:
+        parts.append(f'<rect class="min-effect" x="{_n(x_of(band[0]))}" y="{top}" width="{_n(x_of(band[1]) - x_of(band[0]))}" '
+                     f'height="{bottom - top}" fill="#eceef2"><title>{_t(f"minimum effect {100 * min_effect:g}%: differences inside are not claimed")}</title></rect>')
+    candidates = [0.1, 0.2, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 5, 10, 20, 50]
+    ticks = [t for t in candidates if lo <= math.log(t) <= hi]
+    min_px = 34.0  # drop ticks that would overlap, keeping 1
+    kept: list[float] = []
+    for t in sorted(ticks, key=lambda t: (t != 1.0, abs(math.log(t)))):
+        if all(abs(x_of(t) - x_of(k)) >= min_px for k in kept):
+            kept.append(t)
+    for t in sorted(kept):
+        x = x_of(t)
+        parts.append(f'<line x1="{_n(x)}" y1="{top}" x2="{_n(x)}" y2="{bottom}" stroke="{INK if t == 1.0 else GRID}"'
+                     + (' stroke-dasharray="3 3"' if t == 1.0 else "") + "/>")
+        parts.append(_text(x, bottom + 14, f"{t:g}", anchor="middle", size=11, fill=MUTED))
+    parts.append(_text((x0 + x1) / 2, bottom + 28, "ratio baseline / candidate (log scale; > 1: candidate faster)",
+                       anchor="middle", size=11, fill=MUTED))
+    for i, r in enumerate(rows):
+        y = top + row_h * (i + 0.5)
+        label, verdict = str(r.get("label", "")), str(r.get("verdict") or "")
+        ratio, lo_v, hi_v = _num(r.get("ratio")), _num(r.get("ci_low")), _num(r.get("ci_high"))
+        colour = VERDICT_COLOURS.get(verdict, MUTED)
+        tip = r.get("sentence") or f"{label}: {verdict}"
+        parts.append(f'<g class="row" data-label="{_t(label)}" data-verdict="{_t(verdict)}"><title>{_t(tip)}</title>')
+        parts.append(_label(x0 - 8, y + 4, label, x0 - 16, anchor="end", weight="600"))
+        if ratio is not None and ratio > 0:
+            if lo_v is not None and hi_v is not None and 0 < lo_v <= hi_v:
+                parts.append(f'<line class="interval" x1="{_n(x_of(lo_v))}" y1="{_n(y)}" x2="{_n(x_of(hi_v))}" '
+                             f'y2="{_n(y)}" stroke="{colour}" stroke-width="2.5"/>')
+                for v in (lo_v, hi_v):
+                    parts.append(f'<line x1="{_n(x_of(v))}" y1="{_n(y - 6)}" x2="{_n(x_of(v))}" y2="{_n(y + 6)}" '
+                                 f'stroke="{colour}" stroke-width="2"/>')
+                ci = f"[{lo_v:.3f}, {hi_v:.3f}]"
+            else:
+                ci = "no interval"
+            parts.append(f'<rect class="point" x="{_n(x_of(ratio) - 5)}" y="{_n(y - 5)}" width="10" height="10" '
+                         f'fill="{colour}"/>')
+            parts.append(_text(x1 + 10, y + 4, f"{ratio:.3f} {ci}", size=11))
+        else:
+            parts.append(_text(x1 + 10, y + 4, "no ratio", fill=MUTED, size=11))
+        parts.append(_text(x1 + 148, y + 4, verdict or "—", size=11, fill=colour, weight="600"))
+        parts.append("</g>")
+    return _close(parts)
+
+
+# --- time series ---------------------------------------------------------------------------
+
+def _date(at) -> str:
+    s = str(at or "")
+    return s[:10] if len(s) >= 10 and s[4:5] == "-" else s[:16]
+
+
+def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), title: str = "Latency over time",
+               y_label: str = "median ms", spread: str = "", width: int = 720, height: int = 280) -> str:
+    """A series, one point per experiment/night in order: ``points`` as in GET /suites/{name}/series
+    (``median_ms``, ``low_ms``, ``high_ms``, ``at``, ``experiment_id``); the low..high spread is a
+    band with whiskers (``spread`` names it in the description, e.g. "95% interval"). ``changes``:
+    ``{"point_index", "direction": "regression"|"improvement", "status", "ratio"}`` drawn as a
+    vertical mark at that point (dashed while a candidate, grey once acknowledged). Points with
+    no finite median leave a gap."""
+    pts = []
+    for i, p in enumerate(points):
+        med = _num(p.get("median_ms"))
+        low, high = _num(p.get("low_ms")), _num(p.get("high_ms"))
+        pts.append((i, med, low if low is not None and med is not None and low <= med else None,
+                    high if high is not None and med is not None and high >= med else None, p))
+    valid = [q for q in pts if q[1] is not None]
+    desc = (f"{len(valid)} point(s)" + (f" from {_date(valid[0][4].get('at'))} to {_date(valid[-1][4].get('at'))}" if valid else "")
+            + (f"; spread: {spread}" if spread else "") + f"; {len(changes)} change(s) marked")
+    parts = _open(width, height, title, f"Line chart of {y_label}. {desc}.", "series")
+    if not valid:
+        return _empty(parts, width, height, f"{len(pts)} point(s), none with samples" if pts else "no points yet")
+    left, right, top, bottom = 64, 16, 34, height - 44
+    # The axis follows the medians (padded by their range, at least 10% of their level): a spread end far
+    # out (one slow iteration in ten) is clipped at the edge and marked, never squashing a step in the medians.
+    meds = np.asarray([q[1] for q in valid], dtype=np.float64)
+    m_lo, m_hi = float(meds.min()), float(meds.max())
+    unit = max(m_hi - m_lo, 0.1 * abs(float(np.median(meds))), 1e-9)
+    lim_lo, lim_hi = m_lo - unit, m_hi + unit
+    ends = [v for q in valid for v in (q[2], q[3]) if v is not None]
+    lo = max(min([m_lo] + ends), lim_lo)
+    hi = min(max([m_hi] + ends), lim_hi)
+    pad = (hi - lo) * 0.08 or max(abs(hi) * 0.05, 1e-6)
+    ticks = [t for t in nice_ticks(lo - pad, hi + pad) if t >= 0 or lo < 0]
+    lo_ax, hi_ax = min([lo - pad] + ticks), max([hi + pad] + ticks)
+    n = len(pts)
+    clip = lambda v: None if v is None else min(max(v, lo_ax), hi_ax)  # noqa: E731
+
+    def x_of(i: float) -> float:
+        return left + (i + 0.5) / n * (width - left - right)
+
+    def y_of(v: float) -> float:
+        return bottom - (v - lo_ax) / (hi_ax - lo_ax) * (bottom - top)
+
+    _y_axis(parts, ticks, y_of, left, width - right, y_label, top, bottom)
+    # the spread band, drawn per run of consecutive points with both ends
+    runs: list[list] = [[]]
+    for q in pts:
+        if q[1] is not None and q[2] is not None and q[3] is not None:
+            runs[-1].append(q)
+        elif runs[-1]:
+            runs.append([])
+    for run in runs:
+        if len(run) >= 2:
+            upper = [f"{_n(x_of(q[0]))},{_n(y_of(clip(q[3])))}" for q in run]
+            lower = [f"{_n(x_of(q[0]))},{_n(y_of(clip(q[2])))}" for q in reversed(run)]
+            parts.append(f'<polygon class="spread" points="{" ".join(upper + lower)}" fill="{ARM_COLOURS[0]}" '
+                         f'fill-opacity="0.15" stroke="none"/>')
+    # change marks under the line
+    for c in changes:
+        idx = c.get("point_index")
+        if not isinstance(idx, int) or not 0 <= idx < n:
+            continue
+        direction, status = str(c.get("direction") or ""), str(c.get("status") or "")
+        colour = MUTED if status == "acknowledged" else CHANGE_COLOURS.get(direction, MUTED)
+        x = x_of(idx)
+        ratio = _num(c.get("ratio"))
+        tip = f"{direction} ({status})" + (f", ratio {ratio:.3f}" if ratio is not None else "") + \
+              (f", experiment {c.get('experiment_id')} vs {c.get('baseline_experiment_id')}" if c.get("experiment_id") else "")
+        parts.append(f'<g class="change" data-direction="{_t(direction)}" data-status="{_t(status)}" '
+                     f'data-point-index="{idx}"><title>{_t(tip)}</title>'
+                     f'<line x1="{_n(x)}" y1="{top}" x2="{_n(x)}" y2="{bottom}" stroke="{colour}" stroke-width="2"'
+                     + (' stroke-dasharray="5 4"' if status == "candidate" else "") + "/>"
+                     f'<path d="M{_n(x - 6)},{top} L{_n(x + 6)},{top} L{_n(x)},{top + 9} Z" fill="{colour}"/></g>')
+    # the line, broken at gaps
+    segs: list[list[str]] = [[]]
+    for q in pts:
+        if q[1] is None:
+            if segs[-1]:
+                segs.append([])
+            continue
+        segs[-1].append(f"{_n(x_of(q[0]))},{_n(y_of(q[1]))}")
+    for seg in segs:
+        if len(seg) >= 2:
+            parts.append(f'<polyline class="line" points="{" ".join(seg)}" fill="none" stroke="{ARM_COLOURS[0]}" '
+                         f'stroke-width="2"/>')
+    for i, med, low, high, p in pts:
+        if med is None:
+            continue
+        x = x_of(i)
+        tip = (f"{_date(p.get('at'))}: median {fmt(med)}" + (f" ({fmt(low)}..{fmt(high)})" if low is not None and high is not None else "")
+               + (f", experiment {p.get('experiment_id')}" if p.get("experiment_id") is not None else ""))
+        parts.append(f'<g class="point" data-index="{i}"><title>{_t(tip)}</title>')
+        if low is not None and high is not None:
+            parts.append(f'<line class="whisker" x1="{_n(x)}" y1="{_n(y_of(clip(low)))}" x2="{_n(x)}" y2="{_n(y_of(clip(high)))}" '
+                         f'stroke="{ARM_COLOURS[0]}" stroke-width="1.2"/>')
+            for side, v, edge in (("above", high, hi_ax), ("below", low, lo_ax)):
+                if (v > edge) if side == "above" else (v < edge):  # beyond the axis: an arrowhead at the edge
+                    d = -1 if side == "above" else 1
+                    ye = y_of(edge)
+                    clip_tip = f"{spread or 'spread'} reaches {fmt(v)}, beyond the axis"
+                    parts.append(f'<path class="clipped" data-side="{side}" d="M{_n(x - 4)},{_n(ye - d * 7)} '
+                                 f'L{_n(x + 4)},{_n(ye - d * 7)} L{_n(x)},{_n(ye)} Z" fill="{ARM_COLOURS[0]}">'
+                                 f"<title>{_t(clip_tip)}</title></path>")
+        parts.append(f'<circle cx="{_n(x)}" cy="{_n(y_of(med))}" r="3.5" fill="{ARM_COLOURS[0]}"/></g>')
+    if spread:  # say what the band and whiskers are, under the x labels (a long title keeps the top)
+        ly = height - 6
+        parts.append(f'<g class="legend" data-spread="{_t(spread)}">'
+                     f'<rect x="{left}" y="{_n(ly - 9)}" width="14" height="10" fill="{ARM_COLOURS[0]}" '
+                     f'fill-opacity="0.15" stroke="{ARM_COLOURS[0]}" stroke-width="0.8"/>'
+                     + _text(left + 20, ly, f"band and whiskers: {spread}", size=11, fill=MUTED) + "</g>")
+    # x labels: at most ~8, evenly picked, the last always shown
+    step = max(1, math.ceil(n / 8))
+    shown = list(range(0, n, step))
+    if shown[-1] != n - 1:  # the last point always labelled, its neighbour dropped if they would touch
+        shown[-1 if n - 1 - shown[-1] < step and len(shown) > 1 else len(shown):] = [n - 1]
+    labels = [_date(pts[i][4].get("at")) for i in shown]
+    for cut in ((5, 16), (11, 19)):  # several points a day (manual runs): month-day and time, then seconds
+        if len(set(labels)) == len(labels):
+            break
+        labels = [str(pts[i][4].get("at") or "")[cut[0]:cut[1]].replace("T", " ") for i in shown]
+    for i, label in zip(shown, labels):
+        parts.append(_text(x_of(i), bottom + 16, label or f"#{i + 1}", anchor="middle", size=11, fill=MUTED))
+    return _close(parts)

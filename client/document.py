@@ -1,0 +1,352 @@
+"""sme2-client report ID --markdown|--html [-o FILE] [--svg-files]: one experiment as a document
+to paste into a design review, with the charts embedded as SVG.
+
+The charts are the server's (GET /experiments/{id}/charts/{name}.svg, drawn by
+analysis/charts.py): the document shows exactly what the dashboard shows. Tables come from the
+experiment's JSON: the verdicts (ratio, 95% interval, verdict, sessions and iterations, the
+sentence and what would decide an open one), latency per run, the categories per arm, each
+comparison's per-category verdicts and its narrative.
+
+Where the SVG goes:
+- ``--html``: a standalone page, the SVGs inline (any browser, any mail client that shows HTML);
+- ``--markdown``: the SVGs inline as raw HTML blocks. They render where Markdown allows raw HTML
+  (VS Code's preview, Obsidian, pandoc, GitLab) but NOT on GitHub, whose sanitizer removes both
+  ``<svg>`` and ``data:`` image URIs from Markdown;
+- ``--markdown -o report.md --svg-files``: each chart written beside the document
+  (``report-distribution.svg``, ...) and referenced as an image; GitHub renders SVG files from the
+  repository that a Markdown file references relatively, so this is the form to commit or attach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import re
+import sys
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
+CHARTS = (("distribution", "Latency per iteration"), ("categories", "Where the time goes"),
+          ("verdicts", "Verdicts: ratio and 95% interval"))
+
+
+# --- data -------------------------------------------------------------------------------------
+
+def _f(x: Any, digits: int = 4) -> str:
+    """Four significant digits (as the dashboard), '—' for missing."""
+    if x is None:
+        return "—"
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if v != v:
+        return "—"
+    return f"{v:.{digits}g}"
+
+
+def _ratio(x: Any) -> str:
+    if x is None:
+        return "—"
+    v = float(x)
+    return f"{v:.1e}" if v >= 1000 or 0 < v < 0.01 else f"{v:.3f}"
+
+
+def _ci(c: dict) -> str:
+    if c.get("ci_low") is None or c.get("ci_high") is None:
+        return "no interval"
+    return f"{_ratio(c['ci_low'])} – {_ratio(c['ci_high'])}"
+
+
+def comparison_title(c: dict) -> str:
+    if c.get("kind") == "model":
+        return f"model A → B, SME2 {c.get('sme2')}" + (" (A/A: the same model)" if c.get("a_a") else "")
+    return "SME2 off → on" + (f", model {c['variant']}" if c.get("variant") and c.get("variant") != "A" else "")
+
+
+def comparison_where(c: dict) -> str:
+    return f"{c.get('device') or c.get('device_model') or '?'}, {c.get('threads')} thread(s), {c.get('mode') or 'timing'}"
+
+
+def arm_rows(exp: dict) -> list[tuple[str, dict[str, float], list[dict]]]:
+    """(label, mean ms per category, runs) per arm (device x threads x mode x model x SME2) of the
+    succeeded runs, labelled like the charts."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in exp.get("runs") or []:
+        if r.get("status") == "succeeded" and r.get("categories_ms"):
+            key = ((r.get("device") or {}).get("serial") or "", r.get("threads"), r.get("mode"), r.get("variant") or "A", r.get("sme2"))
+            groups[key].append(r)
+    keys = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "off"))
+    varying = {i for i in range(5) if len({k[i] for k in keys}) > 1}
+    out = []
+    for k in keys:
+        parts = ([f"model {k[3]}"] if exp.get("vs_model_sha256") else []) + [f"SME2 {k[4]}"]
+        parts += [f"{k[1]} thr"] if 1 in varying else []
+        parts += [str(k[2])] if 2 in varying else []
+        parts += [k[0]] if 0 in varying else []
+        runs = groups[k]
+        cats = {c: sum(float((r["categories_ms"] or {}).get(c) or 0.0) for r in runs) / len(runs) for c in CATEGORIES}
+        out.append((" · ".join(parts), cats, runs))
+    return out
+
+
+def fetch(client, experiment_id: int) -> tuple[dict, dict[str, str | None], dict[str, str]]:
+    """(experiment JSON, {chart name: SVG text or None}, {chart name: why it is missing})."""
+    exp = client.experiment_json(experiment_id)
+    svgs: dict[str, str | None] = {}
+    missing: dict[str, str] = {}
+    for name, _ in CHARTS:
+        if name == "verdicts" and not exp.get("comparisons"):
+            svgs[name] = None
+            continue
+        r = client.http.get(f"/experiments/{experiment_id}/charts/{name}.svg")
+        if r.status_code == 200 and r.text.lstrip().startswith("<svg"):
+            svgs[name] = r.text
+        else:
+            svgs[name] = None
+            missing[name] = f"the server answered {r.status_code} for the {name} chart"
+    return exp, svgs, missing
+
+
+# --- a neutral document model, rendered twice -------------------------------------------------
+
+def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], source: str) -> list[tuple]:
+    """The document as blocks: ("h", level, text) | ("p", text) | ("table", headers, rows) |
+    ("chart", name, title, svg) | ("list", items)."""
+    s = exp.get("spec") or {}
+    runs = exp.get("runs") or []
+    builds = sorted({(r.get("runner") or {}).get("id") for r in runs if r.get("runner")} - {None})
+    versions = sorted({(r.get("runner") or {}).get("executorch_version") for r in runs if r.get("runner")} - {None})
+    devices = sorted({f"{(r.get('device') or {}).get('serial')} ({(r.get('device') or {}).get('model') or (r.get('device') or {}).get('platform')})"
+                      for r in runs if r.get("device")})
+    title = f"Experiment {exp['id']}" + (f": {exp['name']}" if exp.get("name") else "")
+    model = f"model {exp['model_sha256'][:16]}… ({exp.get('model_size', 0) / 1024:.1f} KiB)"
+    if exp.get("vs_model_sha256"):
+        model += (" against itself (A/A)" if exp["vs_model_sha256"] == exp["model_sha256"]
+                  else f" vs model B {exp['vs_model_sha256'][:16]}…")
+    out: list[tuple] = [
+        ("h", 1, title),
+        ("p", f"Status {exp.get('status')}; {model}; SME2 {s.get('sme2')}, threads {', '.join(map(str, s.get('threads') or []))}, "
+              f"{s.get('iterations')} iterations (+{s.get('warmup')} warm-up) x {s.get('sessions', 1)} session(s), mode {s.get('mode')}; "
+              f"inputs: {exp.get('inputs') or 'all ones (default)'}."),
+        ("p", f"Devices: {', '.join(devices) or 'none'}. Runner builds: {', '.join(builds) or 'none ran'}. "
+              f"ExecuTorch: {', '.join(versions) or '?'}. Created {exp.get('created_at')}."),
+    ]
+    comps = exp.get("comparisons") or []
+    out.append(("h", 2, "Verdicts"))
+    if not comps:
+        out.append(("p", _no_comparisons(exp)))
+    else:
+        out.append(_chart("verdicts", svgs, missing))
+        out.append(("table", ["Comparison", "Where", "Ratio", "95% interval", "Verdict", "Sessions", "Iterations", "Min effect"],
+                    [[comparison_title(c), comparison_where(c),
+                      _ratio(c.get("speedup")) if c.get("status") == "complete" else "—",
+                      _ci(c) if c.get("status") == "complete" else "—",
+                      c.get("verdict") or "—" if c.get("status") == "complete" else "incomplete",
+                      " / ".join(map(str, c.get("sessions") or [])) or "—", " / ".join(map(str, c.get("n") or [])) or "—",
+                      f"{100 * c['min_effect']:g}%" if c.get("min_effect") is not None else "—"] for c in comps]))
+        items = []
+        for c in comps:
+            head = f"{comparison_title(c)} ({comparison_where(c)}): "
+            if c.get("status") != "complete":
+                items.append(head + f"no comparison — {c.get('reason') or 'an arm has no successful run'}")
+                continue
+            text = head + (c.get("sentence") or c.get("verdict") or "")
+            why = (c.get("needed") or {}).get("why")
+            if c.get("verdict") == "insufficient data" and why and why not in text:
+                text += f" To decide: {why}."
+            items.append(text)
+        out.append(("list", items))
+    arms = arm_rows(exp)
+    out.append(("h", 2, "Latency"))
+    out.append(_chart("distribution", svgs, missing))
+    out.append(("table", ["Run", "Model", "SME2", "Threads", "Device", "Status", "Median ms", "p10", "p90", "CV", "n", "Runner"],
+                [[str(r["id"]), r.get("variant") or "A", r.get("sme2"), str(r.get("threads")),
+                  (r.get("device") or {}).get("serial") or "—", r.get("status"),
+                  *([_f(e.get("median")), _f(e.get("p10")), _f(e.get("p90")),
+                     "—" if e.get("cv") is None else f"{100 * e['cv']:.1f}%", str(e.get("n"))]
+                    if (e := r.get("e2e_ms")) else ["—"] * 5),
+                  (r.get("runner") or {}).get("id") or "—"] for r in runs]))
+    problems = [f"Run {r['id']} {r['status']}: {r['reason']}" for r in runs if r.get("reason") and r.get("status") != "succeeded"]
+    if problems:
+        out.append(("list", problems))
+    out.append(("h", 2, "Where the time goes"))
+    out.append(_chart("categories", svgs, missing))
+    if arms:
+        out.append(("table", ["Category"] + [label for label, _, _ in arms],
+                    [[c] + [f"{_f(cats[c])} ms ({100 * cats[c] / (sum(cats.values()) or 1):.1f}%)" for _, cats, _ in arms]
+                     for c in CATEGORIES]
+                    + [["Total (E2E mean)"] + [f"{_f(sum(cats.values()))} ms" for _, cats, _ in arms]]))
+    for c in comps:
+        if c.get("status") != "complete":
+            continue
+        la, lb = (c.get("labels") or ["baseline", "candidate"])[:2]
+        out.append(("h", 3, f"{comparison_title(c)}: by category ({comparison_where(c)})"))
+        cats = c.get("categories") or {}
+        out.append(("table", ["Category", f"{la} ms", f"{lb} ms", "Ratio", "95% interval", "Verdict", f"Share {la}", f"Share {lb}"],
+                    [[k, _f((cats.get(k) or {}).get("baseline_ms")), _f((cats.get(k) or {}).get("candidate_ms")),
+                      _ratio((cats.get(k) or {}).get("speedup")), _ci(cats.get(k) or {}) if (cats.get(k) or {}).get("speedup") is not None else "—",
+                      (cats.get(k) or {}).get("verdict") or "—",
+                      f"{100 * ((cats.get(k) or {}).get('share_before') or 0):.1f}%", f"{100 * ((cats.get(k) or {}).get('share_after') or 0):.1f}%"]
+                     for k in CATEGORIES]))
+        narrative = [line for line in c.get("narrative") or [] if line != c.get("sentence")]
+        if narrative:
+            out.append(("list", narrative))
+    out.append(("p", f"Generated by sme2-client report from {source} at "
+                     f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Ratios are baseline/candidate: "
+                     f"above 1 the candidate is faster."))
+    return out
+
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})
+
+
+def _no_comparisons(exp: dict) -> str:
+    """Why an experiment has no verdict yet: runs still going, a single arm, or no arm pair that measured."""
+    runs = exp.get("runs") or []
+    pending = [r for r in runs if r.get("status") not in TERMINAL]
+    if pending:
+        return (f"No comparisons yet: runs still running ({len(pending)} of {len(runs)} not finished): verdicts pending. "
+                f"Run the report again once the experiment has ended.")
+    s = exp.get("spec") or {}
+    if s.get("sme2") != "both" and not exp.get("vs_model_sha256"):
+        return "No comparisons: the experiment has one arm (submit with SME2 both, or --vs B.pte)."
+    return "No comparisons: no pair of arms has succeeded runs on both sides (see the runs below)."
+
+
+def _chart(name: str, svgs: dict[str, str | None], missing: dict[str, str]) -> tuple:
+    title = dict(CHARTS)[name]
+    return ("chart", name, title, svgs.get(name), missing.get(name))
+
+
+_ENTITY = re.compile(r"&(?=#?[0-9A-Za-z]+;)")
+
+
+def _md_cell(s: Any) -> str:
+    """Markdown text: what would start HTML (``<``, an ``&entity;``) escaped, table pipes escaped; ``->``
+    and ``a > b`` stay as written (only a leading ``>``, a blockquote, is backslash-escaped)."""
+    text = _ENTITY.sub("&amp;", str(s)).replace("<", "&lt;").replace("|", "\\|").replace("\n", " ")
+    return "\\" + text if text.startswith(">") else text
+
+
+def to_markdown(blocks: list[tuple], *, svg_files: dict[str, str] | None = None) -> str:
+    """Markdown; charts inline as raw <svg> blocks, or as images of the files in `svg_files`
+    ({chart name: relative path})."""
+    out: list[str] = []
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            out += ["#" * b[1] + " " + _md_cell(b[2]), ""]
+        elif kind == "p":
+            out += [_md_cell(b[1]), ""]
+        elif kind == "list":
+            out += [f"- {_md_cell(x)}" for x in b[1]] + [""]
+        elif kind == "table":
+            out.append("| " + " | ".join(_md_cell(x) for x in b[1]) + " |")
+            out.append("|" + "---|" * len(b[1]))
+            out += ["| " + " | ".join(_md_cell(x) for x in row) + " |" for row in b[2]]
+            out.append("")
+        elif kind == "chart":
+            _, name, title, svg, why = b
+            if svg is None:
+                if why:
+                    out += [f"*({_md_cell(title)}: not available, {_md_cell(why)})*", ""]
+                continue
+            if svg_files and name in svg_files:
+                out += [f"![{_md_cell(title)}]({svg_files[name]})", ""]
+            else:  # an HTML block: no blank line may occur inside it
+                out += ["\n".join(line for line in svg.splitlines() if line.strip()), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+HTML_STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d2330; max-width: 1100px; margin: 24px auto; padding: 0 20px; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #e2e5ea; padding-bottom: 4px; } h3 { font-size: 14px; }
+table { border-collapse: collapse; margin: 8px 0 12px; font-size: 13px; }
+th, td { border: 1px solid #e2e5ea; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #fafbfc; color: #6a7282; }
+figure { margin: 8px 0; } figure svg { max-width: 100%; height: auto; }
+.muted { color: #6a7282; }
+"""
+
+
+def to_html(blocks: list[tuple]) -> str:
+    title = next((b[2] for b in blocks if b[0] == "h"), "Experiment report")
+    esc = html.escape
+    out = ["<!doctype html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+           f"<title>{esc(str(title))}</title>", f"<style>{HTML_STYLE}</style>", "</head>", "<body>"]
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            out.append(f"<h{b[1]}>{esc(str(b[2]))}</h{b[1]}>")
+        elif kind == "p":
+            out.append(f"<p>{esc(str(b[1]))}</p>")
+        elif kind == "list":
+            out.append("<ul>" + "".join(f"<li>{esc(str(x))}</li>" for x in b[1]) + "</ul>")
+        elif kind == "table":
+            out.append("<table><thead><tr>" + "".join(f"<th>{esc(str(x))}</th>" for x in b[1]) + "</tr></thead><tbody>"
+                       + "".join("<tr>" + "".join(f"<td>{esc(str(x))}</td>" for x in row) + "</tr>" for row in b[2])
+                       + "</tbody></table>")
+        elif kind == "chart":
+            _, name, title_, svg, why = b
+            if svg is not None:
+                out.append(f'<figure data-chart="{esc(name)}">{svg}</figure>')
+            elif why:
+                out.append(f'<p class="muted">({esc(title_)}: not available, {esc(why)})</p>')
+    out += ["</body>", "</html>"]
+    return "\n".join(out) + "\n"
+
+
+# --- the CLI command ----------------------------------------------------------------------------
+
+def cmd_report(args) -> int:
+    from sme2farm.client.cli import _client
+
+    if args.svg_files and not (args.markdown and args.output):
+        print("sme2-client: --svg-files writes the charts beside the document: it needs --markdown and -o FILE",
+              file=sys.stderr)
+        return 2
+    if args.output and not Path(args.output).resolve().parent.is_dir():
+        print(f"sme2-client: cannot write {args.output}: the directory {Path(args.output).parent}/ does not exist "
+              f"(create it first, e.g. mkdir -p {Path(args.output).parent})", file=sys.stderr)
+        return 2
+    client = _client(args)
+    exp, svgs, missing = fetch(client, args.id)
+    blocks = _blocks(exp, svgs, missing, str(client.http.base_url))
+    out = Path(args.output) if args.output else None
+    if args.html:
+        text = to_html(blocks)
+    elif args.svg_files:
+        files = {}
+        for name, svg in svgs.items():
+            if svg is not None:
+                path = out.with_name(f"{out.stem}-{name}.svg")
+                path.write_text(svg, encoding="utf-8")
+                files[name] = path.name
+        text = to_markdown(blocks, svg_files=files)
+    else:
+        text = to_markdown(blocks)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}" + (f" and {len([s for s in svgs.values() if s])} SVG file(s) beside it" if args.svg_files else ""),
+              file=sys.stderr)
+    return 0
+
+
+def add_parser(sub) -> None:
+    rp = sub.add_parser("report", help="one experiment as a Markdown or HTML document with its charts (SVG)",
+                        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp.add_argument("id", type=int, help="experiment id")
+    fmt = rp.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--markdown", action="store_true", help="Markdown, charts as inline <svg> (or files: --svg-files)")
+    fmt.add_argument("--html", action="store_true", help="a standalone HTML page, charts inline")
+    rp.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    rp.add_argument("--svg-files", action="store_true",
+                    help="with --markdown -o FILE: write each chart as FILE-<chart>.svg beside it and link it "
+                         "(the form GitHub renders: it strips inline <svg> and data: images from Markdown)")
+    rp.set_defaults(fn=cmd_report)

@@ -1,0 +1,240 @@
+"""sme2-client suite create|list|run [--wait]|show|delete|pause|resume, and sme2-client regressions [--ack ID]."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+_SHA = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def _model_ref(text: str) -> dict:
+    """--model SHA256[=NAME] or PATH.pte[=NAME]: a path is hashed here (the server must have the
+    model stored already: any experiment that uploaded it did)."""
+    ref, _, name = text.partition("=")
+    if _SHA.match(ref):
+        return {"sha256": ref.lower(), **({"name": name} if name else {})}
+    path = Path(ref)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"--model {ref!r} is neither a sha256 nor a file")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"sha256": h.hexdigest(), "name": name or path.stem}
+
+
+def _client(args):
+    from sme2farm.client.cli import _client as make
+
+    return make(args)
+
+
+def cmd_suite_create(args) -> int:
+    from sme2farm.client.cli import parse_selector
+
+    try:
+        threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    except ValueError:
+        print(f"sme2-client: --threads {args.threads!r}: give comma-separated whole numbers, e.g. 1,4", file=sys.stderr)
+        return 2
+    spec: dict = {"name": args.name, "models": args.model, "sme2": args.sme2, "threads": threads,
+                  "iterations": args.iterations, "warmup": args.warmup, "sessions": args.sessions,
+                  "schedule": args.schedule, "thresholds": {"min_effect": args.min_effect, "alpha": args.alpha},
+                  "canary": args.canary, "webhook": args.webhook}
+    selector = parse_selector(args.device)
+    if selector is not None:
+        spec["device"] = selector.model_dump(exclude_none=True, exclude_defaults=True)
+    suite = _client(args).create_suite(spec)
+    print(json.dumps(suite, indent=2) if args.json else f"suite {suite['name']} created; next run {suite['next_run_at']}")
+    for w in suite.get("warnings") or []:
+        print(f"sme2-client: warning: {w}", file=sys.stderr)
+    return 0
+
+
+def cmd_suite_delete(args) -> int:
+    out = _client(args).delete_suite(args.name)
+    print(json.dumps(out, indent=2) if args.json else
+          f"suite {out['deleted']} deleted with {out['runs']} run(s), {out['points']} point(s) and "
+          f"{out['changes']} regression(s)/improvement(s); its experiments stay")
+    return 0
+
+
+def cmd_suite_pause(args) -> int:
+    suite = _client(args).update_suite(args.name, {"paused": args.suite_cmd == "pause"})
+    print(json.dumps(suite, indent=2) if args.json else
+          f"suite {suite['name']} paused: its schedule starts nothing until resumed (suite run still works)"
+          if suite["paused"] else f"suite {suite['name']} resumed; next run {suite['next_run_at']}")
+    return 0
+
+
+def cmd_suite_list(args) -> int:
+    suites = _client(args).suites()
+    if args.json:
+        print(json.dumps(suites, indent=2))
+        return 0
+    if not suites:
+        print("no suites")
+    for s in suites:
+        models = ", ".join(m["name"] for m in s["models"])
+        print(f"{s['name']:<24} {s['schedule']:<14} next {s['next_run_at'] or '-':<26} last {s['last_run_at'] or '-':<26} "
+              f"{'canary ' if s['canary'] else ''}models: {models}")
+    return 0
+
+
+def detectable_text(d: dict | None) -> str:
+    """GET /suites/{name}/series' `detectable` estimate as one line."""
+    if not d:
+        return ""
+    if d.get("step") is None:
+        return f"  detectable step: {d.get('note', 'not estimated yet')}"
+    return (f"  detectable step ~ {d['step']:.1%} at this device's noise (sigma {d['sigma_between']:.1%} between "
+            f"nights, from {d['noise']}, {d['nights']} baseline nights); {d['note']}")
+
+
+def series_text(series: dict) -> str:
+    lines = []
+    for s in series["series"]:
+        k = s["key"]
+        shown = s["points"][-12:]
+        lines.append(f"{k['model_name']} on {k['device_model']} (SME2 {k['sme2']}, {k['threads']} thread(s)): "
+                     f"{len(s['points'])} point(s), median ms: "
+                     + " ".join(f"{p['median_ms']:.3f}" if p["median_ms"] is not None else "-" for p in shown))
+        for p in shown:
+            if p["median_ms"] is None:  # the "-" above: say why
+                why = (p.get("device_state") or {}).get("reason") or "no samples"
+                lines.append(f"  - experiment {p['experiment_id']} ({p['at']}): no samples: {why}")
+        if s.get("detectable"):
+            lines.append(detectable_text(s["detectable"]))
+        for c in s["changes"]:
+            lines.append(f"  change #{c['id']} [{c['status']}, {c['blamed']}] {c['sentence']}")
+    return "\n".join(lines) or "no points yet"
+
+
+def cmd_suite_show(args) -> int:
+    client = _client(args)
+    suite, series = client.suite(args.name), client.suite_series(args.name)
+    if args.json:
+        print(json.dumps({**suite, "series": series["series"]}, indent=2))
+        return 0
+    print(f"suite {suite['name']}: schedule {suite['schedule']} "
+          f"({'paused' if suite.get('paused') else 'next ' + str(suite['next_run_at'])}), "
+          f"min effect {suite['thresholds']['min_effect']:.1%}, alpha {suite['thresholds']['alpha']:g}"
+          f"{', canary' if suite['canary'] else ''}{', webhook ' + suite['webhook'] if suite['webhook'] else ''}")
+    for r in suite["runs"][:10]:
+        print(f"  run {r['id']} {r['trigger']:<8} {r['status']:<9} {r['triggered_at']} experiments {r['experiment_ids']}"
+              + (f" ({r['reason']})" if r.get("reason") else ""))
+    print(series_text(series))
+    return 0
+
+
+def cmd_suite_run(args) -> int:
+    from sme2farm.client.cli import wait_for
+
+    client = _client(args)
+    srun = client.run_suite(args.name)
+    print(f"suite {args.name}: run {srun['id']} started, experiments {srun['experiment_ids']}", file=sys.stderr)
+    if not args.wait:
+        print(json.dumps(srun, indent=2) if args.json else srun["id"])
+        return 0
+    start = time.monotonic()
+    left = (lambda: None if args.timeout is None else max(1.0, args.timeout - (time.monotonic() - start)))
+    for exp_id in srun["experiment_ids"]:
+        wait_for(client, exp_id, quiet=args.json, timeout=left())
+    # the experiments ended: the analysis (points, detection) follows in the worker
+    while True:
+        run = next((r for r in client.suite(args.name)["runs"] if r["id"] == srun["id"]), None)
+        if run is not None and run["status"] in ("complete", "failed"):
+            break
+        if args.timeout is not None and time.monotonic() - start > args.timeout:
+            raise TimeoutError(f"suite run {srun['id']} not analysed after {args.timeout:g} s")
+        time.sleep(0.2)
+    series = client.suite_series(args.name)
+    print(json.dumps({"run": run, **series}, indent=2) if args.json else series_text(series))
+    # a point without samples (its runs failed, were cancelled or could not run) fails the wait
+    if run["status"] != "complete" or run.get("reason"):
+        print(f"sme2-client: suite run {run['id']} {run['status']}: {run.get('reason') or 'failed'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_regressions(args) -> int:
+    client = _client(args)
+    if args.ack is not None:
+        out = client.acknowledge(args.ack)
+        print(json.dumps(out, indent=2) if args.json else f"acknowledged #{out['id']}: {out['sentence']}")
+        return 0
+    rows = client.regressions(suite=args.suite, candidates=args.candidates)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no regressions or improvements")
+    for r in rows:
+        w = r["webhook"]
+        hook = "" if w["state"] == "none" else f" webhook {w['state']} ({w['attempts']} attempt(s))"
+        print(f"#{r['id']:<5} {r['suite']:<16} {r['direction']:<11} x{r['ratio']:.3f} [{r['status']}, {r['blamed']}]{hook}"
+              f"\n       {r['sentence']}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    su = sub.add_parser("suite", help="suites: models run on a schedule, watched for regressions")
+    ss = su.add_subparsers(dest="suite_cmd", required=True)
+    c = ss.add_parser("create", help="create a suite of stored models")
+    c.add_argument("name")
+    c.add_argument("--model", action="append", required=True, type=_model_ref, metavar="SHA256|PATH.pte[=NAME]",
+                   help="a stored model (repeatable); a path is hashed locally")
+    c.add_argument("--sme2", choices=["on", "off", "both"], default="both")
+    c.add_argument("--threads", default="1", help="comma-separated thread counts")
+    c.add_argument("--iterations", type=int, default=50)
+    c.add_argument("--warmup", type=int, default=3)
+    c.add_argument("--sessions", type=int, default=1)
+    c.add_argument("--device", help="selector: a serial, or platform=android,tags=a+b,sme2=true")
+    c.add_argument("--schedule", default="0 3 * * *",
+                   help="cron, exactly 5 fields: minute hour day month weekday, UTC (default '0 3 * * *': nightly at 03:00)")
+    c.add_argument("--min-effect", type=float, default=0.03,
+                   help="smallest change claimed: a fraction, 0 <= x <= 0.5 (default 0.03: 3%%)")
+    c.add_argument("--alpha", type=float, default=0.0005, help="two-sided level that confirms a change, 0 < x < 1")
+    c.add_argument("--canary", action="store_true", help="this suite's series are their devices' canary")
+    c.add_argument("--webhook", help="http(s) URL alerts are POSTed to (needs an admin token)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_suite_create)
+    ls = ss.add_parser("list", help="list suites")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(fn=cmd_suite_list)
+    sh = ss.add_parser("show", help="a suite, its runs and its series")
+    sh.add_argument("name")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(fn=cmd_suite_show)
+    de = ss.add_parser("delete", help="delete a suite with its runs, series and regressions (not while a run is in flight)")
+    de.add_argument("name")
+    de.add_argument("--json", action="store_true")
+    de.set_defaults(fn=cmd_suite_delete)
+    for verb, what in (("pause", "stop the schedule starting runs (suite run still works)"),
+                       ("resume", "restart the schedule (next run: its next fire time)")):
+        pa = ss.add_parser(verb, help=what)
+        pa.add_argument("name")
+        pa.add_argument("--json", action="store_true")
+        pa.set_defaults(fn=cmd_suite_pause)
+    r = ss.add_parser("run", help="start a suite now",
+                      description="Exit codes: 0 when every point of the run has samples; 1 when a point has none "
+                                  "(its runs failed, were cancelled or could not run: the reason is printed), the "
+                                  "suite run failed, or the server refused; 2 on bad arguments.")
+    r.add_argument("name")
+    r.add_argument("--wait", action="store_true", help="wait for its experiments and the analysis, print the series")
+    r.add_argument("--timeout", type=float, default=None)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_suite_run)
+
+    rg = sub.add_parser("regressions", help="confirmed regressions and improvements; --ack ID accepts one")
+    rg.add_argument("--suite")
+    rg.add_argument("--candidates", action="store_true", help="also unconfirmed candidates")
+    rg.add_argument("--ack", type=int, metavar="ID", help="acknowledge: the change's level becomes the baseline")
+    rg.add_argument("--json", action="store_true")
+    rg.set_defaults(fn=cmd_regressions)

@@ -1,0 +1,149 @@
+"""Suites, their series and the regressions found in them: thin routes over services/suites.py."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from sme2farm.protocol import SuiteSpec, SuiteThresholds
+from sme2farm.server.api.deps import MAX_ID, SessionDep, SettingsDep, SuiteName, TxDep, UserDep
+from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
+from sme2farm.server.services import suites as suite_service
+from sme2farm.server.services import tokens as token_service
+
+router = APIRouter(tags=["suites"])
+
+ChangeId = Annotated[int, Path(ge=1, le=MAX_ID, description="a regression (change) id")]
+
+
+class Unprocessable(BaseModel):
+    """A 422: the body's validation errors (FastAPI's list), or one sentence naming what cannot be done."""
+
+    detail: str | list[dict[str, Any]]
+
+
+UNPROCESSABLE = {422: {"model": Unprocessable, "description": "The body is invalid, or asks for something that "
+                                                               "cannot be done (a model not stored, an invalid cron, "
+                                                               "a webhook that is not http(s), no matching device)"}}
+
+
+class SuitePatch(BaseModel):
+    """PATCH /suites/{name}: only the fields given change."""
+
+    model_config = ConfigDict(extra="forbid")
+    schedule: str | None = Field(default=None, max_length=120, description="cron, 5 fields, UTC")
+    paused: bool | None = Field(default=None, description="true: the schedule starts nothing until resumed")
+    webhook: str | None = Field(default=None, max_length=2000, description="http(s) URL; null or '' removes it (admin)")
+    thresholds: SuiteThresholds | None = None
+
+
+def _needs_admin(user, what: str, why: str = "") -> None:
+    """403 unless the token is an admin's: "<what> needs an admin token, not a <scope> token<why>"."""
+    scope = token_service.canonical(user.scope)
+    if scope != "admin":
+        raise HTTPException(403, f"{what} needs an admin token, not a {scope} token{why}")
+
+
+def _webhook_needs_admin(user) -> None:
+    """The server POSTs to a suite's webhook from inside the farm's network: only an admin may
+    point it somewhere (a submit token could otherwise make it call internal addresses)."""
+    _needs_admin(user, "setting or changing a suite's webhook", " (the server POSTs to it from inside the farm)")
+
+
+def _alerting_needs_admin(suite, user, what: str) -> None:
+    """An admin pointed this suite's alerts at a webhook: a submit token may not silence it
+    (pause, raise the thresholds) or delete it with its history."""
+    if suite.webhook:
+        _needs_admin(user, f"suite {suite.name!r} alerts a webhook an admin set up: to {what} it")
+
+
+@router.post("/suites", status_code=201, responses={**CONFLICT, **UNPROCESSABLE})
+def create_suite(spec: SuiteSpec, tx: TxDep, user: UserDep) -> dict[str, Any]:
+    """A suite of stored models (by sha256), run on its cron schedule (5 fields, UTC; default
+    nightly at 03:00). 409 if the name is taken (ignoring case); 422 naming a missing model, an
+    invalid cron, a webhook that is not http(s), a device selector nothing matches, or sme2 'on'
+    with no SME2 device among the matching ones (sme2 'both' is accepted with a `warnings` entry:
+    only its off series will have points). A webhook needs an admin token (403)."""
+    if spec.webhook and spec.webhook.strip():
+        _webhook_needs_admin(user)
+    with tx() as session:
+        return suite_service.to_dict(suite_service.create(session, spec=spec))
+
+
+@router.get("/suites")
+def list_suites(session: SessionDep, _user: UserDep) -> list[dict[str, Any]]:
+    return [suite_service.to_dict(s) for s in suite_service.get_all(session)]
+
+
+@router.get("/suites/{name}", responses=NOT_FOUND)
+def get_suite(name: SuiteName, session: SessionDep, _user: UserDep) -> dict[str, Any]:
+    """The suite and its runs, newest first."""
+    return suite_service.detail(session, suite_service.get(session, name))
+
+
+@router.patch("/suites/{name}", responses={**NOT_FOUND, **UNPROCESSABLE})
+def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep) -> dict[str, Any]:
+    """Change the schedule, pause or resume (paused: the schedule starts nothing; `run` still
+    does), change the thresholds (the next analysis uses them), or set/remove the webhook (admin)."""
+    changes = patch.model_dump(exclude_unset=True)
+    if "thresholds" in changes:
+        if patch.thresholds is None:
+            raise HTTPException(422, "thresholds: give min_effect and/or alpha, not null")
+        changes["thresholds"] = patch.thresholds.model_dump(exclude_unset=True)  # the others stay
+    if "schedule" in changes and patch.schedule is None:
+        raise HTTPException(422, "schedule: give a cron expression, not null")
+    if "webhook" in changes:
+        _webhook_needs_admin(user)
+    with tx() as session:
+        suite = suite_service.get(session, name)
+        _alerting_needs_admin(suite, user, "change")
+        return suite_service.to_dict(suite_service.update_suite(session, suite, changes))
+
+
+@router.delete("/suites/{name}", responses={**NOT_FOUND, **CONFLICT})
+def delete_suite(name: SuiteName, tx: TxDep, user: UserDep) -> dict[str, Any]:
+    """Delete the suite, its runs, series points and regressions (the experiments it made stay).
+    409 while one of its runs is in flight: cancel that experiment or wait. A suite that alerts a
+    webhook (an admin set it up) needs an admin token to delete or change (403)."""
+    with tx() as session:
+        suite = suite_service.get(session, name)
+        _alerting_needs_admin(suite, user, "delete")
+        return suite_service.delete(session, suite)
+
+
+@router.post("/suites/{name}/run", status_code=201, responses={**NOT_FOUND, **UNPROCESSABLE})
+def run_suite(name: SuiteName, tx: TxDep, settings: SettingsDep, _user: UserDep) -> dict[str, Any]:
+    """Start the suite now (one experiment per model); its schedule is unchanged."""
+    with tx() as session:
+        suite = suite_service.get(session, name)
+        srun = suite_service.start_run(session, suite, trigger="manual", max_runs=settings.max_runs_per_experiment)
+        return {"suite": suite.name, "id": srun.id, "trigger": srun.trigger, "status": srun.status,
+                "triggered_at": suite_service._iso(srun.triggered_at),
+                "experiment_ids": [e.experiment_id for e in srun.experiments]}
+
+
+@router.get("/suites/{name}/series", responses=NOT_FOUND)
+def get_series(name: SuiteName, session: SessionDep, _user: UserDep) -> dict[str, Any]:
+    """One series per model x device model x sme2 x threads: points (median and p10-p90 of the
+    iterations, run ids, runner, ExecuTorch version, device state) and the changes flagged."""
+    return suite_service.series(session, suite_service.get(session, name))
+
+
+@router.get("/regressions")
+def list_regressions(session: SessionDep, _user: UserDep,
+                     suite: Annotated[str | None, Query(max_length=64, description="only this suite's")] = None,
+                     candidates: Annotated[bool, Query(description="also unconfirmed candidates")] = False,
+                     ) -> list[dict[str, Any]]:
+    """Confirmed and acknowledged changes (regressions and improvements), newest first."""
+    if suite is not None:
+        suite_service.get(session, suite)  # 404 naming an unknown suite
+    return suite_service.regressions(session, include_candidates=candidates, suite=suite)
+
+
+@router.post("/regressions/{change_id}/acknowledge", responses=NOT_FOUND)
+def acknowledge(change_id: ChangeId, tx: TxDep, _user: UserDep) -> dict[str, Any]:
+    """Accept the change: its first point becomes the series' baseline, and it no longer alerts."""
+    with tx() as session:
+        return suite_service.acknowledge(session, change_id)

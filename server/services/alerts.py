@@ -1,0 +1,99 @@
+"""Alerts: a confirmed model change POSTed as JSON to its suite's webhook.
+
+The Celery task (worker/tasks.py deliver_alert) calls :func:`prepare` in one short transaction,
+:func:`post` with no transaction open (a slow webhook holds no database connection and no
+lock), then :func:`record` in another. Retries are the task's (countdown doubling from
+SME2_WEBHOOK_BACKOFF_S, at most SME2_WEBHOOK_ATTEMPTS deliveries); the delivery state, attempt
+count and last error are on the change row (GET /regressions shows them). The task is sent
+after the detection's commit and runs on its own, so a webhook that is down never holds up
+ingest or dispatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from sqlalchemy.orm import Session
+
+from sme2farm import __version__
+from sme2farm.server.models import Suite, SuiteChange, utcnow
+
+DELIVERABLE = ("pending", "retrying")
+
+
+@dataclass
+class Delivery:
+    url: str
+    payload: dict[str, Any]
+
+
+def _links(base: str | None, experiment_id: int | None) -> dict[str, Any] | None:
+    if experiment_id is None:
+        return None
+    base = (base or "").rstrip("/")
+    return {"id": experiment_id, "api": f"{base}/experiments/{experiment_id}",
+            "dashboard": f"{base}/#/experiments/{experiment_id}"}
+
+
+def payload(change: SuiteChange, suite: Suite, public_url: str | None) -> dict[str, Any]:
+    base = (public_url or "").rstrip("/")
+    return {
+        "event": f"sme2farm.{change.direction}", "id": change.id, "suite": suite.name,
+        "key": {"model_sha256": change.model_sha256, "model_name": change.model_name,
+                "device_model": change.device_model, "sme2": change.sme2, "threads": change.threads},
+        "direction": change.direction, "ratio": change.ratio, "ci_low": change.ci_low, "ci_high": change.ci_high,
+        "status": change.status, "blamed": change.blamed, "sentence": change.sentence,
+        "experiment": _links(base, change.experiment_id),
+        "baseline_experiment": _links(base, change.baseline_experiment_id),
+        "links": {"regressions": f"{base}/regressions", "series": f"{base}/suites/{suite.name}/series",
+                  "acknowledge": f"{base}/regressions/{change.id}/acknowledge",
+                  "dashboard": f"{base}/#/suites/{suite.name}"},
+        "detected_at": change.detected_at.isoformat() if change.detected_at else None,
+    }
+
+
+def prepare(session: Session, change_id: int, public_url: str | None) -> Delivery | None:
+    """What to POST, or None when there is nothing to deliver (delivered already, acknowledged
+    meanwhile, the suite lost its webhook, the change is gone)."""
+    change = session.get(SuiteChange, change_id)
+    if change is None or change.webhook_state not in DELIVERABLE:
+        return None
+    suite = session.get(Suite, change.suite_id)
+    if suite is None or not suite.webhook:
+        change.webhook_state = "none"
+        return None
+    return Delivery(suite.webhook, payload(change, suite, public_url))
+
+
+def post(delivery: Delivery, timeout_s: float) -> str | None:
+    """One POST. None when the webhook took it (2xx), else the error, named. No redirects are
+    followed (the payload goes to the URL configured, nowhere else)."""
+    try:
+        r = httpx.post(delivery.url, json=delivery.payload, timeout=timeout_s, follow_redirects=False,
+                       headers={"User-Agent": f"sme2farm/{__version__}", "X-SME2-Event": delivery.payload["event"]})
+    except httpx.HTTPError as e:
+        # the class only: an exception's text may carry the URL, whose path is often the secret
+        return type(e).__name__
+    if 200 <= r.status_code < 300:
+        return None
+    # the status only: the body is whatever the host answered, and read tokens see last_error
+    return f"HTTP {r.status_code} {r.reason_phrase}"[:100]
+
+
+def record(session: Session, change_id: int, error: str | None, *, max_attempts: int) -> str:
+    """Store one attempt's outcome; returns the new state: delivered | retrying | failed (or the
+    state it was moved to meanwhile, e.g. cancelled by an acknowledgement)."""
+    change = session.get(SuiteChange, change_id)
+    if change is None:
+        return "gone"
+    change.webhook_attempts += 1
+    if error is None:
+        change.webhook_state, change.webhook_last_error = "delivered", ""
+        return "delivered"
+    change.webhook_last_error = f"{utcnow().isoformat(timespec='seconds')} {error}"
+    if change.webhook_state not in DELIVERABLE:
+        return change.webhook_state
+    change.webhook_state = "retrying" if change.webhook_attempts < max_attempts else "failed"
+    return change.webhook_state

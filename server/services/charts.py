@@ -1,0 +1,179 @@
+"""An experiment's charts as SVG (analysis/charts.py draws; this picks the data from stored rows).
+
+The same SVG goes to the dashboard (inserted inline), to `sme2-client report` documents and to
+anyone who GETs it, so every view of an experiment shows one drawing of it.
+
+- ``distribution``: per arm (device x threads x mode x model variant x SME2 setting) the pooled
+  per-iteration latencies of its succeeded runs (all sessions);
+- ``categories``: per arm the mean ms per iteration of each category over its sessions;
+- ``verdicts``: the experiment's comparisons (kind sme2 and kind model) as a forest plot;
+  incomplete ones are listed with their verdict "incomplete" and no ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from sqlalchemy.orm import Session
+
+from sme2farm.analysis import charts
+from sme2farm.analysis.categories import CATEGORIES
+from sme2farm.analysis.stats import pooled, trimmed_mean
+from sme2farm.server.models import Experiment, Run
+from sme2farm.server.services import experiments as experiment_service
+from sme2farm.server.services import suites as suite_service
+from sme2farm.server.services.errors import NotFound
+
+NAMES = ("distribution", "categories", "verdicts")
+
+
+def _key(run: Run) -> tuple:
+    serial = (run.device_snapshot or {}).get("serial") or ""
+    return (serial, run.threads, run.mode, getattr(run, "variant", None) or "A", run.sme2)
+
+
+def arm_label(key: tuple, varying: set[int], two_models: bool) -> str:
+    """'SME2 on', or with what else tells arms apart: 'B · SME2 on · 4 threads · <serial>'."""
+    serial, threads, mode, variant, sme2 = key
+    parts = []
+    if two_models:
+        parts.append(f"model {variant}")
+    parts.append(f"SME2 {sme2}")
+    if 1 in varying:
+        parts.append(f"{threads} thr")
+    if 2 in varying:
+        parts.append(mode)
+    if 0 in varying:
+        parts.append(serial)
+    return " · ".join(parts)
+
+
+def arms(exp: Experiment) -> list[tuple[str, list[Run]]]:
+    """The experiment's arms with at least one succeeded run, in a stable order, labelled."""
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for r in exp.runs:
+        if r.status == "succeeded" and r.result is not None:
+            groups[_key(r)].append(r)
+    keys = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "off"))
+    varying = {i for i in range(5) if len({k[i] for k in keys}) > 1}
+    two_models = exp.vs_model_sha256 is not None if hasattr(exp, "vs_model_sha256") else False
+    return [(arm_label(k, varying, two_models), groups[k]) for k in keys]
+
+
+def _iterations(run: Run) -> list[float]:
+    return list((run.result.analysis or {}).get("iterations_ms") or [])
+
+
+def _categories(runs: list[Run]) -> dict[str, float]:
+    """Each category's 10% trimmed mean per iteration over the arm's iterations, as the verdicts
+    and shares of analysis.compare use: a plain mean let one preempted iteration stack a bar 12x
+    taller than the median latency. Runs stored without per-iteration samples use their means."""
+    out = {}
+    for c in CATEGORIES:
+        samples = pooled([((r.result.analysis or {}).get("category_iterations_ms") or {}).get(c) or [] for r in runs])
+        if samples.size:
+            out[c] = trimmed_mean(samples)
+        else:
+            vals = [float((r.result.categories_ms or {}).get(c) or 0.0) for r in runs]
+            out[c] = sum(vals) / len(vals) if vals else 0.0
+    return out
+
+
+def comparison_label(c: dict, multi_where: bool) -> str:
+    if c.get("kind") == "model":
+        head = f"A→B · SME2 {c.get('sme2')}" + (" (A/A)" if c.get("a_a") else "")
+    else:
+        head = "SME2 off→on" + (f" · model {c['variant']}" if c.get("variant") == "B" else "")
+    if multi_where:
+        head += f" · {c.get('threads')} thr · {c.get('device') or c.get('device_model') or '?'}"
+    return head
+
+
+def side_ref(side: dict) -> str:
+    """A side of GET /comparisons as it was asked for: R34, E12, or E12/B (model B of a --vs experiment)."""
+    if side.get("kind") == "run":
+        return f"R{side.get('id')}"
+    return f"E{side.get('id')}" + ("/B" if side.get("variant") == "B" else "")
+
+
+def forest_rows(comparisons: list[dict], *, label=None) -> tuple[list[dict], float | None]:
+    """Forest-plot rows of comparison entries (experiment comparisons or GET /comparisons entries)
+    and the minimum effect they were judged at (None if none says)."""
+    wheres = {(c.get("threads"), c.get("device") or c.get("device_model"), c.get("mode")) for c in comparisons}
+    label = label or (lambda c: comparison_label(c, len(wheres) > 1))
+    rows, min_effect = [], None
+    for c in comparisons:
+        complete = c.get("status", "complete") == "complete"
+        rows.append({"label": label(c), "ratio": c.get("speedup") if complete else None,
+                     "ci_low": c.get("ci_low") if complete else None, "ci_high": c.get("ci_high") if complete else None,
+                     "verdict": (c.get("verdict") or "no verdict") if complete else "incomplete",
+                     "sentence": c.get("sentence") if complete else c.get("reason")})
+        if complete and min_effect is None and c.get("min_effect") is not None:
+            min_effect = float(c["min_effect"])
+    return rows, min_effect
+
+
+SERIES_SPREAD = "95% interval of the median"
+
+
+def median_interval(samples, level: float = 0.95) -> tuple[float, float] | None:
+    """Distribution-free interval of the median of the pooled iterations: the order statistics
+    x(k)..x(n+1-k) with k the largest rank whose binomial tail P(Bin(n, 1/2) < k) stays within
+    (1 - level) / 2. Meaningful for 10 iterations (x(2)..x(9), 97.9%), unlike p10..p90 which is
+    then the worst sample or two. None below 6 iterations (no 95% interval exists)."""
+    x = np.sort(pooled([s for s in (samples or []) if s is not None]))
+    n = x.size
+    if n < 6:
+        return None
+    tail = (1.0 - level) / 2
+    if n <= 1000:  # exact, in integers: the largest k with sum_{i<k} C(n, i) <= tail * 2^n
+        budget, below, k = tail * 2 ** n, 0, 0
+        while below + math.comb(n, k) <= budget:
+            below += math.comb(n, k)
+            k += 1
+    else:
+        k = int(math.floor(n / 2 - 1.959963985 * math.sqrt(n) / 2))
+    k = max(k, 1)
+    return float(x[k - 1]), float(x[n - k])
+
+
+def series_chart_points(session: Session, suite, key: dict, points: list[dict]) -> list[dict]:
+    """The series' points with low_ms/high_ms replaced by each point's 95% interval of the median
+    (from its stored samples), for the chart; a point without one keeps no spread."""
+    stored = suite_service._series_points(session, suite.id, (key["model_sha256"], key["device_model"], key["sme2"],
+                                                                key["threads"]))
+    if len(stored) != len(points):  # written while we read: draw what the JSON says
+        return points
+    out = []
+    for p, sp in zip(points, stored):
+        iv = median_interval(sp.samples) if p.get("median_ms") is not None else None
+        out.append({**p, "low_ms": iv[0] if iv else None, "high_ms": iv[1] if iv else None})
+    return out
+
+
+def render(exp: Experiment, name: str) -> str:
+    """One chart of a loaded experiment (runs and results loaded)."""
+    title_of = f"experiment {exp.id}" + (f" · {exp.name}" if exp.name else "")
+    if name == "distribution":
+        return charts.distribution_chart([(label, np.concatenate([np.asarray(_iterations(r), dtype=np.float64) for r in runs]))
+                                          for label, runs in arms(exp)],
+                                         title=f"Latency per iteration, {title_of}")
+    if name == "categories":
+        return charts.category_bars([(label, _categories(runs)) for label, runs in arms(exp)],
+                                    title=f"Where the time goes (ms per iteration, 10% trimmed mean), {title_of}")
+    if name == "verdicts":
+        rows, min_effect = forest_rows(list(exp.comparisons or []))
+        return charts.forest_plot(rows, min_effect=min_effect, title=f"Verdicts, {title_of}")
+    raise NotFound(f"no chart {name!r}; charts are {', '.join(NAMES)}")
+
+
+def experiment_chart(session: Session, *, experiment_id: int, name: str) -> str:
+    if name not in NAMES:
+        raise NotFound(f"no chart {name!r}; charts are {', '.join(NAMES)}")
+    exp = experiment_service.get(session, experiment_id=experiment_id)
+    if exp is None:
+        raise NotFound(f"experiment {experiment_id} not found")
+    return render(exp, name)
