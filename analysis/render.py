@@ -7,7 +7,7 @@ import io
 import numpy as np
 
 from .categories import CATEGORIES, category_of
-from .etdump import KIND_PROFILE, EtdumpError, read_etdump
+from .etdump import KIND_PROFILE, EtdumpError, Events, read_etdump
 from .report import TICKS_PER_MS
 
 
@@ -98,12 +98,12 @@ def to_csv(report: dict) -> str:
     return buf.getvalue()
 
 
-def to_perfetto(etdump: bytes, iteration: int = 0) -> dict:
+def to_perfetto(etdump: bytes | Events, iteration: int = 0) -> dict:
     """Chrome trace-event JSON (opens in ui.perfetto.dev / chrome://tracing) of one Execute
     iteration: complete ("X") events in µs relative to the iteration's first event. Delegate
     operator events carry synthetic starts (XNNPACK times each op, not its start), so they
     are laid end to end inside their DELEGATE_CALL."""
-    ev = read_etdump(etdump)
+    ev = etdump if isinstance(etdump, Events) else read_etdump(etdump)
     runs = [i for i, n in enumerate(ev.run_names) if n == "Execute"]
     if not runs:
         raise EtdumpError("no Execute block in this ETDump: nothing to draw")

@@ -237,9 +237,11 @@ def _operator_iterations(m: _Model, names: list[str]) -> dict[str, list[float]]:
     return {t: [float(x) for x in sums[index[t]]] for t in names if t in index}
 
 
-def analyze(etdump: bytes, *, kernel_log: str | None = None, skip_first: int = 0) -> dict:
-    """The JSON-ready report of one ETDump. See the module docstring for the event model."""
-    ev = read_etdump(etdump)
+def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first: int = 0) -> dict:
+    """The JSON-ready report of one ETDump (its bytes, or the Events read_etdump made of them,
+    so a caller that also renders the trace reads it once). See the module docstring for the
+    event model."""
+    ev = etdump if isinstance(etdump, Events) else read_etdump(etdump)
     m = _Model(ev, skip_first=skip_first)
     kernels = parse_kernel_log(kernel_log)
     n_it = m.n_it

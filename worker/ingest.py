@@ -40,7 +40,7 @@ class Ingester:
             raise IngestError(f"no {TRACE} was stored for this run")
         kernel_log_path = self.files.artifact_path(run.id, KERNEL_LOG)
         kernel_log = kernel_log_path.read_text(errors="replace") if kernel_log_path.exists() else None
-        etdump = trace.read_bytes()
+        etdump = analysis.read_etdump(trace.read_bytes())  # read once, for the report and the Perfetto trace
         report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace)
         if report["n_iterations"] == 0:
             total = report["n_iterations"] + report["skipped_iterations"]
