@@ -421,10 +421,11 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
         pg0 = pg_cpu(db_name)
         load0 = os.getloadavg()[0]
         spies = []
-        if args.py_spy:  # sample the server and the worker (with its pool children) through the load
+        if args.py_spy:  # sample the server and the worker (with its pool children) through the load,
+            # without pausing them (py-spy's default pauses each process per sample: it halved throughput)
             for name in ("server", "worker"):
                 out = open(work / f"py-spy-{name}.txt", "wb")
-                spies.append(subprocess.Popen([args.py_spy, "record", "--format", "raw", "--rate", "50", "--subprocesses",
+                spies.append(subprocess.Popen([args.py_spy, "record", "--nonblocking", "--format", "raw", "--rate", "50", "--subprocesses",
                                                "--pid", str(procs.procs[name].pid), "-o", str(work / f"py-spy-{name}.raw")],
                                               stdout=out, stderr=subprocess.STDOUT))
         wall0 = time.time()

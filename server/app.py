@@ -20,7 +20,7 @@ from sme2farm.server.config import Settings, get_settings
 from sme2farm.server.api import tokens as token_routes
 from sme2farm.server.api import suites as suite_routes
 from sme2farm.server.db import session_scope
-from sme2farm.server.limits import BodyLimits, RateLimiter, request_validation_error
+from sme2farm.server.limits import AgentGate, AgentGateMiddleware, BodyLimits, RateLimiter, request_validation_error
 from sme2farm.server.metrics import HttpMetrics
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.storage import Store
@@ -102,6 +102,8 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     app.state.enqueue = enqueue or celery_enqueue(settings)
     install_error_handlers(app)  # domain errors -> 404/409, once for every route
     app.state.limiter = make_limiter(settings)
+    app.state.agent_gate = AgentGate(settings.agent_concurrency)
+    app.add_middleware(AgentGateMiddleware, gate=app.state.agent_gate)  # inside BodyLimits: a turn once the body is in
     app.add_middleware(BodyLimits, max_bytes=settings.max_json_kb << 10)
     app.add_exception_handler(RequestValidationError, request_validation_error)
     for module in (experiments, runs, comparisons, charts, devices, agents, ops):

@@ -107,7 +107,9 @@ class BodyLimits:
             if not message.get("more_body"):
                 break
         ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if ctype == b"application/json" or ctype.endswith(b"+json"):
+        # depth <= the number of opening brackets: most bodies are cleared by two C-speed counts
+        if (ctype == b"application/json" or ctype.endswith(b"+json")) and \
+                body.count(b"[") + body.count(b"{") > self.max_depth:
             try:
                 if len(body) > 65536:  # ~0.1 s a megabyte at worst: off the event loop
                     from starlette.concurrency import run_in_threadpool
@@ -129,6 +131,59 @@ class BodyLimits:
             return await receive()  # after the body: wait for the disconnect, as the server would
 
         await self.app(scope, replay, send)
+
+
+# ---- the agent protocol's share of the server -------------------------------------------------
+
+
+class AgentGate:
+    """At most `limit` agent-protocol requests are worked on at once; the rest wait their turn on
+    the event loop (where waiting costs nothing). Without it a fleet's requests (200 devices each
+    starting, uploading and finishing runs) took every threadpool thread and the dashboard's and
+    CLI's requests queued behind them: seconds under bench/scale.py's load. Claims (long-polls
+    that mostly wait), model and input downloads (file streams) and artifact bodies (which stream
+    before the route takes its turn: agents.upload_artifact enters the gate itself) pass by.
+
+    `async with gate:` takes a turn; AgentGateMiddleware takes one around each gated request."""
+
+    PASSED_BY = (("POST", re.compile(r"^/agent/claim/?$")), ("GET", re.compile(r"^/agent/")),
+                 ("PUT", re.compile(r"^/agent/runs/[^/]+/artifacts/[^/]+$")))
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._sem, self._loop = None, None
+
+    def gated(self, scope) -> bool:
+        path = scope.get("path", "")
+        return (self.limit > 0 and scope["type"] == "http" and path.startswith("/agent/")
+                and not any(scope["method"] == m and rx.match(path) for m, rx in self.PASSED_BY))
+
+    async def __aenter__(self):
+        import asyncio
+
+        if self.limit <= 0:
+            return self
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a semaphore belongs to one event loop (tests run several)
+            self._sem, self._loop = asyncio.Semaphore(self.limit), loop
+        await self._sem.acquire()
+        return self
+
+    async def __aexit__(self, *exc):
+        if self.limit > 0:
+            self._sem.release()
+
+
+class AgentGateMiddleware:
+    def __init__(self, app, gate: AgentGate):
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope, receive, send):
+        if not self.gate.gated(scope):
+            await self.app(scope, receive, send)
+            return
+        async with self.gate:
+            await self.app(scope, receive, send)
 
 
 # ---- rate limits ---------------------------------------------------------------------------
@@ -157,11 +212,17 @@ class RateLimiter:
     taken); check() only looks. Memory backend: a dict, pruned of full buckets when it grows."""
 
     MAX_KEYS = 100_000
+    # With Redis, a check() that found the bucket not empty is believed for this long without
+    # asking again (every agent request checks its IP's failed-authentication bucket: the round
+    # trip was 9% of the server's time under bench/scale.py's load). A hit() from this process
+    # forgets it at once, so only other processes' hits go unseen, for at most this long.
+    CHECK_MEMO_S = 1.0
 
     def __init__(self, redis_url: str | None = None, namespace: str = "sme2farm:rl"):
         self.namespace = namespace
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[float, float]] = {}
+        self._clear_until: dict[str, float] = {}  # key -> monotonic time its check() is believed to
         self._redis = None
         self._script = None
         if redis_url:
@@ -179,6 +240,8 @@ class RateLimiter:
             return 0.0  # disabled
         rate, burst = rate_per_min / 60.0, max(1.0, rate_per_min)
         if self._redis is not None:
+            if cost:
+                self._clear_until.pop(key, None)
             try:
                 return float(self._script(keys=[f"{self.namespace}:{key}"], args=[rate, burst, cost]))
             except Exception as e:  # Redis down: do not take the API down with it
@@ -198,7 +261,17 @@ class RateLimiter:
         return wait
 
     def check(self, key: str, rate_per_min: float) -> float:
-        return self.hit(key, rate_per_min, cost=0.0)
+        if self._redis is None:
+            return self.hit(key, rate_per_min, cost=0.0)
+        now = time.monotonic()
+        if self._clear_until.get(key, 0.0) > now:
+            return 0.0
+        wait = self.hit(key, rate_per_min, cost=0.0)
+        if not wait:
+            if len(self._clear_until) > self.MAX_KEYS:
+                self._clear_until = {k: t for k, t in self._clear_until.items() if t > now}
+            self._clear_until[key] = now + self.CHECK_MEMO_S
+        return wait
 
     def _prune(self, now: float, rate: float, burst: float) -> None:
         self._buckets = {k: v for k, v in self._buckets.items() if v[0] + (now - v[1]) * rate < burst}

@@ -251,6 +251,15 @@ def test_rate_limits_live_in_redis_when_the_broker_is_redis(redis_url, tmp_path)
     wait = one.hit("k", 2)
     assert 0 < wait <= 30
     assert two.check("k", 2) > 0
+    # a check that found a bucket not empty is believed for CHECK_MEMO_S without asking Redis;
+    # another process's hits show once it lapses, this process's own hits at once
+    assert one.check("m", 1) == 0.0
+    assert two.hit("m", 1) == 0.0 and two.hit("m", 1) > 0  # the bucket is empty now
+    assert one.check("m", 1) == 0.0  # not seen yet (memo)
+    one._clear_until["m"] = 0.0  # the memo lapses
+    assert one.check("m", 1) > 0
+    assert two.check("n", 1) == 0.0 and two.hit("n", 1) == 0.0
+    assert two.hit("n", 1) > 0 and two.check("n", 1) > 0  # its own hit forgot the memo
     # Redis down: the API keeps answering, unlimited, rather than failing with it
     assert RateLimiter("redis://127.0.0.1:1/0", ns).hit("k", 1) == 0.0
 

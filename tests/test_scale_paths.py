@@ -343,3 +343,51 @@ def test_finish_assigns_the_devices_next_run_and_the_agents_claim_gets_it_withou
     api.client.post(f"/agent/runs/{second['run_id']}/finish", json={"lease_id": lease, "status": "failed", "reason": "x"},
                     headers=auth)
     assert (TASK_DISPATCH,) in api.enqueued
+
+
+def test_the_agent_gate_works_agent_requests_limit_at_a_time_and_lets_users_by():
+    """Six agent requests against a gate of two: never more than two inside at once, queued in
+    arrival order; the user's request, the claim long-poll and an artifact body do not wait."""
+    from sme2farm.server.limits import AgentGate, AgentGateMiddleware
+
+    inside, most, order = 0, 0, []
+    release = None
+
+    async def app(scope, receive, send):
+        nonlocal inside, most
+        order.append(scope["path"])
+        if scope["path"].startswith("/agent/runs/") and scope["method"] == "POST":  # start, finish
+            inside += 1
+            most = max(most, inside)
+            await release.wait()
+            inside -= 1
+
+    def http(method, path):
+        return {"type": "http", "method": method, "path": path}
+
+    async def main():
+        nonlocal release
+        release = asyncio.Event()
+        mw = AgentGateMiddleware(app, AgentGate(2))
+        agents = [asyncio.create_task(mw(http("POST", f"/agent/runs/{i}/finish"), None, None)) for i in range(6)]
+        await asyncio.sleep(0.05)
+        assert most == 2 and order == ["/agent/runs/0/finish", "/agent/runs/1/finish"]
+        # passed by while the gate is full: a user, a claim, an artifact body, a model download
+        for method, path in (("GET", "/experiments"), ("POST", "/agent/claim"),
+                             ("PUT", "/agent/runs/9/artifacts/trace.etdump"), ("GET", "/agent/models/ab")):
+            await asyncio.wait_for(mw(http(method, path), None, None), 1.0)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*agents), 2.0)
+        assert [p for p in order if p.endswith("/finish")] == [f"/agent/runs/{i}/finish" for i in range(6)]
+        # 0 turns the gate off
+        release.clear()
+        most_before = most
+        free = AgentGateMiddleware(app, AgentGate(0))
+        tasks = [asyncio.create_task(free(http("POST", f"/agent/runs/{i}/start"), None, None)) for i in range(4)]
+        await asyncio.sleep(0.05)
+        assert inside == 4
+        release.set()
+        await asyncio.gather(*tasks)
+        return most_before
+
+    assert asyncio.run(main()) == 2
