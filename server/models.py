@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -198,6 +198,9 @@ class Suite(Base):
     each model x device model x sme2 x threads is a series the regression detector watches."""
 
     __tablename__ = "suites"
+    # Names are unique ignoring case ("Nightly" next to "nightly" is a mistake): the service
+    # says so with a 409, this index holds it when two creates race (migration 0009).
+    __table_args__ = (Index("uq_suites_name_lower", text("lower(name)"), unique=True),)
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     models: Mapped[list[Any]] = mapped_column()  # [{"sha256", "name"}], stored models

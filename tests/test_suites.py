@@ -196,6 +196,27 @@ def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_u
         assert last["status"] == "failed" and "no device matches" in last["reason"]
 
 
+def test_two_creates_racing_on_one_name_ignoring_case_store_one_suite(db_url, monkeypatch):
+    """The service's own check is passed by (as by a create that committed in between): the
+    unique index on lower(name) refuses the second, a 409 naming the rule, the first kept."""
+    from sme2farm.protocol import SuiteSpec
+    from sme2farm.server.models import Suite
+    from sme2farm.server.services import suites
+    from sme2farm.server.services.errors import Conflict
+
+    _, tx = _tx(db_url)
+    with tx() as s:
+        _farm_rows(s)
+        _suite(s)
+    monkeypatch.setattr(suites, "_name_taken", lambda session, name: None)
+    with tx() as s:
+        with pytest.raises(Conflict, match="unique ignoring case"):
+            suites.create(s, spec=SuiteSpec.model_validate({"name": "NIGHTLY", "models": [{"sha256": "a" * 64}]}))
+        from sqlalchemy import select
+
+        assert s.scalars(select(Suite.name)).all() == ["nightly"]
+
+
 def test_bad_suites_are_refused_naming_the_problem(db_url):
     from sme2farm.protocol import SuiteSpec
     from sme2farm.server.services import suites

@@ -28,6 +28,7 @@ import numpy as np
 from cronsim import CronSim, CronSimError
 from sqlalchemy import delete as sa_delete
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from sme2farm.analysis import regression
@@ -148,8 +149,12 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
                   sessions=spec.sessions, schedule=schedule, min_effect=spec.thresholds.min_effect,
                   alpha=spec.thresholds.alpha, canary=spec.canary, webhook=webhook,
                   next_run_at=next_fire(schedule, now), created_at=now)
-    session.add(suite)
-    session.flush()
+    try:
+        with session.begin_nested():
+            session.add(suite)
+            session.flush()
+    except IntegrityError:  # another create of this name (ignoring case) committed meanwhile
+        raise Conflict("duplicate", f"a suite named {spec.name!r} exists already (names are unique ignoring case)")
     suite.warnings = warnings
     return suite
 
