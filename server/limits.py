@@ -222,7 +222,7 @@ class RateLimiter:
         self.namespace = namespace
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[float, float]] = {}
-        self._clear_until: dict[str, float] = {}  # key -> monotonic time its check() is believed to
+        self._clear_until: dict[str, float] = {}  # key -> monotonic time until which "not limited" is believed
         self._redis = None
         self._script = None
         if redis_url:
