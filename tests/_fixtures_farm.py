@@ -3,6 +3,7 @@ an in-process API with a recording task queue, and a whole farm started for real
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -33,6 +34,48 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(what: str, check, timeout_s: float, every: float = 0.05, log=None):
+    """check()'s first truthy value, or fail naming `what` after timeout_s. `log` (a Path, whose
+    tail is shown, or a callable returning text) says what the processes under test wrote."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            if callable(log):
+                tail = log()
+            else:
+                tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+            pytest.fail(f"{what} (waited {timeout_s:g} s)" + (f"\n{tail}" if tail else ""))
+        time.sleep(every)
+
+
+@contextlib.contextmanager
+def serve_app(settings):
+    """The real app under uvicorn in a thread on a loopback port, its task queue recorded, not
+    sent: yields (url, admin token, the list of enqueued tasks)."""
+    import threading
+
+    import uvicorn
+
+    from sme2farm.server.app import create_app, ensure_admin_token
+
+    token = ensure_admin_token(settings)
+    enqueued: list = []
+    app = create_app(settings, enqueue=lambda *a: enqueued.append(a))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for("uvicorn started", lambda: server.started, 10, every=0.01)
+        yield f"http://127.0.0.1:{port}", token, enqueued
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="session")
@@ -104,31 +147,12 @@ class Api:
 
 @pytest.fixture
 def api(tmp_path, db_url) -> Api:
-    import threading
-
-    import uvicorn
-
-    from sme2farm.server.app import create_app, ensure_admin_token
     from sme2farm.server.config import Settings
 
     settings = Settings(data_dir=tmp_path / "data", database_url=db_url, max_upload_mb=2)
     settings.data_dir.mkdir()
-    token = ensure_admin_token(settings)
-    enqueued: list = []
-    app = create_app(settings, enqueue=lambda *a: enqueued.append(a))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{port}"
-    with httpx.Client(base_url=url, timeout=60) as client:
+    with serve_app(settings) as (url, token, enqueued), httpx.Client(base_url=url, timeout=60) as client:
         yield Api(client=client, url=url, settings=settings, token=token, enqueued=enqueued)
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from _fixtures_farm import wait_for
 from sme2farm.agent.drivers.leftovers import PidRecords, process_identity
 from sme2farm.agent.drivers.local import LocalDriver
 from sme2farm.server.db import session_scope
@@ -91,18 +92,6 @@ def runners_under(root: Path) -> list[int]:
     return found
 
 
-def wait_for(what: str, check, timeout_s: float, log: Path | None = None):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
-            pytest.fail(f"{what} (waited {timeout_s:g} s)\n{tail}")
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_killed_agents_local_runner_dies_with_it_and_the_run_completes_after_requeue(
         api, local_runner, example_pte, tmp_path, monkeypatch):
@@ -110,10 +99,10 @@ def test_a_killed_agents_local_runner_dies_with_it_and_the_run_completes_after_r
     work, log = tmp_path / "agent", tmp_path / "agent.log"
     agent = start_agent(api, work, catalog.manifest, log, "--drivers", "local")
     try:
-        wait_for("the agent registered its device", lambda: devices(api), 60, log)
+        wait_for("the agent registered its device", lambda: devices(api), 60, log=log)
         exp = submit(api, example_pte("toy_cnn"), **LONG)
         [rid] = dispatch(api)
-        [runner] = wait_for("the runner started", lambda: runners_under(work), 60, log)
+        [runner] = wait_for("the runner started", lambda: runners_under(work), 60, log=log)
         [run_dir] = [d for d in work.iterdir() if d.name.startswith(f"run{rid}-")]
         assert run_status(api, rid)["status"] == "running"
 
@@ -132,8 +121,8 @@ def test_a_killed_agents_local_runner_dies_with_it_and_the_run_completes_after_r
         assert run_status(api, rid)["status"] == "queued"
 
         agent = start_agent(api, work, catalog.manifest, log, "--drivers", "local")
-        assert wait_for("the run was dispatched again", lambda: dispatch(api), 60, log) == [rid]
-        wait_for("the run finished on the new agent", lambda: run_status(api, rid)["status"] == "analyzing", 120, log)
+        assert wait_for("the run was dispatched again", lambda: dispatch(api), 60, log=log) == [rid]
+        wait_for("the run finished on the new agent", lambda: run_status(api, rid)["status"] == "analyzing", 120, log=log)
         # The new agent found the dead one's record (its runner already gone) and cleared it away.
         assert not run_dir.exists()
         assert [p.name for p in (work / "pids").iterdir()] == []
@@ -162,12 +151,12 @@ def test_a_killed_agents_phone_runner_is_killed_by_the_next_agent(api, adb_port,
     # Long enough that a runner still present once the next agent is up was not just finishing.
     agent = start_agent(api, work, phone_runners.manifest, log, *adb)
     try:
-        wait_for("the agent registered the phone", lambda: devices(api), 60, log)
+        wait_for("the agent registered the phone", lambda: devices(api), 60, log=log)
         submit(api, toy_pte, warmup=10_000, iterations=20_000, device={"platform": "android"})
         [rid] = dispatch(api)
         phone_runs = dev.device_path(f"/data/local/tmp/sme2farm/runs/{rid}")
-        [runner] = wait_for("the runner started on the phone", lambda: runners_under(phone_runs), 60, log)
-        wait_for("the agent recorded the runner", lambda: list((work / "pids").glob(f"adb-{rid}-*.json")), 10, log)
+        [runner] = wait_for("the runner started on the phone", lambda: runners_under(phone_runs), 60, log=log)
+        wait_for("the agent recorded the runner", lambda: list((work / "pids").glob(f"adb-{rid}-*.json")), 10, log=log)
 
         agent.kill()
         agent.wait()
@@ -175,10 +164,10 @@ def test_a_killed_agents_phone_runner_is_killed_by_the_next_agent(api, adb_port,
         assert process_identity(runner) is not None   # the phone does not know its agent died
 
         agent = start_agent(api, work, phone_runners.manifest, log, *adb)
-        wait_for("the next agent killed the leftover runner", lambda: process_identity(runner) is None, 60, log)
+        wait_for("the next agent killed the leftover runner", lambda: process_identity(runner) is None, 60, log=log)
         assert any(c.startswith(f"kill -9 {runner};") for c in dev.shell_commands)   # killed, not finished
-        wait_for("the leftover run directory was removed", lambda: not phone_runs.exists(), 10, log)
-        wait_for("the record was cleared", lambda: not list((work / "pids").glob("adb-*.json")), 10, log)
+        wait_for("the leftover run directory was removed", lambda: not phone_runs.exists(), 10, log=log)
+        wait_for("the record was cleared", lambda: not list((work / "pids").glob("adb-*.json")), 10, log=log)
         assert not list(work.glob(f"run{rid}-*"))   # the host side of that run too
     finally:
         stop_agent(agent)

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _fixtures_farm import free_port
+from _fixtures_farm import free_port, serve_app, wait_for
 from sme2farm.protocol import DeviceInfo, RunnerInfo
 
 HOST = DeviceInfo(serial="host-faults", platform="linux", model="x86 test host", cpu_cores=2, abi="x86_64",
@@ -42,42 +42,15 @@ HOST = DeviceInfo(serial="host-faults", platform="linux", model="x86 test host",
 RUNNERS = [RunnerInfo(id="r-off", platform="linux-x86_64", sme2="off")]
 
 
-def wait_for(what: str, check, timeout_s: float, every: float = 0.05, log=None):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} (waited {timeout_s:g} s)" + (f"\n{log()}" if log else ""))
-        time.sleep(every)
-
-
 # ---- an API served by uvicorn in this process, on settings the test chooses ---------------------
 
 
 @contextlib.contextmanager
 def serve(settings):
-    """The real app under uvicorn on a loopback port; the task queue recorded, not sent."""
-    import uvicorn
-
-    from sme2farm.server.app import create_app, ensure_admin_token
-
-    token = ensure_admin_token(settings)
-    sent: list = []
-    app = create_app(settings, enqueue=lambda *a: sent.append(a))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for("uvicorn started", lambda: server.started, 10, every=0.01)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                          headers={"Authorization": f"Bearer {token}"}) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    """The real app (_fixtures_farm.serve_app) and an httpx client holding its admin token."""
+    with serve_app(settings) as (url, token, _sent), \
+            httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
+        yield client
 
 
 def register(client: httpx.Client) -> str:

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from _fixtures_farm import free_port, start_farm, stop_farm
+from _fixtures_farm import free_port, start_farm, stop_farm, wait_for
 
 
 # ---- service level ---------------------------------------------------------------------------
@@ -367,16 +367,6 @@ def _http(farm):
     return httpx.Client(base_url=farm.url, headers={"Authorization": f"Bearer {farm.token}"}, timeout=30)
 
 
-def _wait(what, fn, timeout=60.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        out = fn()
-        if out:
-            return out
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(interval)
-
-
 def test_a_suite_run_twice_on_identical_inputs_is_two_points_and_no_regression(suite_farm, tiny_suite):
     assert tiny_suite["schedule"] == "0 3 * * *" and tiny_suite["next_run_at"].endswith("03:00:00+00:00")
     for i in range(2):
@@ -470,13 +460,13 @@ def test_the_beat_starts_a_due_suite(suite_farm, tiny_suite):
         with _farm_session(suite_farm) as s:  # time passes: the schedule is due now
             s.execute(update(Suite).where(Suite.name == "due")
                       .values(next_run_at=datetime.now(timezone.utc) - timedelta(seconds=1)))
-        runs = _wait("the beat to start suite 'due'", lambda: h.get("/suites/due").json()["runs"], timeout=30)
+        runs = wait_for("the beat to start suite 'due'", lambda: h.get("/suites/due").json()["runs"], 30, every=0.2)
         assert len(runs) == 1 and runs[0]["trigger"] == "schedule" and len(runs[0]["experiment_ids"]) == 1
         suite = h.get("/suites/due").json()
         nxt = datetime.fromisoformat(suite["next_run_at"])
         assert nxt > datetime.now(timezone.utc) and nxt.minute % 30 == 0  # once, then the next fire time
-        _wait("the scheduled run to be analysed",
-              lambda: h.get("/suites/due").json()["runs"][0]["status"] == "complete", timeout=60)
+        wait_for("the scheduled run to be analysed",
+                 lambda: h.get("/suites/due").json()["runs"][0]["status"] == "complete", 60, every=0.2)
         assert len(h.get("/suites/due/series").json()["series"][0]["points"]) == 1
 
 
@@ -528,7 +518,7 @@ def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(sui
         def reg():
             return next(r for r in h.get("/regressions").json() if r["id"] == alert)
 
-        down = _wait("failed deliveries", lambda: (w := reg()["webhook"])["attempts"] >= 2 and w, timeout=30)
+        down = wait_for("failed deliveries", lambda: (w := reg()["webhook"])["attempts"] >= 2 and w, 30, every=0.2)
         assert down["state"] == "retrying" and "Connect" in down["last_error"]
         # the pipeline goes on while the webhook is down
         t0 = time.monotonic()
@@ -540,7 +530,7 @@ def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(sui
         server = ThreadingHTTPServer(("127.0.0.1", port), _Hook)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
-            up = _wait("delivery", lambda: (w := reg()["webhook"])["state"] == "delivered" and w, timeout=40)
+            up = wait_for("delivery", lambda: (w := reg()["webhook"])["state"] == "delivered" and w, 40, every=0.2)
         finally:
             server.shutdown()
             server.server_close()
