@@ -147,6 +147,7 @@ def runs_created(session: Session, *, experiment_id: int) -> None:
 
 
 ASSIGNED_AGENTS = "sme2farm.assigned_agents"  # session.info: agents dispatch gave runs to
+QUEUE_ORDER = (Run.experiment_id, Run.sequence, Run.id)  # which of a device's queued runs goes first
 
 
 def dispatch(session: Session, *, lease_s: float) -> list[int]:
@@ -195,8 +196,7 @@ def assign_next(session: Session, *, device_id: int | None, lease_s: float) -> i
     if agent_id is None:
         return None
     run = session.scalar(
-        select(Run).where(Run.device_id == device_id, Run.status == S.queued.value)
-        .order_by(Run.experiment_id, Run.sequence, Run.id).limit(1)
+        select(Run).where(Run.device_id == device_id, Run.status == S.queued.value).order_by(*QUEUE_ORDER).limit(1)
     )
     if run is None or not _assign(session, device_id, run, lease_s):
         return None
@@ -210,32 +210,33 @@ def _next_runs(session: Session) -> list[tuple[int, int, Run]]:
     devices = {device_id: agent_id for device_id, agent_id in session.execute(idle)}
     if not devices:
         return []
-    order = (Run.device_id, Run.experiment_id, Run.sequence, Run.id)
     query = select(Run).where(Run.device_id.in_(list(devices)), Run.status == S.queued.value)
     if session.get_bind().dialect.name == "postgresql":
-        runs = session.scalars(query.order_by(*order).ext(distinct_on(Run.device_id))).all()
+        runs = session.scalars(query.order_by(Run.device_id, *QUEUE_ORDER).ext(distinct_on(Run.device_id))).all()
     else:
-        first = (select(Run.id, func.row_number().over(partition_by=Run.device_id, order_by=order[1:]).label("n"))
+        first = (select(Run.id, func.row_number().over(partition_by=Run.device_id, order_by=QUEUE_ORDER).label("n"))
                  .where(Run.device_id.in_(list(devices)), Run.status == S.queued.value).subquery())
         runs = session.scalars(select(Run).join(first, first.c.id == Run.id).where(first.c.n == 1)
                                .order_by(Run.device_id)).all()
     return [(run.device_id, devices[run.device_id], run) for run in runs]
 
 
+def _assigned(agent_id: int, *columns):
+    """SELECT `columns` of the runs assigned to this agent's devices (not yet started), by id."""
+    return (select(*columns).join(Device, Run.device_id == Device.id)
+            .where(Device.agent_id == agent_id, Run.status == S.assigned.value).order_by(Run.id))
+
+
 def assigned_leases(session: Session, *, agent_id: int) -> list[tuple[int, str]]:
     """(run id, lease id) of the runs assigned to this agent's devices, not yet started."""
-    return [(rid, lease) for rid, lease in session.execute(
-        select(Run.id, Run.lease_id).join(Device, Run.device_id == Device.id)
-        .where(Device.agent_id == agent_id, Run.status == S.assigned.value).order_by(Run.id)
-    )]
+    return [(rid, lease) for rid, lease in session.execute(_assigned(agent_id, Run.id, Run.lease_id))]
 
 
 def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | None = None) -> list[Run]:
     """The runs assigned to this agent's devices (of `run_ids` if given), with what an
     assignment needs (experiment, its models, the device) loaded in the same query."""
     query = (
-        select(Run).join(Device, Run.device_id == Device.id)
-        .where(Device.agent_id == agent_id, Run.status == S.assigned.value).order_by(Run.id)
+        _assigned(agent_id, Run)
         .options(joinedload(Run.experiment).defer(Experiment.comparisons),
                  joinedload(Run.experiment).joinedload(Experiment.model),
                  joinedload(Run.experiment).joinedload(Experiment.vs_model),
