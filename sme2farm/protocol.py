@@ -62,15 +62,19 @@ NON_TERMINAL = (RunStatus.queued, *ACTIVE, RunStatus.analyzing)
 TRACE = "trace.etdump"
 RUNNER_LOG = "runner.log"
 KERNEL_LOG = "kernels.log"
+# The method's outputs after the last execution (runner --outputs_file; the SME2IN01 container
+# runners/inputs.py reads): ingest checks them against the method, comparisons diff the arms.
+OUTPUTS = "outputs.bin"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 LATENCIES_CSV = "latencies.csv"
 PERFETTO_JSON = "perfetto.json"
-AGENT_ARTIFACTS = frozenset({TRACE, RUNNER_LOG, KERNEL_LOG})
+AGENT_ARTIFACTS = frozenset({TRACE, RUNNER_LOG, KERNEL_LOG, OUTPUTS})
 DERIVED_ARTIFACTS = frozenset({REPORT_JSON, REPORT_MD, LATENCIES_CSV, PERFETTO_JSON})
 ARTIFACT_NAMES = AGENT_ARTIFACTS | DERIVED_ARTIFACTS
 ARTIFACT_MEDIA = {
     TRACE: "application/octet-stream", RUNNER_LOG: "text/plain", KERNEL_LOG: "text/plain",
+    OUTPUTS: "application/octet-stream",
     REPORT_JSON: "application/json", REPORT_MD: "text/markdown", LATENCIES_CSV: "text/csv",
     PERFETTO_JSON: "application/json",
 }
@@ -238,6 +242,11 @@ class DeviceInfo(_Wire):
     runner_platform: RunnerPlatform | None = None
     state: DeviceState = "idle"
     tags: list[str] = Field(default_factory=list, max_length=64)
+    emulator: str | None = Field(
+        default=None, max_length=256,
+        description="What executes this device's runs when it is not real hardware (e.g. 'qemu-aarch64 11.1.3 "
+                    "-cpu max'); None on hardware. An emulated device proves execution, kernels and outputs, "
+                    "never speed: its timings yield no speed verdict and no timing regression")
 
 
 class RunnerInfo(_Wire):
