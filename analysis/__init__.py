@@ -12,7 +12,7 @@ by the worker. Public API:
 """
 
 from .categories import CATEGORIES, category_of
-from .compare import compare
+from .compare import compare, compare_emulated
 from .etdump import EtdumpError, Events, read_etdump
 from .kernels import classify_kernel, parse_kernel_log
 from .render import to_csv, to_markdown, to_perfetto, to_terminal
@@ -21,7 +21,7 @@ from .stats import bootstrap_ratio, latency_stats
 from .verdict import NoiseModel, Verdict, verdict
 
 __all__ = [
-    "analyze", "compare", "EtdumpError", "to_markdown", "to_csv", "to_perfetto", "to_terminal",
+    "analyze", "compare", "compare_emulated", "EtdumpError", "to_markdown", "to_csv", "to_perfetto", "to_terminal",
     "parse_kernel_log", "classify_kernel", "read_etdump", "Events", "category_of", "CATEGORIES",
     "latency_stats", "bootstrap_ratio", "verdict", "Verdict", "NoiseModel",
 ]

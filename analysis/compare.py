@@ -149,6 +149,8 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
 
     narrative = _narrative(b_view, c_view, la, lb, v, per_cat)
     return {
+        "emulated": False,
+        "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
         "labels": [la, lb],
         "baseline_median_ms": (b_view.get("e2e_ms") or {}).get("median"),
         "candidate_median_ms": (c_view.get("e2e_ms") or {}).get("median"),
@@ -264,3 +266,63 @@ def _narrative(baseline, candidate, la, lb, v, per_cat) -> list[str]:
         lines.append(f"{len(port)} portable (non-delegated) op type(s) in {lb}: "
                      + ", ".join(port[:5]) + ".")
     return lines
+
+
+EMULATED = "emulated"  # the verdict of a comparison whose runs an emulator executed: no speed claim
+
+
+def _coverage(report: dict) -> dict | None:
+    """One arm's SME2 coverage (analysis/kernel_paths via analyze()): share of Convolution + GEMM
+    time in SME2 kernels, both times; None for a report made before kernel paths existed."""
+    cov = ((report or {}).get("kernel_paths") or {}).get("coverage")
+    if not cov:
+        return None
+    return {"share": cov.get("share"), "sme2_ms": cov.get("sme2_ms"), "conv_gemm_ms": cov.get("conv_gemm_ms")}
+
+
+def _kernels_line(label: str, report: dict) -> str:
+    """What one emulated arm executed, in words: the SME2 share of its Convolution/GEMM operators
+    (from the XNNPACK operator names) and, from a trace-mode kernel log, its microkernels."""
+    cov = ((report.get("kernel_paths") or {}).get("coverage")) or {}
+    if cov.get("share") is None:
+        parts = [f"{label} ran no Convolution/GEMM operator" if cov else f"{label}: kernel paths not recorded"]
+    else:
+        parts = [f"{label} ran {_pct(cov['share'])} of its Convolution/GEMM operator time in SME2 kernels"]
+        off = [o["name"] for o in cov.get("off_sme2") or []]
+        if off and cov["share"] > 0:
+            parts.append("off SME2: " + ", ".join(off[:3]) + (" ..." if len(off) > 3 else ""))
+    kernels = report.get("kernels") or {}
+    if kernels.get("status") == "ok":
+        counts = kernels.get("isa_counts") or {}
+        named = ", ".join(f"{n} {isa}" for isa, n in counts.items() if n)
+        parts.append(f"microkernels executed: {named or 'none'}")
+    return "; ".join(parts)
+
+
+def compare_emulated(baseline, candidate, *, emulator: str,
+                     labels: tuple[str, str] = ("SME2 off", "SME2 on")) -> dict:
+    """Two arms that an emulator executed. Their timings measure the emulator's translator, not a
+    CPU (RUNNERS-ARM64.md: QEMU ran the SME2 arm "1.63x faster"), so no speedup, interval or
+    verdict on speed comes out of here, for E2E, categories or operators alike. What emulation
+    establishes is said instead: both arms ran (iterations per arm), the kernel path each arm
+    took (SME2 coverage, microkernels when traced). The caller adds the outputs' numerics."""
+    la, lb = labels
+    b_view, b_s = _arm(baseline)
+    c_view, c_s = _arm(candidate)
+    n = [sum(len(s) for s in b_s["e2e"]), sum(len(s) for s in c_s["e2e"])]
+    sentence = (f"Emulated by {emulator}: both arms ran ({n[0]} and {n[1]} iterations). Timings under emulation "
+                "measure the emulator, not a CPU: no speed verdict.")
+    return {
+        "emulated": True,
+        "emulator": emulator,
+        "labels": [la, lb],
+        "verdict": EMULATED,
+        "speedup": None, "ci_low": None, "ci_high": None, "significant": False,
+        "baseline_median_ms": None, "candidate_median_ms": None,
+        "n": n,
+        "sessions": [len(b_s["e2e"]), len(c_s["e2e"])],
+        "sentence": sentence,
+        "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
+        "categories": {}, "operators": {},
+        "narrative": [sentence, _kernels_line(la, b_view) + ".", _kernels_line(lb, c_view) + "."],
+    }

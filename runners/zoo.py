@@ -226,11 +226,12 @@ def build(name: str, dtype: str) -> tuple[Any, tuple]:
     if dtype == "fp16":
         return model.half(), _half_inputs(inputs)
     if dtype == "int8":
-        return _quantize(model, inputs), inputs
+        return quantize_int8(model, inputs), inputs
     return model, inputs
 
 
-def _quantize(model: Any, inputs: tuple) -> Any:
+def quantize_int8(model: Any, inputs: tuple) -> Any:
+    """PT2E static int8 with the XNNPACK quantizer, per-channel weights (the converted graph module)."""
     import torch
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,

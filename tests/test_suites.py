@@ -52,7 +52,7 @@ def _suite(session, name="nightly", **kw):
     return suites.create(session, spec=SuiteSpec.model_validate(spec))
 
 
-def _inject(session, suite, device, levels, *, sha="a" * 64, name="net", start=None, seed=0):
+def _inject(session, suite, device, levels, *, sha="a" * 64, name="net", start=None, seed=0, state=None):
     """One suite run per level, each with one point of 40 iterations at that level (CV 0.5%)."""
     from sme2farm.server.models import SuitePoint, SuiteRun
 
@@ -68,7 +68,7 @@ def _inject(session, suite, device, levels, *, sha="a" * 64, name="net", start=N
         p = SuitePoint(suite_id=suite.id, suite_run_id=srun.id, model_sha256=sha, model_name=name,
                        device_model="Test Board", device_id=device.id, sme2="off", threads=1, run_ids=[], at=at,
                        samples=[x], median_ms=float(np.median(x)), low_ms=min(x), high_ms=max(x), n_iterations=40,
-                       sessions=1, runner="r1", et_version="1.5.1", device_state={})
+                       sessions=1, runner="r1", et_version="1.5.1", device_state=dict(state or {}))
         session.add(p)
         points.append(p)
     session.flush()
@@ -120,6 +120,27 @@ def test_detection_confirms_then_alerts_and_acknowledge_resets_the_baseline(db_u
         assert [c["status"] for c in ser["changes"]] == ["acknowledged"]
         assert ser["points"][10]["acknowledged"]
     assert sent == []
+
+
+def test_an_emulated_series_is_recorded_but_never_judged_on_time(db_url):
+    from sme2farm.server.services import suites
+
+    _, tx = _tx(db_url)
+    with tx() as s:
+        (dev,) = _farm_rows(s)
+        suite = _suite(s)
+        emulated = _suite(s, name="emulated", models=[{"sha256": "c" * 64, "name": "net"}])
+        steps = [10.0] * 10 + [13.0] * 3  # 30% slower for three nights: confirmed on hardware
+        _inject(s, suite, dev, steps)
+        _inject(s, emulated, dev, steps, sha="c" * 64, state={"emulated": "qemu-aarch64 11.1.3 -cpu max"})
+        suites.detect_series(s, suite, ("a" * 64, "Test Board", "off", 1))
+        assert suites.detect_series(s, emulated, ("c" * 64, "Test Board", "off", 1)) == []
+        assert [r["suite"] for r in suites.regressions(s)] == ["nightly"]
+        assert suites.regressions(s, suite="emulated", include_candidates=True) == []
+        (ser,) = suites.series(s, emulated)["series"]
+        assert ser["emulated"] == "qemu-aarch64 11.1.3 -cpu max" and len(ser["points"]) == 13
+        assert ser["changes"] == [] and ser["detectable"] is None
+        assert suites.series(s, suite)["series"][0]["emulated"] is None
 
 
 def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):

@@ -39,8 +39,13 @@ def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], n
     if not ok_b or not ok_c:
         missing = [f"{label}: {_runs_text(rs)}" for label, rs, ok in ((labels[0], base, ok_b), (labels[1], cand, ok_c)) if not ok]
         return {"status": "incomplete", "labels": list(labels), "reason": " | ".join(missing)}
-    result = analysis.compare([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
-                              labels=labels, noise=noise, min_effect=min_effect)
+    emulators = sorted({e for r in ok_b + ok_c if (e := device_service.emulator_of(r.device_snapshot))})
+    if emulators:  # an emulator's timings are never a speed figure: no verdict, whatever the other side ran on
+        result = analysis.compare_emulated([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
+                                           emulator=", ".join(emulators), labels=labels)
+    else:
+        result = analysis.compare([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
+                                  labels=labels, noise=noise, min_effect=min_effect)
     return {"status": "complete", "baseline_runs": [r.id for r in ok_b], "candidate_runs": [r.id for r in ok_c], **result}
 
 
@@ -86,7 +91,8 @@ def refresh(session: Session, *, experiment_id: int) -> None:
         same: dict[tuple, list[dict]] = defaultdict(list)
         for (v, sme2), rs in arms.items():
             for r in rs:
-                if r.status == "succeeded" and r.result:
+                # an emulator's spread is the translator's, not the device noise the model is for
+                if r.status == "succeeded" and r.result and not device_service.emulator_of(r.device_snapshot):
                     same[(sme2,) if a_a else (v, sme2)].append(r.result.analysis)
         learning.append((device_id, [g for g in same.values() if len(g) >= 2]))
     exp.comparisons = comparisons

@@ -196,6 +196,15 @@ def mark_silent_agents_offline(session: Session, *, silent_for_s: float) -> int:
     return res.rowcount or 0
 
 
+def emulator_of(info: dict | None) -> str | None:
+    """What executed a device's runs when it is not hardware (DeviceInfo.emulator), else None. A
+    snapshot taken before the field existed is known emulated by its "emulated" tag."""
+    info = info or {}
+    if info.get("emulator"):
+        return str(info["emulator"])
+    return "an emulator" if "emulated" in (info.get("tags") or []) else None
+
+
 def device_model(info: dict | None, platform: str = "") -> str:
     """What devices of one kind share, for matching runs across experiments and suite series:
     the reported model, else the SoC, else the platform."""

@@ -379,6 +379,9 @@ def _point_rows(session: Session, srun: SuiteRun, suite: Suite) -> list[SuitePoi
                     state.setdefault(k, v)
                     if v is True:  # a flag any session raised (thermal_throttled, suspect) holds for the point
                         state[k] = True
+            emulators = sorted({e for r in rs if (e := device_service.emulator_of(r.device_snapshot))})
+            if emulators:  # said on the point: its series is never judged on time (detect_series)
+                state["emulated"] = ", ".join(emulators)
             if not ok:
                 state["suspect"] = True
                 state["reason"] = "; ".join(f"run {r.id} {r.status}" + (f" ({r.reason})" if r.reason else "") for r in rs)[:500]
@@ -446,6 +449,8 @@ def _learn_noise(session: Session, suite: Suite, p: SuitePoint) -> None:
     """Consecutive canary points on one device are identical work: an A/A group for its noise
     model. Disjoint pairs only (nights 1-2, 3-4, ...: each night counted once), never a pair the
     detector flagged a change in (that is a step, not noise), and only this device's runs."""
+    if (p.device_state or {}).get("emulated"):
+        return  # an emulator's spread is not the device noise the model is for
     pts = [q for q in _series_points(session, suite.id, _key(p)) if q.device_id == p.device_id and q.samples]
     if len(pts) < 2 or pts[-1].id != p.id or len(pts) % 2:
         return
@@ -520,6 +525,10 @@ def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
     point). Returns changes newly turned into alerts with a webhook to call (sent after commit)."""
     pts = _series_points(session, suite.id, key)
     if not pts:
+        return []
+    if any((p.device_state or {}).get("emulated") for p in pts):
+        # An emulated device's times measure the emulator: a step in them is no regression of the
+        # model, so such a series is recorded and drawn but never judged.
         return []
     device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
     # A learned model only: the default prior (10% between sessions, for verdicts on a device
@@ -644,9 +653,12 @@ def series(session: Session, suite: Suite) -> dict[str, Any]:
     out = []
     for key, ps in sorted(by_key.items()):
         index = {p.id: i for i, p in enumerate(ps)}
+        emulated = next(((p.device_state or {}).get("emulated") for p in reversed(ps)
+                         if (p.device_state or {}).get("emulated")), None)
         out.append({
             "key": {"model_sha256": key[0], "model_name": ps[-1].model_name, "device_model": key[1], "sme2": key[2],
                     "threads": key[3]},
+            "emulated": emulated,  # its times are the emulator's: drawn, never judged (detect_series)
             "spread": SPREAD,
             "points": [{"experiment_id": p.experiment_id, "run_ids": p.run_ids, "at": _iso(p.at),
                         "median_ms": p.median_ms, "low_ms": p.low_ms, "high_ms": p.high_ms,
@@ -654,7 +666,7 @@ def series(session: Session, suite: Suite) -> dict[str, Any]:
                         "et_version": p.et_version, "device_state": p.device_state, "acknowledged": p.acknowledged}
                        for p in ps],
             "changes": [_change_dict(changes[p.id], index[p.id]) for p in ps if p.id in changes],
-            "detectable": detectable_step(session, suite, ps),
+            "detectable": None if emulated else detectable_step(session, suite, ps),
         })
     return {"suite": suite.name, "series": out}
 

@@ -1,0 +1,66 @@
+"""An emulated device's timings never become a speed figure: the comparison of two arms that an
+emulator ran (either side, or both) carries no speedup, interval or per-category verdict, and says
+what emulation does establish. The same arms on hardware get a calibrated verdict (the control)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sme2farm.analysis import analyze
+from sme2farm.server.services.comparisons import compare_runs
+
+VERDICTS = {"speedup", "slowdown", "no significant difference", "insufficient data"}
+QEMU = {"serial": "qemu-arm64-h", "platform": "linux", "sme2": True, "emulator": "qemu-aarch64 11.1.3 -cpu max",
+        "tags": ["emulated", "arm64"]}
+BOARD = {"serial": "board-1", "platform": "linux", "sme2": True, "tags": []}
+
+
+def _report(etdump_builder, gemm: str, gemm_us: int) -> dict:
+    """Ten iterations: one GEMM of `gemm` type, a transpose, 1 us of runtime overhead each."""
+    B = etdump_builder
+    blocks = [("Execute", B.iteration(i * 10**7, [(gemm, gemm_us * 1000), ("Transpose (ND, X32) #1", 200_000)]))
+              for i in range(10)]
+    return analyze(B.build(blocks))
+
+
+def _run(run_id: int, report: dict, snapshot: dict) -> SimpleNamespace:
+    return SimpleNamespace(id=run_id, status="succeeded", reason="", device_snapshot=snapshot,
+                           result=SimpleNamespace(analysis=report))
+
+
+@pytest.fixture
+def arms(etdump_builder):
+    off = _report(etdump_builder, "Fully Connected (NC, F16) GEMM #1", 800)
+    on = _report(etdump_builder, "Fully Connected (NC, PF16) GEMM #1", 400)  # "2x faster" under the translator
+    return off, on
+
+
+def test_the_same_arms_on_hardware_get_a_speed_verdict(arms):
+    off, on = arms
+    c = compare_runs([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("SME2 off", "SME2 on"), noise=None)
+    assert c["status"] == "complete" and c["emulated"] is False
+    assert c["verdict"] in VERDICTS and c["speedup"] > 1.5 and c["categories"]
+
+
+@pytest.mark.parametrize("off_snap,on_snap", [(QEMU, QEMU), (BOARD, QEMU), (QEMU, BOARD)])
+def test_an_emulated_side_yields_no_speed_figure_and_says_what_emulation_shows(arms, off_snap, on_snap):
+    off, on = arms
+    c = compare_runs([_run(1, off, off_snap)], [_run(2, on, on_snap)], labels=("SME2 off", "SME2 on"), noise=None)
+    assert c["status"] == "complete" and c["emulated"] is True and c["verdict"] == "emulated"
+    assert c["emulator"] == "qemu-aarch64 11.1.3 -cpu max"
+    for key in ("speedup", "ci_low", "ci_high", "baseline_median_ms", "candidate_median_ms"):
+        assert c[key] is None, key
+    assert c["categories"] == {} and c["operators"] == {} and c["significant"] is False
+    assert c["n"] == [10, 10]
+    text = " ".join(c["narrative"])
+    assert "no speed verdict" in c["sentence"]
+    assert "faster" not in text and "slower" not in text and "x)" not in text
+
+
+def test_a_snapshot_from_before_the_emulator_field_is_known_by_its_tag(arms):
+    off, on = arms
+    old = {k: v for k, v in QEMU.items() if k != "emulator"}
+    c = compare_runs([_run(1, off, old)], [_run(2, on, old)], labels=("SME2 off", "SME2 on"), noise=None)
+    assert c["verdict"] == "emulated" and c["speedup"] is None
