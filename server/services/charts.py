@@ -23,6 +23,7 @@ from sme2farm.analysis import charts
 from sme2farm.analysis.categories import CATEGORIES
 from sme2farm.analysis.stats import pooled, trimmed_mean
 from sme2farm.server.models import Experiment, Run
+from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services.errors import NotFound
@@ -60,7 +61,10 @@ def arms(exp: Experiment) -> list[tuple[str, list[Run]]]:
     keys = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "off"))
     varying = {i for i in range(5) if len({k[i] for k in keys}) > 1}
     two_models = exp.vs_model_sha256 is not None if hasattr(exp, "vs_model_sha256") else False
-    return [(arm_label(k, varying, two_models), groups[k]) for k in keys]
+    # An emulator's times are drawn (they show the runs happened) but labelled as the emulator's.
+    return [(arm_label(k, varying, two_models)
+             + (" · emulated" if any(device_service.emulator_of(r.device_snapshot) for r in groups[k]) else ""),
+             groups[k]) for k in keys]
 
 
 def _iterations(run: Run) -> list[float]:
