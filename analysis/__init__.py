@@ -8,12 +8,15 @@ by the worker. Public API:
 - :func:`verdict` (calibrated verdict on two arms of sessions) and :class:`NoiseModel` (a
   device's between-session noise, learned from A/A runs; JSON);
 - renderers :func:`to_markdown`, :func:`to_csv`, :func:`to_perfetto`, :func:`to_terminal`;
-- :func:`parse_kernel_log`, :func:`read_etdump` (the raw event arrays), :func:`category_of`.
+- :func:`parse_kernel_log`, :func:`read_etdump` (the raw event arrays), :func:`category_of`;
+- :func:`kernel_path` (an XNNPACK operator name -> SME2 / NEON / portable ...), :func:`arch_of`
+  (runner platform -> arm64 / x86_64), :func:`coverage_sentence` (a run's SME2 coverage in words).
 """
 
 from .categories import CATEGORIES, category_of
 from .compare import compare, compare_emulated
 from .etdump import EtdumpError, Events, read_etdump
+from .kernel_paths import arch_of, coverage_sentence, kernel_path
 from .kernels import classify_kernel, parse_kernel_log
 from .render import to_csv, to_markdown, to_perfetto, to_terminal
 from .report import analyze
@@ -23,5 +26,6 @@ from .verdict import NoiseModel, Verdict, verdict
 __all__ = [
     "analyze", "compare", "compare_emulated", "EtdumpError", "to_markdown", "to_csv", "to_perfetto", "to_terminal",
     "parse_kernel_log", "classify_kernel", "read_etdump", "Events", "category_of", "CATEGORIES",
-    "latency_stats", "bootstrap_ratio", "verdict", "Verdict", "NoiseModel",
+    "latency_stats", "bootstrap_ratio", "verdict", "Verdict", "NoiseModel", "kernel_path", "arch_of",
+    "coverage_sentence",
 ]

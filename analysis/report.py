@@ -25,6 +25,7 @@ import numpy as np
 
 from .categories import CATEGORIES, NAMED, OTHER, category_of, operator_type
 from .etdump import KIND_ALLOC, KIND_DEBUG, KIND_PROFILE, Events, EtdumpError, read_etdump
+from .kernel_paths import annotate, summary
 from .kernels import kernel_hint, parse_kernel_log
 from .stats import latency_stats
 
@@ -237,10 +238,15 @@ def _operator_iterations(m: _Model, names: list[str]) -> dict[str, list[float]]:
     return {t: [float(x) for x in sums[index[t]]] for t in names if t in index}
 
 
-def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first: int = 0) -> dict:
+def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first: int = 0,
+            sme2: bool | None = None, arch: str | None = None) -> dict:
     """The JSON-ready report of one ETDump (its bytes, or the Events read_etdump made of them,
     so a caller that also renders the trace reads it once). See the module docstring for the
-    event model."""
+    event model.
+
+    sme2: whether the run's arm let XNNPACK see SME2 (None: unknown, e.g. an offline trace);
+    arch: ``arm64``, ``x86_64`` or None. They decide each operator's ``kernel_path`` and the
+    SME2 coverage in ``report["kernel_paths"]`` (see kernel_paths.py)."""
     ev = etdump if isinstance(etdump, Events) else read_etdump(etdump)
     m = _Model(ev, skip_first=skip_first)
     kernels = parse_kernel_log(kernel_log)
@@ -253,6 +259,11 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     cats[OTHER] = max(mean_e2e - sum(cats[c] for c in NAMED), 0.0)
     share = {c: (v / mean_e2e if mean_e2e > 0 else 0.0) for c, v in cats.items()}
     operators = _operators(m, kernels)
+    # classified per operator type (operators are already one dict per type), never per event
+    annotate(operators, sme2=sme2, arch=arch)
+    kernel_paths = summary(operators, sme2)
+    if kernel_paths["coverage"]["flag"]:
+        m.warnings.append(kernel_paths["coverage"]["flag"])
     portable = [o["name"] for o in operators if not o["delegated"]]
     if portable:
         tot = sum(o["total_ms"] for o in operators if not o["delegated"])
@@ -271,6 +282,7 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
         "operators": operators,
         "portable_ops": portable,
         "kernels": kernels,
+        "kernel_paths": kernel_paths,
         "iterations_ms": [float(x) for x in m.e2e],
         "category_iterations_ms": {c: [float(x) for x in m.cat_it[i]]
                                    for i, c in enumerate(CATEGORIES)},

@@ -41,7 +41,7 @@ class Ingester:
         kernel_log_path = self.files.artifact_path(run.id, KERNEL_LOG)
         kernel_log = kernel_log_path.read_text(errors="replace") if kernel_log_path.exists() else None
         etdump = analysis.read_etdump(trace.read_bytes())  # read once, for the report and the Perfetto trace
-        report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace)
+        report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace, sme2=run.sme2 == "on" and bool((run.device_snapshot or {}).get("sme2")), arch=analysis.arch_of((run.runner or {}).get("platform")))
         if report["n_iterations"] == 0:
             total = report["n_iterations"] + report["skipped_iterations"]
             if total == 0:

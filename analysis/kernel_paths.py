@@ -1,0 +1,208 @@
+"""Which kernel path each operator ran on, read from the standard build's ETDump alone.
+
+The ETDump's XNNPACK events are named after XNNPACK's operator type (``xnn_operator_type_to_string``
+plus the microkernel kind, e.g. ``Fully Connected (NC, PF16) GEMM #1``). XNNPACK gives the
+*packed-LHS* operators their own types, and only those use KleidiAI's SME/SME2 microkernels, so
+the name alone tells which kernel family a run used. Read in google/XNNPACK (commit 75db3c09,
+2026-08-21):
+
+* ``src/xnnpack/operator-type-defs.inc`` (the ``xnn_operator_type_*`` enum and its strings,
+  turned into ``xnn_operator_type_to_string`` by ``src/enums/operator-type.c``): the packed-LHS
+  types are the ones whose dtype list holds ``PF16``, ``PF32``, ``PQS8`` or ``QP8``
+  (``Fully Connected (NC, PF16)``, ``Convolution (NHWC, PQS8, QS8, QC8W)``, ``Batch Matrix
+  Multiply (NC, QP8, F32, QC8W)``, ``Deconvolution (NHWC, PQS8, QS8, QC8W)``, ...), plus
+  ``Pack LH (X8/X16/X32)``, the operator that packs their left-hand side.
+* ``src/configs/gemm-config.c``: ``init_pf16_gemm_config``, ``init_pf32_gemm_config`` and
+  ``init_pqs8_qc8w_gemm_config`` install ``*__neonsme2`` microkernels when the CPU has SME2, else
+  ``*__neonsme`` ones when it has SME, else none (the operator is not created). The ``QP8``
+  configs differ: ``qp8_f32_qc4w`` and ``qp8_f32_qc8w`` fall back to KleidiAI NEON kernels
+  (``*__neoni8mm*``, ``*__aarch64_neondot*``) below SME; ``qp8_f16_qc8w`` has only SME2 kernels;
+  ``qp8_f32_qb4w`` has only NEON (i8mm/dotprod) kernels. No other gemm config names an SME kernel.
+* ``src/configs/pack-lh-config.c``: ``Pack LH`` x8/x16/x32 packers are ``*__neonsme2`` /
+  ``*__neonsme`` (``Convert (NC, F32, QP8)``, the QP8 packer, is NEON: ``*__aarch64_neon_u2``).
+
+Every XNNPACK operator that is not packed-LHS runs XNNPACK's own NEON microkernels on Arm (and
+SSE/AVX ones on x86: such runs are never called NEON). Operators outside the delegate
+(``native_call_*``, a bare ``OPERATOR_CALL``) are ExecuTorch portable kernels.
+
+Confirmed on the emulated SME2 CPU (qemu-aarch64 11.1.3 ``-cpu max``) with the cross-built runner
+of executorch 1.5.1, both arms (tests/test_kernel_paths.py): fp32, fp16 and int8 models show
+``PF32``/``PF16``/``PQS8`` types with SME2 visible and ``F32``/``F16``/``QC8``/``QS8`` with it
+hidden; depthwise convolution (``DWConv``) has no packed type and stays NEON in both arms.
+
+Kernel paths (strings, so reports stay plain JSON):
+
+==============  =======================================================================
+``SME2``        a packed-LHS operator on a CPU whose SME2 XNNPACK saw (its SME2 kernels
+                are picked first), or a type that only has SME2 kernels
+``SME``         a packed-LHS operator XNNPACK created without seeing SME2: SME kernels
+``SME/SME2``    a packed-LHS operator, SME2 visibility unknown (offline): QEMU 7.2 for one
+                has SME without SME2, and XNNPACK then runs the same types on SME kernels
+``SME2 or NEON`` a ``QP8`` type, SME2 visibility unknown: KleidiAI has NEON kernels for it too
+``NEON``        an XNNPACK operator on Arm that is not on an SME path
+``x86 SIMD``    an XNNPACK operator on x86-64 (SSE/AVX microkernels)
+``NEON or x86 SIMD``  an XNNPACK operator, architecture unknown
+``portable``    an ExecuTorch portable kernel (not delegated)
+``delegate``    a delegate event without an XNNPACK operator name (its kernel is unknown)
+==============  =======================================================================
+
+SME2 coverage counts only ``SME2``: the share of Convolution + GEMM time spent in kernels known
+to be SME2.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+SME2, SME, SME_OR_SME2, SME2_OR_NEON = "SME2", "SME", "SME/SME2", "SME2 or NEON"
+NEON, X86, XNNPACK_UNKNOWN_ISA, PORTABLE, DELEGATE = "NEON", "x86 SIMD", "NEON or x86 SIMD", "portable", "delegate"
+PATHS: tuple[str, ...] = (SME2, SME, SME_OR_SME2, SME2_OR_NEON, NEON, X86, XNNPACK_UNKNOWN_ISA, PORTABLE, DELEGATE)
+ARCHES = ("arm64", "x86_64")
+COVERED = "Convolution", "GEMM"  # the categories SME2 coverage is the share of
+
+# Which ISA families XNNPACK has microkernels for, per packed-LHS operator (gemm-config.c,
+# pack-lh-config.c). Types with one of these dtype tokens and no entry below use _PACKED_DEFAULT.
+_SME_ONLY = frozenset({"sme2", "sme"})
+_PACKED_DEFAULT = {"PF16": _SME_ONLY, "PF32": _SME_ONLY, "PQS8": _SME_ONLY,
+                   "QP8": frozenset({"sme2", "sme", "neon"})}
+_PACKED_EXCEPTIONS = {
+    # qp8_f16_qc8w: SME2 kernels only; qp8_f32_qb4w: KleidiAI NEON (i8mm / dotprod) only.
+    ("fully connected", ("NC", "QP8", "F16", "QC8W")): frozenset({"sme2"}),
+    ("fully connected", ("NC", "QP8", "F32", "QB4W")): frozenset({"neon"}),
+    # The QP8 packer itself: xnn_x8_packq_f32qp8_ukernel__aarch64_neon_u2.
+    ("convert", ("NC", "F32", "QP8")): frozenset({"neon"}),
+}
+_PACK_LH = "pack lh"
+
+_INSTANCE = re.compile(r"\s+#\d+$")
+_XNN_NAME = re.compile(r"^(?P<base>[A-Za-z][^()]*?)\s*\((?P<args>[^()]*)\)\s*(?P<kind>.*)$")
+
+
+def arch_of(platform: str | None) -> str | None:
+    """The architecture of a runner platform (``linux-arm64``, ``android-arm64-v9a``,
+    ``macos-arm64`` -> ``arm64``; ``linux-x86_64`` -> ``x86_64``), None when unknown."""
+    p = (platform or "").lower()
+    if "arm64" in p or "aarch64" in p:
+        return "arm64"
+    if "x86_64" in p or "amd64" in p:
+        return "x86_64"
+    return None
+
+
+def backends(op_type: str) -> frozenset[str] | None:
+    """The ISA families XNNPACK has kernels for behind a packed-LHS operator type (``sme2``,
+    ``sme``, ``neon``), or None when the type is not packed-LHS."""
+    m = _XNN_NAME.match(_INSTANCE.sub("", op_type.strip()))
+    if m is None:
+        return None
+    base = m.group("base").strip().lower()
+    args = tuple(a.strip().upper() for a in m.group("args").split(",") if a.strip())
+    exception = _PACKED_EXCEPTIONS.get((base, args))
+    if exception is not None:
+        return exception
+    if base == _PACK_LH:
+        return _SME_ONLY
+    for token in args:
+        if token in _PACKED_DEFAULT:
+            return _PACKED_DEFAULT[token]
+    return None
+
+
+def is_xnnpack_name(name: str) -> bool:
+    """``"<Base> (<layout, dtypes>) [<kind>]"``: the shape of every XNNPACK operator type string."""
+    return _XNN_NAME.match(_INSTANCE.sub("", name.strip())) is not None
+
+
+def kernel_path(name: str, *, delegated: bool = True, sme2: bool | None = None, arch: str | None = None) -> str:
+    """The kernel path of one operator (type or instance name).
+
+    sme2: whether XNNPACK in this run could see SME2 (True: the SME2-on arm on an SME2 CPU;
+    False: SME2 hidden or absent; None: unknown, e.g. an offline trace). arch: ``arm64``,
+    ``x86_64`` or None (unknown)."""
+    if not delegated:
+        return PORTABLE
+    if not is_xnnpack_name(name):
+        return DELEGATE
+    isa = backends(name)
+    if isa is None or arch == "x86_64":
+        return {"arm64": NEON, "x86_64": X86}.get(arch or "", XNNPACK_UNKNOWN_ISA)
+    if sme2 is True:
+        return SME2 if "sme2" in isa else NEON
+    if sme2 is False:
+        # (an SME2-only type cannot be created without SME2: the trace outranks the caller's flag)
+        return NEON if "neon" in isa else SME if "sme" in isa else SME2
+    if "neon" not in isa:
+        return SME2 if isa == {"sme2"} else SME_OR_SME2
+    return SME2_OR_NEON if isa & _SME_ONLY else NEON
+
+
+def annotate(operators: list[dict], *, sme2: bool | None = None, arch: str | None = None) -> str | None:
+    """Set ``kernel_path`` on each operator dict (``name``, ``delegated``) in place; returns the
+    architecture used. With arch unknown, a packed-LHS operator proves arm64 (XNNPACK builds
+    them only there, with KleidiAI)."""
+    if arch is None and any(o.get("delegated", True) and backends(o["name"]) is not None for o in operators):
+        arch = "arm64"
+    for o in operators:
+        o["kernel_path"] = kernel_path(o["name"], delegated=o.get("delegated", True), sme2=sme2, arch=arch)
+    return arch
+
+
+def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
+    """``report["kernel_paths"]`` from operators that carry ``name``, ``category``, ``total_ms``
+    (per iteration) and ``kernel_path``: time per category and path, SME2 coverage of
+    Convolution + GEMM, the Convolution/GEMM operators left off SME2, and the flag (a sentence)
+    when SME2 was on yet none of that time ran in an SME2 kernel."""
+    by_category: dict[str, dict[str, float]] = {}
+    conv_gemm = on_sme2 = 0.0
+    off: list[dict] = []
+    for o in operators:
+        path, ms = o["kernel_path"], float(o["total_ms"])
+        cat = by_category.setdefault(o["category"], {})
+        cat[path] = cat.get(path, 0.0) + ms
+        if o["category"] in COVERED:
+            conv_gemm += ms
+            if path == SME2:
+                on_sme2 += ms
+            else:
+                off.append({"name": o["name"], "category": o["category"], "total_ms": ms, "kernel_path": path})
+    off.sort(key=lambda d: -d["total_ms"])
+    flag = None
+    if sme2_visible is True and conv_gemm > 0 and on_sme2 == 0:
+        paths = sorted({d["kernel_path"] for d in off})
+        flag = (f"SME2 was on, but none of the {conv_gemm:.3f} ms of Convolution/GEMM per iteration ran in an "
+                f"SME2 kernel: it ran on {', '.join(paths)} ({_names(off)}). XNNPACK has SME2 kernels only for "
+                "its packed-LHS operators (PF16, PF32, PQS8, QP8 types).")
+    return {
+        "source": "XNNPACK operator names in the ETDump",
+        "sme2_visible": sme2_visible,
+        "by_category": by_category,
+        "coverage": {"conv_gemm_ms": conv_gemm, "sme2_ms": on_sme2,
+                     "share": on_sme2 / conv_gemm if conv_gemm > 0 else None,
+                     "off_sme2": off, "flag": flag},
+    }
+
+
+def _names(ops: list[dict], n: int = 3) -> str:
+    shown = ", ".join(f"{d['name']} {d['total_ms']:.3f} ms" for d in ops[:n])
+    return shown + (f" and {len(ops) - n} more" if len(ops) > n else "")
+
+
+def coverage_sentence(kp: dict) -> str:
+    """One line for any surface: the SME2 coverage of one run's report["kernel_paths"]."""
+    cov = kp.get("coverage") or {}
+    if not cov.get("conv_gemm_ms"):
+        return "SME2 coverage: no Convolution/GEMM time in this run"
+    unknown = sum(ms for cat in COVERED for p, ms in (kp.get("by_category") or {}).get(cat, {}).items()
+                  if p in (SME_OR_SME2, SME2_OR_NEON))
+    text = (f"SME2 coverage {100 * cov['share']:.0f}% ({cov['sme2_ms']:.3f} of {cov['conv_gemm_ms']:.3f} ms "
+            "Convolution/GEMM per iteration in SME2 kernels)")
+    if unknown:
+        text += (f"; {unknown:.3f} ms ran in packed-LHS kernels that are SME2 or not depending on the CPU "
+                 "(this trace does not say whether XNNPACK saw SME2)")
+    return text
+
+
+__all__ = ["kernel_path", "annotate", "summary", "backends", "arch_of", "coverage_sentence", "is_xnnpack_name",
+           "PATHS", "SME2", "SME", "SME_OR_SME2", "SME2_OR_NEON", "NEON", "X86", "XNNPACK_UNKNOWN_ISA",
+           "PORTABLE", "DELEGATE"]
