@@ -408,7 +408,10 @@ def summary_from_experiment(rep: dict) -> tuple[list[tuple[str, dict]], str]:
     traces = []
     for run in rep.get("runs", []):
         if run.get("status") == "succeeded" and run.get("categories_ms") is not None:
-            label = f"runs/{run['id']}/artifacts/trace.etdump (SME2 {run['sme2']}, {run['threads']} thread(s))"
+            emulator = (run.get("device") or {}).get("emulator")
+            # an emulator's times travel into the kit's file too: the label says whose they are
+            where = f", emulated by {emulator}: times are the emulator's" if emulator else ""
+            label = f"runs/{run['id']}/artifacts/trace.etdump (SME2 {run['sme2']}, {run['threads']} thread(s){where})"
             traces.append((label, run))
     return traces, f"sha256:{rep.get('model_sha256', '')}"
 

@@ -274,3 +274,14 @@ def test_analyze_kit_json_will_not_overwrite_a_trace(portable_trace, tmp_path, c
     rc, out = _run_analyze([str(portable_trace), "--kit-json", str(victim)], capsys)
     assert rc == 2 and "looks like a trace or model" in out.err
     assert victim.read_bytes() == b"keep me"
+
+
+def test_an_emulated_run_in_the_kit_summary_says_its_times_are_the_emulators():
+    from sme2farm.client.kit import summary_from_experiment
+
+    run = {"id": 3, "status": "succeeded", "sme2": "on", "threads": 1, "categories_ms": {}, "operators": []}
+    rep = {"model_sha256": "ab", "runs": [{**run, "device": {"emulator": "qemu-aarch64 11.1.3 -cpu max"}},
+                                          {**run, "id": 4, "device": {"serial": "pixel"}}]}
+    (emulated, _), (hardware, _) = summary_from_experiment(rep)[0]
+    assert "emulated by qemu-aarch64 11.1.3 -cpu max" in emulated
+    assert "emulated" not in hardware
