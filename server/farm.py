@@ -5,6 +5,7 @@ admin chores (migrate, tokens, building and listing runners)."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -374,6 +375,26 @@ def cmd_runners(args) -> int:
     return 0
 
 
+def cmd_emulator(args) -> int:
+    """`emulator install|status`: the SME2-capable qemu-aarch64 in the farm's cache (agent/emulator.py)."""
+    from sme2farm.agent import emulator
+
+    if args.emulator_cmd == "install":
+        try:
+            manifest, new = emulator.install(say=lambda msg: print(msg, flush=True))
+        except emulator.EmulatorError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        where = emulator.cache_dir() / emulator.BINARY
+        print(f"{'installed' if new else 'already installed (sha256 matches its manifest): nothing to do'}: "
+              f"{where} ({manifest['package']} {manifest['package_version']} from {manifest['suite']}, "
+              f"HWCAP2 {manifest['hwcap2']}, SME2 {'yes' if manifest['sme2'] else 'no'})")
+        return 0
+    st = emulator.status()
+    print(json.dumps(st, indent=2) if args.json else emulator.render_status(st))
+    return 0 if st["sme2"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sme2-farm", description="Run the SME2 device farm on this machine.")
     p.add_argument("--data-dir", default=os.environ.get("SME2_DATA_DIR"), help="default .farm (SME2_DATA_DIR)")
@@ -423,6 +444,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--manifest", help="runner manifest (default runners/build/manifest.json, or SME2_RUNNER_MANIFEST)")
     r.add_argument("--json", action="store_true", help="machine-readable: one object per build")
     r.set_defaults(fn=cmd_runners)
+    e = sub.add_parser("emulator", help="the SME2-capable qemu-aarch64 for emulated arm64 devices: install, status")
+    esub = e.add_subparsers(dest="emulator_cmd", required=True)
+    esub.add_parser("install", help="fetch Debian's qemu-user from the first suite whose qemu-aarch64 has SME2 "
+                                    "into the farm's cache (SME2_EMULATOR_DIR); idempotent")
+    es = esub.add_parser("status", help="what is installed and whether its CPU has SME2 (exit 1 when the "
+                                        "emulated devices would have no SME2)")
+    es.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_emulator)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("httpx", "alembic"):
