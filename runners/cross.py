@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 
 from sme2farm.runners.build import BINARY_NAME, SOURCES, BuildError, _cmake, _run, executorch_package
 from sme2farm.runners.catalog import RUNNERS_DIR, Catalog, RunnerBuild, sha256_file
+from sme2farm.runners.elf import EM_AARCH64, ElfInfo, read_elf
 
 TRIPLE = "aarch64-linux-gnu"
 SYSROOT = Path("/usr") / TRIPLE
@@ -67,98 +67,7 @@ def canonical_platform(name: str) -> str:
         raise BuildError(f"no cross build for platform {name!r}; choose one of {', '.join(PLATFORMS)}") from None
 
 
-# ---- ELF (64-bit little-endian, what aarch64 Linux uses) ------------------------------------
-
-EM_AARCH64 = 183
-_PT_LOAD, _PT_DYNAMIC, _PT_INTERP = 1, 2, 3
-_DT_NEEDED, _DT_STRTAB, _DT_SONAME, _DT_RPATH, _DT_RUNPATH = 1, 5, 14, 15, 29
-_DT_VERDEF, _DT_VERDEFNUM, _DT_VERNEED, _DT_VERNEEDNUM = 0x6FFFFFFC, 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
-_SHT_DYNSYM = 11
-
-
-@dataclass
-class ElfInfo:
-    machine: int
-    interp: str
-    needed: list[str]
-    soname: str
-    runpath: str
-    runpath_ref: int             # .dynstr offset of the RUNPATH (or RPATH) string, -1 if none
-    strtab_offset: int           # file offset of .dynstr
-    version_needs: dict[str, list[str]]   # library -> symbol versions it needs (GLIBC_2.34, ...)
-    string_refs: list[int]       # every .dynstr offset the dynamic structures reference
-
-
-def read_elf(path: Path) -> ElfInfo:
-    """The dynamic-linking facts of an ELF64 LE file, parsed here so a build needs no binutils."""
-    data = path.read_bytes()
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise BuildError(f"{path} is not a 64-bit little-endian ELF file")
-    (_, _, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = \
-        struct.unpack_from("<16sHHIQQQIHHHHHH", data, 0)
-    phdrs = [struct.unpack_from("<IIQQQQQQ", data, phoff + i * phentsize) for i in range(phnum)]
-    loads = [(p[3], p[5], p[2]) for p in phdrs if p[0] == _PT_LOAD]   # (vaddr, filesz, offset)
-
-    def off(vaddr: int) -> int:
-        for va, size, fo in loads:
-            if va <= vaddr < va + size:
-                return vaddr - va + fo
-        raise BuildError(f"{path}: address {vaddr:#x} is in no loaded segment")
-
-    interp = next((data[p[2]:p[2] + p[5]].rstrip(b"\0").decode() for p in phdrs if p[0] == _PT_INTERP), "")
-    dyn = next((p for p in phdrs if p[0] == _PT_DYNAMIC), None)
-    if dyn is None:
-        return ElfInfo(machine, interp, [], "", "", -1, -1, {}, [])
-    entries: list[tuple[int, int]] = []
-    for pos in range(dyn[2], dyn[2] + dyn[5], 16):
-        tag, val = struct.unpack_from("<qQ", data, pos)
-        if tag == 0:
-            break
-        entries.append((tag, val))
-    tags = dict(entries)
-    strtab = off(tags[_DT_STRTAB])
-
-    def string(o: int) -> str:
-        end = data.index(b"\0", strtab + o)
-        return data[strtab + o:end].decode()
-
-    refs = [v for t, v in entries if t in (_DT_NEEDED, _DT_SONAME, _DT_RPATH, _DT_RUNPATH)]
-    needs: dict[str, list[str]] = {}
-    if _DT_VERNEED in tags:
-        pos = off(tags[_DT_VERNEED])
-        for _ in range(tags.get(_DT_VERNEEDNUM, 0)):
-            _, cnt, file_o, aux, nxt = struct.unpack_from("<HHIII", data, pos)
-            refs.append(file_o)
-            names, apos = [], pos + aux
-            for _ in range(cnt):
-                _, _, _, name_o, anext = struct.unpack_from("<IHHII", data, apos)
-                refs.append(name_o)
-                names.append(string(name_o))
-                apos += anext
-            needs[string(file_o)] = names
-            pos += nxt
-    if _DT_VERDEF in tags:
-        pos = off(tags[_DT_VERDEF])
-        for _ in range(tags.get(_DT_VERDEFNUM, 0)):
-            _, _, _, cnt, _, aux, nxt = struct.unpack_from("<HHHHIII", data, pos)
-            apos = pos + aux
-            for _ in range(cnt):
-                name_o, anext = struct.unpack_from("<II", data, apos)
-                refs.append(name_o)
-                apos += anext
-            pos += nxt
-    for i in range(shnum):
-        sh = struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
-        if sh[1] == _SHT_DYNSYM and sh[9]:
-            refs.extend(struct.unpack_from("<I", data, sh[4] + j * sh[9])[0] for j in range(sh[5] // sh[9]))
-    rp = tags.get(_DT_RUNPATH, tags.get(_DT_RPATH))
-    return ElfInfo(machine=machine, interp=interp,
-                   needed=[string(v) for t, v in entries if t == _DT_NEEDED],
-                   soname=string(tags[_DT_SONAME]) if _DT_SONAME in tags else "",
-                   runpath=string(rp) if rp is not None else "",
-                   runpath_ref=rp if rp is not None else -1, strtab_offset=strtab,
-                   version_needs=needs, string_refs=refs)
-
+# ---- ELF edits (the reader is runners/elf.py) ---------------------------------------------------
 
 def set_runpath_origin(path: Path) -> None:
     """Rewrite the runner's RUNPATH to exactly "$ORIGIN" in place (what `chrpath -r` does).
@@ -484,6 +393,7 @@ def build_platform(platform: str, manifest: Path | None = None, build_root: Path
                                 executorch_version=wheel_version(cb.et_dir) or cb.wheel.version,
                                 executorch_commit=wheel_git_commit(cb.et_dir), extra_files=files,
                                 origin=ORIGIN, env=env, loader=LOADER if plat != "linux-arm64" else "",
+                                supports_outputs=True,
                                 provenance=dict(provenance))
                 catalog.register(b)
                 builds.append(b)
