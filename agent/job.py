@@ -21,7 +21,7 @@ from typing import Callable
 import httpx
 
 from sme2farm.agent.api import AgentApi, LeaseLost
-from sme2farm.agent.drivers.base import ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, Job, JobResult
+from sme2farm.agent.drivers.base import ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, OUTPUTS_NAME, Driver, Job, JobResult
 from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish
 from sme2farm.runners.catalog import Catalog
 
@@ -63,10 +63,10 @@ def refuse(a: RunAssignment, device: Device | None, catalog: Catalog) -> str:
     """Last line of defence: never run an arm the device cannot honestly serve ("" = go ahead)."""
     if device is None:
         return f"device {a.device_serial} is no longer attached to this agent"
-    _, info = device
+    driver, info = device
     if a.sme2 == "on" and not info.sme2:
         return f"SME2 on was asked of {info.serial}, which has no SME2 ({info.sme2_evidence or 'not detected'}); not run"
-    flavour = "xnnlog" if a.mode == "trace" else "timing"
+    flavour = driver.runner_flavour(a.mode)
     if catalog.find(info.runner_platform or "", a.sme2, flavour) is None:
         return f"this agent has no runner build for {info.runner_platform} with SME2 {a.sme2} ({flavour} flavour)"
     return ""
@@ -96,7 +96,7 @@ class JobRunner:
             self._fail(reason)
             return None
         driver, info = device
-        build = self.catalog.find(info.runner_platform, a.sme2, "xnnlog" if a.mode == "trace" else "timing")
+        build = self.catalog.find(info.runner_platform, a.sme2, driver.runner_flavour(a.mode))
         build = dataclasses.replace(build, path=str(self.catalog.resolve(build)))
         try:
             model = self.downloads.model(a.model_sha256)
@@ -142,7 +142,7 @@ class JobRunner:
     def _report(self, job: Job, runner, result: JobResult) -> None:
         a = self.a
         for name, path in ((LOG_NAME, result.log_path), (KERNEL_LOG_NAME, result.kernel_log_path),
-                           (ETDUMP_NAME, result.etdump_path)):
+                           (OUTPUTS_NAME, result.outputs_path), (ETDUMP_NAME, result.etdump_path)):
             if path is not None and path.exists():
                 self.api.upload(a.run_id, a.lease_id, name, path)
         state = dict(result.device_state)

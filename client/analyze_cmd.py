@@ -2,6 +2,7 @@
 
     sme2-client analyze TRACE.etdump [--compare OTHER.etdump] [--skip-first N]
                         [--kernel-log FILE] [--json | --markdown | --csv | --perfetto OUT.json]
+    sme2-client analyze --outputs BASE.bin CAND.bin [--labels BASE CAND] [--json]
 
 With --compare, TRACE is the baseline and OTHER the candidate: speedup > 1 means OTHER is
 faster (labels default to the file names; --labels "SME2 off" "SME2 on" to name them). The
@@ -10,6 +11,10 @@ the interval is widened by the device's noise model (--noise-model FILE.json) or
 by a conservative default, and no difference below --min-effect is claimed.
 --json prints TRACE's report with a "comparison" key (and OTHER's report under
 "compare_report"). Imports only numpy and sme2farm.analysis: fast, and no torch.
+
+With --outputs, two runner outputs files (the runner's --outputs_file, a run's outputs.bin
+artifact) are compared instead: per output max abs/rel error and SNR, and "numerics change" where
+a difference exceeds its dtype's tolerance (analysis/numerics.py says which and why).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="ETDump file (.etdump / .etdp)")
+    parser.add_argument("trace", nargs="?", default=None, help="ETDump file (.etdump / .etdp)")
+    parser.add_argument("--outputs", nargs=2, metavar=("BASE.bin", "CAND.bin"), default=None,
+                        help="compare two runner outputs files (outputs.bin) instead of analysing a trace")
     parser.add_argument("--compare", metavar="OTHER", default=None,
                         help="second ETDump: TRACE is the baseline, OTHER the candidate")
     parser.add_argument("--labels", nargs=2, metavar=("BASE", "CAND"), default=None,
-                        help="names for TRACE and OTHER in the comparison")
+                        help="names for TRACE and OTHER (or the two --outputs files) in the comparison")
     parser.add_argument("--skip-first", type=int, default=0, metavar="N",
                         help="drop the first N iterations as warm-up (traces from the upstream "
                              "executor_runner include them)")
@@ -60,7 +67,59 @@ def _read_text(path: str | None) -> str | None:
     return Path(path).read_text(errors="replace")
 
 
+def _what_else(data: bytes) -> str:
+    """What a file that is not an outputs container looks like, to say so plainly ("" if unknown)."""
+    if data[4:8] == b"ET12":
+        return "this is a .pte program, not an outputs file"
+    if data[4:8] == b"BP08":
+        return "this is a .bpte bundled program, not an outputs file"
+    if data[8:12] == b"ED00":
+        return "this is an ETDump trace, not an outputs file (analyse it without --outputs)"
+    return ""
+
+
+def run_outputs(args: argparse.Namespace) -> int:
+    from sme2farm.analysis import numerics
+    from sme2farm.runners import inputs as containers
+
+    if args.trace is not None or args.compare is not None:
+        print("error: --outputs compares two outputs files; give no trace (and no --compare) with it", file=sys.stderr)
+        return 2
+    if args.markdown or args.csv or args.perfetto:
+        print("error: --outputs prints text or --json", file=sys.stderr)
+        return 2
+    sides = []
+    for path in args.outputs:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            sides.append(containers.named_values(containers.read(data, item="output")))
+        except containers.InputsError as exc:
+            print(f"error: {path}: {_what_else(data) or exc}", file=sys.stderr)
+            return 2
+    labels = tuple(args.labels) if args.labels else tuple(Path(p).name for p in args.outputs)
+    result = numerics.compare(sides[0], sides[1], labels)
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+        return 0
+    print(result["sentence"])
+    for o in result["outputs"]:
+        snr = "identical" if o["identical"] else ("n/a" if o["snr_db"] is None else f"{o['snr_db']:.1f} dB")
+        rel = "n/a" if o["max_rel"] is None else f"{o['max_rel']:.3g}"
+        print(f"  output {o['index']}: {o['dtype']} {o['shape']}  max abs {o['max_abs']:.3g}  max rel {rel}  "
+              f"SNR {snr}  {'within' if o['within_tolerance'] else 'BEYOND'} {o['tolerance']['describe']}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "outputs", None):
+        return run_outputs(args)
+    if args.trace is None:
+        print("error: give an ETDump file to analyse, or --outputs BASE.bin CAND.bin", file=sys.stderr)
+        return 2
     from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, to_csv, to_markdown,
                                    to_perfetto, to_terminal)
     if not 0.0 <= args.min_effect < 1.0:

@@ -45,6 +45,10 @@ class RunnerBuild:
     loader: str = ""
     # Our runner reads --inputs_file (runners/inputs.py's container); upstream executor_runner does not.
     supports_inputs: bool = True
+    # Our runner writes the method's outputs with --outputs_file (the same container); builds made
+    # before it, and upstream executor_runner, cannot. Default False so a manifest written before
+    # this field loads as "cannot write outputs" (numerics "not recorded"), never as a promise.
+    supports_outputs: bool = False
     # How it was made, free-form (runners.cross: toolchain, wheel file and sha256, build seconds,
     # minimum glibc). Defaulted so manifests written before it load unchanged.
     provenance: dict = field(default_factory=dict)

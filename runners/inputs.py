@@ -32,6 +32,11 @@ Sources:
   takes a tensor there (then it is a 0-d tensor). Loaded with allow_pickle=False; every member's
   declared size is checked against a budget before numpy allocates it.
 
+Outputs: the runner's `--outputs_file` writes the method's outputs after its last timed execution
+in the same container (kind 0 for an output it cannot carry: a list, a dtype outside the table
+below), so `read` serves both; `check_outputs` holds such a file against the outputs the program
+declares (`MethodSignature.outputs`).
+
 Non-tensor inputs: ExecuTorch bakes ints, doubles and bools into the program at export and refuses
 any other value at run time ("should have the same value as the input_evalue"), so the check below
 names such a mismatch at submission instead.
@@ -187,18 +192,19 @@ def write(inputs: list[Input]) -> bytes:
     return b"".join(out)
 
 
-def read(data: bytes | memoryview) -> list[Input]:
-    """Parse a container, strictly: a short, long or inconsistent file raises InputsError."""
+def read(data: bytes | memoryview, *, item: str = "input") -> list[Input]:
+    """Parse a container, strictly: a short, long or inconsistent file raises InputsError.
+    `item` ("input" or "output") names the entries in messages."""
     mv = memoryview(data)
     n = len(mv)
     if n < 12 or bytes(mv[:8]) != MAGIC:
-        raise InputsError("not an SME2IN01 inputs container")
+        raise InputsError(f"not an SME2IN01 {item}s container")
     (count,) = struct.unpack_from("<I", mv, 8)
     pos, out = 12, []
 
     def need(k: int, what: str) -> None:
         if pos + k > n:
-            raise InputsError(f"truncated inputs container: {what} of input {len(out)} ends at byte {pos + k}, file has {n}")
+            raise InputsError(f"truncated {item}s container: {what} of {item} {len(out)} ends at byte {pos + k}, file has {n}")
 
     for _ in range(count):
         need(1, "kind")
@@ -211,17 +217,17 @@ def read(data: bytes | memoryview) -> list[Input]:
             st, ndim, _reserved = mv[pos], mv[pos + 1], mv[pos + 2]
             pos += 3
             if st not in SCALAR_TYPES:
-                raise InputsError(f"input {len(out)}: unsupported scalar type {scalar_name(st)}")
+                raise InputsError(f"{item} {len(out)}: unsupported scalar type {scalar_name(st)}")
             need(8 * ndim + 8, "sizes")
             sizes = struct.unpack_from(f"<{ndim}q", mv, pos)
             pos += 8 * ndim
             (nbytes,) = struct.unpack_from("<Q", mv, pos)
             pos += 8
             if any(s < 0 for s in sizes):
-                raise InputsError(f"input {len(out)}: negative size in {list(sizes)}")
+                raise InputsError(f"{item} {len(out)}: negative size in {list(sizes)}")
             expect = math.prod(sizes) * SCALAR_TYPES[st][1].itemsize
             if nbytes != expect:
-                raise InputsError(f"input {len(out)}: {nbytes} bytes for {scalar_name(st)}{list(sizes)} (expected {expect})")
+                raise InputsError(f"{item} {len(out)}: {nbytes} bytes for {scalar_name(st)}{list(sizes)} (expected {expect})")
             need(nbytes, "data")
             out.append(TensorInput(st, tuple(sizes), bytes(mv[pos:pos + nbytes])))
             pos += nbytes
@@ -238,9 +244,9 @@ def read(data: bytes | memoryview) -> list[Input]:
             out.append(bool(mv[pos]))
             pos += 1
         else:
-            raise InputsError(f"input {len(out)}: unknown kind {kind}")
+            raise InputsError(f"{item} {len(out)}: unknown kind {kind}")
     if pos != n:
-        raise InputsError(f"inputs container has {n - pos} trailing bytes after {plural(count)}")
+        raise InputsError(f"{item}s container has {n - pos} trailing bytes after {plural(count, item)}")
     return out
 
 
@@ -363,37 +369,44 @@ class InputSpec:
 class MethodSignature:
     name: str
     inputs: tuple[InputSpec, ...]
+    # The declared outputs (same shape of description; an output's `value` is what the program
+    # holds before execution and means nothing).
+    outputs: tuple[InputSpec, ...] = ()
 
 
 def program_methods(buf, *, end: int | None = None) -> dict[str, MethodSignature]:
-    """Every method of a .pte flatbuffer (ExecutionPlan name, inputs, values), in program order."""
+    """Every method of a .pte flatbuffer (ExecutionPlan name, inputs, outputs), in program order."""
     fb = _Flat(buf, "ExecuTorch program", end)
     program = fb.root()
     out: dict[str, MethodSignature] = {}
     for plan in program.tables(1, "execution_plan", "ExecutionPlan"):
         name = plan.string(0, "name")
-        specs = []
-        start, nvalues = plan.vector(2, "values")
-        for idx in plan.scalars(3, "inputs", "i"):
-            if not 0 <= idx < nvalues:
-                raise InputsError(f"corrupt ExecuTorch program: method {name} input value {idx} of {nvalues}")
-            ev = plan.table_at(2, "values", "EValue", idx)
-            tag = ev.scalar(0, "<B", 0, "val_type")
-            kind = _KERNEL_TYPES.get(tag, f"value type {tag}")
-            val = ev.table(1, "val", kind)
-            if kind == "tensor" and val is not None:
-                specs.append(InputSpec("tensor", val.scalar(0, "<b", 0, "scalar_type"),
-                                       tuple(val.scalars(2, "sizes", "i")), val.scalar(8, "<b", 0, "shape_dynamism")))
-            elif kind == "int" and val is not None:
-                specs.append(InputSpec("int", value=val.scalar(0, "<q", 0, "int_val")))
-            elif kind == "double" and val is not None:
-                specs.append(InputSpec("double", value=val.scalar(0, "<d", 0.0, "double_val")))
-            elif kind == "bool" and val is not None:
-                specs.append(InputSpec("bool", value=bool(val.scalar(0, "<B", 0, "bool_val"))))
-            else:
-                specs.append(InputSpec(kind))
-        out[name] = MethodSignature(name, tuple(specs))
+        _, nvalues = plan.vector(2, "values")
+        # program.fbs ExecutionPlan: name 0, container_meta_type 1, values 2, inputs 3, outputs 4
+        inputs = tuple(_value_spec(plan, name, "input", idx, nvalues) for idx in plan.scalars(3, "inputs", "i"))
+        outputs = tuple(_value_spec(plan, name, "output", idx, nvalues) for idx in plan.scalars(4, "outputs", "i"))
+        out[name] = MethodSignature(name, inputs, outputs)
     return out
+
+
+def _value_spec(plan: _Table, method: str, role: str, idx: int, nvalues: int) -> InputSpec:
+    """The EValue at `idx` of a plan's values, as an InputSpec."""
+    if not 0 <= idx < nvalues:
+        raise InputsError(f"corrupt ExecuTorch program: method {method} {role} value {idx} of {nvalues}")
+    ev = plan.table_at(2, "values", "EValue", idx)
+    tag = ev.scalar(0, "<B", 0, "val_type")
+    kind = _KERNEL_TYPES.get(tag, f"value type {tag}")
+    val = ev.table(1, "val", kind)
+    if kind == "tensor" and val is not None:
+        return InputSpec("tensor", val.scalar(0, "<b", 0, "scalar_type"),
+                         tuple(val.scalars(2, "sizes", "i")), val.scalar(8, "<b", 0, "shape_dynamism"))
+    if kind == "int" and val is not None:
+        return InputSpec("int", value=val.scalar(0, "<q", 0, "int_val"))
+    if kind == "double" and val is not None:
+        return InputSpec("double", value=val.scalar(0, "<d", 0.0, "double_val"))
+    if kind == "bool" and val is not None:
+        return InputSpec("bool", value=bool(val.scalar(0, "<B", 0, "bool_val")))
+    return InputSpec(kind)
 
 
 def program_end(buf) -> int | None:
@@ -434,6 +447,68 @@ def check(sig: MethodSignature, inputs: list[Input]) -> None:
                                   "ExecuTorch fixes non-tensor inputs at export and refuses any other value")
         else:
             raise InputsError(f"{where} is a {spec.kind}, which an inputs file cannot supply")
+
+
+def check_outputs(sig: MethodSignature, outputs: list[Input]) -> None:
+    """Raise InputsError naming the first output of an outputs file (runner --outputs_file) that
+    the method does not declare: the count, a tensor's dtype and shape (a dynamic dimension may
+    be smaller than its upper bound), a scalar's kind. An output the container cannot carry
+    (a list, a dtype outside SCALAR_TYPES) must be kind 0, none."""
+    if len(outputs) != len(sig.outputs):
+        raise InputsError(f"the outputs file holds {plural(len(outputs), 'output')}, method {sig.name} declares "
+                          f"{len(sig.outputs)} ({summary([_declared(s) for s in sig.outputs])})")
+    for i, (spec, v) in enumerate(zip(sig.outputs, outputs)):
+        where = f"output {i} of method {sig.name}"
+        carried = spec.kind in ("int", "double", "bool") or (spec.kind == "tensor" and spec.scalar_type in SCALAR_TYPES)
+        if v is None:
+            if carried:
+                raise InputsError(f"the outputs file leaves {where} empty; the method declares {_declared(spec)}")
+            continue
+        if not carried:
+            raise InputsError(f"the outputs file gives {where} as {describe_value(v)}; the method declares "
+                              f"{_declared(spec)}, which an outputs file cannot carry")
+        if spec.kind == "tensor":
+            if not isinstance(v, TensorInput):
+                raise InputsError(f"the outputs file gives {where} as {describe_value(v)}; the method declares {_declared(spec)}")
+            if v.scalar_type != spec.scalar_type:
+                raise InputsError(f"the outputs file gives {where} as {v}; the method declares {_declared(spec)} "
+                                  f"(dtype {scalar_name(v.scalar_type)} is not {scalar_name(spec.scalar_type)})")
+            if len(v.sizes) != len(spec.sizes):
+                raise InputsError(f"the outputs file gives {where} as {v}; the method declares {_declared(spec)} "
+                                  f"({len(v.sizes)} dimensions, not {len(spec.sizes)})")
+            if spec.dynamism == STATIC and tuple(v.sizes) != spec.sizes:
+                raise InputsError(f"the outputs file gives {where} as {v}; the method declares {_declared(spec)} "
+                                  "(the shape differs and the method's shape is static)")
+            if spec.dynamism == DYNAMIC_BOUND and any(a > b for a, b in zip(v.sizes, spec.sizes)):
+                raise InputsError(f"the outputs file gives {where} as {v}; the method declares {_declared(spec)} "
+                                  "(a dimension exceeds its upper bound)")
+        else:
+            kind = "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else \
+                "double" if isinstance(v, float) else "tensor"
+            if kind != spec.kind:
+                raise InputsError(f"the outputs file gives {where} as {describe_value(v)}; the method declares "
+                                  f"{'an' if spec.kind == 'int' else 'a'} {spec.kind}")
+
+
+def named_values(values: list[Input]) -> list[tuple[str, np.ndarray] | None]:
+    """A container's values as analysis.numerics takes them: (ExecuTorch dtype name, array) for a
+    tensor (BFloat16 as its uint16 bits), ("int" | "double" | "bool", 0-d array) for a scalar."""
+    out: list[tuple[str, np.ndarray] | None] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif isinstance(v, TensorInput):
+            out.append((scalar_name(v.scalar_type), v.numpy()))
+        else:
+            kind = "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "double"
+            out.append((kind, np.asarray(v)))
+    return out
+
+
+def _declared(spec: InputSpec) -> str:
+    """An output's declaration: its dtype and shape, or its kind (an output's exported value is not
+    its declaration)."""
+    return str(spec) if spec.kind == "tensor" else spec.kind
 
 
 def _dtype_hint(code: int) -> str:

@@ -2,12 +2,15 @@
 // executorch wheel's shipped headers and shared libraries (runtime, optimized kernels, XNNPACK,
 // ETDump, threadpool), so a host with only `pip install executorch` can run and profile a .pte.
 //
-// Flags (as upstream examples/portable/executor_runner, plus --warmup and --inputs_file):
+// Flags (as upstream examples/portable/executor_runner, plus --warmup, --inputs_file, --outputs_file):
 //   --model_path PATH  --num_executions N (1)  --cpu_threads N (-1: leave the default)
 //   --etdump_path PATH  --method_name NAME (forward)  --warmup N (0)
 //   --print_output (each output's values after the last execution)
 //   --inputs_file PATH  (runners/inputs.py's SME2IN01 container: tensors of any dtype, ints,
 //                        doubles, bools; without it tensor inputs are all ones, as upstream)
+//   --outputs_file PATH (every output of the last timed execution, in the same SME2IN01 container:
+//                        tensors in logical row-major order whatever their dim order; an output
+//                        the container cannot carry (a list, a dtype outside it) is kind 0, none)
 // Both --flag=value and --flag value are accepted.
 //
 // Environment: SME2FARM_HIDE_SME2=1 makes the exported getauxval() below clear HWCAP2_SME and
@@ -169,6 +172,7 @@ struct Options {
   long cpu_threads = -1;
   long warmup = 0;
   std::string inputs_file;
+  std::string outputs_file;
   bool print_output = false;
 };
 
@@ -241,6 +245,7 @@ Options parse_args(int argc, char** argv) {
     else if (name == "cpu_threads") o.cpu_threads = parse_int(name, value);
     else if (name == "warmup") o.warmup = parse_int(name, value);
     else if (name == "inputs_file") o.inputs_file = value;
+    else if (name == "outputs_file") o.outputs_file = value;
     else if (name == "print_output") o.print_output = value == "true" || value == "1";
     else fail("unknown flag --" + name);
   }
@@ -496,6 +501,85 @@ void print_outputs(Method& method) {
   }
 }
 
+// The scalar types the SME2IN01 container carries (runners/inputs.py SCALAR_TYPES): every real
+// type, Half, Bool and BFloat16.
+bool container_type(ScalarType type) {
+  switch (type) {
+    case ScalarType::Byte: case ScalarType::Char: case ScalarType::Short: case ScalarType::Int:
+    case ScalarType::Long: case ScalarType::Half: case ScalarType::Float: case ScalarType::Double:
+    case ScalarType::Bool: case ScalarType::BFloat16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// --outputs_file: every output of the last execution in the container --inputs_file reads, so one
+// codec (runners/inputs.py) reads both. Tensor elements are copied from their strided offsets into
+// row-major order (a channels-last output is written in its logical order).
+void write_outputs(Method& method, const std::string& path) {
+  std::vector<uint8_t> out;
+  auto put = [&out](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  put("SME2IN01", 8);
+  uint32_t count = static_cast<uint32_t>(method.outputs_size());
+  put(&count, 4);
+  for (size_t i = 0; i < method.outputs_size(); ++i) {
+    const EValue& v = method.get_output(i);
+    uint8_t kind = 0;
+    if (v.isTensor() && container_type(v.toTensor().scalar_type())) {
+      auto t = v.toTensor();
+      kind = 1;
+      put(&kind, 1);
+      uint8_t header[3] = {static_cast<uint8_t>(t.scalar_type()), static_cast<uint8_t>(t.dim()), 0};
+      put(header, 3);
+      std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+      for (int64_t sz : sizes) put(&sz, 8);
+      size_t elem = executorch::runtime::elementSize(t.scalar_type());
+      uint64_t nbytes = static_cast<uint64_t>(t.numel()) * elem;
+      put(&nbytes, 8);
+      const auto* base = static_cast<const uint8_t*>(t.const_data_ptr());
+      std::vector<int64_t> index(sizes.size(), 0);
+      for (size_t flat = 0, numel = static_cast<size_t>(t.numel()); flat < numel; ++flat) {
+        int64_t off = 0;
+        for (size_t k = 0; k < sizes.size(); ++k) off += index[k] * t.strides()[k];
+        put(base + static_cast<size_t>(off) * elem, elem);
+        for (size_t k = sizes.size(); k-- > 0;) {  // next row-major index
+          if (++index[k] < sizes[k]) break;
+          index[k] = 0;
+        }
+      }
+    } else if (v.isInt()) {
+      kind = 2;
+      int64_t x = v.toInt();
+      put(&kind, 1);
+      put(&x, 8);
+    } else if (v.isDouble()) {
+      kind = 3;
+      double x = v.toDouble();
+      put(&kind, 1);
+      put(&x, 8);
+    } else if (v.isBool()) {
+      kind = 4;
+      uint8_t x = v.toBool() ? 1 : 0;
+      put(&kind, 1);
+      put(&x, 1);
+    } else {
+      put(&kind, 1);
+      std::printf("Output %zu: not written to the outputs file (%s)\n", i,
+                  v.isTensor() ? executorch::runtime::toString(v.toTensor().scalar_type()) : "not a tensor or scalar");
+    }
+  }
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) fail("cannot write outputs to '" + path + "': " + std::strerror(errno));
+  bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) fail("short write of outputs to '" + path + "'");
+  std::printf("Outputs written to %s (%zu outputs, %zu bytes)\n", path.c_str(), method.outputs_size(), out.size());
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -593,6 +677,7 @@ int main(int argc, char** argv) {
   }
   std::printf("Model executed successfully %ld time(s) in %f ms.\n", opt.num_executions, total_ms);
   if (opt.print_output) print_outputs(*method);
+  if (!opt.outputs_file.empty()) write_outputs(*method, opt.outputs_file);
 
   if (!opt.etdump_path.empty()) {
     auto result = etdump.get_etdump_data();  // size-prefixed flatbuffer, malloc'd by ETDumpGen

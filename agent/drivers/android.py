@@ -33,7 +33,8 @@ from typing import Any, Callable, Sequence
 
 from sme2farm.agent.drivers import cpuinfo, hygiene
 from sme2farm.agent.drivers.adb import ADB_ERRORS, EXIT_MARK, Adb
-from sme2farm.agent.drivers.base import ETDUMP_NAME, INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, Driver, DriverError, Job, require_runner, tail
+from sme2farm.agent.drivers.base import (ETDUMP_NAME, INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, OUTPUTS_NAME, Driver, DriverError,
+                                         Job, require_runner, tail)
 from sme2farm.protocol import DeviceInfo
 from sme2farm.runners.catalog import sha256_file
 
@@ -109,13 +110,19 @@ class AndroidDriver(Driver):
         soc = " ".join(filter(None, (props.get("ro.soc.manufacturer"), props.get("ro.soc.model"))))
         abi = props.get("ro.product.cpu.abi", "")
         sme2 = cpuinfo.has_sme2(cpu)
+        # Android's emulators (goldfish/ranchu) set these; an emulated phone proves kernels and
+        # outputs, never speed, so the device says what it is.
+        marks = [f"{k}={props[k]}" for k in ("ro.kernel.qemu", "ro.boot.qemu") if props.get(k) == "1"]
+        if marks and props.get("ro.hardware"):
+            marks.append(f"ro.hardware={props['ro.hardware']}")
         return DeviceInfo(
             serial=serial, platform="android", model=props.get("ro.product.model", ""),
             soc=soc or props.get("ro.board.platform", ""), cpu_cores=cpuinfo.core_count(cpu), abi=abi,
             os_version=f"Android {props['ro.build.version.release']}" if "ro.build.version.release" in props else "",
             sme2=sme2,
             sme2_evidence=f"/proc/cpuinfo features {'list' if sme2 else 'do not list'} sme2" if cpu.strip() else "",
-            runner_platform=RUNNER_PLATFORM if abi == "arm64-v8a" else None, state="idle")
+            runner_platform=RUNNER_PLATFORM if abi == "arm64-v8a" else None, state="idle",
+            tags=["emulated"] if marks else [], emulator=f"Android emulator ({', '.join(marks)})" if marks else None)
 
     def health(self, serial: str) -> dict[str, Any]:
         _, out = self.adb.shell(serial, f"dumpsys thermalservice; echo {SEP}; dumpsys battery; echo {SEP}; "
@@ -286,7 +293,8 @@ class AndroidDriver(Driver):
 
     def collect(self, serial: str, job: Job) -> None:
         st = self._staged[(serial, job.run_id)]
-        for name in (ETDUMP_NAME, LOG_NAME):
+        # pull() skips a file the runner did not write: outputs.bin exists only from builds that write it
+        for name in (ETDUMP_NAME, LOG_NAME, OUTPUTS_NAME):
             self.adb.pull(serial, f"{st.run_dir}/{name}", job.workdir / name)
         if job.mode == "trace":
             out = self.adb.checked(serial, "logcat -d -s XNNPACK", "reading the XNNPACK log")

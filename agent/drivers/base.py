@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sme2farm.agent.drivers.leftovers import PidRecords
-from sme2farm.protocol import KERNEL_LOG, RUNNER_LOG, TRACE, DeviceInfo
+from sme2farm.protocol import KERNEL_LOG, OUTPUTS, RUNNER_LOG, TRACE, DeviceInfo
 from sme2farm.runners.catalog import RunnerBuild
 
 
@@ -32,7 +32,7 @@ class Job:
     warmup: int
     timeout_s: float
     workdir: Path             # empty host directory; the driver writes outputs here
-    mode: str = "timing"      # "timing" | "trace" (trace uses the xnnlog runner flavour)
+    mode: str = "timing"      # "timing" | "trace" (the runner flavour: Driver.trace_flavour)
     core_mask: str | None = None
     power_profile: str = "none"
     method: str = "forward"   # the program method to execute (--method_name)
@@ -56,6 +56,8 @@ class Job:
             args.append(f"--method_name={self.method}")
         if self.inputs_path is not None:
             args.append(f"--inputs_file={INPUTS_NAME}")
+        if self.runner.supports_outputs:  # the outputs of the last timed execution, for numerics
+            args.append(f"--outputs_file={OUTPUTS_NAME}")
         return args + [f"--cpu_threads={self.threads}", f"--etdump_path={ETDUMP_NAME}"]
 
     def runner_command(self, binary: str) -> list[str]:
@@ -77,6 +79,7 @@ ETDUMP_NAME = TRACE
 INPUTS_NAME = "inputs.bin"
 LOG_NAME = RUNNER_LOG
 KERNEL_LOG_NAME = KERNEL_LOG
+OUTPUTS_NAME = OUTPUTS
 
 
 @dataclass
@@ -86,6 +89,7 @@ class JobResult:
     etdump_path: Path | None = None
     log_path: Path | None = None
     kernel_log_path: Path | None = None
+    outputs_path: Path | None = None  # the runner's --outputs_file, where the build writes one
     exit_code: int | None = None
     wall_s: float | None = None
     device_state: dict[str, Any] = field(default_factory=dict)  # {"before": {...}, "after": {...}, ...}
@@ -107,6 +111,15 @@ class Driver(abc.ABC):
     # Set by the agent: where runners are recorded while they run, so that the next agent on this
     # host can kill what a killed one left running (leftovers.py). None: nothing is recorded.
     pids: PidRecords | None = None
+
+    def trace_flavour(self) -> str:
+        """The runner flavour this driver's trace runs need. Hardware learns which kernels ran only
+        from XNNPACK's own log (the xnnlog build); an emulator can name them from its translation
+        log, so it traces with the timing build (qemu.py)."""
+        return "xnnlog"
+
+    def runner_flavour(self, mode: str) -> str:
+        return self.trace_flavour() if mode == "trace" else "timing"
 
     def reap_leftovers(self, online: set[str]) -> list[str]:
         """Kill runners a previous, dead agent on this host left on these devices (serials now
@@ -168,23 +181,30 @@ class Driver(abc.ABC):
         kernels = job.workdir / KERNEL_LOG_NAME
         result.kernel_log_path = kernels if kernels.exists() else None
         etdump = job.workdir / ETDUMP_NAME
+        outputs = job.workdir / OUTPUTS_NAME
         if result.reason:
             return result
         if result.exit_code != 0:
             result.reason = failure_reason(log, result.exit_code)
         elif not etdump.exists() or etdump.stat().st_size == 0:
             result.reason = f"runner wrote no ETDump: {tail(log)}"
+        elif job.runner.supports_outputs and not outputs.is_file():
+            # The build promised outputs and exited 0 without them: a runner that lies about what
+            # it wrote is not a run to keep.
+            result.reason = f"runner {job.runner.id} wrote no {OUTPUTS_NAME}: {tail(log)}"
         else:
             result.ok, result.etdump_path = True, etdump
+            result.outputs_path = outputs if outputs.is_file() else None
         return result
 
 
-def require_runner(job: Job, platform: str | None) -> None:
-    """Refuse a build made for another platform, or a trace run without the logging build."""
+def require_runner(job: Job, platform: str | None, trace_flavour: str = "xnnlog") -> None:
+    """Refuse a build made for another platform, or a trace run without the build the driver
+    traces with (Driver.trace_flavour)."""
     if job.runner.platform != platform:
         raise DriverError(f"runner {job.runner.id} is built for {job.runner.platform}, not {platform}")
-    if job.mode == "trace" and job.runner.flavour != "xnnlog":
-        raise DriverError(f"trace runs need an xnnlog runner build, got {job.runner.id} ({job.runner.flavour})")
+    if job.mode == "trace" and job.runner.flavour != trace_flavour:
+        raise DriverError(f"trace runs need an {trace_flavour} runner build, got {job.runner.id} ({job.runner.flavour})")
     if job.inputs_path is not None and not job.runner.supports_inputs:
         raise DriverError(f"runner {job.runner.id} ({job.runner.origin}) cannot read an inputs file; "
                           "register a build of runners/runner.cpp for this platform")
