@@ -1,4 +1,6 @@
-"""Renderers: Markdown, CSV, Chrome/Perfetto trace JSON, and the terminal table."""
+"""Renderers: Markdown, CSV, Chrome/Perfetto trace JSON, and the terminal table; and the words
+every surface (CLI, Markdown/HTML report, offline analyze) uses for the facts of issue 13: kernel
+paths and SME2 coverage, emulated runs and comparisons (no speed claim), the arms' numerics."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 
 from .categories import CATEGORIES, category_of
 from .etdump import KIND_PROFILE, EtdumpError, Events, read_etdump
+from .kernel_paths import COVERED, coverage_sentence
 from .report import TICKS_PER_MS
 
 
@@ -17,6 +20,101 @@ def _ms(x) -> str:
 
 def _pct(x) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
+
+
+# --- facts shared by every surface --------------------------------------------------------------
+
+def is_emulated(c: dict) -> bool:
+    """A comparison (or one of GET /comparisons' entries) whose runs an emulator executed."""
+    return bool(c.get("emulated")) or c.get("verdict") == "emulated"
+
+
+def device_suffix(device: dict | None) -> str:
+    """' — emulated (qemu-aarch64 11.1.3 -cpu max)' for a device an emulator is, else ''."""
+    emulator = (device or {}).get("emulator")
+    return f" — emulated ({emulator})" if emulator else ""
+
+
+def kernel_path_lines(kp: dict | None) -> list[str]:
+    """A run's report["kernel_paths"] in words: the coverage, time per category and path, the
+    Convolution/GEMM operators left off SME2, the flag. [] for a report made before kernel paths."""
+    if not kp:
+        return []
+    visible = {True: "SME2 visible to XNNPACK", False: "SME2 not visible to XNNPACK",
+               None: "whether XNNPACK saw SME2 is unknown"}[kp.get("sme2_visible")]
+    out = [f"{coverage_sentence(kp)}; {visible}; from the {kp.get('source') or 'XNNPACK operator names'}."]
+    for cat in CATEGORIES:
+        paths = (kp.get("by_category") or {}).get(cat)
+        if paths:
+            out.append(f"{cat}: " + ", ".join(f"{p} {ms:.3f} ms" for p, ms in sorted(paths.items(), key=lambda x: -x[1])))
+    cov = kp.get("coverage") or {}
+    off = cov.get("off_sme2") or []
+    if off:
+        out.append("Convolution/GEMM off SME2: " + "; ".join(
+            f"{d['name']} ({d['kernel_path']}) {d['total_ms']:.3f} ms" for d in off[:8])
+                   + (f"; and {len(off) - 8} more" if len(off) > 8 else ""))
+    if cov.get("flag"):
+        out.append(f"FLAG: {cov['flag']}")
+    return out
+
+
+def _share(cov: dict | None) -> str:
+    if not cov:
+        return "not recorded"
+    if cov.get("share") is None:
+        return "no Convolution/GEMM time"
+    return f"{100 * cov['share']:.0f}% ({_ms(cov.get('sme2_ms'))} of {_ms(cov.get('conv_gemm_ms'))} ms)"
+
+
+def coverage_pair_line(c: dict) -> str | None:
+    """Per-arm SME2 coverage of a comparison (its "kernel_paths"), or None when it has none."""
+    kp = c.get("kernel_paths")
+    if not kp:
+        return None
+    la, lb = (c.get("labels") or ["baseline", "candidate"])[:2]
+    return f"SME2 coverage of Convolution/GEMM: {la} {_share(kp.get('baseline'))}, {lb} {_share(kp.get('candidate'))}"
+
+
+NUMERICS_HEADERS = ["Output", "dtype", "shape", "max abs error", "max rel error", "SNR dB", "within tolerance"]
+
+
+def numerics_line(c: dict) -> str | None:
+    """The arms' outputs compared, in one sentence, or None when the comparison has no numerics."""
+    n = c.get("numerics")
+    if not n:
+        return None
+    verdict = f" ({n['verdict']})" if n.get("verdict") else ""
+    return f"Outputs: {n.get('sentence') or n.get('status') or 'not recorded'}{verdict}"
+
+
+def _g(x) -> str:
+    return "—" if x is None else f"{float(x):.3g}"
+
+
+def numerics_rows(c: dict) -> list[list[str]]:
+    """One row per output (NUMERICS_HEADERS), [] when none were compared."""
+    return [[str(o.get("index")), str(o.get("dtype")), "x".join(map(str, o.get("shape") or [])) or "scalar",
+             _g(o.get("max_abs")), _g(o.get("max_rel")),
+             "∞ (identical)" if o.get("snr_db") is None and o.get("max_abs") == 0 else _g(o.get("snr_db")),
+             "yes" if o.get("within_tolerance") else "NO"]
+            for o in ((c.get("numerics") or {}).get("outputs") or [])]
+
+
+def emulated_headline(c: dict) -> str:
+    """An emulated comparison's verdict in words: what emulation showed, never a speed."""
+    return c.get("sentence") or f"Emulated by {c.get('emulator') or 'an emulator'}: timings measure the emulator, " \
+                                "not a CPU: no speed verdict."
+
+
+def comparison_fact_lines(c: dict) -> list[str]:
+    """What a comparison says beside (or, emulated, instead of) its speed: per-arm SME2 coverage
+    and the arms' numerics. Plain text, one fact per line."""
+    return [line for line in (coverage_pair_line(c), numerics_line(c)) if line]
+
+
+def narrative_lines(c: dict) -> list[str]:
+    """The comparison's narrative without the line already shown as its headline."""
+    return [line for line in c.get("narrative") or [] if line != c.get("sentence") or not is_emulated(c)]
 
 
 def to_markdown(report: dict, comparison: dict | None = None) -> str:
@@ -38,13 +136,16 @@ def to_markdown(report: dict, comparison: dict | None = None) -> str:
     for c in CATEGORIES:
         out.append(f"| {c} | {_ms(report['categories_ms'][c])} | {_pct(report['category_share'][c])} |")
     out += ["", "## Top operators", "",
-            "| operator | category | count/iter | total ms/iter | avg ms | p50 ms | p90 ms | share | delegated | kernel |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| operator | category | count/iter | total ms/iter | avg ms | p50 ms | p90 ms | share | delegated | kernel path | kernel |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in report["operators"][:25]:
         flag = "yes" if o["delegated"] else "**NO (portable)**"
         out.append(f"| {o['name']} | {o['category']} | {o['count']:g} | {_ms(o['total_ms'])} | "
                    f"{_ms(o['avg_ms'])} | {_ms(o['p50_ms'])} | {_ms(o['p90_ms'])} | {_pct(o['share'])} | "
-                   f"{flag} | {o.get('kernel_hint') or ''} |")
+                   f"{flag} | {o.get('kernel_path') or '—'} | {o.get('kernel_hint') or ''} |")
+    kp_lines = kernel_path_lines(report.get("kernel_paths"))
+    if kp_lines:
+        out += ["", "## Kernel paths and SME2 coverage", ""] + [f"- {line}" for line in kp_lines]
     if report.get("portable_ops"):
         out += ["", "## Portable (non-delegated) operators", "",
                 "These run on ExecuTorch's portable kernels, not XNNPACK: a common hidden cost.", ""]
@@ -61,9 +162,19 @@ def to_markdown(report: dict, comparison: dict | None = None) -> str:
         out.append(k.get("status", "no kernel log"))
     if comparison:
         out += ["", f"## Comparison: {comparison['labels'][0]} vs {comparison['labels'][1]}", ""]
-        out.append(f"Speedup (median ratio) **{comparison['speedup']:.3f}** "
-                   f"(95% CI {comparison['ci_low']:.3f}–{comparison['ci_high']:.3f}): {comparison['verdict']}."
-                   if comparison.get("speedup") is not None else "Speedup: not enough data.")
+        if is_emulated(comparison):
+            out.append(f"**{emulated_headline(comparison)}**")
+        else:
+            out.append(f"Speedup (median ratio) **{comparison['speedup']:.3f}** "
+                       f"(95% CI {comparison['ci_low']:.3f}–{comparison['ci_high']:.3f}): {comparison['verdict']}."
+                       if comparison.get("speedup") is not None else "Speedup: not enough data.")
+        facts = comparison_fact_lines(comparison)
+        if facts:
+            out += [""] + [f"- {line}" for line in facts]
+        if numerics_rows(comparison):
+            out += ["", "| " + " | ".join(NUMERICS_HEADERS) + " |", "|" + "---|" * len(NUMERICS_HEADERS)]
+            out += ["| " + " | ".join(row) + " |" for row in numerics_rows(comparison)]
+    if comparison and comparison.get("categories"):
         out += ["", f"| category | {comparison['labels'][0]} ms | {comparison['labels'][1]} ms | speedup | 95% CI | verdict | share before | share after |",
                 "|---|---|---|---|---|---|---|---|"]
         for c, v in comparison["categories"].items():
@@ -76,10 +187,17 @@ def to_markdown(report: dict, comparison: dict | None = None) -> str:
             for name, v in comparison["operators"].items():
                 sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}x"
                 out.append(f"| {name} | {_ms(v['baseline_ms'])} | {_ms(v['candidate_ms'])} | {sp} | {_ci(v)} | {v['verdict']} |")
-        out += [""] + [f"- {s}" for s in comparison["narrative"]]
-    if report.get("warnings"):
-        out += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]
+    if comparison and narrative_lines(comparison):
+        out += [""] + [f"- {s}" for s in narrative_lines(comparison)]
+    if _warnings(report):
+        out += ["", "## Warnings", ""] + [f"- {w}" for w in _warnings(report)]
     return "\n".join(out) + "\n"
+
+
+def _warnings(report: dict) -> list[str]:
+    """The report's warnings but the SME2 flag, which the kernel path section already shows."""
+    flag = (((report.get("kernel_paths") or {}).get("coverage")) or {}).get("flag")
+    return [w for w in report.get("warnings") or [] if w != flag]
 
 
 def _ci(v: dict) -> str:
@@ -162,12 +280,17 @@ def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> 
         lines.append(f"  {c:<14} {_bar(s)} {report['categories_ms'][c]:9.3f} ms {100 * s:5.1f}%")
     lines.append("")
     lines.append(f"Top operators (of {len(report['operators'])})")
-    lines.append(f"  {'operator':<42} {'category':<13} {'n':>4} {'ms/iter':>9} {'avg':>8} {'share':>6}")
+    lines.append(f"  {'operator':<42} {'category':<13} {'n':>4} {'ms/iter':>9} {'avg':>8} {'share':>6}  kernel path")
     for o in report["operators"][:top]:
         flag = "" if o["delegated"] else "  <- PORTABLE"
         name = o["name"] if len(o["name"]) <= 42 else o["name"][:41] + "…"
         lines.append(f"  {name:<42} {o['category']:<13} {o['count']:>4g} {o['total_ms']:9.3f} "
-                     f"{o['avg_ms']:8.4f} {100 * o['share']:5.1f}%{flag}")
+                     f"{o['avg_ms']:8.4f} {100 * o['share']:5.1f}%  {o.get('kernel_path') or '—'}{flag}")
+    kp_lines = kernel_path_lines(report.get("kernel_paths"))
+    if kp_lines:
+        lines.append("")
+        lines.append("Kernel paths")
+        lines += [f"  {line}" for line in kp_lines]
     if report.get("portable_ops"):
         lines.append("")
         lines.append("Portable (non-delegated) ops — not running on XNNPACK:")
@@ -184,9 +307,14 @@ def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> 
         lines.append("")
         la, lb = comparison["labels"]
         lines.append(f"Comparison {la} -> {lb}")
-        for s in comparison["narrative"]:
+        if is_emulated(comparison):
+            lines.append(f"  {emulated_headline(comparison)}")
+        for s in comparison_fact_lines(comparison) + narrative_lines(comparison):
             lines.append(f"  {s}")
-        for c, v in comparison["categories"].items():
+        for row in numerics_rows(comparison):
+            lines.append(f"  output {row[0]} {row[1]} [{row[2]}]: max abs {row[3]}, max rel {row[4]}, SNR {row[5]} dB, "
+                         f"within tolerance: {row[6]}")
+        for c, v in (comparison.get("categories") or {}).items():
             sp = "   —  " if v["speedup"] is None else f"{v['speedup']:5.2f}x"
             lines.append(f"  {c:<14} {_ms(v['baseline_ms']):>9} -> {_ms(v['candidate_ms']):>9} ms  {sp}  "
                          f"share {_pct(v['share_before'])} -> {_pct(v['share_after'])}"
@@ -195,7 +323,7 @@ def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> 
             sp = "   —  " if v["speedup"] is None else f"{v['speedup']:5.2f}x"
             lines.append(f"  op {name[:40]:<40} {_ms(v['baseline_ms']):>9} -> {_ms(v['candidate_ms']):>9} ms  {sp}  "
                          f"{v['verdict']}")
-    if report.get("warnings"):
+    if _warnings(report):
         lines.append("")
-        lines += [f"warning: {w}" for w in report["warnings"]]
+        lines += [f"warning: {w}" for w in _warnings(report)]
     return "\n".join(lines) + "\n"

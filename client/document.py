@@ -28,6 +28,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from sme2farm.analysis.kernel_paths import summary as kernel_path_summary
+from sme2farm.analysis.render import (NUMERICS_HEADERS, comparison_fact_lines, device_suffix,
+                                      emulated_headline, is_emulated, numerics_rows)
+
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 CHARTS = (("distribution", "Latency per iteration"), ("categories", "Where the time goes"),
           ("verdicts", "Verdicts: ratio and 95% interval"))
@@ -88,6 +92,8 @@ def arm_rows(exp: dict) -> list[tuple[str, dict[str, float], list[dict]]]:
         parts += [str(k[2])] if 2 in varying else []
         parts += [k[0]] if 0 in varying else []
         runs = groups[k]
+        if any((r.get("device") or {}).get("emulator") for r in runs):
+            parts.append("emulated")
         cats = {c: sum(float((r["categories_ms"] or {}).get(c) or 0.0) for r in runs) / len(runs) for c in CATEGORIES}
         out.append((" · ".join(parts), cats, runs))
     return out
@@ -121,7 +127,8 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
     builds = sorted({(r.get("runner") or {}).get("id") for r in runs if r.get("runner")} - {None})
     versions = sorted({(r.get("runner") or {}).get("executorch_version") for r in runs if r.get("runner")} - {None})
     devices = sorted({f"{(r.get('device') or {}).get('serial')} ({(r.get('device') or {}).get('model') or (r.get('device') or {}).get('platform')})"
-                      for r in runs if r.get("device")})
+                      f"{device_suffix(r.get('device'))}" for r in runs if r.get("device")})
+    emulators = sorted({e for r in runs if (e := (r.get("device") or {}).get("emulator"))})
     title = f"Experiment {exp['id']}" + (f": {exp['name']}" if exp.get("name") else "")
     model = f"model {exp['model_sha256'][:16]}… ({exp.get('model_size', 0) / 1024:.1f} KiB)"
     if exp.get("vs_model_sha256"):
@@ -135,6 +142,11 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
         ("p", f"Devices: {', '.join(devices) or 'none'}. Runner builds: {', '.join(builds) or 'none ran'}. "
               f"ExecuTorch: {', '.join(versions) or '?'}. Created {exp.get('created_at')}."),
     ]
+    if emulators:
+        out.append(("p", f"Emulated: runs on {', '.join(emulators)} executed every instruction for real, but their "
+                         "times are the emulator's, not a CPU's: they are labelled emulated and no speedup or slowdown "
+                         "is stated from them. Emulation shows that both arms ran, which kernels each used and how "
+                         "their outputs differ."))
     comps = exp.get("comparisons") or []
     out.append(("h", 2, "Verdicts"))
     if not comps:
@@ -143,8 +155,8 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
         out.append(_chart("verdicts", svgs, missing))
         out.append(("table", ["Comparison", "Where", "Ratio", "95% interval", "Verdict", "Sessions", "Iterations", "Min effect"],
                     [[comparison_title(c), comparison_where(c),
-                      _ratio(c.get("speedup")) if c.get("status") == "complete" else "—",
-                      _ci(c) if c.get("status") == "complete" else "—",
+                      _ratio(c.get("speedup")) if c.get("status") == "complete" and not is_emulated(c) else "—",
+                      _ci(c) if c.get("status") == "complete" and not is_emulated(c) else "—",
                       c.get("verdict") or "—" if c.get("status") == "complete" else "incomplete",
                       " / ".join(map(str, c.get("sessions") or [])) or "—", " / ".join(map(str, c.get("n") or [])) or "—",
                       f"{100 * c['min_effect']:g}%" if c.get("min_effect") is not None else "—"] for c in comps]))
@@ -154,18 +166,19 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
             if c.get("status") != "complete":
                 items.append(head + f"no comparison — {c.get('reason') or 'an arm has no successful run'}")
                 continue
-            text = head + (c.get("sentence") or c.get("verdict") or "")
+            text = head + (emulated_headline(c) if is_emulated(c) else (c.get("sentence") or c.get("verdict") or ""))
             why = (c.get("needed") or {}).get("why")
             if c.get("verdict") == "insufficient data" and why and why not in text:
                 text += f" To decide: {why}."
-            items.append(text)
+            items.append(" ".join([text] + [f + "." for f in comparison_fact_lines(c)]))
         out.append(("list", items))
     arms = arm_rows(exp)
     out.append(("h", 2, "Latency"))
     out.append(_chart("distribution", svgs, missing))
     out.append(("table", ["Run", "Model", "SME2", "Threads", "Device", "Status", "Median ms", "p10", "p90", "CV", "n", "Runner"],
                 [[str(r["id"]), r.get("variant") or "A", r.get("sme2"), str(r.get("threads")),
-                  (r.get("device") or {}).get("serial") or "—", r.get("status"),
+                  ((r.get("device") or {}).get("serial") or "—") + (" (emulated)" if (r.get("device") or {}).get("emulator") else ""),
+                  r.get("status"),
                   *([_f(e.get("median")), _f(e.get("p10")), _f(e.get("p90")),
                      "—" if e.get("cv") is None else f"{100 * e['cv']:.1f}%", str(e.get("n"))]
                     if (e := r.get("e2e_ms")) else ["—"] * 5),
@@ -180,10 +193,17 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
                     [[c] + [f"{_f(cats[c])} ms ({100 * cats[c] / (sum(cats.values()) or 1):.1f}%)" for _, cats, _ in arms]
                      for c in CATEGORIES]
                     + [["Total (E2E mean)"] + [f"{_f(sum(cats.values()))} ms" for _, cats, _ in arms]]))
+    out += _kernel_path_blocks(runs)
     for c in comps:
         if c.get("status") != "complete":
             continue
         la, lb = (c.get("labels") or ["baseline", "candidate"])[:2]
+        if numerics_rows(c):
+            out.append(("h", 3, f"{comparison_title(c)}: outputs compared ({comparison_where(c)})"))
+            out.append(("p", (c.get("numerics") or {}).get("sentence") or ""))
+            out.append(("table", NUMERICS_HEADERS, numerics_rows(c)))
+        if is_emulated(c) or not c.get("categories"):
+            continue  # an emulated comparison has no per-category speed to show
         out.append(("h", 3, f"{comparison_title(c)}: by category ({comparison_where(c)})"))
         cats = c.get("categories") or {}
         out.append(("table", ["Category", f"{la} ms", f"{lb} ms", "Ratio", "95% interval", "Verdict", f"Share {la}", f"Share {lb}"],
@@ -199,6 +219,36 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
                      f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Ratios are baseline/candidate: "
                      f"above 1 the candidate is faster."))
     return out
+
+
+def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
+    """Which kernels each succeeded run used (from its operators' kernel_path, set at ingest): SME2
+    coverage of Convolution/GEMM, the paths per category, what stayed off SME2, the flag."""
+    rows, flags = [], []
+    for r in runs:
+        ops = [o for o in r.get("operators") or [] if o.get("kernel_path")]
+        if r.get("status") != "succeeded" or not ops:
+            continue
+        kp = kernel_path_summary(ops, r.get("sme2") == "on" and bool((r.get("device") or {}).get("sme2")))
+        cov = kp["coverage"]
+        paths = {cat: ", ".join(f"{p} {_f(ms)} ms" for p, ms in sorted(v.items(), key=lambda x: -x[1]))
+                 for cat, v in kp["by_category"].items()}
+        rows.append([str(r["id"]), r.get("variant") or "A", r.get("sme2"),
+                     ((r.get("device") or {}).get("serial") or "—") + (" (emulated)" if (r.get("device") or {}).get("emulator") else ""),
+                     "—" if cov["share"] is None else f"{100 * cov['share']:.0f}%",
+                     paths.get("Convolution", "—"), paths.get("GEMM", "—"),
+                     "; ".join(f"{d['name']} ({d['kernel_path']}, {_f(d['total_ms'])} ms)" for d in cov["off_sme2"][:3]) or "—"])
+        if cov["flag"]:
+            flags.append(f"Run {r['id']}: {cov['flag']}")
+    if not rows:
+        return []
+    return [("h", 2, "Kernel paths and SME2 coverage"),
+            ("p", "From the XNNPACK operator names in each run's ETDump (the standard build: no special runner). "
+                  "Packed-LHS operators (PF16, PF32, PQS8, QP8) run KleidiAI SME2 kernels when XNNPACK sees SME2; the "
+                  "others run NEON on Arm; native_call_* operators are portable kernels. Coverage = the share of "
+                  "Convolution + GEMM time in SME2 kernels (ms per iteration)."),
+            ("table", ["Run", "Model", "SME2", "Device", "SME2 coverage", "Convolution", "GEMM", "Largest off SME2"], rows)] \
+        + ([("list", flags)] if flags else [])
 
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sme2farm.analysis.kernel_paths import summary as kernel_path_summary
+from sme2farm.analysis.render import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
+                                      kernel_path_lines, narrative_lines, numerics_rows)
 from sme2farm.protocol import ExperimentReport
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
@@ -30,7 +33,8 @@ def experiment_text(rep: ExperimentReport) -> str:
         out[2:2] = [f"  vs model B sha256 {rep.vs_model_sha256[:16]}… ({rep.vs_model_size} bytes){same}, interleaved with model A"]
     for r in rep.runs:
         dev = r.device
-        dev_s = f"{dev.serial} ({dev.platform}, {dev.model or dev.abi})" if dev else "no device"
+        dev_s = f"{dev.serial} ({dev.platform}, {dev.model or dev.abi}){device_suffix(dev.model_dump())}" if dev else "no device"
+        emulated = " (emulated: the emulator's time, not a CPU's)" if dev and dev.emulator else ""
         model = f"model {r.variant}, " if rep.vs_model_sha256 else ""
         out.append(f"Run {r.id}: {model}SME2 {r.sme2}, {r.threads} thread(s), {r.mode} on {dev_s} — {r.status}")
         if r.reason:
@@ -42,7 +46,7 @@ def experiment_text(rep: ExperimentReport) -> str:
             out.append(f"  device state: {_state(r.device_state)}")
         if r.e2e_ms:
             e = r.e2e_ms
-            out.append(f"  E2E ms: median {_f(e.median)}  mean {_f(e.mean)}  p10 {_f(e.p10)}  p90 {_f(e.p90)}  "
+            out.append(f"  E2E ms{emulated}: median {_f(e.median)}  mean {_f(e.mean)}  p10 {_f(e.p10)}  p90 {_f(e.p90)}  "
                        f"CV {100 * e.cv:.1f}%  n={e.n}")
         if r.categories_ms:
             total = sum(r.categories_ms.values()) or 1.0
@@ -51,11 +55,23 @@ def experiment_text(rep: ExperimentReport) -> str:
         if r.operators:
             top = r.operators[:5]
             out.append("  top operators: " + "; ".join(
-                f"{o['name']} {o['total_ms']:.3f} ms{'' if o.get('delegated', True) else ' (PORTABLE)'}" for o in top))
+                f"{o['name']} {o['total_ms']:.3f} ms{f' [{p}]' if (p := o.get('kernel_path')) else ''}"
+                f"{'' if o.get('delegated', True) else ' (PORTABLE)'}" for o in top))
+            out += [f"  {line}" for line in kernel_path_lines(run_kernel_paths(r))]
         out.append("")
     for c in rep.comparisons:
         out.append(_comparison(c))
     return "\n".join(out).rstrip() + "\n"
+
+
+def run_kernel_paths(r) -> dict | None:
+    """A run's kernel paths and SME2 coverage, from its operators' kernel_path (set at ingest);
+    None for a run ingested before kernel paths existed. SME2 was visible to XNNPACK when the
+    arm was on and the device has SME2."""
+    ops = [o for o in r.operators or [] if o.get("kernel_path")]
+    if not ops:
+        return None
+    return kernel_path_summary(ops, r.sme2 == "on" and bool(r.device and r.device.sme2))
 
 
 def _phase(p: dict[str, Any]) -> str:
@@ -104,18 +120,27 @@ def _comparison_head(c: dict[str, Any]) -> str:
     return f"SME2 off vs on{variant} — {where}"
 
 
+def _facts(c: dict[str, Any]) -> list[str]:
+    """Per-arm SME2 coverage, the outputs compared (one line per output), the narrative."""
+    lines = [f"  {s}" for s in comparison_fact_lines(c)]
+    lines += [f"    output {row[0]} {row[1]} [{row[2]}]: max abs {row[3]}, max rel {row[4]}, SNR {row[5]} dB, "
+              f"within tolerance: {row[6]}" for row in numerics_rows(c)]
+    return lines + [f"  {s}" for s in narrative_lines(c)]
+
+
 def _comparison(c: dict[str, Any]) -> str:
     head = _comparison_head(c)
     if c.get("status") != "complete":
         return f"{head}: no comparison — {c.get('reason', 'incomplete')}\n"
+    if is_emulated(c):  # an emulator's timings: no ratio, interval or category speedups, whatever the entry holds
+        return "\n".join([f"{head}: {emulated_headline(c)}"] + _facts(c)) + "\n"
     lines = [f"{head}: ratio {_verdict(c)}",
              "  (ratio = baseline/candidate, > 1: the candidate is faster; categories in ms per iteration, 10% trimmed mean)"]
     for cat, v in c["categories"].items():
         sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}×"
         lines.append(f"  {cat:<14} {_f(v['baseline_ms'])} → {_f(v['candidate_ms'])} ms  {sp:>7}  "
                      f"share {100 * v['share_before']:.0f}% → {100 * v['share_after']:.0f}%  {v.get('verdict') or 'no verdict'}")
-    lines += [f"  {s}" for s in c.get("narrative", [])]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _facts(c)) + "\n"
 
 
 def comparison_text(result: dict[str, Any]) -> str:
@@ -134,11 +159,14 @@ def comparison_text(result: dict[str, Any]) -> str:
         if entry.get("status") != "complete":
             out.append(f"{head}: no comparison — {entry.get('reason', 'incomplete')}")
             continue
+        if is_emulated(entry):
+            out += [f"{head}: {emulated_headline(entry)}"] + _facts(entry)
+            continue
         out.append(f"{head}: ratio {_verdict(entry)}")
         for cat, v in (entry.get("categories") or {}).items():
             if v.get("speedup") is not None:
                 out.append(f"  {cat:<14} {_f(v['baseline_ms'])} → {_f(v['candidate_ms'])} ms  {v['speedup']:.2f}×  {v.get('verdict') or ''}")
-        out += [f"  {s}" for s in entry.get("narrative", [])]
+        out += _facts(entry)
     for u in result.get("unmatched", []):
         out.append(f"unmatched ({u['side']}): {u['device_model']}, SME2 {u['sme2']}, {u['threads']} thread(s), {u['mode']} — {u['why']}")
     out += [f"note: {n}" for n in result.get("notes", [])]

@@ -411,3 +411,106 @@ def test_suite_without_samples_says_why(farm, data, more, browser):
     assert wait(d, '.series[data-sme2="off"] figure[data-chart="series"][data-state="ready"]')  # the measured one is drawn
     shot(d, "suite-no-samples")
     assert not console_errors(d), console_errors(d)
+
+
+@pytest.fixture(scope="module")
+def emulated(arm64_runners, sme2_emulator, example_pte, tmp_path_factory):
+    """A farm whose one device is the emulated SME2 CPU (qemu-arm64 driver, the installed
+    emulator), and two `--sme2 both` experiments of toy_cnn on it (tiny: emulation is ~300x)."""
+    from _fixtures_farm import start_farm, stop_farm
+
+    farm = start_farm(tmp_path_factory.mktemp("emudash"), arm64_runners.manifest, sme2_emulator.env,
+                      drivers="qemu-arm64")
+    try:
+        client = farm.client()
+        exps = []
+        for name in ("emulated <1>", "emulated <2>"):
+            e = client.submit(example_pte("toy_cnn"), ExperimentSpec(sme2="both", iterations=2, warmup=1, name=name))
+            wait_for(client, e.id, quiet=True, timeout=600)
+            exps.append(_with_comparisons(client, e.id))
+        yield farm, exps
+    finally:
+        stop_farm(farm.proc)
+
+
+SPEED_WORDS = ("faster", "slower", "speedup", "slowdown", "×", "95% CI")
+
+
+@pytest.mark.sme2emu
+def test_emulated_sme2_experiment_page_shows_kernel_paths_and_no_speed(emulated, browser):
+    """Every run of an emulated device says so; the kernel path per operator and category and the
+    SME2 coverage come from the ETDump's XNNPACK names (SME2 in the on arm only); the comparison
+    shows what emulation establishes and no speed figure or wording at all."""
+    farm, (exp, _) = emulated
+    d = browser
+    sign_in(d, farm)
+    d.get(f"{farm.url}/#/experiments/{exp['id']}")
+    wait(d, f'#experiment[data-id="{exp["id"]}"]')
+    runs = {r["sme2"]: r for r in exp["runs"]}
+    assert {r["status"] for r in runs.values()} == {"succeeded"}, [r["reason"] for r in runs.values()]
+    emulator = runs["on"]["device"]["emulator"]
+    assert emulator and "qemu-aarch64" in emulator
+    for arm, run in runs.items():
+        card = wait(d, f'#run-{run["id"]}[data-emulated="yes"]')
+        assert f"emulated ({emulator})" in card.find_element("css selector", "header").text
+        assert "not a CPU's" in card.find_element("css selector", ".emulated-note").text
+        # the kernel path column: the API's path of each operator, in the operator's row
+        rows = card.find_elements("css selector", "table.ops tbody tr")
+        ops = run["operators"][:len(rows)]
+        assert [r.find_element("css selector", "td.kernel-path").text for r in rows] == [o["kernel_path"] for o in ops]
+        block = card.find_element("css selector", ".kernel-paths")
+        conv_gemm = [o for o in run["operators"] if o["category"] in ("Convolution", "GEMM")]
+        share = sum(o["total_ms"] for o in conv_gemm if o["kernel_path"] == "SME2") / sum(o["total_ms"] for o in conv_gemm)
+        assert float(block.get_attribute("data-coverage")) == pytest.approx(share)
+        assert f"SME2 coverage {round(100 * share)}%" in block.text
+        assert block.get_attribute("data-flagged") == "no"  # the on arm ran SME2 kernels: no flag
+        off = [o["name"] for o in conv_gemm if o["kernel_path"] != "SME2"]
+        if off:
+            assert all(name in block.find_element("css selector", ".off-sme2").get_attribute("textContent") for name in off)
+        if arm == "on":
+            assert share > 0 and "kp-sme2" in block.get_attribute("innerHTML")
+        else:
+            assert share == 0 and "SME2 " not in " ".join(t.text for t in block.find_elements("css selector", ".kp"))
+    [c] = [c for c in exp["comparisons"] if c["kind"] == "sme2"]
+    assert c["verdict"] == "emulated" and c["speedup"] is None
+    card = wait(d, '.comparison[data-emulated="yes"]')
+    assert not card.find_elements("css selector", ".speedup, table.cmp, .bars, .interval")
+    text = card.text
+    assert not [w for w in SPEED_WORDS if w in text], text
+    assert c["sentence"] in text and "emulated" in card.find_element("css selector", ".verdict").text
+    arms = {a.get_attribute("data-arm"): a for a in card.find_elements("css selector", ".coverage-pair .arm")}
+    assert float(arms["candidate"].get_attribute("data-share")) == pytest.approx(c["kernel_paths"]["candidate"]["share"])
+    assert float(arms["baseline"].get_attribute("data-share")) == 0
+    if c.get("numerics"):  # the arms' outputs, when the runner wrote them
+        block = card.find_element("css selector", ".numerics")
+        assert block.get_attribute("data-status") == c["numerics"]["status"]
+        assert len(block.find_elements("css selector", ".numerics-table tbody tr")) == len(c["numerics"].get("outputs") or [])
+    shot(d, "emulated-experiment")
+    assert not console_errors(d), console_errors(d)
+
+
+@pytest.mark.sme2emu
+def test_emulated_sme2_compare_page_claims_no_speed(emulated, browser):
+    """GET /comparisons of two emulated experiments: each matched pair is emulated, shows both
+    arms' SME2 coverage, and neither the page nor its entries carry a speed figure."""
+    farm, (e1, e2) = emulated
+    d = browser
+    sign_in(d, farm)
+    d.get(f"{farm.url}/#/compare?baseline=E{e1['id']}&candidate=E{e2['id']}")
+    wait(d, f'#compare[data-baseline="E{e1["id"]}"]')
+    api = farm.client().http.get("/comparisons", params={"baseline": f"E{e1['id']}", "candidate": f"E{e2['id']}"}).json()
+    assert {c["sme2"] for c in api["comparisons"]} == {"off", "on"}
+    cards = d.find_elements("css selector", ".comparison")
+    assert len(cards) == len(api["comparisons"])
+    for entry, card in zip(api["comparisons"], cards):
+        assert entry["verdict"] == "emulated" and entry["speedup"] is None and entry["ci_low"] is None
+        assert card.get_attribute("data-emulated") == "yes"
+        assert not card.find_elements("css selector", ".speedup, table.cmp, .interval")
+        assert not [w for w in SPEED_WORDS if w in card.text], card.text
+        arms = {a.get_attribute("data-arm"): a for a in card.find_elements("css selector", ".coverage-pair .arm")}
+        for side in ("baseline", "candidate"):
+            assert float(arms[side].get_attribute("data-share")) == pytest.approx(entry["kernel_paths"][side]["share"])
+        # the same arm of the same model: the on pair ran SME2 kernels on both sides, the off pair on neither
+        assert (entry["kernel_paths"]["baseline"]["share"] > 0) == (entry["sme2"] == "on")
+    shot(d, "emulated-compare")
+    assert not console_errors(d), console_errors(d)

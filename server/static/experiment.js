@@ -49,18 +49,70 @@ function e2eBlock(e) {
     tile("n", e.n, "n"));
 }
 
+// Kernel paths (set per operator at ingest from the XNNPACK operator names: analysis/kernel_paths.py):
+// SME2 coverage = the share of Convolution + GEMM time in SME2 kernels. SME2 was visible to
+// XNNPACK when the arm was on and the device has SME2 (the flag's condition, as at ingest).
+const COVERED = ["Convolution", "GEMM"];
+const kpClass = (p) => `kp kp-${String(p).replace(/[^A-Za-z0-9]+/g, "-").toLowerCase()}`;
+
+export function kernelPaths(run) {
+  const ops = (run.operators || []).filter((o) => o.kernel_path);
+  if (!ops.length) return null;
+  const byCategory = {};
+  let convGemm = 0;
+  let sme2 = 0;
+  const off = [];
+  for (const o of ops) {
+    const cat = (byCategory[o.category] ||= {});
+    cat[o.kernel_path] = (cat[o.kernel_path] || 0) + o.total_ms;
+    if (!COVERED.includes(o.category)) continue;
+    convGemm += o.total_ms;
+    if (o.kernel_path === "SME2") sme2 += o.total_ms;
+    else off.push(o);
+  }
+  off.sort((a, b) => b.total_ms - a.total_ms);
+  const visible = run.sme2 === "on" && Boolean(run.device?.sme2);
+  const flag = visible && convGemm > 0 && sme2 === 0
+    ? `SME2 was on, but none of the ${ms(convGemm)} ms of Convolution/GEMM per iteration ran in an SME2 kernel: `
+      + `it ran on ${[...new Set(off.map((o) => o.kernel_path))].sort().join(", ")}. XNNPACK has SME2 kernels only for its `
+      + "packed-LHS operators (PF16, PF32, PQS8, QP8 types)."
+    : null;
+  return { byCategory, convGemm, sme2, share: convGemm > 0 ? sme2 / convGemm : null, off, flag };
+}
+
+const coverageText = (share) => (share == null ? "no Convolution/GEMM time" : `${Math.round(100 * share)}%`);
+
+function kernelPathsBlock(run) {
+  const kp = kernelPaths(run);
+  if (!kp) return null;
+  return h("div", { class: "kernel-paths", dataset: { coverage: kp.share ?? "", flagged: kp.flag ? "yes" : "no" } },
+    h("h3", {}, "Kernel paths ", h("span", { class: `badge ${kp.share > 0 ? "yes" : "neutral"} coverage` },
+      `SME2 coverage ${coverageText(kp.share)}`)),
+    h("p", { class: "muted small" }, `${ms(kp.sme2)} of ${ms(kp.convGemm)} ms of Convolution/GEMM per iteration ran in SME2 kernels `
+      + "(from the XNNPACK operator names in the ETDump: packed-LHS PF16/PF32/PQS8/QP8 operators are KleidiAI SME/SME2, "
+      + "the others NEON on Arm, native_call_* portable)."),
+    kp.flag && h("p", { class: "alert flag", role: "alert" }, kp.flag),
+    table(["Category", "Kernel paths (ms/iter)"], CATEGORIES.filter((c) => kp.byCategory[c]).map((c) => h("tr", { dataset: { category: c } },
+      h("td", {}, h("span", { class: `swatch ${catClass(c)}` }), c),
+      h("td", {}, Object.entries(kp.byCategory[c]).sort((a, b) => b[1] - a[1]).map(([p, v]) => h("span", { class: kpClass(p) }, `${p} ${ms(v)}`))))),
+    { class: "kp-table" }),
+    kp.off.length > 0 && h("details", { class: "off-sme2" }, h("summary", {}, `${kp.off.length} Convolution/GEMM operator type${kp.off.length > 1 ? "s" : ""} off SME2`),
+      h("ul", { class: "small" }, kp.off.map((o) => h("li", {}, h("span", { class: "mono" }, o.name), ` · ${o.kernel_path} · ${ms(o.total_ms)} ms`)))));
+}
+
 function operatorsBlock(ops) {
   const top = ops.slice(0, TOP_OPERATORS);
   const portable = ops.filter((o) => !o.delegated).length;
   return h("div", {},
     h("h3", {}, "Top operators", ops.length > top.length && h("span", { class: "muted small" }, ` (${top.length} of ${ops.length})`)),
     portable > 0 && h("p", { class: "warn small" }, `${portable} portable (non-delegated) operator type${portable > 1 ? "s" : ""}: these ran outside XNNPACK, so SME2 cannot speed them up.`),
-    table(["Operator", "Category", "Calls/iter", "ms/iter", "Share", "Kernel"], top.map((o) => h("tr", { class: o.delegated ? "" : "portable" },
+    table(["Operator", "Category", "Calls/iter", "ms/iter", "Share", "Kernel path", "Kernel"], top.map((o) => h("tr", { class: o.delegated ? "" : "portable" },
       h("td", { class: "mono" }, o.name, !o.delegated && h("span", { class: "badge portable-flag" }, "portable")),
       h("td", {}, h("span", { class: `swatch ${catClass(o.category)}` }), o.category),
       h("td", { class: "num" }, num(o.count, 1)),
       h("td", { class: "num" }, ms(o.total_ms)),
       h("td", { class: "num" }, pct(o.share)),
+      h("td", { class: "kernel-path" }, o.kernel_path ? h("span", { class: kpClass(o.kernel_path) }, o.kernel_path) : "—"),
       h("td", { class: "small" }, o.kernel_hint || ""))), { class: "ops" }));
 }
 
@@ -101,9 +153,11 @@ function runCard(run, twoModels = false) {
   const d = run.device;
   const r = run.runner;
   const problem = ["unschedulable", "failed", "cancelled"].includes(run.status);
-  return h("article", { class: `card run ${problem ? "problem" : ""}`, id: `run-${run.id}`, dataset: { run: run.id, sme2: run.sme2 } },
+  const emulator = d?.emulator;
+  return h("article", { class: `card run ${problem ? "problem" : ""}`, id: `run-${run.id}`, dataset: { run: run.id, sme2: run.sme2, emulated: emulator ? "yes" : "no" } },
     h("header", {},
       h("h2", {}, `Run #${run.id}`),
+      emulator && h("span", { class: "chip emulated", title: "an emulator executed this run: its times are the emulator's" }, `emulated (${emulator})`),
       twoModels && h("span", { class: "chip variant" }, `model ${run.variant || "A"}`),
       h("span", { class: `chip sme2-${run.sme2}` }, `SME2 ${run.sme2}`),
       h("span", { class: "chip" }, `${run.threads} thread${run.threads > 1 ? "s" : ""}`),
@@ -117,6 +171,7 @@ function runCard(run, twoModels = false) {
         ["platform", `${d.platform} ${d.abi || ""}`],
         ["cores", d.cpu_cores || "—"],
         ["SME2", [h("span", { class: `badge ${d.sme2 ? "yes" : "no"}` }, d.sme2 ? "yes" : "no"), d.sme2_evidence && h("span", { class: "muted small" }, ` ${d.sme2_evidence}`)]],
+        emulator && ["emulated", h("span", { class: "emulator" }, emulator)],
       ]) : h("p", { class: "muted" }, "not assigned")),
       h("div", {}, h("h3", {}, "Runner build"), r ? kv([
         ["id", h("span", { class: "mono runner-id" }, r.id)],
@@ -131,8 +186,12 @@ function runCard(run, twoModels = false) {
         ["runner wall", run.runner_wall_s == null ? "—" : `${num(run.runner_wall_s, 3)} s`],
         run.load_ms && ["load", Object.entries(run.load_ms).map(([k, v]) => `${k} ${ms(v)} ms`).join(", ")],
       ]))),
-    run.e2e_ms && [h("h3", {}, "End-to-end latency"), e2eBlock(run.e2e_ms)],
+    run.e2e_ms && [h("h3", {}, "End-to-end latency", emulator && h("span", { class: "badge emulated" }, "emulated")),
+      emulator && h("p", { class: "note small emulated-note" }, `Emulated (${emulator}): these times are the emulator's, not a CPU's. `
+        + "They show the run executed; they are no performance figure."),
+      e2eBlock(run.e2e_ms)],
     run.categories_ms && categoriesBlock(run),
+    kernelPathsBlock(run),
     run.operators && run.operators.length > 0 && operatorsBlock(run.operators),
     kernelsBlock(run.kernels),
     Object.keys(run.device_state || {}).length > 0 && stateBlock(run.device_state),
@@ -177,6 +236,18 @@ export function comparisonCard(c, { where } = {}) {
     return h("article", { class: "card comparison incomplete", dataset: attrs }, head,
       h("p", { class: "reason alert" }, c.reason || "one arm has no successful run"));
   }
+  const facts = [coverageBlock(c, la, lb), numericsBlock(c)];
+  const narrative = c.narrative?.some((line) => line !== c.sentence) && h("ul", { class: "narrative" },
+    c.narrative.filter((line) => line !== c.sentence).map((line) => h("li", {}, line)));
+  if (c.emulated || c.verdict === "emulated") {
+    // An emulator's timings: no ratio, interval, bars or per-category speed, whatever the entry holds.
+    return h("article", { class: "card comparison emulated", dataset: { ...attrs, emulated: "yes" } }, head,
+      h("div", { class: "headline" },
+        h("span", { class: "badge verdict emulated" }, "emulated"),
+        h("div", { class: "muted small" }, `${c.emulator ? `emulator ${c.emulator} · ` : ""}n ${(c.n || []).join(" / ")} · no speed verdict`)),
+      h("p", { class: "sentence" }, c.sentence || "Emulated: timings measure the emulator, not a CPU: no speed verdict."),
+      facts, narrative);
+  }
   const cats = c.categories || {};
   const before = Object.fromEntries(CATEGORIES.map((k) => [k, cats[k]?.share_before || 0]));
   const after = Object.fromEntries(CATEGORIES.map((k) => [k, cats[k]?.share_after || 0]));
@@ -201,8 +272,38 @@ export function comparisonCard(c, { where } = {}) {
         h("td", { class: "small" }, e.verdict || "—"),
         h("td", { class: "num" }, pct(e.share_before)), h("td", { class: "num" }, pct(e.share_after)));
     }), { class: "cmp" }),
-    c.narrative?.some((line) => line !== c.sentence) && h("ul", { class: "narrative" },
-      c.narrative.filter((line) => line !== c.sentence).map((line) => h("li", {}, line))));
+    facts, narrative);
+}
+
+// Per-arm SME2 coverage of a comparison ({baseline, candidate}: share, sme2_ms, conv_gemm_ms).
+function coverageBlock(c, la, lb) {
+  const kp = c.kernel_paths;
+  if (!kp) return null;
+  const arm = (label, v, which) => h("div", { class: "arm", dataset: { arm: which, share: v?.share ?? "" } }, h("b", {}, label), " ",
+    !v ? h("span", { class: "muted" }, "not recorded")
+      : [h("span", { class: `badge ${v.share > 0 ? "yes" : "neutral"}` }, coverageText(v.share)),
+        v.share != null && h("span", { class: "muted small" }, ` ${ms(v.sme2_ms)} of ${ms(v.conv_gemm_ms)} ms`)]);
+  return h("div", { class: "coverage-pair" }, h("h4", {}, "SME2 coverage of Convolution/GEMM"),
+    h("div", { class: "cols" }, arm(la, kp.baseline, "baseline"), arm(lb, kp.candidate, "candidate")));
+}
+
+const NUMERICS_CLASS = { "same within tolerance": "yes", "numerics change": "no" };
+const g3 = (v) => (v == null || !Number.isFinite(v) ? "—" : Number(v.toPrecision(3)).toString());
+
+// The arms' outputs compared: status, sentence, one row per output.
+function numericsBlock(c) {
+  const n = c.numerics;
+  if (!n) return null;
+  return h("div", { class: "numerics", dataset: { status: n.status || "", verdict: n.verdict || "" } },
+    h("h4", {}, "Outputs compared ", h("span", { class: `badge ${NUMERICS_CLASS[n.verdict] || "neutral"}` }, n.verdict || n.status || "not recorded")),
+    n.sentence && h("p", { class: "small" }, n.sentence),
+    (n.outputs || []).length > 0 && table(["Output", "dtype", "shape", "max abs", "max rel", "SNR dB", "within tolerance"],
+      n.outputs.map((o) => h("tr", { class: o.within_tolerance ? "" : "out-of-tolerance" },
+        h("td", { class: "num" }, o.index), h("td", {}, o.dtype), h("td", { class: "mono small" }, (o.shape || []).join("×") || "scalar"),
+        h("td", { class: "num" }, g3(o.max_abs)), h("td", { class: "num" }, g3(o.max_rel)),
+        h("td", { class: "num" }, o.snr_db == null ? (o.max_abs === 0 ? "∞" : "—") : g3(o.snr_db)),
+        h("td", {}, h("span", { class: `badge ${o.within_tolerance ? "yes" : "no"}` }, o.within_tolerance ? "yes" : "no")))),
+      { class: "numerics-table" }));
 }
 
 export async function experimentView({ id }) {
