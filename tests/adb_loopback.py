@@ -12,7 +12,9 @@ mistakes in the driver show up here too). `getprop`, `settings`, `svc`, `dumpsys
 `log` are small scripts on PATH, backed by state files the test can change (thermal status,
 temperatures, battery). Executables pushed to the device are host binaries: that is the fake at
 the hardware boundary. An emulated arm64 phone (emulated_arm64_phone) instead runs the real
-aarch64 runner bundle a phone would run, under qemu-aarch64.
+aarch64 runner bundle a phone would run, under the qemu-aarch64 the farm's emulated devices use
+(the installed SME2 emulator, else the system's); its /proc/cpuinfo is what Linux would print for
+that emulated CPU, and it carries the properties that mark a real Android emulator.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sme2farm.agent import emulator
 
 A_SYNC, A_CNXN, A_OPEN, A_OKAY, A_CLSE, A_WRTE, A_AUTH = (
     0x434E5953, 0x4E584E43, 0x4E45504F, 0x59414B4F, 0x45534C43, 0x45545257, 0x48545541)
@@ -64,9 +68,9 @@ class DeviceProfile:
     battery_level: int = 80
     battery_temp_c: float = 28.0
     usb_powered: bool = True
-    # The phone's CPU is aarch64, emulated: aarch64 executables started through the device's
-    # `env`/`taskset` toolbox commands run under qemu-aarch64 (see _ARM64_TOOLS).
-    arm64: bool = False
+    # The phone's CPU is aarch64, emulated by this qemu-aarch64: aarch64 executables started
+    # through the device's `env`/`taskset` toolbox commands run under it (see _ARM64_TOOLS).
+    qemu: str | None = None
 
 
 def sme2_phone() -> DeviceProfile:
@@ -78,15 +82,29 @@ def sme2_phone() -> DeviceProfile:
         cpuinfo=cpuinfo_text(8, sme2=True, sme2_cores={4, 5, 6, 7}))
 
 
-def emulated_arm64_phone() -> DeviceProfile:
-    """A phone whose CPU is QEMU's `-cpu max`: it has SME but no SME2, and its cpuinfo says so."""
+def emulated_cpuinfo(cpu: emulator.CpuProbe, cores: int) -> str:
+    """/proc/cpuinfo as arm64 Linux prints it (arch/arm64/kernel/cpuinfo.c) for the emulated CPU:
+    the Features line from its HWCAP/HWCAP2 words. The MIDR fields are those of QEMU's `-cpu max`
+    (implementer 0, "reserved for software use", part 0x51 'Q'), which no HWCAP carries."""
+    features = " ".join(cpu.features())
+    return "\n".join(f"processor\t: {i}\nBogoMIPS\t: 100.00\nFeatures\t: {features}\nCPU implementer\t: 0x00\n"
+                     f"CPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0x051\nCPU revision\t: 0\n"
+                     for i in range(cores))
+
+
+def emulated_arm64_phone(qemu: str | None = None) -> DeviceProfile:
+    """A phone whose CPU is qemu-aarch64's `-cpu max` (default: the one the farm's emulated devices
+    use). Its cpuinfo comes from asking that CPU, so it lists sme2 exactly when the emulator has
+    SME2. Like a real Android emulator it sets ro.kernel.qemu / ro.boot.qemu."""
+    qemu = qemu or emulator.choose_qemu()
+    cpu = emulator.probe(shutil.which(qemu) or qemu)   # absolute: the device's shell has its own PATH
     return DeviceProfile(
         props={"ro.product.model": "QEMU arm64", "ro.product.name": "loop_qemu", "ro.product.device": "qemu",
                "ro.soc.manufacturer": "QEMU", "ro.soc.model": "max", "ro.board.platform": "qemu",
+               "ro.hardware": "ranchu", "ro.kernel.qemu": "1", "ro.boot.qemu": "1",
                "ro.product.cpu.abi": "arm64-v8a", "ro.build.version.release": "15",
                "ro.build.version.sdk": "35"},
-        cpuinfo=cpuinfo_text(4, sme2=False).replace(" bti", " bti sme smei16i64 smef64f64"),
-        arm64=True)
+        cpuinfo=emulated_cpuinfo(cpu, 4), qemu=cpu.qemu)
 
 
 def plain_phone() -> DeviceProfile:
@@ -129,11 +147,11 @@ esac''',
 
 
 # On an emulated arm64 phone: the toolbox commands that start programs hand aarch64 ELF files
-# (e_machine 183 at offset 18) to qemu-aarch64, standing in for the phone's CPU. Everything else
-# (host tools such as sh, cat, sha256sum) runs as it is.
+# (e_machine 183 at offset 18) to the profile's qemu-aarch64 ($LOOPBACK_QEMU), standing in for
+# the phone's CPU. Everything else (host tools such as sh, cat, sha256sum) runs as it is.
 _ARM64_TOOLS = {
     "arm64-exec": r'''if [ "$(od -An -tx1 -j18 -N2 "$1" 2>/dev/null | tr -d ' \n')" = "b700" ]; then
-  exec qemu-aarch64 -cpu max "$@"
+  exec "$LOOPBACK_QEMU" -cpu max "$@"
 fi
 exec "$@"''',
     "env": r'''while [ $# -gt 0 ]; do case "$1" in *=*) export "$1"; shift ;; *) break ;; esac; done
@@ -174,7 +192,7 @@ class LoopbackDevice:
         (self.root / "proc/cpuinfo").write_text(self.profile.cpuinfo)
         bin_dir = self.root / "bin"
         bin_dir.mkdir(exist_ok=True)
-        for name, body in {**_TOOLS, **(_ARM64_TOOLS if self.profile.arm64 else {})}.items():
+        for name, body in {**_TOOLS, **(_ARM64_TOOLS if self.profile.qemu else {})}.items():
             (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
             (bin_dir / name).chmod(0o755)
         props = self.state / "props"
@@ -292,7 +310,8 @@ class LoopbackDevice:
     def shell(self, stream: "_Stream", command: str) -> None:
         self.shell_commands.append(command)
         env = {"PATH": f"{self.root}/bin:/usr/bin:/bin", "LOOPBACK_STATE": str(self.state),
-               "HOME": f"{self.root}/data/local/tmp", "TMPDIR": f"{self.root}/data/local/tmp"}
+               "HOME": f"{self.root}/data/local/tmp", "TMPDIR": f"{self.root}/data/local/tmp",
+               **({"LOOPBACK_QEMU": self.profile.qemu} if self.profile.qemu else {})}
         proc = subprocess.Popen(["/bin/sh", "-c", self.map_in(command)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/", env=env,
                                 start_new_session=True)

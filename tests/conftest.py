@@ -3,3 +3,4 @@ from _fixtures_runtime import *  # noqa: F401,F403
 from _fixtures_adb import *  # noqa: F401,F403
 from _fixtures_analysis import *  # noqa: F401,F403
 from _fixtures_farm import *  # noqa: F401,F403
+from _fixtures_emulator import *  # noqa: F401,F403
