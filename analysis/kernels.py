@@ -5,6 +5,14 @@ initialised, ``Using <kind> microkernel '<name>'.`` (e.g. ``Using gemm microkern
 'xnn_pf16_gemm_minmax_ukernel_1x32c2__neonsme2'.``), on stdout or Android logcat (with a
 logcat prefix). These names are the only proof that SME2 kernels really ran: the ETDump
 event names are the same with SME2 on and off.
+
+On an emulated device the same evidence comes from the standard build: the agent names the
+code the emulator translated (agent/drivers/translation.py) and writes one line per kernel,
+
+    Executed <kind> microkernel '<name>' (<n> translated blocks) [emulator translation log]
+    Executed unexported microkernel '<library>+0x<offset>' (<n> translated blocks, <m> NEON instructions) [...]
+
+the second for code the library does not export, its ISA read from its instructions.
 """
 
 from __future__ import annotations
@@ -12,6 +20,11 @@ from __future__ import annotations
 import re
 
 _LINE = re.compile(r"Using\s+([A-Za-z0-9_ \-]+?)\s+microkernel\s+'([^']+)'")
+_EXECUTED = re.compile(r"Executed\s+([A-Za-z0-9_ \-]+?)\s+microkernel\s+'([^']+)'\s+\((\d+) translated blocks?"
+                       r"(?:,\s*\d+\s+(SME2|SME|NEON|x86|other) instructions?)?\)")
+_TRANSLATED = re.compile(r"^Translated blocks: (\d+) in total", re.M)
+SOURCE_XNNPACK = "XNNPACK log"
+SOURCE_EMULATOR = "emulator translation log"
 
 ISA_CLASSES = ("SME2", "SME", "NEON", "x86", "other")
 _X86 = re.compile(r"(sse|avx|f16c|fma3|xop|amx|x86|ssse3)", re.I)
@@ -37,37 +50,53 @@ def classify_kernel(name: str) -> str:
 def parse_kernel_log(text: str | None) -> dict:
     """Kernels per operator kind, each classified.
 
-    Returns ``{"status": "ok", "by_kind": {kind: [{"name", "isa"}...]}, "isa_counts":
-    {isa: n distinct kernels}, "sme2_used": bool, "n_lines": int}``, or
+    Returns ``{"status": "ok", "source": ..., "by_kind": {kind: [{"name", "isa"}...]},
+    "isa_counts": {isa: n distinct kernels}, "sme2_used": bool, "n_lines": int}``, or
     ``{"status": "no kernel log"}`` when there is no text, or ``{"status": "no kernels found",
-    ...}`` when the text has no ``Using ... microkernel`` line (e.g. XNNPACK logging off).
+    ...}`` when the text has no kernel line (e.g. XNNPACK logging off). ``source`` says where the
+    names came from: "XNNPACK log" (``Using ... microkernel``), "emulator translation log"
+    (``Executed ... microkernel``; its entries also carry ``blocks``, the translated blocks), or
+    both joined by " and ". From an emulator log, ``translated_blocks`` is the run's total.
     """
     if text is None or not str(text).strip():
         return {"status": "no kernel log"}
-    by_kind: dict[str, dict[str, str]] = {}
+    text = str(text)
+    by_kind: dict[str, dict[str, dict]] = {}
     n = 0
     for m in _LINE.finditer(text):
         n += 1
-        kind = m.group(1).strip().lower()
         name = m.group(2).strip()
-        by_kind.setdefault(kind, {})[name] = classify_kernel(name)
+        by_kind.setdefault(m.group(1).strip().lower(), {})[name] = {"name": name, "isa": classify_kernel(name)}
+    n_using = n
+    for m in _EXECUTED.finditer(text):
+        n += 1
+        name = m.group(2).strip()
+        by_kind.setdefault(m.group(1).strip().lower(), {})[name] = {
+            "name": name, "isa": m.group(4) or classify_kernel(name), "blocks": int(m.group(3))}
+    emulated = n > n_using or f"[{SOURCE_EMULATOR}]" in text
+    source = " and ".join(s for s, present in ((SOURCE_XNNPACK, n_using > 0 or not emulated),
+                                               (SOURCE_EMULATOR, emulated)) if present)
+    extra = {}
+    if (t := _TRANSLATED.search(text)) is not None:
+        extra["translated_blocks"] = int(t.group(1))
     if n == 0:
-        return {"status": "no kernels found", "by_kind": {}, "isa_counts": {},
-                "sme2_used": False, "n_lines": 0}
+        return {"status": "no kernels found", "source": source, "by_kind": {}, "isa_counts": {},
+                "sme2_used": False, "n_lines": 0, **extra}
     isa_counts = {c: 0 for c in ISA_CLASSES}
     seen: set[str] = set()
     for ks in by_kind.values():
-        for name, isa in ks.items():
+        for name, entry in ks.items():
             if name not in seen:
                 seen.add(name)
-                isa_counts[isa] += 1
+                isa_counts[entry["isa"]] += 1
     return {
         "status": "ok",
-        "by_kind": {k: [{"name": nm, "isa": isa} for nm, isa in sorted(v.items())]
-                    for k, v in sorted(by_kind.items())},
+        "source": source,
+        "by_kind": {k: [v[nm] for nm in sorted(v)] for k, v in sorted(by_kind.items())},
         "isa_counts": isa_counts,
         "sme2_used": isa_counts["SME2"] > 0,
         "n_lines": n,
+        **extra,
     }
 
 

@@ -143,3 +143,46 @@ def function_symbols(path: Path) -> list[FunctionSymbol]:
                            for i in range(shnum)):
         raise ElfError(f"{path} has no .dynsym section")
     return sorted(out, key=lambda s: s.start)
+
+
+_DW_EH_PE_ABSPTR, _DW_EH_PE_SDATA4, _DW_EH_PE_PCREL, _DW_EH_PE_DATAREL = 0x00, 0x0B, 0x10, 0x30
+
+
+def unwind_ranges(path: Path) -> list[tuple[int, int]]:
+    """(start, size) of every function the unwind table (.eh_frame_hdr) covers, sorted: the
+    boundaries of functions .dynsym does not name (a stripped library's local functions). Each
+    size is the FDE's pc_range when the FDE encodes pc_begin as pcrel sdata4 (what GCC and
+    Clang emit) and it matches the table; otherwise the distance to the next function."""
+    data = Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ElfError(f"{path} is not a 64-bit little-endian ELF file")
+    shoff, shentsize, shnum, shstrndx = struct.unpack_from("<Q", data, 40)[0], *struct.unpack_from("<HHH", data, 58)
+    names_off = struct.unpack_from("<IIQQQQIIQQ", data, shoff + shstrndx * shentsize)[4]
+    hdr = None
+    for i in range(shnum):
+        sh = struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+        end = data.index(b"\0", names_off + sh[0])
+        if data[names_off + sh[0]:end] == b".eh_frame_hdr":
+            hdr = sh
+    if hdr is None:
+        return []
+    addr, off = hdr[3], hdr[4]     # section vaddr and file offset (the same delta as its segment)
+    _, ptr_enc, count_enc, table_enc = struct.unpack_from("<BBBB", data, off)
+    if (ptr_enc & 0x0F, count_enc, table_enc) != (_DW_EH_PE_SDATA4, 0x03, _DW_EH_PE_DATAREL | _DW_EH_PE_SDATA4):
+        return []                  # an encoding binutils and lld never write for this table
+    count = struct.unpack_from("<I", data, off + 8)[0]
+    rows = [struct.unpack_from("<ii", data, off + 12 + 8 * i) for i in range(count)]
+    delta = off - addr             # file offset = vaddr + delta inside this segment
+    out: list[tuple[int, int]] = []
+    for i, (loc, fde) in enumerate(rows):
+        start, fde_addr = addr + loc, addr + fde
+        nxt = addr + rows[i + 1][0] if i + 1 < count else start
+        size = nxt - start
+        fo = fde_addr + delta
+        if 0 <= fo and fo + 16 <= len(data):
+            pc_begin = fde_addr + 8 + struct.unpack_from("<i", data, fo + 8)[0]
+            if pc_begin == start:
+                size = struct.unpack_from("<I", data, fo + 12)[0]
+        if size > 0:
+            out.append((start, size))
+    return out

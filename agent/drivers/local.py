@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sme2farm.agent.drivers import cpuinfo
 from sme2farm.agent.drivers.base import INPUTS_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
@@ -61,9 +61,10 @@ def _die_with_parent():
 
 def run_subprocess(argv: list[str], cwd: Path, log: Path, timeout_s: float, cancel,
                    env: dict[str, str] | None = None, *, pids: PidRecords | None = None,
-                   run_id: int = 0) -> tuple[int, float]:
+                   run_id: int = 0, watch: Callable[[], str] | None = None) -> tuple[int, float]:
     """Run argv (never a shell string) with output to `log`, `env` added to ours; kill its process
-    group on timeout or cancellation. Shared by the Linux and macOS drivers. A killed agent's
+    group on timeout or cancellation, or when `watch` (called at every 50 ms poll) returns a
+    reason, which becomes the run's. Shared by the Linux and macOS drivers. A killed agent's
     runner dies with it on Linux (PR_SET_PDEATHSIG); elsewhere (macOS), and in case it did not,
     the runner is recorded in `pids` while it runs, so the next agent kills it (leftovers.py)."""
     t0 = time.monotonic()
@@ -86,6 +87,9 @@ def run_subprocess(argv: list[str], cwd: Path, log: Path, timeout_s: float, canc
                     raise DriverError("cancelled while the runner was executing; it was killed")
                 if time.monotonic() - t0 > timeout_s:
                     raise DriverError(f"runner timed out after {timeout_s:g} s and was killed")
+                stop = watch() if watch is not None else ""
+                if stop:
+                    raise DriverError(stop)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -152,7 +156,7 @@ class LocalDriver(Driver):
         return host_runner_platform()
 
     def prepare(self, serial: str, job: Job) -> dict[str, Any]:
-        require_runner(job, self.runner_platform())
+        require_runner(job, self.runner_platform(), self.trace_flavour())
         job.workdir.mkdir(parents=True, exist_ok=True)
         stage_file(job.model_path, job.workdir / job.model_name)
         if job.inputs_path is not None:
@@ -163,18 +167,24 @@ class LocalDriver(Driver):
         runner = Path(job.runner.path)
         if not runner.exists():
             raise DriverError(f"runner binary {runner} is missing; rebuild it (python -m sme2farm.runners.build)")
-        argv = self.wrap(job.runner_command(str(runner)))
+        argv = self.wrap(job.runner_command(str(runner)), job)
         if job.core_mask:
             argv = ["taskset", job.core_mask, *argv]
         return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel, job.runner.env,
-                              pids=self.pids, run_id=job.run_id)
+                              pids=self.pids, run_id=job.run_id, watch=self.watch(job))
 
     def reap_leftovers(self, online: set[str]) -> list[str]:
         return kill_leftover_processes(self.pids) if self.pids is not None else []
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        """How this device executes a runner command (the host CPU: as it is)."""
+    def wrap(self, argv: list[str], job: Job | None = None) -> list[str]:
+        """How this device executes a runner command (the host CPU: as it is); `job` is the run
+        it executes, None for a probe."""
         return argv
+
+    def watch(self, job: Job) -> Callable[[], str] | None:
+        """A check run_subprocess makes while the runner executes ("" = fine, else the reason to
+        stop it); none on the host."""
+        return None
 
     def collect(self, serial: str, job: Job) -> None:
         pass  # the runner wrote into job.workdir already

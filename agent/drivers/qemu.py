@@ -8,6 +8,11 @@ has SME but not SME2). Either way the device's SME2 capability is read from the 
 (glibc's `ld.so --list-diagnostics` prints the HWCAP2 word the emulated kernel hands out), so an
 emulator without SME2 never claims it. The device says it is emulated and by what
 (DeviceInfo.emulator): its latencies say nothing about any real Arm CPU.
+
+Trace mode needs no special build here: the timing runner runs under `-d in_asm`, and the
+translation log, named through the bundle's exported functions (translation.py), becomes the
+run's kernels.log. The raw log is bounded while qemu writes it (SME2_TRANSLATION_LOG_MAX_MB) and
+deleted once read; only kernels.log is uploaded.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import socket
 from pathlib import Path
 
 from sme2farm.agent import emulator
+from sme2farm.agent.drivers import translation
+from sme2farm.agent.drivers.base import KERNEL_LOG_NAME, DriverError, Job
 from sme2farm.agent.drivers.local import LocalDriver
 from sme2farm.protocol import DeviceInfo
 
@@ -36,8 +43,69 @@ class QemuArm64Driver(LocalDriver):
     def runner_platform(self) -> str:
         return "linux-arm64"
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        return [self.qemu, "-cpu", self.cpu, "-L", str(self.sysroot), *argv]
+    def trace_flavour(self) -> str:
+        return "timing"   # the translation log names the kernels; no logging build needed
+
+    def wrap(self, argv: list[str], job: Job | None = None) -> list[str]:
+        trace = []
+        if job is not None and job.mode == "trace":
+            # qemu's options go before the program. -E sets the guest's environment: glibc's
+            # loader writes each library's load base to <workdir>/ld-debug.<pid>.
+            trace = ["-E", "LD_DEBUG=files", "-E", f"LD_DEBUG_OUTPUT={job.workdir / translation.LD_DEBUG_PREFIX}",
+                     "-d", "in_asm", "-D", str(job.workdir / translation.TRANSLATION_LOG_NAME)]
+        return [self.qemu, "-cpu", self.cpu, "-L", str(self.sysroot), *trace, *argv]
+
+    @staticmethod
+    def _trace_limit() -> int:
+        try:
+            return translation.limit_bytes()
+        except ValueError as e:
+            raise DriverError(str(e)) from None
+
+    def watch(self, job: Job):
+        if job.mode != "trace":
+            return None
+        limit, log = self._trace_limit(), job.workdir / translation.TRANSLATION_LOG_NAME
+
+        def within_bound() -> str:
+            try:
+                size = log.stat().st_size
+            except FileNotFoundError:
+                return ""
+            return translation.over_limit_reason(size, limit) if size > limit else ""
+
+        return within_bound
+
+    def collect(self, serial: str, job: Job) -> None:
+        """Trace mode: the translation log, named, becomes kernels.log; the raw files go."""
+        if job.mode != "trace":
+            return
+        log = job.workdir / translation.TRANSLATION_LOG_NAME
+        try:
+            limit = self._trace_limit()
+            if not log.is_file():
+                raise DriverError(f"{self.qemu} wrote no translation log ({log.name}); no kernels can be named")
+            if log.stat().st_size > limit:   # the runner ended between two polls, past the bound
+                raise DriverError(translation.over_limit_reason(log.stat().st_size, limit))
+            try:
+                executed = translation.executed_kernels(log, translation.read_load_map(job.workdir),
+                                                        Path(job.runner.path).parent)
+            except ValueError as e:
+                raise DriverError(f"the translation log could not be named: {e}") from None
+            (job.workdir / KERNEL_LOG_NAME).write_text(
+                translation.format_kernel_log(executed, f"qemu-aarch64 -cpu {self.cpu} -d in_asm"))
+        finally:
+            self._remove_trace_files(job)
+
+    @staticmethod
+    def _remove_trace_files(job: Job) -> None:
+        (job.workdir / translation.TRANSLATION_LOG_NAME).unlink(missing_ok=True)
+        for p in job.workdir.glob(f"{translation.LD_DEBUG_PREFIX}.*"):
+            p.unlink(missing_ok=True)
+
+    def cleanup(self, serial: str, job: Job):
+        self._remove_trace_files(job)   # a run stopped at the bound never reached collect
+        return super().cleanup(serial, job)
 
     def _cpu(self) -> emulator.CpuProbe | None:
         """The emulated CPU's HWCAPs and the qemu version, asked of it once; None without qemu/sysroot."""
