@@ -83,8 +83,8 @@ def manual_steps(directory: Path) -> str:
             f"Debian mirror (`deb <mirror> {SUITES[0]} main` in /etc/apt/sources.list.d/), run "
             f"`apt-get update && apt-get download {PACKAGE}/{SUITES[0]}`, remove the entry and run "
             f"`apt-get update` again; `dpkg-deb -x {PACKAGE}_*.deb x` and copy x/usr/bin/{BINARY} to "
-            f"{directory}/{BINARY}; then `sme2-farm emulator install` records it (or put that {BINARY} "
-            f"first on PATH).")
+            f"{directory}/{BINARY}; then `sme2-farm emulator install` checks its CPU and records it (or put "
+            f"that {BINARY} first on PATH).")
 
 
 # ---- the emulated CPU ------------------------------------------------------------------------
@@ -288,6 +288,32 @@ def _download(root: Path, mirrors: list[Mirror], suite: str) -> Path:
 
 # ---- install and status ----------------------------------------------------------------------
 
+def _record(directory: Path, cpu: CpuProbe, package_version: str, suite: str, deb: str | None,
+            deb_sha256: str | None) -> dict:
+    manifest = {"package": PACKAGE, "package_version": package_version, "suite": suite, "qemu_version": cpu.version,
+                "binary": BINARY, "sha256": sha256_file(directory / BINARY), "deb": deb, "deb_sha256": deb_sha256,
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "cpu": cpu.cpu, "hwcap": f"{cpu.hwcap:#x}", "hwcap2": f"{cpu.hwcap2:#x}", "sme2": cpu.sme2}
+    (directory / f".{MANIFEST}.part").write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(directory / f".{MANIFEST}.part", directory / MANIFEST)
+    return manifest
+
+
+def _adopt(directory: Path) -> dict | None:
+    """A qemu-aarch64 copied into the cache by hand (the manual steps) and no manifest yet: recorded
+    as it is when its emulated CPU has SME2 (suite "by hand", the package version its --version
+    names), so the farm uses it; None when it has no SME2 or does not run."""
+    try:
+        cpu = probe(str(directory / BINARY))
+        out = subprocess.run([str(directory / BINARY), "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (EmulatorError, OSError, subprocess.SubprocessError):
+        return None
+    if not cpu.sme2:
+        return None
+    m = re.search(r"\(Debian ([^)]+)\)", out)
+    return _record(directory, cpu, m.group(1) if m else cpu.version, "by hand", None, None)
+
+
 def install(directory: Path | None = None, *, suites: tuple[str, ...] = SUITES, apt_dir: Path = APT_DIR,
             say=lambda _msg: None) -> tuple[dict, bool]:
     """Install the emulator; (manifest, True) when it was installed now, (manifest, False) when a
@@ -295,6 +321,10 @@ def install(directory: Path | None = None, *, suites: tuple[str, ...] = SUITES, 
     directory = Path(directory) if directory else cache_dir()
     if installed(directory) is not None:
         return _manifest(directory), False
+    if (directory / BINARY).is_file() and _manifest(directory) is None:
+        adopted = _adopt(directory)
+        if adopted is not None:
+            return adopted, True
     for tool in ("apt-get", "dpkg-deb"):
         if shutil.which(tool) is None:
             raise EmulatorError(f"{tool} is not on PATH: the emulator comes from Debian's {PACKAGE} package. "
@@ -329,23 +359,19 @@ def install(directory: Path | None = None, *, suites: tuple[str, ...] = SUITES, 
                 cpu = probe(str(binary))
             except (EmulatorError, subprocess.SubprocessError, OSError) as e:
                 tried.append(f"{suite}: {e}")
+                say(tried[-1])
                 continue
             if not cpu.sme2:
                 tried.append(f"{suite}: {cpu.describe()} has HWCAP2 {cpu.hwcap2:#x}, bit 37 (SME2) clear")
+                say(tried[-1])
                 continue
             version = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True,
                                      timeout=60).stdout.strip()
-            manifest = {"package": PACKAGE, "package_version": version, "suite": suite, "qemu_version": cpu.version,
-                        "binary": BINARY, "sha256": sha256_file(binary), "deb": deb.name, "deb_sha256": sha256_file(deb),
-                        "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        "cpu": cpu.cpu, "hwcap": f"{cpu.hwcap:#x}", "hwcap2": f"{cpu.hwcap2:#x}", "sme2": cpu.sme2}
             part = directory / f".{BINARY}.part"
             shutil.copyfile(binary, part)
             part.chmod(0o755)
             os.replace(part, directory / BINARY)
-            (directory / f".{MANIFEST}.part").write_text(json.dumps(manifest, indent=2) + "\n")
-            os.replace(directory / f".{MANIFEST}.part", directory / MANIFEST)
-            return manifest, True
+            return _record(directory, cpu, version, suite, deb.name, sha256_file(deb)), True
     raise EmulatorError("no suite's qemu-aarch64 emulates SME2 here: " + "; ".join(tried) + ". "
                         + manual_steps(directory))
 
