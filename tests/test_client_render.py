@@ -4,6 +4,7 @@ injected. The same documents with a real farm: tests/test_dashboard_charts.py.""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 from sme2farm.analysis import charts
@@ -113,3 +114,113 @@ def test_report_into_a_missing_directory_names_it(tmp_path, capsys):
     assert document.cmd_report(args) == 2  # before any request: the server here does not exist
     err = capsys.readouterr().err
     assert f"the directory {tmp_path / 'md'}/ does not exist" in err and "Errno" not in err
+
+
+# --- issue 13: kernel paths, emulated runs and comparisons, numerics ---------------------------
+
+EMULATOR = "qemu-aarch64 11.1.3 -cpu max"
+# a speed claim in any form: words, "1.63×", an interval ("device × 1 thread(s)" is no claim)
+SPEED = re.compile(r"faster|slower|speedup|slowdown|\d×|\bCI\b|interval|\bratio\b", re.I)
+
+
+def _emulated_experiment(etdump_builder) -> dict:
+    """An experiment as GET /experiments/{id} answers it for `--sme2 both` on an emulated SME2
+    device: the runs' reports and the comparison made by the real analysis code from hand-built
+    traces (the off arm's F32 names, the on arm's PF32 ones), the numerics by analysis.numerics."""
+    import numpy as np
+
+    from sme2farm.analysis import analyze, compare_emulated, numerics
+
+    b = etdump_builder
+    names = {"off": ["Fully Connected (NC, F32) GEMM #1", "Convolution (NHWC, F32) IGEMM #1"],
+             "on": ["Fully Connected (NC, PF32) GEMM #1", "Convolution (NHWC, PF32) IGEMM #1"]}
+    reports = {}
+    for arm, (fc, conv) in names.items():
+        ops = [(fc, 400_000), (conv, 300_000), ("Convolution (NHWC, F32) DWConv #1", 100_000), ("Add (ND) #1", 20_000)]
+        trace = b.build([("Execute", b.iteration(10**6 * (i + 1), ops)) for i in range(3)])
+        reports[arm] = analyze(trace, sme2=arm == "on", arch="arm64")
+    c = compare_emulated([reports["off"]], [reports["on"]], emulator=EMULATOR)
+    off = np.linspace(0, 1, 10, dtype=np.float16).reshape(1, 10)
+    c["numerics"] = numerics.compare([("Half", off)], [("Half", off + np.float16(0.01))], labels=("SME2 off", "SME2 on"))
+    assert c["numerics"]["verdict"] == "numerics change"
+    device = {"serial": "qemu-arm64-vm", "platform": "linux", "model": "QEMU 11.1.3 aarch64 -cpu max (emulated)",
+              "abi": "aarch64", "sme2": True, "emulator": EMULATOR}
+    runs = [{"id": i, "experiment_id": 9, "sme2": arm, "threads": 1, "mode": "timing", "status": "succeeded",
+             "device": device, "runner": {"id": f"wheel-linux-arm64-sme2{arm}", "platform": "linux-arm64", "sme2": arm},
+             "e2e_ms": rep["e2e_ms"], "categories_ms": rep["categories_ms"], "operators": rep["operators"]}
+            for i, (arm, rep) in enumerate(reports.items(), start=1)]
+    return {"id": 9, "status": "succeeded", "model_sha256": "c" * 64, "model_size": 4096,
+            "created_at": "2026-11-25T10:00:00", "spec": {"sme2": "both", "threads": [1], "iterations": 3, "warmup": 1},
+            "runs": runs, "comparisons": [{"kind": "sme2", "variant": "A", "device": "qemu-arm64-vm", "threads": 1,
+                                           "mode": "timing", "status": "complete", **c}]}
+
+
+def test_cli_text_of_an_emulated_experiment_shows_kernels_and_no_speed(etdump_builder):
+    from sme2farm.client.render import experiment_text
+    from sme2farm.protocol import ExperimentReport
+
+    exp = _emulated_experiment(etdump_builder)
+    text = experiment_text(ExperimentReport.model_validate(exp))
+    runs, comparison = text.split("SME2 off vs on")[0], "SME2 off vs on" + text.split("SME2 off vs on", 1)[1]
+    assert runs.count(f"on qemu-arm64-vm (linux, QEMU 11.1.3 aarch64 -cpu max (emulated)) — emulated ({EMULATOR})") == 2
+    assert runs.count("E2E ms (emulated: the emulator's time, not a CPU's)") == 2
+    # kernel paths per operator and per category, the coverage of each arm
+    assert "Fully Connected (NC, PF32) GEMM 0.400 ms [SME2]" in runs and "Fully Connected (NC, F32) GEMM 0.400 ms [NEON]" in runs
+    assert "SME2 coverage 0% (0.000 of 0.800 ms" in runs and "SME2 coverage 88% (0.700 of 0.800 ms" in runs
+    assert "Convolution: SME2 0.300 ms, NEON 0.100 ms" in runs
+    assert "Convolution/GEMM off SME2: Convolution (NHWC, F32) DWConv (NEON) 0.100 ms" in runs
+    # the comparison: what emulation shows, per-arm coverage, each output; no speed figure or word
+    assert f"Emulated by {EMULATOR}: both arms ran (3 and 3 iterations)" in comparison
+    assert "SME2 coverage of Convolution/GEMM: SME2 off 0% (0.000 of 0.800 ms), SME2 on 88% (0.700 of 0.800 ms)" in comparison
+    assert "Outputs: " in comparison and "(numerics change)" in comparison
+    assert "output 0 Half [1x10]: max abs" in comparison and "within tolerance: NO" in comparison
+    assert not SPEED.search(comparison), comparison
+
+    result = {"baseline": {"kind": "experiment", "id": 9, "model_sha256": "c" * 64, "et_versions": ["1.5.1"]},
+              "candidate": {"kind": "experiment", "id": 10, "model_sha256": "c" * 64, "et_versions": ["1.5.1"]},
+              "comparisons": [{**exp["comparisons"][0], "device_model": "QEMU", "sme2": "on", "baseline_device": "q",
+                               "candidate_device": "q"}], "unmatched": [], "notes": []}
+    pair = comparison_text(result).split("\n", 3)[3]
+    assert pair.startswith(f"QEMU, SME2 on, 1 thread(s), timing: Emulated by {EMULATOR}")
+    assert "SME2 coverage of Convolution/GEMM" in pair and "output 0 Half" in pair
+    assert not SPEED.search(pair), pair
+
+
+def test_report_document_of_an_emulated_experiment(etdump_builder):
+    exp = _emulated_experiment(etdump_builder)
+    blocks = document._blocks(exp, {}, {}, "http://x")
+    md = document.to_markdown(blocks)
+    assert f"Devices: qemu-arm64-vm (QEMU 11.1.3 aarch64 -cpu max (emulated)) — emulated ({EMULATOR})." in md
+    assert "Emulated: runs on qemu-aarch64" in md and "no speedup or slowdown is stated" in md
+    # the verdict row has no ratio or interval; its text says what emulation showed, with the facts
+    assert "| SME2 off → on | qemu-arm64-vm, 1 thread(s), timing | — | — | emulated |" in md
+    assert "SME2 coverage of Convolution/GEMM: SME2 off 0% (0.000 of 0.800 ms), SME2 on 88% (0.700 of 0.800 ms)." in md
+    assert "| 1 | A | off | 1 | qemu-arm64-vm (emulated) | succeeded |" in md  # the latency table labels emulated runs
+    # kernel paths per run: coverage, the paths of Convolution and GEMM, what stayed off SME2
+    assert "## Kernel paths and SME2 coverage" in md
+    assert "| 2 | A | on | qemu-arm64-vm (emulated) | 88% | SME2 0.3 ms, NEON 0.1 ms | SME2 0.4 ms | " \
+           "Convolution (NHWC, F32) DWConv (NEON, 0.1 ms) |" in md
+    assert "| 1 | A | off | qemu-arm64-vm (emulated) | 0% | NEON 0.4 ms | NEON 0.4 ms |" in md
+    # each output of the arms compared; no per-category speed table, and no ratio explained
+    assert "| Output | dtype | shape | max abs error | max rel error | SNR dB | within tolerance |" in md
+    assert "| 0 | Half | 1x10 |" in md and "| NO |" in md
+    assert "by category" not in md and "faster" not in md and "95% interval" not in md.split("| Verdict |")[1]
+    page = document.to_html(blocks)
+    assert f"emulated ({EMULATOR})" in page and "<th>SME2 coverage</th>" in page and "faster" not in page
+
+
+def test_sme2_flag_in_documents_and_cli(etdump_builder):
+    """An SME2-on run on an SME2 device whose Convolution/GEMM used no SME2 kernel is flagged in words."""
+    from sme2farm.client.render import experiment_text
+    from sme2farm.protocol import ExperimentReport
+
+    exp = _emulated_experiment(etdump_builder)
+    on = exp["runs"][1]
+    # the on arm ran the off arm's (NEON) operators: what a build or model without packed operators shows
+    exp["runs"][1] = {**on, "operators": exp["runs"][0]["operators"]}
+    exp["comparisons"] = []
+    md = document.to_markdown(document._blocks(exp, {}, {}, "http://x"))
+    assert "- Run 2: SME2 was on, but none of the 0.800 ms of Convolution/GEMM per iteration ran in an SME2 kernel" in md
+    assert "Run 1: SME2 was on" not in md  # the off arm is never flagged
+    text = experiment_text(ExperimentReport.model_validate(exp))
+    assert text.count("FLAG: SME2 was on, but none of the 0.800 ms") == 1
