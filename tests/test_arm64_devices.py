@@ -206,3 +206,25 @@ def test_arm64_farm_serves_the_qemu_device_and_the_emulated_phone(arm64_runners,
             assert "SME2" in runs["on"]["reason"]
     finally:
         stop_farm(farm.proc)
+
+
+@pytest.mark.sme2emu
+def test_emulated_sme2_farm_runs_both_arms_on_the_qemu_device_and_the_emulated_phone(
+        arm64_runners, sme2_emulator, sme2_phone, adb_port, example_pte, tmp_path):
+    farm = start_farm(tmp_path / "farm", arm64_runners.manifest,
+                      {"ANDROID_ADB_SERVER_PORT": str(adb_port), **sme2_emulator.env},
+                      drivers="qemu-arm64,android", devices=2)
+    try:
+        for selector in ("platform=linux", f"serial={sme2_phone.serial}"):
+            done = farm.cli("submit", str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "2",
+                            "--device", selector, "--wait", "--json", timeout=600)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + farm.log("agent")
+            runs = {r["sme2"]: r for r in json.loads(done.stdout)["runs"]}
+            for arm, run in runs.items():
+                assert run["status"] == "succeeded", (selector, arm, run["reason"])
+                assert run["device"]["sme2"] is True and run["device"]["emulator"], run["device"]
+            # The SME2-on arm ran XNNPACK's SME2 operators; the off arm, with SME/SME2 hidden, none.
+            assert [o for o in runs["on"]["operators"] if PACKED_LHS.search(o["name"])], runs["on"]["operators"]
+            assert not [o for o in runs["off"]["operators"] if PACKED_LHS.search(o["name"])]
+    finally:
+        stop_farm(farm.proc)
