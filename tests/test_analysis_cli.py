@@ -110,3 +110,67 @@ def test_light_imports():
             "heavy = [m for m in ('torch', 'pandas', 'executorch') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _path_column(out: str) -> dict[str, str]:
+    """operator -> kernel path, read from the terminal table's rows."""
+    head, *rows = out.split("Top operators", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    at = head.index("kernel path")
+    return {line[2:44].strip(): line[at:].replace("<- PORTABLE", "").strip() for line in rows}
+
+
+def test_cli_offline_kernel_paths_of_a_host_trace(portable_trace, capsys):
+    """A real trace from this (x86) host, offline: the arm and architecture are unknown, so XNNPACK
+    operators are "NEON or x86 SIMD" (never NEON outright) and native_call_* ones portable."""
+    rc, out, _ = _run([str(portable_trace), "--top", "100"], capsys)
+    assert rc == 0
+    rep = analyze(portable_trace.read_bytes())
+    paths = _path_column(out)
+    assert len(paths) == len(rep["operators"])
+    for o in rep["operators"]:
+        name = o["name"] if len(o["name"]) <= 42 else o["name"][:41] + "…"
+        assert paths[name] == ("NEON or x86 SIMD" if o["delegated"] else "portable"), (name, paths[name])
+    assert "Kernel paths" in out and "whether XNNPACK saw SME2 is unknown" in out
+    assert "Other: portable" in out or "Elementwise: portable" in out
+
+
+def test_cli_offline_kernel_paths_of_an_sme2_trace(etdump_builder, tmp_path, capsys):
+    """An SME2-on arm's names (RUNNERS-ARM64.md) offline: the packed operators are SME/SME2 (the
+    trace cannot say which: QEMU 7.2 runs the same names on SME), the others NEON (a packed operator
+    proves arm64), and the coverage says how much is packed-LHS without claiming it as SME2."""
+    b = etdump_builder
+    ops = [("Fully Connected (NC, PF16) GEMM #1", 500_000), ("Convolution (NHWC, PF16) IGEMM #1", 300_000),
+           ("Convolution (NHWC, F16) DWConv #1", 200_000), ("Add (ND) #1", 10_000)]
+    on = tmp_path / "on.etdump"
+    on.write_bytes(b.build([("Execute", b.iteration(10**6 * (i + 1), ops)) for i in range(3)]))
+    rc, out, _ = _run([str(on)], capsys)
+    assert rc == 0
+    assert _path_column(out) == {"Fully Connected (NC, PF16) GEMM": "SME/SME2", "Convolution (NHWC, PF16) IGEMM": "SME/SME2",
+                                 "Convolution (NHWC, F16) DWConv": "NEON", "Add (ND)": "NEON"}
+    assert ("SME2 coverage 0% (0.000 of 1.000 ms Convolution/GEMM per iteration in SME2 kernels); 0.800 ms ran in "
+            "packed-LHS kernels that are SME2 or not depending on the CPU") in out
+    assert "Convolution/GEMM off SME2: Fully Connected (NC, PF16) GEMM (SME/SME2) 0.500 ms" in out
+    rc, md, _ = _run([str(on), "--markdown"], capsys)
+    assert "## Kernel paths and SME2 coverage" in md
+    assert "| Convolution (NHWC, PF16) IGEMM | Convolution | 1 | 0.300 |" in md and "| yes | SME/SME2 | IGEMM |" in md
+    # --compare against the off arm's names: the comparison carries each arm's coverage
+    off = tmp_path / "off.etdump"
+    names = [(n.replace("PF16", "F16"), d) for n, d in ops]
+    off.write_bytes(b.build([("Execute", b.iteration(10**6 * (i + 1), names)) for i in range(3)]))
+    rc, out, _ = _run([str(off), "--compare", str(on), "--labels", "SME2 off", "SME2 on"], capsys)
+    assert rc == 0 and "SME2 coverage of Convolution/GEMM: SME2 off 0% (0.000 of 1.000 ms), SME2 on 0% (0.000 of 1.000 ms)" in out
+
+
+def test_emulated_comparison_renders_without_speed(etdump_builder):
+    from sme2farm.analysis import compare_emulated, to_terminal
+
+    b = etdump_builder
+    reps = [analyze(b.build([("Execute", b.iteration(10**6 * (i + 1), [(name, 400_000)])) for i in range(3)]),
+                    sme2=sme2, arch="arm64")
+            for name, sme2 in (("Fully Connected (NC, F32) GEMM #1", False), ("Fully Connected (NC, PF32) GEMM #1", True))]
+    c = compare_emulated([reps[0]], [reps[1]], emulator="qemu-aarch64 11.1.3 -cpu max")
+    for text in (to_markdown(reps[1], c), to_terminal(reps[1], c)):
+        section = text.split("Comparison", 1)[1]
+        assert "Emulated by qemu-aarch64 11.1.3 -cpu max: both arms ran" in section
+        assert "SME2 off 0% (0.000 of 0.400 ms), SME2 on 100% (0.400 of 0.400 ms)" in section
+        assert "Speedup" not in section and "speedup" not in section and "CI" not in section
