@@ -86,7 +86,7 @@ class QemuArm64Driver(LocalDriver):
             if not log.is_file():
                 raise DriverError(f"{self.qemu} wrote no translation log ({log.name}); no kernels can be named")
             if log.stat().st_size > limit:   # the runner ended between two polls, past the bound
-                raise DriverError(translation.over_limit_reason(log.stat().st_size, limit))
+                raise DriverError(translation.over_limit_reason(log.stat().st_size, limit, stopped=False))
             try:
                 executed = translation.executed_kernels(log, translation.read_load_map(job.workdir),
                                                         Path(job.runner.path).parent)

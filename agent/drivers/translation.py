@@ -51,6 +51,7 @@ DEFAULT_LIMIT_MB = 256
 SOURCE = "emulator translation log"
 
 _CHUNK = 1 << 20
+_MAX_BLOCK_TEXT = 1 << 20    # a translated block is at most 512 instructions (~40 KB of text)
 _BLOCK = re.compile(rb"^IN:[^\n]*\n0x([0-9a-fA-F]+):[^\n]*\n(?:0x[^\n]*\n)*", re.M)
 _LOADED = re.compile(r"file=(\S+) \[\d+\];\s+generating link map\s*\n[^\n]*?dynamic:\s*0x[0-9a-f]+\s+"
                      r"base:\s*(0x[0-9a-f]+)\s+size:\s*(0x[0-9a-f]+)")
@@ -71,13 +72,15 @@ def limit_bytes() -> int:
         raise ValueError(f"{TRANSLATION_LOG_LIMIT_ENV}={raw!r} is not a number of MiB") from None
     if mb <= 0:
         raise ValueError(f"{TRANSLATION_LOG_LIMIT_ENV}={raw!r} must be positive")
-    return int(mb * (1 << 20))
+    return round(mb * (1 << 20))
 
 
-def over_limit_reason(size: int, limit: int) -> str:
-    return (f"the emulator's translation log reached {size / (1 << 20):.1f} MiB, over its bound of "
-            f"{limit / (1 << 20):g} MiB; the runner was stopped. Trace a smaller model or fewer "
-            f"iterations, or raise the bound with {TRANSLATION_LOG_LIMIT_ENV} in the agent's environment")
+def over_limit_reason(size: int, limit: int, *, stopped: bool = True) -> str:
+    """Why a trace run failed on its log's size: `stopped` while the runner ran, or found after
+    it ended (it ran past the bound between two polls)."""
+    return (f"the emulator's translation log reached {size / (1 << 20):.3g} MiB, over its bound of "
+            f"{limit / (1 << 20):.3g} MiB; {'the runner was stopped' if stopped else 'its kernels were not named'}. "
+            f"Trace a smaller model, or raise the bound with {TRANSLATION_LOG_LIMIT_ENV} in the agent's environment")
 
 
 def blocks(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -94,8 +97,9 @@ def blocks(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield int(m.group(1), 16), m.group(0)
             if not chunk:
                 return
-            # No header in this buffer: a block is ~a page of text at most, so what has none is noise.
-            carry = buf[cut:] if cut else buf[-_CHUNK:]
+            carry = buf[cut:]
+            if len(carry) > _MAX_BLOCK_TEXT:   # no header for this long: not a translation log; stay bounded
+                carry = b"\n"
 
 
 @dataclass(frozen=True)
