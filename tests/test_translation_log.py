@@ -217,3 +217,19 @@ def test_a_log_found_over_its_bound_after_the_run_fails_it_and_is_removed(arm64_
     with pytest.raises(DriverError, match="over its bound of 0.001 MiB; its kernels were not named"):
         driver.collect("qemu", job)
     assert sorted(p.name for p in job.workdir.iterdir()) == []
+
+
+def test_the_agent_traces_on_the_emulator_with_the_timing_build(arm64_runners):
+    """job.refuse asks the device's driver which flavour a trace run needs: the qemu device
+    traces with the timing build; hardware still needs the xnnlog (logging) build."""
+    from datetime import datetime, timezone
+
+    from sme2farm.agent.drivers.local import LocalDriver
+    from sme2farm.agent.job import refuse
+    from sme2farm.protocol import DeviceInfo, RunAssignment
+
+    info = DeviceInfo(serial="arm64", platform="linux", runner_platform="linux-arm64", sme2=True)
+    a = RunAssignment(run_id=1, lease_id="x", lease_expires_at=datetime.now(timezone.utc), device_serial="arm64",
+                      model_sha256="0" * 64, model_size=1, sme2="on", threads=1, iterations=1, warmup=0, mode="trace")
+    assert refuse(a, (QemuArm64Driver("qemu-aarch64"), info), arm64_runners) == ""
+    assert "(xnnlog flavour)" in refuse(a, (LocalDriver(), info), arm64_runners)
