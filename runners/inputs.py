@@ -456,7 +456,7 @@ def check_outputs(sig: MethodSignature, outputs: list[Input]) -> None:
     (a list, a dtype outside SCALAR_TYPES) must be kind 0, none."""
     if len(outputs) != len(sig.outputs):
         raise InputsError(f"the outputs file holds {plural(len(outputs), 'output')}, method {sig.name} declares "
-                          f"{len(sig.outputs)} ({summary([_declared(s) for s in sig.outputs])})")
+                          f"{len(sig.outputs)} ({', '.join(_declared(s) for s in sig.outputs)})")
     for i, (spec, v) in enumerate(zip(sig.outputs, outputs)):
         where = f"output {i} of method {sig.name}"
         carried = spec.kind in ("int", "double", "bool") or (spec.kind == "tensor" and spec.scalar_type in SCALAR_TYPES)

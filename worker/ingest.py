@@ -7,16 +7,20 @@ for the run (succeeded, or failed with which reason) is decided by the run servi
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 from dataclasses import dataclass
 
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
 from sme2farm import analysis
-from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
+from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, OUTPUTS, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
+from sme2farm.runners import inputs as containers
 from sme2farm.server.models import Artifact, OperatorStat, Run, RunResult
 from sme2farm.server.services.errors import DomainError
+from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
 from sme2farm.server.storage import Store
 
 
@@ -48,6 +52,7 @@ class Ingester:
                 raise IngestError("the ETDump holds no Execute block: nothing was timed")
             raise IngestError(f"the ETDump has no timed iteration: its {total} Execute block(s) are all warm-up "
                               f"(the agent said the first {run.warmup_in_trace} are)")
+        report["outputs"] = self.outputs(run)
         # Everything derived is rendered here, before any row is written: a trace that breaks a
         # renderer fails the run like one that breaks the reader.
         derived = {
@@ -57,6 +62,47 @@ class Ingester:
             PERFETTO_JSON: json.dumps(analysis.to_perfetto(etdump)),
         }
         return Analysis(report, derived)
+
+    def outputs(self, run: Run) -> dict:
+        """The run's outputs.bin held against the outputs its method declares in the .pte:
+        {"status": "recorded" | "not recorded" | "invalid", "reason", "outputs": [{index, dtype,
+        shape, sha256}]}.
+
+        A file that does not match (count, dtype, shape; truncated; not SME2IN01) leaves the run
+        succeeded with status "invalid" and the mismatch named: the timings and kernels come from
+        the ETDump, which was read and is sound; only the numerics have nothing to stand on, and
+        every comparison that would use them says "not comparable: <reason>". Nothing is stored
+        half: the report carries the verdict in the same transaction as the rest of the results."""
+        path = self.files.artifact_path(run.id, OUTPUTS)
+        build = (run.runner or {}).get("id") or "(unknown build)"
+        if not path.exists():
+            # The agent passes --outputs_file to every build that can write it and fails a run whose
+            # runner did not, so a succeeded run without the file ran a build that cannot.
+            return {"status": "not recorded", "reason": f"numerics not recorded: runner {build} cannot write outputs",
+                    "outputs": []}
+        size = path.stat().st_size
+        if size > MAX_OUTPUTS_BYTES:
+            return {"status": "not recorded", "reason": f"numerics not recorded: the outputs file is {size} bytes, over "
+                                                        f"the {MAX_OUTPUTS_BYTES >> 20} MiB the farm compares", "outputs": []}
+        exp = run.experiment
+        sha = exp.vs_model_sha256 if run.variant == "B" else exp.model_sha256
+        method = (exp.spec or {}).get("method", "forward")
+        def invalid(why: str) -> dict:
+            return {"status": "invalid", "reason": f"numerics not comparable: {why}", "outputs": []}
+
+        try:
+            values = containers.read(path.read_bytes(), item="output")
+        except (containers.InputsError, OSError) as e:
+            return invalid(f"the outputs file is not readable: {e}")
+        try:
+            with containers.mapped(self.files.model_path(sha)) as buf:
+                sig = containers.program_methods(buf, end=containers.program_end(buf)).get(method)
+            if sig is None:
+                raise containers.InputsError(f"the program has no method {method}")
+            containers.check_outputs(sig, values)
+        except (containers.InputsError, OSError) as e:
+            return invalid(str(e))
+        return {"status": "recorded", "reason": "", "outputs": [_digest(i, v) for i, v in enumerate(values)]}
 
     def store(self, session: Session, run: Run, result: Analysis) -> None:
         report = result.report
@@ -86,6 +132,19 @@ class Ingester:
             for name in written:  # a failed run shows no half of its results
                 self.files.artifact_path(run.id, name).unlink(missing_ok=True)
             raise
+
+
+def _digest(index: int, value: containers.Input) -> dict:
+    """One output in the report: its type and shape and a sha256 of its bytes (two runs' outputs are
+    bit-identical exactly when the digests agree)."""
+    if value is None:
+        return {"index": index, "dtype": None, "shape": None, "sha256": None}
+    if isinstance(value, containers.TensorInput):
+        return {"index": index, "dtype": containers.scalar_name(value.scalar_type), "shape": list(value.sizes),
+                "sha256": hashlib.sha256(value.data).hexdigest()}
+    kind, raw = (("bool", struct.pack("<B", value)) if isinstance(value, bool) else
+                 ("int", struct.pack("<q", value)) if isinstance(value, int) else ("double", struct.pack("<d", value)))
+    return {"index": index, "dtype": kind, "shape": [], "sha256": hashlib.sha256(raw).hexdigest()}
 
 
 def report_parts(report: dict) -> dict[str, str]:

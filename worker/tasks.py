@@ -8,6 +8,7 @@ import random
 from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import joinedload
 
 from sme2farm.protocol import (TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_SUITE_ANALYZE,
                                TASK_SUITES_TICK, RunStatus)
@@ -88,7 +89,9 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
         with session_scope(s.sqlalchemy_url) as session:
             if self.request.retries == 0:
                 run_service.ingest_started(session, run_id=run_id, ingest_deadline_s=s.ingest_deadline_s)
-            run = session.get(Run, run_id)
+            # With its experiment: the analysis below runs after this session closes and needs the
+            # program the run executed (its declared outputs).
+            run = session.get(Run, run_id, options=[joinedload(Run.experiment)])
         ingester = ingest.Ingester(Store(s.data_dir))
         if run is not None and run.status == RunStatus.analyzing:
             ingester = ingest.Prepared(ingester, run)  # analysed here, with no transaction open
