@@ -113,8 +113,10 @@ def comparison_fact_lines(c: dict) -> list[str]:
 
 
 def narrative_lines(c: dict) -> list[str]:
-    """The comparison's narrative without the line already shown as its headline."""
-    return [line for line in c.get("narrative") or [] if line != c.get("sentence") or not is_emulated(c)]
+    """The comparison's narrative without the lines already shown: an emulated comparison's
+    headline, the numerics' sentence (comparison_fact_lines shows it)."""
+    told = {(c.get("numerics") or {}).get("sentence")} | ({c.get("sentence")} if is_emulated(c) else set())
+    return [line for line in c.get("narrative") or [] if line not in told]
 
 
 def to_markdown(report: dict, comparison: dict | None = None) -> str:

@@ -174,7 +174,7 @@ def cmd_devices(args) -> int:
     for d in devices:
         print(f"{d['serial']:<28} {d['platform']:<8} {(d.get('model') or '')[:30]:<30} {d.get('cpu_cores', 0):>3} cores  "
               f"{'SME2' if d['sme2'] else 'no SME2':<8} {d['state']:<8} agent {d['agent']}, "
-              f"runners: {_runner_list(d)}")
+              f"runners: {_runner_list(d)}" + (f", emulated ({d['emulator']})" if d.get("emulator") else ""))
     return 0
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from sme2farm.analysis.kernel_paths import summary as kernel_path_summary
 from sme2farm.analysis.render import (NUMERICS_HEADERS, comparison_fact_lines, device_suffix,
-                                      emulated_headline, is_emulated, numerics_rows)
+                                      emulated_headline, is_emulated, narrative_lines, numerics_rows)
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 CHARTS = (("distribution", "Latency per iteration"), ("categories", "Where the time goes"),
@@ -202,8 +202,11 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
             out.append(("h", 3, f"{comparison_title(c)}: outputs compared ({comparison_where(c)})"))
             out.append(("p", (c.get("numerics") or {}).get("sentence") or ""))
             out.append(("table", NUMERICS_HEADERS, numerics_rows(c)))
-        if is_emulated(c) or not c.get("categories"):
-            continue  # an emulated comparison has no per-category speed to show
+        if is_emulated(c) or not c.get("categories"):  # an emulated comparison has no per-category speed to show
+            if narrative_lines(c):
+                out.append(("h", 3, f"{comparison_title(c)}: what ran ({comparison_where(c)})"))
+                out.append(("list", narrative_lines(c)))
+            continue
         out.append(("h", 3, f"{comparison_title(c)}: by category ({comparison_where(c)})"))
         cats = c.get("categories") or {}
         out.append(("table", ["Category", f"{la} ms", f"{lb} ms", "Ratio", "95% interval", "Verdict", f"Share {la}", f"Share {lb}"],
@@ -212,7 +215,7 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
                       (cats.get(k) or {}).get("verdict") or "—",
                       f"{100 * ((cats.get(k) or {}).get('share_before') or 0):.1f}%", f"{100 * ((cats.get(k) or {}).get('share_after') or 0):.1f}%"]
                      for k in CATEGORIES]))
-        narrative = [line for line in c.get("narrative") or [] if line != c.get("sentence")]
+        narrative = [line for line in narrative_lines(c) if line != c.get("sentence")]
         if narrative:
             out.append(("list", narrative))
     # an emulated comparison has no ratio: the ratio's reading is said only where one is shown

@@ -12,6 +12,7 @@ that directory as an artifact).
 from __future__ import annotations
 
 import json
+import re
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -428,12 +429,20 @@ def emulated(arm64_runners, sme2_emulator, example_pte, tmp_path_factory):
             e = client.submit(example_pte("toy_cnn"), ExperimentSpec(sme2="both", iterations=2, warmup=1, name=name))
             wait_for(client, e.id, quiet=True, timeout=600)
             exps.append(_with_comparisons(client, e.id))
+        client.create_suite({"name": "emu-suite", "models": [{"sha256": exps[0]["model_sha256"], "name": "toy_cnn"}],
+                             "sme2": "on", "iterations": 2, "warmup": 1})
+        for eid in client.run_suite("emu-suite")["experiment_ids"]:
+            wait_for(client, eid, quiet=True, timeout=600)
+        deadline = time.monotonic() + 60  # the worker writes the point once the suite's experiment ends
+        while not client.suite_series("emu-suite")["series"] and time.monotonic() < deadline:
+            time.sleep(0.3)
         yield farm, exps
     finally:
         stop_farm(farm.proc)
 
 
-SPEED_WORDS = ("faster", "slower", "speedup", "slowdown", "×", "95% CI")
+# a speed claim in any form: words, "1.63×", an interval (a shape "1×8×8×10" is none)
+SPEED = re.compile(r"faster|slower|speedup|slowdown|\d(\.\d+)?×(?!\d)|\bCI\b|interval|\bratio\b", re.I)
 
 
 @pytest.mark.sme2emu
@@ -476,7 +485,7 @@ def test_emulated_sme2_experiment_page_shows_kernel_paths_and_no_speed(emulated,
     card = wait(d, '.comparison[data-emulated="yes"]')
     assert not card.find_elements("css selector", ".speedup, table.cmp, .bars, .interval")
     text = card.text
-    assert not [w for w in SPEED_WORDS if w in text], text
+    assert not SPEED.search(text), text
     assert c["sentence"] in text and "emulated" in card.find_element("css selector", ".verdict").text
     arms = {a.get_attribute("data-arm"): a for a in card.find_elements("css selector", ".coverage-pair .arm")}
     assert float(arms["candidate"].get_attribute("data-share")) == pytest.approx(c["kernel_paths"]["candidate"]["share"])
@@ -506,11 +515,35 @@ def test_emulated_sme2_compare_page_claims_no_speed(emulated, browser):
         assert entry["verdict"] == "emulated" and entry["speedup"] is None and entry["ci_low"] is None
         assert card.get_attribute("data-emulated") == "yes"
         assert not card.find_elements("css selector", ".speedup, table.cmp, .interval")
-        assert not [w for w in SPEED_WORDS if w in card.text], card.text
+        assert not SPEED.search(card.text), card.text
         arms = {a.get_attribute("data-arm"): a for a in card.find_elements("css selector", ".coverage-pair .arm")}
         for side in ("baseline", "candidate"):
             assert float(arms[side].get_attribute("data-share")) == pytest.approx(entry["kernel_paths"][side]["share"])
         # the same arm of the same model: the on pair ran SME2 kernels on both sides, the off pair on neither
         assert (entry["kernel_paths"]["baseline"]["share"] > 0) == (entry["sme2"] == "on")
     shot(d, "emulated-compare")
+    assert not console_errors(d), console_errors(d)
+
+
+@pytest.mark.sme2emu
+def test_emulated_sme2_device_and_suite_pages_say_emulated(emulated, browser):
+    """The devices page and `sme2-client devices` name the emulator; a suite series from the
+    emulated device is drawn, labelled emulated, and says it is never judged."""
+    farm, _ = emulated
+    [dev] = farm.client().devices()
+    assert dev["emulator"]
+    listed = farm.cli("devices")
+    assert listed.returncode == 0 and f"emulated ({dev['emulator']})" in listed.stdout, listed.stdout + listed.stderr
+    d = browser
+    sign_in(d, farm)
+    d.get(f"{farm.url}/#/devices")
+    row = wait(d, f'#devices tr[data-serial="{dev["serial"]}"]')
+    assert row.find_element("css selector", ".chip.emulated").text == f"emulated ({dev['emulator']})"
+    [series] = farm.client().suite_series("emu-suite")["series"]
+    assert series["emulated"] and not series["changes"]
+    d.get(f"{farm.url}/#/suites/emu-suite")
+    card = wait(d, ".series")
+    assert card.find_element("css selector", ".chip.emulated").text == f"emulated ({series['emulated']})"
+    assert "never judged" in card.find_element("css selector", ".emulated-note").text
+    shot(d, "emulated-suite")
     assert not console_errors(d), console_errors(d)

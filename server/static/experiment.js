@@ -237,8 +237,10 @@ export function comparisonCard(c, { where } = {}) {
       h("p", { class: "reason alert" }, c.reason || "one arm has no successful run"));
   }
   const facts = [coverageBlock(c, la, lb), numericsBlock(c)];
-  const narrative = c.narrative?.some((line) => line !== c.sentence) && h("ul", { class: "narrative" },
-    c.narrative.filter((line) => line !== c.sentence).map((line) => h("li", {}, line)));
+  // the narrative without what the headline and the numerics block already say
+  const told = new Set([c.sentence, c.numerics?.sentence]);
+  const lines = (c.narrative || []).filter((line) => !told.has(line));
+  const narrative = lines.length > 0 && h("ul", { class: "narrative" }, lines.map((line) => h("li", {}, line)));
   if (c.emulated || c.verdict === "emulated") {
     // An emulator's timings: no ratio, interval, bars or per-category speed, whatever the entry holds.
     return h("article", { class: "card comparison emulated", dataset: { ...attrs, emulated: "yes" } }, head,

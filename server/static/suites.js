@@ -71,8 +71,11 @@ async function seriesCard(name, s) {
     h("header", {}, h("h2", {}, k.model_name || short(k.model_sha256)),
       h("span", { class: "chip" }, k.device_model), h("span", { class: `chip sme2-${k.sme2}` }, `SME2 ${k.sme2}`),
       h("span", { class: "chip" }, `${k.threads} thread${k.threads > 1 ? "s" : ""}`),
+      s.emulated && h("span", { class: "chip emulated" }, `emulated (${s.emulated})`),
       h("span", { class: "muted small" }, `${s.points.length} point${s.points.length === 1 ? "" : "s"}`
         + (measured < s.points.length ? `, ${measured} with samples` : ""))),
+    s.emulated && h("p", { class: "note small emulated-note" }, `Emulated (${s.emulated}): these times are the emulator's, not a CPU's. `
+      + "The series is drawn but never judged: no regression or improvement is raised from it."),
     fig,
     measured === 0 && s.points.length > 0 && h("div", { class: "no-samples" },
       h("p", { class: "note small" }, `No point of this series has samples yet: `

@@ -63,7 +63,8 @@ export async function experimentsView({ page = "1" }) {
 export async function devicesView() {
   const devices = await getJSON("/devices");
   const rows = devices.map((d) => h("tr", { dataset: { serial: d.serial } },
-    h("td", { class: "mono" }, d.serial),
+    h("td", { class: "mono" }, d.serial,
+      d.emulator && h("div", {}, h("span", { class: "chip emulated", title: "an emulator executes this device's runs: its times are the emulator's, never a speed figure" }, `emulated (${d.emulator})`))),
     h("td", {}, d.platform, d.abi && h("div", { class: "muted small" }, d.abi)),
     h("td", {}, d.model || "—", h("div", { class: "muted small" }, d.soc || ""), d.os_version && h("div", { class: "muted small" }, d.os_version)),
     h("td", { class: "num" }, d.cpu_cores || "—"),
