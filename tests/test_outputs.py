@@ -228,8 +228,7 @@ def test_between_says_not_recorded_and_too_large(farm, tmp_path, monkeypatch):
         "status": "not recorded", "reason": "numerics not recorded: runner upstream-x cannot write outputs", "outputs": []}}
     r = numerics_service.between([run], [run], ("SME2 off", "SME2 on"), store=store)
     assert r["status"] == "not recorded"
-    assert r["sentence"] == (f"numerics not recorded for SME2 off (run {run.id}): "
-                             "numerics not recorded: runner upstream-x cannot write outputs")
+    assert r["sentence"] == f"numerics not recorded: runner upstream-x cannot write outputs (SME2 off, run {run.id})"
     run.result.analysis = {**run.result.analysis, "outputs": {
         "status": "invalid", "reason": "numerics not comparable: the outputs file holds 2 outputs, method forward "
                                        "declares 1 (Float[1, 10])", "outputs": []}}

@@ -87,6 +87,7 @@ class Ingester:
         exp = run.experiment
         sha = exp.vs_model_sha256 if run.variant == "B" else exp.model_sha256
         method = (exp.spec or {}).get("method", "forward")
+
         def invalid(why: str) -> dict:
             return {"status": "invalid", "reason": f"numerics not comparable: {why}", "outputs": []}
 

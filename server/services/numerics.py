@@ -36,27 +36,23 @@ def _side(runs: Sequence[Run], label: str, store: Store) -> list | dict:
     run = _first_succeeded(runs)
     if run is None:
         return numerics.not_compared("not recorded", f"numerics not recorded: {label} has no succeeded run")
-    build = (run.runner or {}).get("id") or "of unknown build"
     recorded = (run.result.analysis or {}).get("outputs")
     if recorded is None:  # analysed before ingest recorded outputs
         return numerics.not_compared("not recorded", f"numerics not recorded: {label} run {run.id} was analysed "
                                                      "before the farm recorded outputs")
-    if recorded.get("status") == "not recorded":
-        return numerics.not_compared("not recorded", f"numerics not recorded for {label} (run {run.id}): "
-                                                     f"{recorded.get('reason') or f'runner {build} cannot write outputs'}")
-    if recorded.get("status") != "recorded":  # "invalid": the file did not match the method's declared outputs
-        return numerics.not_compared("mismatch", f"{recorded.get('reason') or 'numerics not comparable'} "
-                                                 f"({label}, run {run.id})")
     path = store.artifact_path(run.id, OUTPUTS)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return numerics.not_compared("not recorded", f"numerics not recorded: {label} run {run.id}'s {OUTPUTS} "
-                                                     "is no longer stored")
-    if size > MAX_OUTPUTS_BYTES:
+    size = path.stat().st_size if path.is_file() else None
+    if size is not None and size > MAX_OUTPUTS_BYTES:
         return numerics.not_compared("too large", f"numerics not compared: {label} run {run.id}'s outputs are "
                                                   f"{size / (1 << 20):.1f} MiB, over the {MAX_OUTPUTS_BYTES >> 20} MiB "
                                                   "the farm compares")
+    if recorded.get("status") == "not recorded":  # ingest's reason names the runner build that cannot write them
+        return numerics.not_compared("not recorded", f"{recorded.get('reason')} ({label}, run {run.id})")
+    if recorded.get("status") != "recorded":  # "invalid": the file did not match the method's declared outputs
+        return numerics.not_compared("mismatch", f"{recorded.get('reason')} ({label}, run {run.id})")
+    if size is None:
+        return numerics.not_compared("not recorded", f"numerics not recorded: {label} run {run.id}'s {OUTPUTS} "
+                                                     "is no longer stored")
     try:
         values = containers.read(path.read_bytes(), item="output")
     except containers.InputsError as e:  # ingest read it; a file changed on disk since says so here
