@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="XNNPACK log (runner stdout or logcat) with 'Using ... microkernel' lines")
     parser.add_argument("--compare-kernel-log", metavar="FILE", default=None,
                         help="kernel log for OTHER")
+    parser.add_argument("--sme2", choices=("on", "off"), default=None,
+                        help="the arm TRACE ran in: on = XNNPACK could see SME2 (an SME2 CPU, not hidden), off = it "
+                             "could not. Unknown by default: packed-LHS operators are then SME/SME2, not counted as SME2")
+    parser.add_argument("--compare-sme2", choices=("on", "off"), default=None, help="the arm OTHER ran in")
+    parser.add_argument("--arch", choices=("arm64", "x86_64"), default=None,
+                        help="the CPU architecture of the traces (unknown by default: XNNPACK operators are then "
+                             "'NEON or x86 SIMD' unless a packed-LHS operator shows arm64)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--noise-model", metavar="FILE.json", default=None,
                         help="the device's noise model (JSON from NoiseModel.to_json(), learned from A/A "
@@ -140,13 +147,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.perfetto} ({len(trace['traceEvents'])} events): open it in "
                   "https://ui.perfetto.dev", file=sys.stderr)
             return 0
-        report = analyze(data, kernel_log=_read_text(args.kernel_log), skip_first=args.skip_first)
+        arm = {"on": True, "off": False, None: None}
+        report = analyze(data, kernel_log=_read_text(args.kernel_log), skip_first=args.skip_first,
+                         sme2=arm[args.sme2], arch=args.arch)
         del data
         comparison = other = None
         if args.compare:
             other = analyze(Path(args.compare).read_bytes(),
                             kernel_log=_read_text(args.compare_kernel_log),
-                            skip_first=args.skip_first)
+                            skip_first=args.skip_first, sme2=arm[args.compare_sme2], arch=args.arch)
             labels = tuple(args.labels) if args.labels else (Path(args.trace).name,
                                                               Path(args.compare).name)
             comparison = compare(report, other, labels=labels, seed=args.seed, noise=noise,

@@ -132,6 +132,8 @@ def test_cli_offline_kernel_paths_of_a_host_trace(portable_trace, capsys):
         assert paths[name] == ("NEON or x86 SIMD" if o["delegated"] else "portable"), (name, paths[name])
     assert "Kernel paths" in out and "whether XNNPACK saw SME2 is unknown" in out
     assert "Other: portable" in out or "Elementwise: portable" in out
+    rc, out, _ = _run([str(portable_trace), "--top", "100", "--arch", "x86_64", "--sme2", "off"], capsys)
+    assert set(_path_column(out).values()) == {"x86 SIMD", "portable"} and "NEON" not in out
 
 
 def test_cli_offline_kernel_paths_of_an_sme2_trace(etdump_builder, tmp_path, capsys):
@@ -159,6 +161,15 @@ def test_cli_offline_kernel_paths_of_an_sme2_trace(etdump_builder, tmp_path, cap
     off.write_bytes(b.build([("Execute", b.iteration(10**6 * (i + 1), names)) for i in range(3)]))
     rc, out, _ = _run([str(off), "--compare", str(on), "--labels", "SME2 off", "SME2 on"], capsys)
     assert rc == 0 and "SME2 coverage of Convolution/GEMM: SME2 off 0% (0.000 of 1.000 ms), SME2 on 0% (0.000 of 1.000 ms)" in out
+    # told which arm each trace ran in, the packed operators of the on arm are SME2
+    rc, out, _ = _run([str(off), "--compare", str(on), "--labels", "SME2 off", "SME2 on", "--sme2", "off",
+                       "--compare-sme2", "on", "--arch", "arm64"], capsys)
+    assert rc == 0 and "SME2 off 0% (0.000 of 1.000 ms), SME2 on 80% (0.800 of 1.000 ms)" in out
+    assert "SME2 not visible to XNNPACK" in out  # the report's own arm (TRACE, the off arm)
+    rc, out, _ = _run([str(on), "--sme2", "on"], capsys)
+    assert "SME2 coverage 80% (0.800 of 1.000 ms" in out and _path_column(out)["Convolution (NHWC, PF16) IGEMM"] == "SME2"
+    rc, out, _ = _run([str(off), "--sme2", "on", "--arch", "arm64"], capsys)  # SME2 visible, no SME2 kernel: flagged
+    assert "FLAG: SME2 was on, but none of the 1.000 ms of Convolution/GEMM per iteration ran in an SME2 kernel" in out
 
 
 def test_emulated_comparison_renders_without_speed(etdump_builder):
