@@ -112,8 +112,8 @@ class CpuProbe:
         return f"qemu-aarch64 {self.version} -cpu {self.cpu} (user mode)"
 
     def as_json(self) -> dict:
-        return {"qemu": self.qemu, "version": self.version, "cpu": self.cpu, "hwcap": f"{self.hwcap:#x}",
-                "hwcap2": f"{self.hwcap2:#x}", "sme2": self.sme2}
+        return {"qemu": self.qemu, "version": self.version, "cpu": self.cpu, "emulator": self.describe(),
+                "hwcap": f"{self.hwcap:#x}", "hwcap2": f"{self.hwcap2:#x}", "sme2": self.sme2}
 
 
 def qemu_version(qemu: str) -> str:
@@ -402,8 +402,7 @@ def status(directory: Path | None = None) -> dict:
     else:
         used, cpu = None, None
     return {"cache_dir": str(directory), "installed": inst, "system": system, "uses": used,
-            "emulator": f"qemu-aarch64 {cpu['version']} -cpu {cpu['cpu']} (user mode)" if cpu and "error" not in cpu else None,
-            "sme2": bool(cpu and cpu.get("sme2"))}
+            "emulator": cpu.get("emulator") if cpu else None, "sme2": bool(cpu and cpu.get("sme2"))}
 
 
 def render_status(st: dict) -> str:
@@ -412,7 +411,7 @@ def render_status(st: dict) -> str:
             return "not probed"
         if "error" in cpu:
             return f"probe failed: {cpu['error']}"
-        return f"qemu-aarch64 {cpu['version']} -cpu {cpu['cpu']}: HWCAP2 {cpu['hwcap2']}, SME2 {'yes' if cpu['sme2'] else 'no'}"
+        return f"{cpu['emulator']}: HWCAP2 {cpu['hwcap2']}, SME2 {'yes' if cpu['sme2'] else 'no'}"
 
     lines = [f"cache: {st['cache_dir']}"]
     inst = st["installed"]
@@ -420,8 +419,9 @@ def render_status(st: dict) -> str:
         lines.append("installed: none (`sme2-farm emulator install`)")
     else:
         m = inst["manifest"] or {}
+        sha = "verified" if inst["sha256_verified"] else "DOES NOT MATCH the manifest: not used"
         lines.append(f"installed: {inst['path']} ({m.get('package', PACKAGE)} {m.get('package_version', '?')} from "
-                     f"{m.get('suite', '?')}; sha256 {'verified' if inst['sha256_verified'] else 'DOES NOT MATCH the manifest: not used'})")
+                     f"{m.get('suite', '?')}; sha256 {sha})")
         lines.append(f"  cpu: {cpu_line(inst['cpu'])}")
     if st["system"] is None:
         lines.append(f"system: no {SYSTEM_QEMU} on PATH")

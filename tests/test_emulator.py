@@ -200,7 +200,8 @@ def test_apt_mirrors_reads_deb822_and_one_line_sources_and_skips_the_security_ar
     # Written back as deb822 for the private apt run, the inline key keeps its continuation lines.
     text = emulator._sources_file(mirrors[1:2], "trixie-backports")
     assert text == ("Types: deb\nURIs: http://inline.example/debian\nSuites: trixie-backports\nComponents: main\n"
-                    "Signed-By: \n -----BEGIN PGP PUBLIC KEY BLOCK-----\n .\n AAAA\n -----END PGP PUBLIC KEY BLOCK-----\n")
+                    "Signed-By: \n -----BEGIN PGP PUBLIC KEY BLOCK-----\n .\n AAAA\n"
+                    " -----END PGP PUBLIC KEY BLOCK-----\n")
 
 
 def test_cpuinfo_feature_names_follow_the_kernels_hwcap_bits():
