@@ -247,6 +247,10 @@ class DeviceInfo(_Wire):
         description="What executes this device's runs when it is not real hardware (e.g. 'qemu-aarch64 11.1.3 "
                     "-cpu max'); None on hardware. An emulated device proves execution, kernels and outputs, "
                     "never speed: its timings yield no speed verdict and no timing regression")
+    trace_flavour: Flavour = Field(
+        default="xnnlog", description="The runner flavour this device's trace runs use: xnnlog (XNNPACK's own "
+                                      "kernel log; hardware) or timing (an emulator names the kernels from its "
+                                      "translation log)")
 
 
 class RunnerInfo(_Wire):

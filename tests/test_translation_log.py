@@ -233,3 +233,29 @@ def test_the_agent_traces_on_the_emulator_with_the_timing_build(arm64_runners):
                       model_sha256="0" * 64, model_size=1, sme2="on", threads=1, iterations=1, warmup=0, mode="trace")
     assert refuse(a, (QemuArm64Driver("qemu-aarch64"), info), arm64_runners) == ""
     assert "(xnnlog flavour)" in refuse(a, (LocalDriver(), info), arm64_runners)
+
+
+@pytest.mark.sme2emu
+@pytest.mark.e2e
+def test_emulated_sme2_farm_traces_both_arms_and_reports_which_kernels_ran(
+        arm64_runners, sme2_emulator, tiny_fp16, tmp_path):
+    """`submit --mode trace --sme2 both` on the emulated device: the server schedules it with the
+    device's trace flavour (timing), the agent uploads kernels.log, ingest reports it per run."""
+    import json
+
+    from _fixtures_farm import start_farm, stop_farm
+
+    farm = start_farm(tmp_path / "farm", arm64_runners.manifest, sme2_emulator.env, drivers="qemu-arm64")
+    try:
+        done = farm.cli("submit", str(tiny_fp16), "--sme2", "both", "--mode", "trace", "--iterations", "2",
+                        "--warmup", "1", "--wait", "--json", timeout=900)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + farm.log("agent")
+        runs = {r["sme2"]: r for r in json.loads(done.stdout)["runs"]}
+    finally:
+        stop_farm(farm.proc)
+    for arm, run in runs.items():
+        assert run["status"] == "succeeded", (arm, run["reason"])
+        assert run["runner"]["flavour"] == "timing" and "kernels.log" in run["artifacts"]
+        assert run["kernels"]["source"] == "emulator translation log", run["kernels"]
+    assert runs["on"]["kernels"]["sme2_used"] and runs["on"]["kernels"]["isa_counts"]["SME2"] > 0
+    assert not runs["off"]["kernels"]["sme2_used"] and runs["off"]["kernels"]["isa_counts"]["NEON"] > 0

@@ -133,4 +133,5 @@ class QemuArm64Driver(LocalDriver):
             model=f"QEMU {cpu.version} aarch64 -cpu {self.cpu} (emulated)", soc="emulated", cpu_cores=os.cpu_count() or 1,
             abi="aarch64", os_version="Linux (qemu-user)", sme2=has, sme2_evidence=evidence,
             runner_platform="linux-arm64", state="idle", tags=["emulated", "arm64"], emulator=cpu.describe(),
+            trace_flavour=self.trace_flavour(),
         )]

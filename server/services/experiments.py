@@ -51,7 +51,7 @@ def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str
     platform = info.get("runner_platform")
     if not platform:
         return f"no runner platform is known for {device.serial} ({info.get('abi') or device.platform})"
-    flavour = "xnnlog" if mode == "trace" else "timing"
+    flavour = (info.get("trace_flavour") or "xnnlog") if mode == "trace" else "timing"   # Driver.trace_flavour
     for r in agent.runners or []:
         if (r.get("platform"), r.get("sme2"), r.get("flavour")) == (platform, sme2, flavour):
             return ""
