@@ -352,7 +352,8 @@ def category_bars(arms: Sequence[tuple[str, Mapping[str, float]]], *, title: str
 # --- verdict forest plot -------------------------------------------------------------------
 
 def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
-                title: str = "Verdicts: ratio and 95% interval", width: int = 720) -> str:
+                title: str = "Verdicts: ratio and 95% interval", width: int = 720,
+                empty: str = "no comparisons") -> str:
     """One row per comparison: ``{"label", "ratio" (baseline/candidate, > 1: candidate faster),
     "ci_low", "ci_high", "verdict", "sentence"?}`` on a log axis with 1 marked and the
     minimum-effect band [1/(1+m), 1+m] shaded. A row without an interval shows its point only;
@@ -363,12 +364,12 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
     band = None
     if min_effect is not None and _num(min_effect) is not None and 0 < min_effect < 1:
         band = (1.0 / (1.0 + min_effect), 1.0 + min_effect)
+    if not rows:  # nothing to read a ratio from: only say why
+        return _empty(_open(width, height, title, f"{empty}.", "verdicts"), width, height, empty)
     desc = "; ".join(f"{r.get('label')}: ratio {fmt(_num(r.get('ratio')))} [{fmt(_num(r.get('ci_low')))}, "
-                     f"{fmt(_num(r.get('ci_high')))}] {r.get('verdict') or ''}" for r in rows) or "no comparisons"
+                     f"{fmt(_num(r.get('ci_high')))}] {r.get('verdict') or ''}" for r in rows)
     parts = _open(width, height, title, "Forest plot of ratios baseline/candidate (above 1: the candidate is faster)"
                   + (f", minimum effect {100 * min_effect:g}% shaded" if band else "") + f". {desc}.", "verdicts")
-    if not rows:
-        return _empty(parts, width, height, "no comparisons")
     vals = [1.0] + (list(band) if band else [])
     for r in rows:
         vals += [v for v in (_num(r.get("ratio")), _num(r.get("ci_low")), _num(r.get("ci_high"))) if v and v > 0]

@@ -26,7 +26,7 @@ def _report(etdump_builder, gemm: str, gemm_us: int) -> dict:
 
 
 def _run(run_id: int, report: dict, snapshot: dict) -> SimpleNamespace:
-    return SimpleNamespace(id=run_id, status="succeeded", reason="", device_snapshot=snapshot,
+    return SimpleNamespace(id=run_id, status="succeeded", reason="", device_snapshot=snapshot, runner=None,
                            result=SimpleNamespace(analysis=report))
 
 

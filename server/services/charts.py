@@ -169,8 +169,12 @@ def render(exp: Experiment, name: str) -> str:
         return charts.category_bars([(label, _categories(runs)) for label, runs in arms(exp)],
                                     title=f"Where the time goes (ms per iteration, 10% trimmed mean), {title_of}")
     if name == "verdicts":
-        rows, min_effect = forest_rows(list(exp.comparisons or []))
-        return charts.forest_plot(rows, min_effect=min_effect, title=f"Verdicts, {title_of}")
+        # An emulated comparison has no ratio to plot (analysis.compare_emulated): it is left out
+        # here and its sentence is shown with the comparison instead.
+        comparisons = list(exp.comparisons or [])
+        rows, min_effect = forest_rows([c for c in comparisons if not c.get("emulated")])
+        empty = ("no speed verdicts: an emulator ran these runs" if comparisons and not rows else "no comparisons")
+        return charts.forest_plot(rows, min_effect=min_effect, title=f"Verdicts, {title_of}", empty=empty)
     raise NotFound(f"no chart {name!r}; charts are {', '.join(NAMES)}")
 
 

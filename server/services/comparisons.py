@@ -24,6 +24,7 @@ from sme2farm.protocol import TERMINAL
 from sme2farm.server.models import Device, Experiment, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import noise as noise_service
+from sme2farm.server.services import numerics as numerics_service
 from sme2farm.server.services.errors import Invalid, NotFound
 
 
@@ -46,6 +47,10 @@ def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], n
     else:
         result = analysis.compare([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
                                   labels=labels, noise=noise, min_effect=min_effect)
+    # What the arms computed, beside how fast: on an emulator the only difference there is to see.
+    result["numerics"] = numerics_service.between(ok_b, ok_c, labels)
+    if result.get("emulated") and result["numerics"].get("sentence"):
+        result["narrative"].append(result["numerics"]["sentence"])
     return {"status": "complete", "baseline_runs": [r.id for r in ok_b], "candidate_runs": [r.id for r in ok_c], **result}
 
 
