@@ -181,6 +181,17 @@ def test_experiment_page_charts_and_verdicts(farm, data, browser):
     if model["verdict"] == "insufficient data":  # neutral, saying what would decide it
         assert "neutral" in card.find_element("css selector", ".verdict").get_attribute("class")
         assert card.find_element("css selector", ".needed").text.startswith("To decide:")
+    # kernel paths on the host: the runner's architecture decides them (x86-64 is never called NEON)
+    from sme2farm.analysis import arch_of
+    for run in arms:
+        arch = arch_of(run["runner"]["platform"])
+        host_path = {"x86_64": "x86 SIMD", "arm64": "NEON"}[arch]
+        assert {o["kernel_path"] for o in run["operators"] if o["delegated"]} <= {host_path, "SME2"}
+        card = d.find_element("css selector", f'#run-{run["id"]}')
+        rows = card.find_elements("css selector", "table.ops tbody tr")
+        assert [r.find_element("css selector", "td.kernel-path").text for r in rows] == \
+            [o["kernel_path"] for o in run["operators"][:len(rows)]]
+        assert card.find_element("css selector", ".kernel-paths").get_attribute("data-flagged") == "no"
     shot(d, "experiment-charts")
 
     # "Compare with…" on an A/B experiment opens its model A vs its model B
