@@ -48,7 +48,8 @@ def kernel_path_lines(kp: dict | None) -> list[str]:
         if paths:
             out.append(f"{cat}: " + ", ".join(f"{p} {ms:.3f} ms" for p, ms in sorted(paths.items(), key=lambda x: -x[1])))
     cov = kp.get("coverage") or {}
-    off = cov.get("off_sme2") or []
+    # with SME2 hidden or absent nothing could run on it: the list would repeat the lines above
+    off = (cov.get("off_sme2") or []) if kp.get("sme2_visible") is not False else []
     if off:
         out.append("Convolution/GEMM off SME2: " + "; ".join(
             f"{d['name']} ({d['kernel_path']}) {d['total_ms']:.3f} ms" for d in off[:8])
