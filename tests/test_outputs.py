@@ -216,6 +216,24 @@ def test_farm_records_outputs_and_compares_model_a_with_model_b(farm, tmp_path):
     assert same["verdict"] == "same within tolerance" and same["outputs"][0]["identical"]
 
 
+def test_farm_checks_outputs_against_the_method_that_ran(farm, tmp_path):
+    """A two-method program run with --method encode: the outputs are held against encode's
+    declaration (Half), not forward's (Float)."""
+    import torch
+    from test_inputs import _modules, export
+
+    Scale, HalfConv, _ = _modules()
+    torch.manual_seed(0)
+    program = export({"forward": (Scale().eval(), (torch.randn(2, 3), 3, True)),
+                      "encode": (HalfConv().eval().half(), (torch.randn(1, 3, 8, 8, dtype=torch.float16),))})
+    (tmp_path / "multi.pte").write_bytes(program.buffer)
+    rep = _wait(farm, str(tmp_path / "multi.pte"), "--method", "encode")
+    [run] = _runs(farm, rep["id"])
+    recorded = run.result.analysis["outputs"]
+    assert recorded["status"] == "recorded", recorded["reason"]
+    assert [(o["dtype"], o["shape"]) for o in recorded["outputs"]] == [("Half", [1, 8, 8, 8])]
+
+
 def test_between_says_not_recorded_and_too_large(farm, tmp_path, monkeypatch):
     rep = _wait(farm, str(_linear(tmp_path / "a.pte", 1)))
     [run] = _runs(farm, rep["id"])
