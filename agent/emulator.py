@@ -6,7 +6,7 @@ runs on an older Debian as it is (11.1.3 from trixie-backports runs on Debian 12
 7.2 has SME but no SME2). It is fetched with apt-get alone, without touching the machine's apt
 configuration: a private sources file, lists and archive directories in a temporary directory,
 the mirror and its keyring read from the machine's own apt sources. The package is never
-installed; only usr/bin/qemu-aarch64 is taken from the unpacked .deb. Nothing here needs root.
+installed; only usr/bin/qemu-aarch64 is taken from the .deb. Nothing here needs root.
 
 Whether an emulator has SME2 is never assumed from its version: the emulated CPU is asked, by
 running the aarch64 glibc loader's `--list-diagnostics` under it (it prints the HWCAP/HWCAP2
@@ -28,7 +28,9 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -289,6 +291,40 @@ def _download(root: Path, mirrors: list[Mirror], suite: str) -> Path:
     return debs[0]
 
 
+def _unpack(deb: Path, target: Path) -> Path:
+    """usr/bin/qemu-aarch64 out of the .deb's file system tar (what `dpkg-deb -x` unpacks), read as a
+    stream: the package's other ~40 emulators (450 MB) are never written."""
+    found, problem = False, ""
+    with tempfile.TemporaryFile() as errors:
+        # Its own process group: dpkg-deb runs the decompressor as a child, and both are stopped
+        # once the binary is out (the rest of the stream is not needed).
+        proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE, stderr=errors,
+                                start_new_session=True)
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                for member in tar:
+                    if member.isfile() and member.name.lstrip("./") == f"usr/bin/{BINARY}":
+                        with tar.extractfile(member) as src, open(target, "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+                        found = True
+                        break
+        except tarfile.TarError as e:
+            problem = str(e)
+        finally:
+            proc.stdout.close()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        errors.seek(0)
+        err = errors.read().decode(errors="replace").strip()
+    if not found:
+        raise EmulatorError(f"no usr/bin/{BINARY} in {deb.name}: " + "; ".join(filter(None, (problem, err[-300:]))))
+    target.chmod(0o755)
+    return target
+
+
 # ---- install and status ----------------------------------------------------------------------
 
 def _record(directory: Path, cpu: CpuProbe, package_version: str, suite: str, deb: str | None,
@@ -355,11 +391,7 @@ def install(directory: Path | None = None, *, suites: tuple[str, ...] = SUITES, 
             try:
                 say(f"{suite}: fetching {PACKAGE} from {', '.join(m.uri for m in mirrors)}")
                 deb = _download(root, mirrors, suite)
-                unpack = subprocess.run(["dpkg-deb", "-x", str(deb), str(root / "x")], capture_output=True,
-                                        text=True, timeout=300)
-                binary = root / "x/usr/bin" / BINARY
-                if unpack.returncode != 0 or not binary.is_file():
-                    raise EmulatorError(f"dpkg-deb -x {deb.name}: no usr/bin/{BINARY} ({unpack.stderr.strip()[-300:]})")
+                binary = _unpack(deb, root / BINARY)
                 cpu = probe(str(binary))
             except (EmulatorError, subprocess.SubprocessError, OSError) as e:
                 tried.append(f"{suite}: {e}")
