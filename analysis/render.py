@@ -35,6 +35,12 @@ def device_suffix(device: dict | None) -> str:
     return f" — emulated ({emulator})" if emulator else ""
 
 
+def emulated_run_line(emulator: str) -> str:
+    """What an emulated run's own report says above its times (report["emulator"], set at ingest)."""
+    return (f"Emulated by {emulator}: every instruction executed for real, but these times are the emulator's, "
+            "not a CPU's. They are no performance figure.")
+
+
 def kernel_path_lines(kp: dict | None) -> list[str]:
     """A run's report["kernel_paths"] in words: the coverage, time per category and path, the
     Convolution/GEMM operators left off SME2, the flag. [] for a report made before kernel paths."""
@@ -123,6 +129,8 @@ def narrative_lines(c: dict) -> list[str]:
 def to_markdown(report: dict, comparison: dict | None = None) -> str:
     e = report["e2e_ms"]
     out = ["# ExecuTorch profile", ""]
+    if report.get("emulator"):
+        out += [f"**{emulated_run_line(report['emulator'])}**", ""]
     out.append(f"{report.get('n_iterations', e['n'])} iterations, {report['n_events']} events.")
     out.append("")
     out += ["## End-to-end latency (ms)", "",
@@ -268,7 +276,7 @@ def _bar(frac: float, width: int = 30) -> str:
 
 def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> str:
     e = report["e2e_ms"]
-    lines = []
+    lines = [emulated_run_line(report["emulator"]), ""] if report.get("emulator") else []
     lines.append(f"E2E latency over {e['n']} iterations ({report['n_events']} events)")
     if e["n"]:
         lines.append(f"  median {_ms(e['median'])} ms   mean {_ms(e['mean'])}   p10 {_ms(e['p10'])}   "

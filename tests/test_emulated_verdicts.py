@@ -64,3 +64,31 @@ def test_a_snapshot_from_before_the_emulator_field_is_known_by_its_tag(arms):
     old = {k: v for k, v in QEMU.items() if k != "emulator"}
     c = compare_runs([_run(1, off, old)], [_run(2, on, old)], labels=("SME2 off", "SME2 on"), noise=None)
     assert c["verdict"] == "emulated" and c["speedup"] is None
+
+
+def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_builder, tmp_path):
+    """report.json and report.md are downloaded and shared on their own, away from the device
+    record: an emulated run's say it is emulated, a hardware run's do not."""
+    import json
+
+    from sme2farm.protocol import REPORT_JSON, REPORT_MD, TRACE
+    from sme2farm.server.storage import Store
+    from sme2farm.worker.ingest import Ingester
+
+    B = etdump_builder
+    trace = B.build([("Execute", B.iteration(i * 10**7, [("Fully Connected (NC, PF16) GEMM #1", 400_000)]))
+                     for i in range(3)])
+    store = Store(tmp_path / "data")
+    texts = {}
+    for run_id, snapshot in ((1, QEMU), (2, BOARD)):
+        path = store.artifact_path(run_id, TRACE)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(trace)
+        run = SimpleNamespace(id=run_id, warmup_in_trace=0, sme2="on", device_snapshot=snapshot,
+                              runner={"id": "r", "platform": "linux-arm64"}, experiment=None, variant="A")
+        result = Ingester(store).analyze(run)
+        texts[run_id] = (json.loads(result.derived[REPORT_JSON]), result.derived[REPORT_MD])
+    (qemu_json, qemu_md), (board_json, board_md) = texts[1], texts[2]
+    assert qemu_json["emulator"] == "qemu-aarch64 11.1.3 -cpu max" and board_json["emulator"] is None
+    assert "Emulated by qemu-aarch64 11.1.3 -cpu max" in qemu_md and "not a CPU's" in qemu_md
+    assert "mulated" not in board_md

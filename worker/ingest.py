@@ -19,6 +19,7 @@ from sme2farm import analysis
 from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, OUTPUTS, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
 from sme2farm.runners import inputs as containers
 from sme2farm.server.models import Artifact, OperatorStat, Run, RunResult
+from sme2farm.server.services.devices import emulator_of
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
 from sme2farm.server.storage import Store
@@ -53,6 +54,8 @@ class Ingester:
             raise IngestError(f"the ETDump has no timed iteration: its {total} Execute block(s) are all warm-up "
                               f"(the agent said the first {run.warmup_in_trace} are)")
         report["outputs"] = self.outputs(run)
+        # report.json/.md travel without the device record: an emulator's times say whose they are there too
+        report["emulator"] = emulator_of(run.device_snapshot)
         # Everything derived is rendered here, before any row is written: a trace that breaks a
         # renderer fails the run like one that breaks the reader.
         derived = {
