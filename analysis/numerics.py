@@ -141,9 +141,13 @@ def _one(index: int, dtype: str, b: np.ndarray, c: np.ndarray) -> dict:
     d = np.abs(bf[both] - cf[both])
     max_abs = float(d.max()) if d.size else 0.0
     peak = float(np.abs(bf[both]).max()) if d.size else 0.0
+    if b.dtype.kind in "iu" and b.dtype.itemsize == 8:
+        # float64 holds integers exactly only up to 2**53: 64-bit ones are differenced as Python ints
+        differ = b != c
+        max_abs = float(max((abs(x - y) for x, y in zip(b[differ].tolist(), c[differ].tolist())), default=0))
     max_rel = max_abs / peak if peak > 0 else (0.0 if max_abs == 0 else None)
     signal, noise = float(np.sum(bf[both] ** 2)), float(np.sum(d ** 2))
-    identical = nonfinite_mismatch == 0 and noise == 0.0
+    identical = nonfinite_mismatch == 0 and noise == 0.0 and max_abs == 0.0
     snr = 10 * math.log10(signal / noise) if noise > 0 and signal > 0 else None
     allowed = tol.allowed(peak)
     within = nonfinite_mismatch == 0 and max_abs <= allowed

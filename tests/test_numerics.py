@@ -101,6 +101,17 @@ def test_integer_outputs_one_lsb_for_quantized_exact_for_indices(dtype, np_dtype
     assert r["verdict"] == ("same within tolerance" if within else "numerics change")
 
 
+def test_64_bit_integers_are_compared_exactly_beyond_float64_precision():
+    """2**53 and 2**53 + 1 are one float64: a Long output (an index, a hash) that differs there is
+    still a different answer, never 'bit-identical'."""
+    base = np.array([2**53, 5], dtype=np.int64)
+    cand = np.array([2**53 + 1, 5], dtype=np.int64)
+    r = numerics.compare([("Long", base)], [("Long", cand)], LABELS)
+    [o] = r["outputs"]
+    assert r["verdict"] == "numerics change" and not o["identical"] and not o["within_tolerance"]
+    assert o["max_abs"] == 1.0
+
+
 def test_bfloat16_is_read_from_its_bit_patterns():
     values = np.array([1.0, -2.5, 0.15625], dtype=np.float32)
     bits = (values.view(np.uint32) >> 16).astype(np.uint16)
