@@ -453,8 +453,11 @@ def render_status(st: dict) -> str:
     inst = st["installed"]
     if inst is None:
         lines.append("installed: none (`sme2-farm emulator install`)")
+    elif inst["manifest"] is None:
+        lines.append(f"installed: {inst['path']} without a manifest: not used until `sme2-farm emulator install` "
+                     f"checks its CPU and records it")
     else:
-        m = inst["manifest"] or {}
+        m = inst["manifest"]
         sha = "verified" if inst["sha256_verified"] else "DOES NOT MATCH the manifest: not used"
         lines.append(f"installed: {inst['path']} ({m.get('package', PACKAGE)} {m.get('package_version', '?')} from "
                      f"{m.get('suite', '?')}; sha256 {sha})")

@@ -122,6 +122,9 @@ def test_emulated_sme2_install_records_a_binary_copied_in_by_hand(tmp_path, sme2
     cache = tmp_path / "cache"
     cache.mkdir()
     shutil.copy(sme2_emulator.path, cache / "qemu-aarch64")
+    before = _farm("emulator", "status", env={"SME2_EMULATOR_DIR": str(cache)})
+    assert "without a manifest: not used until `sme2-farm emulator install`" in before.stdout
+    assert "emulated devices use: system" in before.stdout
     done = _farm("emulator", "install", env={"SME2_EMULATOR_DIR": str(cache), "PATH": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     manifest = json.loads((cache / "manifest.json").read_text())
