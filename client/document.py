@@ -28,7 +28,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sme2farm.analysis.kernel_paths import summary as kernel_path_summary
 from sme2farm.analysis.render import (NUMERICS_HEADERS, comparison_fact_lines, device_suffix,
                                       emulated_headline, is_emulated, narrative_lines, numerics_rows)
 
@@ -227,14 +226,13 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
 
 
 def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
-    """Which kernels each succeeded run used (from its operators' kernel_path, set at ingest): SME2
+    """Which kernels each succeeded run used (its kernel_paths, computed at ingest): SME2
     coverage of Convolution/GEMM, the paths per category, what stayed off SME2, the flag."""
     rows, flags = [], []
     for r in runs:
-        ops = [o for o in r.get("operators") or [] if o.get("kernel_path")]
-        if r.get("status") != "succeeded" or not ops:
+        kp = r.get("kernel_paths")
+        if r.get("status") != "succeeded" or not kp:
             continue
-        kp = kernel_path_summary(ops, r.get("sme2") == "on" and bool((r.get("device") or {}).get("sme2")))
         cov = kp["coverage"]
         paths = {cat: ", ".join(f"{p} {_f(ms)} ms" for p, ms in sorted(v.items(), key=lambda x: -x[1]))
                  for cat, v in kp["by_category"].items()}

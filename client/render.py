@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sme2farm.analysis.kernel_paths import summary as kernel_path_summary
 from sme2farm.analysis.render import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
                                       kernel_path_lines, narrative_lines, numerics_rows)
 from sme2farm.protocol import ExperimentReport
@@ -65,13 +64,9 @@ def experiment_text(rep: ExperimentReport) -> str:
 
 
 def run_kernel_paths(r) -> dict | None:
-    """A run's kernel paths and SME2 coverage, from its operators' kernel_path (set at ingest);
-    None for a run ingested before kernel paths existed. SME2 was visible to XNNPACK when the
-    arm was on and the device has SME2."""
-    ops = [o for o in r.operators or [] if o.get("kernel_path")]
-    if not ops:
-        return None
-    return kernel_path_summary(ops, r.sme2 == "on" and bool(r.device and r.device.sme2))
+    """A run's kernel paths and SME2 coverage as ingest computed them; None for a run ingested
+    before kernel paths existed."""
+    return r.kernel_paths
 
 
 def _phase(p: dict[str, Any]) -> str:

@@ -432,6 +432,9 @@ class RunReport(BaseModel):
     categories_ms: dict[str, float] | None = None
     operators: list[dict[str, Any]] | None = None
     kernels: dict[str, Any] | None = None
+    kernel_paths: dict[str, Any] | None = Field(
+        default=None, description="Kernel path per category, SME2 coverage of Convolution + GEMM, the operators off "
+                                  "SME2 and the flag (analysis/kernel_paths.py; None for runs analysed before it)")
     artifacts: list[str] = Field(default_factory=list)
     runner_wall_s: float | None = None
     created_at: Timestamp | None = None

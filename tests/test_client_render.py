@@ -147,7 +147,8 @@ def _emulated_experiment(etdump_builder) -> dict:
               "abi": "aarch64", "sme2": True, "emulator": EMULATOR}
     runs = [{"id": i, "experiment_id": 9, "sme2": arm, "threads": 1, "mode": "timing", "status": "succeeded",
              "device": device, "runner": {"id": f"wheel-linux-arm64-sme2{arm}", "platform": "linux-arm64", "sme2": arm},
-             "e2e_ms": rep["e2e_ms"], "categories_ms": rep["categories_ms"], "operators": rep["operators"]}
+             "e2e_ms": rep["e2e_ms"], "categories_ms": rep["categories_ms"], "operators": rep["operators"],
+             "kernel_paths": rep["kernel_paths"]}
             for i, (arm, rep) in enumerate(reports.items(), start=1)]
     return {"id": 9, "status": "succeeded", "model_sha256": "c" * 64, "model_size": 4096,
             "created_at": "2026-11-25T10:00:00", "spec": {"sme2": "both", "threads": [1], "iterations": 3, "warmup": 1},
@@ -217,7 +218,10 @@ def test_sme2_flag_in_documents_and_cli(etdump_builder):
     exp = _emulated_experiment(etdump_builder)
     on = exp["runs"][1]
     # the on arm ran the off arm's (NEON) operators: what a build or model without packed operators shows
-    exp["runs"][1] = {**on, "operators": exp["runs"][0]["operators"]}
+    from sme2farm.analysis.kernel_paths import summary
+
+    ops = exp["runs"][0]["operators"]
+    exp["runs"][1] = {**on, "operators": ops, "kernel_paths": summary(ops, sme2_visible=True)}  # as ingest computes it
     exp["comparisons"] = []
     md = document.to_markdown(document._blocks(exp, {}, {}, "http://x"))
     assert "- Run 2: SME2 was on, but none of the 0.800 ms of Convolution/GEMM per iteration ran in an SME2 kernel" in md

@@ -154,7 +154,8 @@ def _digest(index: int, value: containers.Input) -> dict:
 def report_parts(report: dict) -> dict[str, str]:
     """The RunResult columns GET /experiments/{id} reads instead of the whole analysis (the
     server's reports.report_json splices them into its answer as they are)."""
-    return {"report_head": json.dumps({"e2e_ms": report.get("e2e_ms"), "load_ms": report.get("load_ms")}),
+    return {"report_head": json.dumps({"e2e_ms": report.get("e2e_ms"), "load_ms": report.get("load_ms"),
+                                       "kernel_paths": report.get("kernel_paths")}),
             "operators_json": json.dumps(report.get("operators")), "kernels_json": json.dumps(report.get("kernels"))}
 
 

@@ -34,6 +34,7 @@ def run_report(run: Run) -> RunReport:
         categories_ms=result.categories_ms if result else None,
         operators=analysis.get("operators") if result else None,
         kernels=analysis.get("kernels") if result else None,
+        kernel_paths=analysis.get("kernel_paths") if result else None,
         artifacts=[a.name for a in run.artifacts],
         runner_wall_s=run.runner_wall_s,
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
@@ -124,10 +125,10 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
                 r.device_snapshot, DeviceInfo.model_validate_json(r.device_snapshot))
         if r.runner and r.runner != "null":
             runner = runners.get(r.runner) or runners.setdefault(r.runner, RunnerInfo.model_validate_json(r.runner))
-        e2e = load = None
+        e2e = load = kernel_paths = None
         cats = ops = kernels = "null"
         if res is not None:
-            e2e_raw, load = _loads(res[2]), _loads(res[3])
+            e2e_raw, load, kernel_paths = _loads(res[2]), _loads(res[3]), res[6]
             e2e = LatencyStats.model_validate({k: v for k, v in e2e_raw.items() if k in E2E_KEYS}) if e2e_raw else None
             cats, ops, kernels = _raw(res[1]), _raw(res[4]), _raw(res[5])
         state = _raw(r.device_state)
@@ -136,7 +137,7 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
             id=r.id, experiment_id=r.experiment_id, sme2=r.sme2, threads=r.threads, mode=r.mode,
             variant=r.variant or "A", session=r.session or 0, status=RunStatus(r.status), reason=r.reason or "",
             attempt=r.attempt, device=device, runner=runner, device_state={},
-            e2e_ms=e2e, load_ms=load, categories_ms=None, operators=None, kernels=None,
+            e2e_ms=e2e, load_ms=load, categories_ms=None, operators=None, kernels=None, kernel_paths=kernel_paths,
             artifacts=artifacts.get(r.id, []), runner_wall_s=r.runner_wall_s,
             created_at=_utc(r.created_at), started_at=_utc(r.started_at), finished_at=_utc(r.finished_at),
         ))
@@ -174,7 +175,7 @@ _RUNS = TypeAdapter(list[RunReport])
 
 def _result_parts(session: Session, ids, *, with_operators: bool):
     """Per run (ids: a list, or a sub-select of run ids): (run id, categories as JSON text, e2e,
-    load, operators and kernels as JSON text).
+    load, operators and kernels as JSON text, kernel paths (None before they were stored)).
 
     Full: the parts ingest stored as text beside the analysis (migration 0008), so the database
     parses nothing; older rows from the analysis itself. Summary: no analysis at all, only the result row's own columns (e2e is the headline stats
@@ -186,8 +187,8 @@ def _result_parts(session: Session, ids, *, with_operators: bool):
                    RunResult.e2e_p10_ms, RunResult.e2e_p90_ms, RunResult.e2e_cv, RunResult.n)
             .where(RunResult.run_id.in_(ids))
         )
-        return [(r[0], r[1], {"median": r[2], "mean": r[3], "p10": r[4], "p90": r[5], "cv": r[6], "n": r[7]}, None, None, None)
-                for r in rows]
+        return [(r[0], r[1], {"median": r[2], "mean": r[3], "p10": r[4], "p90": r[5], "cv": r[6], "n": r[7]}, None, None, None,
+                 None) for r in rows]
     # Rows ingest wrote since migration 0008 carry the parts as text: read as they are.
     rows = session.execute(
         select(RunResult.run_id, cast(RunResult.categories_ms, Text), RunResult.report_head, RunResult.operators_json,
@@ -199,7 +200,7 @@ def _result_parts(session: Session, ids, *, with_operators: bool):
             older.append(run_id)
             continue
         head = json.loads(head)
-        out.append((run_id, cats, head.get("e2e_ms"), head.get("load_ms"), ops, kernels))
+        out.append((run_id, cats, head.get("e2e_ms"), head.get("load_ms"), ops, kernels, head.get("kernel_paths")))
     if older:
         out += _parts_from_analysis(session, older)
     return out
@@ -217,13 +218,13 @@ def _parts_from_analysis(session: Session, run_ids: list[int]) -> list[tuple]:
                 .cte("a").prefix_with("MATERIALIZED")
             j = a.c.j
             query = select(a.c.run_id, cast(a.c.categories_ms, Text), cast(j["e2e_ms"], Text), cast(j["load_ms"], Text),
-                           cast(j["operators"], Text), cast(j["kernels"], Text))
+                           cast(j["operators"], Text), cast(j["kernels"], Text), cast(j["kernel_paths"], Text))
         else:
             a = picked.subquery()
             query = select(a.c.run_id, func.json(a.c.categories_ms), func.json_extract(a.c.analysis, "$.e2e_ms"),
                            func.json_extract(a.c.analysis, "$.load_ms"), func.json_extract(a.c.analysis, "$.operators"),
-                           func.json_extract(a.c.analysis, "$.kernels"))
-        out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5]) for r in session.execute(query)]
+                           func.json_extract(a.c.analysis, "$.kernels"), func.json_extract(a.c.analysis, "$.kernel_paths"))
+        out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5], _loads(r[6])) for r in session.execute(query)]
     return out
 
 

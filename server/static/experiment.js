@@ -49,35 +49,17 @@ function e2eBlock(e) {
     tile("n", e.n, "n"));
 }
 
-// Kernel paths (set per operator at ingest from the XNNPACK operator names: analysis/kernel_paths.py):
-// SME2 coverage = the share of Convolution + GEMM time in SME2 kernels. SME2 was visible to
-// XNNPACK when the arm was on and the device has SME2 (the flag's condition, as at ingest).
-const COVERED = ["Convolution", "GEMM"];
+// Kernel paths, as ingest computed them (analysis/kernel_paths.py, RunReport.kernel_paths): the
+// path per category, SME2 coverage = the share of Convolution + GEMM time in SME2 kernels, the
+// operators off SME2 and the flag. Runs analysed before kernel paths existed have none.
 const kpClass = (p) => `kp kp-${String(p).replace(/[^A-Za-z0-9]+/g, "-").toLowerCase()}`;
 
 export function kernelPaths(run) {
-  const ops = (run.operators || []).filter((o) => o.kernel_path);
-  if (!ops.length) return null;
-  const byCategory = {};
-  let convGemm = 0;
-  let sme2 = 0;
-  const off = [];
-  for (const o of ops) {
-    const cat = (byCategory[o.category] ||= {});
-    cat[o.kernel_path] = (cat[o.kernel_path] || 0) + o.total_ms;
-    if (!COVERED.includes(o.category)) continue;
-    convGemm += o.total_ms;
-    if (o.kernel_path === "SME2") sme2 += o.total_ms;
-    else off.push(o);
-  }
-  off.sort((a, b) => b.total_ms - a.total_ms);
-  const visible = run.sme2 === "on" && Boolean(run.device?.sme2);
-  const flag = visible && convGemm > 0 && sme2 === 0
-    ? `SME2 was on, but none of the ${ms(convGemm)} ms of Convolution/GEMM per iteration ran in an SME2 kernel: `
-      + `it ran on ${[...new Set(off.map((o) => o.kernel_path))].sort().join(", ")}. XNNPACK has SME2 kernels only for its `
-      + "packed-LHS operators (PF16, PF32, PQS8, QP8 types)."
-    : null;
-  return { byCategory, convGemm, sme2, share: convGemm > 0 ? sme2 / convGemm : null, off, flag };
+  const kp = run.kernel_paths;
+  if (!kp || !kp.coverage) return null;
+  const c = kp.coverage;
+  return { byCategory: kp.by_category || {}, convGemm: c.conv_gemm_ms, sme2: c.sme2_ms, share: c.share,
+    off: c.off_sme2 || [], flag: c.flag };
 }
 
 const coverageText = (share) => (share == null ? "no Convolution/GEMM time" : `${Math.round(100 * share)}%`);
