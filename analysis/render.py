@@ -165,7 +165,8 @@ def to_markdown(report: dict, comparison: dict | None = None) -> str:
     out += ["", "## Kernels", ""]
     if k.get("status") == "ok":
         out.append("ISA of distinct microkernels: " + ", ".join(f"{i} {n}" for i, n in k["isa_counts"].items() if n)
-                   + (" — **SME2 kernels used**" if k.get("sme2_used") else " — no SME2 kernel"))
+                   + (" — **SME2 kernels used**" if k.get("sme2_used") else " — no SME2 kernel")
+                   + (f" (from the {k['source']})" if k.get("source") else ""))
         out.append("")
         for kind, ks in k["by_kind"].items():
             out.append(f"- {kind}: " + ", ".join(f"`{d['name']}` ({d['isa']})" for d in ks))
@@ -311,7 +312,8 @@ def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> 
     lines.append("")
     if k.get("status") == "ok":
         lines.append("Kernels: " + ", ".join(f"{i} {n}" for i, n in k["isa_counts"].items() if n)
-                     + ("  (SME2 in use)" if k.get("sme2_used") else "  (no SME2 kernel)"))
+                     + ("  (SME2 in use)" if k.get("sme2_used") else "  (no SME2 kernel)")
+                     + (f", from the {k['source']}" if k.get("source") else ""))
     else:
         lines.append(f"Kernels: {k.get('status', 'no kernel log')}")
     if comparison:

@@ -176,7 +176,8 @@ def test_emulated_sme2_trace_names_sme2_kernels_in_the_on_arm_and_neon_in_the_of
         report = analyze(result.etdump_path.read_bytes(), kernel_log=text)
         kernels[sme2] = report["kernels"]
         assert kernels[sme2]["status"] == "ok" and kernels[sme2]["source"] == "emulator translation log"
-        assert "## Kernels" in to_markdown(report) and "Kernels: " in to_terminal(report)
+        assert "## Kernels" in to_markdown(report) and "from the emulator translation log" in to_markdown(report)
+        assert "Kernels: " in to_terminal(report) and ", from the emulator translation log" in to_terminal(report)
         kernels[sme2]["markdown"] = to_markdown(report)
     on, off = _names(kernels["on"]), _names(kernels["off"])
     sme2_on = [n for n, isa in on if isa == "SME2"]
