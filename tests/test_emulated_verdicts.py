@@ -92,3 +92,18 @@ def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_build
     assert qemu_json["emulator"] == "qemu-aarch64 11.1.3 -cpu max" and board_json["emulator"] is None
     assert "Emulated by qemu-aarch64 11.1.3 -cpu max" in qemu_md and "not a CPU's" in qemu_md
     assert "mulated" not in board_md
+
+
+def test_no_verdict_chart_plots_an_emulated_comparison(arms):
+    """Both forest plots (an experiment's verdicts, GET /comparisons/chart.svg) take their rows from
+    forest_rows: an emulated comparison has no ratio, so it is no row of a ratio chart."""
+    from sme2farm.analysis import charts
+    from sme2farm.server.services.charts import forest_rows
+
+    off, on = arms
+    board = compare_runs([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("SME2 off", "SME2 on"), noise=None)
+    emulated = compare_runs([_run(3, off, QEMU)], [_run(4, on, QEMU)], labels=("SME2 off", "SME2 on"), noise=None)
+    rows, _ = forest_rows([{**board, "device": "board"}, {**emulated, "device": "qemu"}])
+    assert [r["verdict"] for r in rows] == [board["verdict"]]
+    rows, _ = forest_rows([emulated])
+    assert rows == [] and "emulated" not in charts.forest_plot(rows)

@@ -110,6 +110,8 @@ def forest_rows(comparisons: list[dict], *, label=None) -> tuple[list[dict], flo
     label = label or (lambda c: comparison_label(c, len(wheres) > 1))
     rows, min_effect = [], None
     for c in comparisons:
+        if c.get("emulated"):  # no ratio to plot (analysis.compare_emulated): its sentence is shown with it
+            continue
         complete = c.get("status", "complete") == "complete"
         rows.append({"label": label(c), "ratio": c.get("speedup") if complete else None,
                      "ci_low": c.get("ci_low") if complete else None, "ci_high": c.get("ci_high") if complete else None,
@@ -118,6 +120,11 @@ def forest_rows(comparisons: list[dict], *, label=None) -> tuple[list[dict], flo
         if complete and min_effect is None and c.get("min_effect") is not None:
             min_effect = float(c["min_effect"])
     return rows, min_effect
+
+
+def empty_verdicts(comparisons: list[dict], rows: list[dict]) -> str:
+    """What an empty verdict chart says: why it has no row."""
+    return "no speed verdicts: an emulator ran these runs" if comparisons and not rows else "no comparisons"
 
 
 SERIES_SPREAD = "95% interval of the median"
@@ -169,12 +176,10 @@ def render(exp: Experiment, name: str) -> str:
         return charts.category_bars([(label, _categories(runs)) for label, runs in arms(exp)],
                                     title=f"Where the time goes (ms per iteration, 10% trimmed mean), {title_of}")
     if name == "verdicts":
-        # An emulated comparison has no ratio to plot (analysis.compare_emulated): it is left out
-        # here and its sentence is shown with the comparison instead.
         comparisons = list(exp.comparisons or [])
-        rows, min_effect = forest_rows([c for c in comparisons if not c.get("emulated")])
-        empty = ("no speed verdicts: an emulator ran these runs" if comparisons and not rows else "no comparisons")
-        return charts.forest_plot(rows, min_effect=min_effect, title=f"Verdicts, {title_of}", empty=empty)
+        rows, min_effect = forest_rows(comparisons)   # without emulated comparisons: they have no ratio
+        return charts.forest_plot(rows, min_effect=min_effect, title=f"Verdicts, {title_of}",
+                                  empty=empty_verdicts(comparisons, rows))
     raise NotFound(f"no chart {name!r}; charts are {', '.join(NAMES)}")
 
 
