@@ -116,6 +116,20 @@ def test_emulator_install_without_apt_get_says_how_to_install_by_hand(tmp_path):
 
 
 @pytest.mark.sme2emu
+def _qemu_without_sme2() -> str:
+    """A qemu-aarch64 on PATH whose -cpu max has no SME2 (Debian 12's 7.2), wherever the SME2 one
+    sits on PATH (helpers put it first)."""
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        q = Path(d or ".") / "qemu-aarch64"
+        if q.is_file() and os.access(q, os.X_OK):
+            try:
+                if not emulator.probe(str(q)).sme2:
+                    return str(q)
+            except emulator.EmulatorError:
+                continue
+    pytest.skip("no qemu-aarch64 without SME2 on PATH")
+
+
 def test_emulated_sme2_install_records_a_binary_copied_in_by_hand(tmp_path, sme2_emulator):
     """The manual steps end with copying qemu-aarch64 into the cache: install then checks its CPU
     and records it, with no apt at all (PATH holds no apt-get here)."""
@@ -134,7 +148,7 @@ def test_emulated_sme2_install_records_a_binary_copied_in_by_hand(tmp_path, sme2
     # A copied emulator without SME2 (the system's) is not recorded: install goes to apt for one.
     other = tmp_path / "other"
     other.mkdir()
-    shutil.copy(shutil.which("qemu-aarch64"), other / "qemu-aarch64")
+    shutil.copy(_qemu_without_sme2(), other / "qemu-aarch64")
     done = _farm("emulator", "install", env={"SME2_EMULATOR_DIR": str(other), "PATH": str(tmp_path)})
     assert done.returncode == 1 and "apt-get is not on PATH" in done.stderr
     assert not (other / "manifest.json").exists()
