@@ -79,6 +79,10 @@ _NUMPY_TO_CODE = {np.dtype(dt).newbyteorder("<") if np.dtype(dt).itemsize > 1 el
 _NUMPY_NAMES = {code: str(dt) if code != 15 else "uint16 (bfloat16 bits)" for code, (_, dt) in SCALAR_TYPES.items()}
 _NPZ_KEY = re.compile(r"^(?:arr_)?(\d{1,6})(?:\.(bfloat16))?$")
 MAX_NDIM = 64
+# Inputs or outputs one container may hold. Methods have a handful (an LLM's KV cache: a few
+# hundred); the bound keeps a hostile count of 1-byte entries (the server parses agent-uploaded
+# outputs.bin) from becoming millions of Python objects.
+MAX_ITEMS = 1 << 16
 
 
 class InputsError(ValueError):
@@ -200,6 +204,8 @@ def read(data: bytes | memoryview, *, item: str = "input") -> list[Input]:
     if n < 12 or bytes(mv[:8]) != MAGIC:
         raise InputsError(f"not an SME2IN01 {item}s container")
     (count,) = struct.unpack_from("<I", mv, 8)
+    if count > MAX_ITEMS:
+        raise InputsError(f"the {item}s container declares {count} {item}s; at most {MAX_ITEMS}")
     pos, out = 12, []
 
     def need(k: int, what: str) -> None:

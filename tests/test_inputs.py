@@ -64,6 +64,17 @@ def test_container_fortran_order_and_big_endian_become_row_major_little_endian()
     assert t.data == np.arange(12, dtype="<i4").tobytes()
 
 
+def test_a_container_of_more_items_than_any_method_has_is_refused_before_parsing():
+    """The server parses agent-uploaded outputs.bin: a 12-byte tensor entry (a 0-d Bool) becomes a
+    Python object of ~200 bytes, so an item count no program has is refused up front rather than
+    turning a 64 MiB file into gigabytes of objects."""
+    one = I.write([I.TensorInput.from_numpy(np.zeros((), np.bool_))])[12:]
+    blob = I.MAGIC + struct.pack("<I", I.MAX_ITEMS + 1) + one * (I.MAX_ITEMS + 1)
+    with pytest.raises(I.InputsError, match=f"at most {I.MAX_ITEMS}"):
+        I.read(blob, item="output")
+    assert len(I.read(I.MAGIC + struct.pack("<I", I.MAX_ITEMS) + one * I.MAX_ITEMS)) == I.MAX_ITEMS
+
+
 def test_truncated_or_padded_containers_are_refused_with_inputs_error():
     blob = I.write(_values())
     for cut in range(len(blob)):  # every prefix: a clear error, never an IndexError or struct.error
