@@ -217,15 +217,23 @@ def _ci(v: dict) -> str:
 
 
 def to_csv(report: dict) -> str:
-    """One row per iteration: E2E and the five categories, in ms."""
+    """One row per iteration: E2E and the five categories, in ms. An emulated run's rows end with
+    an `emulator` column naming it: the file travels without the report that says whose times they are."""
     buf = io.StringIO()
     cats = report.get("category_iterations_ms") or {}
+    emulator = report.get("emulator")
     cols = ["iteration", "e2e_ms"] + [c.lower().replace(" ", "_") + "_ms" for c in CATEGORIES]
-    buf.write(",".join(cols) + "\n")
+    buf.write(",".join(cols + (["emulator"] if emulator else [])) + "\n")
+    tail = [csv_quote(emulator)] if emulator else []
     for i, x in enumerate(report["iterations_ms"]):
         row = [str(i), repr(float(x))] + [repr(float(cats[c][i])) if c in cats else "" for c in CATEGORIES]
-        buf.write(",".join(row) + "\n")
+        buf.write(",".join(row + tail) + "\n")
     return buf.getvalue()
+
+
+def csv_quote(text: str) -> str:
+    """One CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break."""
+    return '"' + text.replace('"', '""') + '"' if any(ch in text for ch in ',"\r\n') else text
 
 
 def to_perfetto(etdump: bytes | Events, iteration: int = 0) -> dict:

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", choices=("arm64", "x86_64"), default=None,
                         help="the CPU architecture of the traces (unknown by default: XNNPACK operators are then "
                              "'NEON or x86 SIMD' unless a packed-LHS operator shows arm64)")
+    parser.add_argument("--emulated", metavar="EMULATOR", default=None,
+                        help="an emulator ran these traces (e.g. 'qemu-aarch64 11.1.3'): their times are the "
+                             "emulator's, so they are labelled and --compare states no speed verdict. Found by itself "
+                             "when a farm run's report.json lies beside a trace")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--noise-model", metavar="FILE.json", default=None,
                         help="the device's noise model (JSON from NoiseModel.to_json(), learned from A/A "
@@ -72,6 +76,17 @@ def _read_text(path: str | None) -> str | None:
     if path is None:
         return None
     return Path(path).read_text(errors="replace")
+
+
+def _emulator_beside(trace: str | None) -> str | None:
+    """The emulator a farm run's report.json next to `trace` names (its artifacts downloaded
+    together), else None: an ETDump itself does not say what executed it."""
+    if trace is None:
+        return None
+    try:
+        return json.loads((Path(trace).parent / "report.json").read_text()).get("emulator") or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _what_else(data: bytes) -> str:
@@ -127,8 +142,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trace is None:
         print("error: give an ETDump file to analyse, or --outputs BASE.bin CAND.bin", file=sys.stderr)
         return 2
-    from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, to_csv, to_markdown,
-                                   to_perfetto, to_terminal)
+    from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, to_csv,
+                                   to_markdown, to_perfetto, to_terminal)
     if not 0.0 <= args.min_effect < 1.0:
         print(f"error: --min-effect must be in [0, 1), got {args.min_effect}", file=sys.stderr)
         return 2
@@ -151,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
         report = analyze(data, kernel_log=_read_text(args.kernel_log), skip_first=args.skip_first,
                          sme2=arm[args.sme2], arch=args.arch)
         del data
+        emulators = sorted({e for e in (args.emulated, _emulator_beside(args.trace), _emulator_beside(args.compare)) if e})
+        emulator = ", ".join(emulators) or None
+        if emulator:
+            report["emulator"] = emulator  # the renderers label its times as the emulator's
         comparison = other = None
         if args.compare:
             other = analyze(Path(args.compare).read_bytes(),
@@ -158,8 +177,12 @@ def run(args: argparse.Namespace) -> int:
                             skip_first=args.skip_first, sme2=arm[args.compare_sme2], arch=args.arch)
             labels = tuple(args.labels) if args.labels else (Path(args.trace).name,
                                                               Path(args.compare).name)
-            comparison = compare(report, other, labels=labels, seed=args.seed, noise=noise,
-                                 min_effect=args.min_effect)
+            if emulator:  # an emulator's times are never a speed figure (analysis.compare_emulated)
+                other["emulator"] = emulator
+                comparison = compare_emulated(report, other, emulator=emulator, labels=labels)
+            else:
+                comparison = compare(report, other, labels=labels, seed=args.seed, noise=noise,
+                                     min_effect=args.min_effect)
     except EtdumpError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

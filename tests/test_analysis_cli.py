@@ -95,6 +95,33 @@ def test_cli_compare_and_formats(real_trace, portable_trace, tmp_path, capsys):
     assert json.loads(pf.read_text())["traceEvents"]
 
 
+def test_offline_traces_an_emulator_ran_get_no_speed_verdict(real_trace, portable_trace, tmp_path, capsys):
+    """--emulated, or a farm run's report.json beside a trace naming its emulator: the times are
+    labelled as the emulator's and --compare says what emulation shows, never a ratio."""
+    _, path = real_trace
+    rc, out, _ = _run([str(path), "--compare", str(portable_trace), "--emulated", "qemu-aarch64 11.1.3", "--json"], capsys)
+    got = json.loads(out)
+    c = got["comparison"]
+    assert rc == 0 and got["emulator"] == "qemu-aarch64 11.1.3" and c["emulated"] is True
+    assert c["verdict"] == "emulated" and c["speedup"] is None and c["ci_low"] is None and not c["categories"]
+    rc, out, _ = _run([str(path), "--compare", str(portable_trace), "--emulated", "qemu-aarch64 11.1.3"], capsys)
+    assert rc == 0 and "qemu-aarch64 11.1.3" in out and "no speed verdict" in out
+    assert "faster" not in out and "slower" not in out and "interval" not in out
+    # a run's artifacts downloaded together: report.json says which emulator ran it
+    run_dir = tmp_path / "run5"
+    run_dir.mkdir()
+    (run_dir / "trace.etdump").write_bytes(path.read_bytes())
+    (run_dir / "report.json").write_text(json.dumps({"emulator": "qemu-aarch64 11.1.3 -cpu max"}))
+    rc, out, _ = _run([str(portable_trace), "--compare", str(run_dir / "trace.etdump"), "--json"], capsys)
+    assert rc == 0 and json.loads(out)["comparison"]["verdict"] == "emulated"
+    rc, out, _ = _run([str(path), "--compare", str(portable_trace), "--json"], capsys)  # hardware: a verdict
+    assert json.loads(out)["comparison"]["speedup"] is not None
+    # the per-iteration CSV travels alone: its rows name the emulator
+    rows = list(csv.DictReader(io.StringIO(to_csv({**analyze(path.read_bytes()), "emulator": "qemu, 11.1.3"}))))
+    assert rows and {r["emulator"] for r in rows} == {"qemu, 11.1.3"}
+    assert "emulator" not in to_csv(analyze(path.read_bytes())).splitlines()[0]
+
+
 def test_cli_rejects_bad_input(tmp_path, capsys):
     bad = tmp_path / "bad.etdump"
     bad.write_bytes(b"not an etdump at all")
