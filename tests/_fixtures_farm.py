@@ -1,5 +1,6 @@
 """Fixtures for the server side: databases (SQLite and a fresh PostgreSQL database), Redis,
-an in-process API with a recording task queue, and a whole farm started for real."""
+an in-process API with a recording task queue, a whole farm started for real, and a TCP proxy
+the fault tests cut (test_faults.py, test_patient_clients.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -53,12 +55,73 @@ def wait_for(what: str, check, timeout_s: float, every: float = 0.05, log=None):
         time.sleep(every)
 
 
+class TcpProxy:
+    """A TCP proxy on a loopback port in front of host:port (threads). cut() drops every
+    connection and stops listening, as a database restart or a network partition does to its
+    clients (connections refused, established ones reset); restore() listens again."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream = upstream
+        self.port = free_port()
+        self.conns: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        self.listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self.listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the accept() (close alone does not)
+        self.listener.close()
+        with self.lock:
+            conns, self.conns = self.conns, set()
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        self.cut()
+
+
 @contextlib.contextmanager
 def serve_app(settings):
     """The real app under uvicorn in a thread on a loopback port, its task queue recorded, not
     sent: yields (url, admin token, the list of enqueued tasks)."""
-    import threading
-
     import uvicorn
 
     from sme2farm.server.app import create_app, ensure_admin_token

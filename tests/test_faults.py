@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _fixtures_farm import free_port, serve_app, wait_for
+from _fixtures_farm import TcpProxy, free_port, serve_app, wait_for
 from sme2farm.protocol import DeviceInfo, RunnerInfo
 
 HOST = DeviceInfo(serial="host-faults", platform="linux", model="x86 test host", cpu_cores=2, abi="x86_64",
@@ -215,69 +215,6 @@ def test_disk_full_under_the_sqlite_database_is_507_not_a_500(small_fs, tmp_path
         get_engine(url).dispose()
 
 # ---- the database briefly unavailable ----------------------------------------------------------
-
-
-class TcpProxy:
-    """A TCP proxy on a loopback port in front of host:port (threads). cut() drops every
-    connection and stops listening, as a database restart or a network partition does to its
-    clients (connections refused, established ones reset); restore() listens again."""
-
-    def __init__(self, upstream: tuple[str, int]):
-        self.upstream = upstream
-        self.port = free_port()
-        self.conns: set[socket.socket] = set()
-        self.lock = threading.Lock()
-        self.listener: socket.socket | None = None
-        self.restore()
-
-    def restore(self) -> None:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
-        s.listen(64)
-        self.listener = s
-        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # cut
-            try:
-                upstream = socket.create_connection(self.upstream, timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.conns |= {client, upstream}
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the accept() (close alone does not)
-        self.listener.close()
-        with self.lock:
-            conns, self.conns = self.conns, set()
-        for s in conns:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def close(self) -> None:
-        self.cut()
 
 
 def assert_unavailable(r: httpx.Response) -> None:
