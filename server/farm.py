@@ -98,6 +98,7 @@ class Farm:
         env["SME2_SUPERVISOR_STATUS"] = str(self.sup.status_path)
         env.setdefault("SME2_PUBLIC_URL", self.url)  # links in suite alerts (services/alerts.py)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self.data_dir / "metrics")  # server and worker metrics, joined
+        env["SME2_METRICS_SLOT"] = name  # store files per child, not per pid: a restart reopens its own (metrics.py)
         if self.agent_since is not None:
             # The server then makes a submission that races the local agent's registration wait
             # for it (services/devices.expected) instead of answering 422 "no device matches".
