@@ -228,3 +228,23 @@ def test_emulated_sme2_farm_runs_both_arms_on_the_qemu_device_and_the_emulated_p
             assert not [o for o in runs["off"]["operators"] if PACKED_LHS.search(o["name"])]
     finally:
         stop_farm(farm.proc)
+
+
+@pytest.mark.sme2emu
+def test_emulated_sme2_device_of_a_running_agent_follows_an_install(sme2_emulator, without_sme2_emulator, monkeypatch):
+    """A farm up before `sme2-farm emulator install` finishes gets the SME2 emulator at its next
+    device sync: the driver chooses again when the install's manifest changes."""
+    import shutil
+    from pathlib import Path
+
+    driver = QemuArm64Driver()
+    [before] = driver.discover()
+    assert before.sme2 is False and "sme2-farm emulator install" in before.sme2_evidence
+    cache = Path(without_sme2_emulator["SME2_EMULATOR_DIR"])
+    for name in ("qemu-aarch64", "manifest.json"):  # what an install leaves in the cache
+        shutil.copy2(sme2_emulator.directory / name, cache / name)
+    [after] = driver.discover()
+    assert after.sme2 is True and after.emulator == sme2_emulator.cpu.describe()
+    (cache / "manifest.json").unlink()  # removed again: back to the system's QEMU
+    [again] = driver.discover()
+    assert again.sme2 is False

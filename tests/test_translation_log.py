@@ -164,7 +164,8 @@ def test_emulated_sme2_trace_names_sme2_kernels_in_the_on_arm_and_neon_in_the_of
     assert dev.sme2
     kernels = {}
     for sme2 in ("on", "off"):
-        job = _trace_job(arm64_runners, driver, sme2, tiny_fp16, tmp_path / sme2)
+        # a comma in the work directory: the loader's variables reach the guest whatever the path holds
+        job = _trace_job(arm64_runners, driver, sme2, tiny_fp16, tmp_path / f"arm,{sme2}")
         result = driver.execute(dev.serial, job)
         assert result.ok, result.reason
         assert result.kernel_log_path == job.workdir / KERNEL_LOG_NAME

@@ -170,8 +170,12 @@ class LocalDriver(Driver):
         argv = self.wrap(job.runner_command(str(runner)), job)
         if job.core_mask:
             argv = ["taskset", job.core_mask, *argv]
-        return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel, job.runner.env,
+        return run_subprocess(argv, job.workdir, job.workdir / LOG_NAME, job.timeout_s, job.cancel, self.run_env(job),
                               pids=self.pids, run_id=job.run_id, watch=self.watch(job))
+
+    def run_env(self, job: Job) -> dict[str, str]:
+        """Environment added for the runner: the build's own (the SME2-off mask)."""
+        return job.runner.env
 
     def reap_leftovers(self, online: set[str]) -> list[str]:
         return kill_leftover_processes(self.pids) if self.pids is not None else []

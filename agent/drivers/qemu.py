@@ -35,10 +35,34 @@ class QemuArm64Driver(LocalDriver):
     platform = "linux"
 
     def __init__(self, qemu: str | None = None, cpu: str = "max", sysroot: Path = SYSROOT):
-        """qemu: the qemu-aarch64 to run; default the installed SME2 emulator, else the system's."""
+        """qemu: the qemu-aarch64 to run; default the installed SME2 emulator, else the system's
+        (looked at again whenever the install's manifest changes: see _follow_install)."""
         super().__init__()
+        self._explicit = qemu
         self.qemu, self.cpu, self.sysroot = qemu or emulator.choose_qemu(), cpu, Path(sysroot)
         self._probe: emulator.CpuProbe | None = None
+        self._stamp = self._manifest_stamp()
+
+    @staticmethod
+    def _manifest_stamp() -> tuple[int, int] | None:
+        try:
+            st = (emulator.cache_dir() / emulator.MANIFEST).stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def _follow_install(self) -> None:
+        """A farm already running when `sme2-farm emulator install` (or a removal) finishes takes the
+        new emulator at its next device sync, not at its next restart. Only a changed manifest makes
+        it choose again (choosing checks the binary's sha256)."""
+        if self._explicit:
+            return
+        stamp = self._manifest_stamp()
+        if stamp != self._stamp:
+            self._stamp = stamp
+            qemu = emulator.choose_qemu()
+            if qemu != self.qemu:
+                self.qemu, self._probe = qemu, None
 
     def runner_platform(self) -> str:
         return "linux-arm64"
@@ -49,11 +73,20 @@ class QemuArm64Driver(LocalDriver):
     def wrap(self, argv: list[str], job: Job | None = None) -> list[str]:
         trace = []
         if job is not None and job.mode == "trace":
-            # qemu's options go before the program. -E sets the guest's environment: glibc's
-            # loader writes each library's load base to <workdir>/ld-debug.<pid>.
-            trace = ["-E", "LD_DEBUG=files", "-E", f"LD_DEBUG_OUTPUT={job.workdir / translation.LD_DEBUG_PREFIX}",
-                     "-d", "in_asm", "-D", str(job.workdir / translation.TRANSLATION_LOG_NAME)]
+            # qemu's options go before the program (the loader's LD_DEBUG variables travel in the
+            # environment: run_env). `-D` takes the path as it is.
+            trace = ["-d", "in_asm", "-D", str(job.workdir / translation.TRANSLATION_LOG_NAME)]
         return [self.qemu, "-cpu", self.cpu, "-L", str(self.sysroot), *trace, *argv]
+
+    def run_env(self, job: Job) -> dict[str, str]:
+        env = dict(super().run_env(job))
+        if job.mode == "trace":
+            # qemu-user hands its environment to the guest (qemu itself is static: its own loader
+            # reads none of it): glibc's loader writes each library's load base to
+            # <workdir>/ld-debug.<pid>. In the environment, not as `-E` options, which qemu splits
+            # at commas (a work directory may hold one).
+            env.update(LD_DEBUG="files", LD_DEBUG_OUTPUT=str(job.workdir / translation.LD_DEBUG_PREFIX))
+        return env
 
     @staticmethod
     def _trace_limit() -> int:
@@ -121,9 +154,11 @@ class QemuArm64Driver(LocalDriver):
         if cpu is None:
             return False, f"{self.qemu} -cpu {self.cpu} could not be probed"
         return cpu.sme2, (f"emulated by qemu-aarch64 {cpu.version} -cpu {self.cpu}: HWCAP2 {cpu.hwcap2:#x}, "
-                          f"bit 37 (SME2) {'set' if cpu.sme2 else 'clear'}")
+                          f"bit 37 (SME2) {'set' if cpu.sme2 else 'clear'}"
+                          + ("" if cpu.sme2 else "; `sme2-farm emulator install` brings a QEMU whose CPU has SME2"))
 
     def discover(self) -> list[DeviceInfo]:
+        self._follow_install()
         cpu = self._cpu()
         if cpu is None:
             return []

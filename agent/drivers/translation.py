@@ -9,7 +9,7 @@ symbols in libexecutorch_backend_xnnpack.so), it answers the question the kit's 
 (logging) build answers, with the same binaries the timing runs use.
 
 Load addresses come from glibc's loader: `LD_DEBUG=files` with `LD_DEBUG_OUTPUT=<prefix>` (set
-in the guest with qemu's `-E`) writes `<prefix>.<pid>` with each loaded object's `base:`, in the
+in the guest through qemu-user's environment) writes `<prefix>.<pid>` with each loaded object's `base:`, in the
 same guest address space as the translation log. The runner executable itself (loaded by qemu,
 not by ld.so) is not listed: it holds no kernels.
 
