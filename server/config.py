@@ -33,7 +33,7 @@ class Settings(BaseSettings):
         description="Most runs one submission may fan out to (devices x SME2 settings x thread counts x sessions); past it a 422 names the count",
     )
     rate_writes_per_min: float = Field(default=120.0, ge=0, description="Writes per minute per token (user API and agent registration; bursts of as many); 0: unlimited")
-    rate_auth_failures_per_min: float = Field(default=30.0, ge=0, description="Failed authentications per minute per client IP before 429s; 0: unlimited")
+    rate_auth_failures_per_min: float = Field(default=30.0, ge=0, description="Failed authentications per minute, counted per presented token and per client address (agents' and users' apart), before the failing requests get 429; a valid token is never refused for failures; 0: unlimited")
     token_cache_s: float = Field(
         default=2.0, ge=0, le=60,
         description="A verified token is remembered this long per server process (no database read); a revocation "
@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=10.0, description="How often agents heartbeat a running run")
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
     agent_offline_s: float = Field(default=90.0, description="An agent silent this long has its devices marked offline")
+    device_lost_s: float = Field(
+        default=300.0, gt=0,
+        description="A device offline longer than this is lost: the reaper ends its queued runs unschedulable, naming "
+                    "the device and since when it is offline, and new submissions leave it out (saying so)",
+    )
     max_attempts: int = Field(default=3, description="A run whose lease expires is requeued up to this many attempts")
     # Counted from when the ingest task begins (time queued behind other ingests does not
     # count); a re-send only costs a look at the run (a second ingest stores nothing twice).

@@ -65,6 +65,9 @@ class Device(Base):
     # A/A work it ran (services/noise.py); None until it has any: verdicts use the default prior.
     noise_model: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     current_run_id: Mapped[int | None] = mapped_column(Integer)
+    # When it went offline; None while it is not (services/devices.py keeps the two together).
+    # The reaper ends its queued runs once this is older than SME2_DEVICE_LOST_S.
+    offline_since: Mapped[datetime | None] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     agent: Mapped[Agent] = relationship(back_populates="devices")
 
@@ -80,6 +83,9 @@ class Experiment(Base):
     spec: Mapped[dict[str, Any]] = mapped_column()
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     comparisons: Mapped[list[Any]] = mapped_column(default=list)
+    # What the submission left out and why (e.g. a device offline past SME2_DEVICE_LOST_S): shown
+    # with every report of it. None: nothing to say.
+    warnings: Mapped[list[Any] | None] = mapped_column(JSON)
     # The SME2IN01 container the runs are fed (content-addressed in the store; runners/inputs.py),
     # and what the report says about it. No container: the runner's all-ones default.
     inputs_sha256: Mapped[str | None] = mapped_column(String(64), index=True)

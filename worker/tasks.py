@@ -105,12 +105,13 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
 @app.task(name=TASK_REAP, bind=True, max_retries=MAX_RETRIES)
 def reap(self) -> list[int]:
     """Every non-terminal run past its deadline: requeue or end runs whose agent stopped
-    heartbeating, re-send or fail ingests past theirs; mark silent agents' devices offline."""
+    heartbeating, re-send or fail ingests past theirs; mark silent agents' devices offline; end
+    unschedulable the queued runs of devices offline past SME2_DEVICE_LOST_S."""
     def work(session, s):
         touched = run_service.reap_expired(session, max_attempts=s.max_attempts, ingest_deadline_s=s.ingest_deadline_s,
                                            max_ingest_attempts=s.max_ingest_attempts)
         device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s)
-        return touched
+        return touched + run_service.end_lost_device_runs(session, device_lost_s=s.device_lost_s)
 
     touched = _in_transaction(self, work)
     if touched:

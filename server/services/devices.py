@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import DeviceInfo, DeviceSelector, RunnerInfo
-from sme2farm.server.models import Agent, ApiToken, Device, utcnow
+from sme2farm.server.models import Agent, ApiToken, Device, Run, utcnow
 from sme2farm.server.services import tokens as token_service
 
 
@@ -74,19 +74,30 @@ def sync(session: Session, *, agent: Agent, devices: list[DeviceInfo], runners: 
                 f"seen in the last {offline_s:g} s; one agent drives a device at a time")})
             continue  # a row this agent had for it goes offline below, with the unreported ones
         session.execute(update(Device).where(Device.serial == info.serial, Device.agent_id != agent.id,
-                                             Device.state != "offline").values(state="offline"))
+                                             Device.state != "offline").values(state="offline", offline_since=utcnow()))
         row = known.pop(info.serial, None)
         if row is None:
             row = Device(agent_id=agent.id, serial=info.serial, platform=info.platform)
             session.add(row)
         row.platform, row.sme2, row.info = info.platform, info.sme2, info.model_dump()
         if info.state in ("offline", "unhealthy"):
-            row.state = info.state
+            _set_state(row, info.state)
         elif row.state in ("offline", "unhealthy"):
-            row.state = "busy" if row.current_run_id else "idle"
+            _set_state(row, "busy" if row.current_run_id else "idle")
     for row in known.values():  # no longer reported, or refused above: offline
-        row.state = "offline"
+        _set_state(row, "offline")
     return refused
+
+
+def _set_state(row: Device, state: str) -> None:
+    """A device's state, with offline_since kept beside it: stamped when it goes offline (kept
+    while it stays so), cleared when it leaves."""
+    if state == "offline":
+        if row.state != "offline" or row.offline_since is None:
+            row.offline_since = utcnow()
+    else:
+        row.offline_since = None
+    row.state = state
 
 
 def touch(session: Session, *, agent: Agent) -> None:
@@ -134,7 +145,8 @@ def free(session: Session, *, device_id: int | None, run_id: int, lost: bool = F
         return
     session.execute(
         update(Device).where(Device.id == device_id, Device.current_run_id == run_id)
-        .values(current_run_id=None, state="offline" if lost else "idle")
+        .values(current_run_id=None, state="offline" if lost else "idle",
+                offline_since=func.coalesce(Device.offline_since, utcnow()) if lost else None)
     )
 
 
@@ -188,12 +200,75 @@ def _aware(t: datetime) -> datetime:
 
 
 def mark_silent_agents_offline(session: Session, *, silent_for_s: float) -> int:
+    """Devices of agents silent for silent_for_s go offline, since the agent was last heard from
+    (that is when the device was last known to be there, not when this noticed)."""
     cutoff = utcnow() - timedelta(seconds=silent_for_s)
     agents = select(Agent.id).where(Agent.last_seen < cutoff)
+    last_seen = select(Agent.last_seen).where(Agent.id == Device.agent_id).scalar_subquery()
     res = session.execute(
-        update(Device).where(Device.agent_id.in_(agents), Device.state != "offline").values(state="offline")
+        update(Device).where(Device.agent_id.in_(agents), Device.state != "offline")
+        .values(state="offline", offline_since=last_seen).execution_options(synchronize_session=False)
     )
     return res.rowcount or 0
+
+
+def lost_before(device_lost_s: float, now: datetime | None = None) -> datetime:
+    """A device offline since before this is lost (SME2_DEVICE_LOST_S)."""
+    return (now or utcnow()) - timedelta(seconds=device_lost_s)
+
+
+def is_lost(device: Device, *, device_lost_s: float, now: datetime | None = None) -> bool:
+    return (device.state == "offline" and device.offline_since is not None
+            and _aware(device.offline_since) < lost_before(device_lost_s, now))
+
+
+def offline_text(device: Device, now: datetime | None = None) -> str:
+    """'device X (model) offline since 2026-11-25T19:02:11Z (6 min)'."""
+    since = _aware(device.offline_since) if device.offline_since else None
+    when = f" since {since.strftime('%Y-%m-%dT%H:%M:%SZ')} ({_duration(((now or utcnow()) - since).total_seconds())})" \
+        if since else ""
+    return f"device {device.serial} ({device_model(device.info, device.platform)}) offline{when}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def waiting_for(device: Device | None, now: datetime | None = None) -> str:
+    """What a queued run on `device` waits for, in words."""
+    if device is None:
+        return "its device, which was removed"
+    if device.state == "offline":
+        return offline_text(device, now)
+    name = f"device {device.serial} ({device_model(device.info, device.platform)})"
+    if device.state == "unhealthy":
+        return f"{name}, unhealthy (its agent reports it unusable, e.g. adb unauthorized)"
+    if device.current_run_id is not None:
+        return f"{name}, busy with run {device.current_run_id}"
+    return f"{name}, idle: the next dispatch gives it a run"
+
+
+def offline_with_queued_runs(session: Session, now: datetime | None = None) -> list[dict]:
+    """Devices offline with queued runs waiting on them (for /ready and /metrics): serial, model,
+    since (ISO), offline_s, queued, and the sentence saying so."""
+    now = now or utcnow()
+    rows = session.execute(
+        select(Device, func.count(Run.id)).join(Run, Run.device_id == Device.id)
+        .where(Device.state == "offline", Run.status == "queued").group_by(Device.id).order_by(Device.id)
+    ).all()
+    out = []
+    for device, queued in rows:
+        since = _aware(device.offline_since) if device.offline_since else None
+        out.append({"serial": device.serial, "model": device_model(device.info, device.platform),
+                    "since": since.isoformat() if since else None,
+                    "offline_s": round((now - since).total_seconds(), 1) if since else None, "queued": queued,
+                    "detail": f"{offline_text(device, now)} with {queued} queued run(s)"})
+    return out
 
 
 def emulator_of(info: dict | None) -> str | None:

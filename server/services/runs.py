@@ -5,7 +5,8 @@ the one way a run ends.
       │                 └──────────── lease expired: back to queued ─┘           │
       │                   (or failed after max_attempts; cancelled if asked)        ├─► failed  (trace unusable;
       └─► cancelled      any of assigned/running/uploading ─finish─► failed | cancelled      ingest deadline x attempts)
-    unschedulable: decided at submission, never left                                 └─► cancelled
+      └─► unschedulable  its device offline past SME2_DEVICE_LOST_S (end_lost_device_runs)   └─► cancelled
+    unschedulable: decided at submission (or as above), never left
 
 ALLOWED below is that picture as data; a move outside it raises IllegalTransition (409).
 
@@ -48,7 +49,7 @@ CANCELLED_BY_USER = "cancelled by user"
 
 # Which status each status may move to. Terminal statuses move nowhere.
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
-    S.queued: frozenset({S.assigned, S.cancelled}),
+    S.queued: frozenset({S.assigned, S.cancelled, S.unschedulable}),
     S.assigned: frozenset({S.running, S.uploading, S.analyzing, S.queued, S.failed, S.cancelled}),
     S.running: frozenset({S.uploading, S.analyzing, S.queued, S.failed, S.cancelled}),
     S.uploading: frozenset({S.analyzing, S.queued, S.failed, S.cancelled}),
@@ -460,3 +461,38 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
         enqueue_after_commit(session, TASK_DISPATCH)
     _complete(session, ended)
     return touched
+
+
+def end_lost_device_runs(session: Session, *, device_lost_s: float) -> list[int]:
+    """End unschedulable the queued runs of every device offline longer than device_lost_s
+    (SME2_DEVICE_LOST_S), saying which device and since when: a device that left (its agent
+    killed, the phone unplugged) would otherwise hold them queued forever. Runs the device is
+    leased are the lease reaper's (requeued, then ended here). Periodic, beside reap_expired.
+    Returns the ids of the runs ended."""
+    now = utcnow()
+    # Offline without a stamp (a path that set the state alone): lost counts from now.
+    session.execute(update(Device).where(Device.state == "offline", Device.offline_since.is_(None))
+                    .values(offline_since=now).execution_options(synchronize_session=False))
+    lost = {d.id: d for d in session.scalars(
+        select(Device).where(Device.state == "offline",
+                             Device.offline_since < device_service.lost_before(device_lost_s, now)))}
+    if not lost:
+        return []
+    queued = session.scalars(
+        select(Run).where(Run.device_id.in_(list(lost)), Run.status == S.queued.value).order_by(Run.id).with_for_update()
+    ).all()
+    ended, experiments, serials = [], [], set()
+    for run in queued:
+        reason = (f"{device_service.offline_text(lost[run.device_id], now)}: its queued runs cannot run "
+                  f"(offline longer than SME2_DEVICE_LOST_S={device_lost_s:g} s)")
+        try:
+            _end(session, run, S.unschedulable, reason)
+        except StateChanged:  # dispatched or cancelled meanwhile: not queued anymore
+            continue
+        ended.append(run.id)
+        experiments.append(run.experiment_id)
+        serials.add(lost[run.device_id].serial)
+    if ended:
+        log.warning("ended %d queued run(s) of lost device(s) %s unschedulable", len(ended), ", ".join(sorted(serials)))
+    _complete(session, experiments)
+    return ended
