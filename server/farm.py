@@ -406,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--data-dir", default=argparse.SUPPRESS, help="as the top-level --data-dir")
         s.add_argument("--host", default="127.0.0.1")
         s.add_argument("--port", type=int, default=8000)
-        s.add_argument("--drivers", default="local", help="agent drivers: local,android,macos")
+        s.add_argument("--drivers", default="local", help="agent drivers, comma-separated: local, android, macos, qemu-arm64 (an emulated arm64 Linux "
+                       "device: SME2 with `sme2-farm emulator install`)")
         s.add_argument("--manifest", help="runner manifest (default runners/build/manifest.json)")
         s.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
                        help="how long the local agent has to register a device before the farm gives up (exit 1)")

@@ -78,6 +78,7 @@ def test_missing_runner_build_is_unschedulable_with_reason(api, pte):
     on = next(r for r in rep["runs"] if r["sme2"] == "on")
     assert on["status"] == "unschedulable"
     assert "no runner build for android-arm64-v9a with SME2 on" in on["reason"]
+    assert "sme2-farm build-runner --platform android-arm64" in on["reason"]  # says how to get one
 
 
 def test_trace_mode_needs_an_xnnlog_build(api, pte):

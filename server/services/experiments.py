@@ -56,7 +56,12 @@ def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str
         if (r.get("platform"), r.get("sme2"), r.get("flavour")) == (platform, sme2, flavour):
             return ""
     return (f"agent {agent.name} has no runner build for {platform} with SME2 {sme2} ({flavour} flavour); "
-            f"register one in its runner manifest (runners/recipe.py)")
+            f"build one (`sme2-farm build-runner --platform {_BUILD_PLATFORM.get(platform, 'host')}`, or "
+            f"runners/recipe.py from an ExecuTorch checkout) and restart its agent")
+
+
+# sme2-farm build-runner's --platform for a device's runner platform (others: the host's own build)
+_BUILD_PLATFORM = {"linux-arm64": "linux-arm64", "android-arm64-v9a": "android-arm64"}
 
 
 def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: int | None = None,
