@@ -19,14 +19,16 @@ def progress_line(rep: ExperimentReport) -> str:
     counts: dict[str, int] = {}
     for r in rep.runs:
         counts[r.status] = counts.get(r.status, 0) + 1
-    return f"experiment {rep.id}: {rep.status} — " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    waits = list(dict.fromkeys(r.waiting_for for r in rep.runs if r.waiting_for))  # each device once
+    waiting = f"; queued: waits for {'; '.join(waits[:3])}{f' (+{len(waits) - 3} more)' if len(waits) > 3 else ''}" if waits else ""
+    return f"experiment {rep.id}: {rep.status} — " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + waiting
 
 
 def experiment_text(rep: ExperimentReport) -> str:
     out = [f"Experiment {rep.id}{' ' + rep.name if rep.name else ''}: {rep.status}",
            f"  model sha256 {rep.model_sha256[:16]}… ({rep.model_size} bytes), sme2={rep.spec.sme2}, "
            f"threads={rep.spec.threads}, iterations={rep.spec.iterations}, warm-up={rep.spec.warmup}",
-           f"  method {rep.spec.method}, inputs: {rep.inputs}", ""]
+           f"  method {rep.spec.method}, inputs: {rep.inputs}", *(f"  note: {w}" for w in rep.warnings), ""]
     if rep.vs_model_sha256:
         same = " (the same model: an A/A check)" if rep.vs_model_sha256 == rep.model_sha256 else ""
         out[2:2] = [f"  vs model B sha256 {rep.vs_model_sha256[:16]}… ({rep.vs_model_size} bytes){same}, interleaved with model A"]
@@ -38,6 +40,8 @@ def experiment_text(rep: ExperimentReport) -> str:
         out.append(f"Run {r.id}: {model}SME2 {r.sme2}, {r.threads} thread(s), {r.mode} on {dev_s} — {r.status}")
         if r.reason:
             out.append(f"  reason: {r.reason}")
+        if r.waiting_for:
+            out.append(f"  queued: waits for {r.waiting_for}")
         if r.runner:
             out.append(f"  runner: {r.runner.id} ({r.runner.platform}, SME2 {r.runner.sme2}, ExecuTorch "
                        f"{r.runner.executorch_version}, sha256 {r.runner.sha256[:12]}…)")

@@ -105,6 +105,7 @@ class StateCollector:
 
         from sme2farm.server.db import session_scope
         from sme2farm.server.models import Agent, Device, Run
+        from sme2farm.server.services import devices as device_service
         from sme2farm.server.services import leases
 
         s = self.settings
@@ -116,12 +117,23 @@ class StateCollector:
             since = datetime.now(timezone.utc).timestamp() - s.agent_offline_s
             agents = [a for a in session.scalars(select(Agent.last_seen))]
             beat = leases.state(session, leases.BEAT)
+            stalled = device_service.offline_with_queued_runs(session)
         for status in sorted(set(RUN_STATUSES) | set(by_status)):
             runs.add_metric([status], by_status.get(status, 0))
         for state in sorted(set(DEVICE_STATES) | set(by_state)):
             devices.add_metric([state], by_state.get(state, 0))
         yield runs
         yield devices
+        # Devices offline with queued runs (they end unschedulable past SME2_DEVICE_LOST_S): alert on these.
+        waiting = GaugeMetricFamily("sme2farm_device_offline_queued_runs", "Queued runs waiting on an offline device",
+                                    labels=["device"])
+        offline_for = GaugeMetricFamily("sme2farm_device_offline_seconds", "How long a device with queued runs has been offline",
+                                        labels=["device"])
+        for d in stalled:
+            waiting.add_metric([d["serial"]], d["queued"])
+            offline_for.add_metric([d["serial"]], d["offline_s"] or 0.0)
+        yield waiting
+        yield offline_for
         online = sum(1 for t in agents if _ts(t) >= since)
         yield GaugeMetricFamily("sme2farm_agents_online", "Agents heard from within SME2_AGENT_OFFLINE_S", value=online)
         if beat is not None:

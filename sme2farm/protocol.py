@@ -440,6 +440,9 @@ class RunReport(BaseModel):
     created_at: Timestamp | None = None
     started_at: Timestamp | None = None
     finished_at: Timestamp | None = None
+    waiting_for: str | None = Field(
+        default=None, description="A queued run: what it waits for, e.g. 'device X (model) offline since T (6 min)' or "
+                                  "'device X (model), busy with run N'; None for a run that is not queued")
 
 
 class ExperimentReport(BaseModel):
@@ -457,6 +460,8 @@ class ExperimentReport(BaseModel):
     created_at: Timestamp
     runs: list[RunReport]
     comparisons: list[dict[str, Any]] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list, description="What the submission left out and why, e.g. a "
+                                                                  "device offline longer than SME2_DEVICE_LOST_S")
     runs_detail: Literal["full", "summary", "page"] = Field(
         default="full", description="full: every run with operators and kernels; summary (the default above 2,000 "
                                     "runs): every run with its headline latency (median, mean, p10, p90, cv, n) and "

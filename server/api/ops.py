@@ -41,6 +41,7 @@ def _database(settings) -> dict[str, Any]:
 
     from sme2farm.server.db import session_scope
     from sme2farm.server.models import Agent, Device
+    from sme2farm.server.services import devices as device_service
     from sme2farm.server.services import leases
 
     with session_scope(settings.sqlalchemy_url) as session:
@@ -50,6 +51,7 @@ def _database(settings) -> dict[str, Any]:
         since = now.timestamp() - settings.agent_offline_s
         seen = list(session.scalars(select(Agent.last_seen)))
         devices = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
+        stalled = device_service.offline_with_queued_runs(session)
     online = sum(1 for t in seen if (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp() >= since)
     if beat is None:
         beat_check = {"ok": False, "detail": "no beat has ever held the lease (is `celery beat` running?)"}
@@ -61,7 +63,10 @@ def _database(settings) -> dict[str, Any]:
     return {"database": {"ok": True},
             "beat": beat_check,
             # Informational: a farm without agents still accepts work (it queues, or waits for one).
-            "agents": {"ok": True, "online": online, "registered": len(seen), "devices": devices}}
+            "agents": {"ok": True, "online": online, "registered": len(seen), "devices": devices},
+            # Informational too: their queued runs end unschedulable once past SME2_DEVICE_LOST_S.
+            "devices_offline_with_work": {"ok": True, "devices": stalled, "detail": "; ".join(
+                d["detail"] for d in stalled) or "none"}}
 
 
 def _broker(settings) -> dict[str, Any]:

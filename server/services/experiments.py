@@ -65,17 +65,28 @@ _BUILD_PLATFORM = {"linux-arm64": "linux-arm64", "android-arm64-v9a": "android-a
 
 
 def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: int | None = None,
-           vs_model: Model | None = None) -> Experiment:
-    """One Run per device x threads x session x SME2 arm (x model: A = `model`, B = `vs_model`)."""
-    devices = device_service.matching(session, selector=spec.device)
+           vs_model: Model | None = None, device_lost_s: float | None = None) -> Experiment:
+    """One Run per device x threads x session x SME2 arm (x model: A = `model`, B = `vs_model`).
+    A matching device offline longer than device_lost_s (default SME2_DEVICE_LOST_S) gets no runs:
+    the experiment's warnings say so, or the 422 when no other device matches."""
+    if device_lost_s is None:
+        from sme2farm.server.config import get_settings
+
+        device_lost_s = get_settings().device_lost_s
+    matched = device_service.matching(session, selector=spec.device)
+    devices = [d for d in matched if not device_service.is_lost(d, device_lost_s=device_lost_s)]
+    left_out = [f"{device_service.offline_text(d)} was left out: offline longer than SME2_DEVICE_LOST_S="
+                f"{device_lost_s:g} s" for d in matched if d not in devices]
     if not devices:
         what = spec.device.model_dump(exclude_none=True, exclude_defaults=True) if spec.device else {}
+        if left_out:
+            raise NoMatchingDevice(f"no device that can run matches selector {what or '{}'}: " + "; ".join(left_out))
         known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
         raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
     variants = ["A", "B"] if vs_model is not None else ["A"]
     fan_out(len(devices), spec, max_runs, len(variants))
     exp = Experiment(name=spec.name, model_sha256=model.sha256, vs_model_sha256=vs_model.sha256 if vs_model else None,
-                     spec=spec.model_dump(mode="json"), labels=spec.labels)
+                     spec=spec.model_dump(mode="json"), labels=spec.labels, warnings=left_out or None)
     session.add(exp)
     session.flush()
     # One multi-row INSERT (no Run object per row, no autoflush per agent looked up): a

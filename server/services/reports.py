@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session, defer, joinedload
 from sme2farm.protocol import (
     DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary, LatencyStats, RunnerInfo, RunReport, RunStatus,
 )
-from sme2farm.server.models import Artifact, Experiment, Run, RunResult
+from sme2farm.server.models import Artifact, Device, Experiment, Run, RunResult, utcnow
+from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 
 E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max", "cv", "mad", "outliers", "n")
@@ -38,6 +39,7 @@ def run_report(run: Run) -> RunReport:
         artifacts=[a.name for a in run.artifacts],
         runner_wall_s=run.runner_wall_s,
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
+        waiting_for=device_service.waiting_for(run.device) if run.status == RunStatus.queued else None,
     )
 
 
@@ -108,6 +110,12 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
             select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(ids)).order_by(Artifact.run_id, Artifact.name)
         ):
             artifacts.setdefault(run_id, []).append(name)
+    # What each queued run waits for: the state of its device now (one row per device), put in
+    # words before a read-only transaction ends.
+    waiting_on = {r.device_id for r in rows if r.status == RunStatus.queued and r.device_id is not None}
+    now = utcnow()
+    waiting = {d.id: device_service.waiting_for(d, now)
+               for d in session.scalars(select(Device).where(Device.id.in_(waiting_on)))} if waiting_on else {}
     if read_only:
         # Everything is read: end the transaction before the answer is built in Python, so its
         # connection goes back to the pool instead of sitting "idle in transaction" meanwhile.
@@ -140,13 +148,15 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
             e2e_ms=e2e, load_ms=load, categories_ms=None, operators=None, kernels=None, kernel_paths=kernel_paths,
             artifacts=artifacts.get(r.id, []), runner_wall_s=r.runner_wall_s,
             created_at=_utc(r.created_at), started_at=_utc(r.started_at), finished_at=_utc(r.finished_at),
+            waiting_for=(waiting.get(r.device_id) or device_service.waiting_for(None))
+            if r.status == RunStatus.queued else None,
         ))
     head = ExperimentReport(
         id=exp.id, name=exp.name, status=experiment_service.status_of(statuses), spec=ExperimentSpec(**exp.spec),
         model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
         vs_model_sha256=exp.vs_model_sha256, vs_model_size=exp.vs_model.size if exp.vs_model_sha256 else None,
         inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
-        created_at=exp.created_at, runs=[], comparisons=[],
+        created_at=exp.created_at, runs=[], comparisons=[], warnings=exp.warnings or [],
         runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
         runs_page_size=page_size if detail == "page" else None,
     ).model_dump_json(exclude={"runs", "comparisons"}).encode()
