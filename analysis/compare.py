@@ -277,14 +277,18 @@ def _coverage(report: dict) -> dict | None:
     cov = ((report or {}).get("kernel_paths") or {}).get("coverage")
     if not cov:
         return None
-    return {"share": cov.get("share"), "sme2_ms": cov.get("sme2_ms"), "conv_gemm_ms": cov.get("conv_gemm_ms")}
+    return {"share": cov.get("share"), "sme2_ms": cov.get("sme2_ms"), "conv_gemm_ms": cov.get("conv_gemm_ms"),
+            "unknown_ms": cov.get("unknown_ms") or 0.0}
 
 
 def _kernels_line(label: str, report: dict) -> str:
     """What one emulated arm executed, in words: the SME2 share of its Convolution/GEMM operators
     (from the XNNPACK operator names) and, from a trace-mode kernel log, its microkernels."""
     cov = ((report.get("kernel_paths") or {}).get("coverage")) or {}
-    if cov.get("share") is None:
+    if cov.get("unknown_ms"):
+        parts = [f"{label} ran {_pct(cov['unknown_ms'] / cov['conv_gemm_ms'])} of its Convolution/GEMM operator time in "
+                 "packed-LHS (SME/SME2) kernels"]
+    elif cov.get("share") is None:
         parts = [f"{label} ran no Convolution/GEMM operator" if cov else f"{label}: kernel paths not recorded"]
     else:
         parts = [f"{label} ran {_pct(cov['share'])} of its Convolution/GEMM operator time in SME2 kernels"]

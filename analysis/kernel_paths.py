@@ -47,7 +47,8 @@ Kernel paths (strings, so reports stay plain JSON):
 ==============  =======================================================================
 
 SME2 coverage counts only ``SME2``: the share of Convolution + GEMM time spent in kernels known
-to be SME2.
+to be SME2. Where part of that time ran on an ambiguous path (a trace whose arm is unknown), the
+share is unknown (None), not a 0% that would read as "no SME2".
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ NEON, X86, XNNPACK_UNKNOWN_ISA, PORTABLE, DELEGATE = "NEON", "x86 SIMD", "NEON o
 PATHS: tuple[str, ...] = (SME2, SME, SME_OR_SME2, SME2_OR_NEON, NEON, X86, XNNPACK_UNKNOWN_ISA, PORTABLE, DELEGATE)
 ARCHES = ("arm64", "x86_64")
 COVERED = "Convolution", "GEMM"  # the categories SME2 coverage is the share of
+AMBIGUOUS = frozenset({SME_OR_SME2, SME2_OR_NEON})  # SME2 or not by what XNNPACK saw: coverage unknown
 
 # Which ISA families XNNPACK has microkernels for, per packed-LHS operator (gemm-config.c,
 # pack-lh-config.c). Types with one of these dtype tokens and no entry below use _PACKED_DEFAULT.
@@ -154,7 +156,7 @@ def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
     Convolution + GEMM, the Convolution/GEMM operators left off SME2, and the flag (a sentence)
     when SME2 was on yet none of that time ran in an SME2 kernel."""
     by_category: dict[str, dict[str, float]] = {}
-    conv_gemm = on_sme2 = 0.0
+    conv_gemm = on_sme2 = unknown = 0.0
     off: list[dict] = []
     for o in operators:
         path, ms = o["kernel_path"], float(o["total_ms"])
@@ -164,6 +166,8 @@ def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
             conv_gemm += ms
             if path == SME2:
                 on_sme2 += ms
+            elif path in AMBIGUOUS:  # SME2 or not, depending on what XNNPACK saw: neither on nor off SME2
+                unknown += ms
             else:
                 off.append({"name": o["name"], "category": o["category"], "total_ms": ms, "kernel_path": path})
     off.sort(key=lambda d: -d["total_ms"])
@@ -177,8 +181,9 @@ def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
         "source": "XNNPACK operator names in the ETDump",
         "sme2_visible": sme2_visible,
         "by_category": by_category,
-        "coverage": {"conv_gemm_ms": conv_gemm, "sme2_ms": on_sme2,
-                     "share": on_sme2 / conv_gemm if conv_gemm > 0 else None,
+        # share None: no Convolution/GEMM time, or (unknown_ms > 0) a trace whose arm is unknown
+        "coverage": {"conv_gemm_ms": conv_gemm, "sme2_ms": on_sme2, "unknown_ms": unknown,
+                     "share": on_sme2 / conv_gemm if conv_gemm > 0 and not unknown else None,
                      "off_sme2": off, "flag": flag},
     }
 
@@ -193,14 +198,12 @@ def coverage_sentence(kp: dict) -> str:
     cov = kp.get("coverage") or {}
     if not cov.get("conv_gemm_ms"):
         return "SME2 coverage: no Convolution/GEMM time in this run"
-    unknown = sum(ms for cat in COVERED for p, ms in (kp.get("by_category") or {}).get(cat, {}).items()
-                  if p in (SME_OR_SME2, SME2_OR_NEON))
-    text = (f"SME2 coverage {100 * cov['share']:.0f}% ({cov['sme2_ms']:.3f} of {cov['conv_gemm_ms']:.3f} ms "
+    if cov.get("unknown_ms"):
+        return (f"SME2 coverage unknown: {cov['unknown_ms']:.3f} of {cov['conv_gemm_ms']:.3f} ms of Convolution/GEMM "
+                "per iteration ran in packed-LHS kernels, which are SME2 only where XNNPACK saw SME2, and this "
+                "trace does not say whether it did (give the arm: --sme2 on|off)")
+    return (f"SME2 coverage {100 * cov['share']:.0f}% ({cov['sme2_ms']:.3f} of {cov['conv_gemm_ms']:.3f} ms "
             "Convolution/GEMM per iteration in SME2 kernels)")
-    if unknown:
-        text += (f"; {unknown:.3f} ms ran in packed-LHS kernels that are SME2 or not depending on the CPU "
-                 "(this trace does not say whether XNNPACK saw SME2)")
-    return text
 
 
 __all__ = ["kernel_path", "annotate", "summary", "backends", "arch_of", "coverage_sentence", "is_xnnpack_name",

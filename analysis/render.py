@@ -68,6 +68,8 @@ def kernel_path_lines(kp: dict | None) -> list[str]:
 def _share(cov: dict | None) -> str:
     if not cov:
         return "not recorded"
+    if cov.get("unknown_ms"):
+        return f"unknown ({_ms(cov['unknown_ms'])} of {_ms(cov.get('conv_gemm_ms'))} ms in packed-LHS kernels, arm not given)"
     if cov.get("share") is None:
         return "no Convolution/GEMM time"
     return f"{100 * cov['share']:.0f}% ({_ms(cov.get('sme2_ms'))} of {_ms(cov.get('conv_gemm_ms'))} ms)"

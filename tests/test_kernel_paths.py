@@ -121,13 +121,16 @@ def test_coverage_and_paths_per_category_add_up(etdump_builder):
     cov = offline["kernel_paths"]["coverage"]
     assert offline["kernel_paths"]["sme2_visible"] is None
     assert cov["sme2_ms"] == 0  # SME/SME2 and "SME2 or NEON" are not claimed as SME2...
-    paths = {d["name"]: d["kernel_path"] for d in cov["off_sme2"]}
+    paths = {o["name"]: o["kernel_path"] for o in offline["operators"]}
     assert paths["Fully Connected (NC, PF32) GEMM"] == SME_OR_SME2
     assert paths["Fully Connected (NC, QP8, F32, QC8W) GEMM"] == SME2_OR_NEON
+    # ... nor as off SME2: the coverage is unknown, not 0%
+    assert cov["unknown_ms"] == pytest.approx(0.65) and cov["share"] is None
+    assert [(d["name"], d["kernel_path"]) for d in cov["off_sme2"]] == [("Convolution (NHWC, F32) DWConv", NEON)]
     # ... and a packed operator shows the trace came from arm64: the others are NEON
     assert paths["Convolution (NHWC, F32) DWConv"] == NEON
     text = to_terminal(offline)
-    assert "SME2 coverage 0%" in text and "packed-LHS kernels that are SME2 or not depending on the CPU" in text
+    assert "SME2 coverage unknown: 0.650 of 0.800 ms" in text and "SME2 coverage 0%" not in text
 
 
 def test_flag_when_sme2_was_on_but_no_conv_or_gemm_ran_on_it(etdump_builder):
@@ -148,7 +151,7 @@ def test_flag_when_sme2_was_on_but_no_conv_or_gemm_ran_on_it(etdump_builder):
     x86 = analyze(data, sme2=False, arch="x86_64")
     assert {o["kernel_path"] for o in x86["operators"]} == {X86} and "NEON" not in to_terminal(x86)
     none = analyze(_trace(etdump_builder, [("Add (ND) #1", 10_000)]), sme2=True, arch="arm64")["kernel_paths"]["coverage"]
-    assert none == {"conv_gemm_ms": 0.0, "sme2_ms": 0.0, "share": None, "off_sme2": [], "flag": None}
+    assert none == {"conv_gemm_ms": 0.0, "sme2_ms": 0.0, "unknown_ms": 0.0, "share": None, "off_sme2": [], "flag": None}
 
 
 # --- real traces: both arms on the emulated SME2 CPU --------------------------------------------
