@@ -1,11 +1,12 @@
 """Fixtures for the server side: databases (SQLite and a fresh PostgreSQL database), Redis,
-an in-process API with a recording task queue, a whole farm started for real, and a TCP proxy
-the fault tests cut (test_faults.py, test_patient_clients.py)."""
+an in-process API with a recording task queue, a whole farm started for real, and what the fault tests
+(test_faults.py, test_patient_clients.py) break: a TCP proxy they cut, a private Redis they kill."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -116,6 +117,46 @@ class TcpProxy:
 
     def close(self) -> None:
         self.cut()
+
+
+class PrivateRedis:
+    """A redis-server of this test's own on a free port (the machine's Redis on 6379 serves other
+    sessions and is never touched). No persistence: a restart loses every queued message, the
+    harder case for the farm."""
+
+    def __init__(self, workdir: Path):
+        self.port, self.workdir = free_port(), workdir
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:  # listed in .ci/apt-packages.txt: where services are required, its absence fails
+            (pytest.fail if os.environ.get("SME2_REQUIRE_SERVICES") == "1" else pytest.skip)(
+                "redis-server is not installed (apt-get install redis-server)")
+        log = open(self.workdir / "redis.log", "ab")
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.workdir)],
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        import redis
+
+        wait_for("redis-server answers", lambda: self._ping(redis), 10)
+
+    def _ping(self, redis) -> bool:
+        try:
+            return redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
+        except redis.ConnectionError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @contextlib.contextmanager
