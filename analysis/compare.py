@@ -314,8 +314,8 @@ def compare_emulated(baseline, candidate, *, emulator: str,
     b_view, b_s = _arm(baseline)
     c_view, c_s = _arm(candidate)
     n = [sum(len(s) for s in b_s["e2e"]), sum(len(s) for s in c_s["e2e"])]
-    sentence = (f"Emulated by {emulator}: both arms ran ({n[0]} and {n[1]} iterations). Timings under emulation "
-                "measure the emulator, not a CPU: no speed verdict.")
+    sentence = (f"Emulated by {emulator}: {la} and {lb} both ran ({n[0]} and {n[1]} iterations). Timings under "
+                "emulation measure the emulator, not a CPU: no speed verdict.")
     return {
         "emulated": True,
         "emulator": emulator,

@@ -180,8 +180,9 @@ def _sentence(outputs: list[dict], changed: list[dict], lb: str, lc: str) -> str
         tail = f"; the other {rest} output(s) are within tolerance" if rest else ""
         return f"{lc} changes {'; '.join(heads)}{tail}."
     if all(o["identical"] for o in outputs):
-        return f"{lc} and {lb} give bit-identical outputs ({n} output{'s' if n != 1 else ''})."
+        return f"{lb} and {lc} give bit-identical outputs ({n} output{'s' if n != 1 else ''})."
     worst = max(outputs, key=lambda o: (o["max_rel"] if o["max_rel"] is not None else o["max_abs"]))
-    return (f"{lc} matches {lb} within tolerance on {'all ' if n > 1 else ''}{n} output{'s' if n != 1 else ''} "
+    # not "matches": the outputs differ, by less than the dtype's tolerance
+    return (f"{lc} differs from {lb} within tolerance on {'all ' if n > 1 else ''}{n} output{'s' if n != 1 else ''} "
             f"(largest difference: output {worst['index']} ({_shape(worst['dtype'], worst['shape'])}): "
             f"{_describe(worst)}; {worst['tolerance']['describe']}).")

@@ -104,7 +104,7 @@ def numerics_rows(c: dict) -> list[list[str]]:
     """One row per output (NUMERICS_HEADERS), [] when none were compared."""
     return [[str(o.get("index")), str(o.get("dtype")), "x".join(map(str, o.get("shape") or [])) or "scalar",
              _g(o.get("max_abs")), _g(o.get("max_rel")),
-             "∞ (identical)" if o.get("snr_db") is None and o.get("max_abs") == 0 else _g(o.get("snr_db")),
+             "∞" if o.get("snr_db") is None and o.get("max_abs") == 0 else _g(o.get("snr_db")),
              "yes" if o.get("within_tolerance") else "NO"]
             for o in ((c.get("numerics") or {}).get("outputs") or [])]
 

@@ -212,6 +212,6 @@ def test_emulated_comparison_renders_without_speed(etdump_builder):
     c = compare_emulated([reps[0]], [reps[1]], emulator="qemu-aarch64 11.1.3 -cpu max")
     for text in (to_markdown(reps[1], c), to_terminal(reps[1], c)):
         section = text.split("Comparison", 1)[1]
-        assert "Emulated by qemu-aarch64 11.1.3 -cpu max: both arms ran" in section
+        assert "Emulated by qemu-aarch64 11.1.3 -cpu max: SME2 off and SME2 on both ran" in section
         assert "SME2 off 0% (0.000 of 0.400 ms), SME2 on 100% (0.400 of 0.400 ms)" in section
         assert "Speedup" not in section and "speedup" not in section and "CI" not in section

@@ -171,7 +171,7 @@ def test_cli_text_of_an_emulated_experiment_shows_kernels_and_no_speed(etdump_bu
     assert "Convolution: SME2 0.300 ms, NEON 0.100 ms" in runs
     assert "Convolution/GEMM off SME2: Convolution (NHWC, F32) DWConv (NEON) 0.100 ms" in runs
     # the comparison: what emulation shows, per-arm coverage, each output; no speed figure or word
-    assert f"Emulated by {EMULATOR}: both arms ran (3 and 3 iterations)" in comparison
+    assert f"Emulated by {EMULATOR}: SME2 off and SME2 on both ran (3 and 3 iterations)" in comparison
     assert "SME2 coverage of Convolution/GEMM: SME2 off 0% (0.000 of 0.800 ms), SME2 on 88% (0.700 of 0.800 ms)" in comparison
     assert "Outputs: " in comparison and "(numerics change)" in comparison
     assert "output 0 Half [1x10]: max abs" in comparison and "within tolerance: NO" in comparison

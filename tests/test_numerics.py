@@ -32,7 +32,7 @@ def test_identical_outputs_are_bit_identical_with_no_snr():
     [o] = r["outputs"]
     assert r["status"] == "compared" and r["verdict"] == "same within tolerance"
     assert o["identical"] and o["snr_db"] is None and o["max_abs"] == 0 and o["max_rel"] == 0
-    assert r["sentence"] == "SME2 on and SME2 off give bit-identical outputs (1 output)."
+    assert r["sentence"] == "SME2 off and SME2 on give bit-identical outputs (1 output)."
     json.dumps(r, allow_nan=False)  # the answer goes into JSON columns and responses as it is
 
 
@@ -64,7 +64,7 @@ def test_fp16_one_rounding_step_is_within_tolerance():
     r = numerics.compare([("Half", a)], [("Half", b)], LABELS)
     assert r["verdict"] == "same within tolerance" and r["outputs"][0]["within_tolerance"]
     assert r["outputs"][0]["snr_db"] > 60
-    assert r["sentence"].startswith("SME2 on matches SME2 off within tolerance on 1 output")
+    assert r["sentence"].startswith("SME2 on differs from SME2 off within tolerance on 1 output")
 
 
 def test_fp32_reordered_accumulation_passes_and_a_real_change_does_not():
