@@ -124,16 +124,18 @@ def run_outputs(args: argparse.Namespace) -> int:
             return 2
     labels = tuple(args.labels) if args.labels else tuple(Path(p).name for p in args.outputs)
     result = numerics.compare(sides[0], sides[1], labels)
+    # 0: compared; 1: the two files cannot be compared (different outputs), as a script needs to know
+    code = 0 if result["status"] == "compared" else 1
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
-        return 0
+        return code
     print(result["sentence"])
     for o in result["outputs"]:
         snr = "identical" if o["identical"] else ("n/a" if o["snr_db"] is None else f"{o['snr_db']:.1f} dB")
         rel = "n/a" if o["max_rel"] is None else f"{o['max_rel']:.3g}"
         print(f"  output {o['index']}: {o['dtype']} {o['shape']}  max abs {o['max_abs']:.3g}  max rel {rel}  "
               f"SNR {snr}  {'within' if o['within_tolerance'] else 'BEYOND'} {o['tolerance']['describe']}")
-    return 0
+    return code
 
 
 def run(args: argparse.Namespace) -> int:

@@ -201,3 +201,6 @@ def test_cli_names_a_pte_or_etdump_given_as_outputs(tmp_path, example_pte, porta
     assert r.returncode == 2 and "truncated outputs container" in r.stderr
     r = _analyze(str(portable_trace), "--outputs", str(good), str(good))
     assert r.returncode == 2 and "give no trace" in r.stderr
+    other = _write(tmp_path / "f32.bin", [half().astype(np.float32)])  # valid, but not the same outputs
+    r = _analyze("--outputs", str(good), str(other))
+    assert r.returncode == 1 and r.stdout.strip(), r.stderr

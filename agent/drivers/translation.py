@@ -80,7 +80,8 @@ def over_limit_reason(size: int, limit: int, *, stopped: bool = True) -> str:
     it ended (it ran past the bound between two polls)."""
     return (f"the emulator's translation log reached {size / (1 << 20):.3g} MiB, over its bound of "
             f"{limit / (1 << 20):.3g} MiB; {'the runner was stopped' if stopped else 'its kernels were not named'}. "
-            f"Trace a smaller model, or raise the bound with {TRANSLATION_LOG_LIMIT_ENV} in the agent's environment")
+            f"Raise the bound with {TRANSLATION_LOG_LIMIT_ENV} in the agent's environment (the log is mostly "
+            "start-up code: a tiny model's is ~3.5 MiB and it grows little with the model)")
 
 
 def blocks(path: Path) -> Iterator[tuple[int, bytes]]:

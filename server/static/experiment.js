@@ -100,7 +100,7 @@ function operatorsBlock(ops) {
 
 function kernelsBlock(k) {
   if (!k) return null;
-  if (k.status !== "ok") return h("div", {}, h("h3", {}, "Kernel evidence"), h("p", { class: "muted small" }, `${k.status}: microkernel names are only logged by the xnnlog runner flavour.`));
+  if (k.status !== "ok") return h("div", {}, h("h3", {}, "Kernel evidence"), h("p", { class: "muted small" }, `${k.status}: microkernel names come from a trace run (\`--mode trace\`): on an emulated device with any build, on hardware with the xnnlog runner flavour.`));
   const counts = Object.entries(k.isa_counts || {}).filter(([, n]) => n > 0).map(([isa, n]) => h("span", { class: `chip isa-${isa}` }, `${isa} ${n}`));
   return h("div", {},
     h("h3", {}, "Kernel evidence ", h("span", { class: `badge ${k.sme2_used ? "yes" : "no"}` }, k.sme2_used ? "SME2 kernels ran" : "no SME2 kernel")),
