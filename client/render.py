@@ -61,10 +61,24 @@ def experiment_text(rep: ExperimentReport) -> str:
                 f"{o['name']} {o['total_ms']:.3f} ms{f' [{p}]' if (p := o.get('kernel_path')) else ''}"
                 f"{'' if o.get('delegated', True) else ' (PORTABLE)'}" for o in top))
             out += [f"  {line}" for line in kernel_path_lines(run_kernel_paths(r))]
+        if r.kernels and r.kernels.get("status") == "ok":
+            out.append(f"  {microkernels_line(r.kernels)}")
         out.append("")
     for c in rep.comparisons:
         out.append(_comparison(c))
     return "\n".join(out).rstrip() + "\n"
+
+
+def microkernels_line(kernels: dict, per_isa: int = 3) -> str:
+    """The microkernels a trace run executed, by ISA, best first, each ISA's first few by name."""
+    names: dict[str, list[str]] = {}
+    for ks in (kernels.get("by_kind") or {}).values():
+        for k in ks:
+            names.setdefault(k["isa"], []).append(k["name"])
+    parts = [f"{isa} {len(set(ns))}: " + ", ".join(sorted(set(ns))[:per_isa]) + (" …" if len(set(ns)) > per_isa else "")
+             for isa in ("SME2", "SME", "NEON", "x86", "other") if (ns := names.get(isa))]
+    source = f" (from the {kernels['source']})" if kernels.get("source") else ""
+    return f"microkernels{source}: " + ("; ".join(parts) or "none named")
 
 
 def run_kernel_paths(r) -> dict | None:

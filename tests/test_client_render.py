@@ -228,3 +228,19 @@ def test_sme2_flag_in_documents_and_cli(etdump_builder):
     assert "Run 1: SME2 was on" not in md  # the off arm is never flagged
     text = experiment_text(ExperimentReport.model_validate(exp))
     assert text.count("FLAG: SME2 was on, but none of the 0.800 ms") == 1
+
+
+def test_cli_text_names_the_microkernels_a_trace_run_executed(etdump_builder):
+    from sme2farm.analysis import parse_kernel_log
+    from sme2farm.client.render import experiment_text
+    from sme2farm.protocol import ExperimentReport
+
+    exp = _emulated_experiment(etdump_builder)
+    log = ("Executed gemm microkernel 'kai_run_matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_sme2_mopa' (40 translated blocks) "
+           "[emulator translation log]\n"
+           "Executed pack microkernel 'kai_run_lhs_pack_f32p2vlx1_f32_sme' (9 translated blocks) [emulator translation log]\n")
+    exp["runs"][1]["kernels"] = parse_kernel_log(log)
+    text = experiment_text(ExperimentReport.model_validate(exp))
+    assert ("microkernels (from the emulator translation log): SME2 1: kai_run_matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_"
+            "sme2_mopa; SME 1: kai_run_lhs_pack_f32p2vlx1_f32_sme") in text
+    assert text.count("microkernels (from") == 1  # the run without a kernel log names none
