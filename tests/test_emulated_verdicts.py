@@ -107,3 +107,13 @@ def test_no_verdict_chart_plots_an_emulated_comparison(arms):
     assert [r["verdict"] for r in rows] == [board["verdict"]]
     rows, _ = forest_rows([emulated])
     assert rows == [] and "emulated" not in charts.forest_plot(rows)
+
+
+def test_numerics_left_out_of_an_answer_say_how_to_get_them(arms):
+    off, on = arms
+    c = compare_runs([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("baseline", "candidate"), noise=None,
+                     numerics=False)
+    assert c["numerics"]["status"] == "not compared" and c["numerics"]["outputs"] == []
+    assert "R1 R2" in c["numerics"]["sentence"]
+    kept = compare_runs([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("baseline", "candidate"), noise=None)
+    assert kept["numerics"]["status"] == "not recorded"  # these runs stored no outputs: said, not skipped

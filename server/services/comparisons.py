@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from sme2farm import analysis
+from sme2farm.analysis.numerics import not_compared
 from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
 from sme2farm.protocol import TERMINAL
 from sme2farm.server.models import Device, Experiment, Run
@@ -33,7 +34,7 @@ def _runs_text(runs: list[Run]) -> str:
 
 
 def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], noise,
-                 min_effect: float = DEFAULT_MIN_EFFECT) -> dict:
+                 min_effect: float = DEFAULT_MIN_EFFECT, numerics: bool = True) -> dict:
     """One comparison entry of two arms (lists of runs): complete, or incomplete naming why."""
     ok_b = [r for r in base if r.status == "succeeded" and r.result]
     ok_c = [r for r in cand if r.status == "succeeded" and r.result]
@@ -48,7 +49,9 @@ def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], n
         result = analysis.compare([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
                                   labels=labels, noise=noise, min_effect=min_effect)
     # What the arms computed, beside how fast: on an emulator the only difference there is to see.
-    result["numerics"] = numerics_service.between(ok_b, ok_c, labels)
+    result["numerics"] = (numerics_service.between(ok_b, ok_c, labels) if numerics else not_compared(
+        "not compared", "numerics not compared in this answer: it compares the outputs of its first "
+        f"{MAX_NUMERICS_PAIRS} pairs; compare runs {ok_b[0].id} and {ok_c[0].id} alone (R{ok_b[0].id} R{ok_c[0].id})"))
     if result.get("emulated") and result["numerics"].get("sentence"):
         result["narrative"].append(result["numerics"]["sentence"])
     return {"status": "complete", "baseline_runs": [r.id for r in ok_b], "candidate_runs": [r.id for r in ok_c], **result}
@@ -107,6 +110,8 @@ def refresh(session: Session, *, experiment_id: int) -> None:
 
 
 # ---- any two experiments or runs (GET /comparisons) -------------------------------------------
+
+MAX_NUMERICS_PAIRS = 16  # GET /comparisons: pairs whose outputs are compared in one answer
 
 REF_HELP = "an experiment id (12 or E12; E12/B for the vs_model's runs of an A/B experiment) or a run id (R34)"
 
@@ -171,6 +176,9 @@ def between(session: Session, baseline: str, candidate: str, min_effect: float =
         return ", ".join(sorted({(r.device_snapshot or {}).get("serial") or "?" for r in runs}))
 
     bk, ck = keyed(b_runs), keyed(c_runs)
+    # Each pair's numerics read two stored outputs files (up to 64 MiB each) during this request:
+    # the first pairs only, so a wide answer does not read gigabytes.
+    budget = MAX_NUMERICS_PAIRS
     names = ("device model", "SME2", "threads", "mode")
     comparisons, unmatched = [], []
     for key in sorted(set(bk) & set(ck), key=str):
@@ -179,7 +187,9 @@ def between(session: Session, baseline: str, candidate: str, min_effect: float =
         noise = noise_service.for_devices(session, {r.device_id for r in b + c})
         entry = {"device_model": device_model, "baseline_device": serials(b), "candidate_device": serials(c),
                  "sme2": sme2, "threads": threads, "mode": mode}
-        comparisons.append({**entry, **compare_runs(b, c, labels=("baseline", "candidate"), noise=noise, min_effect=min_effect)})
+        comparisons.append({**entry, **compare_runs(b, c, labels=("baseline", "candidate"), noise=noise,
+                                                    min_effect=min_effect, numerics=budget > 0)})
+        budget -= 1
     for side, mine, other in (("baseline", bk, ck), ("candidate", ck, bk)):
         for key in sorted(set(mine) - set(other), key=str):
             # the nearest key on the other side: what differs from it
