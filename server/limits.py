@@ -6,10 +6,11 @@
   FastAPI reads non-JSON bodies of JSON routes whole into memory, so both are checked before the
   app sees the body. The two streaming routes (the model upload and agents' artifact uploads)
   are left to their own limits (server/uploads.py, Store.receive).
-- RateLimiter: token buckets for writes (per token) and failed authentication (per client IP).
-  In-process by default; with a Redis broker the buckets live in Redis, so every server process
-  shares them. Without Redis, each server process keeps its own buckets (N processes allow N
-  times the rate).
+- RateLimiter: token buckets for writes (per token) and failed authentication (per presented
+  token and per client address, agents apart from users: api/deps.py _FailureBudget; a valid
+  token is never refused for failures). In-process by default; with a Redis broker the
+  buckets live in Redis, so every server process shares them. Without Redis, each server
+  process keeps its own buckets (N processes allow N times the rate).
 """
 
 from __future__ import annotations
@@ -213,8 +214,9 @@ class RateLimiter:
 
     MAX_KEYS = 100_000
     # With Redis, a check() that found the bucket not empty is believed for this long without
-    # asking again (every agent request checks its IP's failed-authentication bucket: the round
-    # trip was 9% of the server's time under bench/scale.py's load). A hit() from this process
+    # asking again (a token not in the verified-token cache has its failed-authentication bucket
+    # checked: the round trip was 9% of the server's time under bench/scale.py's load when every
+    # agent request checked its address's). A hit() from this process
     # forgets it at once, so only other processes' hits go unseen, for at most this long.
     CHECK_MEMO_S = 1.0
 

@@ -208,15 +208,25 @@ def test_agents_download_only_their_own_runs_models(api, example_pte):
     assert api.client.get("/agent/models/not-a-digest", headers=api.auth(a["access_token"])).status_code == 422
 
 
-def test_failed_authentication_is_rate_limited_per_client(api):
+def test_failed_authentication_is_limited_for_the_guilty_only(api):
+    """Failures count against the token presented and, for requests with no valid token, the
+    address: the bad token is refused with Retry-After, a valid token from the same address is
+    never, and the agent protocol has its own budget (issue 15, D4)."""
     api.settings.rate_auth_failures_per_min = 3
     for _ in range(3):
         assert api.client.get("/devices", headers=api.auth("sme2_guess")).status_code == 401
     r = api.client.get("/devices", headers=api.auth("sme2_guess"))
     assert r.status_code == 429
     assert int(r.headers["retry-after"]) >= 1 and "SME2_RATE_AUTH_FAILURES_PER_MIN" in r.json()["detail"]
-    # while the bucket is empty a right guess from the same client is not confirmed either
-    assert api.client.get("/devices", headers=api.auth()).status_code == 429
+    # a valid token from the same client is not someone else's failure: answered, and written with
+    assert api.client.get("/devices", headers=api.auth()).status_code == 200
+    assert api.client.post("/experiments/987654/cancel", headers=api.auth()).status_code == 404
+    # another bad token from the address that spent its budget: 429 too (guessing is not sped up
+    # by changing the guess), with Retry-After
+    r = api.client.get("/devices", headers=api.auth("sme2_other_guess"))
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    # agents' failures are counted apart: a bad token on the agent protocol is a plain 401
+    assert api.client.post("/agent/claim", headers=api.auth("sme2_guess")).status_code == 401
     # a missing token is not a guess: it is still a plain 401
     assert api.client.get("/devices").status_code == 401
 

@@ -53,7 +53,7 @@ TxDep = Annotated[Callable[[], AbstractContextManager[Session]], Depends(get_tra
 
 def client_ip(request: Request | None) -> str:
     # The peer address. Behind a reverse proxy, run uvicorn with --proxy-headers and
-    # --forwarded-allow-ips so this is the client's, not the proxy's.
+    # --forwarded-allow-ips=<the proxy's address> so this is the client's, not the proxy's.
     return request.client.host if request is not None and request.client else "unknown"
 
 
@@ -65,37 +65,68 @@ def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"})
 
 
+class _FailureBudget:
+    """Where a failed authentication is counted: the presented token (its hash) and, for the
+    request that failed, its client address; the agent protocol (/agent/...) and the user API
+    have separate buckets, so a user's bad tokens never cost an agent and the other way round.
+    Only requests whose token turned out not valid are ever refused here: a valid token is
+    checked against nothing but itself (and is accepted before any bucket is consulted, since a
+    token that is valid now never failed)."""
+
+    def __init__(self, request: Request | None, sha: str):
+        self.limiter = getattr(request.app.state, "limiter", None) if request is not None else None
+        self.per_min = request.app.state.settings.rate_auth_failures_per_min if request is not None else 0.0
+        side = "agent" if request is not None and request.url.path.startswith("/agent/") else "user"
+        self.ip = client_ip(request)
+        # 32 hex digits (128 bits) of the hash: enough to tell tokens apart, and no token is stored
+        self.token_key, self.addr_key = f"authfail:{side}:token:{sha[:32]}", f"authfail:{side}:addr:{self.ip}"
+
+    def _detail(self, who: str, wait: float) -> str:
+        return (f"too many failed authentication attempts {who}; retry in {retry_after(wait)} s "
+                f"(SME2_RATE_AUTH_FAILURES_PER_MIN={self.per_min:g})")
+
+    def check_token(self) -> None:
+        """Before the database is asked: this token failed too often already (a guess repeated,
+        a revoked token still in use): 429, no lookup."""
+        if self.limiter is not None and (wait := self.limiter.check(self.token_key, self.per_min)):
+            raise _limited(self._detail("with this token", wait), wait)
+
+    def failed(self) -> HTTPException:
+        """The token is not valid: count it against the token and the address; the answer is 429
+        once either is spent (a flood of different tokens from one address), else 401."""
+        if self.limiter is not None:
+            wait = max(self.limiter.hit(self.token_key, self.per_min), self.limiter.hit(self.addr_key, self.per_min))
+            if wait:
+                return _limited(self._detail(f"from {self.ip}", wait), wait)
+        return _unauthorized("invalid or revoked token")
+
+
 def _verify(settings: Settings, creds: HTTPAuthorizationCredentials | None, request: Request | None = None) -> ApiToken:
     """The caller's token (a row, or a detached copy of it from the verified-token cache), or 401.
 
-    Failed attempts (a token presented that is not valid) are counted per client IP; past
-    SME2_RATE_AUTH_FAILURES_PER_MIN every attempt from that IP is answered 429 until its bucket
-    refills, so tokens cannot be guessed at speed. A valid token is remembered for
-    SME2_TOKEN_CACHE_S (services/tokens.py VerifiedCache: what that means for revocation), so
-    most requests authenticate without a database transaction. An agent token is valid only
-    while its agent exists."""
+    A valid token is never throttled by failures: neither its own address's (another client
+    behind the same address, or a proxy) nor anyone's. Failed attempts (a token presented that
+    is not valid) are counted per presented token and per client address, agents apart from
+    users (_FailureBudget); past SME2_RATE_AUTH_FAILURES_PER_MIN the failing requests are
+    answered 429 with Retry-After, so tokens cannot be guessed at speed. A valid token is
+    remembered for SME2_TOKEN_CACHE_S (services/tokens.py VerifiedCache: what that means for
+    revocation), so most requests authenticate without a database transaction. An agent token
+    is valid only while its agent exists."""
     if creds is None or creds.scheme.lower() != "bearer":
         raise _unauthorized("missing bearer token")
-    limiter, per_min, key = None, 0.0, f"authfail:{client_ip(request)}"
-    if request is not None:
-        limiter = getattr(request.app.state, "limiter", None)
-        per_min = request.app.state.settings.rate_auth_failures_per_min
-    if limiter is not None and (wait := limiter.check(key, per_min)):
-        raise _limited(f"too many failed authentication attempts from {client_ip(request)}; retry in "
-                       f"{retry_after(wait)} s (SME2_RATE_AUTH_FAILURES_PER_MIN={per_min:g})", wait)
     sha = token_service.digest(creds.credentials)
     cache = token_service.verified
     row = cache.get(settings.sqlalchemy_url, sha)
     if row is not None:
         return row
+    budget = _FailureBudget(request, sha)
+    budget.check_token()
     generation = cache.generation()
     with session_scope(settings.sqlalchemy_url) as session:
         row = token_service.get_by_token(session, token=creds.credentials)
         agent_gone = row is not None and row.agent_id is not None and session.get(Agent, row.agent_id) is None
     if row is None:
-        if limiter is not None:
-            limiter.hit(key, per_min)
-        raise _unauthorized("invalid or revoked token")
+        raise budget.failed()
     if agent_gone:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this agent was removed")
     cache.put(settings.sqlalchemy_url, row, settings.token_cache_s, generation)
