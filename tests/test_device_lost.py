@@ -171,3 +171,129 @@ def test_ready_and_metrics_show_devices_offline_with_queued_work(api):
     assert 'sme2farm_device_offline_queued_runs{device="gone"} 2.0' in text
     assert 'sme2farm_device_offline_seconds{device="gone"} 1' in text  # 1xx seconds
     assert 'device="idle-one"' not in text
+
+
+# ---- a real farm whose second agent is killed mid-experiment -------------------------------------
+
+FARM_LOST_S = 15.0    # SME2_DEVICE_LOST_S
+FARM_OFFLINE_S = 9.0  # SME2_AGENT_OFFLINE_S: above a live agent's longest silence (last_seen written every 5 s)
+FARM_LEASE_S = 6.0
+
+
+def _wait(what: str, check, timeout_s: float, every: float = 0.1):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(every)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not __import__("shutil").which("unshare"), reason="needs unshare (a second host name)")
+@pytest.mark.parametrize("backend", ["embedded", "postgres_redis"])
+def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_status_says_why(
+        backend, request, tmp_path, local_runner, example_pte):
+    """`sme2-farm up` with its own agent, and a second agent on "another host" (its own UTS
+    namespace, so its local device has another serial), killed with SIGKILL mid-experiment and
+    never restarted: its device's runs end unschedulable within the bound, with the reason; the
+    farm's own device finishes its share."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from _fixtures_farm import PrivateRedis, start_farm, stop_farm
+
+    if os.geteuid() != 0:
+        pytest.skip("a UTS namespace needs root")
+    catalog, _ = local_runner
+    env = {"SME2_DEVICE_LOST_S": str(FARM_LOST_S), "SME2_AGENT_OFFLINE_S": str(FARM_OFFLINE_S),
+           "SME2_LEASE_S": str(FARM_LEASE_S), "SME2_HEARTBEAT_INTERVAL_S": "1", "SME2_POLL_TIMEOUT_S": "2"}
+    redis = None
+    if backend == "postgres_redis":
+        redis = PrivateRedis(tmp_path)
+        env.update(SME2_DATABASE_URL=request.getfixturevalue("postgres_url"), SME2_BROKER_URL=redis.url)
+    farm = start_farm(tmp_path / "farm", catalog.manifest, extra_env=env)
+    second = None
+    try:
+        agent_cmd = [sys.executable, "-m", "sme2farm.agent.cli", "--drivers", "local", "--manifest", str(catalog.manifest),
+                     "--work-dir", str(tmp_path / "agent2"), "run", "--server", farm.url, "--name", "second"]
+        log = open(tmp_path / "agent2.log", "w")
+        # exec: the process we kill is the agent itself; its runner dies with it (PR_SET_PDEATHSIG).
+        second = subprocess.Popen(["unshare", "--uts", "sh", "-c", 'hostname sme2-second && exec "$@"', "sh", *agent_cmd],
+                                  env={**farm.env, "SME2_AGENT_TOKEN": farm.token}, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        client = farm.client()
+        devices = _wait("the second agent's device", lambda: [d for d in client.http.get("/devices").json()
+                                                               if d["serial"] == "host-sme2-second"], 60)
+        assert devices[0]["state"] in ("idle", "busy")
+        # Runs of a second or more each (toy_cnn's take milliseconds), so the kill lands mid-experiment.
+        heavy = example_pte("cnn_blocks", blocks=20, channels=64, size=32)
+        exp = client.submit(heavy, ExperimentSpec(sme2="off", threads=[1], iterations=15, warmup=1, sessions=4))
+        ours = {r.id for r in exp.runs if r.device.serial == "host-sme2-second"}
+        assert len(ours) == 4 and len(exp.runs) == 8
+
+        def running_on_second():
+            rep = client.experiment(exp.id)
+            return rep if any(r.id in ours and r.status == S.running for r in rep.runs) else None
+
+        rep = _wait("a run on the second device to be running", running_on_second, 120, every=0.05)
+        # What its queued runs wait for, as a user sees it: the device, busy with the running run.
+        out = farm.cli("status", str(exp.id))
+        assert out.returncode == 0, out.stderr
+        assert "queued: waits for device host-sme2-second (" in out.stdout and "busy with run " in out.stdout, out.stdout
+        assert any(r.status == S.queued for r in client.experiment(exp.id).runs if r.id in ours)  # still mid-experiment
+
+        os.kill(second.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        second.wait(timeout=10)
+
+        def offline_wait():
+            rep = client.experiment(exp.id)
+            return [r.waiting_for for r in rep.runs if r.waiting_for and "offline since" in r.waiting_for]
+
+        seen_offline = _wait("a queued run to say it waits for an offline device", offline_wait, FARM_LOST_S + 30, every=0.2)
+        assert seen_offline[0].startswith("device host-sme2-second (")
+
+        def ended():
+            rep = client.experiment(exp.id)
+            return rep if all(r.status in (S.succeeded, S.failed, S.cancelled, S.unschedulable) for r in rep.runs
+                              if r.id in ours) else None
+
+        rep = _wait("the killed agent's runs to end", ended, FARM_LOST_S + FARM_LEASE_S + 40, every=0.2)
+        took = time.monotonic() - killed
+        mine = [r for r in rep.runs if r.id in ours]
+        lost = [r for r in mine if r.status == S.unschedulable]
+        assert lost, [(r.status, r.reason) for r in mine]
+        for r in lost:
+            assert r.reason.startswith("device host-sme2-second (") and " offline since " in r.reason, r.reason
+            assert f"its queued runs cannot run (offline longer than SME2_DEVICE_LOST_S={FARM_LOST_S:g} s)" in r.reason
+        # The bound counts from when the agent was last heard (at most a few seconds before the kill);
+        # the lease of the run it held and a reap period may come on top.
+        assert took < FARM_LOST_S + FARM_LEASE_S + 15, took
+        print(f"\n{backend}: kill -9 of the agent -> its device's runs ended after {took:.1f} s "
+              f"(SME2_DEVICE_LOST_S={FARM_LOST_S:g}, SME2_AGENT_OFFLINE_S={FARM_OFFLINE_S:g}, SME2_LEASE_S={FARM_LEASE_S:g})")
+        # The farm's own device serves its share; the experiment ends partial, not stuck.
+        rep = _wait("the farm's own runs", lambda: (r := client.experiment(exp.id)).status in ("partial", "succeeded", "failed")
+                    and r, 180, every=0.5)
+        assert rep.status == "partial" and all(r.status == S.succeeded for r in rep.runs if r.id not in ours), \
+            [(r.id, r.status, r.reason) for r in rep.runs]
+        out = farm.cli("status", str(exp.id))
+        assert "reason: device host-sme2-second (" in out.stdout and "queued: waits for" not in out.stdout, out.stdout
+        # A new submission leaves the lost device out and says so.
+        again = client.submit(example_pte("toy_cnn"), ExperimentSpec(sme2="off", threads=[1], iterations=3, warmup=1))
+        assert {r.device.serial for r in again.runs} != {"host-sme2-second"} and all(
+            r.device.serial != "host-sme2-second" for r in again.runs)
+        assert any(w.startswith("device host-sme2-second (") and "was left out" in w for w in again.warnings), again.warnings
+    finally:
+        if second is not None and second.poll() is None:
+            os.kill(second.pid, signal.SIGKILL)
+            second.wait(timeout=10)
+        stop_farm(farm.proc)
+        if redis is not None:
+            redis.kill()
