@@ -82,6 +82,12 @@ def test_queued_runs_of_a_device_offline_past_the_bound_end_unschedulable_naming
     assert any(w.startswith("device gone (Board X) offline since ") and "(6 min)" in w for w in waits), waits
     assert any(w.startswith("device near (Board X) offline since ") and "(4 min)" in w for w in waits), waits
     assert any(w.startswith("device fine (Board X), idle") for w in waits), waits
+    # What `status` and `submit --wait` print: each device's wait once on the progress line.
+    from sme2farm.client.render import experiment_text, progress_line
+
+    line = progress_line(rep)
+    assert line.count("device gone (Board X) offline since ") == 1 and "; queued: waits for device " in line, line
+    assert experiment_text(rep).count("  queued: waits for device gone (Board X) offline since ") == 2
 
     ended = _reap(db_url)
     runs = _runs(db_url, exp_id)
@@ -146,6 +152,9 @@ def test_a_submission_leaves_a_long_offline_device_out_and_says_so(db_url):
     assert "was left out: offline longer than SME2_DEVICE_LOST_S=300" in warnings[0]
     assert list(_runs(db_url, exp_id)) == ["here"]
     assert _report(db_url, exp_id).warnings == warnings  # every report of it says so
+    from sme2farm.client.render import experiment_text
+
+    assert f"  note: {warnings[0]}" in experiment_text(_report(db_url, exp_id))
     # A device offline for less than the bound still gets runs (it may return).
     _offline_since(db_url, "here", 10)
     exp2, warnings2 = _submit(db_url, device={"serial": "here"})

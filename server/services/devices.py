@@ -123,7 +123,8 @@ def get_all(session: Session) -> list[Device]:
 
 
 def matching(session: Session, *, selector: DeviceSelector | None) -> list[Device]:
-    """Devices a selector names (every given field must match); offline ones included, they may return."""
+    """Devices a selector names (every given field must match); offline ones included, they may return
+    (experiments.create leaves out those offline past SME2_DEVICE_LOST_S: they are lost)."""
     out = []
     for d in get_all(session):
         s = selector or DeviceSelector()
@@ -175,7 +176,8 @@ def expected(session: Session, *, expect_agent: str | None, expect_agent_since: 
        re-discover every 30 s).
 
     Not expected: an agent that has run longer than that with no device, devices that are known
-    but do not match the selector, offline devices (they already match; their runs queue).
+    but do not match the selector, offline devices (they already match; their runs queue, unless
+    offline past SME2_DEVICE_LOST_S: then the 422 names them).
     """
     now = now or utcnow()
     if expect_agent:
