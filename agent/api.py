@@ -1,10 +1,12 @@
 """The agent's HTTP client for the server's /agent protocol: retries with backoff and jitter on
-network errors, 5xx and 429; stops on 401/403; surfaces 409 as LeaseLost."""
+network errors, 5xx and 429 (honouring Retry-After); stops on 401/403; surfaces 409 as LeaseLost.
+Artifact uploads are retried for a time bound, then surface as UploadRefused with the server's reason."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -27,22 +29,62 @@ class LeaseLost(Exception):
     """409: this agent no longer owns the run; stop it."""
 
 
+class UploadRefused(Exception):
+    """An artifact the server would not take, through every retry: the run cannot be reported,
+    and running the model again would meet the same refusal. The message is the server's reason."""
+
+
+def _detail(r: httpx.Response) -> str:
+    """The server's own words for a refusal: its JSON `detail`/`message`, else the body's text."""
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text.strip()[:500] or r.reason_phrase
+    if isinstance(body, dict):
+        for key in ("detail", "message"):
+            if isinstance(body.get(key), str):
+                return body[key]
+    return str(body)[:500]
+
+
+def _retry_after(r: httpx.Response) -> float:
+    """Retry-After in seconds (0 when absent or an HTTP date, which this server never sends)."""
+    try:
+        return max(0.0, float(r.headers.get("retry-after", "")))
+    except ValueError:
+        return 0.0
+
+
+# How long an artifact upload is retried through a full disk or a server away before the run is
+# finished failed (SME2_AGENT_UPLOAD_RETRY_S): long enough for an operator to free space or a
+# restart to finish, short enough that a device does not sit held for nothing.
+UPLOAD_RETRY_S = 120.0
+
+
 class AgentApi:
-    def __init__(self, server: str, token: str, *, retries: int = 8, transport: httpx.BaseTransport | None = None):
+    def __init__(self, server: str, token: str, *, retries: int = 8, transport: httpx.BaseTransport | None = None,
+                 upload_retry_s: float | None = None):
         self.server = server.rstrip("/")
         self.retries = retries
+        self.upload_retry_s = upload_retry_s if upload_retry_s is not None else float(
+            os.environ.get("SME2_AGENT_UPLOAD_RETRY_S") or UPLOAD_RETRY_S)
         self.client = httpx.Client(base_url=self.server, timeout=httpx.Timeout(30.0, connect=5.0), transport=transport)
         self.client.headers["Authorization"] = f"Bearer {token}"
 
-    def _request(self, method: str, url: str, *, timeout: float | None = None, **kw) -> httpx.Response:
+    def _request(self, method: str, url: str, *, timeout: float | None = None, until: float | None = None,
+                 **kw) -> httpx.Response:
+        """Retried `self.retries` times, or until time.monotonic() passes `until` when given; the
+        last failure is raised (httpx.TransportError or httpx.HTTPStatusError)."""
         delay = 0.2
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        while True:
+            wait = delay * (0.5 + random.random())  # full jitter keeps a lab's agents from stampeding
             try:
                 r = self.client.request(method, url, timeout=timeout or self.client.timeout, **kw)
             except httpx.TransportError as e:
-                if attempt == self.retries:
+                if self._spent(attempt, until):
                     raise
-                log.warning("%s %s: %s; retrying", method, url, e)
+                why = str(e) or type(e).__name__
             else:
                 if r.status_code in (401, 403):
                     raise Unauthorized(f"{method} {url}: {r.status_code} {r.text}")
@@ -51,11 +93,21 @@ class AgentApi:
                 if r.status_code < 500 and r.status_code != 429:
                     r.raise_for_status()
                     return r
-                if attempt == self.retries:
+                # a 503 (database away) or 429 says when to come back: sooner only hammers it
+                wait = max(wait, min(_retry_after(r), 30.0))
+                if self._spent(attempt, until):
                     r.raise_for_status()
-            time.sleep(delay * (0.5 + random.random()))  # full jitter keeps a lab's agents from stampeding
+                why = f"{r.status_code} {_detail(r)[:200]}"
+            if until is not None:
+                wait = max(0.0, min(wait, until - time.monotonic()))   # the last try at the bound, not past it
+            log.warning("%s %s: %s; retrying in %.1f s", method, url, why, wait)
+            time.sleep(wait)
             delay = min(delay * 2, 10.0)
-        raise AssertionError("unreachable")
+            attempt += 1
+
+    def _spent(self, attempt: int, until: float | None) -> bool:
+        """No retry left: the count is used up, or `until` has passed."""
+        return attempt >= self.retries if until is None else time.monotonic() >= until
 
     def register(self, *, name: str, hostname: str, version: str, devices: list[DeviceInfo], runners: list[RunnerInfo]) -> AgentRegistered:
         body = AgentRegister(name=name, hostname=hostname, version=version, devices=devices, runners=runners)
@@ -79,10 +131,26 @@ class AgentApi:
         return HeartbeatAnswer.model_validate(r.json())
 
     def upload(self, run_id: int, lease_id: str, name: str, path: Path) -> dict[str, Any]:
+        """Retried through 5xx (a 507 full disk included), 429 and dropped connections for up to
+        upload_retry_s (the run's heartbeats keep its lease meanwhile); then UploadRefused, with
+        the server's reason. Any other refusal (413 too large, ...) is UploadRefused at once."""
         data = path.read_bytes()
         headers = {"X-Lease-Id": lease_id, "X-Content-SHA256": hashlib.sha256(data).hexdigest(),
                    "Content-Type": "application/octet-stream"}
-        return self._request("PUT", f"/agent/runs/{run_id}/artifacts/{name}", content=data, headers=headers).json()
+        start = time.monotonic()
+        try:
+            return self._request("PUT", f"/agent/runs/{run_id}/artifacts/{name}", content=data, headers=headers,
+                                 until=start + self.upload_retry_s).json()
+        except httpx.HTTPStatusError as e:
+            r = e.response
+            what = f"the server refused {name} ({len(data)} bytes)"
+            if r.status_code >= 500 or r.status_code == 429:
+                what += f" for {time.monotonic() - start:.0f} s"
+            why = f"{what}: {r.status_code} {_detail(r)}"
+            raise UploadRefused(f"the farm's disk is full: {why}" if r.status_code == 507 else why) from e
+        except httpx.TransportError as e:
+            raise UploadRefused(f"the server could not be reached to upload {name} for "
+                                f"{time.monotonic() - start:.0f} s: {e or type(e).__name__}") from e
 
     def finish(self, run_id: int, body: RunFinish) -> dict[str, Any]:
         return self._request("POST", f"/agent/runs/{run_id}/finish", json=body.model_dump(mode="json")).json()

@@ -6,6 +6,8 @@ runs and hands them out is loop.py):
     driver.execute -> upload the artifacts -> finish
 
 A lease lost anywhere stops the run quietly: the server has requeued it, and nothing is stored twice.
+An upload the server keeps refusing (a full disk, a 5xx through every retry) finishes the run
+failed with the server's reason, so the model is not run again into the same refusal.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Callable
 
 import httpx
 
-from sme2farm.agent.api import AgentApi, LeaseLost
+from sme2farm.agent.api import AgentApi, LeaseLost, UploadRefused
 from sme2farm.agent.drivers.base import ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, OUTPUTS_NAME, Driver, Job, JobResult
 from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish
 from sme2farm.runners.catalog import Catalog
@@ -119,7 +121,13 @@ class JobRunner:
         threading.Thread(target=self._heartbeat, args=(job, done), daemon=True).start()
         try:
             result = driver.execute(a.device_serial, job)
-            self._report(job, build.info(), result)
+            try:
+                self._report(job, build.info(), result)
+            except UploadRefused as e:
+                # Finished here, not left to the lease: an expired lease would run the model again
+                # (up to the attempts limit) into the same refusal, and end with a false reason.
+                log.error("run %s: %s; finishing it failed", a.run_id, e)
+                self._fail(str(e))
         except LeaseLost:
             log.warning("run %s: lease lost before finishing; the server has requeued it", a.run_id)
             return None
