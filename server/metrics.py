@@ -9,27 +9,152 @@ Two kinds:
 - state read from the database at scrape time: runs by status, devices by state, agents online,
   the beat's heartbeat age, the broker's queue depth, and the supervisor's children (restarts,
   up), so they are right whichever process changed them.
+
+The multiprocess store on a full disk. prometheus_client keeps each process's values in a file it
+memory-maps (mmap_dict.MmapedDict): it creates the file with truncate() to 64 KiB, which makes a
+*sparse* file (no blocks yet), and writes through the mapping. On a full file system the kernel
+cannot give the first written page a block, and a page fault on a mapping it cannot back is
+SIGBUS: the process dies on the first request it times (before this: `GET /suites` reset, the
+server killed by SIGBUS, restarted into the same crash, one more 64 KiB histogram_<pid>.db each
+time). So here:
+- every store file's blocks are allocated (posix_fallocate) before it is mapped or grown: no
+  space is then an OSError (ENOSPC) at that moment, never a fault later;
+- on that error this process's metrics degrade, and the process lives: values that need new
+  space are kept in memory only (not in /metrics), one log line says so, /ready and
+  sme2farm_metrics_store_degraded show it; values already stored keep counting;
+- the files are named per supervisor child (SME2_METRICS_SLOT, set by `sme2-farm up`: server,
+  worker, beat) instead of per pid, so a restarted child reopens its own file and counts on:
+  nothing grows per restart. A slot is held with flock for the process's life; a second process
+  on the same slot (a fork) falls back to <slot>-<pid>, as prometheus_client's pid naming does.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
+import re
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # must exist before the first metric is created
-    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
-
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest  # noqa: E402
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.mmap_dict import MmapedDict
 
-from sme2farm.protocol import TASK_INGEST, RunStatus  # noqa: E402
+from sme2farm.protocol import TASK_INGEST, RunStatus
+from sme2farm.server.storage import allocate
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("sme2farm.access")
+
+MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+_INITIAL_SIZE = 1 << 16  # what prometheus_client gives a new file (mmap_dict._INITIAL_MMAP_SIZE)
+_SLOT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+# Why this process's metrics store is off, once it is: {"since": epoch s, "reason": str}; else None.
+DEGRADED: dict | None = None
+_degrade_lock = threading.Lock()
+
+
+def _degrade(e: OSError) -> None:
+    global DEGRADED
+    with _degrade_lock:
+        if DEGRADED is not None:
+            return
+        what = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else f"{e.strerror or e}"
+        DEGRADED = {"since": time.time(),
+                    "reason": f"cannot write the metrics store in {MULTIPROC_DIR} ({what}): this process's new "
+                              f"series are counted in memory only, not in /metrics, until it restarts"}
+    log.error("metrics store degraded: %s", DEGRADED["reason"])
+
+
+class _AllocatedStore(MmapedDict):
+    """prometheus_client's MmapedDict whose file is allocated before it is mapped or grown."""
+
+    def __init__(self, filename, read_mode=False):
+        if not read_mode:
+            fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o600)
+            size = -1
+            try:
+                size = os.fstat(fd).st_size
+                allocate(fd, max(size, _INITIAL_SIZE))  # also fills the holes of an older sparse file
+            except OSError:
+                if size == 0:  # an empty file would break the scrape that reads it: leave none
+                    os.unlink(filename)
+                raise
+            finally:
+                os.close(fd)
+        super().__init__(filename, read_mode)
+
+    def _init_value(self, key):
+        encoded = key.encode("utf-8")
+        need = self._used + 4 + len(encoded) + (8 - (len(encoded) + 4) % 8) + 16  # as MmapedDict lays it out
+        capacity = self._capacity
+        while need > capacity:
+            capacity *= 2
+        if capacity != self._capacity:
+            allocate(self._f.fileno(), capacity)  # then MmapedDict's truncate() to this size changes nothing
+        super()._init_value(key)
+
+
+_slot_fds: list[int] = []  # flocks held for the life of the process
+_identity: dict = {}
+
+
+def _claim_identifier(pid: int) -> str:
+    slot = os.environ.get("SME2_METRICS_SLOT", "")
+    if not _SLOT.match(slot) or not MULTIPROC_DIR:
+        return str(pid)
+    try:
+        fd = os.open(os.path.join(MULTIPROC_DIR, f"{slot}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return f"{slot}-{pid}"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another live process (a fork of this one) holds the slot
+        os.close(fd)
+        return f"{slot}-{pid}"
+    _slot_fds.append(fd)
+    return slot
+
+
+def process_identifier() -> str:
+    """The name of this process's store files: its supervisor slot, claimed once per process."""
+    pid = os.getpid()
+    if _identity.get("pid") != pid:
+        _identity.update(pid=pid, value=_claim_identifier(pid))
+    return _identity["value"]
+
+
+def _install_store() -> None:
+    """Make every metric value created from now on use the allocated, slot-named store, or
+    memory once the store has failed. Runs before the first metric below is created."""
+    if not MULTIPROC_DIR:
+        return
+    try:
+        os.makedirs(MULTIPROC_DIR, exist_ok=True)
+    except OSError as e:
+        _degrade(e)
+    # values.MultiProcessValue opens its files through this module-level name.
+    values.MmapedDict = _AllocatedStore
+    stored = values.MultiProcessValue(process_identifier=process_identifier)
+
+    def value(*args, **kwargs):
+        if DEGRADED is None:
+            try:
+                return stored(*args, **kwargs)
+            except OSError as e:
+                _degrade(e)
+        return values.MutexValue(*args, **kwargs)
+
+    values.ValueClass = value
+
+
+_install_store()
 
 HTTP_LATENCY = Histogram(
     "sme2farm_http_request_duration_seconds", "HTTP request latency, by route template",
@@ -173,7 +298,27 @@ def render(settings) -> bytes:
     else:
         registry.register(_Process())
     registry.register(StateCollector(settings))
+    registry.register(_StoreCollector())
     return generate_latest(registry)
+
+
+class _StoreCollector:
+    """Whether the process answering this scrape could keep its metrics store (see the module doc)."""
+
+    def collect(self):
+        yield GaugeMetricFamily("sme2farm_metrics_store_degraded",
+                                "1 when the answering process could not write its metrics store (disk full) "
+                                "and counts new series in memory only", value=0 if DEGRADED is None else 1)
+
+
+def store_check() -> dict:
+    """/ready's note on this process's metrics store: informational, never failing readiness (a
+    full disk must not take reads out of a load balancer)."""
+    if not MULTIPROC_DIR:
+        return {"ok": True, "detail": "in-process (no PROMETHEUS_MULTIPROC_DIR)"}
+    if DEGRADED is None:
+        return {"ok": True, "detail": "ok"}
+    return {"ok": True, "degraded": True, "since": DEGRADED["since"], "detail": DEGRADED["reason"]}
 
 
 def broker_queue_depth(url: str, queue: str = "celery") -> int | None:

@@ -19,6 +19,18 @@ from sme2farm.protocol import ARTIFACT_NAMES
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def allocate(fd: int, size: int) -> None:
+    """Give a file's first `size` bytes real blocks. Writes into them, and through a memory
+    mapping of them, then never need space: on a full disk the failure is this call's OSError
+    (ENOSPC), not a later write's, nor a SIGBUS from a mapping of a sparse file."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
+        return
+    have = os.fstat(fd).st_size  # no fallocate (macOS): zeros written are blocks allocated
+    while have < size:
+        have += os.pwrite(fd, bytes(min(size - have, 1 << 16)), have)
+
+
 class TooLarge(Exception):
     def __init__(self, limit: int):
         super().__init__(f"upload exceeds the {limit // (1 << 20)} MiB limit")

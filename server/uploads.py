@@ -14,7 +14,6 @@ that goes away, a cancelled request).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -199,12 +198,12 @@ async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs
                 c.error = (400, f"malformed multipart body: the {c._name!r} part never ended (no closing boundary)")
     except HTTPException:
         raise
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # the server's own I/O failed, not the client's body
-            c.close()
-            c.upload.discard()
-            raise
-        c.error = (507, "the server's disk is full: the upload was not stored; retry once space is freed")
+    except OSError:
+        # The server's own I/O failed, not the client's body: a full disk is answered 507 with
+        # the same body as every other write's (api/errors.py), anything else is a 500.
+        c.close()
+        c.upload.discard()
+        raise
     except Exception as e:  # malformed multipart framing, or the client went away
         c.error = (400, f"malformed multipart body: {e}")
     except BaseException:  # cancelled: nothing answers, but nothing may stay behind either

@@ -29,6 +29,7 @@ router = APIRouter(tags=["operations"])
 
 CHECK_TIMEOUT_S = 3.0
 SUPERVISOR_STALE_S = 10.0  # the supervisor rewrites its status file every second or two
+DISK_LOW_BYTES = 1 << 20  # below this free, /ready notes the data dir's disk as full
 
 
 @router.get("/health")
@@ -90,13 +91,49 @@ def _supervisor(settings) -> dict[str, Any]:
     out: dict[str, Any] = {"supervisor": {"ok": age < SUPERVISOR_STALE_S, "pid": status.get("pid"),
                                           "detail": "alive" if age < SUPERVISOR_STALE_S else f"status not updated for {age:.0f} s"}}
     for name, child in status.get("children", {}).items():
-        ok = child.get("state") == "running"
-        detail = child.get("state", "unknown")
-        if not ok and child.get("last_exit") is not None:
-            detail += f" after exit code {child['last_exit']}"
-        out[f"supervisor.{name}"] = {"ok": ok, "state": child.get("state"), "pid": child.get("pid"),
-                                     "restarts": child.get("restarts", 0), "detail": detail}
+        out[f"supervisor.{name}"] = _child(name, child, status.get("healthy_s"))
     return out
+
+
+def _child(name: str, child: dict, healthy_s: float | None) -> dict[str, Any]:
+    """One supervised child: failing while it is not running, or while it is in a crash loop
+    (it may be up between two crashes), with the last exit and how often it happened."""
+    state = child.get("state", "unknown")
+    reason = child.get("last_exit_reason") or (f"exit code {child['last_exit']}" if child.get("last_exit") is not None else None)
+    crash_loop = bool(child.get("crash_loop"))
+    if crash_loop:
+        since = child.get("quick_since") or time.time()
+        detail = (f"crash loop: {child.get('quick_exits', 0)} exits in a row in the last {time.time() - since:.0f} s, each "
+                  f"within {healthy_s or 0:g} s of starting; the last {reason}")
+        if state == "backoff" and child.get("next_start"):
+            detail += f"; next restart in {max(0.0, child['next_start'] - time.time()):.0f} s"
+        elif state == "running":
+            detail += f"; running again, out of the loop after {healthy_s or 0:g} s up"
+        detail += f" (see logs/{name}.log in the data dir)"
+    else:
+        detail = state if state == "running" or reason is None else f"{state} after it {reason}"
+    return {"ok": state == "running" and not crash_loop, "state": state, "pid": child.get("pid"),
+            "restarts": child.get("restarts", 0), "last_exit": child.get("last_exit"), "last_exit_reason": reason,
+            "crash_loop": crash_loop, "detail": detail}
+
+
+def _disk(settings) -> dict[str, Any]:
+    """The data dir's free space and this process's metrics store. Informational (ok even when
+    full): a full disk refuses writes (507) but reads go on, so it must not take the server
+    out of a load balancer."""
+    import shutil
+
+    from sme2farm.server.metrics import store_check
+
+    usage = shutil.disk_usage(settings.data_dir)
+    free_mb = usage.free / (1 << 20)
+    disk: dict[str, Any] = {"ok": True, "free_mb": round(free_mb, 1), "total_mb": round(usage.total / (1 << 20), 1)}
+    if usage.free < DISK_LOW_BYTES:
+        disk["full"] = True
+        disk["detail"] = f"the data dir's disk is full ({free_mb:.1f} MiB free): submissions and uploads get 507; reads go on"
+    else:
+        disk["detail"] = "ok"
+    return {"disk": disk, "metrics_store": store_check()}
 
 
 async def _run(name: str, fn: Callable[[Any], dict], settings) -> dict[str, Any]:
@@ -114,13 +151,17 @@ async def _run(name: str, fn: Callable[[Any], dict], settings) -> dict[str, Any]
 async def ready(settings: SettingsDep) -> JSONResponse:
     checks: dict[str, Any] = {}
     parts = await asyncio.gather(_run("database", _database, settings), _run("broker", _broker, settings),
-                                 _run("supervisor", _supervisor, settings))
+                                 _run("supervisor", _supervisor, settings), _run("disk", _disk, settings))
     for part in parts:
         checks.update(part)
     if not checks.get("database", {}).get("ok"):  # beat and agents are read from the database
         checks.setdefault("beat", {"ok": False, "detail": "unknown: the database did not answer"})
     failing = sorted(name for name, c in checks.items() if not c.get("ok"))
     body = {"status": "not ready" if failing else "ready", "failing": failing, "checks": checks}
+    if failing and checks.get("disk", {}).get("full"):
+        # On the embedded default the database and broker live on that disk: the beat cannot
+        # renew its lease, the broker cannot take a message. Say the cause, not only the effects.
+        body["cause"] = checks["disk"]["detail"]
     if not failing:
         return JSONResponse(body)
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
