@@ -146,7 +146,7 @@ class AgentApi:
             what = f"the server refused {name} ({len(data)} bytes)"
             if r.status_code >= 500 or r.status_code == 429:
                 what += f" for {time.monotonic() - start:.0f} s"
-            why = f"{what}: {r.status_code} {_detail(r)}"
+            why = f"{what} with {r.status_code}: {_detail(r)}"
             raise UploadRefused(f"the farm's disk is full: {why}" if r.status_code == 507 else why) from e
         except httpx.TransportError as e:
             raise UploadRefused(f"the server could not be reached to upload {name} for "

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import httpx
 
@@ -56,25 +59,136 @@ def describe(detail: Any) -> str:
 
 
 class FarmError(Exception):
-    """A 4xx/5xx from the server, with its message (validation lists already turned into sentences)."""
+    """A 4xx/5xx from the server, with its message (validation lists already turned into sentences)
+    and its Retry-After in seconds (None when it sent none)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: float | None = None):
         super().__init__(f"{status}: {message}")
-        self.status, self.message = status, message
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+
+# Answers that mean "not now" rather than "no": the database away (503), a rate limit (429), the
+# server restarting behind a proxy (502, 504). A 500 is a bug: waiting does not fix it.
+TRANSIENT = frozenset({429, 502, 503, 504})
+# The longest unbroken fault a wait without --timeout sits through (a database failover, a
+# server restarted by its supervisor take seconds; a farm away for minutes is news to tell).
+OUTAGE_S = 300.0
+# ... and before the server ever answered this client: then a refused connection is more likely
+# a wrong --server or a farm not started than a restart, and a user should hear so soon.
+FIRST_CONTACT_S = 10.0
+RETRY_AFTER_MAX_S = 60.0
+
+T = TypeVar("T")
+
+
+class GaveUp(TimeoutError):
+    """A patient wait ran out: the message says what it waited for and what it last saw."""
+
+
+class Patience:
+    """Calls to the farm that wait out transient faults (connection refused or dropped, 503 with
+    its Retry-After, 429, 502/504) with backoff and jitter, within one bound for the whole wait:
+    `timeout` seconds when given, else OUTAGE_S of unbroken fault (FIRST_CONTACT_S before the
+    server ever answered). Past it, GaveUp says what was waited for and what was seen last.
+
+    Only reads are retried blindly. A non-idempotent call (the submission) is retried only where
+    the server provably did nothing: the connection was never made, or a 429 (refused before the
+    route ran). A 503 or a dropped connection may come after the experiment was stored, and a
+    second upload would make a second experiment."""
+
+    def __init__(self, client: "FarmClient", what: str, timeout: float | None = None, *,
+                 outage_s: float = OUTAGE_S, say: Callable[[str], None] | None = None):
+        self.client, self.what, self.say = client, what, say
+        self.start, self.timeout = time.monotonic(), timeout
+        self.deadline = None if timeout is None else self.start + timeout
+        self.outage_s = outage_s
+        self.seen = ""                     # what the wait saw last (wait_for: the progress line)
+        self.fault = ""                    # the fault being waited out, "" when the last call answered
+        self.fault_since: float | None = None
+
+    def left(self) -> float:
+        return float("inf") if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def check(self) -> None:
+        """GaveUp once the whole wait's timeout has passed."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise GaveUp(self.sentence())
+
+    def sentence(self) -> str:
+        now = time.monotonic()
+        took = f"{self.timeout:g}" if self.deadline is not None and now >= self.deadline else f"{now - self.start:.0f}"
+        text = f"gave up after {took} s waiting for {self.what}"
+        if self.fault and self.fault_since is not None:
+            return f"{text}: the server at {self.client.server} {self.fault} for the last {now - self.fault_since:.0f} s"
+        return f"{text}: {self.seen}" if self.seen else text
+
+    def call(self, fn: Callable[..., T], *args: Any, idempotent: bool = True, **kw: Any) -> T:
+        delay = 0.5
+        while True:
+            try:
+                out = fn(*args, **kw)
+            except httpx.TransportError as e:
+                if not idempotent and not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+                    raise
+                fault, after = f"could not be reached ({_transport_words(e)})", 0.0
+            except FarmError as e:
+                if e.status not in (TRANSIENT if idempotent else {429}):
+                    raise
+                fault, after = f"answered {e.status} ({e.message.split(';')[0].strip()})", e.retry_after or 0.0
+            else:
+                self.fault, self.fault_since = "", None
+                return out
+            now = time.monotonic()
+            if self.fault_since is None:
+                self.fault_since = now
+            changed, self.fault = fault != self.fault, fault
+            wait = max(delay * (0.5 + random.random()), min(after, RETRY_AFTER_MAX_S))
+            bound = self.outage_s if self.client.answered else FIRST_CONTACT_S
+            if self.deadline is not None:
+                end = self.deadline
+            else:
+                end = self.fault_since + bound
+            if now >= end:
+                raise GaveUp(self.sentence())
+            wait = min(wait, end - now)   # one last try at the bound, not a sleep past it
+            if changed and self.say is not None:
+                self.say(f"the server at {self.client.server} {fault}; waiting for {self.what}, retrying")
+            time.sleep(wait)
+            delay = min(delay * 2, 10.0)
+
+
+def _transport_words(e: httpx.TransportError) -> str:
+    """A connection failure in words, without Python's errno framing: "connection refused"."""
+    text = str(e) or type(e).__name__
+    if "] " in text and text.startswith("[Errno"):
+        text = text.split("] ", 1)[1]
+    return text[:1].lower() + text[1:]
+
+
+def note(line: str) -> None:
+    """A wait's progress note: to stderr, so stdout stays the report."""
+    print(f"sme2-client: {line}", file=sys.stderr)
 
 
 class FarmClient:
     def __init__(self, server: str, token: str | None, *, timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
+        self.server = server.rstrip("/")
+        self.http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout, transport=transport)
+        self.answered = False   # has the server ever answered this client (Patience: a wrong URL or a restart?)
 
     def _check(self, r: httpx.Response) -> httpx.Response:
+        self.answered = True
         if r.status_code >= 400:
             try:
                 body = r.json()
             except ValueError:
                 body = r.text
-            raise FarmError(r.status_code, describe(body))
+            try:
+                retry_after = float(r.headers["retry-after"])
+            except (KeyError, ValueError):   # absent, or an HTTP date (this server sends seconds)
+                retry_after = None
+            raise FarmError(r.status_code, describe(body), retry_after)
         return r
 
     def submit(self, model: Path, spec: ExperimentSpec | dict[str, Any], inputs: Path | None = None,

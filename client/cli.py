@@ -40,27 +40,32 @@ def _client(args):
     return FarmClient(server, token)
 
 
-def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, timeout: float | None = None, check=None):
-    """Poll until every run is terminal; progress goes to stderr. `check` may raise to abandon."""
+def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, timeout: float | None = None, check=None,
+             patience=None):
+    """Poll until every run is terminal; progress goes to stderr. `check` may raise to abandon.
+    Transient faults (the server restarting, the database away, a 429) are waited out, and the
+    whole wait is bounded by `timeout` or by the `patience` given (client/api.py Patience): past
+    it, GaveUp (a TimeoutError) says what it waited for and what it saw last."""
+    from sme2farm.client.api import Patience, note
+    from sme2farm.client.render import progress_line
+
+    if patience is None:
+        patience = Patience(client, f"experiment {experiment_id} to finish", timeout, say=None if quiet else note)
     last = ""
-    start = time.monotonic()
     while True:
         if check is not None:
             check()
-        rep = client.experiment(experiment_id)
+        rep = patience.call(client.experiment, experiment_id)
         done = all(r.status in TERMINAL for r in rep.runs)
-        if not quiet:
-            from sme2farm.client.render import progress_line
-
-            line = progress_line(rep)
-            if line != last:
-                print(line, file=sys.stderr)
-                last = line
+        line = progress_line(rep)
+        patience.seen = f"it was last {line}"
+        if not quiet and line != last:
+            print(line, file=sys.stderr)
+            last = line
         if done:
             return rep
-        if timeout and time.monotonic() - start > timeout:
-            raise TimeoutError(f"experiment {experiment_id} not finished after {timeout:g} s")
-        time.sleep(min(interval, 2.0))
+        patience.check()
+        time.sleep(min(interval, 2.0, patience.left()))
         interval *= 1.2
 
 
@@ -103,22 +108,33 @@ def cmd_submit(args) -> int:
 
 def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str = "", vs_model: Path | None = None) -> int:
     """Upload, then print the experiment (--json), or wait for it (--wait) and print its report."""
-    from sme2farm.client.render import experiment_text
-
     client = _client(args)
-    rep = client.submit(model, spec, inputs=inputs, vs_model=vs_model)
     if not args.wait:
+        rep = client.submit(model, spec, inputs=inputs, vs_model=vs_model)
         if args.json:
             print(json.dumps(client.experiment_json(rep.id), indent=2))
         else:
             print(f"submitted experiment {rep.id} ({len(rep.runs)} run(s)){origin}; "
                   f"follow with: sme2-client status {rep.id}")
         return 0
-    wait_for(client, rep.id, quiet=args.json, timeout=args.timeout)
+    from sme2farm.client.api import Patience, note
+
+    # --wait: one patience, one --timeout, from the upload to the report
+    patience = Patience(client, "the server to take the submission", args.timeout, say=None if args.json else note)
+    rep = patience.call(client.submit, model, spec, inputs=inputs, vs_model=vs_model, idempotent=False)
+    patience.what = f"experiment {rep.id} to finish"
+    return print_when_done(args, client, rep.id, patience)
+
+
+def print_when_done(args, client, experiment_id: int, patience) -> int:
+    """Wait for the experiment (patiently), then print its report (--json: the report JSON)."""
+    from sme2farm.client.render import experiment_text
+
+    wait_for(client, experiment_id, quiet=args.json, patience=patience)
     if args.json:
-        print(json.dumps(client.experiment_json(rep.id), indent=2))
+        print(json.dumps(patience.call(client.experiment_json, experiment_id), indent=2))
     else:
-        print(experiment_text(client.experiment(rep.id)))
+        print(experiment_text(patience.call(client.experiment, experiment_id)))
     return 0
 
 
@@ -130,6 +146,11 @@ def cmd_status(args) -> int:
         from sme2farm.client import kit
 
         return kit.cmd_status_kit_json(client, args.id, args.kit_json)
+    if args.wait:
+        from sme2farm.client.api import Patience, note
+
+        patience = Patience(client, f"experiment {args.id} to finish", args.timeout, say=None if args.json else note)
+        return print_when_done(args, client, args.id, patience)
     if args.json:
         print(json.dumps(client.experiment_json(args.id), indent=2))
     else:
@@ -218,13 +239,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a second model run interleaved with the first on the same devices, per SME2 arm: "
                         "the report gives the A->B verdict (the same file twice is an A/A check)")
     s.add_argument("--wait", action="store_true", help="follow progress and print the report")
-    s.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+    s.add_argument("--timeout", type=float, default=None,
+                   help="with --wait: give up after this many seconds (server restarts, database outages and 429s "
+                        "within it are waited out)")
     s.add_argument("--json", action="store_true", help="print the report JSON")
     s.set_defaults(fn=cmd_submit)
 
     st = sub.add_parser("status", help="show one experiment's report")
     st.add_argument("id", type=int)
     st.add_argument("--json", action="store_true")
+    st.add_argument("--wait", action="store_true", help="follow progress until every run has ended, then print the report")
+    st.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
     st.add_argument("--kit-json", nargs="?", const="", default=None, metavar="PATH",
                     help="write the kit's analysis_summary.json (default ./analysis_summary.json; - for stdout)")
     st.set_defaults(fn=cmd_status)

@@ -134,27 +134,33 @@ def cmd_suite_show(args) -> int:
 
 
 def cmd_suite_run(args) -> int:
+    from sme2farm.client.api import Patience, note
     from sme2farm.client.cli import wait_for
 
     client = _client(args)
-    srun = client.run_suite(args.name)
-    print(f"suite {args.name}: run {srun['id']} started, experiments {srun['experiment_ids']}", file=sys.stderr)
     if not args.wait:
+        srun = client.run_suite(args.name)
+        print(f"suite {args.name}: run {srun['id']} started, experiments {srun['experiment_ids']}", file=sys.stderr)
         print(json.dumps(srun, indent=2) if args.json else srun["id"])
         return 0
-    start = time.monotonic()
-    left = (lambda: None if args.timeout is None else max(1.0, args.timeout - (time.monotonic() - start)))
+    # --wait: transient faults are waited out, and --timeout bounds the whole of it (Patience);
+    # starting the run is retried only where the server did nothing (a second start is a second run)
+    patience = Patience(client, f"suite {args.name} to start", args.timeout, say=None if args.json else note)
+    srun = patience.call(client.run_suite, args.name, idempotent=False)
+    print(f"suite {args.name}: run {srun['id']} started, experiments {srun['experiment_ids']}", file=sys.stderr)
     for exp_id in srun["experiment_ids"]:
-        wait_for(client, exp_id, quiet=args.json, timeout=left())
+        patience.what = f"experiment {exp_id} of suite run {srun['id']} to finish"
+        wait_for(client, exp_id, quiet=args.json, patience=patience)
     # the experiments ended: the analysis (points, detection) follows in the worker
+    patience.what = f"suite run {srun['id']} to be analysed"
     while True:
-        run = next((r for r in client.suite(args.name)["runs"] if r["id"] == srun["id"]), None)
+        run = next((r for r in patience.call(client.suite, args.name)["runs"] if r["id"] == srun["id"]), None)
         if run is not None and run["status"] in ("complete", "failed"):
             break
-        if args.timeout is not None and time.monotonic() - start > args.timeout:
-            raise TimeoutError(f"suite run {srun['id']} not analysed after {args.timeout:g} s")
-        time.sleep(0.2)
-    series = client.suite_series(args.name)
+        patience.seen = f"it was last {run['status'] if run else 'not listed'}"
+        patience.check()
+        time.sleep(min(0.2, patience.left()))
+    series = patience.call(client.suite_series, args.name)
     print(json.dumps({"run": run, **series}, indent=2) if args.json else series_text(series))
     # a point without samples (its runs failed, were cancelled or could not run) fails the wait
     if run["status"] != "complete" or run.get("reason"):
@@ -228,7 +234,9 @@ def add_parsers(sub) -> None:
                                   "suite run failed, or the server refused; 2 on bad arguments.")
     r.add_argument("name")
     r.add_argument("--wait", action="store_true", help="wait for its experiments and the analysis, print the series")
-    r.add_argument("--timeout", type=float, default=None)
+    r.add_argument("--timeout", type=float, default=None,
+                   help="with --wait: give up after this many seconds (server restarts, database outages and 429s "
+                        "within it are waited out)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_suite_run)
 
