@@ -57,6 +57,25 @@ class Settings(BaseSettings):
                     "the task); after max_ingest_attempts it fails, saying so",
     )
     max_ingest_attempts: int = Field(default=3, ge=1, description="Ingest attempts that began per run before it fails (see ingest_deadline_s)")
+    # A lost ingest is noticed in seconds, not at the deadline (services/runs.py reap_expired).
+    ingest_start_s: float = Field(
+        default=10.0, gt=0,
+        description="An ingest task not begun this long after it was sent, while the broker's ingest queue holds "
+                    "nothing waiting, was lost (the worker that took it died, or the broker lost it): it is sent again, "
+                    "not counted as an attempt. Behind a backlog it waits for ingest_deadline_s instead (no copies)",
+    )
+    ingest_heartbeat_s: float = Field(
+        default=2.0, gt=0,
+        description="A running ingest touches its run this often; one silent for 3 heartbeats (its worker was killed) "
+                    "is sent again, the attempt counted",
+    )
+    broker_visibility_s: float = Field(
+        default=660.0, ge=30,
+        description="Redis broker: a message a worker took and did not acknowledge (the worker was killed) is "
+                    "delivered again after this long (Celery's default: 1 hour). Kept above the longest task "
+                    "countdown (a webhook retry waits at most 600 s) and the ingest deadline; ingest itself does "
+                    "not wait for it (ingest_start_s, ingest_heartbeat_s)",
+    )
     broker_poll_s: float = Field(default=0.05, description="Embedded broker polling interval (the farm's latency floor)")
     device_wait_s: float = Field(
         default=30.0, ge=0,

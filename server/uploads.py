@@ -153,7 +153,11 @@ class _Collector:
                 self.upload.vs_sha256 = self._hash.hexdigest()
             self._file = None
         elif self._name and not self.error:
-            self.upload.fields[self._name] = bytes(self._buf).decode("utf-8", "replace")
+            try:  # strict: bytes replaced by U+FFFD were stored as if the client had sent them
+                self.upload.fields[self._name] = bytes(self._buf).decode("utf-8")
+            except UnicodeDecodeError as e:
+                self.error = (422, f"form field {self._name!r} is not UTF-8: byte 0x{e.object[e.start]:02x} at "
+                                   f"offset {e.start} ({e.reason}); send the JSON spec as UTF-8")
 
     def close(self) -> None:
         """Only ever open here on a way out that discards the file, so a failing flush (the disk

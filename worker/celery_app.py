@@ -38,7 +38,24 @@ def make_celery(settings: Settings) -> Celery:
                      TASK_SUITES_TICK: {"queue": CONTROL_QUEUE}},
         task_ignore_result=True,
         worker_prefetch_multiplier=1,
+        # A message is acknowledged when its task ends, not when a worker takes it: a worker
+        # killed mid-task leaves it unacknowledged, and Redis delivers it again after the
+        # visibility timeout below. A prefork pool's child killed mid-task (WorkerLostError) has
+        # its message requeued at once; the threads pool `sme2-farm up` runs has no child to
+        # lose (the whole worker dies), so there the reaper's checks are what notice it in
+        # seconds (services/runs.py reap_expired: ingest_start_s, ingest heartbeats).
         task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        # Redis: Celery's default visibility timeout is an hour, and a killed worker's message sat
+        # in the unacked set all that time. Shorter here; kept above the longest countdown a task
+        # is retried with (a webhook retry waits at most 600 s) and the ingest deadline, or a task
+        # still waiting or running would be delivered twice. Swept every 10 s. Redis only: the
+        # embedded transport passes its options to create_engine, which refuses these (and a
+        # message taken there never comes back: the reaper re-sends it).
+        broker_transport_options={
+            "visibility_timeout": max(settings.broker_visibility_s, settings.ingest_deadline_s + 60),
+            "unacked_restore_interval": 10, "unacked_restore_throttle": 1,
+        } if settings.celery_broker_url.startswith(("redis://", "rediss://")) else {},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         # Exactly one beat sends: the scheduler holds a lease in the database (worker/beat.py).
@@ -47,12 +64,21 @@ def make_celery(settings: Settings) -> Celery:
             # Dispatch is enqueued on every event that can free or add work; the periodic one is a net.
             "dispatch": {"task": TASK_DISPATCH, "schedule": 5.0},
             # Every non-terminal run past its deadline (lease, ingest deadline): services/runs.py reap_expired.
-            "reap-leases": {"task": TASK_REAP, "schedule": max(1.0, settings.lease_s / 4)},
+            # At least every 5 s (ingest_start_s / 2 by default): a lost ingest is looked for in seconds.
+            "reap-leases": {"task": TASK_REAP, "schedule": max(1.0, min(settings.lease_s / 4, settings.ingest_start_s / 2))},
             # Suites whose cron schedule is due (services/suites.py start_due).
             "suites-tick": {"task": TASK_SUITES_TICK, "schedule": settings.suite_tick_s},
         },
     )
     return app
+
+
+def ingest_waiting() -> int:
+    """Messages waiting (not taken by a worker) in the ingest queue: 0 means an ingest task not
+    begun is not in the broker at all (services/runs.py reap_expired)."""
+    with app.connection_for_read() as conn:
+        # not passive: Redis has no key for an empty queue (a passive declare of it is "not found")
+        return conn.default_channel.queue_declare(queue=DEFAULT_QUEUE).message_count
 
 
 @signals.setup_logging.connect

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError
@@ -22,7 +23,7 @@ from sme2farm.server import wakeup
 from sme2farm.server.models import Run
 from sme2farm.server.storage import Store
 from sme2farm.worker import ingest
-from sme2farm.worker.celery_app import app
+from sme2farm.worker.celery_app import app, ingest_waiting
 
 log = logging.getLogger(__name__)
 
@@ -87,19 +88,65 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
         # Its own short transaction, committed before the analysis: the reaper's deadline for
         # this run counts from now, not from when the task was sent (queue wait is not ingest).
         with session_scope(s.sqlalchemy_url) as session:
+            started_at = None
             if self.request.retries == 0:
-                run_service.ingest_started(session, run_id=run_id, ingest_deadline_s=s.ingest_deadline_s)
+                started_at = run_service.ingest_started(session, run_id=run_id, ingest_deadline_s=s.ingest_deadline_s,
+                                                        heartbeat_s=s.ingest_heartbeat_s)
             # With its experiment: the analysis below runs after this session closes and needs the
             # program the run executed (its declared outputs).
             run = session.get(Run, run_id, options=[joinedload(Run.experiment)])
+            if run is not None and self.request.retries:
+                started_at = run.ingest_started_at  # this attempt's, begun before the retry
+        if run is not None and run.status == RunStatus.analyzing and started_at is None:
+            # A copy of a re-sent task while the attempt that began is alive (heartbeating).
+            log.info("run %s: another ingest attempt is under way; this copy does nothing", run_id)
+            return "in progress"
         ingester = ingest.Ingester(Store(s.data_dir))
         if run is not None and run.status == RunStatus.analyzing:
             ingester = ingest.Prepared(ingester, run)  # analysed here, with no transaction open
-        with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
+        with _Heartbeat(s, run_id, started_at), session_scope(s.sqlalchemy_url, enqueue=_send) as session:
             return str(run_service.ingest(session, run_id=run_id, ingester=ingester))
     except DBAPIError as e:
         _retry_later(self, e)
         raise
+
+
+class _Heartbeat:
+    """While an ingest attempt analyses and stores, a thread moves its run's deadline every
+    SME2_INGEST_HEARTBEAT_S (services/runs.py ingest_heartbeat): if this worker is killed the
+    heartbeats stop and the reaper sends the ingest again seconds later, not at
+    SME2_INGEST_DEADLINE_S. Each beat is its own short transaction; one that fails (a database
+    blip) is logged and the next one tries again."""
+
+    def __init__(self, s: Any, run_id: int, started_at: Any):
+        self.s, self.run_id, self.started_at = s, run_id, started_at
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "_Heartbeat":
+        if self.started_at is not None:
+            self._thread = threading.Thread(target=self._beat, name=f"ingest-heartbeat-{self.run_id}", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)  # a beat waiting on the run's row lock ends once the ingest commits
+
+    def _beat(self) -> None:
+        s = self.s
+        while not self._stop.wait(s.ingest_heartbeat_s):
+            try:
+                with session_scope(s.sqlalchemy_url) as session:
+                    alive = run_service.ingest_heartbeat(session, run_id=self.run_id, started_at=self.started_at,
+                                                         ingest_deadline_s=s.ingest_deadline_s,
+                                                         heartbeat_s=s.ingest_heartbeat_s)
+            except Exception:
+                log.warning("run %s: ingest heartbeat failed", self.run_id, exc_info=True)
+                continue
+            if not alive:  # ended, or re-sent: this attempt is no longer the run's
+                return
 
 
 @app.task(name=TASK_REAP, bind=True, max_retries=MAX_RETRIES)
@@ -109,7 +156,8 @@ def reap(self) -> list[int]:
     unschedulable the queued runs of devices offline past SME2_DEVICE_LOST_S."""
     def work(session, s):
         touched = run_service.reap_expired(session, max_attempts=s.max_attempts, ingest_deadline_s=s.ingest_deadline_s,
-                                           max_ingest_attempts=s.max_ingest_attempts)
+                                           max_ingest_attempts=s.max_ingest_attempts, ingest_start_s=s.ingest_start_s,
+                                           ingest_waiting=ingest_waiting)
         device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s)
         return touched + run_service.end_lost_device_runs(session, device_lost_s=s.device_lost_s)
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterable
-from datetime import timedelta
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from sqlalchemy import func, select, update
@@ -116,7 +116,8 @@ def _move(session: Session, run: Run, to: RunStatus, **values: Any) -> None:
 
 def _end(session: Session, run: Run, status: RunStatus, reason: str | None, *, device_lost: bool = False) -> None:
     """End a run (without completing comparisons: callers below do that once per experiment).
-    reason None keeps the current one (a requeued run that then succeeds says it was requeued)."""
+    reason None keeps the current one; a success passes "" (a requeued run that then succeeded
+    kept "requeued after attempt 1: ..." as if something were still wrong)."""
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status")
     values: dict[str, Any] = {"finished_at": utcnow(), "lease_expires_at": None}
@@ -348,17 +349,45 @@ class Ingester(Protocol):
         """Write the result rows and derived artifacts."""
 
 
-def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float) -> bool:
+def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float,
+                   heartbeat_s: float | None = None) -> datetime | None:
     """An ingest task has begun (committed on its own before the analysis): one more attempt,
-    and the run's deadline is now + ingest_deadline_s. The time the task waited in the queue
-    behind other ingests counts for nothing, so a backlog does not fail good runs. False if the
-    run is no longer analyzing."""
+    and the run's deadline is now + ingest_deadline_s, or, for a task that heartbeats
+    (ingest_heartbeat every heartbeat_s), INGEST_SILENT_BEATS heartbeats: a killed worker is
+    noticed in seconds. The time the task waited in the queue behind other ingests counts for
+    nothing, so a backlog does not fail good runs. Returns when it began (the attempt's mark
+    for its heartbeats), or None if the run is no longer analyzing or another attempt is still
+    alive (a duplicate of a re-sent task: it must not count, nor analyse twice)."""
     now = utcnow()
-    return session.execute(
-        update(Run).where(Run.id == run_id, Run.status == S.analyzing.value)
+    window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
+    began = session.execute(
+        update(Run).where(Run.id == run_id, Run.status == S.analyzing.value,
+                          (Run.ingest_started_at.is_(None)) | (Run.lease_expires_at < now))
         .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
-                lease_expires_at=now + timedelta(seconds=ingest_deadline_s))
+                lease_expires_at=now + timedelta(seconds=window))
         .execution_options(synchronize_session=False)
+    ).rowcount == 1
+    return now if began else None
+
+
+INGEST_SILENT_BEATS = 3  # heartbeats an ingest may miss before its worker is taken for dead
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite reads its UTC times back naive
+
+
+def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ingest_deadline_s: float,
+                     heartbeat_s: float) -> bool:
+    """The ingest attempt that began at started_at is alive: its run's deadline moves to
+    INGEST_SILENT_BEATS heartbeats from now, never past started_at + ingest_deadline_s (a hung
+    analysis still ends). False once the attempt is no longer the run's (ended, re-sent)."""
+    now = utcnow()
+    deadline = min(now + timedelta(seconds=INGEST_SILENT_BEATS * heartbeat_s),
+                   _aware(started_at) + timedelta(seconds=ingest_deadline_s))
+    return session.execute(
+        update(Run).where(Run.id == run_id, Run.status == S.analyzing.value, Run.ingest_started_at == started_at)
+        .values(lease_expires_at=deadline).execution_options(synchronize_session=False)
     ).rowcount == 1
 
 
@@ -390,7 +419,7 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester) -> str:
             log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
             failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
     if failure is None:
-        end_run(session, run, S.succeeded)
+        end_run(session, run, S.succeeded, "")  # what an earlier attempt went through is no reason now
     else:
         end_run(session, run, S.failed, failure)
     return run.status
@@ -406,7 +435,8 @@ def _describe(e: BaseException) -> str:
 
 
 def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: float = 180.0,
-                 max_ingest_attempts: int = 3) -> list[int]:
+                 max_ingest_attempts: int = 3, ingest_start_s: float | None = None,
+                 ingest_waiting: Callable[[], int | None] | None = None) -> list[int]:
     """Act on every non-terminal run past its deadline, so none stays non-terminal forever:
 
     - assigned, running, uploading (lease expired: the agent died or lost the network):
@@ -416,24 +446,47 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
       in time (the worker died mid-ingest, or it hangs), that attempt counts: ingest is sent
       again, or the run fails once max_ingest_attempts have begun. If it never began (waiting
       behind a backlog, or lost by the broker) it is sent again without counting, so a long
-      queue cannot fail good runs (and this reaper runs only while a worker does).
+      queue cannot fail good runs (and this reaper runs only while a worker does). A begun
+      task that heartbeats (ingest_heartbeat) has a deadline of a few heartbeats: a killed
+      worker's attempt is noticed in seconds;
+    - analyzing, not begun ingest_start_s after it was sent, while ingest_waiting() (the
+      broker's count of messages waiting in the ingest queue) says none wait: its message is
+      gone (taken by a worker that was killed before the task began, or sent to a broker that
+      lost it). Sent again at once, without counting, instead of at the deadline (~3 minutes
+      by default). Behind a backlog (messages waiting) or with the broker unreachable it waits
+      for the deadline, so a backlog is not flooded with copies. When it was sent is the
+      deadline set then (finish and the re-send below) less ingest_deadline_s.
 
     queued has no deadline of its own: it waits for its device (cancel ends it). Returns the ids
     of the runs acted on."""
     now = utcnow()
+    due = Run.lease_expires_at < now
+    if ingest_start_s is not None and ingest_waiting is not None and ingest_start_s < ingest_deadline_s:
+        unstarted_late = ((Run.status == S.analyzing.value) & Run.ingest_started_at.is_(None)
+                          & (Run.lease_expires_at < now + timedelta(seconds=ingest_deadline_s - ingest_start_s)))
+        due = due | unstarted_late
     expired = session.scalars(
-        select(Run).where(Run.status.in_(_values([*ACTIVE, S.analyzing])), Run.lease_expires_at < now)
+        select(Run).where(Run.status.in_(_values([*ACTIVE, S.analyzing])), due)
         .order_by(Run.id).with_for_update()
     ).all()
     touched, ended, freed = [], [], False
+    waiting: list[int | None] = []  # the broker asked at most once, and only if a run needs it
     for run in expired:
         try:
             if run.status == S.analyzing:
                 began = run.ingest_started_at is not None
+                if not began and _aware(run.lease_expires_at) >= now:  # early: only if its message is gone
+                    if not waiting:
+                        waiting.append(_ask(ingest_waiting))
+                    if waiting[0] != 0:
+                        continue
+                    log.warning("run %s: its ingest task did not begin within %g s and none waits in the broker; "
+                                "sending it again", run.id, ingest_start_s)
                 if began and run.ingest_attempts >= max_ingest_attempts:
                     _end(session, run, S.failed, (
-                        f"ingest did not finish: started {run.ingest_attempts} time(s), each given {ingest_deadline_s:g} s "
-                        f"(SME2_INGEST_DEADLINE_S); the worker died or the analysis hung (see the worker's log)"))
+                        f"ingest did not finish: started {run.ingest_attempts} time(s); each time the worker died "
+                        f"(stopped heartbeating) or the analysis outran SME2_INGEST_DEADLINE_S={ingest_deadline_s:g} s "
+                        f"(see the worker's log)"))
                     ended.append(run.experiment_id)
                 else:
                     _move(session, run, S.analyzing, ingest_started_at=None,
@@ -461,6 +514,14 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
         enqueue_after_commit(session, TASK_DISPATCH)
     _complete(session, ended)
     return touched
+
+
+def _ask(ingest_waiting: Callable[[], int | None]) -> int | None:
+    try:
+        return ingest_waiting()
+    except Exception as e:  # the broker unreachable: nothing is known, the deadline decides
+        log.warning("could not count the ingest messages waiting in the broker: %s", e)
+        return None
 
 
 def end_lost_device_runs(session: Session, *, device_lost_s: float) -> list[int]:
