@@ -271,11 +271,15 @@ class StateCollector:
         if status is not None:
             up = GaugeMetricFamily("sme2farm_child_up", "Supervisor child running (1) or not (0)", labels=["child"])
             restarts = GaugeMetricFamily("sme2farm_child_restarts", "Times the supervisor restarted the child", labels=["child"])
+            looping = GaugeMetricFamily("sme2farm_child_crash_loop", "1 while the child is in a crash loop (exits in a "
+                                        "row, each soon after it started; /ready says which exit)", labels=["child"])
             for name, child in sorted(status.get("children", {}).items()):
                 up.add_metric([name], 1 if child.get("state") == "running" else 0)
                 restarts.add_metric([name], child.get("restarts", 0))
+                looping.add_metric([name], 1 if child.get("crash_loop") else 0)
             yield up
             yield restarts
+            yield looping
 
 
 def _ts(t: datetime) -> float:

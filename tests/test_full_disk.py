@@ -196,6 +196,7 @@ def test_a_full_disk_leaves_reads_answering_refuses_writes_507_and_never_kills_t
         assert "disk is full" in r.json()["detail"] and r.json()["unavailable"] == "disk"
         m = http.get("/metrics")
         assert m.status_code == 200 and "sme2farm_metrics_store_degraded" in m.text, m.text[-500:]
+        assert 'sme2farm_child_crash_loop{child="server"} 0.0' in m.text, m.text[-1500:]
 
         now = children(data)["server"]
         assert (now["pid"], now["restarts"]) == (server["pid"], server["restarts"]), (server, now, farm.log("server"))
@@ -264,7 +265,6 @@ def test_a_child_that_exits_at_once_backs_off_and_ready_says_it_is_in_a_crash_lo
         # the backoff grows 0.2, 0.4, 0.8, 1.6, then stays at the cap: never a tight loop
         for gap, backoff in zip(gaps, (0.2, 0.4, 0.8, 1.6, 1.6)):
             assert gap >= backoff * 0.95, gaps
-        assert gaps[3] > 2.5 * gaps[0], gaps
 
         wait_for("the crasher exited again", lambda: (sup.poll() or child.state == "backoff"), 30)
         st = json.loads(status.read_text())["children"]["crasher"]
@@ -290,7 +290,7 @@ def test_a_crash_loop_clears_once_the_child_stays_up(tmp_path):
     status, tries = tmp_path / "supervisor.json", tmp_path / "tries"
     script = (f"import pathlib, sys, time; p = pathlib.Path({str(tries)!r}); n = len(p.read_text()) if p.exists() else 0; "
               f"p.write_text('x' * (n + 1)); sys.exit(4) if n < 3 else time.sleep(60)")
-    sup = Supervisor(tmp_path / "logs", status, backoff_s=0.1, backoff_max_s=0.4, healthy_s=1.5, crash_loop_exits=3)
+    sup = Supervisor(tmp_path / "logs", status, backoff_s=0.1, backoff_max_s=0.4, healthy_s=3, crash_loop_exits=3)
     child = sup.start("flaky", [sys.executable, "-c", script], dict(os.environ))
     settings = Settings(data_dir=tmp_path, supervisor_status=status)
     try:
