@@ -125,7 +125,11 @@ def _disk(settings) -> dict[str, Any]:
 
     from sme2farm.server.metrics import store_check
 
-    usage = shutil.disk_usage(settings.data_dir)
+    try:
+        usage = shutil.disk_usage(settings.data_dir)
+    except OSError as e:  # informational: an unreadable figure must not fail readiness
+        return {"disk": {"ok": True, "detail": f"free space unknown ({e.strerror or type(e).__name__})"},
+                "metrics_store": store_check()}
     free_mb = usage.free / (1 << 20)
     disk: dict[str, Any] = {"ok": True, "free_mb": round(free_mb, 1), "total_mb": round(usage.total / (1 << 20), 1)}
     if usage.free < DISK_LOW_BYTES:
