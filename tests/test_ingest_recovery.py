@@ -39,7 +39,7 @@ SHORT = {"sme2": "off", "warmup": 2, "iterations": 20}
 
 class Look:
     def __init__(self, running, db_url: str):
-        self.f, self.db = running, create_engine(db_url)
+        self.f, self.db_url, self.db = running, db_url, create_engine(db_url)
         self.http = httpx.Client(base_url=running.url, timeout=30, headers={"Authorization": f"Bearer {running.token}"})
 
     def sql(self, query: str, **params) -> list:
@@ -117,10 +117,19 @@ def test_embedded_a_worker_killed_with_the_ingest_in_hand_is_noticed_in_seconds(
     assert took < RECOVERY_BOUND_S
 
 
+@pytest.fixture(scope="module")
+def pg_redis(request, tmp_path_factory):
+    """One farm on PostgreSQL + a private Redis for the tests below: (Look, PrivateRedis)."""
+    with farm_on("pg_redis", request, tmp_path_factory.mktemp("ingest-pg")) as (running, db_url, redis):
+        farm = Look(running, db_url)
+        yield farm, redis
+        farm.close()
+
+
 @pytest.mark.e2e
 @pytest.mark.postgres
 @pytest.mark.redis
-def test_pg_redis_a_worker_killed_mid_ingest_is_noticed_in_seconds(request, tmp_path, example_pte):
+def test_pg_redis_a_worker_killed_mid_ingest_is_noticed_in_seconds(pg_redis, example_pte):
     """The worker is held inside the ingest as it stores the results (the test holds a SHARE lock
     on run_results, which only ingest writes) and killed there: the attempt began and its
     heartbeats stop. The reaper sends it again, counting the attempt, within seconds; the
@@ -129,32 +138,54 @@ def test_pg_redis_a_worker_killed_mid_ingest_is_noticed_in_seconds(request, tmp_
     import psycopg
 
     pte = example_pte("toy_cnn").read_bytes()
-    with farm_on("pg_redis", request, tmp_path) as (running, db_url, redis):
-        farm = Look(running, db_url)
-        dsn = db_url.replace("postgresql+psycopg://", "postgresql://")
-        with psycopg.connect(dsn) as lock, psycopg.connect(dsn, autocommit=True) as look:
-            lock.execute("LOCK TABLE run_results IN SHARE MODE")
-            rid = farm.submit(pte, **SHORT)
-            waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
-                       "wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO run_results%%'")
-            wait_for("the ingest blocked storing its results", lambda: look.execute(waiting).fetchone()[0] == 1, 60,
-                     log=farm.logs)
-            assert farm.run(rid)[:3] == ("analyzing", 1, 1)   # it began: counted
-            worker = farm.worker_pid()
-            os.kill(worker, signal.SIGKILL)
-            killed = time.monotonic()
-            lock.rollback()
-        assert farm.wait(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
-        took = time.monotonic() - killed
-        status, attempt, ingest_attempts, reason = farm.run(rid)
-        assert (attempt, ingest_attempts, reason) == (1, 2, "")   # the killed attempt counted
-        farm.one_result(rid)
-        import redis as redis_py
+    farm, redis = pg_redis
+    dsn = farm.db_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn) as lock, psycopg.connect(dsn, autocommit=True) as look:
+        lock.execute("LOCK TABLE run_results IN SHARE MODE")
+        rid = farm.submit(pte, **SHORT)
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                   "wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO run_results%%'")
+        wait_for("the ingest blocked storing its results", lambda: look.execute(waiting).fetchone()[0] == 1, 60,
+                 log=farm.logs)
+        assert farm.run(rid)[:3] == ("analyzing", 1, 1)   # it began: counted
+        worker = farm.worker_pid()
+        os.kill(worker, signal.SIGKILL)
+        killed = time.monotonic()
+        lock.rollback()
+    assert farm.wait(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
+    took = time.monotonic() - killed
+    status, attempt, ingest_attempts, reason = farm.run(rid)
+    assert (attempt, ingest_attempts, reason) == (1, 2, "")   # the killed attempt counted
+    farm.one_result(rid)
+    import redis as redis_py
 
-        unacked = redis_py.Redis.from_url(redis.url).hlen("unacked")
-        farm.close()
+    unacked = redis_py.Redis.from_url(redis.url).hlen("unacked")
     print(f"postgres+redis, default 180 s ingest deadline: worker killed mid-ingest -> succeeded {took:.1f} s later "
           f"({unacked} message(s) of the dead worker left for the visibility timeout)")
+    assert took < RECOVERY_BOUND_S
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_pg_redis_an_ingest_sent_while_redis_was_down_is_sent_again_in_seconds(pg_redis, example_pte):
+    """Redis dies while the run is on the device and comes back empty (no persistence): the
+    ingest the server sent when the agent finished never reached a broker. Once Redis is back,
+    the reaper finds the run analyzing, never begun, with nothing waiting in the queue, and
+    sends it again: seconds, not the 180 s deadline."""
+    farm, redis = pg_redis
+    rid = farm.submit(example_pte("toy_cnn").read_bytes(), **SLOW)
+    farm.wait(rid, {"running"}, 60)
+    redis.kill()
+    farm.wait(rid, {"analyzing"}, 60)          # finished on the device; the ingest was sent to no broker
+    redis.start()
+    restarted = time.monotonic()
+    assert farm.wait(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
+    took = time.monotonic() - restarted
+    assert farm.run(rid)[1:] == (1, 1, "")
+    farm.one_result(rid)
+    print(f"postgres+redis, default 180 s ingest deadline: ingest sent while Redis was down -> succeeded {took:.1f} s "
+          f"after Redis came back")
     assert took < RECOVERY_BOUND_S
 
 
@@ -203,3 +234,52 @@ def test_a_spec_that_is_not_utf8_is_a_422_and_nothing_is_stored(api, example_pte
     assert not models.exists() or not any(models.iterdir())
     tmp = api.settings.data_dir / "tmp"
     assert not tmp.exists() or not any(tmp.iterdir())
+
+
+def test_a_long_analysis_is_kept_alive_by_its_heartbeats_and_a_silent_one_is_re_sent(api, agent, example_pte,
+                                                                                      monkeypatch):  # noqa: F811
+    """The ingest task heartbeats through the analysis and the store: an analysis longer than 3
+    heartbeats is not taken for a dead worker. Once the heartbeats stop (the worker is gone), the
+    reaper sends the ingest again, the attempt counted."""
+    from sme2farm.worker import ingest, tasks
+
+    api.settings.ingest_heartbeat_s = 0.2
+    monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
+    reap = dict(max_attempts=3, ingest_deadline_s=api.settings.ingest_deadline_s, ingest_start_s=10,
+                ingest_waiting=lambda: 0)
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    agent.execute(a)
+    seen = {}
+    analyze = ingest.Ingester.analyze
+
+    def slow_analysis(self, run):
+        time.sleep(8 * api.settings.ingest_heartbeat_s)  # past 3 heartbeats, while the task heartbeats
+        with session_scope(api.settings.sqlalchemy_url) as s:
+            seen["reaped"] = run_service.reap_expired(s, **reap)
+        return analyze(self, run)
+
+    monkeypatch.setattr(ingest.Ingester, "analyze", slow_analysis)
+    assert tasks.ingest_run(rid) == "succeeded"
+    assert seen["reaped"] == []                      # alive: not re-sent, not counted twice
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        assert s.get(Run, rid).ingest_attempts == 1
+
+    # a worker that died after beginning: the run began, and nothing heartbeats it
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    agent.execute(a)
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        assert run_service.ingest_started(s, run_id=rid, ingest_deadline_s=api.settings.ingest_deadline_s,
+                                          heartbeat_s=api.settings.ingest_heartbeat_s) is not None
+
+    def reaped():
+        with session_scope(api.settings.sqlalchemy_url) as s:
+            return run_service.reap_expired(s, **reap)
+
+    assert wait_for("the silent attempt re-sent", reaped, 10, every=0.1) == [rid]
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        run = s.get(Run, rid)
+        assert (run.status, run.ingest_attempts, run.ingest_started_at) == ("analyzing", 1, None)

@@ -101,11 +101,12 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
             # A copy of a re-sent task while the attempt that began is alive (heartbeating).
             log.info("run %s: another ingest attempt is under way; this copy does nothing", run_id)
             return "in progress"
-        ingester = ingest.Ingester(Store(s.data_dir))
-        if run is not None and run.status == RunStatus.analyzing:
-            ingester = ingest.Prepared(ingester, run)  # analysed here, with no transaction open
-        with _Heartbeat(s, run_id, started_at), session_scope(s.sqlalchemy_url, enqueue=_send) as session:
-            return str(run_service.ingest(session, run_id=run_id, ingester=ingester))
+        with _Heartbeat(s, run_id, started_at):  # through the analysis and the store
+            ingester = ingest.Ingester(Store(s.data_dir))
+            if run is not None and run.status == RunStatus.analyzing:
+                ingester = ingest.Prepared(ingester, run)  # analysed here, with no transaction open
+            with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
+                return str(run_service.ingest(session, run_id=run_id, ingester=ingester))
     except DBAPIError as e:
         _retry_later(self, e)
         raise
