@@ -28,6 +28,8 @@ def test_compose_has_the_production_services_wired_in_order():
         assert env["SME2_BROKER_URL"].startswith("redis://redis:6379")
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         assert "farm-data:/data" in services[name]["volumes"]  # server and worker share the artifact store
+    # every container's process is pid 1: the shared metrics directory needs a file name per service
+    assert len({services[n]["environment"]["SME2_METRICS_SLOT"] for n in ("server", "worker", "beat")}) == 3
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["server"]["ports"] == ["8000:8000"]
     assert set(c["volumes"]) >= {"farm-data", "pg-data", "redis-data"}
