@@ -125,12 +125,17 @@ class Patience:
     def call(self, fn: Callable[..., T], *args: Any, idempotent: bool = True, **kw: Any) -> T:
         delay = 0.5
         while True:
+            if self.deadline is not None:   # a server that hangs must not hold the wait past --timeout
+                self.client.http.timeout = httpx.Timeout(min(self.client.timeout, max(1.0, self.left())))
+            sent = time.monotonic()
             try:
                 out = fn(*args, **kw)
             except httpx.TransportError as e:
-                if not idempotent and not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+                unreached = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
+                if not idempotent and not unreached:
                     raise
-                fault, after = f"could not be reached ({_transport_words(e)})", 0.0
+                fault = f"{'could not be reached' if unreached else 'did not answer'} ({_transport_words(e)})"
+                after = 0.0
             except FarmError as e:
                 if e.status not in (TRANSIENT if idempotent else {429}):
                     raise
@@ -140,7 +145,7 @@ class Patience:
                 return out
             now = time.monotonic()
             if self.fault_since is None:
-                self.fault_since = now
+                self.fault_since = sent
             changed, self.fault = fault != self.fault, fault
             wait = max(delay * (0.5 + random.random()), min(after, RETRY_AFTER_MAX_S))
             bound = self.outage_s if self.client.answered else FIRST_CONTACT_S
@@ -173,7 +178,7 @@ def note(line: str) -> None:
 class FarmClient:
     def __init__(self, server: str, token: str | None, *, timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.server = server.rstrip("/")
+        self.server, self.timeout = server.rstrip("/"), timeout
         self.http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout, transport=transport)
         self.answered = False   # has the server ever answered this client (Patience: a wrong URL or a restart?)
 

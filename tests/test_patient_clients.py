@@ -135,6 +135,16 @@ def farm(tmp_path_factory, local_runner, postgres_admin_url):
 
 
 @contextlib.contextmanager
+def database_away(proxy: TcpProxy):
+    """PostgreSQL unreachable for the farm (the proxy cut) until the block ends."""
+    proxy.cut()
+    try:
+        yield
+    finally:
+        proxy.restore()
+
+
+@contextlib.contextmanager
 def disk_filled(mount: Path, leave: int):
     """Fill the file system to within `leave` bytes of full (a real ENOSPC, then shrunk back)."""
     filler = mount / "filler"
@@ -199,12 +209,9 @@ def test_a_503_during_an_upload_is_retried_and_the_run_succeeds(farm, example_pt
     exp = farm.submit(example_pte("toy_cnn"), **SLOW)
     farm.wait_status(exp["id"], {"running"}, 60)
     before = len(farm.f.log("agent"))
-    farm.proxy.cut()
-    try:
+    with database_away(farm.proxy):
         wait_for("the agent's upload met a 503", lambda: "/artifacts/" in (new := farm.f.log("agent")[before:])
                  and " 503 " in new, 60, every=0.1, log=farm.logs)
-    finally:
-        farm.proxy.restore()
     [(_, status, attempt, reason)] = farm.wait_done(exp["id"], 120)
     assert (status, attempt) == ("succeeded", 1), (status, attempt, reason)
 
@@ -222,9 +229,8 @@ def test_submit_wait_survives_a_database_outage_and_a_server_restart(farm, examp
         exp_id = wait_for("the submission stored", lambda: [e["id"] for e in farm.http.get(
             "/experiments", params={"page_size": 100}).json()["items"] if e["id"] not in before], 60, every=0.05)[0]
         farm.wait_status(exp_id, {"running"}, 60)
-        farm.proxy.cut()                       # the database away for 8 s
-        time.sleep(8)
-        farm.proxy.restore()
+        with database_away(farm.proxy):         # for 8 s
+            time.sleep(8)
         server = farm.server_pid()
         os.kill(server, signal.SIGKILL)        # then the API server killed; the supervisor starts it again
         killed = time.monotonic()
@@ -258,12 +264,11 @@ def test_submit_wait_timeout_gives_up_saying_what_it_waited_for_and_saw(farm, ex
     try:
         exp_id = wait_for("the submission stored", lambda: [e["id"] for e in farm.http.get(
             "/experiments", params={"page_size": 100}).json()["items"] if e["id"] not in before], 60, every=0.05)[0]
-        farm.proxy.cut()                       # away for longer than the client's --timeout
-        t0 = time.monotonic()
-        rc = proc.wait(timeout=60)
-        waited = time.monotonic() - t0
+        with database_away(farm.proxy):         # for longer than the client's --timeout
+            t0 = time.monotonic()
+            rc = proc.wait(timeout=60)
+            waited = time.monotonic() - t0
     finally:
-        farm.proxy.restore()
         if proc.poll() is None:
             proc.kill()
         if exp_id is not None:   # leave the farm idle for the next test
@@ -296,6 +301,50 @@ def test_status_wait_follows_an_experiment_through_a_server_restart(farm, exampl
     report = json.loads(out)
     assert report["id"] == exp["id"] and [r["status"] for r in report["runs"]] == ["succeeded"] * 2, report
     assert farm.server_pid() != server
+
+
+@on_the_farm
+def test_suite_run_wait_goes_on_through_a_database_outage(farm, example_pte, tmp_path):
+    model = example_pte("toy_cnn")
+    farm.submit(model, **SHORT)   # the suite's model must be stored
+    made = farm.cli("suite", "create", "patient", "--model", f"{model}=toy", "--sme2", "off", "--iterations", "20",
+                    "--warmup", "3000", "--sessions", "2", "--json", out=tmp_path / "create")
+    assert made.wait(timeout=60) == 0, (tmp_path / "create.err").read_text()
+    proc = farm.cli("suite", "run", "patient", "--wait", "--timeout", "240", out=tmp_path / "suite")
+    try:
+        [exp_id] = wait_for("the suite's experiment", lambda: farm.http.get("/suites/patient").json()["runs"]
+                            and farm.http.get("/suites/patient").json()["runs"][0]["experiment_ids"], 60, every=0.1)
+        farm.wait_status(exp_id, {"running"}, 60)
+        with database_away(farm.proxy):
+            time.sleep(6)
+        rc = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out, err = (tmp_path / "suite.out").read_text(), (tmp_path / "suite.err").read_text()
+    assert rc == 0, (out, err)
+    assert "answered 503 (the database is unavailable)" in err and "toy on" in out, (out, err)
+
+
+@on_the_farm
+def test_a_server_that_accepts_and_never_answers_is_given_up_on_at_the_timeout(farm):
+    """A hung server (it accepts, then says nothing): each request's own timeout is cut to what
+    is left of the wait, so --timeout holds; the sentence says the server did not answer."""
+    import socket
+
+    from sme2farm.client.api import FarmClient, GaveUp, Patience
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        client = FarmClient(f"http://127.0.0.1:{hung.getsockname()[1]}", farm.f.token)
+        t0 = time.monotonic()
+        with pytest.raises(GaveUp) as e:
+            Patience(client, "experiment 1 to finish", 3).call(client.experiment, 1)
+        took = time.monotonic() - t0
+    assert 2.5 < took < 6, took
+    assert str(e.value) == (f"gave up after 3 s waiting for experiment 1 to finish: the server at {client.server} "
+                            f"did not answer (timed out) for the last 3 s")
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
