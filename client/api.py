@@ -141,6 +141,9 @@ class Patience:
                     raise
                 fault, after = f"answered {e.status} ({e.message.split(';')[0].strip()})", e.retry_after or 0.0
             else:
+                if self.fault and self.say is not None:
+                    self.say(f"the server at {self.client.server} answers again after "
+                             f"{time.monotonic() - self.fault_since:.0f} s")
                 self.fault, self.fault_since = "", None
                 return out
             now = time.monotonic()
