@@ -76,7 +76,10 @@ def make_celery(settings: Settings) -> Celery:
 def ingest_waiting() -> int:
     """Messages waiting (not taken by a worker) in the ingest queue: 0 means an ingest task not
     begun is not in the broker at all (services/runs.py reap_expired)."""
-    with app.connection_for_read() as conn:
+    # Asked from inside the reaper's transaction: a broker away fails it in ~a second (no retries)
+    # instead of holding the runs' row locks through Celery's connection retries.
+    with app.connection_for_read(connect_timeout=1) as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, timeout=2)
         # not passive: Redis has no key for an empty queue (a passive declare of it is "not found")
         return conn.default_channel.queue_declare(queue=DEFAULT_QUEUE).message_count
 
