@@ -76,7 +76,7 @@ class _FailureBudget:
     def __init__(self, request: Request | None, sha: str):
         self.limiter = getattr(request.app.state, "limiter", None) if request is not None else None
         self.per_min = request.app.state.settings.rate_auth_failures_per_min if request is not None else 0.0
-        side = "agent" if request is not None and request.url.path.startswith("/agent/") else "user"
+        side = "agent" if request is not None and request.scope.get("path", "").startswith("/agent/") else "user"
         self.ip = client_ip(request)
         # 32 hex digits (128 bits) of the hash: enough to tell tokens apart, and no token is stored
         self.token_key, self.addr_key = f"authfail:{side}:token:{sha[:32]}", f"authfail:{side}:addr:{self.ip}"
