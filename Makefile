@@ -5,6 +5,11 @@ VENV ?= .venv
 PIP_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make demo PORT=8001 DATA_DIR=/tmp/farm2`: where the farm listens and keeps its data
+# (DATA_DIR unset: SME2_DATA_DIR, else .farm)
+PORT ?= 8000
+DATA_DIR ?=
+FARM_ARGS := --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 .PHONY: setup emulator demo up test bench clean
 
@@ -17,10 +22,10 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/sme2-farm demo
+	$(BIN)/sme2-farm demo $(FARM_ARGS)
 
 up: setup
-	$(BIN)/sme2-farm up
+	$(BIN)/sme2-farm up $(FARM_ARGS)
 
 # The SME2-capable QEMU for the emulated devices (idempotent, ~1 s; a failure is said, and the
 # emulated-SME2 tests then skip, or fail under SME2_REQUIRE_SERVICES=1).

@@ -5,11 +5,13 @@ admin chores (migrate, tokens, building and listing runners)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -217,21 +219,87 @@ def _settings(args) -> Settings:
     return Settings(**overrides)
 
 
-def _ensure_runner(manifest: Path | None) -> None:
-    """Build the local runner (seconds; skipped when up to date) so the local agent has one."""
+def port_problem(host: str, port: int) -> str | None:
+    """Whether uvicorn could listen on host:port, told before anything starts: a taken port used to
+    surface as "the server process exited with code 3", its cause only inside a JSON log line.
+    SO_REUSEADDR as uvicorn sets it, so a port in TIME_WAIT from a farm just stopped is not "taken"."""
     try:
-        from sme2farm.runners.build import build_local
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"cannot listen on {host}: the host name does not resolve ({e.strerror}); pass --host 127.0.0.1"
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except PermissionError:
+            return f"port {port} on {host} needs privileges to listen on: pick a port above 1023 with --port (make demo PORT=8001)"
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return (f"port {port} on {host} is already in use (another farm or server?): stop it, or pick "
+                        f"another port with --port {port + 1} (make demo PORT={port + 1})")
+            return f"cannot listen on {host}:{port} ({e.strerror}): pick another --host or --port"
+    return None
+
+
+def data_dir_problem(path: Path) -> str | None:
+    """Whether the farm can keep its database, token and models in `path`: created if missing, then
+    a file written and removed, so an unwritable or unreadable directory is one line, not a traceback."""
+    where = path.resolve()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        os.listdir(where)
+        probe = where / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        what = "is not a directory" if isinstance(e, (NotADirectoryError, FileExistsError)) else \
+            f"cannot be read and written ({e.strerror})"
+        return (f"the data dir {where} {what}: pick another with --data-dir DIR "
+                f"(make demo DATA_DIR=DIR), or fix its permissions")
+    return None
+
+
+def _compiler() -> str | None:
+    """The C++ compiler CMake would find: $CXX, else c++, g++ or clang++ on PATH."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx)
+    return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name))), None)
+
+
+def _ensure_runner(manifest: Path | None) -> None:
+    """Build the local runner (seconds; skipped when up to date) so the local agent has one. A build
+    that fails raises RuntimeError with one line: a missing compiler named as such, else the log."""
+    try:
+        from sme2farm.runners.build import BuildError, build_local
     except ImportError as e:  # the [export] extra (executorch, cmake) is not installed
         log.warning("cannot build the local runner (%s); the agent serves only prebuilt runners in its manifest", e)
         return
-    build = build_local(manifest)
+    try:
+        build = build_local(manifest)
+    except BuildError as e:
+        if _compiler() is None:
+            raise RuntimeError("no C++ compiler found to build the local runner (looked for $CXX, c++, g++, clang++): "
+                               "install one (e.g. the g++ package) and start again") from e
+        first = str(e).splitlines()[0]
+        raise RuntimeError(f"building the local runner failed: {first}") from e
     print(f"runner: {build.id} ({build.platform}, SME2 {build.sme2}, sha256 {build.sha256[:12]}…)", flush=True)
 
 
 def _run_farm(args, then=None) -> int:
     settings = _settings(args)
     manifest = Path(args.manifest).resolve() if args.manifest else None
-    _ensure_runner(manifest)
+    # What stops a farm before it starts, each told in one line (exit 1) instead of a child's exit
+    # code or a traceback: the data dir, the port, the local runner's build (its compiler).
+    try:
+        problem = data_dir_problem(settings.data_dir) or port_problem(args.host, args.port)
+        if problem:
+            raise RuntimeError(problem)
+        _ensure_runner(manifest)
+    except RuntimeError as e:
+        print(f"sme2-farm: {e}", file=sys.stderr)
+        return 1
     farm = Farm(settings, args.host, args.port, args.drivers, manifest, ready_timeout=args.ready_timeout)
     # Ctrl-C and SIGTERM both stop the farm cleanly. SIGINT is set explicitly because a process
     # started from a background shell inherits it ignored, and Ctrl-C would then do nothing.
