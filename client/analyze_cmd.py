@@ -158,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         data = Path(args.trace).read_bytes()
+        wrong = _not_a_trace(data, args.trace) or (_not_a_trace(Path(args.compare).read_bytes(), args.compare)
+                                                   if args.compare else None)
+        if wrong:
+            print(f"error: {wrong}", file=sys.stderr)
+            return 2
         if args.perfetto:
             trace = to_perfetto(data, iteration=args.iteration + args.skip_first)
             Path(args.perfetto).write_text(json.dumps(trace))
@@ -216,8 +221,32 @@ def run(args: argparse.Namespace) -> int:
     elif args.csv:
         sys.stdout.write(to_csv(report))
     else:
-        sys.stdout.write(to_terminal(report, comparison, top=args.top))
+        sys.stdout.write(to_terminal(report, _said_verdicts(comparison), top=args.top))
     return 0
+
+
+def _not_a_trace(data: bytes, path: str) -> str | None:
+    """A program given where a trace is wanted, told as such (it used to fail on hex bytes): the
+    flatbuffer file identifier at bytes 4-8 is ET.. for a .pte, BP.. for a bundled program."""
+    ident = data[4:8]
+    if ident[:2] == b"ET":
+        return (f"{path} is a .pte (a program, not a trace); analyze takes an .etdump: submit the model with "
+                f"`sme2-client submit {path} --mode trace --wait`, then fetch the run's trace.etdump")
+    if ident[:2] == b"BP":
+        return f"{path} is a bundled program (.bpte), not a trace; analyze takes an .etdump"
+    return None
+
+
+def _said_verdicts(comparison: dict | None) -> dict | None:
+    """The terminal text without a verdict printed as `None`: an operator or category whose
+    interval could not be computed (too few samples) reads "no verdict"."""
+    if not comparison:
+        return comparison
+    out = dict(comparison)
+    for part in ("categories", "operators"):
+        if out.get(part):
+            out[part] = {k: {**v, "verdict": v.get("verdict") or "no verdict"} for k, v in out[part].items()}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

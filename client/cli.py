@@ -14,6 +14,18 @@ from pydantic import ValidationError
 from sme2farm.protocol import TERMINAL, DeviceSelector, ExperimentSpec
 
 
+def thread_counts(text: str) -> list[int]:
+    """--threads 1,4 as a list; `--threads abc` is a sentence, not int()'s message."""
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a thread count: give comma-separated whole numbers, "
+                                         f"e.g. 1 or 1,4") from None
+    if not counts:
+        raise argparse.ArgumentTypeError("give at least one thread count, e.g. 1 or 1,4")
+    return counts
+
+
 def parse_selector(text: str | None) -> DeviceSelector | None:
     """--device 'platform=android,tags=lab1+big,serial=X' or a bare serial."""
     if not text:
@@ -88,10 +100,16 @@ def cmd_submit(args) -> int:
             print(f"sme2-client: {path} is not a file", file=sys.stderr)
             return 2
     try:
-        threads = [int(t) for t in args.threads.split(",") if t.strip()]
+        threads = thread_counts(args.threads)
+    except argparse.ArgumentTypeError as e:
+        print(f"sme2-client: --threads: {e}", file=sys.stderr)
+        return 2
+    try:
         labels = dict(kv.split("=", 1) for kv in args.label or [])
+        # unnamed, an experiment is called after its model file (not a hash prefix and "(unnamed)")
+        name = args.name if args.name is not None else model.stem
         spec = ExperimentSpec(sme2=args.sme2, threads=threads, iterations=args.iterations, warmup=args.warmup,
-                              mode=args.mode, device=parse_selector(args.device), name=args.name, labels=labels,
+                              mode=args.mode, device=parse_selector(args.device), name=name, labels=labels,
                               power_profile=args.power_profile, core_mask=args.core_mask, sessions=args.sessions,
                               method=args.method, min_effect=args.min_effect)
     except ValidationError as e:
@@ -111,6 +129,7 @@ def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str 
     client = _client(args)
     if not args.wait:
         rep = client.submit(model, spec, inputs=inputs, vs_model=vs_model)
+        say_warnings(rep)
         if args.json:
             print(json.dumps(client.experiment_json(rep.id), indent=2))
         else:
@@ -122,20 +141,47 @@ def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str 
     # --wait: one patience, one --timeout, from the upload to the report
     patience = Patience(client, "the server to take the submission", args.timeout, say=None if args.json else note)
     rep = patience.call(client.submit, model, spec, inputs=inputs, vs_model=vs_model, idempotent=False)
+    say_warnings(rep)
     patience.what = f"experiment {rep.id} to finish"
     return print_when_done(args, client, rep.id, patience)
 
 
+def say_warnings(rep) -> None:
+    """What the submission left out (a device long offline, an SME2-on arm no device here can
+    run), once, on stderr: said at submission, not discovered run by run."""
+    for w in rep.warnings:
+        print(f"sme2-client: warning: {w}", file=sys.stderr)
+
+
+# Exit codes of the commands that wait for runs (submit --wait, status --wait, suite run --wait).
+EXIT_OK, EXIT_FAILED, EXIT_UNSCHEDULABLE = 0, 1, 3
+EXIT_CODES_HELP = (f"Exit codes with --wait: {EXIT_OK} when every run that could run succeeded; "
+                   f"{EXIT_UNSCHEDULABLE} when some runs were unschedulable (e.g. the SME2-on arm on a farm without "
+                   f"SME2) and none failed; {EXIT_FAILED} when a run failed or was cancelled, the farm refused "
+                   f"or could not be reached; 2 on bad arguments.")
+
+
+def outcome_code(reports) -> int:
+    """The exit code for finished experiments: a failed or cancelled run is a failure; runs that
+    could not be placed are told apart (3), so a script on an x86 host can accept them."""
+    statuses = {r.status for rep in reports for r in rep.runs}
+    if statuses & {"failed", "cancelled"}:
+        return EXIT_FAILED
+    return EXIT_UNSCHEDULABLE if "unschedulable" in statuses else EXIT_OK
+
+
 def print_when_done(args, client, experiment_id: int, patience) -> int:
-    """Wait for the experiment (patiently), then print its report (--json: the report JSON)."""
+    """Wait for the experiment (patiently), then print its report (--json: the report JSON);
+    returns the exit code (outcome_code)."""
     from sme2farm.client.render import experiment_text
 
-    wait_for(client, experiment_id, quiet=args.json, patience=patience)
+    rep = wait_for(client, experiment_id, quiet=args.json, patience=patience)
     if args.json:
         print(json.dumps(patience.call(client.experiment_json, experiment_id), indent=2))
     else:
-        print(experiment_text(patience.call(client.experiment, experiment_id)))
-    return 0
+        rep = patience.call(client.experiment, experiment_id)
+        print(experiment_text(rep))
+    return outcome_code([rep])
 
 
 def cmd_status(args) -> int:
@@ -210,12 +256,13 @@ def cmd_analyze(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sme2-client", description="Profile ExecuTorch models on the SME2 farm.")
+    p = argparse.ArgumentParser(prog="sme2-client", description="Profile ExecuTorch models on the SME2 farm.",
+                                epilog=EXIT_CODES_HELP + " `compare` has its own (see compare --help).")
     p.add_argument("--server", help="farm URL (default: SME2_SERVER or http://127.0.0.1:8000)")
     p.add_argument("--token", help="API token (default: SME2_TOKEN)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    s = sub.add_parser("submit", help="upload a .pte and queue runs")
+    s = sub.add_parser("submit", help="upload a .pte and queue runs", epilog=EXIT_CODES_HELP)
     s.add_argument("model", nargs="?", help="the .pte, or a .bpte bundled program (its inputs are fed) (not with --kit-config)")
     s.add_argument("--kit-config", metavar="CONFIG.json",
                    help="run an SME2 learning-path kit config (model, SME2 on/off experiments) as one experiment")
@@ -225,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup", type=int, default=2)
     s.add_argument("--mode", choices=["timing", "trace"], default="timing")
     s.add_argument("--device", help="selector: a serial, or platform=android,tags=a+b,sme2=true")
-    s.add_argument("--name")
+    s.add_argument("--name", help="default: the model file's name without .pte")
     s.add_argument("--label", action="append", help="key=value (repeatable)")
     s.add_argument("--power-profile", choices=["none", "boost", "app"], default="none")
     s.add_argument("--core-mask", help="taskset mask in hex, same for both arms")
@@ -245,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the report JSON")
     s.set_defaults(fn=cmd_submit)
 
-    st = sub.add_parser("status", help="show one experiment's report")
+    st = sub.add_parser("status", help="show one experiment's report", epilog=EXIT_CODES_HELP)
     st.add_argument("id", type=int)
     st.add_argument("--json", action="store_true")
     st.add_argument("--wait", action="store_true", help="follow progress until every run has ended, then print the report")
@@ -295,19 +342,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _server_of(args) -> str:
+    return (getattr(args, "server", None) or os.environ.get("SME2_SERVER") or "http://127.0.0.1:8000").rstrip("/")
+
+
+# What to do next after the server's refusal, by status: the server's words say what was wrong,
+# these where to fix it on this side.
+NEXT_STEP = {
+    401: "set SME2_TOKEN (or --token) to the farm's token: `sme2-farm up` prints where it is (DATA_DIR/token)",
+    403: "this token's scope does not allow it: ask for a token with `sme2-farm token create --scope submit` (or admin)",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import httpx
 
-    from sme2farm.client.api import FarmError
+    from sme2farm.client.api import FarmError, _transport_words
 
     try:
-        return args.fn(args)
+        code = args.fn(args)
+        sys.stdout.flush()  # here, so a reader that left (`| head`) is caught below, not at exit
+        return code
+    except BrokenPipeError:
+        # `sme2-client list | head`: the reader left, which is not an error to tell. Point stdout
+        # at /dev/null so the interpreter's final flush does not raise (and print) it again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # what a shell reports for a process ended by SIGPIPE
     except FarmError as e:
         lines = e.message.splitlines() or [""]
         print(f"sme2-client: server said {e.status}: {lines[0]}", file=sys.stderr)
         for line in lines[1:]:  # one problem a line (client/api.py describe)
             print(f"sme2-client: server said {e.status}: {line}", file=sys.stderr)
+        if e.status in NEXT_STEP:
+            print(f"sme2-client: {NEXT_STEP[e.status]}", file=sys.stderr)
         return 1
     except ValidationError as e:  # a spec or selector built here (e.g. --device in suite create)
         from sme2farm.client.api import error_sentences
@@ -316,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sme2-client: invalid: {line}", file=sys.stderr)
         return 2
     except httpx.TransportError as e:
-        print(f"sme2-client: cannot reach the server: {e}", file=sys.stderr)
+        print(f"sme2-client: cannot reach the farm at {_server_of(args)} ({_transport_words(e)}): is `sme2-farm up` "
+              f"running there? (set SME2_SERVER or --server to its URL)", file=sys.stderr)
         return 1
     except TimeoutError as e:
         print(f"sme2-client: {e}", file=sys.stderr)

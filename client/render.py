@@ -28,7 +28,15 @@ def experiment_text(rep: ExperimentReport) -> str:
     out = [f"Experiment {rep.id}{' ' + rep.name if rep.name else ''}: {rep.status}",
            f"  model sha256 {rep.model_sha256[:16]}… ({rep.model_size} bytes), sme2={rep.spec.sme2}, "
            f"threads={rep.spec.threads}, iterations={rep.spec.iterations}, warm-up={rep.spec.warmup}",
-           f"  method {rep.spec.method}, inputs: {rep.inputs}", *(f"  note: {w}" for w in rep.warnings), ""]
+           f"  method {rep.spec.method}, inputs: {rep.inputs}", *(f"  note: {w}" for w in rep.warnings)]
+    # Runs that could not be placed usually share one long reason (every SME2-on run on a farm
+    # without SME2): said once here, with the runs it covers, not once per run and comparison.
+    unplaced: dict[str, list[int]] = {}
+    for r in rep.runs:
+        if r.status == "unschedulable" and r.reason:
+            unplaced.setdefault(r.reason, []).append(r.id)
+    out += [f"  unschedulable {_ids(ids)}, reason: {reason}" for reason, ids in unplaced.items()]
+    out.append("")
     if rep.vs_model_sha256:
         same = " (the same model: an A/A check)" if rep.vs_model_sha256 == rep.model_sha256 else ""
         out[2:2] = [f"  vs model B sha256 {rep.vs_model_sha256[:16]}… ({rep.vs_model_size} bytes){same}, interleaved with model A"]
@@ -38,7 +46,7 @@ def experiment_text(rep: ExperimentReport) -> str:
         emulated = " (emulated: the emulator's time, not a CPU's)" if dev and dev.emulator else ""
         model = f"model {r.variant}, " if rep.vs_model_sha256 else ""
         out.append(f"Run {r.id}: {model}SME2 {r.sme2}, {r.threads} thread(s), {r.mode} on {dev_s} — {r.status}")
-        if r.reason:
+        if r.reason and r.reason not in unplaced:
             out.append(f"  reason: {r.reason}")
         if r.waiting_for:
             out.append(f"  queued: waits for {r.waiting_for}")
@@ -65,8 +73,24 @@ def experiment_text(rep: ExperimentReport) -> str:
             out.append(f"  {microkernels_line(r.kernels)}")
         out.append("")
     for c in rep.comparisons:
-        out.append(_comparison(c))
+        out.append(_comparison(_unplaced_said(c, unplaced)))
     return "\n".join(out).rstrip() + "\n"
+
+
+def _ids(ids: list[int]) -> str:
+    shown = ", ".join(str(i) for i in ids[:8]) + (f" … (+{len(ids) - 8} more)" if len(ids) > 8 else "")
+    return f"run {shown}" if len(ids) == 1 else f"runs {shown}"
+
+
+def _unplaced_said(c: dict[str, Any], unplaced: dict[str, list[int]]) -> dict[str, Any]:
+    """A comparison whose reason repeats an unschedulable reason already said in the header
+    refers to it instead."""
+    reason = c.get("reason")
+    if c.get("status") == "complete" or not reason:
+        return c
+    for text in unplaced:
+        reason = reason.replace(text, "unschedulable (the reason above)")
+    return {**c, "reason": reason}
 
 
 def microkernels_line(kernels: dict, per_isa: int = 3) -> str:

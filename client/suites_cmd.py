@@ -135,7 +135,7 @@ def cmd_suite_show(args) -> int:
 
 def cmd_suite_run(args) -> int:
     from sme2farm.client.api import Patience, note
-    from sme2farm.client.cli import wait_for
+    from sme2farm.client.cli import EXIT_FAILED, EXIT_OK, outcome_code, wait_for
 
     client = _client(args)
     if not args.wait:
@@ -148,9 +148,10 @@ def cmd_suite_run(args) -> int:
     patience = Patience(client, f"suite {args.name} to start", args.timeout, say=None if args.json else note)
     srun = patience.call(client.run_suite, args.name, idempotent=False)
     print(f"suite {args.name}: run {srun['id']} started, experiments {srun['experiment_ids']}", file=sys.stderr)
+    reports = []
     for exp_id in srun["experiment_ids"]:
         patience.what = f"experiment {exp_id} of suite run {srun['id']} to finish"
-        wait_for(client, exp_id, quiet=args.json, patience=patience)
+        reports.append(wait_for(client, exp_id, quiet=args.json, patience=patience))
     # the experiments ended: the analysis (points, detection) follows in the worker
     patience.what = f"suite run {srun['id']} to be analysed"
     while True:
@@ -162,11 +163,14 @@ def cmd_suite_run(args) -> int:
         time.sleep(min(0.2, patience.left()))
     series = patience.call(client.suite_series, args.name)
     print(json.dumps({"run": run, **series}, indent=2) if args.json else series_text(series))
-    # a point without samples (its runs failed, were cancelled or could not run) fails the wait
-    if run["status"] != "complete" or run.get("reason"):
+    # A point without samples because its runs failed or were cancelled fails the wait (1); one
+    # whose runs could not be placed (an SME2-on arm with no SME2 device) is told apart (3).
+    code = outcome_code(reports)
+    if code == EXIT_OK and (run["status"] != "complete" or run.get("reason")):
+        code = EXIT_FAILED
+    if code != EXIT_OK:
         print(f"sme2-client: suite run {run['id']} {run['status']}: {run.get('reason') or 'failed'}", file=sys.stderr)
-        return 1
-    return 0
+    return code
 
 
 def cmd_regressions(args) -> int:
@@ -229,9 +233,10 @@ def add_parsers(sub) -> None:
         pa.add_argument("--json", action="store_true")
         pa.set_defaults(fn=cmd_suite_pause)
     r = ss.add_parser("run", help="start a suite now",
-                      description="Exit codes: 0 when every point of the run has samples; 1 when a point has none "
-                                  "(its runs failed, were cancelled or could not run: the reason is printed), the "
-                                  "suite run failed, or the server refused; 2 on bad arguments.")
+                      description="Exit codes with --wait: 0 when every point of the run has samples; 3 when "
+                                  "points have none only because their runs could not be placed (e.g. the SME2-on "
+                                  "arm on a farm without SME2) and no run failed; 1 when a run failed or was "
+                                  "cancelled, the suite run failed, or the server refused; 2 on bad arguments.")
     r.add_argument("name")
     r.add_argument("--wait", action="store_true", help="wait for its experiments and the analysis, print the series")
     r.add_argument("--timeout", type=float, default=None,

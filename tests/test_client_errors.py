@@ -5,6 +5,10 @@ verdict. Real server (uvicorn, SQLite), the real CLI entry point in-process."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+
 import pytest
 
 from sme2farm.client import cli
@@ -123,3 +127,41 @@ def test_compare_exits_1_when_no_pair_has_a_verdict(api, capsys):
         ids = [experiments.create(s, spec=ExperimentSpec(sme2="on"), model=model).id for _ in range(2)]
     code, out, err = _run(api, capsys, "compare", str(ids[0]), str(ids[1]))
     assert code == 1 and out.count("no comparison") == 1 and "unschedulable" in out, (out, err)
+
+
+def test_first_hour_errors_are_one_sentence_with_what_to_do(api, capsys, tmp_path):
+    """Issue 15's list: --threads abc, a refused connection, a missing token, a .pte given to
+    analyze, each one line saying what to do next, no Python internals."""
+    model = tmp_path / "m.pte"
+    model.write_bytes(b"x")
+    code, _, err = _run(api, capsys, "submit", str(model), "--threads", "abc")
+    assert code == 2 and err.strip() == ("sme2-client: --threads: 'abc' is not a thread count: give comma-separated "
+                                         "whole numbers, e.g. 1 or 1,4"), err
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    code = cli.main(["--server", dead, "--token", "t", "devices"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.strip() == (f"sme2-client: cannot reach the farm at {dead} (connection refused): is "
+                                         f"`sme2-farm up` running there? (set SME2_SERVER or --server to its URL)"), err
+    assert "Errno" not in err
+    code = cli.main(["--server", api.url, "devices"])  # no token at all
+    err = capsys.readouterr().err
+    assert code == 1 and "server said 401" in err and "set SME2_TOKEN (or --token)" in err, err
+    # a program given to analyze: named as such, not hex bytes
+    pte = tmp_path / "prog.pte"
+    pte.write_bytes(b"\x1c\x00\x00\x00ET12" + b"\x00" * 64)
+    code = cli.main(["analyze", str(pte)])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a .pte (a program, not a trace); analyze takes an .etdump" in err, err
+
+
+def test_a_reader_that_leaves_is_not_an_error(api):
+    """`sme2-client list | head`: the reader closes the pipe before the client writes; the
+    client ends quietly (no "[Errno 32] Broken pipe", no traceback)."""
+    proc = subprocess.Popen([sys.executable, "-m", "sme2farm.client.cli", "--server", api.url, "--token", api.token,
+                             "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # long before the client has imported and asked the server
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err
+

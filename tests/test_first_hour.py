@@ -74,3 +74,72 @@ def test_make_demo_passes_port_and_data_dir():
     done = subprocess.run(["make", "-n", "-C", str(REPO), "up"], capture_output=True, text=True, timeout=30)
     # unset DATA_DIR leaves the farm's own default (SME2_DATA_DIR, else .farm)
     assert "sme2-farm up --port 8000" in done.stdout and "--data-dir" not in done.stdout
+
+
+NO_SME2 = "no device here has SME2: the SME2-on arm will be unschedulable"
+
+
+def test_submit_names_the_experiment_after_its_file_and_warns_once_without_sme2(farm, example_pte, tmp_path):
+    """On this x86 host (no SME2) the default `--sme2 both` says once, at submission, that the
+    SME2-on arm cannot run; the report groups the runs' identical reason once; the exit code is 3
+    (not 0, not 1); the experiment is named after the file."""
+    model = tmp_path / "my_first_model.pte"
+    model.write_bytes(example_pte("toy_cnn").read_bytes())
+    done = farm.cli("submit", str(model), "--sme2", "both", "--threads", "1,2", "--iterations", "5", "--wait")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.stderr.count(NO_SME2) == 1, done.stderr
+    report = done.stdout
+    assert report.splitlines()[0].startswith("Experiment ") and " my_first_model: " in report.splitlines()[0]
+    # two SME2-on runs (threads 1 and 2), one long reason: printed once, naming both runs
+    unsched = [line for line in report.splitlines() if line.startswith("  unschedulable runs ")]
+    assert len(unsched) == 1 and len(unsched[0].split(", reason: ")[0].split(",")) == 2, report
+    reason = unsched[0].split(", reason: ", 1)[1]
+    assert reason.startswith("SME2 on needs a device with SME2")
+    assert report.count(reason) == 1, report
+    assert f"note: {NO_SME2}" in report
+    exp_id = report.split()[1]
+    # status --wait: the same exit code; the listing shows the name
+    again = farm.cli("status", exp_id, "--wait")
+    assert again.returncode == 3 and again.stdout.count(reason) == 1, again.stdout + again.stderr
+    listing = farm.cli("list")
+    assert any(line.split()[0] == exp_id and line.endswith("my_first_model") for line in listing.stdout.splitlines()), listing.stdout
+    # without --wait the warning is said too; --name still wins
+    quick = farm.cli("submit", str(model), "--sme2", "both", "--iterations", "5", "--name", "mine")
+    assert quick.returncode == 0 and quick.stderr.count(NO_SME2) == 1, quick.stderr
+    qid = quick.stdout.split()[2]
+    assert farm.client().experiment(int(qid)).name == "mine"
+    farm.cli("cancel", qid)
+
+
+def test_everything_that_could_run_succeeded_exits_0_and_a_cancelled_run_exits_1(farm, example_pte):
+    model = example_pte("mlp")
+    done = farm.cli("submit", str(model), "--sme2", "off", "--iterations", "5", "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no device here has SME2" not in done.stderr and "unschedulable" not in done.stdout
+    assert " mlp: succeeded" in done.stdout.splitlines()[0]
+    # a cancelled experiment (20 runs on the one device, cancelled at once): status --wait exits 1
+    queued = farm.cli("submit", str(model), "--sme2", "off", "--threads", "1,2,3,4", "--sessions", "5",
+                      "--iterations", "2000")
+    qid = queued.stdout.split()[2]
+    farm.cli("cancel", qid)
+    after = farm.cli("status", qid, "--wait", "--timeout", "120")
+    assert after.returncode == 1 and "cancelled" in after.stdout, after.stdout + after.stderr
+
+
+def test_exit_codes_are_documented_in_help():
+    from sme2farm.client import cli
+
+    text = cli.build_parser().format_help() + cli.build_parser()._subparsers._group_actions[0].choices["submit"].format_help()
+    flat = " ".join(text.split())
+    assert "0 when every run that could run succeeded" in flat and "3 when some runs were unschedulable" in flat
+    assert "1 when a run failed" in flat
+
+
+def test_analyze_compare_prints_no_none_verdict():
+    from sme2farm.client.analyze_cmd import _said_verdicts
+
+    comparison = {"categories": {"GEMM": {"verdict": None, "speedup": None}},
+                  "operators": {"op": {"verdict": None}, "op2": {"verdict": "faster"}}}
+    said = _said_verdicts(comparison)
+    assert said["categories"]["GEMM"]["verdict"] == "no verdict" and said["operators"]["op"]["verdict"] == "no verdict"
+    assert said["operators"]["op2"]["verdict"] == "faster" and comparison["operators"]["op"]["verdict"] is None

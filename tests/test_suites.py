@@ -570,12 +570,13 @@ def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(sui
 
 def test_an_sme2_arm_no_device_can_run_is_warned_fails_the_wait_and_is_explained(suite_farm, tiny_suite):
     """The farm's device has no SME2: `both` is accepted with a warning; the run's on point is
-    empty, so `suite run --wait` exits 1 naming why, and `suite show` prints the reason."""
+    empty, so `suite run --wait` exits 3 (runs could not be placed, none failed: not 1) naming
+    why, and `suite show` prints the reason."""
     made = suite_farm.cli("suite", "create", "arms", "--model", f"{tiny_suite['models'][0]['sha256']}=toy",
                           "--iterations", "5", "--warmup", "1")
     assert made.returncode == 0 and "warning: SME2 on: no matching device has SME2" in made.stderr, made.stderr
     done = suite_farm.cli("suite", "run", "arms", "--wait", "--timeout", "120")
-    assert done.returncode == 1, done.stdout + done.stderr + suite_farm.log("worker")
+    assert done.returncode == 3, done.stdout + done.stderr + suite_farm.log("worker")
     assert "1 of 2 point(s) without samples" in done.stderr and "SME2 on needs a device with SME2" in done.stderr
     shown = suite_farm.cli("suite", "show", "arms")
     assert shown.returncode == 0, shown.stderr

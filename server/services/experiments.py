@@ -83,6 +83,10 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: in
             raise NoMatchingDevice(f"no device that can run matches selector {what or '{}'}: " + "; ".join(left_out))
         known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
         raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
+    if "on" in spec.sme2_settings() and not any(d.sme2 for d in devices):
+        # said once here, not only as each SME2-on run's unschedulable reason (a new user's
+        # `--sme2 both` on an x86 laptop read the same ~150 characters per run)
+        left_out.append("no device here has SME2: the SME2-on arm will be unschedulable")
     variants = ["A", "B"] if vs_model is not None else ["A"]
     fan_out(len(devices), spec, max_runs, len(variants))
     exp = Experiment(name=spec.name, model_sha256=model.sha256, vs_model_sha256=vs_model.sha256 if vs_model else None,
