@@ -336,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     suites_cmd.add_parsers(sub)  # suite create|list|run [--wait]|show|delete|pause|resume, regressions [--ack ID]
 
+    from sme2farm.client import artifacts_cmd, examples_cmd
+
+    examples_cmd.add_parser(sub)  # examples [NAME [OUT.pte]]
+    artifacts_cmd.add_parser(sub)  # artifacts ID [NAME] [-o DIR]
+
     from sme2farm.client import document
 
     document.add_parser(sub)  # report ID --markdown|--html [-o FILE] [--svg-files]

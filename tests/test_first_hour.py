@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -143,3 +145,63 @@ def test_analyze_compare_prints_no_none_verdict():
     said = _said_verdicts(comparison)
     assert said["categories"]["GEMM"]["verdict"] == "no verdict" and said["operators"]["op"]["verdict"] == "no verdict"
     assert said["operators"]["op2"]["verdict"] == "faster" and comparison["operators"]["op"]["verdict"] is None
+
+
+def test_examples_lists_and_exports_one_quietly(tmp_path):
+    listed = subprocess.run([sys.executable, "-m", "sme2farm.client.cli", "examples"], capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0 and listed.stdout.split()[0] == "toy_cnn" and "mlp " in listed.stdout
+    pytest.importorskip("executorch")
+    out = tmp_path / "models" / "m.pte"
+    done = subprocess.run([sys.executable, "-m", "sme2farm.client.cli", "examples", "mlp", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "" and len(done.stdout.strip().splitlines()) == 1, done.stdout + done.stderr
+    assert done.stdout.startswith(f"wrote {out} (") and f"exporter messages in {out}.log" in done.stdout
+    assert out.read_bytes()[4:6] == b"ET"  # a .pte flatbuffer
+    assert (tmp_path / "models" / "m.pte.log").exists()
+    bad = subprocess.run([sys.executable, "-m", "sme2farm.client.cli", "examples", "nope"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "no bundled example 'nope': choose one of toy_cnn" in bad.stderr
+
+
+def test_examples_without_the_exporter_says_what_to_install(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    from sme2farm.client import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "executorch" else real(name, *a))
+    assert cli.main(["examples", "mlp", str(tmp_path / "m.pte")]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "sme2-client: exporting needs torch and executorch: pip install 'sme2-farm[export]'"
+    assert not (tmp_path / "m.pte").exists()
+
+
+def test_artifacts_lists_and_downloads_a_runs_and_an_experiments(farm, example_pte, tmp_path):
+    import json
+
+    done = farm.cli("submit", str(example_pte("mlp")), "--sme2", "off", "--threads", "1,2", "--iterations", "5",
+                    "--wait", "--json")
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)
+    exp_id, (r1, r2) = rep["id"], [r["id"] for r in rep["runs"]]
+    listed = farm.cli("artifacts", f"R{r1}")
+    assert listed.returncode == 0 and listed.stdout.startswith(f"run {r1}: ") and "report.json" in listed.stdout
+    names = listed.stdout.split(": ", 1)[1].strip().split(", ")
+    one = farm.cli("artifacts", str(r1), "report.json", "-o", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    got = (tmp_path / "one" / "report.json").read_bytes()
+    assert got == farm.client().artifact(r1, "report.json") and json.loads(got)
+    every = farm.cli("artifacts", f"E{exp_id}", "-o", str(tmp_path / "all"))
+    assert every.returncode == 0, every.stderr
+    for run_id in (r1, r2):
+        assert sorted(p.name for p in (tmp_path / "all" / f"run{run_id}").iterdir()) == sorted(names)
+    # a name outside the fixed set is refused before anything is asked or written
+    bad = farm.cli("artifacts", str(r1), "../escape", "-o", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and not (tmp_path / "bad").exists() and not (tmp_path / "escape").exists()
+    from sme2farm.protocol import ARTIFACT_NAMES
+
+    absent = sorted(ARTIFACT_NAMES - set(names))[0]  # a timing run has no trace, for one
+    missing = farm.cli("artifacts", str(r1), absent, "-o", str(tmp_path / "m"))
+    assert missing.returncode == 1 and f"run {r1} has no {absent}" in missing.stderr, missing.stderr

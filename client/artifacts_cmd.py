@@ -1,0 +1,68 @@
+"""sme2-client artifacts ID [NAME] [-o DIR]: a run's artifacts (R34 or 34), listed, or downloaded
+(one by NAME, or all with -o); E12 does it for every run of experiment 12, into DIR/run<id>/.
+File names are only ever the server's fixed artifact names (protocol.ARTIFACT_NAMES), never a
+path from the server or the user, so nothing is written outside DIR."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from sme2farm.protocol import ARTIFACT_NAMES
+
+_ID = re.compile(r"^([ER]?)(\d+)$", re.I)
+
+
+def add_parser(sub) -> None:
+    a = sub.add_parser("artifacts", help="list or download a run's artifacts (trace.etdump, runner.log, report.json …)",
+                       description="ID: a run (34 or R34) or an experiment (E12: each of its runs, into DIR/run<id>/). "
+                                   "Without NAME or -o: list them. With NAME: download that one. With -o DIR alone: "
+                                   f"download all. Names: {', '.join(sorted(ARTIFACT_NAMES))}.")
+    a.add_argument("id", help="run id (34, R34) or experiment id (E12)")
+    a.add_argument("name", nargs="?", choices=sorted(ARTIFACT_NAMES), metavar="NAME",
+                   help="one artifact to download (default with -o: all of them)")
+    a.add_argument("-o", "--output", metavar="DIR", help="where to write (default: the current directory)")
+    a.set_defaults(fn=run)
+
+
+def run(args) -> int:
+    from sme2farm.client.cli import _client
+
+    m = _ID.match(args.id.strip())
+    if not m:
+        print(f"sme2-client: {args.id!r} is not a run or experiment id: give 34, R34 or E12", file=sys.stderr)
+        return 2
+    client = _client(args)
+    number = int(m.group(2))
+    if m.group(1).upper() == "E":
+        runs = [(r.id, r.artifacts) for r in client.experiment(number).runs]
+        many = True
+    else:
+        runs = [(number, client.run(number).artifacts)]
+        many = False
+    download = args.name is not None or args.output is not None
+    if not download:
+        for run_id, names in runs:
+            print(f"run {run_id}: {', '.join(names) if names else 'no artifacts (yet)'}")
+        return 0
+    base = Path(args.output or ".")
+    wrote = 0
+    missing = []
+    for run_id, names in runs:
+        # only names from the fixed set: a server cannot make the client write elsewhere
+        wanted = [args.name] if args.name else [n for n in names if n in ARTIFACT_NAMES]
+        for name in wanted:
+            if name not in names:
+                missing.append(f"run {run_id} has no {name}")
+                continue
+            where = (base / f"run{run_id}" if many else base) / name
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.write_bytes(client.artifact(run_id, name))
+            print(f"{where} ({where.stat().st_size} bytes)")
+            wrote += 1
+    for line in missing:
+        print(f"sme2-client: {line} (list them with: sme2-client artifacts {args.id})", file=sys.stderr)
+    # an experiment's runs differ (an unschedulable run has none): only nothing at all, or the one
+    # run asked for lacking it, is a failure
+    return 1 if not wrote or (missing and not many) else 0
