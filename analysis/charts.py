@@ -166,7 +166,15 @@ def _y_axis(parts: list[str], ticks: Sequence[float], y_of, x0: float, x1: float
         parts.append(f'<line x1="{_n(x0)}" y1="{_n(y)}" x2="{_n(x1)}" y2="{_n(y)}" stroke="{GRID}"/>')
         parts.append(_text(x0 - 6, y + 4, fmt_tick(t), anchor="end", size=11, fill=MUTED))
     if label:
-        parts.append(_text(14, (top + bottom) / 2, label, anchor="middle", size=11, fill=MUTED, rotate=-90))
+        # The rotated title sits left of the widest tick label (6.2 px a character at size 11, as
+        # _fit measures; its descenders reach ~3 px right of its baseline): at x=14 it overlapped
+        # labels like "0.00345". Where even the margin's edge is too close, it goes above the axis.
+        widest = max((len(fmt_tick(t)) for t in ticks), default=0) * 6.2
+        x = min(14.0, x0 - 6 - widest - 5)
+        if x >= 10:  # the glyphs' cap height (~8 px) stays inside the image
+            parts.append(_text(x, (top + bottom) / 2, label, anchor="middle", size=11, fill=MUTED, rotate=-90))
+        else:
+            parts.append(_text(x0, top - 8, label, size=11, fill=MUTED))
 
 
 # --- latency distribution ------------------------------------------------------------------

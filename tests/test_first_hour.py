@@ -4,6 +4,7 @@ DATA_DIR=, and experiments are named after their model file. Real processes thro
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -205,3 +206,35 @@ def test_artifacts_lists_and_downloads_a_runs_and_an_experiments(farm, example_p
     absent = sorted(ARTIFACT_NAMES - set(names))[0]  # a timing run has no trace, for one
     missing = farm.cli("artifacts", str(r1), absent, "-o", str(tmp_path / "m"))
     assert missing.returncode == 1 and f"run {r1} has no {absent}" in missing.stderr, missing.stderr
+
+
+def test_a_y_axis_title_never_overlaps_a_tick_label():
+    """Ticks like "0.00034" (7 characters) reached the rotated title at x=14; it now moves left of
+    them, or above the axis where the margin has no room."""
+    import numpy as np
+
+    from sme2farm.analysis.charts import distribution_chart
+
+    rng = np.random.default_rng(0)
+    placements = set()
+    for center in (5.0, 0.0123, 0.000345, 12345.6):
+        svg = distribution_chart([("off", rng.normal(center, center * 0.01, 200)),
+                                  ("on", rng.normal(center * 0.9, center * 0.01, 200))])
+        ticks = re.findall(r'<text x="([\d.]+)" y="[\d.]+" text-anchor="end" font-size="11"[^>]*>([^<]+)<', svg)
+        [(x, y, rotated)] = re.findall(r'<text x="([\d.]+)" y="([\d.]+)"[^>]*?( transform="rotate\(-90[^"]*")?>latency', svg)
+        tick_left = min(float(tx) - 6.05 * len(s) for tx, s in ticks)  # a digit at 11 px is ~0.55 em
+        if rotated:
+            assert float(x) + 3 <= tick_left and float(x) >= 10, (center, x, ticks)  # descenders ~3 px right
+        else:
+            assert float(y) < min(float(v) for v in re.findall(r'<text x="58" y="([\d.]+)"', svg)) - 8
+        placements.add(bool(rotated))
+    assert placements == {True, False}  # both placements were exercised
+
+
+def test_hidden_wins_over_display_rules_in_the_dashboard_css():
+    """"Change token" (a <button hidden>) showed when signed out: `button { display: inline-block }`
+    beat the UA's [hidden] rule. The stylesheet's own [hidden] rule must come with !important."""
+    css = (REPO / "server" / "static" / "style.css").read_text()
+    assert re.search(r"\[hidden\]\s*\{\s*display:\s*none\s*!important;?\s*\}", css)
+    html = (REPO / "server" / "static" / "index.html").read_text()
+    assert re.search(r'<button id="change-token"[^>]*\bhidden\b', html)
