@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_dashboard import browser, chromium  # noqa: F401  (fixtures: headless Chromium)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -238,3 +239,38 @@ def test_hidden_wins_over_display_rules_in_the_dashboard_css():
     assert re.search(r"\[hidden\]\s*\{\s*display:\s*none\s*!important;?\s*\}", css)
     html = (REPO / "server" / "static" / "index.html").read_text()
     assert re.search(r'<button id="change-token"[^>]*\bhidden\b', html)
+
+
+@pytest.mark.browser
+def test_dashboard_hides_change_token_signed_out_and_says_an_unschedulable_reason_once(chromium, browser, farm,
+                                                                                        example_pte):
+    """Headless Chromium on the real farm: signed out, "Change token" is not displayed; an
+    experiment whose two SME2-on runs share one reason shows the no-SME2 warning and that reason
+    once, under "Could not run", the run cards pointing to it."""
+    from selenium.webdriver.common.by import By
+    from test_dashboard import wait
+
+    client = farm.client()
+    from sme2farm.protocol import ExperimentSpec
+
+    rep = client.submit(example_pte("mlp"), ExperimentSpec(sme2="both", threads=[1, 2], iterations=3, warmup=0,
+                                                           name="grouped"))
+    on = [r for r in rep.runs if r.sme2 == "on"]
+    assert len(on) == 2 and all(r.status == "unschedulable" for r in on)
+    d = browser
+    d.get(farm.url + "/")
+    wait(d, "#token-input")
+    assert not d.find_element(By.ID, "change-token").is_displayed()
+    wait(d, "#token-input").send_keys(farm.token)
+    d.find_element(By.CSS_SELECTOR, "#main form button[type=submit]").click()
+    wait(d, "#change-token")  # signed in: shown
+    d.get(f"{farm.url}/#/experiments/{rep.id}")
+    wait(d, ".card.warnings", text=NO_SME2)
+    card = wait(d, ".card.unplaced .reason")
+    assert card.get_attribute("data-runs") == ",".join(str(r.id) for r in on)
+    reason = on[0].reason
+    assert reason in card.text
+    assert d.find_element(By.ID, "main").text.count(reason) == 1
+    for r in on:
+        assert "Could not run" in wait(d, f"#run-{r.id} .reason.grouped").text
+    client.cancel(rep.id)

@@ -131,7 +131,24 @@ function artifactsBlock(run) {
     }, `⤓ ${name}`)), msg));
 }
 
-function runCard(run, twoModels = false) {
+// Runs that could not be placed often share one long reason (every SME2-on run on a farm without
+// SME2): said once, above the runs, with the runs it covers; each run card then points to it.
+function unplacedGroups(runs) {
+  const groups = new Map();
+  for (const r of runs) {
+    if (r.status === "unschedulable" && r.reason) groups.set(r.reason, [...(groups.get(r.reason) || []), r.id]);
+  }
+  return new Map([...groups].filter(([, ids]) => ids.length > 1));
+}
+
+function unplacedCard(groups) {
+  if (!groups.size) return null;
+  return h("div", { class: "card unplaced" }, h("h3", {}, "Could not run"),
+    [...groups].map(([reason, ids]) => h("p", { class: "reason alert", dataset: { runs: ids.join(",") } },
+      h("b", {}, `${ids.length} runs (${ids.map((i) => `#${i}`).join(", ")}): `), reason)));
+}
+
+function runCard(run, twoModels = false, grouped = new Map()) {
   const d = run.device;
   const r = run.runner;
   const problem = ["unschedulable", "failed", "cancelled"].includes(run.status);
@@ -145,7 +162,9 @@ function runCard(run, twoModels = false) {
       h("span", { class: "chip" }, `${run.threads} thread${run.threads > 1 ? "s" : ""}`),
       badge(run.status),
       run.attempt > 1 && h("span", { class: "muted small" }, `attempt ${run.attempt}`)),
-    run.reason && h("p", { class: `reason ${problem ? "alert" : "note"}` }, run.reason),
+    run.reason && (grouped.has(run.reason)
+      ? h("p", { class: "reason alert grouped" }, "Unschedulable: the reason is under “Could not run” above.")
+      : h("p", { class: `reason ${problem ? "alert" : "note"}` }, run.reason)),
     h("div", { class: "cols three" },
       h("div", {}, h("h3", {}, "Device"), d ? kv([
         ["serial", h("span", { class: "mono" }, d.serial)],
@@ -311,6 +330,7 @@ export async function experimentView({ id }) {
     measured && chart(`${base}/categories.svg`, "categories"),
     exp.comparisons.length > 0 && chart(`${base}/verdicts.svg`, "verdicts"),
   ]);
+  const grouped = unplacedGroups(exp.runs);
   const device = s.device ? Object.entries(s.device).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length)).map(([k, v]) => `${k}=${v}`).join(", ") : "";
   return {
     refresh: running,
@@ -332,11 +352,16 @@ export async function experimentView({ id }) {
         ["created", when(exp.created_at)],
         ...Object.entries(exp.labels || {}).map(([k, v]) => [`label ${k}`, v]),
       ], { class: "kv wide" })),
+      (exp.warnings || []).length > 0 && h("div", { class: "card warnings" },
+        exp.warnings.map((w) => h("p", { class: "reason note" }, w))),
+      unplacedCard(grouped),
       measured && h("div", { class: "card charts" }, h("h3", {}, "Latency and where the time goes, per arm"),
         h("div", { class: "cols" }, distribution, categories)),
       exp.comparisons.length > 0 && h("section", { class: "verdicts", id: "verdicts" },
         h("div", { class: "card" }, h("h3", {}, "Verdicts"), verdicts),
-        exp.comparisons.map((c) => comparisonCard(c))),
-      exp.runs.map((r) => runCard(r, Boolean(exp.vs_model_sha256)))),
+        exp.comparisons.map((c) => comparisonCard(grouped.size && c.reason
+          ? { ...c, reason: [...grouped.keys()].reduce((text, r) => text.split(r).join("unschedulable (under “Could not run” above)"), c.reason) }
+          : c))),
+      exp.runs.map((r) => runCard(r, Boolean(exp.vs_model_sha256), grouped))),
   };
 }
