@@ -247,7 +247,7 @@ def data_dir_problem(path: Path) -> str | None:
     a file written and removed, so an unwritable or unreadable directory is one line, not a traceback."""
     where = path.resolve()
     try:
-        where.mkdir(parents=True, exist_ok=True)
+        where.mkdir(parents=True, exist_ok=True, mode=0o700)  # as secure_data_dir makes it
         os.listdir(where)
         probe = where / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")

@@ -57,7 +57,9 @@ def test_port_and_data_dir_checks_pass_a_free_port_and_a_new_dir(tmp_path):
         port = s.getsockname()[1]
     assert port_problem("127.0.0.1", port) is None
     assert data_dir_problem(tmp_path / "new" / "dir") is None
-    assert (tmp_path / "new" / "dir").is_dir() and not list((tmp_path / "new" / "dir").iterdir())  # the probe is gone
+    made = tmp_path / "new" / "dir"
+    assert made.is_dir() and not list(made.iterdir())  # the probe is gone
+    assert made.stat().st_mode & 0o077 == 0  # created private, as the farm keeps it
 
 
 def test_a_missing_compiler_is_named(monkeypatch, tmp_path):
