@@ -6,7 +6,7 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -87,6 +87,18 @@ class Settings(BaseSettings):
         description="The beat holds a lease this long and renews it every third of it; another beat takes over "
                     "only once it expires, and /ready calls the beat dead past it",
     )
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_unguessable(cls, token: SecretStr | None) -> SecretStr | None:
+        # Failed authentications are limited per token and per address, but a valid token is
+        # never refused for its address's failures (issue 15): a bad-token flood from one address
+        # may go on looking tokens up. Generated tokens are 256 random bits; a chosen one must be
+        # long enough that being looked up at any speed tells an attacker nothing.
+        if token is not None and len(token.get_secret_value()) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(f"SME2_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters of random text "
+                             "(e.g. `openssl rand -hex 32`): a short token could be guessed")
+        return token
+
     # Suites (services/suites.py): the beat's tick, and alerts POSTed to a suite's webhook.
     public_url: str | None = Field(default=None, description="This farm's URL as people reach it: links in alerts (sme2-farm up sets it to its own)")
     suite_tick_s: float = Field(default=60.0, gt=0, description="How often the beat starts the suites that are due")
@@ -118,6 +130,9 @@ class Settings(BaseSettings):
     @property
     def artifacts_dir(self) -> Path:
         return self.data_dir / "artifacts"
+
+
+MIN_ADMIN_TOKEN_CHARS = 32
 
 
 @lru_cache

@@ -330,3 +330,15 @@ def test_two_agents_racing_for_one_serial_get_one_owner(api):
     assert len(winners) == 1, results
     live = [d for d in _devices(api) if d["serial"] == "phone-race" and d["state"] != "offline"]
     assert [d["agent"] for d in live] == winners
+
+
+def test_a_chosen_admin_token_must_be_long_enough_not_to_be_guessed(tmp_path):
+    """Different guesses from one address are still looked up (a valid token is never refused for
+    its address's failures): an operator's chosen admin token must be unguessable by length."""
+    import pydantic
+
+    from sme2farm.server.config import Settings
+
+    with pytest.raises(pydantic.ValidationError, match="at least 32 characters"):
+        Settings(data_dir=tmp_path, admin_token="letmein")
+    assert Settings(data_dir=tmp_path, admin_token="f" * 64).admin_token.get_secret_value() == "f" * 64

@@ -142,7 +142,7 @@ def test_a_bad_token_flood_throttles_only_the_bad_tokens(kind, request, tmp_path
         for which in ("repeated", "fresh"):
             statuses = [s for w, s, _ in flood.answers if w == which]
             later = statuses[len(statuses) // 2:]  # the buckets refill 0.5 a second: a few 401s between
-            assert set(statuses) <= {401, 429} and later.count(429) >= 0.8 * len(later), (which, statuses[-20:])
+            assert set(statuses) <= {401, 429} and later.count(429) >= 0.5 * len(later), (which, statuses[-20:])
             assert all(ra and int(ra) >= 1 for w, s, ra in flood.answers if w == which and s == 429)
         # the agent protocol has its own budget: a bad agent token from the flooded address is a 401
         assert httpx.post(f"{farm.url}/agent/claim", headers={"Authorization": "Bearer sme2_nope"}).status_code == 401

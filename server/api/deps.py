@@ -69,9 +69,8 @@ class _FailureBudget:
     """Where a failed authentication is counted: the presented token (its hash) and, for the
     request that failed, its client address; the agent protocol (/agent/...) and the user API
     have separate buckets, so a user's bad tokens never cost an agent and the other way round.
-    Only requests whose token turned out not valid are ever refused here: a valid token is
-    checked against nothing but itself (and is accepted before any bucket is consulted, since a
-    token that is valid now never failed)."""
+    A valid token is refused here only after it failed itself too often (check_token, before the
+    lookup): never for its address's failures."""
 
     def __init__(self, request: Request | None, sha: str):
         self.limiter = getattr(request.app.state, "limiter", None) if request is not None else None
@@ -108,7 +107,10 @@ def _verify(settings: Settings, creds: HTTPAuthorizationCredentials | None, requ
     behind the same address, or a proxy) nor anyone's. Failed attempts (a token presented that
     is not valid) are counted per presented token and per client address, agents apart from
     users (_FailureBudget); past SME2_RATE_AUTH_FAILURES_PER_MIN the failing requests are
-    answered 429 with Retry-After, so tokens cannot be guessed at speed. A valid token is
+    answered 429 with Retry-After. Different guesses from one spent address are still looked up
+    (refusing them unseen would refuse a valid token for its address's failures), so tokens are
+    kept unguessable by length instead: generated ones hold 256 random bits, and SME2_ADMIN_TOKEN
+    must have at least 32 characters (config.py). A valid token is
     remembered for SME2_TOKEN_CACHE_S (services/tokens.py VerifiedCache: what that means for
     revocation), so most requests authenticate without a database transaction. An agent token
     is valid only while its agent exists."""
