@@ -28,7 +28,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('experiments') as batch:
-        batch.drop_column('warnings')
-    with op.batch_alter_table('devices') as batch:
-        batch.drop_column('offline_since')
+    if op.get_bind().dialect.name == 'sqlite':
+        # SQLite (>= 3.35) drops a column in place. A batch operation would copy and drop the
+        # table, and with foreign keys on (server/db.py) dropping experiments cascades to every
+        # run, result and artifact (devices: every run's device set to NULL).
+        op.execute('ALTER TABLE experiments DROP COLUMN warnings')
+        op.execute('ALTER TABLE devices DROP COLUMN offline_since')
+        return
+    op.drop_column('experiments', 'warnings')
+    op.drop_column('devices', 'offline_since')
