@@ -38,7 +38,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sme2farm.analysis import EtdumpError
 from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunFinish, RunStatus
 from sme2farm.server.db import enqueue_after_commit
-from sme2farm.server.models import Device, Experiment, Run, utcnow
+from sme2farm.server.models import Agent, Device, Experiment, Run, utcnow
 from sme2farm.server.services import comparisons, suites
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.errors import Conflict, DomainError, NotFound
@@ -538,6 +538,14 @@ def end_lost_device_runs(session: Session, *, device_lost_s: float) -> list[int]
         select(Device).where(Device.state == "offline",
                              Device.offline_since < device_service.lost_before(device_lost_s, now)))}
     if not lost:
+        return []
+    # Every agent silent for the whole bound says more about this side (the API server down
+    # while the worker reaps, a farm just restarted after a stop) than about the devices: nothing
+    # is ended until some agent is heard again. A device that left while its agent talks on (a
+    # phone unplugged, one agent of several killed) is ended as above.
+    heard = session.scalar(select(func.max(Agent.last_seen)))
+    if heard is None or _aware(heard) < device_service.lost_before(device_lost_s, now):
+        log.info("no agent heard for %g s: lost devices' queued runs are left queued until one is", device_lost_s)
         return []
     queued = session.scalars(
         select(Run).where(Run.device_id.in_(list(lost)), Run.status == S.queued.value).order_by(Run.id).with_for_update()
