@@ -199,6 +199,10 @@ def test_the_broker_keeps_an_unacknowledged_message_minutes_not_an_hour(tmp_path
     # never below a running ingest's deadline: a task still running would be delivered twice
     long = make_celery(Settings(data_dir=tmp_path, SME2_BROKER_URL="redis://127.0.0.1:1/0", ingest_deadline_s=1200))
     assert long.conf.broker_transport_options["visibility_timeout"] == 1260
+    # nor below the longest wait before a webhook retry (600 s), whatever it is set to
+    short = make_celery(Settings(data_dir=tmp_path, SME2_BROKER_URL="redis://127.0.0.1:1/0", broker_visibility_s=30,
+                                 ingest_deadline_s=60))
+    assert short.conf.broker_transport_options["visibility_timeout"] == 660
     assert make_celery(Settings(data_dir=tmp_path)).conf.broker_transport_options == {}  # embedded: create_engine refuses them
 
 

@@ -18,6 +18,7 @@ from sme2farm.server.config import Settings, get_settings
 
 CONTROL_QUEUE = "sme2farm.control"  # dispatch, reap: short, and what keeps devices busy
 DEFAULT_QUEUE = "celery"  # ingest (Celery's default name, so messages already queued are kept)
+WEBHOOK_MAX_COUNTDOWN_S = 600.0  # the longest wait before a webhook retry (tasks.py); the visibility timeout stays above it
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -53,7 +54,8 @@ def make_celery(settings: Settings) -> Celery:
         # embedded transport passes its options to create_engine, which refuses these (and a
         # message taken there never comes back: the reaper re-sends it).
         broker_transport_options={
-            "visibility_timeout": max(settings.broker_visibility_s, settings.ingest_deadline_s + 60),
+            "visibility_timeout": max(settings.broker_visibility_s, settings.ingest_deadline_s + 60,
+                                      WEBHOOK_MAX_COUNTDOWN_S + 60),
             "unacked_restore_interval": 10, "unacked_restore_throttle": 1,
         } if settings.celery_broker_url.startswith(("redis://", "rediss://")) else {},
         broker_connection_retry_on_startup=True,

@@ -23,7 +23,7 @@ from sme2farm.server import wakeup
 from sme2farm.server.models import Run
 from sme2farm.server.storage import Store
 from sme2farm.worker import ingest
-from sme2farm.worker.celery_app import app, ingest_waiting
+from sme2farm.worker.celery_app import WEBHOOK_MAX_COUNTDOWN_S, app, ingest_waiting
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def deliver_alert(self, change_id: int) -> str:
         state = alert_service.record(session, change_id, error, max_attempts=s.webhook_attempts)
     if state == "retrying":
         log.warning("alert %s: webhook failed (%s); retrying", change_id, error)
-        raise self.retry(countdown=min(s.webhook_backoff_s * (2 ** self.request.retries), 600.0),
+        raise self.retry(countdown=min(s.webhook_backoff_s * (2 ** self.request.retries), WEBHOOK_MAX_COUNTDOWN_S),
                          max_retries=s.webhook_attempts)
     if state == "failed":
         log.error("alert %s: webhook failed %d times, giving up: %s", change_id, s.webhook_attempts, error)
