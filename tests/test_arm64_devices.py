@@ -195,7 +195,7 @@ def test_arm64_farm_serves_the_qemu_device_and_the_emulated_phone(arm64_runners,
         for selector in ("platform=linux", f"serial={arm64_phone.serial}"):
             done = farm.cli("submit", str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "2",
                             "--device", selector, "--wait", "--json", timeout=600)
-            assert done.returncode in (0, 1), done.stderr
+            assert done.returncode == 3, done.stderr  # an arm unschedulable, nothing failed
             rep = json.loads(done.stdout)
             runs = {r["sme2"]: r for r in rep["runs"]}
             assert runs["off"]["status"] == "succeeded", runs["off"]["reason"] + farm.log("agent")

@@ -510,9 +510,10 @@ def divide_pte(tmp_path_factory) -> Path:
     return path
 
 
-def _cli_report(farm, *args) -> tuple[dict, dict]:
+def _cli_report(farm, *args, code: int = 0) -> tuple[dict, dict]:
+    """submit --wait --json; `code`: its exit status (1 when a run failed)."""
     done = farm.cli("submit", *args, "--sme2", "off", "--iterations", "3", "--warmup", "1", "--wait", "--json")
-    assert done.returncode == 0, done.stderr + farm.log("agent")
+    assert done.returncode == code, done.stderr + farm.log("agent")
     rep = json.loads(done.stdout)
     [run] = rep["runs"]
     return rep, run
@@ -545,7 +546,7 @@ def test_npz_inputs_reach_the_runtime(farm, divide_pte, tmp_path):
     rep, run = _cli_report(farm, str(divide_pte))  # all ones: no zero divisor either
     assert run["status"] == "succeeded" and rep["inputs"] == "all ones (default)"
     # a zero divisor only the inputs file holds: the run fails, and says why
-    rep, run = _cli_report(farm, str(divide_pte), "--inputs", str(zero))
+    rep, run = _cli_report(farm, str(divide_pte), "--inputs", str(zero), code=1)
     assert run["status"] == "failed"
     assert "division by zero" in run["reason"], run["reason"]
 
