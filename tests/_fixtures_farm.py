@@ -194,23 +194,34 @@ def postgres_admin_url() -> str:
     return POSTGRES_URL
 
 
+def create_database(admin_url: str, prefix: str = "sme2_test"):
+    """A fresh, empty PostgreSQL database beside admin_url's: (its URL, drop), drop() removing it
+    (connections forced off) once the processes using it are gone."""
+    import sqlalchemy as sa
+
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+    def drop() -> None:
+        from sme2farm.server.db import get_engine
+
+        get_engine(url).dispose()
+        with admin.connect() as c:
+            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+    return url, drop
+
+
 @pytest.fixture
 def postgres_url(postgres_admin_url: str):
     """A fresh, empty database per test, dropped afterwards."""
-    import sqlalchemy as sa
-
-    name = f"sme2_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = postgres_admin_url.rsplit("/", 1)[0] + f"/{name}"
+    url, drop = create_database(postgres_admin_url)
     yield url
-    from sme2farm.server.db import get_engine
-
-    get_engine(url).dispose()
-    with admin.connect() as c:
-        c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.dispose()
+    drop()
 
 
 @pytest.fixture(scope="session")

@@ -193,18 +193,6 @@ FARM_OFFLINE_S = 9.0  # SME2_AGENT_OFFLINE_S: above a live agent's longest silen
 FARM_LEASE_S = 6.0
 
 
-def _wait(what: str, check, timeout_s: float, every: float = 0.1):
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
-        time.sleep(every)
-
-
 @pytest.mark.e2e
 @pytest.mark.skipif(not __import__("shutil").which("unshare"), reason="needs unshare (a second host name)")
 @pytest.mark.parametrize("backend", ["embedded", "postgres_redis"])
@@ -220,7 +208,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
     import sys
     import time
 
-    from _fixtures_farm import PrivateRedis, start_farm, stop_farm
+    from _fixtures_farm import PrivateRedis, start_farm, stop_farm, wait_for
 
     if os.geteuid() != 0:
         pytest.skip("a UTS namespace needs root")
@@ -242,8 +230,8 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
                                   env={**farm.env, "SME2_AGENT_TOKEN": farm.token}, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         client = farm.client()
-        devices = _wait("the second agent's device", lambda: [d for d in client.http.get("/devices").json()
-                                                               if d["serial"] == "host-sme2-second"], 60)
+        devices = wait_for("the second agent's device", lambda: [d for d in client.http.get("/devices").json()
+                                                               if d["serial"] == "host-sme2-second"], 60, every=0.1)
         assert devices[0]["state"] in ("idle", "busy")
         # Runs of a second or more each (toy_cnn's take milliseconds), so the kill lands mid-experiment.
         heavy = example_pte("cnn_blocks", blocks=20, channels=64, size=32)
@@ -256,7 +244,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
             mine = [r.status for r in rep.runs if r.id in ours]
             return rep if S.running in mine and S.queued in mine else None
 
-        rep = _wait("a run on the second device to be running", running_on_second, 120, every=0.05)
+        rep = wait_for("a run on the second device to be running", running_on_second, 120, every=0.05)
         # What its queued runs wait for, as a user sees it: the device, busy with the running run.
         out = farm.cli("status", str(exp.id))
         assert out.returncode == 0, out.stderr
@@ -271,7 +259,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
             rep = client.experiment(exp.id)
             return [r.waiting_for for r in rep.runs if r.waiting_for and "offline since" in r.waiting_for]
 
-        seen_offline = _wait("a queued run to say it waits for an offline device", offline_wait, FARM_LOST_S + 30, every=0.2)
+        seen_offline = wait_for("a queued run to say it waits for an offline device", offline_wait, FARM_LOST_S + 30, every=0.2)
         assert seen_offline[0].startswith("device host-sme2-second (")
 
         def ended():
@@ -279,7 +267,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
             return rep if all(r.status in (S.succeeded, S.failed, S.cancelled, S.unschedulable) for r in rep.runs
                               if r.id in ours) else None
 
-        rep = _wait("the killed agent's runs to end", ended, FARM_LOST_S + FARM_LEASE_S + 40, every=0.2)
+        rep = wait_for("the killed agent's runs to end", ended, FARM_LOST_S + FARM_LEASE_S + 40, every=0.2)
         took = time.monotonic() - killed
         mine = [r for r in rep.runs if r.id in ours]
         lost = [r for r in mine if r.status == S.unschedulable]
@@ -293,7 +281,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
         print(f"\n{backend}: kill -9 of the agent -> its device's runs ended after {took:.1f} s "
               f"(SME2_DEVICE_LOST_S={FARM_LOST_S:g}, SME2_AGENT_OFFLINE_S={FARM_OFFLINE_S:g}, SME2_LEASE_S={FARM_LEASE_S:g})")
         # The farm's own device serves its share; the experiment ends partial, not stuck.
-        rep = _wait("the farm's own runs", lambda: (r := client.experiment(exp.id)).status in ("partial", "succeeded", "failed")
+        rep = wait_for("the farm's own runs", lambda: (r := client.experiment(exp.id)).status in ("partial", "succeeded", "failed")
                     and r, 180, every=0.5)
         assert rep.status == "partial" and all(r.status == S.succeeded for r in rep.runs if r.id not in ours), \
             [(r.id, r.status, r.reason) for r in rep.runs]

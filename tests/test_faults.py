@@ -463,20 +463,12 @@ def embedded_farm(tmp_path_factory, local_runner):
 @pytest.fixture(scope="module")
 def pg_redis_farm(tmp_path_factory, local_runner, postgres_admin_url):
     """PostgreSQL (a fresh database) and a private Redis: the production shape."""
-    import uuid
-
-    import sqlalchemy as sa
-
-    from _fixtures_farm import start_farm
+    from _fixtures_farm import create_database, start_farm
 
     catalog, _ = local_runner
     data = tmp_path_factory.mktemp("faults-pg")
     redis = PrivateRedis(data)
-    name = f"sme2_faults_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = postgres_admin_url.rsplit("/", 1)[0] + f"/{name}"
+    url, drop_database = create_database(postgres_admin_url, "sme2_faults")
     farm = None
     try:
         farm = Farm(start_farm(data / "farm", catalog.manifest,
@@ -487,9 +479,7 @@ def pg_redis_farm(tmp_path_factory, local_runner, postgres_admin_url):
         if farm is not None:
             farm.close()
         redis.kill()
-        with admin.connect() as c:
-            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        drop_database()
 
 
 @pytest.mark.e2e

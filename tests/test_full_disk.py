@@ -147,7 +147,7 @@ def backend(request, tmp_path) -> dict[str, str]:
     if request.param == "embedded":
         yield {}
         return
-    from test_faults import PrivateRedis
+    from _fixtures_farm import PrivateRedis
 
     url = request.getfixturevalue("postgres_url")
     (tmp_path / "redis").mkdir()

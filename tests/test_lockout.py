@@ -17,12 +17,11 @@ import re
 import secrets
 import threading
 import time
-import uuid
 
 import httpx
 import pytest
 
-from _fixtures_farm import start_farm, stop_farm, wait_for
+from _fixtures_farm import PrivateRedis, create_database, start_farm, stop_farm, wait_for
 
 SHORT = {"sme2": "off", "warmup": 2, "iterations": 20}
 TERMINAL = {"succeeded", "failed", "cancelled", "unschedulable"}
@@ -32,8 +31,6 @@ TERMINAL = {"succeeded", "failed", "cancelled", "unschedulable"}
 def farm_on(kind: str, request, workdir, **env: str):
     """`sme2-farm up` on the embedded default ("embedded") or on a fresh PostgreSQL database and a
     private Redis ("pg_redis"). Yields (RunningFarm, the database URL, the PrivateRedis or None)."""
-    from test_faults import PrivateRedis
-
     catalog, _ = request.getfixturevalue("local_runner")
     if kind == "embedded":
         running = start_farm(workdir / "farm", catalog.manifest, extra_env=env)
@@ -42,15 +39,8 @@ def farm_on(kind: str, request, workdir, **env: str):
         finally:
             stop_farm(running.proc)
         return
-    import sqlalchemy as sa
-
-    admin_url = request.getfixturevalue("postgres_admin_url")
     redis = PrivateRedis(workdir)
-    name = f"sme2_h15_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    url, drop_database = create_database(request.getfixturevalue("postgres_admin_url"), "sme2_h15")
     running = None
     try:
         running = start_farm(workdir / "farm", catalog.manifest,
@@ -60,9 +50,7 @@ def farm_on(kind: str, request, workdir, **env: str):
         if running is not None:
             stop_farm(running.proc)
         redis.kill()
-        with admin.connect() as c:
-            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        drop_database()
 
 
 def farm_kinds():

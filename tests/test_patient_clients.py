@@ -20,13 +20,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
-from _fixtures_farm import REQUIRE_SERVICES, PrivateRedis, TcpProxy, start_farm, stop_farm, wait_for
+from _fixtures_farm import REQUIRE_SERVICES, PrivateRedis, TcpProxy, create_database, start_farm, stop_farm, wait_for
 
 LEASE_S = 10.0
 UPLOAD_RETRY_S = 15.0
@@ -95,7 +94,6 @@ def farm(tmp_path_factory, local_runner, postgres_admin_url):
     Redis (the database and the broker off the data dir, so a full data dir is the artifacts'
     disk alone); the data dir on a TMPFS_MB tmpfs where the tests run as root (else on the
     plain disk, and the full-disk test is skipped)."""
-    import sqlalchemy as sa
     from sqlalchemy.engine import make_url
 
     catalog, _ = local_runner
@@ -105,11 +103,8 @@ def farm(tmp_path_factory, local_runner, postgres_admin_url):
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0700", "tmpfs", str(data)],
                              capture_output=True, text=True).returncode == 0
     redis = PrivateRedis(base)
-    name = f"sme2_patient_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    real = make_url(postgres_admin_url).set(database=name)
+    url, drop_database = create_database(postgres_admin_url, "sme2_patient")
+    real = make_url(url)
     proxy = TcpProxy((real.host or "127.0.0.1", real.port or 5432))
     via_proxy = real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     env = {"SME2_DATABASE_URL": via_proxy, "SME2_BROKER_URL": redis.url,
@@ -129,9 +124,7 @@ def farm(tmp_path_factory, local_runner, postgres_admin_url):
         redis.kill()
         if mounted:
             subprocess.run(["umount", "-l", str(data)], check=False)
-        with admin.connect() as c:
-            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        drop_database()
 
 
 @contextlib.contextmanager
