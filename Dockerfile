@@ -6,6 +6,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY sme2farm sme2farm
 COPY server server
+COPY farm farm
 COPY worker worker
 COPY agent agent
 COPY client client

@@ -300,7 +300,7 @@ def bench_farm(args) -> dict:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="sme2-cal-farm-") as d:
-        proc = subprocess.Popen([sys.executable, "-m", "sme2farm.server.farm", "up", "--data-dir", d, "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "sme2farm.farm.cli", "up", "--data-dir", d, "--port", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             url, token_file = f"http://127.0.0.1:{port}", Path(d) / "token"

@@ -769,7 +769,7 @@ def breakdown(db_url: str, what: str, fn) -> None:
     time of a slow list or report goes (queries vs building the response)."""
     from sqlalchemy import event
 
-    from sme2farm.server.db import get_engine, session_scope
+    from sme2farm.server.store.db import get_engine, session_scope
 
     engine = get_engine(db_url)
     stmts: list[list] = []
@@ -919,7 +919,7 @@ def main() -> int:
     procs = None
     pg = None
     try:
-        from sme2farm.server.db import migrate, session_scope
+        from sme2farm.server.store.db import migrate, session_scope
         from sme2farm.server.services import tokens as token_service
 
         migrate(db_url)
@@ -967,7 +967,7 @@ def main() -> int:
         if pg is not None:
             pg.close()
         try:
-            from sme2farm.server.db import get_engine
+            from sme2farm.server.store.db import get_engine
 
             get_engine(db_url).dispose()
         except Exception:

@@ -3,8 +3,8 @@
 from alembic import context
 
 from sme2farm.server.config import get_settings
-from sme2farm.server.db import get_engine
-from sme2farm.server.models import Base
+from sme2farm.server.store.db import get_engine
+from sme2farm.server.store.models import Base
 
 config = context.config
 url = config.attributes.get("sqlalchemy_url") or get_settings().sqlalchemy_url

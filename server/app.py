@@ -19,11 +19,11 @@ from sme2farm.server.api.errors import install as install_error_handlers
 from sme2farm.server.config import Settings, get_settings
 from sme2farm.server.api import tokens as token_routes
 from sme2farm.server.api import suites as suite_routes
-from sme2farm.server.db import session_scope
-from sme2farm.server.limits import AgentGate, AgentGateMiddleware, BodyLimits, RateLimiter, request_validation_error
-from sme2farm.server.metrics import HttpMetrics
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.web.limits import AgentGate, AgentGateMiddleware, BodyLimits, RateLimiter, request_validation_error
+from sme2farm.server.web.metrics import HttpMetrics
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.storage import Store
+from sme2farm.server.store.artifacts import Store
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"

@@ -206,7 +206,7 @@ def create_database(admin_url: str, prefix: str = "sme2_test"):
     url = admin_url.rsplit("/", 1)[0] + f"/{name}"
 
     def drop() -> None:
-        from sme2farm.server.db import get_engine
+        from sme2farm.server.store.db import get_engine
 
         get_engine(url).dispose()
         with admin.connect() as c:
@@ -238,7 +238,7 @@ def redis_url() -> str:
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request, tmp_path) -> str:
     """Every service test runs on the embedded default and on PostgreSQL."""
-    from sme2farm.server.db import migrate
+    from sme2farm.server.store.db import migrate
 
     url = f"sqlite:///{tmp_path / 'farm.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
     migrate(url)
@@ -300,7 +300,7 @@ def start_farm(data_dir: Path, manifest: Path, extra_env: dict | None = None, dr
     port = free_port()
     env = {**os.environ, **(extra_env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sme2farm.server.farm", "up", "--data-dir", str(data_dir), "--port", str(port),
+        [sys.executable, "-m", "sme2farm.farm.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
          "--manifest", str(manifest), "--drivers", drivers],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )

@@ -26,8 +26,8 @@ from sqlalchemy import update
 from _fixtures_farm import wait_for
 from sme2farm.agent.drivers.leftovers import PidRecords, process_identity
 from sme2farm.agent.drivers.local import LocalDriver
-from sme2farm.server.db import session_scope
-from sme2farm.server.models import Run, utcnow
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Run, utcnow
 from sme2farm.server.services import runs as run_service
 
 # ~10 s of runner time on an idle core, but a small trace: warm-up executions are not recorded.

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from sme2farm.protocol import DeviceInfo, RunnerInfo
-from sme2farm.server.db import session_scope
+from sme2farm.server.store.db import session_scope
 from sme2farm.server.services import runs as run_service
 
 KINDS = ("none", "bad", "read", "submit", "admin", "register", "agent")
@@ -148,7 +148,7 @@ def test_tokens_are_minted_listed_and_revoked_at_once(api):
 
 def _farm_cli(api, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SME2_DATABASE_URL": api.settings.sqlalchemy_url}
-    return subprocess.run([sys.executable, "-m", "sme2farm.server.farm", "--data-dir", str(api.settings.data_dir),
+    return subprocess.run([sys.executable, "-m", "sme2farm.farm.cli", "--data-dir", str(api.settings.data_dir),
                            "token", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -249,7 +249,7 @@ def test_rate_limits_live_in_redis_when_the_broker_is_redis(redis_url, tmp_path)
 
     from sme2farm.server.app import make_limiter
     from sme2farm.server.config import Settings
-    from sme2farm.server.limits import RateLimiter
+    from sme2farm.server.web.limits import RateLimiter
 
     settings = Settings(data_dir=tmp_path, SME2_BROKER_URL=redis_url)
     assert make_limiter(settings).backend == "redis"
@@ -290,7 +290,7 @@ def test_one_agent_drives_a_serial_at_a_time(api):
     assert sorted((d["serial"], d["agent"]) for d in live) == [("host-auth", "agent-b"), ("phone-shared", "agent-a")]
     # runs for that serial go to its owner only
     with session_scope(api.settings.sqlalchemy_url) as s:
-        from sme2farm.server.models import Device
+        from sme2farm.server.store.models import Device
         assert {d.agent.name for d in s.query(Device).filter(Device.serial == "phone-shared")} == {"agent-a"}
     # agent-b's periodic re-sync is refused the same way while agent-a is alive
     r = api.client.put("/agent/devices", json={"devices": [phone.model_dump(mode="json")]}, headers=api.auth(b["access_token"]))

@@ -20,8 +20,8 @@ SHA = "a" * 64
 
 def _rows(api, *, sme2: bool = False):
     """One registered device (no SME2) and one stored model, as registration and an upload leave them."""
-    from sme2farm.server.db import session_scope
-    from sme2farm.server.models import Agent, Device, Model
+    from sme2farm.server.store.db import session_scope
+    from sme2farm.server.store.models import Agent, Device, Model
 
     with session_scope(api.settings.sqlalchemy_url) as s:
         agent = Agent(name="lab", hostname="h",
@@ -117,8 +117,8 @@ def test_conflicts_refusals_and_warnings_read_as_sentences(api, capsys, tmp_path
 
 def test_compare_exits_1_when_no_pair_has_a_verdict(api, capsys):
     from sme2farm.protocol import ExperimentSpec
-    from sme2farm.server.db import session_scope
-    from sme2farm.server.models import Model
+    from sme2farm.server.store.db import session_scope
+    from sme2farm.server.store.models import Model
     from sme2farm.server.services import experiments
 
     _rows(api)

@@ -148,7 +148,7 @@ def test_a_young_device_noise_model_starts_from_the_default_prior(tmp_path):
     from sqlalchemy.orm import Session
 
     from sme2farm.analysis.verdict import DEFAULT_DF, DEFAULT_SIGMA_BETWEEN
-    from sme2farm.server.models import Agent, Base, Device
+    from sme2farm.server.store.models import Agent, Base, Device
     from sme2farm.server.services import noise
 
     engine = create_engine(f"sqlite:///{tmp_path / 'n.db'}")
@@ -179,7 +179,7 @@ def test_a_device_learns_a_metric_it_has_not_seen_from_the_prior_and_keeps_the_o
     from sqlalchemy.orm import Session
 
     from sme2farm.analysis.verdict import DEFAULT_DF
-    from sme2farm.server.models import Agent, Base, Device
+    from sme2farm.server.store.models import Agent, Base, Device
     from sme2farm.server.services import noise
 
     engine = create_engine(f"sqlite:///{tmp_path / 'n.db'}")

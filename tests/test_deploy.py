@@ -44,7 +44,7 @@ def test_compose_commands_name_real_entry_points():
         cmd = services[name]["command"]
         assert cmd[:3] == ["celery", "-A", "sme2farm.worker.celery_app"]
     assert services["migrate"]["command"] == ["sme2-farm", "migrate"]
-    for module in ("sme2farm.server.main", "sme2farm.worker.celery_app", "sme2farm.server.farm"):
+    for module in ("sme2farm.server.main", "sme2farm.worker.celery_app", "sme2farm.farm.cli"):
         assert importlib.util.find_spec(module) is not None, module
     # the celery app the worker/beat commands load really has the farm's tasks and schedule
     out = subprocess.run([sys.executable, "-c", "from sme2farm.worker.celery_app import app; app.loader.import_default_modules();"

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select, update
 
 from sme2farm.protocol import DeviceInfo, ExperimentReport, ExperimentSpec, RunnerInfo, RunStatus
-from sme2farm.server.db import session_scope
-from sme2farm.server.models import Agent, Device, Model, Run, utcnow
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Agent, Device, Model, Run, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports

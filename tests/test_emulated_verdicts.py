@@ -72,7 +72,7 @@ def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_build
     import json
 
     from sme2farm.protocol import REPORT_JSON, REPORT_MD, TRACE
-    from sme2farm.server.storage import Store
+    from sme2farm.server.store.artifacts import Store
     from sme2farm.worker.ingest import Ingester
 
     B = etdump_builder

@@ -18,7 +18,7 @@ import pytest
 
 from sme2farm.agent import emulator
 
-FARM = [sys.executable, "-m", "sme2farm.server.farm"]
+FARM = [sys.executable, "-m", "sme2farm.farm.cli"]
 
 
 def _farm(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

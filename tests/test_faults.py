@@ -159,7 +159,7 @@ def test_disk_full_on_upload_is_507_the_partial_file_removed_and_nothing_stored(
         assert not list((small_fs / "tmp").iterdir())
 
         # The agent's upload of a trace larger than the space left: 507 too, and nothing kept.
-        from sme2farm.server.db import session_scope
+        from sme2farm.server.store.db import session_scope
         from sme2farm.server.services import runs as run_service
 
         with session_scope(settings.sqlalchemy_url) as s:
@@ -184,7 +184,7 @@ def test_disk_full_under_the_sqlite_database_is_507_not_a_500(small_fs, tmp_path
     """The embedded database shares the data dir's disk: once it is full, a write the database
     cannot make (SQLITE_FULL) is answered 507 like a full upload, and works again once space is freed."""
     from sme2farm.server.config import Settings
-    from sme2farm.server.db import get_engine, migrate
+    from sme2farm.server.store.db import get_engine, migrate
 
     url = f"sqlite:///{small_fs / 'farm.db'}"
     migrate(url)
@@ -233,7 +233,7 @@ def test_the_agents_model_download_waits_for_a_server_that_is_away(db_url, tmp_p
     disconnected"): the download retries with the agent's backoff, like its other calls."""
     from sme2farm.agent.api import AgentApi
     from sme2farm.server.config import Settings
-    from sme2farm.server.db import session_scope
+    from sme2farm.server.store.db import session_scope
     from sme2farm.server.services import runs as run_service
 
     settings = Settings(data_dir=tmp_path / "data", database_url=db_url, device_wait_s=0)
@@ -263,7 +263,7 @@ def test_postgres_briefly_unavailable_is_a_clean_503_and_the_farm_recovers(postg
     from sqlalchemy.engine import make_url
 
     from sme2farm.server.config import Settings
-    from sme2farm.server.db import get_engine, migrate
+    from sme2farm.server.store.db import get_engine, migrate
 
     migrate(postgres_url)
     real = make_url(postgres_url)
@@ -320,7 +320,7 @@ def test_sqlite_locked_by_another_process_writes_get_a_clean_503_and_recover(tmp
     import sys
 
     from sme2farm.server.config import Settings
-    from sme2farm.server.db import get_engine, migrate
+    from sme2farm.server.store.db import get_engine, migrate
 
     db = tmp_path / "farm.db"
     url = f"sqlite:///{db}?timeout=1"
@@ -672,7 +672,7 @@ def test_a_database_host_that_never_answers_is_a_503_within_the_connect_timeout(
     from sqlalchemy import exc as sa_exc
     from sqlalchemy import text
 
-    from sme2farm.server import db
+    from sme2farm.server.store import db
     from sme2farm.server.api.errors import database_unavailable
 
     monkeypatch.setitem(db.PG_CONNECT_ARGS, "connect_timeout", 1)

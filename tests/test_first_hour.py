@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _farm(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sme2farm.server.farm", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sme2farm.farm.cli", *argv], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -50,7 +50,7 @@ def test_an_unusable_data_dir_is_one_line(tmp_path):
 
 
 def test_port_and_data_dir_checks_pass_a_free_port_and_a_new_dir(tmp_path):
-    from sme2farm.server.farm import data_dir_problem, port_problem
+    from sme2farm.farm.cli import data_dir_problem, port_problem
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,7 +63,7 @@ def test_port_and_data_dir_checks_pass_a_free_port_and_a_new_dir(tmp_path):
 
 
 def test_a_missing_compiler_is_named(monkeypatch, tmp_path):
-    from sme2farm.server import farm
+    from sme2farm.farm import cli as farm
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on it
     monkeypatch.delenv("CXX", raising=False)

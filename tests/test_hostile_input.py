@@ -269,7 +269,7 @@ def test_nul_in_a_submission_name_on_every_database(api, pte):
     ("[" * 40 + "]" * 40, 40),
 ])
 def test_json_depth_counts_brackets_outside_strings_only(text, depth):
-    from sme2farm.server.limits import JsonTooDeep, check_json_depth
+    from sme2farm.server.web.limits import JsonTooDeep, check_json_depth
 
     check_json_depth(text, max_depth=depth)
     if depth:

@@ -23,8 +23,8 @@ import pytest
 from sqlalchemy import create_engine, text, update
 
 from _fixtures_farm import wait_for
-from sme2farm.server.db import session_scope
-from sme2farm.server.models import Run, utcnow
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Run, utcnow
 from sme2farm.server.services import runs as run_service
 from test_lockout import farm_on
 from test_protocol import agent, dispatch, ingest_all, submit  # noqa: F401 (agent: a fixture)

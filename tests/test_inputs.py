@@ -389,7 +389,7 @@ def _npz_bytes(*arrays, **named) -> bytes:
 
 
 def test_submit_bpte_stores_its_program_and_inputs_and_the_agent_gets_them(api, programs):
-    from sme2farm.server.db import session_scope
+    from sme2farm.server.store.db import session_scope
     from sme2farm.server.services import runs as run_service
 
     agent_token = _register(api)

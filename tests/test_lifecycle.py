@@ -17,12 +17,12 @@ from sme2farm.protocol import (
     ACTIVE, NON_TERMINAL, TASK_DISPATCH, TASK_INGEST, TERMINAL, TRACE, DeviceInfo, ExperimentSpec, RunFinish,
     RunnerInfo, RunStatus,
 )
-from sme2farm.server.db import enqueue_after_commit, session_scope
-from sme2farm.server.models import Device, Experiment, Model, Run, RunResult, utcnow
+from sme2farm.server.store.db import enqueue_after_commit, session_scope
+from sme2farm.server.store.models import Device, Experiment, Model, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import runs as run_service
-from sme2farm.server.storage import Store
+from sme2farm.server.store.artifacts import Store
 from sme2farm.worker.ingest import Ingester
 
 S = RunStatus

@@ -10,8 +10,8 @@ def test_downgrading_the_newest_revision_keeps_experiments_and_runs(db_url):
     from alembic import command
     from alembic.config import Config
 
-    from sme2farm.server.db import MIGRATIONS_DIR, session_scope
-    from sme2farm.server.models import Device, Experiment, Model, Run
+    from sme2farm.server.store.db import MIGRATIONS_DIR, session_scope
+    from sme2farm.server.store.models import Device, Experiment, Model, Run
 
     with session_scope(db_url) as s:  # the schema is at head (db_url migrates)
         s.add(Model(sha256="a" * 64, size=1))

@@ -15,10 +15,10 @@ from sme2farm.agent.api import AgentApi, LeaseLost
 from sme2farm.agent.drivers.local import LocalDriver
 from sme2farm.agent.loop import Agent
 from sme2farm.protocol import DeviceInfo
-from sme2farm.server.db import session_scope
-from sme2farm.server.models import Device, Run, utcnow
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Device, Run, utcnow
 from sme2farm.server.services import runs as run_service
-from sme2farm.server.storage import Store
+from sme2farm.server.store.artifacts import Store
 
 
 @pytest.fixture

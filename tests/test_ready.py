@@ -127,7 +127,7 @@ def test_expected_device_that_never_comes_is_a_422_after_the_bound(expecting, pt
 def _up(data_dir, manifest, *extra: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sme2farm.server.farm", "up", "--data-dir", str(data_dir), "--port", str(port),
+        [sys.executable, "-m", "sme2farm.farm.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
          "--manifest", str(manifest), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"

@@ -30,7 +30,7 @@ GLIBC_SIDE = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "libstd
 
 
 def farm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sme2farm.server.farm", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sme2farm.farm.cli", *args], capture_output=True, text=True,
                           timeout=600)
 
 

@@ -20,14 +20,14 @@ import pytest
 from sqlalchemy import select, update
 
 from sme2farm.protocol import TRACE, DeviceInfo, ExperimentSpec, RunFinish, RunnerInfo, RunStatus
-from sme2farm.server import wakeup
-from sme2farm.server.db import session_scope
-from sme2farm.server.models import Agent, ApiToken, Model, Run, RunResult
+from sme2farm.server.services import wakeup
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Agent, ApiToken, Model, Run, RunResult
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
-from sme2farm.server.storage import Store
+from sme2farm.server.store.artifacts import Store
 from sme2farm.worker.ingest import Ingester
 
 RUNNERS = [RunnerInfo(id=f"r-{arm}", platform="linux-arm64", sme2=arm) for arm in ("on", "off")]
@@ -348,7 +348,7 @@ def test_finish_assigns_the_devices_next_run_and_the_agents_claim_gets_it_withou
 def test_the_agent_gate_works_agent_requests_limit_at_a_time_and_lets_users_by():
     """Six agent requests against a gate of two: never more than two inside at once, queued in
     arrival order; the user's request, the claim long-poll and an artifact body do not wait."""
-    from sme2farm.server.limits import AgentGate, AgentGateMiddleware
+    from sme2farm.server.web.limits import AgentGate, AgentGateMiddleware
 
     inside, most, order = 0, 0, []
     release = None

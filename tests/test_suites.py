@@ -27,7 +27,7 @@ from _fixtures_farm import free_port, start_farm, stop_farm, wait_for
 
 def _farm_rows(session, n_devices: int = 1):
     """An agent with devices and one stored model, as registration and an upload leave them."""
-    from sme2farm.server.models import Agent, Device, Model
+    from sme2farm.server.store.models import Agent, Device, Model
 
     agent = Agent(name="lab", hostname="h")
     session.add(agent)
@@ -54,7 +54,7 @@ def _suite(session, name="nightly", **kw):
 
 def _inject(session, suite, device, levels, *, sha="a" * 64, name="net", start=None, seed=0, state=None):
     """One suite run per level, each with one point of 40 iterations at that level (CV 0.5%)."""
-    from sme2farm.server.models import SuitePoint, SuiteRun
+    from sme2farm.server.store.models import SuitePoint, SuiteRun
 
     rng = np.random.default_rng(seed)
     start = start or datetime(2026, 11, 1, 3, tzinfo=timezone.utc)
@@ -76,7 +76,7 @@ def _inject(session, suite, device, levels, *, sha="a" * 64, name="net", start=N
 
 
 def _tx(db_url):
-    from sme2farm.server.db import session_scope
+    from sme2farm.server.store.db import session_scope
 
     sent: list = []
     return sent, (lambda: session_scope(db_url, enqueue=lambda *a: sent.append(a)))
@@ -171,7 +171,7 @@ def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):
 
 def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_url):
     from sme2farm.protocol import TASK_DISPATCH, TASK_SUITE_ANALYZE, RunStatus
-    from sme2farm.server.models import Agent, Run
+    from sme2farm.server.store.models import Agent, Run
     from sme2farm.server.services import runs as run_service
     from sme2farm.server.services import suites
 
@@ -221,7 +221,7 @@ def test_two_creates_racing_on_one_name_ignoring_case_store_one_suite(db_url, mo
     """The service's own check is passed by (as by a create that committed in between): the
     unique index on lower(name) refuses the second, a 409 naming the rule, the first kept."""
     from sme2farm.protocol import SuiteSpec
-    from sme2farm.server.models import Suite
+    from sme2farm.server.store.models import Suite
     from sme2farm.server.services import suites
     from sme2farm.server.services.errors import Conflict
 
@@ -288,7 +288,7 @@ def test_sme2_both_without_an_sme2_device_is_accepted_with_a_warning(db_url):
 
 
 def test_pause_resume_edit_and_delete(db_url):
-    from sme2farm.server.models import SuiteChange, SuitePoint, SuiteRun
+    from sme2farm.server.store.models import SuiteChange, SuitePoint, SuiteRun
     from sme2farm.server.services import suites
     from sme2farm.server.services.errors import Conflict, Invalid
 
@@ -315,7 +315,7 @@ def test_pause_resume_edit_and_delete(db_url):
         suites.detect_series(s, suite, ("a" * 64, "Test Board", "off", 1))
         assert suites.regressions(s, include_candidates=True)
     with tx() as s:
-        from sme2farm.server.models import Agent
+        from sme2farm.server.store.models import Agent
 
         agent = s.query(Agent).first()
         agent.runners = [{"id": "r", "platform": "linux-x86_64", "sme2": "off", "flavour": "timing"}]
@@ -324,7 +324,7 @@ def test_pause_resume_edit_and_delete(db_url):
         with pytest.raises(Conflict, match="run in flight"):
             suites.delete(s, suite)
         from sme2farm.protocol import RunStatus
-        from sme2farm.server.models import Run
+        from sme2farm.server.store.models import Run
         from sme2farm.server.services import runs as run_service
 
         for r in s.query(Run).filter(Run.experiment_id == srun.experiments[0].experiment_id):
@@ -336,7 +336,7 @@ def test_pause_resume_edit_and_delete(db_url):
 
 
 def test_the_detectable_step_follows_the_noise(db_url):
-    from sme2farm.server.models import SuitePoint
+    from sme2farm.server.store.models import SuitePoint
     from sme2farm.server.services import suites
 
     _, tx = _tx(db_url)
@@ -416,7 +416,7 @@ def test_a_suite_run_twice_on_identical_inputs_is_two_points_and_no_regression(s
 
 
 def test_consecutive_canary_points_teach_the_device_noise_model(suite_farm, tiny_suite):
-    from sme2farm.server.models import Device
+    from sme2farm.server.store.models import Device
 
     made = suite_farm.cli("suite", "create", "canary", "--model", f"{tiny_suite['models'][0]['sha256']}=canary",
                           "--sme2", "off", "--iterations", "20", "--canary")
@@ -464,7 +464,7 @@ def test_bad_input_through_the_api_names_the_problem(suite_farm, tiny_suite):
 
 
 def _farm_session(farm, enqueue=None):
-    from sme2farm.server.db import session_scope
+    from sme2farm.server.store.db import session_scope
 
     return session_scope(f"sqlite:///{(farm.data_dir / 'farm.db').resolve()}", enqueue=enqueue)
 
@@ -472,7 +472,7 @@ def _farm_session(farm, enqueue=None):
 def test_the_beat_starts_a_due_suite(suite_farm, tiny_suite):
     from sqlalchemy import update
 
-    from sme2farm.server.models import Suite
+    from sme2farm.server.store.models import Suite
 
     with _http(suite_farm) as h:
         r = h.post("/suites", json={"name": "due", "models": tiny_suite["models"], "sme2": "off", "iterations": 5,
@@ -522,7 +522,7 @@ def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(sui
         # twelve nights, the last two 8% slower: a confirmed regression whose alert goes to the webhook
         sent = []
         with _farm_session(suite_farm, enqueue=lambda task, *a: sent.append(celery.send_task(task, args=a))) as s:
-            from sme2farm.server.models import Device
+            from sme2farm.server.store.models import Device
 
             suite = suites.get(s, "hooked")
             device = s.query(Device).first()

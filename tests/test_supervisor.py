@@ -262,7 +262,7 @@ def test_kill_9_of_the_supervisor_leaves_no_child(tmp_path, local_runner):
 
 def test_restart_backoff_doubles_is_capped_and_resets_after_a_healthy_run(tmp_path, caplog):
     """The Supervisor alone, with a real child that exits at once until told to stay up."""
-    from sme2farm.server.supervisor import Supervisor
+    from sme2farm.farm.supervisor import Supervisor
 
     flag = tmp_path / "stay"
     script = (f"import os, sys, time\n"
@@ -315,7 +315,7 @@ def test_two_beats_send_each_periodic_task_once(tmp_path, database, request):
     """Two real beats on one database and broker: one holds the lease and sends; the other
     stands by. Frozen past its lease, the holder is replaced; thawed, it sends nothing more.
     (The broker is the embedded one in tmp_path either way, so the messages can be read back.)"""
-    from sme2farm.server.db import migrate
+    from sme2farm.server.store.db import migrate
 
     url = f"sqlite:///{tmp_path / 'farm.db'}" if database == "sqlite" else request.getfixturevalue("postgres_url")
     migrate(url)

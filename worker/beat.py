@@ -25,7 +25,7 @@ import uuid
 from celery.beat import Scheduler
 
 from sme2farm.server.config import get_settings
-from sme2farm.server.db import session_scope
+from sme2farm.server.store.db import session_scope
 from sme2farm.server.services import leases
 
 log = logging.getLogger("sme2farm.beat")

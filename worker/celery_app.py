@@ -108,8 +108,8 @@ def _task_started(task_id=None, task=None, args=None, **_) -> None:
 
 
 def _experiment_of(run_id: int) -> int | None:
-    from sme2farm.server.db import session_scope
-    from sme2farm.server.models import Run
+    from sme2farm.server.store.db import session_scope
+    from sme2farm.server.store.models import Run
 
     try:
         with session_scope(get_settings().sqlalchemy_url) as session:
@@ -121,7 +121,7 @@ def _experiment_of(run_id: int) -> int | None:
 
 @signals.task_postrun.connect
 def _task_finished(task_id=None, task=None, state=None, **_) -> None:
-    from sme2farm.server import metrics
+    from sme2farm.server.web import metrics
 
     began = _started.pop(task_id, None)
     if task is not None and began is not None:

@@ -18,11 +18,11 @@ from sqlalchemy.orm import Session
 from sme2farm import analysis
 from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, OUTPUTS, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
 from sme2farm.runners import inputs as containers
-from sme2farm.server.models import Artifact, OperatorStat, Run, RunResult
+from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
 from sme2farm.server.services.devices import emulator_of
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
-from sme2farm.server.storage import Store
+from sme2farm.server.store.artifacts import Store
 
 
 class IngestError(DomainError):

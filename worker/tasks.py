@@ -14,14 +14,14 @@ from sqlalchemy.orm import joinedload
 from sme2farm.protocol import (TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_SUITE_ANALYZE,
                                TASK_SUITES_TICK, RunStatus)
 from sme2farm.server.config import get_settings
-from sme2farm.server.db import session_scope
+from sme2farm.server.store.db import session_scope
 from sme2farm.server.services import alerts as alert_service
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import suites as suite_service
-from sme2farm.server import wakeup
-from sme2farm.server.models import Run
-from sme2farm.server.storage import Store
+from sme2farm.server.services import wakeup
+from sme2farm.server.store.models import Run
+from sme2farm.server.store.artifacts import Store
 from sme2farm.worker import ingest
 from sme2farm.worker.celery_app import WEBHOOK_MAX_COUNTDOWN_S, app, ingest_waiting
 

@@ -30,7 +30,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == 'sqlite':
         # SQLite (>= 3.35) drops a column in place. A batch operation would copy and drop the
-        # table, and with foreign keys on (server/db.py) dropping experiments cascades to every
+        # table, and with foreign keys on (server/store/db.py) dropping experiments cascades to every
         # run, result and artifact (devices: every run's device set to NULL).
         op.execute('ALTER TABLE experiments DROP COLUMN warnings')
         op.execute('ALTER TABLE devices DROP COLUMN offline_since')

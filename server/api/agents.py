@@ -23,15 +23,15 @@ from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
 from sme2farm.server.api.deps import (
     AgentIdDep, RegistrarDep, RunId, SessionDep, SettingsDep, Sha256, StoreDep, TxDep, WaitS,
 )
-from sme2farm.server.db import enqueue_after_commit
-from sme2farm.server.models import Agent, Artifact, Device, Experiment, Run
+from sme2farm.server.store.db import enqueue_after_commit
+from sme2farm.server.store.models import Agent, Artifact, Device, Experiment, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.storage import TooLarge
-from sme2farm.server.uploads import ARTIFACT_BODY_OPENAPI
-from sme2farm.server import wakeup
-from sme2farm.server.wakeup import ClaimWaiter
+from sme2farm.server.store.artifacts import TooLarge
+from sme2farm.server.web.uploads import ARTIFACT_BODY_OPENAPI
+from sme2farm.server.services import wakeup
+from sme2farm.server.services.wakeup import ClaimWaiter
 
 # An agent's last_seen (what "offline" and device ownership are judged by, in tens of seconds) is
 # written at most this often by its claims and heartbeats.
@@ -114,7 +114,7 @@ async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: Ag
     """Long-poll: answer as soon as a run is assigned to one of this agent's devices, or after
     `wait` seconds (capped by the server's poll timeout) with an empty list. A run is handed to
     its agent once (again only if it is still assigned REDELIVER_S later, or after the agent
-    registers anew); a waiting claim is woken by dispatch (server/wakeup.py)."""
+    registers anew); a waiting claim is woken by dispatch (server/services/wakeup.py)."""
     deadline = time.monotonic() + min(max(wait, 0.0), settings.poll_timeout_s)
     waiter = claim_waiter(request)
     while True:

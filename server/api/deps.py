@@ -12,11 +12,11 @@ from sqlalchemy.orm import Session
 
 from sme2farm.protocol import SUITE_NAME_PATTERN
 from sme2farm.server.config import Settings
-from sme2farm.server.db import session_scope
-from sme2farm.server.limits import retry_after
-from sme2farm.server.models import Agent, ApiToken
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.web.limits import retry_after
+from sme2farm.server.store.models import Agent, ApiToken
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.storage import Store
+from sme2farm.server.store.artifacts import Store
 
 _bearer = HTTPBearer(auto_error=False)
 

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from sme2farm.server.api.deps import SessionDep, UserDep
-from sme2farm.server.models import Agent
+from sme2farm.server.store.models import Agent
 from sme2farm.server.services import devices as device_service
 
 router = APIRouter(tags=["devices"])

@@ -19,17 +19,17 @@ from sme2farm.protocol import TASK_DISPATCH, ExperimentPage, ExperimentReport, E
 from sme2farm.server.api.deps import get_transaction
 from sme2farm.server.api.errors import NOT_FOUND
 from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
-from sme2farm.server.db import enqueue_after_commit, session_scope
-from sme2farm.server.limits import JsonTooDeep, loads_bounded
-from sme2farm.server.models import Model, Run
-from sme2farm.server.pte import InvalidProgram, prepare
+from sme2farm.server.store.db import enqueue_after_commit, session_scope
+from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
+from sme2farm.server.store.models import Model, Run
+from sme2farm.server.services.programs import InvalidProgram, prepare
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services.reports import RunsDetail
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services.errors import NotFound
-from sme2farm.server.uploads import EXPERIMENT_FORM_OPENAPI, receive_experiment
+from sme2farm.server.web.uploads import EXPERIMENT_FORM_OPENAPI, receive_experiment
 
 router = APIRouter(tags=["experiments"])
 log = logging.getLogger(__name__)

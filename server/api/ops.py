@@ -40,8 +40,8 @@ def health() -> dict[str, str]:
 def _database(settings) -> dict[str, Any]:
     from sqlalchemy import func, select
 
-    from sme2farm.server.db import session_scope
-    from sme2farm.server.models import Agent, Device
+    from sme2farm.server.store.db import session_scope
+    from sme2farm.server.store.models import Agent, Device
     from sme2farm.server.services import devices as device_service
     from sme2farm.server.services import leases
 
@@ -71,7 +71,7 @@ def _database(settings) -> dict[str, Any]:
 
 
 def _broker(settings) -> dict[str, Any]:
-    from sme2farm.server.metrics import broker_queue_depth
+    from sme2farm.server.web.metrics import broker_queue_depth
 
     depth = broker_queue_depth(settings.celery_broker_url)
     if depth is None:
@@ -80,7 +80,7 @@ def _broker(settings) -> dict[str, Any]:
 
 
 def _supervisor(settings) -> dict[str, Any]:
-    from sme2farm.server.metrics import read_supervisor_status
+    from sme2farm.server.web.metrics import read_supervisor_status
 
     if settings.supervisor_status is None:
         return {}
@@ -123,7 +123,7 @@ def _disk(settings) -> dict[str, Any]:
     out of a load balancer."""
     import shutil
 
-    from sme2farm.server.metrics import store_check
+    from sme2farm.server.web.metrics import store_check
 
     try:
         usage = shutil.disk_usage(settings.data_dir)
@@ -181,7 +181,7 @@ def _metrics_auth(request: Request, settings: SettingsDep, creds: Credentials) -
 async def metrics(settings: SettingsDep) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    from sme2farm.server.metrics import render
+    from sme2farm.server.web.metrics import render
 
     body = await run_in_threadpool(render, settings)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

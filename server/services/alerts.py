@@ -18,7 +18,7 @@ import httpx
 from sqlalchemy.orm import Session
 
 from sme2farm import __version__
-from sme2farm.server.models import Suite, SuiteChange, utcnow
+from sme2farm.server.store.models import Suite, SuiteChange, utcnow
 
 DELIVERABLE = ("pending", "retrying")
 

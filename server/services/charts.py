@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from sme2farm.analysis import charts
 from sme2farm.analysis.categories import CATEGORIES
 from sme2farm.analysis.stats import pooled, trimmed_mean
-from sme2farm.server.models import Experiment, Run
+from sme2farm.server.store.models import Experiment, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import suites as suite_service

@@ -22,7 +22,7 @@ from sme2farm import analysis
 from sme2farm.analysis.numerics import not_compared
 from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
 from sme2farm.protocol import TERMINAL
-from sme2farm.server.models import Device, Experiment, Run
+from sme2farm.server.store.models import Device, Experiment, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import noise as noise_service
 from sme2farm.server.services import numerics as numerics_service

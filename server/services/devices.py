@@ -9,7 +9,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import DeviceInfo, DeviceSelector, RunnerInfo
-from sme2farm.server.models import Agent, ApiToken, Device, Run, utcnow
+from sme2farm.server.store.models import Agent, ApiToken, Device, Run, utcnow
 from sme2farm.server.services import tokens as token_service
 
 

@@ -8,7 +8,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, load_only, selectinload
 
 from sme2farm.protocol import TERMINAL, ExperimentSpec, RunStatus
-from sme2farm.server.models import Agent, Device, Experiment, Model, Run
+from sme2farm.server.store.models import Agent, Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
 
 

@@ -15,7 +15,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sme2farm.server.models import Lease, utcnow
+from sme2farm.server.store.models import Lease, utcnow
 
 BEAT = "beat"
 

@@ -17,7 +17,7 @@ import logging
 from sqlalchemy.orm import Session
 
 from sme2farm.analysis.verdict import DEFAULT_DF, DEFAULT_SIGMA_BETWEEN, NoiseModel, _merge_metric
-from sme2farm.server.models import Device
+from sme2farm.server.store.models import Device
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Sequence
 from sme2farm.analysis import numerics
 from sme2farm.protocol import OUTPUTS
 from sme2farm.runners import inputs as containers
-from sme2farm.server.models import Run
-from sme2farm.server.storage import Store
+from sme2farm.server.store.models import Run
+from sme2farm.server.store.artifacts import Store
 
 # The largest outputs file compared (ingest checks it too). A classifier's logits are kilobytes,
 # a segmentation map a few MiB; past this, holding two files and their float64 copies in a request

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, defer, joinedload
 from sme2farm.protocol import (
     DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary, LatencyStats, RunnerInfo, RunReport, RunStatus,
 )
-from sme2farm.server.models import Artifact, Device, Experiment, Run, RunResult, utcnow
+from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 

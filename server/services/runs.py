@@ -37,8 +37,8 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from sme2farm.analysis import EtdumpError
 from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunFinish, RunStatus
-from sme2farm.server.db import enqueue_after_commit
-from sme2farm.server.models import Agent, Device, Experiment, Run, utcnow
+from sme2farm.server.store.db import enqueue_after_commit
+from sme2farm.server.store.models import Agent, Device, Experiment, Run, utcnow
 from sme2farm.server.services import comparisons, suites
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.errors import Conflict, DomainError, NotFound
@@ -155,7 +155,7 @@ QUEUE_ORDER = (Run.experiment_id, Run.sequence, Run.id)  # which of a device's q
 def dispatch(session: Session, *, lease_s: float) -> list[int]:
     """Give each idle device its next queued run (one run per device at a time). Returns run ids;
     the agents that got runs are left in session.info[ASSIGNED_AGENTS] (the dispatch task wakes
-    their claims once this commits: server/wakeup.py).
+    their claims once this commits: server/services/wakeup.py).
 
     One query finds every idle device's next queued run (DISTINCT ON the device on PostgreSQL,
     the smallest (experiment, sequence, id) per device elsewhere), instead of one query per

@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session, selectinload
 from sme2farm.analysis import regression
 from sme2farm.protocol import (TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_SUITE_ANALYZE, TERMINAL, DeviceSelector,
                                ExperimentSpec, RunStatus, SuiteSpec)
-from sme2farm.server.db import enqueue_after_commit
-from sme2farm.server.models import (Agent, Device, Experiment, Model, Run, Suite, SuiteChange, SuiteExperiment, SuitePoint,
+from sme2farm.server.store.db import enqueue_after_commit
+from sme2farm.server.store.models import (Agent, Device, Experiment, Model, Run, Suite, SuiteChange, SuiteExperiment, SuitePoint,
                                     SuiteRun, utcnow)
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service

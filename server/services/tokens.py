@@ -21,7 +21,7 @@ import time
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from sme2farm.server.models import ApiToken
+from sme2farm.server.store.models import ApiToken
 
 SCOPES = ("read", "submit", "admin", "register", "agent")
 LEGACY = {"user": "submit"}

@@ -247,7 +247,7 @@ def _write_status(path: Path, body: bytes) -> None:
     and `path.spare`, trade places. The body goes into the spare, padded with spaces (JSON allows
     trailing white space); the current file keeps its blocks under a second name while the spare
     takes its place, then becomes the spare. Renames and links need no data blocks."""
-    from sme2farm.server.storage import allocate
+    from sme2farm.server.store.artifacts import allocate
 
     if len(body) > STATUS_BYTES:
         raise OSError(errno.EFBIG, f"status of {len(body)} bytes is over {STATUS_BYTES}")

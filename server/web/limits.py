@@ -5,7 +5,7 @@
   most MAX_JSON_DEPTH levels. Python's json raises RecursionError (a 500) near 1,000 levels and
   FastAPI reads non-JSON bodies of JSON routes whole into memory, so both are checked before the
   app sees the body. The two streaming routes (the model upload and agents' artifact uploads)
-  are left to their own limits (server/uploads.py, Store.receive).
+  are left to their own limits (server/web/uploads.py, Store.receive).
 - RateLimiter: token buckets for writes (per token) and failed authentication (per presented
   token and per client address, agents apart from users: api/deps.py _FailureBudget; a valid
   token is never refused for failures). In-process by default; with a Redis broker the

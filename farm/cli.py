@@ -1,5 +1,5 @@
 """sme2-farm: the command line. `up`/`demo` run the whole farm on one machine (server, worker,
-beat, a local agent) under the process supervisor (server/supervisor.py); the other commands are
+beat, a local agent) under the process supervisor (farm/supervisor.py); the other commands are
 admin chores (migrate, tokens, building and listing runners)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from sme2farm.server.config import Settings
-from sme2farm.server.supervisor import Supervisor, describe_exit
+from sme2farm.farm.supervisor import Supervisor, describe_exit
 
 log = logging.getLogger("sme2-farm")
 LOCAL_AGENT = "local"  # the name the farm's own agent registers under
@@ -53,8 +53,8 @@ def mint_agent_token(settings: Settings) -> str:
     register agents and nothing else, unlike the admin token the agent used to get on argv."""
     from sqlalchemy import update
 
-    from sme2farm.server.db import session_scope
-    from sme2farm.server.models import ApiToken
+    from sme2farm.server.store.db import session_scope
+    from sme2farm.server.store.models import ApiToken
     from sme2farm.server.services import tokens as token_service
 
     with session_scope(settings.sqlalchemy_url) as session:
@@ -110,7 +110,7 @@ class Farm:
 
     def start(self) -> None:
         from sme2farm.server.app import ensure_admin_token
-        from sme2farm.server.db import migrate
+        from sme2farm.server.store.db import migrate
 
         secure_data_dir(self.data_dir)
         self._log_to_file()
@@ -177,7 +177,7 @@ class Farm:
         is not offline, so "farm up" is printed only when a submission can be placed. Read from
         the database: rows left by an earlier run on this data dir, or by other agents, do not
         count, only this agent seen since it was started (devices.agent_seen_since)."""
-        from sme2farm.server.db import session_scope
+        from sme2farm.server.store.db import session_scope
         from sme2farm.server.services import devices as device_service
 
         deadline = time.monotonic() + self.ready_timeout
@@ -363,7 +363,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_migrate(args) -> int:
-    from sme2farm.server.db import migrate
+    from sme2farm.server.store.db import migrate
 
     from sme2farm.server.app import ensure_admin_token
 
@@ -382,7 +382,7 @@ def cmd_token(args) -> int:
     `token --name N --scope S` (no subcommand) still creates; its scope `user` is now `submit`."""
     import json
 
-    from sme2farm.server.db import migrate, session_scope
+    from sme2farm.server.store.db import migrate, session_scope
     from sme2farm.server.services import tokens as token_service
 
     what = args.token_cmd or "create"

@@ -46,7 +46,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.mmap_dict import MmapedDict
 
 from sme2farm.protocol import TASK_INGEST, RunStatus
-from sme2farm.server.storage import allocate
+from sme2farm.server.store.artifacts import allocate
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("sme2farm.access")
@@ -228,8 +228,8 @@ class StateCollector:
     def collect(self):
         from sqlalchemy import func, select
 
-        from sme2farm.server.db import session_scope
-        from sme2farm.server.models import Agent, Device, Run
+        from sme2farm.server.store.db import session_scope
+        from sme2farm.server.store.models import Agent, Device, Run
         from sme2farm.server.services import devices as device_service
         from sme2farm.server.services import leases
 

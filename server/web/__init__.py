@@ -1,0 +1,1 @@
+"""HTTP plumbing around the routes: request limits, streaming uploads, Prometheus metrics."""
