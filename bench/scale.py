@@ -682,7 +682,7 @@ def bulk_insert(pg, n_runs: int, per_exp: int, big: int, template_exps: list[int
     if (n_runs - big) % per_exp:
         sizes_plan.append((n_runs - big) % per_exp)
     now = datetime.now(timezone.utc)
-    from sme2farm.worker.ingest import report_parts
+    from sme2farm.server.services.reports import report_parts
 
     analysis_json = json.dumps(analysis)
     cats = json.dumps(analysis["categories_ms"])

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import logging
+import hashlib
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from sme2farm import __version__
 from sme2farm import logs
+from sme2farm.server import queue
 from sme2farm.server.api import agents, charts, comparisons, devices, experiments, ops, runs
 from sme2farm.server.api.errors import install as install_error_handlers
 from sme2farm.server.config import Settings, get_settings
@@ -25,32 +26,12 @@ from sme2farm.server.web.metrics import HttpMetrics
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.artifacts import Store
 
-log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
-
-
-def celery_enqueue(settings: Settings) -> Callable[..., None]:
-    """Send tasks by name (protocol.TASK_*), so the API process never imports the worker's code."""
-    from celery import Celery
-
-    from sme2farm.worker.celery_app import make_celery
-
-    celery: Celery = make_celery(settings)
-
-    def enqueue(task: str, *args: Any) -> None:
-        try:
-            celery.send_task(task, args=args)
-        except Exception:  # the beat's periodic dispatch/reap picks the work up later
-            log.exception("could not enqueue %s%s", task, args)
-
-    return enqueue
 
 
 def make_limiter(settings: Settings) -> RateLimiter:
     """Rate-limit buckets in Redis when the broker is Redis (shared by every server process),
     else in this process. Namespaced by database, so farms sharing a Redis do not share buckets."""
-    import hashlib
-
     broker = settings.celery_broker_url
     ns = "sme2farm:rl:" + hashlib.sha256(settings.sqlalchemy_url.encode()).hexdigest()[:12]
     return RateLimiter(broker if broker.startswith(("redis://", "rediss://")) else None, namespace=ns)
@@ -99,7 +80,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
                   dependencies=[Depends(_log_ids)])
     app.state.settings = settings
     app.state.store = Store(settings.data_dir)
-    app.state.enqueue = enqueue or celery_enqueue(settings)
+    app.state.enqueue = enqueue or queue.sender(queue.make_celery(settings))  # tasks by name
     install_error_handlers(app)  # domain errors -> 404/409, once for every route
     app.state.limiter = make_limiter(settings)
     app.state.agent_gate = AgentGate(settings.agent_concurrency)

@@ -73,7 +73,7 @@ def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_build
 
     from sme2farm.protocol import REPORT_JSON, REPORT_MD, TRACE
     from sme2farm.server.store.artifacts import Store
-    from sme2farm.worker.ingest import Ingester
+    from sme2farm.server.services.ingest import Ingester
 
     B = etdump_builder
     trace = B.build([("Execute", B.iteration(i * 10**7, [("Fully Connected (NC, PF16) GEMM #1", 400_000)]))

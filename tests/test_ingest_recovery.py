@@ -191,7 +191,7 @@ def test_pg_redis_an_ingest_sent_while_redis_was_down_is_sent_again_in_seconds(p
 
 def test_the_broker_keeps_an_unacknowledged_message_minutes_not_an_hour(tmp_path):
     from sme2farm.server.config import Settings
-    from sme2farm.worker.celery_app import make_celery
+    from sme2farm.server.queue import make_celery
 
     redis_app = make_celery(Settings(data_dir=tmp_path, SME2_BROKER_URL="redis://127.0.0.1:1/0"))
     assert redis_app.conf.task_acks_late and redis_app.conf.task_reject_on_worker_lost
@@ -245,7 +245,8 @@ def test_a_long_analysis_is_kept_alive_by_its_heartbeats_and_a_silent_one_is_re_
     """The ingest task heartbeats through the analysis and the store: an analysis longer than 3
     heartbeats is not taken for a dead worker. Once the heartbeats stop (the worker is gone), the
     reaper sends the ingest again, the attempt counted."""
-    from sme2farm.worker import ingest, tasks
+    from sme2farm.server.services import ingest
+    from sme2farm.worker import tasks
 
     api.settings.ingest_heartbeat_s = 0.2
     monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)

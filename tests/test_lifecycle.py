@@ -23,7 +23,7 @@ from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.artifacts import Store
-from sme2farm.worker.ingest import Ingester
+from sme2farm.server.services.ingest import Ingester
 
 S = RunStatus
 

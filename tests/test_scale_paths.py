@@ -28,7 +28,7 @@ from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.artifacts import Store
-from sme2farm.worker.ingest import Ingester
+from sme2farm.server.services.ingest import Ingester
 
 RUNNERS = [RunnerInfo(id=f"r-{arm}", platform="linux-arm64", sme2=arm) for arm in ("on", "off")]
 
@@ -276,7 +276,7 @@ def test_get_experiment_takes_runs_and_pages_and_refuses_what_it_does_not_know(a
 def test_an_ingest_analysed_before_its_transaction_ends_the_run_as_the_plain_one_does(db_url, tmp_path, etdump):
     """worker/tasks.py analyses a trace between two transactions (ingest.Prepared): a good trace
     succeeds, a broken one fails the run with the reader's reason, as with Ingester itself."""
-    from sme2farm.worker.ingest import Prepared
+    from sme2farm.server.services.ingest import Prepared
 
     agent_id = _agent(db_url, devices=2)
     store = Store(tmp_path / "data")

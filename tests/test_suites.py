@@ -507,7 +507,7 @@ class _Hook(BaseHTTPRequestHandler):
 def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(suite_farm, tiny_suite):
     from sme2farm.server.config import Settings
     from sme2farm.server.services import suites
-    from sme2farm.worker.celery_app import make_celery
+    from sme2farm.server.queue import make_celery
 
     port = free_port()
     celery = make_celery(Settings(data_dir=suite_farm.data_dir))

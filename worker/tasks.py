@@ -13,17 +13,18 @@ from sqlalchemy.orm import joinedload
 
 from sme2farm.protocol import (TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_SUITE_ANALYZE,
                                TASK_SUITES_TICK, RunStatus)
+from sme2farm.server import queue
 from sme2farm.server.config import get_settings
-from sme2farm.server.store.db import session_scope
 from sme2farm.server.services import alerts as alert_service
 from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import ingest
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services import wakeup
-from sme2farm.server.store.models import Run
 from sme2farm.server.store.artifacts import Store
-from sme2farm.worker import ingest
-from sme2farm.worker.celery_app import WEBHOOK_MAX_COUNTDOWN_S, app, ingest_waiting
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Run
+from sme2farm.worker.celery_app import app, ingest_waiting
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,7 @@ def _retry_later(task: Any, e: BaseException) -> None:
     raise task.retry(exc=e, countdown=random.uniform(0.05, 0.5) * (2 ** task.request.retries))
 
 
-def _send(task: str, *args: Any) -> None:
-    try:
-        app.send_task(task, args=args)
-    except Exception:  # the beat's periodic dispatch and the reaper pick the work up later
-        log.exception("could not enqueue %s%s", task, args)
+_send = queue.sender(app)  # the tasks a transaction asked for, sent once it has committed
 
 
 def _in_transaction(task: Any, work: Callable[[Any, Any], Any]) -> Any:
@@ -200,7 +197,7 @@ def deliver_alert(self, change_id: int) -> str:
         state = alert_service.record(session, change_id, error, max_attempts=s.webhook_attempts)
     if state == "retrying":
         log.warning("alert %s: webhook failed (%s); retrying", change_id, error)
-        raise self.retry(countdown=min(s.webhook_backoff_s * (2 ** self.request.retries), WEBHOOK_MAX_COUNTDOWN_S),
+        raise self.retry(countdown=min(s.webhook_backoff_s * (2 ** self.request.retries), queue.WEBHOOK_MAX_COUNTDOWN_S),
                          max_retries=s.webhook_attempts)
     if state == "failed":
         log.error("alert %s: webhook failed %d times, giving up: %s", change_id, s.webhook_attempts, error)

@@ -1,5 +1,5 @@
 """Numerics between two arms (SME2 off vs on, model A vs B): the stored outputs of each side's first
-succeeded run, compared by analysis.numerics. Ingest (worker/ingest.py) has already held each
+succeeded run, compared by analysis.numerics. Ingest (services/ingest.py) has already held each
 outputs.bin against the method's declared outputs and recorded the verdict of that check in
 report["outputs"]; this reads that verdict before reading any file.
 """

@@ -183,6 +183,15 @@ _HOLE = b'"categories_ms":null,"operators":null,"kernels":null'
 _RUNS = TypeAdapter(list[RunReport])
 
 
+def report_parts(report: dict) -> dict[str, str]:
+    """The RunResult columns ingest writes beside the analysis (migration 0008) and GET
+    /experiments/{id} reads instead of the whole analysis (_result_parts), spliced into the answer
+    as they are."""
+    return {"report_head": json.dumps({"e2e_ms": report.get("e2e_ms"), "load_ms": report.get("load_ms"),
+                                       "kernel_paths": report.get("kernel_paths")}),
+            "operators_json": json.dumps(report.get("operators")), "kernels_json": json.dumps(report.get("kernels"))}
+
+
 def _result_parts(session: Session, ids, *, with_operators: bool):
     """Per run (ids: a list, or a sub-select of run ids): (run id, categories as JSON text, e2e,
     load, operators and kernels as JSON text, kernel paths (None before they were stored)).

@@ -338,7 +338,7 @@ def cancel(session: Session, runs: Iterable[Run]) -> None:
 
 
 class Ingester(Protocol):
-    """How a run's uploaded trace becomes results (worker/ingest.py); the run service decides
+    """How a run's uploaded trace becomes results (services/ingest.py); the run service decides
     what the outcome means for the run."""
 
     def analyze(self, run: Run) -> Any:

@@ -2,7 +2,8 @@
 
 Only the "how": read and analyse the trace, then write rows and files. What the outcome means
 for the run (succeeded, or failed with which reason) is decided by the run service
-(server/services/runs.py ingest), which calls this through its Ingester interface.
+(services/runs.py ingest), which calls this through its Ingester interface; the worker's ingest
+task (worker/tasks.py) only builds an Ingester and hands it over.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
 from sme2farm import analysis
+from sme2farm.analysis import pte
 from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, OUTPUTS, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
 from sme2farm.runners import inputs as containers
-from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
 from sme2farm.server.services.devices import emulator_of
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
+from sme2farm.server.services.reports import report_parts
 from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
 
 
 class IngestError(DomainError):
@@ -99,12 +102,12 @@ class Ingester:
         except (containers.InputsError, OSError) as e:
             return invalid(f"the outputs file is not readable: {e}")
         try:
-            with containers.mapped(self.files.model_path(sha)) as buf:
-                sig = containers.program_methods(buf, end=containers.program_end(buf)).get(method)
+            with pte.mapped(self.files.model_path(sha)) as buf:
+                sig = pte.program_methods(buf, end=pte.program_end(buf)).get(method)
             if sig is None:
                 raise containers.InputsError(f"the program has no method {method}")
             containers.check_outputs(sig, values)
-        except (containers.InputsError, OSError) as e:
+        except (containers.InputsError, pte.PteError, OSError) as e:
             return invalid(str(e))
         return {"status": "recorded", "reason": "", "outputs": [_digest(i, v) for i, v in enumerate(values)]}
 
@@ -151,16 +154,8 @@ def _digest(index: int, value: containers.Input) -> dict:
     return {"index": index, "dtype": kind, "shape": [], "sha256": hashlib.sha256(raw).hexdigest()}
 
 
-def report_parts(report: dict) -> dict[str, str]:
-    """The RunResult columns GET /experiments/{id} reads instead of the whole analysis (the
-    server's reports.report_json splices them into its answer as they are)."""
-    return {"report_head": json.dumps({"e2e_ms": report.get("e2e_ms"), "load_ms": report.get("load_ms"),
-                                       "kernel_paths": report.get("kernel_paths")}),
-            "operators_json": json.dumps(report.get("operators")), "kernels_json": json.dumps(report.get("kernels"))}
-
-
 class Prepared:
-    """An Ingester whose analysis is already done: worker/tasks.py analyses the trace between two
+    """An Ingester whose analysis is already done: the worker's ingest task analyses the trace between two
     transactions, so none is held open ("idle in transaction" on PostgreSQL, a connection taken
     from the pool) while the CPU works on the trace. The run service sees the same interface:
     analyze() hands back the result, or raises what the analysis raised."""

@@ -1,0 +1,92 @@
+"""The task queue as every farm process sees it: the Celery app that reaches the broker (Redis in
+production, an SQLite-backed kombu transport on the embedded default) and routes each task to its
+queue, and sending tasks by name (protocol.TASK_*). The API process enqueues with it without the
+worker's code; the worker (worker/celery_app.py) builds its app here too and adds what only it
+runs: its tasks and the beat's schedule."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from celery import Celery
+from kombu import Queue
+from kombu.transport import sqlalchemy as kombu_sqla
+
+from sme2farm.protocol import TASK_DISPATCH, TASK_REAP, TASK_SUITES_TICK
+from sme2farm.server.config import Settings
+
+log = logging.getLogger(__name__)
+
+CONTROL_QUEUE = "sme2farm.control"  # dispatch, reap: short, and what keeps devices busy
+DEFAULT_QUEUE = "celery"  # ingest (Celery's default name, so messages already queued are kept)
+# The longest wait before a webhook retry (worker/tasks.py); the visibility timeout stays above it.
+WEBHOOK_MAX_COUNTDOWN_S = 600.0
+
+
+def make_celery(settings: Settings, include: tuple[str, ...] = ()) -> Celery:
+    """The farm's Celery app; `include`: the modules whose tasks this process runs (none to send only)."""
+    if settings.celery_broker_url.startswith("sqla+"):
+        # The embedded transport polls its table, so this interval is the farm's latency floor per
+        # hop. kombu 5.7 forwards a `polling_interval` transport option to create_engine (which
+        # rejects it), so the class default is set instead.
+        kombu_sqla.Transport.polling_interval = settings.broker_poll_s
+    app = Celery("sme2farm", broker=settings.celery_broker_url, include=list(include))
+    app.conf.update(
+        # Dispatch and reap have their own queue: on the one FIFO they waited behind every ingest
+        # already queued, so under a backlog a freed device sat idle for the whole backlog. A
+        # worker started without -Q consumes every queue listed here (the broker polls them in
+        # turn), so dispatch waits at most for a worker slot, not for the backlog.
+        task_queues=(Queue(CONTROL_QUEUE), Queue(DEFAULT_QUEUE)),
+        task_default_queue=DEFAULT_QUEUE,
+        task_routes={TASK_DISPATCH: {"queue": CONTROL_QUEUE}, TASK_REAP: {"queue": CONTROL_QUEUE},
+                     TASK_SUITES_TICK: {"queue": CONTROL_QUEUE}},
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        # A message is acknowledged when its task ends, not when a worker takes it: a worker
+        # killed mid-task leaves it unacknowledged, and Redis delivers it again after the
+        # visibility timeout below. A prefork pool's child killed mid-task (WorkerLostError) has
+        # its message requeued at once; the threads pool `sme2-farm up` runs has no child to
+        # lose (the whole worker dies), so there the reaper's checks are what notice it in
+        # seconds (services/runs.py reap_expired: ingest_start_s, ingest heartbeats).
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        # Redis: Celery's default visibility timeout is an hour, and a killed worker's message sat
+        # in the unacked set all that time. Shorter here; kept above the longest countdown a task
+        # is retried with (a webhook retry waits at most 600 s) and the ingest deadline, or a task
+        # still waiting or running would be delivered twice. Swept every 10 s. Redis only: the
+        # embedded transport passes its options to create_engine, which refuses these (and a
+        # message taken there never comes back: the reaper re-sends it).
+        broker_transport_options={
+            "visibility_timeout": max(settings.broker_visibility_s, settings.ingest_deadline_s + 60,
+                                      WEBHOOK_MAX_COUNTDOWN_S + 60),
+            "unacked_restore_interval": 10, "unacked_restore_throttle": 1,
+        } if settings.celery_broker_url.startswith(("redis://", "rediss://")) else {},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+def sender(celery: Celery) -> Callable[..., None]:
+    """enqueue(task, *args): send a task by name; a broker that cannot take it is logged, not
+    raised (the beat's periodic dispatch and the reaper pick the work up later)."""
+
+    def enqueue(task: str, *args: Any) -> None:
+        try:
+            celery.send_task(task, args=args)
+        except Exception:
+            log.exception("could not enqueue %s%s", task, args)
+
+    return enqueue
+
+
+def ingest_waiting(celery: Celery) -> int:
+    """Messages waiting (not taken by a worker) in the ingest queue: 0 means an ingest task not
+    begun is not in the broker at all (services/runs.py reap_expired)."""
+    # Asked from inside the reaper's transaction: a broker away fails it in ~a second (no retries)
+    # instead of holding the runs' row locks through Celery's connection retries.
+    with celery.connection_for_read(connect_timeout=1) as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, timeout=2)
+        # not passive: Redis has no key for an empty queue (a passive declare of it is "not found")
+        return conn.default_channel.queue_declare(queue=DEFAULT_QUEUE).message_count
