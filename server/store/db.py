@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from contextlib import contextmanager
 from functools import lru_cache
@@ -12,9 +13,8 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-import sme2farm.migrations
-
-MIGRATIONS_DIR = Path(sme2farm.migrations.__file__).resolve().parent
+# The migrations are files Alembic reads, found where the package is installed: nothing imports them.
+MIGRATIONS_DIR = Path(importlib.util.find_spec("sme2farm.migrations").origin).resolve().parent
 log = logging.getLogger(__name__)
 
 
@@ -88,6 +88,7 @@ def session_scope(url: str, *, enqueue: Callable[..., None] | None = None) -> It
 
 def migrate(url: str, revision: str = "head") -> None:
     """Bring the schema to `revision` with Alembic (used by `sme2-farm migrate` and on start-up)."""
+    # Alembic only here: the API server and the worker open sessions and never load it.
     from alembic import command
     from alembic.config import Config
 
