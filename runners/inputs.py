@@ -2,10 +2,9 @@
 made from an ExecuTorch bundled program (`.bpte`) or an `.npz` upload, and checked against the
 program's method signature before anything is queued.
 
-numpy only (no torch, no executorch, no flatc): the server, the client and tests use it, and the
-flatbuffers involved are small tables read with a bounds-checked reader below. (The ETDump reader
-in analysis/etdump.py is vectorised over hundreds of thousands of tables of one type; here a few
-dozen tables of many types are read, which a scalar reader does more plainly.)
+numpy only (no torch, no executorch, no flatc): the server, the client and tests use it. The
+program's method signatures come from analysis/pte.py; a .bpte's few dozen tables are read with
+the same bounds-checked flatbuffer reader (analysis/flatbuffer.py).
 
 Container (all little-endian; runners/runner.cpp reads it)::
 
@@ -45,16 +44,18 @@ names such a mismatch at submission instead.
 from __future__ import annotations
 
 import math
-import mmap
 import re
 import struct
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator, Union
+from typing import BinaryIO, Union
 
 import numpy as np
+
+from sme2farm.analysis.flatbuffer import Flat, Table
+from sme2farm.analysis.pte import (DYNAMIC_BOUND, STATIC, InputSpec, MethodSignature, describe_scalar,
+                                   scalar_name)
 
 MAGIC = b"SME2IN01"
 BPTE_IDENT = b"BP08"
@@ -63,16 +64,8 @@ KIND_NONE, KIND_TENSOR, KIND_INT, KIND_DOUBLE, KIND_BOOL = 0, 1, 2, 3, 4
 # ExecuTorch ScalarType codes the container carries -> (name, numpy dtype of the bytes).
 # BFloat16 travels as its uint16 bit patterns.
 SCALAR_TYPES: dict[int, tuple[str, np.dtype]] = {
-    0: ("Byte", np.dtype("<u1")), 1: ("Char", np.dtype("<i1")), 2: ("Short", np.dtype("<i2")),
-    3: ("Int", np.dtype("<i4")), 4: ("Long", np.dtype("<i8")), 5: ("Half", np.dtype("<f2")),
-    6: ("Float", np.dtype("<f4")), 7: ("Double", np.dtype("<f8")), 11: ("Bool", np.dtype("?")),
-    15: ("BFloat16", np.dtype("<u2")),
-}
-# Every code in executorch/schema/scalar_type.fbs, for messages about types the container lacks.
-_ALL_SCALAR_NAMES = {
-    **{k: v[0] for k, v in SCALAR_TYPES.items()}, 12: "QInt8", 13: "QUInt8", 14: "QInt32",
-    16: "QUInt4x2", 17: "QUInt2x4", 22: "Bits16", 23: "Float8_e5m2", 24: "Float8_e4m3fn",
-    25: "Float8_e5m2fnuz", 26: "Float8_e4m3fnuz", 27: "UInt16", 28: "UInt32", 29: "UInt64",
+    code: (scalar_name(code), np.dtype(dt)) for code, dt in
+    {0: "<u1", 1: "<i1", 2: "<i2", 3: "<i4", 4: "<i8", 5: "<f2", 6: "<f4", 7: "<f8", 11: "?", 15: "<u2"}.items()
 }
 _NUMPY_TO_CODE = {np.dtype(dt).newbyteorder("<") if np.dtype(dt).itemsize > 1 else np.dtype(dt): code
                   for code, (_, dt) in SCALAR_TYPES.items() if code != 15}
@@ -87,10 +80,6 @@ MAX_ITEMS = 1 << 16
 
 class InputsError(ValueError):
     """Inputs that cannot be read, or that do not fit the method; the message names the input."""
-
-
-def scalar_name(code: int) -> str:
-    return _ALL_SCALAR_NAMES.get(code, f"scalar type {code}")
 
 
 @dataclass(frozen=True)
@@ -132,11 +121,7 @@ def describe_value(v: Input) -> str:
         return "program default"
     if isinstance(v, TensorInput):
         return str(v)
-    if isinstance(v, bool):
-        return f"bool {'true' if v else 'false'}"
-    if isinstance(v, int):
-        return f"int {v}"
-    return f"double {v!r}"
+    return describe_scalar(v)
 
 
 def summary(inputs: list[Input], limit: int = 6) -> str:
@@ -256,170 +241,7 @@ def read(data: bytes | memoryview, *, item: str = "input") -> list[Input]:
     return out
 
 
-# ---- a bounds-checked flatbuffer reader ------------------------------------------------------
-
-
-class _Flat:
-    """Just enough flatbuffers: tables, vectors, strings, scalars, every offset checked."""
-
-    def __init__(self, buf, what: str, end: int | None = None):
-        # Kept as given (bytes or an mmap), never as a memoryview: an exported view still alive
-        # in a traceback would stop the caller's mmap from closing.
-        self.mv = buf
-        self.n = len(buf) if end is None else min(end, len(buf))
-        self.what = what
-
-    def _check(self, pos: int, width: int, name: str) -> None:
-        if pos < 0 or pos + width > self.n:
-            raise InputsError(f"truncated or corrupt {self.what}: {name} at byte {pos} lies outside its {self.n} bytes")
-
-    def u8(self, pos: int, name: str) -> int:
-        self._check(pos, 1, name)
-        return self.mv[pos]
-
-    def unpack(self, fmt: str, pos: int, name: str):
-        self._check(pos, struct.calcsize(fmt), name)
-        return struct.unpack_from(fmt, self.mv, pos)[0]
-
-    def root(self) -> "_Table":
-        return _Table(self, self.unpack("<I", 0, "root offset"), self.what)
-
-
-class _Table:
-    def __init__(self, fb: _Flat, pos: int, name: str):
-        self.fb, self.pos, self.name = fb, pos, name
-        self.vt = pos - fb.unpack("<i", pos, f"{name} table")
-        self.vlen = fb.unpack("<H", self.vt, f"{name} vtable")
-
-    def _off(self, k: int) -> int:
-        slot = 4 + 2 * k
-        return self.fb.unpack("<H", self.vt + slot, f"{self.name} vtable") if slot + 2 <= self.vlen else 0
-
-    def scalar(self, k: int, fmt: str, default, field_name: str):
-        off = self._off(k)
-        return self.fb.unpack(fmt, self.pos + off, f"{self.name}.{field_name}") if off else default
-
-    def _ref(self, k: int, field_name: str) -> int | None:
-        off = self._off(k)
-        if not off:
-            return None
-        p = self.pos + off
-        return p + self.fb.unpack("<I", p, f"{self.name}.{field_name}")
-
-    def table(self, k: int, field_name: str, type_name: str) -> "_Table | None":
-        p = self._ref(k, field_name)
-        return None if p is None else _Table(self.fb, p, type_name)
-
-    def vector(self, k: int, field_name: str) -> tuple[int, int]:
-        """(position of the first element, length); (0, 0) when absent."""
-        p = self._ref(k, field_name)
-        if p is None:
-            return 0, 0
-        return p + 4, self.fb.unpack("<I", p, f"{self.name}.{field_name} length")
-
-    def tables(self, k: int, field_name: str, type_name: str) -> list["_Table"]:
-        start, count = self.vector(k, field_name)
-        self.fb._check(start, 4 * count, f"{self.name}.{field_name}")
-        return [_Table(self.fb, start + 4 * i + self.fb.unpack("<I", start + 4 * i, field_name), type_name)
-                for i in range(count)]
-
-    def table_at(self, k: int, field_name: str, type_name: str, index: int) -> "_Table":
-        start, count = self.vector(k, field_name)
-        if not 0 <= index < count:
-            raise InputsError(f"corrupt {self.fb.what}: {self.name}.{field_name}[{index}] of {count}")
-        p = start + 4 * index
-        return _Table(self.fb, p + self.fb.unpack("<I", p, field_name), type_name)
-
-    def scalars(self, k: int, field_name: str, fmt: str) -> list:
-        start, count = self.vector(k, field_name)
-        width = struct.calcsize(fmt)
-        self.fb._check(start, width * count, f"{self.name}.{field_name}")
-        return list(struct.unpack_from(f"<{count}{fmt}", self.fb.mv, start)) if count else []
-
-    def bytes_span(self, k: int, field_name: str) -> tuple[int, int]:
-        start, count = self.vector(k, field_name)
-        self.fb._check(start, count, f"{self.name}.{field_name}")
-        return start, count
-
-    def string(self, k: int, field_name: str) -> str:
-        start, count = self.bytes_span(k, field_name)
-        return bytes(self.fb.mv[start:start + count]).decode("utf-8", "replace")
-
-
-# ---- the program's method signatures (.pte) --------------------------------------------------
-
-# executorch/schema/program.fbs: union KernelTypes
-_KERNEL_TYPES = {0: "none", 1: "Null", 2: "int", 3: "bool", 4: "double", 5: "tensor", 6: "String",
-                 7: "IntList", 8: "DoubleList", 9: "BoolList", 10: "TensorList", 11: "OptionalTensorList"}
-STATIC, DYNAMIC_BOUND, DYNAMIC_UNBOUND = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    kind: str  # "tensor" | "int" | "double" | "bool" | another KernelTypes name
-    scalar_type: int | None = None
-    sizes: tuple[int, ...] = ()
-    dynamism: int = STATIC
-    value: object = None  # the exported value of an int/double/bool input
-
-    def __str__(self) -> str:
-        if self.kind == "tensor":
-            shape = f"{scalar_name(self.scalar_type)}[{', '.join(map(str, self.sizes))}]"
-            return shape + {DYNAMIC_BOUND: " (dynamic, upper bounds)", DYNAMIC_UNBOUND: " (dynamic)"}.get(self.dynamism, "")
-        if self.kind in ("int", "double", "bool"):
-            return describe_value(self.value)
-        return self.kind
-
-
-@dataclass(frozen=True)
-class MethodSignature:
-    name: str
-    inputs: tuple[InputSpec, ...]
-    # The declared outputs (same shape of description; an output's `value` is what the program
-    # holds before execution and means nothing).
-    outputs: tuple[InputSpec, ...] = ()
-
-
-def program_methods(buf, *, end: int | None = None) -> dict[str, MethodSignature]:
-    """Every method of a .pte flatbuffer (ExecutionPlan name, inputs, outputs), in program order."""
-    fb = _Flat(buf, "ExecuTorch program", end)
-    program = fb.root()
-    out: dict[str, MethodSignature] = {}
-    for plan in program.tables(1, "execution_plan", "ExecutionPlan"):
-        name = plan.string(0, "name")
-        _, nvalues = plan.vector(2, "values")
-        # program.fbs ExecutionPlan: name 0, container_meta_type 1, values 2, inputs 3, outputs 4
-        inputs = tuple(_value_spec(plan, name, "input", idx, nvalues) for idx in plan.scalars(3, "inputs", "i"))
-        outputs = tuple(_value_spec(plan, name, "output", idx, nvalues) for idx in plan.scalars(4, "outputs", "i"))
-        out[name] = MethodSignature(name, inputs, outputs)
-    return out
-
-
-def _value_spec(plan: _Table, method: str, role: str, idx: int, nvalues: int) -> InputSpec:
-    """The EValue at `idx` of a plan's values, as an InputSpec."""
-    if not 0 <= idx < nvalues:
-        raise InputsError(f"corrupt ExecuTorch program: method {method} {role} value {idx} of {nvalues}")
-    ev = plan.table_at(2, "values", "EValue", idx)
-    tag = ev.scalar(0, "<B", 0, "val_type")
-    kind = _KERNEL_TYPES.get(tag, f"value type {tag}")
-    val = ev.table(1, "val", kind)
-    if kind == "tensor" and val is not None:
-        return InputSpec("tensor", val.scalar(0, "<b", 0, "scalar_type"),
-                         tuple(val.scalars(2, "sizes", "i")), val.scalar(8, "<b", 0, "shape_dynamism"))
-    if kind == "int" and val is not None:
-        return InputSpec("int", value=val.scalar(0, "<q", 0, "int_val"))
-    if kind == "double" and val is not None:
-        return InputSpec("double", value=val.scalar(0, "<d", 0.0, "double_val"))
-    if kind == "bool" and val is not None:
-        return InputSpec("bool", value=bool(val.scalar(0, "<B", 0, "bool_val")))
-    return InputSpec(kind)
-
-
-def program_end(buf) -> int | None:
-    """Where the flatbuffer part of a .pte ends (its extended header's program_size), if it says."""
-    if len(buf) >= 40 and bytes(buf[8:12]) == b"eh00":
-        return struct.unpack_from("<Q", buf, 16)[0]
-    return None
+# ---- checks against the program's method signatures (analysis/pte.py) -----------------------
 
 
 def check(sig: MethodSignature, inputs: list[Input]) -> None:
@@ -555,7 +377,7 @@ def read_bundled(buf, method: str = "forward") -> BundledInputs:
     """The embedded program's span and the first test case's inputs of `method`'s suite."""
     if not is_bundled_program(bytes(buf[:8])):
         raise InputsError("not an ExecuTorch bundled program: the flatbuffer file identifier is not BP08")
-    fb = _Flat(buf, "bundled program")
+    fb = Flat(buf, "bundled program", error=InputsError)
     root = fb.root()
     prog_off, prog_size = root.bytes_span(2, "program")
     if prog_size == 0:
@@ -573,7 +395,7 @@ def read_bundled(buf, method: str = "forward") -> BundledInputs:
     return BundledInputs(prog_off, prog_size, method, 0, inputs, names)
 
 
-def _bundled_value(value: _Table, i: int) -> Input:
+def _bundled_value(value: Table, i: int) -> Input:
     tag = value.scalar(0, "<B", 0, "val_type")
     val = value.table(1, "val", "ValueUnion")
     if val is None:
@@ -702,18 +524,3 @@ def _npz_value(arr: np.ndarray, idx: int, key: str, is_bf16: bool, spec: InputSp
         if arr.dtype.kind == "f":
             return float(arr)
     return TensorInput.from_numpy(arr, code)
-
-
-# ---- files ----------------------------------------------------------------------------------
-
-
-@contextmanager
-def mapped(path: Path) -> Iterator[bytes | mmap.mmap]:
-    """A read-only map of a file without reading it all (a program may be hundreds of MB).
-    Index it, slice it (bytes) or struct.unpack_from it; do not keep memoryviews of it."""
-    with open(path, "rb") as f:
-        if f.seek(0, 2) == 0:
-            yield b""
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            yield m

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sme2farm.analysis import pte
 from sme2farm.runners import inputs as I
 
 # ---- the container ---------------------------------------------------------------------------
@@ -220,7 +221,7 @@ def test_program_methods_agree_with_executorchs_deserializer(programs, example_p
         if I.is_bundled_program(prog[:8]):
             b = I.read_bundled(prog)
             prog = prog[b.program_offset:b.program_offset + b.program_size]
-        ours = I.program_methods(prog, end=I.program_end(prog))
+        ours = pte.program_methods(prog, end=pte.program_end(prog))
         ref = deserialize_pte_binary(prog).program
         assert list(ours) == [p.name for p in ref.execution_plan]
         for plan in ref.execution_plan:
@@ -237,7 +238,7 @@ def test_program_methods_agree_with_executorchs_deserializer(programs, example_p
 
 
 def test_check_names_the_input_the_method_would_refuse(programs):
-    methods = I.program_methods(programs["multi"].buffer)
+    methods = pte.program_methods(programs["multi"].buffer)
     fwd, enc = methods["forward"], methods["encode"]
     f32 = I.TensorInput.from_numpy(np.ones((2, 3), np.float32))
     I.check(fwd, [f32, 3, True])
@@ -260,7 +261,7 @@ def test_check_names_the_input_the_method_would_refuse(programs):
 
 
 def test_dynamic_shapes_are_checked_against_their_upper_bounds():
-    sig = I.MethodSignature("forward", (I.InputSpec("tensor", 6, (4, 8), I.DYNAMIC_BOUND),))
+    sig = pte.MethodSignature("forward", (pte.InputSpec("tensor", 6, (4, 8), pte.DYNAMIC_BOUND),))
     I.check(sig, [I.TensorInput.from_numpy(np.ones((2, 8), np.float32))])
     with pytest.raises(I.InputsError, match="upper bound"):
         I.check(sig, [I.TensorInput.from_numpy(np.ones((5, 8), np.float32))])
@@ -310,7 +311,7 @@ def test_npz_dtypes_bfloat16_and_scalars(tmp_path):
     assert got[2:5] == [7, 0.5, True] and type(got[4]) is bool
     assert got[5].scalar_type == 0
     # a 0-d array where the method takes a tensor is a 0-d tensor
-    sig = I.MethodSignature("forward", (I.InputSpec("tensor", 6, ()),))
+    sig = pte.MethodSignature("forward", (pte.InputSpec("tensor", 6, ()),))
     [t] = I.read_npz(_npz(**{"0": np.float32(2.0)}), signature=sig)
     assert isinstance(t, I.TensorInput) and t.sizes == () and t.numpy() == 2.0
     path = tmp_path / "in.npz"

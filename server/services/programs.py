@@ -140,24 +140,25 @@ def _blaming(e: InvalidProgram, field: str) -> InvalidProgram:
 
 def _read_methods(path: Path, field: str) -> dict:
     """A validated program's method signatures; a problem is an InvalidProgram naming `field`."""
-    from sme2farm.runners import inputs as inp
+    from sme2farm.analysis import pte
 
     try:
         validate(path)
     except InvalidProgram as e:
         raise _blaming(e, field) from None
-    with inp.mapped(path) as m:
+    with pte.mapped(path) as m:
         try:
-            return inp.program_methods(m, end=inp.program_end(m))
-        except inp.InputsError as e:
+            return pte.program_methods(m, end=pte.program_end(m))
+        except pte.PteError as e:
             raise _blaming(InvalidProgram(f"cannot read the program's methods: {e}"), field) from None
 
 
 def _unbundle(upload, method: str, tmp_dir: Path) -> None:
     """Replace the .bpte temp file by its embedded program (hashed as it is copied)."""
+    from sme2farm.analysis import pte
     from sme2farm.runners import inputs as inp
 
-    with inp.mapped(upload.model_path) as m:
+    with pte.mapped(upload.model_path) as m:
         try:
             bundled = inp.read_bundled(m, method)
         except inp.InputsError as e:

@@ -1,0 +1,142 @@
+"""An ExecuTorch program (.pte) read directly: its methods' signatures (the inputs and outputs
+each ExecutionPlan declares) through a bounds-checked flatbuffer reader; no flatc, no executorch.
+
+Schema: ``executorch/schema/program.fbs`` (file identifier ET12)::
+
+    Program{version, execution_plan:[ExecutionPlan], ...}
+    ExecutionPlan{name:string, container_meta_type, values:[EValue], inputs:[int], outputs:[int], ...}
+    EValue{val:KernelTypes}   (union: Null, Int, Bool, Double, Tensor, String, lists)
+    Tensor{scalar_type:byte, storage_offset, sizes:[int], dim_order, requires_grad, data_buffer_idx,
+           allocation_info, layout, shape_dynamism:byte, extra_tensor_info}
+
+A truncated or corrupt program raises :class:`PteError` naming where it broke.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .flatbuffer import Flat, Table
+
+__all__ = ["PteError", "InputSpec", "MethodSignature", "program_methods", "program_end", "mapped",
+           "scalar_name", "describe_scalar", "SCALAR_NAMES", "STATIC", "DYNAMIC_BOUND", "DYNAMIC_UNBOUND"]
+
+
+class PteError(ValueError):
+    """The program cannot be read: truncated, corrupt, or a value the reader does not know."""
+
+
+# executorch/schema/scalar_type.fbs (the codes a name is known for; others read "scalar type N")
+SCALAR_NAMES: dict[int, str] = {
+    0: "Byte", 1: "Char", 2: "Short", 3: "Int", 4: "Long", 5: "Half", 6: "Float", 7: "Double", 11: "Bool",
+    12: "QInt8", 13: "QUInt8", 14: "QInt32", 15: "BFloat16", 16: "QUInt4x2", 17: "QUInt2x4", 22: "Bits16",
+    23: "Float8_e5m2", 24: "Float8_e4m3fn", 25: "Float8_e5m2fnuz", 26: "Float8_e4m3fnuz", 27: "UInt16",
+    28: "UInt32", 29: "UInt64",
+}
+# executorch/schema/program.fbs: union KernelTypes
+KERNEL_TYPES = {0: "none", 1: "Null", 2: "int", 3: "bool", 4: "double", 5: "tensor", 6: "String",
+                7: "IntList", 8: "DoubleList", 9: "BoolList", 10: "TensorList", 11: "OptionalTensorList"}
+# program.fbs: enum TensorShapeDynamism
+STATIC, DYNAMIC_BOUND, DYNAMIC_UNBOUND = 0, 1, 2
+
+
+def scalar_name(code: int) -> str:
+    return SCALAR_NAMES.get(code, f"scalar type {code}")
+
+
+def describe_scalar(v: bool | int | float) -> str:
+    """'bool true', 'int 3', 'double 0.5'."""
+    if isinstance(v, bool):
+        return f"bool {'true' if v else 'false'}"
+    if isinstance(v, int):
+        return f"int {v}"
+    return f"double {v!r}"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One value a method takes or returns."""
+
+    kind: str  # "tensor" | "int" | "double" | "bool" | another KernelTypes name
+    scalar_type: int | None = None
+    sizes: tuple[int, ...] = ()
+    dynamism: int = STATIC
+    value: object = None  # the exported value of an int/double/bool input
+
+    def __str__(self) -> str:
+        if self.kind == "tensor":
+            shape = f"{scalar_name(self.scalar_type)}[{', '.join(map(str, self.sizes))}]"
+            dynamic = {DYNAMIC_BOUND: " (dynamic, upper bounds)", DYNAMIC_UNBOUND: " (dynamic)"}
+            return shape + dynamic.get(self.dynamism, "")
+        if self.kind in ("int", "double", "bool"):
+            return describe_scalar(self.value)
+        return self.kind
+
+
+@dataclass(frozen=True)
+class MethodSignature:
+    name: str
+    inputs: tuple[InputSpec, ...]
+    # The declared outputs (same shape of description; an output's `value` is what the program
+    # holds before execution and means nothing).
+    outputs: tuple[InputSpec, ...] = ()
+
+
+def program_methods(buf, *, end: int | None = None) -> dict[str, MethodSignature]:
+    """Every method of a .pte flatbuffer (ExecutionPlan name, inputs, outputs), in program order.
+    `end`: where the flatbuffer part stops (:func:`program_end`); the segments after it are not read."""
+    fb = Flat(buf, "ExecuTorch program", end, error=PteError)
+    program = fb.root()
+    out: dict[str, MethodSignature] = {}
+    for plan in program.tables(1, "execution_plan", "ExecutionPlan"):
+        name = plan.string(0, "name")
+        _, nvalues = plan.vector(2, "values")
+        # program.fbs ExecutionPlan: name 0, container_meta_type 1, values 2, inputs 3, outputs 4
+        inputs = tuple(_value_spec(plan, name, "input", idx, nvalues) for idx in plan.scalars(3, "inputs", "i"))
+        outputs = tuple(_value_spec(plan, name, "output", idx, nvalues) for idx in plan.scalars(4, "outputs", "i"))
+        out[name] = MethodSignature(name, inputs, outputs)
+    return out
+
+
+def _value_spec(plan: Table, method: str, role: str, idx: int, nvalues: int) -> InputSpec:
+    """The EValue at `idx` of a plan's values, as an InputSpec."""
+    if not 0 <= idx < nvalues:
+        raise PteError(f"corrupt ExecuTorch program: method {method} {role} value {idx} of {nvalues}")
+    ev = plan.table_at(2, "values", "EValue", idx)
+    tag = ev.scalar(0, "<B", 0, "val_type")
+    kind = KERNEL_TYPES.get(tag, f"value type {tag}")
+    val = ev.table(1, "val", kind)
+    if kind == "tensor" and val is not None:
+        return InputSpec("tensor", val.scalar(0, "<b", 0, "scalar_type"),
+                         tuple(val.scalars(2, "sizes", "i")), val.scalar(8, "<b", 0, "shape_dynamism"))
+    if kind == "int" and val is not None:
+        return InputSpec("int", value=val.scalar(0, "<q", 0, "int_val"))
+    if kind == "double" and val is not None:
+        return InputSpec("double", value=val.scalar(0, "<d", 0.0, "double_val"))
+    if kind == "bool" and val is not None:
+        return InputSpec("bool", value=bool(val.scalar(0, "<B", 0, "bool_val")))
+    return InputSpec(kind)
+
+
+def program_end(buf) -> int | None:
+    """Where the flatbuffer part of a .pte ends (its extended header's program_size), if it says."""
+    if len(buf) >= 40 and bytes(buf[8:12]) == b"eh00":
+        return struct.unpack_from("<Q", buf, 16)[0]
+    return None
+
+
+@contextmanager
+def mapped(path: Path) -> Iterator[bytes | mmap.mmap]:
+    """A read-only map of a file without reading it all (a program may be hundreds of MB).
+    Index it, slice it (bytes) or struct.unpack_from it; do not keep memoryviews of it."""
+    with open(path, "rb") as f:
+        if f.seek(0, 2) == 0:
+            yield b""
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            yield m
