@@ -1,6 +1,6 @@
 """analyze(): ETDump bytes -> the JSON report (numbers only, no I/O).
 
-Event model (see /work/shared/reference/ETDUMP.md):
+Event model (docs/design.md, "ETDump event model"):
 
 * one iteration = one ``Execute`` RunData block; its E2E latency = its ``Method::execute``
   event. ``Default`` blocks hold ``Program::load_method`` and ``Method::init`` (load_ms).

@@ -9,8 +9,8 @@ wheel with Debian's aarch64 toolchain, and registered for both SME2 arms.
 
 One binary serves both arms: "on" runs as the hardware is; "off" sets SME2FARM_HIDE_SME2=1, which
 makes the runner's exported getauxval() clear HWCAP2_SME/SME2 before XNNPACK's cpuinfo reads them
-(facts: /work/shared/reference/RUNNERS-ARM64.md; the README says where that is and is not the
-kit's two-build comparison).
+(the facts, and where that is and is not the kit's two-build comparison: docs/design.md,
+"arm64 runners from the PyPI wheel" and "One runner binary, both arms").
 
 Steps, each skipped when its result is already there:
   1. `pip download executorch==<installed version> --platform manylinux_2_28_aarch64` into

@@ -7,7 +7,7 @@ succeed, and every figure in its report must match figures computed here, indepe
 the farm's own trace artifact with ExecuTorch's flatcc deserializer. Not with `Inspector`: it
 keys delegate events by name within a block, and these models repeat names (BERT logs
 `Fully Connected (NC, F32) GEMM #1` many times per iteration), so Inspector would under-count
-(see shared/reference/ETDUMP.md). The per-iteration delegate event count is checked against the
+(docs/design.md, "ETDump event model"). The per-iteration delegate event count is checked against the
 farm's operator counts for exactly that reason.
 """
 
