@@ -16,13 +16,18 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".farm"), description="Models, artifacts, the SQLite database and the embedded broker live here")
     database_url: str | None = Field(
         default=None, validation_alias=AliasChoices("SME2_DATABASE_URL", "DATABASE_URL"),
-        description="SQLAlchemy URL; default sqlite:///<data_dir>/farm.db",
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://user:pw@host/db; default sqlite:///<data_dir>/farm.db",
     )
     broker_url: str | None = Field(
         default=None, validation_alias=AliasChoices("SME2_BROKER_URL", "CELERY_BROKER_URL"),
-        description="Celery broker; default an SQLite-backed kombu transport in the data dir (no server process)",
+        description="Celery broker, e.g. redis://host:6379/0; default an SQLite-backed kombu transport in the data dir "
+                    "(no server process)",
     )
-    admin_token: SecretStr | None = Field(default=None, description="Bootstrap admin API token (else read or created in <data_dir>/token)")
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="Bootstrap admin API token (else read or created in <data_dir>/token); at least 32 characters "
+                    "of random text, e.g. `openssl rand -hex 32`",
+    )
     max_upload_mb: int = Field(default=512, description="Largest accepted .pte upload")
     max_inputs_mb: int = Field(default=64, description="Largest accepted inputs upload (.npz), and largest total size of its arrays once unpacked")
     max_artifact_mb: int = Field(default=1024, description="Largest accepted ETDump/log upload from an agent")
