@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sme2farm.agent.drivers.cpuinfo import HWCAP2_SME2
+from sme2farm.runners.cpuinfo import HWCAP2_SME2
 
 # Suites tried in order. trixie-backports carries 11.1.3 (SME2) today; testing and unstable
 # follow QEMU upstream. A suite whose qemu lacks SME2 (trixie's 10.0, bookworm's 7.2) is skipped.

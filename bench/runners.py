@@ -71,7 +71,8 @@ def staging(manifest: Path, work: Path) -> tuple[float, float, dict]:
 
 
 def once(root: Path) -> dict:
-    from sme2farm.runners.cross import build_platform, fetch_wheel, pinned_version, unpack_wheel
+    from sme2farm.runners.cross import build_platform
+    from sme2farm.runners.wheel import fetch_wheel, pinned_version, unpack_wheel
 
     manifest = root / "manifest.json"
     t0 = time.perf_counter()
@@ -99,7 +100,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=1, help="independent first builds (each in a fresh root)")
     a = p.parse_args()
-    from sme2farm.runners.cross import fetch_wheel, pinned_version
+    from sme2farm.runners.wheel import fetch_wheel, pinned_version
 
     with tempfile.TemporaryDirectory(prefix="sme2farm-bench-warm-") as warm:
         fetch_wheel(pinned_version(), Path(warm))   # makes sure pip's own cache holds the wheel

@@ -32,14 +32,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sme2farm.runners.catalog import DEFAULT_MANIFEST, RUNNERS_DIR, Catalog, RunnerBuild, sha256_file
+from sme2farm.runners.cpuinfo import host_hwcap2_sme2
+from sme2farm.runners.tools import BINARY_NAME, SOURCES, BuildError, cmake_binary, executorch_package, run_logged
 
-SOURCES = ("runner.cpp", "CMakeLists.txt")
-BINARY_NAME = "sme2farm_runner"
 SME2_KERNEL_MARKER = b"__neonsme2"  # suffix of XNNPACK's SME2 microkernel names
-
-
-class BuildError(RuntimeError):
-    pass
 
 
 def host_platform() -> str:
@@ -57,19 +53,7 @@ def host_has_sme2() -> bool:
     if platform.system() == "Darwin":
         r = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_SME2"], capture_output=True, text=True)
         return r.stdout.strip() == "1"
-    from sme2farm.agent.drivers.cpuinfo import host_hwcap2_sme2
     return bool(host_hwcap2_sme2())
-
-
-def executorch_package() -> tuple[Path, str, str]:
-    """(package dir, version, git commit) of the installed executorch wheel."""
-    try:
-        import executorch
-        import executorch.version as v
-    except ImportError as e:
-        raise BuildError("executorch is not installed: pip install 'sme2-farm[export]'") from e
-    # executorch is a namespace package: no __file__, its directory comes from __path__.
-    return Path(list(executorch.__path__)[0]), v.__version__, v.git_version
 
 
 def sme2_mode(host_sme2: bool, xnnpack_lib: Path) -> str:
@@ -79,30 +63,12 @@ def sme2_mode(host_sme2: bool, xnnpack_lib: Path) -> str:
     return "on" if SME2_KERNEL_MARKER in xnnpack_lib.read_bytes() else "off"
 
 
-def _cmake() -> str:
-    try:
-        import cmake
-    except ImportError as e:
-        raise BuildError("the pip cmake package is missing: pip install 'cmake>=3.28'") from e
-    return str(Path(cmake.CMAKE_BIN_DIR) / "cmake")
-
-
 def _stamp(et_dir: Path, et_version: str, et_commit: str) -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((RUNNERS_DIR / name).read_bytes())
     h.update(f"{et_dir}\0{et_version}\0{et_commit}".encode())
     return h.hexdigest()
-
-
-def _run(argv: list[str], log: Path) -> None:
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(argv) + "\n")
-        f.flush()
-        r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-        raise BuildError(f"{argv[0]} {argv[1]} failed (exit {r.returncode}); log {log}:\n{tail}")
 
 
 def build_local(manifest: Path | None = None, force: bool = False) -> RunnerBuild:
@@ -123,9 +89,9 @@ def build_local(manifest: Path | None = None, force: bool = False) -> RunnerBuil
             log = build_dir / "build.log"
             log.write_text("")
             t0 = time.monotonic()
-            _run([_cmake(), "-S", str(RUNNERS_DIR), "-B", str(build_dir),
+            run_logged([cmake_binary(), "-S", str(RUNNERS_DIR), "-B", str(build_dir),
                   f"-DCMAKE_PREFIX_PATH={et_dir}", "-DCMAKE_BUILD_TYPE=Release"], log)
-            _run([_cmake(), "--build", str(build_dir), "--target", BINARY_NAME, "-j", str(os.cpu_count() or 1)]
+            run_logged([cmake_binary(), "--build", str(build_dir), "--target", BINARY_NAME, "-j", str(os.cpu_count() or 1)]
                  + (["--clean-first"] if force else []), log)
             if not binary.exists():
                 raise BuildError(f"the build finished but {binary} is missing; log {log}")

@@ -1,18 +1,20 @@
 """ELF64 little-endian (what aarch64 Linux and Android use), read without binutils.
 
-Two readers share this: runners/cross.py (a runner's dynamic-linking facts: interpreter,
-NEEDED, RUNPATH, symbol versions) and agent/drivers/translation.py (a library's exported
+Two readers share this: the cross build (runners/cross.py and runners/bundle.py: a runner's
+dynamic-linking facts: interpreter, NEEDED, RUNPATH, symbol versions, and the one in-place edit
+it makes, RUNPATH to $ORIGIN) and agent/drivers/translation.py (a library's exported
 functions, to name the code an emulator translated). Only the standard library: the agent
 imports it on device hosts.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from sme2farm.runners.build import BuildError
+from sme2farm.runners.tools import BuildError
 
 
 class ElfError(BuildError):
@@ -186,3 +188,43 @@ def unwind_ranges(path: Path) -> list[tuple[int, int]]:
         if size > 0:
             out.append((start, size))
     return out
+
+
+# ---- what the cross build asks of a runner -----------------------------------------------------
+
+def set_runpath_origin(path: Path) -> None:
+    """Rewrite the runner's RUNPATH to exactly "$ORIGIN" in place (what `chrpath -r` does).
+
+    The wheel's CMake targets add `$ORIGIN:$ORIGIN/../lib:<absolute unpacked wheel>/lib`: the
+    absolute build-host path means nothing on a device, and on this host it would let a test pass
+    even if a library were missing beside the runner. The new string is shorter, so it is written
+    over the old one; refused if any other name shares the overwritten bytes (linker tail-merging)."""
+    info = read_elf(path)
+    if info.runpath_ref < 0:
+        raise BuildError(f"{path} has no RUNPATH to rewrite")
+    new, old_len = b"$ORIGIN", len(info.runpath.encode())
+    if info.runpath == "$ORIGIN":
+        return
+    if old_len < len(new):
+        raise BuildError(f"{path}: RUNPATH {info.runpath!r} is shorter than $ORIGIN")
+    lo = info.runpath_ref
+    if any(lo < r < lo + old_len for r in info.string_refs):
+        raise BuildError(f"{path}: RUNPATH bytes are shared with other names; cannot rewrite in place")
+    with open(path, "r+b") as f:
+        f.seek(info.strtab_offset + lo)
+        f.write(new + b"\0" * (old_len - len(new)))
+    if read_elf(path).runpath != "$ORIGIN":
+        raise BuildError(f"{path}: RUNPATH rewrite did not take")
+
+
+def min_versions(info: ElfInfo) -> dict[str, str]:
+    """Highest symbol version needed per prefix (GLIBC, GLIBCXX, CXXABI, GCC): the oldest target
+    system the linux-arm64 folder runs on."""
+    best: dict[str, tuple[int, ...]] = {}
+    for names in info.version_needs.values():
+        for n in names:
+            m = re.fullmatch(r"([A-Z]+)_([0-9.]+)", n)
+            if m:
+                v = tuple(int(x) for x in m.group(2).split("."))
+                best[m.group(1)] = max(best.get(m.group(1), v), v)
+    return {k: ".".join(map(str, v)) for k, v in sorted(best.items())}

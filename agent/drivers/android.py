@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from sme2farm.agent.drivers import cpuinfo, hygiene
+from sme2farm.agent.drivers import hygiene
 from sme2farm.agent.drivers.adb import ADB_ERRORS, EXIT_MARK, Adb
 from sme2farm.agent.drivers.base import (ETDUMP_NAME, INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, OUTPUTS_NAME, Driver, DriverError,
                                          Job, require_runner, tail)
 from sme2farm.protocol import DeviceInfo
+from sme2farm.runners import cpuinfo
 from sme2farm.runners.catalog import sha256_file
 
 RUNNER_PLATFORM = "android-arm64-v9a"

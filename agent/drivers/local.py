@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from sme2farm.agent.drivers import cpuinfo
 from sme2farm.agent.drivers.base import INPUTS_NAME, LOG_NAME, Driver, DriverError, Job, require_runner
 from sme2farm.agent.drivers.leftovers import PidRecords, kill_leftover_processes, process_identity
 from sme2farm.protocol import DeviceInfo
+from sme2farm.runners import cpuinfo
 
 RUNNER_PLATFORMS = {("Linux", "x86_64"): "linux-x86_64", ("Linux", "aarch64"): "linux-arm64",
                     ("Linux", "arm64"): "linux-arm64", ("Darwin", "arm64"): "macos-arm64"}

@@ -1,7 +1,8 @@
 """Reading CPU facts from Linux/Android text: /proc/cpuinfo features, core counts, SoC names.
 
-Shared by the local Linux driver (reads the host's files) and the Android driver (reads the
-phone's through adb), so SME2 is detected the same way on both.
+Shared by the agent's local Linux driver (reads the host's files) and Android driver (reads the
+phone's through adb), so SME2 is detected the same way on both, and by the runner build, which
+asks whether this host has SME2 (runners/build.py).
 """
 
 from __future__ import annotations
