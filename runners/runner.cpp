@@ -11,6 +11,16 @@
 //   --outputs_file PATH (every output of the last timed execution, in the same SME2IN01 container:
 //                        tensors in logical row-major order whatever their dim order; an output
 //                        the container cannot carry (a list, a dtype outside it) is kind 0, none)
+//   --memory_file PATH  (JSON: peak resident memory from getrusage at exit and after loading, the
+//                        planned buffers the runner allocated, what the method and temp allocators
+//                        were asked for; see write_memory)
+//   --llm_prompt P --llm_decode D  (LLM mode, both or neither: each iteration runs the method once
+//                        on a prompt of P tokens at input_pos 0 (prefill), then D times on one token
+//                        at input_pos P+i (decode). The method must take tokens [1, S] int64 and
+//                        input_pos [1] int64, the ExecuTorch LLM export shape. Each call's Execute
+//                        block in the ETDump holds a marker event sme2farm::llm_prefill or
+//                        sme2farm::llm_decode: chain_index = tokens in the call, instruction_id =
+//                        input_pos; its span starts before the inputs are set.)
 // Both --flag=value and --flag value are accepted.
 //
 // Environment: SME2FARM_HIDE_SME2=1 makes the exported getauxval() below clear HWCAP2_SME and
@@ -49,6 +59,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <sys/resource.h>
 
 #if defined(__linux__)
 #include <sys/auxv.h>
@@ -101,6 +113,7 @@ using executorch::runtime::EValue;
 using executorch::runtime::EventTracer;
 using executorch::runtime::EventTracerEntry;
 using executorch::runtime::EventTracerFilterBase;
+using executorch::runtime::MethodMeta;
 using executorch::runtime::HierarchicalAllocator;
 using executorch::runtime::LoggedEValueType;
 using executorch::runtime::MemoryManager;
@@ -117,6 +130,7 @@ class RoutingTracer final : public EventTracer {
  public:
   explicit RoutingTracer(EventTracer* target) : target_(target) {}
   void route_to(EventTracer* target) { target_ = target; }
+  EventTracer* target() const { return target_; }
 
   void create_event_block(const char* name) override { target_->create_event_block(name); }
   EventTracerEntry start_profiling(const char* name, ChainID chain_id, DebugHandle debug_handle) override {
@@ -173,6 +187,9 @@ struct Options {
   long warmup = 0;
   std::string inputs_file;
   std::string outputs_file;
+  std::string memory_file;
+  long llm_prompt = -1;  // -1: not in LLM mode
+  long llm_decode = -1;
   bool print_output = false;
 };
 
@@ -246,6 +263,9 @@ Options parse_args(int argc, char** argv) {
     else if (name == "warmup") o.warmup = parse_int(name, value);
     else if (name == "inputs_file") o.inputs_file = value;
     else if (name == "outputs_file") o.outputs_file = value;
+    else if (name == "memory_file") o.memory_file = value;
+    else if (name == "llm_prompt") o.llm_prompt = parse_int(name, value);
+    else if (name == "llm_decode") o.llm_decode = parse_int(name, value);
     else if (name == "print_output") o.print_output = value == "true" || value == "1";
     else fail("unknown flag --" + name);
   }
@@ -253,6 +273,10 @@ Options parse_args(int argc, char** argv) {
   if (o.num_executions < 1) fail("--num_executions must be >= 1");
   if (o.warmup < 0) fail("--warmup must be >= 0");
   if (o.cpu_threads == 0 || o.cpu_threads < -1) fail("--cpu_threads must be -1 or >= 1");
+  if ((o.llm_prompt == -1) != (o.llm_decode == -1)) fail("--llm_prompt and --llm_decode go together");
+  if (o.llm_prompt != -1 && o.llm_prompt < 1) fail("--llm_prompt must be >= 1");
+  if (o.llm_decode != -1 && o.llm_decode < 0) fail("--llm_decode must be >= 0");
+  if (o.llm_prompt != -1 && !o.inputs_file.empty()) fail("--inputs_file and LLM mode do not go together");
   return o;
 }
 
@@ -584,6 +608,192 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The method and temp allocators: malloc'd as upstream, counting what the runtime asks for.
+// The method allocator holds what load_method builds (values, tensors, kernel and delegate
+// state); the temp allocator is reset after every kernel call, so its peak is the most scratch
+// memory one call held.
+class CountingAllocator final : public MallocMemoryAllocator {
+ public:
+  void* allocate(size_t size, size_t alignment = kDefaultAlignment) override {
+    void* p = MallocMemoryAllocator::allocate(size, alignment);
+    if (p != nullptr) {
+      ++count_;
+      total_ += size;
+      current_ += size;
+      peak_ = std::max(peak_, current_);
+    }
+    return p;
+  }
+  void reset() override {
+    MallocMemoryAllocator::reset();
+    current_ = 0;
+  }
+  uint64_t count() const { return count_; }
+  uint64_t total() const { return total_; }
+  uint64_t peak() const { return peak_; }
+
+ private:
+  uint64_t count_ = 0, total_ = 0, current_ = 0, peak_ = 0;
+};
+
+// Peak resident set size of this process so far: getrusage's ru_maxrss is kilobytes on Linux and
+// Android, bytes on macOS. -1 when getrusage fails.
+long long peak_rss_bytes() {
+  struct rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return -1;
+#if defined(__APPLE__)
+  return static_cast<long long>(usage.ru_maxrss);
+#else
+  return static_cast<long long>(usage.ru_maxrss) * 1024;
+#endif
+}
+
+struct MemoryFigures {
+  long long peak_rss_after_load = -1;
+  std::vector<size_t> planned;
+  const CountingAllocator* method_allocator = nullptr;
+  const CountingAllocator* temp_allocator = nullptr;
+};
+
+// --memory_file: one JSON object. runtime_allocated_bytes = planned buffers + what the method
+// allocator handed out + the temp allocator's peak; memory a delegate mallocs itself (XNNPACK's
+// packed weights and workspace) is not in it, only in the peak RSS.
+void write_memory(const MemoryFigures& m, const std::string& path) {
+  unsigned long long planned_total = 0;
+  std::string planned = "[";
+  for (size_t i = 0; i < m.planned.size(); ++i) {
+    planned_total += m.planned[i];
+    planned += (i ? ", " : "") + std::to_string(m.planned[i]);
+  }
+  planned += "]";
+  const unsigned long long method_bytes = m.method_allocator->total(), temp_peak = m.temp_allocator->peak();
+  const long long peak = peak_rss_bytes();
+  auto opt = [](long long v) { return v < 0 ? std::string("null") : std::to_string(v); };
+  std::string json = "{\"peak_rss_bytes\": " + opt(peak) +
+                     ", \"peak_rss_after_load_bytes\": " + opt(m.peak_rss_after_load) +
+                     ", \"rss_source\": \"getrusage(RUSAGE_SELF).ru_maxrss\"" +
+                     ", \"planned_buffers_bytes\": " + planned +
+                     ", \"planned_bytes\": " + std::to_string(planned_total) +
+                     ", \"method_allocator_bytes\": " + std::to_string(method_bytes) +
+                     ", \"method_allocator_allocations\": " + std::to_string(m.method_allocator->count()) +
+                     ", \"temp_allocator_peak_bytes\": " + std::to_string(temp_peak) +
+                     ", \"temp_allocator_allocations\": " + std::to_string(m.temp_allocator->count()) +
+                     ", \"runtime_allocated_bytes\": " + std::to_string(planned_total + method_bytes + temp_peak) +
+                     "}\n";
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) fail("cannot write memory figures to '" + path + "': " + std::strerror(errno));
+  bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) fail("short write of memory figures to '" + path + "'");
+  std::printf("Peak RSS: %lld bytes; runtime allocated %llu bytes (planned %llu, method allocator %llu, "
+              "temp peak %llu); written to %s\n", peak, planned_total + method_bytes + temp_peak, planned_total,
+              method_bytes, temp_peak, path.c_str());
+}
+
+// ---- LLM mode: prefill then decode, for tokens [1, S] int64 + input_pos [1] int64 ----
+
+struct LlmInputs {
+  std::vector<int64_t> tokens;
+  int64_t pos = 0;
+  TensorImpl::SizesType token_sizes[2] = {1, 1};
+  TensorImpl::DimOrderType token_dim_order[2] = {0, 1};
+  TensorImpl::StridesType token_strides[2] = {1, 1};
+  TensorImpl::SizesType pos_sizes[1] = {1};
+  TensorImpl::DimOrderType pos_dim_order[1] = {0};
+  TensorImpl::StridesType pos_strides[1] = {1};
+};
+
+std::string describe_inputs(const MethodMeta& meta) {
+  std::string out;
+  for (size_t i = 0; i < meta.num_inputs(); ++i) {
+    out += i ? ", " : "";
+    auto tag = meta.input_tag(i);
+    auto info = meta.input_tensor_meta(i);
+    if (tag.ok() && *tag == Tag::Tensor && info.ok()) {
+      std::vector<int64_t> sizes(info->sizes().begin(), info->sizes().end());
+      out += shape_str(info->scalar_type(), sizes);
+    } else {
+      out += "a non-tensor value";
+    }
+  }
+  return out.empty() ? "no inputs" : out;
+}
+
+// The most tokens one call takes (the token input's upper bound), or fail naming the signature.
+long llm_max_tokens(const MethodMeta& meta, const std::string& method_name) {
+  auto is_long = [&](size_t i, size_t rank) {
+    auto tag = meta.input_tag(i);
+    auto info = meta.input_tensor_meta(i);
+    return tag.ok() && *tag == Tag::Tensor && info.ok() && info->scalar_type() == ScalarType::Long &&
+           info->sizes().size() == rank && info->sizes()[0] == 1;
+  };
+  if (meta.num_inputs() != 2 || !is_long(0, 2) || !is_long(1, 1))
+    fail("LLM mode needs method '" + method_name + "' to take tokens Long [1, S] and input_pos Long [1]; it takes " +
+         describe_inputs(meta));
+  return static_cast<long>(meta.input_tensor_meta(0)->sizes()[1]);
+}
+
+// The cache length the program declares through the ExecuTorch LLM export's constant methods
+// (get_max_context_len, else get_max_seq_len); -1 when it declares none.
+long llm_cache_len(Program& program) {
+  for (const char* name : {"get_max_context_len", "get_max_seq_len"}) {
+    auto meta = program.method_meta(name);
+    if (!meta.ok() || meta->num_outputs() != 1) continue;
+    std::vector<std::vector<uint8_t>> buffers;
+    std::vector<Span<uint8_t>> spans;
+    for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
+      buffers.emplace_back(static_cast<size_t>(meta->memory_planned_buffer_size(i).get()));
+      spans.emplace_back(buffers.back().data(), buffers.back().size());
+    }
+    HierarchicalAllocator planned({spans.data(), spans.size()});
+    MallocMemoryAllocator method_allocator;
+    MemoryManager memory(&method_allocator, &planned);
+    auto method = program.load_method(name, &memory);
+    if (!method.ok() || method->execute() != Error::Ok) continue;
+    const EValue& out = method->get_output(0);
+    if (out.isInt()) return static_cast<long>(out.toInt());
+  }
+  return -1;
+}
+
+// One call: `n` tokens at input_pos `pos`, bracketed by a marker event in the call's Execute block.
+double llm_call(Method& method, RoutingTracer& tracer, LlmInputs& in, long n, long pos, bool prefill,
+                const std::string& when) {
+  auto t0 = std::chrono::steady_clock::now();
+  et_timestamp_t ticks0 = et_pal_current_ticks();
+  in.token_sizes[1] = static_cast<TensorImpl::SizesType>(n);
+  in.token_strides[0] = static_cast<TensorImpl::StridesType>(n);
+  in.pos = pos;
+  TensorImpl tokens(ScalarType::Long, 2, in.token_sizes, in.tokens.data(), in.token_dim_order, in.token_strides);
+  TensorImpl position(ScalarType::Long, 1, in.pos_sizes, &in.pos, in.pos_dim_order, in.pos_strides);
+  Error err = method.set_input(EValue(executorch::aten::Tensor(&tokens)), 0);
+  if (err != Error::Ok)
+    fail("set_input of " + std::to_string(n) + " token(s) failed " + when + ": " + error_name(err) + runtime_said() +
+         (n > 1 ? " (is the token input's length dynamic?)" : ""));
+  err = method.set_input(EValue(executorch::aten::Tensor(&position)), 1);
+  if (err != Error::Ok) fail("set_input of input_pos failed " + when + ": " + error_name(err) + runtime_said());
+  err = method.execute();
+  if (err != Error::Ok) fail("execution failed " + when + ": " + error_name(err) + runtime_said());
+  EventTracer* target = tracer.target();
+  EventTracerEntry marker = target->start_profiling(prefill ? "sme2farm::llm_prefill" : "sme2farm::llm_decode",
+                                                    static_cast<ChainID>(n), static_cast<DebugHandle>(pos));
+  marker.start_time = ticks0;
+  target->end_profiling(marker);
+  return ms_since(t0);
+}
+
+// One generation: prefill `prompt` tokens, then decode `decode` tokens one at a time.
+// Returns (prefill ms, decode ms).
+std::pair<double, double> llm_generate(Method& method, RoutingTracer& tracer, LlmInputs& in, long prompt, long decode,
+                                       const std::string& when) {
+  double prefill = llm_call(method, tracer, in, prompt, 0, true, "in the prefill of " + when);
+  double decoding = 0;
+  for (long i = 0; i < decode; ++i)
+    decoding += llm_call(method, tracer, in, 1, prompt + i, false,
+                         "decoding token " + std::to_string(i) + " of " + when);
+  return {prefill, decoding};
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -634,8 +844,10 @@ int main(int argc, char** argv) {
     planned_spans.emplace_back(planned_buffers.back().data(), planned_buffers.back().size());
   }
   HierarchicalAllocator planned_memory({planned_spans.data(), planned_spans.size()});
-  MallocMemoryAllocator method_allocator, temp_allocator;
+  CountingAllocator method_allocator, temp_allocator;
   MemoryManager memory_manager(&method_allocator, &planned_memory, &temp_allocator);
+  MemoryFigures memory{-1, {}, &method_allocator, &temp_allocator};
+  for (const auto& b : planned_buffers) memory.planned.push_back(b.size());
 
   ETDumpGen etdump, warmup_etdump;
   RoutingTracer tracer(&etdump);
@@ -650,10 +862,48 @@ int main(int argc, char** argv) {
     fail("cannot load method '" + opt.method_name + "': " + error_name(method.error()) + runtime_said());
   }
 
-  Inputs inputs;
-  set_inputs(*method, opt.method_name, opt.inputs_file.empty() ? nullptr : &file_inputs, inputs);
+  memory.peak_rss_after_load = peak_rss_bytes();
 
-  if (opt.warmup > 0) {
+  const bool llm = opt.llm_prompt != -1;
+  LlmInputs llm_inputs;
+  if (llm) {
+    long max_tokens = llm_max_tokens(*meta, opt.method_name);
+    if (opt.llm_prompt > max_tokens)
+      fail("a prompt of " + std::to_string(opt.llm_prompt) + " tokens is longer than the " +
+           std::to_string(max_tokens) + " tokens method '" + opt.method_name + "' takes in one call");
+    long cache = llm_cache_len(*program);
+    if (cache > 0 && opt.llm_prompt + opt.llm_decode > cache)
+      fail("decoding " + std::to_string(opt.llm_decode) + " tokens after a prompt of " +
+           std::to_string(opt.llm_prompt) + " runs past the cache: the program holds " + std::to_string(cache) +
+           " positions (prompt + decode must be at most that)");
+    llm_inputs.tokens.assign(static_cast<size_t>(opt.llm_prompt), 1);
+    std::printf("LLM mode: prompt %ld tokens, decode %ld tokens, at most %ld tokens per call, cache %s\n",
+                opt.llm_prompt, opt.llm_decode, max_tokens,
+                cache > 0 ? (std::to_string(cache) + " positions").c_str() : "length not declared");
+    if (opt.warmup > 0) {
+      tracer.route_to(&warmup_etdump);
+      for (long i = 0; i < opt.warmup; ++i) {
+        auto [p, d] = llm_generate(*method, tracer, llm_inputs, opt.llm_prompt, opt.llm_decode,
+                                   "warm-up " + std::to_string(i));
+        std::printf("Warm-up %ld of %ld: %f ms\n", i + 1, opt.warmup, p + d);
+      }
+      tracer.route_to(&etdump);
+    }
+    double total_ms = 0;
+    for (long i = 0; i < opt.num_executions; ++i) {
+      auto [p, d] = llm_generate(*method, tracer, llm_inputs, opt.llm_prompt, opt.llm_decode,
+                                 "execution " + std::to_string(i));
+      total_ms += p + d;
+      std::printf("Iteration %ld of %ld: %f ms (prefill %ld tokens %f ms, decode %ld tokens %f ms)\n", i + 1,
+                  opt.num_executions, p + d, opt.llm_prompt, p, opt.llm_decode, d);
+    }
+    std::printf("Model executed successfully %ld time(s) in %f ms.\n", opt.num_executions, total_ms);
+  }
+
+  Inputs inputs;
+  if (!llm) set_inputs(*method, opt.method_name, opt.inputs_file.empty() ? nullptr : &file_inputs, inputs);
+
+  if (!llm && opt.warmup > 0) {
     tracer.route_to(&warmup_etdump);
     for (long i = 0; i < opt.warmup; ++i) {
       reset_inputs(*method, inputs, "before warm-up " + std::to_string(i));
@@ -666,7 +916,7 @@ int main(int argc, char** argv) {
   }
 
   double total_ms = 0;
-  for (long i = 0; i < opt.num_executions; ++i) {
+  for (long i = 0; i < (llm ? 0 : opt.num_executions); ++i) {
     reset_inputs(*method, inputs, "before execution " + std::to_string(i));
     auto t0 = std::chrono::steady_clock::now();
     Error err = method->execute();
@@ -675,7 +925,7 @@ int main(int argc, char** argv) {
     total_ms += ms;
     std::printf("Iteration %ld of %ld: %f ms\n", i + 1, opt.num_executions, ms);
   }
-  std::printf("Model executed successfully %ld time(s) in %f ms.\n", opt.num_executions, total_ms);
+  if (!llm) std::printf("Model executed successfully %ld time(s) in %f ms.\n", opt.num_executions, total_ms);
   if (opt.print_output) print_outputs(*method);
   if (!opt.outputs_file.empty()) write_outputs(*method, opt.outputs_file);
 
@@ -690,6 +940,7 @@ int main(int argc, char** argv) {
     if (!ok) fail("short write of ETDump to '" + opt.etdump_path + "'");
     std::printf("ETDump written to %s (%zu bytes)\n", opt.etdump_path.c_str(), result.size);
   }
+  if (!opt.memory_file.empty()) write_memory(memory, opt.memory_file);
   std::fflush(stdout);
   return 0;
 }
