@@ -11,7 +11,7 @@ PORT ?= 8000
 DATA_DIR ?=
 FARM_ARGS := --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
-.PHONY: setup emulator demo up test bench clean
+.PHONY: setup emulator demo up test bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ bench: setup
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/runners.py
+
+# docs/configuration.md from the settings classes (tests/test_docs.py fails when it is stale)
+docs: setup
+	$(BIN)/python -m sme2farm.farm.configdoc
 
 clean:
 	rm -rf $(VENV) .farm runners/build
