@@ -313,6 +313,6 @@ class AndroidDriver(Driver):
         after["reading"] = self.health(serial)
         status = after["reading"].get("thermal_status")
         if st and st.thermal_status is not None and status is not None and status > st.thermal_status:
-            # MEASUREMENT.md: a thermal status that rose during the session makes it suspect.
+            # docs/design.md, "Measurement": a thermal status that rose during the session makes it suspect.
             after["suspect"] = f"thermal status rose from {st.thermal_status} to {status} during the run"
         return after

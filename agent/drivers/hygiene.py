@@ -135,7 +135,7 @@ def parse_pmset_batt(text: str) -> dict[str, Any]:
 
 @dataclass
 class GateConfig:
-    """Limits for a timed session (MEASUREMENT.md) and how long to wait for a device to cool down."""
+    """Limits for a timed session (docs/design.md, "Measurement") and how long to wait for a device to cool down."""
 
     enabled: bool = True
     max_thermal_status: int = 0          # Android: NONE
