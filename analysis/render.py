@@ -1,5 +1,5 @@
 """Renderers: Markdown, CSV, Chrome/Perfetto trace JSON, and the terminal table; and the words
-every surface (CLI, Markdown/HTML report, offline analyze) uses for the facts of issue 13: kernel
+every surface (CLI, Markdown/HTML report, offline analyze) uses for what the runs establish: kernel
 paths and SME2 coverage, emulated runs and comparisons (no speed claim), the arms' numerics."""
 
 from __future__ import annotations
@@ -128,6 +128,54 @@ def narrative_lines(c: dict) -> list[str]:
     return [line for line in c.get("narrative") or [] if line not in told]
 
 
+def _bytes(n) -> str:
+    if n is None:
+        return "—"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def memory_line(memory: dict | None) -> str | None:
+    """The runner's memory figures in one line; None when the run recorded none."""
+    if not memory:
+        return None
+    after = memory.get("peak_rss_after_load_bytes")
+    line = f"peak RSS {_bytes(memory.get('peak_rss_bytes'))}" + (f" ({_bytes(after)} after loading)" if after else "")
+    if memory.get("runtime_allocated_bytes") is not None:
+        line += (f"; runtime allocated {_bytes(memory['runtime_allocated_bytes'])} (planned "
+                 f"{_bytes(memory.get('planned_bytes'))}, method allocator {_bytes(memory.get('method_allocator_bytes'))}, "
+                 f"temp peak {_bytes(memory.get('temp_allocator_peak_bytes'))}; a delegate's own buffers only in RSS)")
+    return line
+
+
+def _interval(v: dict | None, unit: str, digits: int) -> str:
+    if not v or v.get("median") is None:
+        return "—"
+    ci = f" (95% CI {v['ci_low']:.{digits}f}–{v['ci_high']:.{digits}f})" if v.get("ci_low") is not None else ""
+    return f"{v['median']:.{digits}f} {unit}{ci}"
+
+
+def llm_lines(llm: dict | None) -> list[str]:
+    """An LLM run's phases in a few lines: TTFT, prefill and decode tokens/s with intervals, and
+    where each phase's time goes."""
+    if not llm:
+        return []
+    out = [f"prompt {llm.get('prompt')} tokens, decode {llm.get('decode')} tokens, {llm.get('iterations')} generation(s)",
+           f"time to first token {_interval(llm.get('ttft_ms'), 'ms', 3)}",
+           f"prefill {_interval(llm.get('prefill_tokens_per_s'), 'tokens/s', 1)}",
+           f"decode {_interval(llm.get('decode_tokens_per_s'), 'tokens/s', 1)}"]
+    cats = llm.get("categories") or {}
+    for phase, label in (("prefill", "prefill categories (ms per prefill)"),
+                         ("decode", "decode categories (ms per token)")):
+        c = cats.get(phase)
+        if c:
+            out.append(f"{label}: " + ", ".join(f"{k} {c['ms'][k]:.3f} ({100 * c['share'][k]:.0f}%)"
+                                                for k in CATEGORIES))
+    return out
+
+
 def to_markdown(report: dict, comparison: dict | None = None) -> str:
     e = report["e2e_ms"]
     out = ["# ExecuTorch profile", ""]
@@ -145,6 +193,10 @@ def to_markdown(report: dict, comparison: dict | None = None) -> str:
     ld = report.get("load_ms") or {}
     out.append(f"Load: `Program::load_method` {_ms(ld.get('load_method'))} ms, "
                f"`Method::init` {_ms(ld.get('init'))} ms (not part of E2E).")
+    if memory_line(report.get("memory")):
+        out += ["", f"Memory: {memory_line(report.get('memory'))}."]
+    if report.get("llm"):
+        out += ["", "## LLM phases", ""] + [f"- {line}" for line in llm_lines(report["llm"])]
     out += ["", "## Categories (mean per iteration)", "", "| category | ms | share of E2E |", "|---|---|---|"]
     for c in CATEGORIES:
         out.append(f"| {c} | {_ms(report['categories_ms'][c])} | {_pct(report['category_share'][c])} |")
@@ -295,6 +347,12 @@ def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> 
                      f"outliers {e['outliers']}")
     ld = report.get("load_ms") or {}
     lines.append(f"  load_method {_ms(ld.get('load_method'))} ms   init {_ms(ld.get('init'))} ms")
+    if memory_line(report.get("memory")):
+        lines.append(f"  memory: {memory_line(report.get('memory'))}")
+    if report.get("llm"):
+        lines.append("")
+        lines.append("LLM phases")
+        lines += [f"  {line}" for line in llm_lines(report["llm"])]
     lines.append("")
     lines.append("Categories (mean ms per iteration)")
     for c in CATEGORIES:

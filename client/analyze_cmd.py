@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _not_a_trace(data: bytes, path: str) -> str | None:
-    """A program given where a trace is wanted, told as such (it used to fail on hex bytes): the
+    """A program given where a trace is wanted, told as such (not as unreadable trace bytes): the
     flatbuffer file identifier at bytes 4-8 is ET.. for a .pte, BP.. for a bundled program."""
     ident = data[4:8]
     if ident[:2] == b"ET":

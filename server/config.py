@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     @classmethod
     def _admin_token_unguessable(cls, token: SecretStr | None) -> SecretStr | None:
         # Failed authentications are limited per token and per address, but a valid token is
-        # never refused for its address's failures (issue 15): a bad-token flood from one address
+        # never refused for its address's failures: a bad-token flood from one address
         # may go on looking tokens up. Generated tokens are 256 random bits; a chosen one must be
         # long enough that being looked up at any speed tells an attacker nothing.
         if token is not None and len(token.get_secret_value()) < MIN_ADMIN_TOKEN_CHARS:

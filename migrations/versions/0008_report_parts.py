@@ -1,7 +1,7 @@
 """run_results: the parts of a run's analysis that GET /experiments/{id} shows, stored apart as
 JSON text (report_head: e2e_ms and load_ms; operators_json; kernels_json), so a report is read
 without the database parsing every run's whole analysis (its per-iteration samples are most of
-it). Rows stored before this have them NULL and are read from the analysis as before.
+it). Rows stored before this revision have them NULL and are read from the whole analysis.
 
 Revision ID: 0008
 Revises: 0007
