@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sme2farm.server.store.artifacts import allocate
+
 log = logging.getLogger("sme2farm.supervisor")
 
 PR_SET_PDEATHSIG = 1
@@ -247,8 +249,6 @@ def _write_status(path: Path, body: bytes) -> None:
     and `path.spare`, trade places. The body goes into the spare, padded with spaces (JSON allows
     trailing white space); the current file keeps its blocks under a second name while the spare
     takes its place, then becomes the spare. Renames and links need no data blocks."""
-    from sme2farm.server.store.artifacts import allocate
-
     if len(body) > STATUS_BYTES:
         raise OSError(errno.EFBIG, f"status of {len(body)} bytes is over {STATUS_BYTES}")
     spare, old = path.with_name(path.name + ".spare"), path.with_name(path.name + ".old")

@@ -50,7 +50,7 @@ def test_an_unusable_data_dir_is_one_line(tmp_path):
 
 
 def test_port_and_data_dir_checks_pass_a_free_port_and_a_new_dir(tmp_path):
-    from sme2farm.farm.cli import data_dir_problem, port_problem
+    from sme2farm.farm.preflight import data_dir_problem, port_problem
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,13 +63,13 @@ def test_port_and_data_dir_checks_pass_a_free_port_and_a_new_dir(tmp_path):
 
 
 def test_a_missing_compiler_is_named(monkeypatch, tmp_path):
-    from sme2farm.farm import cli as farm
+    from sme2farm.farm import preflight
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on it
     monkeypatch.delenv("CXX", raising=False)
-    assert farm._compiler() is None
+    assert preflight.compiler() is None
     monkeypatch.setenv("CXX", sys.executable)  # any executable named by $CXX counts
-    assert farm._compiler() == sys.executable
+    assert preflight.compiler() == sys.executable
 
 
 def test_make_demo_passes_port_and_data_dir():
