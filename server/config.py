@@ -28,7 +28,9 @@ class Settings(BaseSettings):
         description="Bootstrap admin API token (else read or created in <data_dir>/token); at least 32 characters "
                     "of random text, e.g. `openssl rand -hex 32`",
     )
-    max_upload_mb: int = Field(default=512, description="Largest accepted .pte upload")
+    max_upload_mb: int = Field(
+        default=512, description="Largest accepted model upload, .pte or .bpte (streamed; 413 past it)",
+    )
     max_inputs_mb: int = Field(default=64, description="Largest accepted inputs upload (.npz), and largest total size of its arrays once unpacked")
     max_artifact_mb: int = Field(default=1024, description="Largest accepted ETDump/log upload from an agent")
     agent_concurrency: int = Field(default=2, ge=0, description="Agent-protocol requests (start, heartbeat, upload, finish, register) worked on at once per server process; the rest wait their turn, so users' requests are not queued behind a fleet's (bench/scale.py, 2,000 runs on 2 cores: no limit: list p99 2.2 s; 8: 236 ms; 3: 157 ms; 2: 82 ms, at the same throughput). 0: no limit")
@@ -51,7 +53,8 @@ class Settings(BaseSettings):
     device_lost_s: float = Field(
         default=300.0, gt=0,
         description="A device offline longer than this is lost: the reaper ends its queued runs unschedulable, naming "
-                    "the device and since when it is offline, and new submissions leave it out (saying so)",
+                    "the device and since when it is offline, and new submissions leave it out (saying so). For "
+                    "a silent agent's devices it counts from when the agent was last heard",
     )
     max_attempts: int = Field(default=3, description="A run whose lease expires is requeued up to this many attempts")
     # Counted from when the ingest task begins (time queued behind other ingests does not
@@ -108,7 +111,9 @@ class Settings(BaseSettings):
     public_url: str | None = Field(default=None, description="This farm's URL as people reach it: links in alerts (sme2-farm up sets it to its own)")
     suite_tick_s: float = Field(default=60.0, gt=0, description="How often the beat starts the suites that are due")
     webhook_attempts: int = Field(default=6, ge=1, le=20, description="Deliveries tried per alert before it is marked failed")
-    webhook_backoff_s: float = Field(default=5.0, ge=0, description="Wait before the first retry of a webhook, doubling each time")
+    webhook_backoff_s: float = Field(
+        default=5.0, ge=0, description="Wait before the first retry of a webhook, doubling each time, at most 10 minutes",
+    )
     webhook_timeout_s: float = Field(default=5.0, gt=0, description="Longest a webhook POST may take")
     metrics_public: bool = Field(default=False, description="Serve /metrics without a token (a scraper on a trusted network)")
     # Set by `sme2-farm up` for its children: where its supervisor writes each child's state (/ready reads it).
