@@ -112,7 +112,8 @@ class Settings(BaseSettings):
     suite_tick_s: float = Field(default=60.0, gt=0, description="How often the beat starts the suites that are due")
     webhook_attempts: int = Field(default=6, ge=1, le=20, description="Deliveries tried per alert before it is marked failed")
     webhook_backoff_s: float = Field(
-        default=5.0, ge=0, description="Wait before the first retry of a webhook, doubling each time, at most 10 minutes",
+        default=5.0, ge=0,
+        description="Wait before the first retry of a webhook, doubling each time, at most 10 minutes",
     )
     webhook_timeout_s: float = Field(default=5.0, gt=0, description="Longest a webhook POST may take")
     metrics_public: bool = Field(default=False, description="Serve /metrics without a token (a scraper on a trusted network)")
