@@ -165,3 +165,20 @@ def test_the_folder_table_names_every_folder_and_package_and_only_modules_that_e
     missing = [f"{folder}{name}" for folder, what in rows.items()
                for name in re.findall(r"`([\w.]+\.(?:py|cpp))`", what) if not (ROOT / folder / name).exists()]
     assert not missing, f"the README's folder table names modules that do not exist: {missing}"
+
+
+PACKAGE_FOLDERS = ("sme2farm", "farm", "server", "worker", "agent", "client", "analysis", "runners", "migrations")
+ENV_READ = re.compile(r"""(?:environ\.get\(|environ\[|getenv\()\s*["'](SME2_[A-Z0-9_]+)["']""")
+
+
+def test_every_sme2_variable_the_code_reads_is_on_the_configuration_page_once():
+    documented = [env for section in configdoc.SECTIONS for name, field in section.cls.model_fields.items()
+                  for env in configdoc.env_names(section.cls, name, field)]
+    others = [var.name for var in configdoc.OTHER_VARIABLES]
+    assert not set(documented) & set(others), "listed both in a settings class and as read outside one"
+    assert len(others) == len(set(others))
+    read = {name for folder in PACKAGE_FOLDERS for path in (ROOT / folder).rglob("*.py")
+            for name in ENV_READ.findall(path.read_text(encoding="utf-8"))}
+    assert read, "the scan found no environment reads at all"
+    undocumented = read - set(documented) - set(others)
+    assert not undocumented, f"read from the environment but not in docs/configuration.md: {sorted(undocumented)}"
