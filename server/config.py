@@ -138,10 +138,6 @@ class Settings(BaseSettings):
     def models_dir(self) -> Path:
         return self.data_dir / "models"
 
-    @property
-    def artifacts_dir(self) -> Path:
-        return self.data_dir / "artifacts"
-
 
 MIN_ADMIN_TOKEN_CHARS = 32
 

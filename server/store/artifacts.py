@@ -94,13 +94,6 @@ class Store:
     def keep_inputs(self, tmp: Path, sha256: str) -> Path:
         return self._keep(tmp, self.inputs_path(sha256))
 
-    def write_temp(self, data: bytes) -> tuple[Path, str, int]:
-        """Bytes into a temp file beside the uploads; returns (path, sha256, size)."""
-        fd, name = tempfile.mkstemp(dir=self.tmp, suffix=".part")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return Path(name), hashlib.sha256(data).hexdigest(), len(data)
-
     def keep_artifact(self, tmp: Path, run_id: int, name: str) -> Path:
         dest = self.artifact_path(run_id, name)
         dest.parent.mkdir(parents=True, exist_ok=True)
