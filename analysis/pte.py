@@ -4,7 +4,10 @@ each ExecutionPlan declares) through a bounds-checked flatbuffer reader; no flat
 Schema: ``executorch/schema/program.fbs`` (file identifier ET12)::
 
     Program{version, execution_plan:[ExecutionPlan], ...}
-    ExecutionPlan{name:string, container_meta_type, values:[EValue], inputs:[int], outputs:[int], ...}
+    Program{version, execution_plan, constant_buffer:[Buffer], backend_delegate_data:[BackendDelegateInlineData],
+            segments:[DataSegment], constant_segment:SubsegmentOffsets, mutable_data_segments, named_data}
+    ExecutionPlan{name:string, container_meta_type, values:[EValue], inputs:[int], outputs:[int], chains,
+                  operators, delegates:[BackendDelegate], non_const_buffer_sizes:[int64], ...}
     EValue{val:KernelTypes}   (union: Null, Int, Bool, Double, Tensor, String, lists)
     Tensor{scalar_type:byte, storage_offset, sizes:[int], dim_order, requires_grad, data_buffer_idx,
            allocation_info, layout, shape_dynamism:byte, extra_tensor_info}
@@ -23,7 +26,8 @@ from typing import Iterator
 
 from .flatbuffer import Flat, Table
 
-__all__ = ["PteError", "InputSpec", "MethodSignature", "program_methods", "program_end", "mapped",
+__all__ = ["PteError", "InputSpec", "MethodSignature", "ProgramMemory", "program_methods", "program_memory",
+           "program_end", "mapped",
            "scalar_name", "describe_scalar", "SCALAR_NAMES", "STATIC", "DYNAMIC_BOUND", "DYNAMIC_UNBOUND"]
 
 
@@ -101,6 +105,92 @@ def program_methods(buf, *, end: int | None = None) -> dict[str, MethodSignature
         outputs = tuple(_value_spec(plan, name, "output", idx, nvalues) for idx in plan.scalars(4, "outputs", "i"))
         out[name] = MethodSignature(name, inputs, outputs)
     return out
+
+
+@dataclass(frozen=True)
+class ProgramMemory:
+    """What a program asks of memory before anything runs, read from the .pte alone.
+
+    `planned`: per method, the sizes of its memory-planned buffers in bytes, one per arena (the
+    runtime allocates them when it loads the method; ExecutionPlan.non_const_buffer_sizes without
+    its reserved index 0). The data the program carries, in bytes: `constant` (constant tensors:
+    the inline constant_buffer or the constant segment), `delegate` (backend delegate blobs,
+    XNNPACK's graphs and the weights packed in them), `named_data` (data delegates look up by
+    name: XNNPACK's weights in recent exports), `mutable` (initial values of mutable buffers,
+    e.g. a KV cache). Each segment and each inline blob is counted once."""
+
+    planned: dict[str, tuple[int, ...]]
+    constant: int = 0
+    delegate: int = 0
+    named_data: int = 0
+    mutable: int = 0
+
+    @property
+    def weights(self) -> int:
+        """Every byte of data the program carries for its weights: constants, delegate blobs, named data."""
+        return self.constant + self.delegate + self.named_data
+
+    def planned_total(self, method: str) -> int | None:
+        sizes = self.planned.get(method)
+        return None if sizes is None else sum(sizes)
+
+    def to_dict(self, method: str | None = None) -> dict:
+        """JSON-ready; with `method`, the planned arenas of that method only (`planned_bytes`, `arenas`)."""
+        out: dict = {"constant_bytes": self.constant, "delegate_bytes": self.delegate,
+                     "named_data_bytes": self.named_data, "mutable_bytes": self.mutable,
+                     "weights_bytes": self.weights}
+        if method is None:
+            out["planned"] = {name: list(sizes) for name, sizes in self.planned.items()}
+        else:
+            sizes = self.planned.get(method, ())
+            out.update(method=method, arenas=list(sizes), planned_bytes=sum(sizes))
+        return out
+
+
+def program_memory(buf, *, end: int | None = None) -> ProgramMemory:
+    """The planned buffers of every method and the sizes of the data the program carries.
+    `end` as for :func:`program_methods`: segments are sized from the flatbuffer's DataSegment
+    table, never read."""
+    fb = Flat(buf, "ExecuTorch program", end, error=PteError)
+    program = fb.root()
+    # program.fbs Program: version 0, execution_plan 1, constant_buffer 2, backend_delegate_data 3,
+    # segments 4, constant_segment 5, mutable_data_segments 6, named_data 7
+    segments = [s.scalar(1, "<Q", 0, "size") for s in program.tables(4, "segments", "DataSegment")]
+
+    def segment_size(index: int, what: str) -> int:
+        if not 0 <= index < len(segments):
+            raise PteError(f"corrupt ExecuTorch program: {what} names segment {index} of {len(segments)}")
+        return segments[index]
+
+    planned: dict[str, tuple[int, ...]] = {}
+    delegate_segments: set[int] = set()
+    for plan in program.tables(1, "execution_plan", "ExecutionPlan"):
+        name = plan.string(0, "name")
+        # ExecutionPlan: name 0, ... delegates 7, non_const_buffer_sizes 8; index 0 is reserved
+        sizes = plan.scalars(8, "non_const_buffer_sizes", "q")
+        if any(s < 0 for s in sizes):
+            raise PteError(f"corrupt ExecuTorch program: method {name} plans a buffer of negative size")
+        planned[name] = tuple(sizes[1:])
+        for delegate in plan.tables(7, "delegates", "BackendDelegate"):
+            ref = delegate.table(1, "processed", "BackendDelegateDataReference")
+            if ref is not None and ref.scalar(0, "<b", 0, "location") == 1:  # DataLocation.SEGMENT
+                index = ref.scalar(1, "<I", 0, "index")
+                segment_size(index, f"method {name}'s delegate")
+                delegate_segments.add(index)
+    constant = sum(b.bytes_span(0, "storage")[1] for b in program.tables(2, "constant_buffer", "Buffer"))
+    constant_segment = program.table(5, "constant_segment", "SubsegmentOffsets")
+    if constant_segment is not None and constant_segment.vector(1, "offsets")[1]:
+        constant += segment_size(constant_segment.scalar(0, "<I", 0, "segment_index"), "the constant segment")
+    inline_delegate = sum(d.bytes_span(0, "data")[1]
+                          for d in program.tables(3, "backend_delegate_data", "BackendDelegateInlineData"))
+    mutable = {m.scalar(0, "<I", 0, "segment_index")
+               for m in program.tables(6, "mutable_data_segments", "SubsegmentOffsets") if m.vector(1, "offsets")[1]}
+    named = {n.scalar(1, "<I", 0, "segment_index") for n in program.tables(7, "named_data", "NamedData")}
+    return ProgramMemory(
+        planned, constant=constant,
+        delegate=inline_delegate + sum(segment_size(i, "a delegate") for i in delegate_segments),
+        named_data=sum(segment_size(i, "named data") for i in named),
+        mutable=sum(segment_size(i, "a mutable data segment") for i in mutable))
 
 
 def _value_spec(plan: Table, method: str, role: str, idx: int, nvalues: int) -> InputSpec:
