@@ -3,9 +3,9 @@ exchange. Run statuses and which of them are terminal, the artifact names agents
 ingest derives, the Celery task names, and every pydantic message schema.
 
 A neutral module (not under server/ or client/) so that every side imports the same
-definitions, as both ends of a request are checked against the same model. Pydantic only: it
-must stay importable on lab hosts and laptops without SQLAlchemy, Celery, FastAPI, torch or
-executorch (tests/test_packaging.py).
+definitions, as both ends of a request are checked against the same model. Pydantic and the
+analysis package (numpy) only: it must stay importable on lab hosts and laptops without
+SQLAlchemy, Celery, FastAPI, torch or executorch (tests/test_packaging.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator
+
+from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
 
 Sme2Setting = Literal["on", "off"]
 Sme2Request = Literal["on", "off", "both"]
@@ -58,6 +60,11 @@ ACTIVE = (RunStatus.assigned, RunStatus.running, RunStatus.uploading)
 # Every state a run can still leave (each has a deadline: the lease, or the ingest deadline).
 NON_TERMINAL = (RunStatus.queued, *ACTIVE, RunStatus.analyzing)
 
+
+def status_values(statuses: Iterable[RunStatus]) -> list[str]:
+    """The statuses as plain strings, for SQL (a driver binds the string, never the enum)."""
+    return [RunStatus(s).value for s in statuses]
+
 # Artifacts an agent uploads (PUT /agent/runs/{id}/artifacts/{name}), and what ingest derives.
 TRACE = "trace.etdump"
 RUNNER_LOG = "runner.log"
@@ -94,11 +101,22 @@ DEFAULT_INPUTS = "all ones (default)"
 
 
 # Every timestamp on the wire is UTC with its offset (RFC 3339, as the schema's date-time says);
+DEFAULT_SERVER_URL = "http://127.0.0.1:8000"  # where the client and the agent find the farm, unless told
+# An experiment's defaults, one definition each: ExperimentSpec's fields, the assignment an agent
+# gets (a spec stored without the field reads as its default), the client's options.
+DEFAULT_ITERATIONS = 20
+DEFAULT_WARMUP = 2
+DEFAULT_TIMEOUT_S = 600
+DEFAULT_METHOD = "forward"
+DEFAULT_POWER_PROFILE = "none"
 # SQLite hands stored times back without one.
 Timestamp = Annotated[datetime, AfterValidator(lambda t: t if t.tzinfo else t.replace(tzinfo=timezone.utc))]
 
 # Refused in every string a request carries (names, serials, labels, reasons, and keys and values
 # nested in free-form JSON): NUL (PostgreSQL cannot store it), the other C0 controls but tab,
+# The same instant written as Python's isoformat ("+00:00", not "Z"): the suite, regression and
+# device answers' timestamps.
+IsoTimestamp = Annotated[Timestamp, PlainSerializer(lambda t: t.isoformat(), return_type=str)]
 # newline and carriage return, DEL, and lone surrogates (not encodable as UTF-8).
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
@@ -177,18 +195,18 @@ class ExperimentSpec(_Strict):
 
     sme2: Sme2Request = "both"
     threads: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
-    iterations: int = Field(default=20, ge=1, le=100_000)
-    warmup: int = Field(default=2, ge=0, le=10_000)
+    iterations: int = Field(default=DEFAULT_ITERATIONS, ge=1, le=100_000)
+    warmup: int = Field(default=DEFAULT_WARMUP, ge=0, le=10_000)
     mode: Literal["timing", "trace"] = "timing"
     device: DeviceSelector | None = None
     name: str | None = Field(default=None, max_length=200)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
-    power_profile: PowerProfile = "none"
+    power_profile: PowerProfile = DEFAULT_POWER_PROFILE
     core_mask: str | None = Field(default=None, description="taskset CPU mask in hex, e.g. f0")
     sessions: int = Field(default=1, ge=1, le=20, description="Timed sessions per arm; interleaved off/on/on/off")
-    timeout_s: int = Field(default=600, ge=1, le=24 * 3600)
-    method: str = Field(default="forward", description="The program method to run (a .bpte's test suite of that name gives the inputs)")
-    min_effect: float = Field(default=0.02, ge=0.0, le=0.5,
+    timeout_s: int = Field(default=DEFAULT_TIMEOUT_S, ge=1, le=24 * 3600)
+    method: str = Field(default=DEFAULT_METHOD, description="The program method to run (a .bpte's test suite of that name gives the inputs)")
+    min_effect: float = Field(default=DEFAULT_MIN_EFFECT, ge=0.0, le=0.5,
                               description="The smallest difference a verdict may claim (0.02: 2%); smaller differences are reported, never claimed")
 
     @field_validator("method")
@@ -326,11 +344,11 @@ class RunAssignment(BaseModel):
     iterations: int
     warmup: int
     mode: Literal["timing", "trace"]
-    power_profile: PowerProfile = "none"
+    power_profile: PowerProfile = DEFAULT_POWER_PROFILE
     core_mask: str | None = None
-    timeout_s: int = 600
+    timeout_s: int = DEFAULT_TIMEOUT_S
     attempt: int = 1
-    method: str = "forward"
+    method: str = DEFAULT_METHOD
     # The SME2IN01 inputs container to feed (GET /agent/inputs/{sha256}); None: all ones.
     inputs_sha256: str | None = None
     inputs_size: int | None = None
@@ -555,3 +573,237 @@ class SuiteSpec(_Strict):
         if len({m.sha256 for m in models}) != len(models):
             raise ValueError("a model is listed twice")
         return models
+
+
+# ---- read models: what GET /suites, /regressions, /devices and /comparisons answer ------------
+# Optional keys marked "only when ..." are left out of the JSON when absent (the routes answer
+# with exclude_unset), as the dashboard and clients read them.
+
+
+class SuiteModelRead(BaseModel):
+    sha256: str
+    name: str = Field(description="Display name (the sha's first 12 when none was given)")
+
+
+class SuiteDeviceRead(BaseModel):
+    selector: DeviceSelector = Field(description="Which devices the suite runs on ({}: any)")
+
+
+class SuiteRead(BaseModel):
+    """A suite as stored: POST/PATCH /suites answer it, GET /suites lists it."""
+
+    name: str
+    models: list[SuiteModelRead]
+    device: SuiteDeviceRead
+    sme2: Sme2Request
+    threads: list[int]
+    iterations: int
+    warmup: int
+    sessions: int
+    schedule: str = Field(description="cron, 5 fields, UTC")
+    thresholds: SuiteThresholds
+    canary: bool
+    webhook: str | None = Field(description="scheme and host only (its path may hold a secret); None: no webhook")
+    paused: bool
+    next_run_at: IsoTimestamp | None
+    last_run_at: IsoTimestamp | None
+    created_at: IsoTimestamp | None
+    warnings: list[str] | None = Field(default=None, description="Only when something will not be measured (an "
+                                                                 "SME2 on arm with no SME2 device)")
+
+
+class SuiteRunRead(BaseModel):
+    id: int
+    experiment_ids: list[int]
+    triggered_at: IsoTimestamp | None
+    trigger: str = Field(description="schedule | manual")
+    status: str = Field(description="running | analyzing | complete | failed")
+    reason: str | None = Field(description="Why it failed or is incomplete")
+    finished_at: IsoTimestamp | None
+
+
+class SuiteDetail(SuiteRead):
+    """GET /suites/{name}: the suite and its runs, newest first."""
+
+    runs: list[SuiteRunRead]
+
+
+class SuiteRunStarted(BaseModel):
+    """POST /suites/{name}/run."""
+
+    suite: str
+    id: int
+    trigger: str
+    status: str
+    triggered_at: IsoTimestamp | None
+    experiment_ids: list[int]
+
+
+class SuiteDeleted(BaseModel):
+    """DELETE /suites/{name}: what went with it."""
+
+    deleted: str
+    runs: int
+    points: int
+    changes: int
+
+
+class SeriesKey(BaseModel):
+    model_sha256: str
+    model_name: str
+    device_model: str
+    sme2: Sme2Setting
+    threads: int
+
+
+class SeriesPoint(BaseModel):
+    experiment_id: int | None
+    run_ids: list[int]
+    at: IsoTimestamp | None
+    median_ms: float | None
+    low_ms: float | None = Field(description="10th percentile of the iterations (the series' spread)")
+    high_ms: float | None = Field(description="90th percentile of the iterations")
+    n_iterations: int
+    sessions: int
+    runner: str | None
+    et_version: str | None
+    device_state: dict[str, Any] | None
+    acknowledged: bool
+
+
+class SeriesChange(BaseModel):
+    id: int
+    point_index: int | None
+    experiment_id: int | None
+    baseline_experiment_id: int | None
+    direction: str = Field(description="regression | improvement")
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    status: str = Field(description="candidate | confirmed | dropped | acknowledged")
+    blamed: str = Field(description="model | device")
+    sentence: str | None
+
+
+class DetectableStep(BaseModel):
+    """The smallest step the detector would confirm on the series now (about half the time
+    within two nights); step None until the baseline has enough valid nights."""
+
+    step: float | None
+    sigma_between: float | None
+    nights: int
+    noise: str
+    note: str
+
+
+class Series(BaseModel):
+    key: SeriesKey
+    emulated: str | None = Field(description="The emulator that ran it: drawn, never judged")
+    spread: str
+    points: list[SeriesPoint]
+    changes: list[SeriesChange]
+    detectable: DetectableStep | None
+
+
+class SeriesRead(BaseModel):
+    """GET /suites/{name}/series."""
+
+    suite: str
+    series: list[Series]
+
+
+class RegressionWebhook(BaseModel):
+    state: str = Field(description="none | pending | retrying | sent | failed | cancelled")
+    attempts: int
+    last_error: str | None
+
+
+class RegressionRead(BaseModel):
+    """A change a suite's detector found: GET /regressions, POST /regressions/{id}/acknowledge."""
+
+    id: int
+    suite: str
+    key: SeriesKey
+    direction: str
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    status: str
+    blamed: str
+    detected_at: IsoTimestamp | None
+    confirmed_at: IsoTimestamp | None
+    baseline_experiment_id: int | None
+    experiment_id: int | None
+    acknowledged: bool
+    webhook: RegressionWebhook
+    sentence: str | None
+
+
+class DeviceRead(DeviceInfo):
+    """GET /devices: the device as its agent last reported it, and what the farm knows of it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    state: str
+    sme2: bool
+    agent: str = Field(description="The agent driving it")
+    current_run_id: int | None
+    last_seen: IsoTimestamp = Field(description="When its agent was last heard from")
+    runners: list[RunnerInfo] = Field(description="Its agent's runner builds for this device's platform")
+
+
+class ComparisonSide(BaseModel):
+    kind: Literal["experiment", "run"]
+    id: int
+    variant: Literal["A", "B"]
+    experiment_id: int
+    name: str | None
+    model_sha256: str | None
+    et_versions: list[str]
+    runner_builds: list[str]
+
+
+class Unmatched(BaseModel):
+    side: Literal["baseline", "candidate"]
+    device_model: str
+    sme2: str
+    threads: int
+    mode: str
+    why: str
+
+
+class ComparisonRead(BaseModel):
+    """GET /comparisons."""
+
+    baseline: ComparisonSide
+    candidate: ComparisonSide
+    comparisons: list[dict[str, Any]] = Field(
+        description="Per matched device model x SME2 x threads x mode: the pair's keys and analysis.compare's "
+                    "verdict (complete) or the reason it has none (incomplete)")
+    unmatched: list[Unmatched]
+    notes: list[str]
+
+
+# ---- agent protocol answers --------------------------------------------------------------------
+
+
+class DevicesSynced(BaseModel):
+    """PUT /agent/devices."""
+
+    devices: int = Field(description="How many devices this agent now drives")
+    refused: list[DeviceRefused]
+
+
+class ArtifactStored(BaseModel):
+    """PUT /agent/runs/{id}/artifacts/{name}."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+class FinishAnswer(BaseModel):
+    """POST /agent/runs/{id}/finish: the run's status after it."""
+
+    status: RunStatus

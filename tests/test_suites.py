@@ -94,7 +94,7 @@ def test_detection_confirms_then_alerts_and_acknowledge_resets_the_baseline(db_u
         _inject(s, suite, dev, [10.0] * 10 + [10.8])  # 8% slower on the last night: a candidate only
         assert suites.detect_series(s, suite, key) == []
         (cand,) = suites.regressions(s, include_candidates=True)
-        assert cand["status"] == "candidate" and cand["direction"] == "regression"
+        assert cand.status == "candidate" and cand.direction == "regression"
         assert suites.regressions(s) == []  # candidates are not alerts
     assert sent == []
     with tx() as s:
@@ -102,23 +102,23 @@ def test_detection_confirms_then_alerts_and_acknowledge_resets_the_baseline(db_u
         _inject(s, suite, dev, [10.8], start=datetime(2026, 11, 12, 3, tzinfo=timezone.utc), seed=1)
         alerts = suites.detect_series(s, suite, key)
         (reg,) = suites.regressions(s)
-        assert alerts == [reg["id"]] and reg["status"] == "confirmed" and reg["blamed"] == "model"
-        assert 1.06 < reg["ratio"] < 1.10 and reg["ci_low"] < reg["ratio"] < reg["ci_high"]
-        assert reg["webhook"]["state"] == "pending" and "% slower" in reg["sentence"]
-        ser = suites.series(s, suite)["series"][0]
-        assert len(ser["points"]) == 12 and ser["changes"][0]["point_index"] == 10
-    assert sent == [(TASK_ALERT_WEBHOOK, reg["id"])]  # after the commit, once
+        assert alerts == [reg.id] and reg.status == "confirmed" and reg.blamed == "model"
+        assert 1.06 < reg.ratio < 1.10 and reg.ci_low < reg.ratio < reg.ci_high
+        assert reg.webhook.state == "pending" and "% slower" in reg.sentence
+        ser = suites.series(s, suite).series[0]
+        assert len(ser.points) == 12 and ser.changes[0].point_index == 10
+    assert sent == [(TASK_ALERT_WEBHOOK, reg.id)]  # after the commit, once
     sent.clear()
     with tx() as s:
-        out = suites.acknowledge(s, reg["id"])
-        assert out["status"] == "acknowledged" and out["webhook"]["state"] == "cancelled"
+        out = suites.acknowledge(s, reg.id)
+        assert out.status == "acknowledged" and out.webhook.state == "cancelled"
         suite = suites.get(s, "nightly")
         # the new level continues: with the baseline reset there, nothing new is flagged
         _inject(s, suite, dev, [10.8] * 6, start=datetime(2026, 11, 13, 3, tzinfo=timezone.utc), seed=2)
         assert suites.detect_series(s, suite, key) == []
-        ser = suites.series(s, suite)["series"][0]
-        assert [c["status"] for c in ser["changes"]] == ["acknowledged"]
-        assert ser["points"][10]["acknowledged"]
+        ser = suites.series(s, suite).series[0]
+        assert [c.status for c in ser.changes] == ["acknowledged"]
+        assert ser.points[10].acknowledged
     assert sent == []
 
 
@@ -135,12 +135,12 @@ def test_an_emulated_series_is_recorded_but_never_judged_on_time(db_url):
         _inject(s, emulated, dev, steps, sha="c" * 64, state={"emulated": "qemu-aarch64 11.1.3 -cpu max"})
         suites.detect_series(s, suite, ("a" * 64, "Test Board", "off", 1))
         assert suites.detect_series(s, emulated, ("c" * 64, "Test Board", "off", 1)) == []
-        assert [r["suite"] for r in suites.regressions(s)] == ["nightly"]
+        assert [r.suite for r in suites.regressions(s)] == ["nightly"]
         assert suites.regressions(s, suite="emulated", include_candidates=True) == []
-        (ser,) = suites.series(s, emulated)["series"]
-        assert ser["emulated"] == "qemu-aarch64 11.1.3 -cpu max" and len(ser["points"]) == 13
-        assert ser["changes"] == [] and ser["detectable"] is None
-        assert suites.series(s, suite)["series"][0]["emulated"] is None
+        (ser,) = suites.series(s, emulated).series
+        assert ser.emulated == "qemu-aarch64 11.1.3 -cpu max" and len(ser.points) == 13
+        assert ser.changes == [] and ser.detectable is None
+        assert suites.series(s, suite).series[0].emulated is None
 
 
 def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):
@@ -164,8 +164,8 @@ def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):
         _inject(s, canary, dev, [5.0] * 10 + [5.3] * 2, seed=4)
         assert suites.detect_series(s, moved, ("c" * 64, "Test Board", "off", 1)) == []
         (reg,) = suites.regressions(s, suite="moved")
-        assert reg["status"] == "confirmed" and reg["blamed"] == "device" and "device drift" in reg["sentence"]
-        assert reg["webhook"]["state"] == "none"  # device drift is not the model's: no alert
+        assert reg.status == "confirmed" and reg.blamed == "device" and "device drift" in reg.sentence
+        assert reg.webhook.state == "none"  # device drift is not the model's: no alert
     assert sent == []
 
 
@@ -187,34 +187,34 @@ def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_u
     with tx() as s:
         assert suites.start_due(s) == []  # claimed: next_run_at moved on
         d = suites.detail(s, suites.get(s, "nightly"))
-        assert datetime.fromisoformat(d["next_run_at"]) > datetime.now(timezone.utc)
-        (run,) = d["runs"]
-        assert run["trigger"] == "schedule" and run["status"] == "running" and len(run["experiment_ids"]) == 1
+        assert d.next_run_at > datetime.now(timezone.utc)
+        (run,) = d.runs
+        assert run.trigger == "schedule" and run.status == "running" and len(run.experiment_ids) == 1
         assert suites.analyze(s, srun_id) == []  # its runs have not ended: nothing yet
     sent.clear()
     with tx() as s:  # the run ends (here: cancelled) through the one way runs end
-        (r,) = s.query(Run).filter(Run.experiment_id == run["experiment_ids"][0]).all()
+        (r,) = s.query(Run).filter(Run.experiment_id == run.experiment_ids[0]).all()
         run_service.end_run(s, r, RunStatus.cancelled, "cancelled by the test")
     assert sent == [(TASK_SUITE_ANALYZE, srun_id)]
     with tx() as s:
         assert suites.analyze(s, srun_id) == []
         assert suites.analyze(s, srun_id) == []  # once
-        (ser,) = suites.series(s, suites.get(s, "nightly"))["series"]
-        (p,) = ser["points"]
-        assert p["n_iterations"] == 0 and p["median_ms"] is None and p["device_state"]["suspect"] is True
-        assert "cancelled by the test" in p["device_state"]["reason"] and ser["changes"] == []
+        (ser,) = suites.series(s, suites.get(s, "nightly")).series
+        (p,) = ser.points
+        assert p.n_iterations == 0 and p.median_ms is None and p.device_state["suspect"] is True
+        assert "cancelled by the test" in p.device_state["reason"] and ser.changes == []
         # nothing measured: the suite run failed, and says why
-        done = suites.detail(s, suites.get(s, "nightly"))["runs"][0]
-        assert done["status"] == "failed" and "1 of 1 point(s) without samples" in done["reason"]
-        assert "cancelled by the test" in done["reason"]
+        done = suites.detail(s, suites.get(s, "nightly")).runs[0]
+        assert done.status == "failed" and "1 of 1 point(s) without samples" in done.reason
+        assert "cancelled by the test" in done.reason
     with tx() as s:  # its device is gone when it is next due: a failed suite run says why
         s.delete(s.get(type(dev), dev.id))
         suite = suites.get(s, "nightly")
         suite.next_run_at = datetime.now(timezone.utc) - timedelta(seconds=1)
         s.flush()
         assert suites.start_due(s) == []
-        last = suites.detail(s, suite)["runs"][0]
-        assert last["status"] == "failed" and "no device matches" in last["reason"]
+        last = suites.detail(s, suite).runs[0]
+        assert last.status == "failed" and "no device matches" in last.reason
 
 
 def test_two_creates_racing_on_one_name_ignoring_case_store_one_suite(db_url, monkeypatch):
@@ -229,7 +229,9 @@ def test_two_creates_racing_on_one_name_ignoring_case_store_one_suite(db_url, mo
     with tx() as s:
         _farm_rows(s)
         _suite(s)
-    monkeypatch.setattr(suites, "_name_taken", lambda session, name: None)
+    from sme2farm.server.services.suites import crud
+
+    monkeypatch.setattr(crud, "name_taken", lambda session, name: None)
     with tx() as s:
         with pytest.raises(Conflict, match="unique ignoring case"):
             suites.create(s, spec=SuiteSpec.model_validate({"name": "NIGHTLY", "models": [{"sha256": "a" * 64}]}))
@@ -275,13 +277,13 @@ def test_sme2_both_without_an_sme2_device_is_accepted_with_a_warning(db_url):
     _, tx = _tx(db_url)
     with tx() as s:
         devs = _farm_rows(s, n_devices=2)
-        both = suites.to_dict(_suite(s, name="both", sme2="both"))
-        assert both["warnings"] == [both["warnings"][0]] and "only the SME2 off series" in both["warnings"][0]
-        assert "dev0" in both["warnings"][0] and "dev1" in both["warnings"][0]
-        assert "warnings" not in suites.to_dict(_suite(s, name="off"))  # off: nothing to warn about
+        both = suites.suite_read(_suite(s, name="both", sme2="both"))
+        assert both.warnings == [both.warnings[0]] and "only the SME2 off series" in both.warnings[0]
+        assert "dev0" in both.warnings[0] and "dev1" in both.warnings[0]
+        assert "warnings" not in suites.suite_read(_suite(s, name="off")).model_fields_set  # off: nothing to warn about
         devs[1].sme2 = True  # one SME2 device among the matching ones: both arms run somewhere
         s.flush()
-        assert "warnings" not in suites.to_dict(_suite(s, name="on", sme2="on"))
+        assert "warnings" not in suites.suite_read(_suite(s, name="on", sme2="on")).model_fields_set
         with pytest.raises(Invalid, match="needs a device with SME2.*dev0"):  # a selector keeping only the non-SME2 one
             suites.create(s, spec=SuiteSpec.model_validate(
                 {"name": "on0", "models": [{"sha256": "a" * 64}], "sme2": "on", "device": {"serial": "dev0"}}))
@@ -297,12 +299,12 @@ def test_pause_resume_edit_and_delete(db_url):
         (dev,) = _farm_rows(s)
         suite = _suite(s, schedule="*/10 * * * *")
         paused = suites.update_suite(s, suite, {"paused": True})
-        assert suites.to_dict(paused)["paused"] is True and paused.next_run_at is None
+        assert suites.suite_read(paused).paused is True and paused.next_run_at is None
         assert suites.start_due(s) == []  # the tick starts nothing while paused
         suites.update_suite(s, suite, {"schedule": "0 4 * * *", "thresholds": {"min_effect": 0.05}})
         assert suite.next_run_at is None and suite.schedule == "0 4 * * *"  # still paused
         assert (suite.min_effect, suite.alpha) == (0.05, 0.0005)  # alpha kept
-        resumed = suites.to_dict(suites.update_suite(s, suite, {"paused": False}))
+        resumed = suites.suite_read(suites.update_suite(s, suite, {"paused": False})).model_dump(mode="json")
         assert resumed["paused"] is False and resumed["next_run_at"].endswith("04:00:00+00:00")
         with pytest.raises(Invalid, match="has 6 field"):
             suites.update_suite(s, suite, {"schedule": "0 0 4 * * *"})
@@ -330,7 +332,7 @@ def test_pause_resume_edit_and_delete(db_url):
         for r in s.query(Run).filter(Run.experiment_id == srun.experiments[0].experiment_id):
             run_service.end_run(s, r, RunStatus.cancelled, "cancelled by the test")
         out = suites.delete(s, suite)
-        assert out == {"deleted": "nightly", "runs": 13, "points": 12, "changes": 1}
+        assert out.model_dump() == {"deleted": "nightly", "runs": 13, "points": 12, "changes": 1}
         assert s.query(SuiteRun).count() == s.query(SuitePoint).count() == s.query(SuiteChange).count() == 0
         assert suites.get_all(s) == [] and suites.regressions(s, include_candidates=True) == []
 
@@ -344,19 +346,19 @@ def test_the_detectable_step_follows_the_noise(db_url):
         (dev,) = _farm_rows(s)
         suite = _suite(s)
         _inject(s, suite, dev, [10.0] * 3)
-        (ser,) = suites.series(s, suite)["series"]
-        assert ser["detectable"]["step"] is None and "3 of the 6 valid nights" in ser["detectable"]["note"]
+        (ser,) = suites.series(s, suite).series
+        assert ser.detectable.step is None and "3 of the 6 valid nights" in ser.detectable.note
         _inject(s, suite, dev, [10.0] * 9, start=datetime(2026, 11, 4, 3, tzinfo=timezone.utc))
-        quiet = suites.series(s, suite)["series"][0]["detectable"]
+        quiet = suites.series(s, suite).series[0].detectable
         # tight nights: the floor is min_effect (3%)
-        assert quiet["step"] == pytest.approx(0.03) and quiet["nights"] == 12 and "estimate" in quiet["note"]
+        assert quiet.step == pytest.approx(0.03) and quiet.nights == 12 and "estimate" in quiet.note
         noisy = _suite(s, name="noisy", models=[{"sha256": "c" * 64, "name": "other"}])
         levels = (10.0 * np.exp(np.random.default_rng(7).normal(0, 0.10, 12))).tolist()  # 10% night to night
         _inject(s, noisy, dev, levels, sha="c" * 64, name="other")
-        loud = suites.series(s, noisy)["series"][0]["detectable"]
-        assert 0.05 < loud["sigma_between"] < 0.2 and loud["step"] > 2.5 * loud["sigma_between"], loud
+        loud = suites.series(s, noisy).series[0].detectable
+        assert 0.05 < loud.sigma_between < 0.2 and loud.step > 2.5 * loud.sigma_between, loud
         print("detectable step, 10% noisy series:", loud)
-        assert loud["noise"] == "the series' history"
+        assert loud.noise == "the series' history"
         assert s.query(SuitePoint).count() == 24
 
 

@@ -15,8 +15,9 @@ from fastapi.responses import FileResponse
 from sqlalchemy import and_, or_, select
 
 from sme2farm.protocol import (
-    ACTIVE, AGENT_ARTIFACTS, AgentDevices, AgentRegister, AgentRegistered, Heartbeat, HeartbeatAnswer, LeaseRequest,
-    RunAssignment, RunFinish,
+    ACTIVE, AGENT_ARTIFACTS, DEFAULT_METHOD, DEFAULT_POWER_PROFILE, DEFAULT_TIMEOUT_S, AgentDevices, AgentRegister,
+    AgentRegistered, ArtifactStored, DevicesSynced, FinishAnswer, Heartbeat, HeartbeatAnswer, LeaseRequest,
+    RunAssignment, RunFinish, RunStatus, status_values,
 )
 from sme2farm.protocol import TASK_DISPATCH, TRACE
 from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
@@ -57,14 +58,14 @@ def register(body: AgentRegister, request: Request, settings: SettingsDep, _regi
                            refused=refused)
 
 
-@router.put("/devices")
-def sync_devices(body: AgentDevices, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> dict:
+@router.put("/devices", response_model=DevicesSynced)
+def sync_devices(body: AgentDevices, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> DevicesSynced:
     with tx() as session:
         agent = session.get(Agent, agent_id)
         refused = device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners,
                                       offline_s=settings.agent_offline_s)
         enqueue_after_commit(session, TASK_DISPATCH)
-    return {"devices": len(body.devices) - len(refused), "refused": refused}
+    return DevicesSynced(devices=len(body.devices) - len(refused), refused=refused)
 
 
 def _assignments(tx, agent_id: int, waiter: ClaimWaiter) -> list[RunAssignment]:
@@ -86,9 +87,9 @@ def _assignments(tx, agent_id: int, waiter: ClaimWaiter) -> list[RunAssignment]:
                 run_id=run.id, lease_id=run.lease_id, lease_expires_at=run.lease_expires_at,
                 device_serial=device.serial, model_sha256=model.sha256, model_size=model.size,
                 sme2=run.sme2, threads=run.threads, iterations=spec["iterations"], warmup=spec["warmup"],
-                mode=run.mode, power_profile=spec.get("power_profile", "none"), core_mask=spec.get("core_mask"),
-                timeout_s=spec.get("timeout_s", 600), attempt=run.attempt,
-                method=spec.get("method", "forward"), inputs_sha256=exp.inputs_sha256, inputs_size=exp.inputs_size,
+                mode=run.mode, power_profile=spec.get("power_profile", DEFAULT_POWER_PROFILE),
+                core_mask=spec.get("core_mask"), timeout_s=spec.get("timeout_s", DEFAULT_TIMEOUT_S), attempt=run.attempt,
+                method=spec.get("method", DEFAULT_METHOD), inputs_sha256=exp.inputs_sha256, inputs_size=exp.inputs_size,
             ))
         return out
 
@@ -145,8 +146,10 @@ def heartbeat(run_id: RunId, body: Heartbeat, tx: TxDep, settings: SettingsDep, 
         return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
-@router.put("/runs/{run_id}/artifacts/{name}", responses={**CONFLICT, **NOT_FOUND}, openapi_extra=ARTIFACT_BODY_OPENAPI)
-async def upload_artifact(run_id: RunId, name: str, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep, agent_id: AgentIdDep):
+@router.put("/runs/{run_id}/artifacts/{name}", response_model=ArtifactStored, responses={**CONFLICT, **NOT_FOUND},
+            openapi_extra=ARTIFACT_BODY_OPENAPI)
+async def upload_artifact(run_id: RunId, name: str, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep,
+                          agent_id: AgentIdDep) -> ArtifactStored:
     """Raw body upload; X-Lease-Id, X-Content-SHA256 and Content-Length are checked against it."""
     if name not in AGENT_ARTIFACTS:
         raise HTTPException(422, f"artifact name must be one of {sorted(AGENT_ARTIFACTS)}")
@@ -177,7 +180,7 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
         try:
             with tx() as session:
                 run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id,
-                                      status="uploading", lease_s=settings.lease_s)
+                                      status=RunStatus.uploading, lease_s=settings.lease_s)
                 row = session.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
                 if row is None:
                     session.add(Artifact(run_id=run_id, name=name, size=size, sha256=sha))
@@ -189,12 +192,12 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
 
     async with request.app.state.agent_gate:  # the body is in: take a turn like other agent requests
         await run_in_threadpool(keep)
-    return {"name": name, "size": size, "sha256": sha}
+    return ArtifactStored(name=name, size=size, sha256=sha)
 
 
-@router.post("/runs/{run_id}/finish", responses={**CONFLICT, **NOT_FOUND})
+@router.post("/runs/{run_id}/finish", response_model=FinishAnswer, responses={**CONFLICT, **NOT_FOUND})
 def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep,
-           agent_id: AgentIdDep) -> dict:
+           agent_id: AgentIdDep) -> FinishAnswer:
     """The run ends here (failed, cancelled), or goes to analysis: ingest is sent once this commits.
     The device's next queued run is assigned in the same transaction, and the agent's waiting
     claim woken once it commits (no dispatch task in between)."""
@@ -202,12 +205,12 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
     with tx() as session:
         run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
                                  ingest_deadline_s=settings.ingest_deadline_s, lease_s=settings.lease_s)
-        status = str(run.status)
+        status = RunStatus(run.status)
         woken = session.info.get(run_service.ASSIGNED_AGENTS, ())
     if woken:
         claim_waiter(request).wake_threadsafe(woken)  # this process's claims
         wakeup.publish(settings.celery_broker_url, woken)  # and any other server process's
-    return {"status": status}
+    return FinishAnswer(status=status)
 
 
 @router.get("/models/{sha256}")
@@ -235,5 +238,5 @@ def _serves(session, agent_id: int, which) -> bool:
     """Does this agent hold (assigned, running or uploading) a run of an experiment matching `which`?"""
     return session.scalar(
         select(Run.id).join(Experiment, Run.experiment_id == Experiment.id).join(Device, Run.device_id == Device.id)
-        .where(which, Device.agent_id == agent_id, Run.status.in_([str(s) for s in ACTIVE])).limit(1)
+        .where(which, Device.agent_id == agent_id, Run.status.in_(status_values(ACTIVE))).limit(1)
     ) is not None

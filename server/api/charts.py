@@ -11,6 +11,7 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
 from sme2farm.analysis import charts
+from sme2farm.protocol import DEFAULT_MIN_EFFECT
 from sme2farm.server.api.deps import ExperimentId, SessionDep, SuiteName, UserDep
 from sme2farm.server.api.errors import INVALID, NOT_FOUND
 from sme2farm.server.services import charts as chart_service
@@ -45,17 +46,18 @@ Ref = Annotated[str, Query(min_length=1, max_length=40, description="as for GET 
 
 @router.get("/comparisons/chart.svg", response_class=Response, responses={**SVG_RESPONSE, **NOT_FOUND, **INVALID})
 def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, _user: UserDep,
-                     min_effect: Annotated[float, Query(ge=0.0, le=0.5, description="as for GET /comparisons")] = 0.02,
+                     min_effect: Annotated[float, Query(ge=0.0, le=0.5,
+                                                        description="as for GET /comparisons")] = DEFAULT_MIN_EFFECT,
                      ) -> Response:
     """GET /comparisons drawn: one forest-plot row per matched device model x SME2 x threads x mode."""
     result = comparison_service.between(session, baseline, candidate, min_effect=min_effect)
     label = (lambda c: f"{c.get('device_model')} · SME2 {c.get('sme2')} · {c.get('threads')} thr"
              + ("" if c.get("mode") == "timing" else f" · {c.get('mode')}"))
-    comparisons = result.get("comparisons") or []
+    comparisons = result.comparisons
     rows, min_effect = chart_service.forest_rows(comparisons, label=label)
     name = chart_service.side_ref
     return svg(charts.forest_plot(rows, min_effect=min_effect, empty=chart_service.empty_verdicts(comparisons, rows),
-                                  title=f"{name(result['baseline'])} → {name(result['candidate'])}: ratio and 95% interval"))
+                                  title=f"{name(result.baseline)} → {name(result.candidate)}: ratio and 95% interval"))
 
 
 
@@ -71,12 +73,12 @@ def series_chart(name: SuiteName, session: SessionDep, _user: UserDep,
     meaningful for 10 iterations, where p10..p90 is the worst sample) and the changes detected."""
     suite = suite_service.get(session, name)
     data = suite_service.series(session, suite)
-    key = {"model_sha256": model_sha256, "device_model": device_model, "sme2": sme2, "threads": threads}
-    for s in data["series"]:
-        if all(s["key"].get(k) == v for k, v in key.items()):
-            title = f"{s['key'].get('model_name') or model_sha256[:12]} · {device_model} · SME2 {sme2} · {threads} thr"
-            points = chart_service.series_chart_points(session, suite, s["key"], s["points"])
-            return svg(charts.line_chart(points, changes=s.get("changes") or [], title=title,
+    key = (model_sha256, device_model, sme2, threads)
+    for s in data.series:
+        if (s.key.model_sha256, s.key.device_model, s.key.sme2, s.key.threads) == key:
+            title = f"{s.key.model_name or model_sha256[:12]} · {device_model} · SME2 {sme2} · {threads} thr"
+            points = chart_service.series_chart_points(session, suite, s.key, s.points)
+            return svg(charts.line_chart(points, changes=[c.model_dump(mode="json") for c in s.changes], title=title,
                                          spread=chart_service.SERIES_SPREAD, y_label="median ms"))
     raise NotFound(f"suite {name} has no series for model {model_sha256[:12]}…, {device_model}, SME2 {sme2}, "
                    f"{threads} thread(s)")

@@ -3,10 +3,11 @@ mode (services/comparisons.py between)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from sme2farm.protocol import DEFAULT_MIN_EFFECT, ComparisonRead
 from sme2farm.server.api.deps import SessionDep, UserDep
 from sme2farm.server.api.errors import INVALID, NOT_FOUND
 from sme2farm.server.services import comparisons as comparison_service
@@ -15,9 +16,11 @@ router = APIRouter(tags=["comparisons"])
 Ref = Annotated[str, Query(min_length=1, max_length=40, description=comparison_service.REF_HELP)]
 
 
-@router.get("/comparisons", responses={**NOT_FOUND, **INVALID})
+@router.get("/comparisons", response_model=ComparisonRead, responses={**NOT_FOUND, **INVALID})
 def compare(baseline: Ref, candidate: Ref, session: SessionDep, _user: UserDep,
-            min_effect: Annotated[float, Query(ge=0.0, le=0.5, description="smallest difference to claim")] = 0.02) -> dict[str, Any]:
+            min_effect: Annotated[float, Query(ge=0.0, le=0.5,
+                                               description="smallest difference to claim")] = DEFAULT_MIN_EFFECT,
+            ) -> ComparisonRead:
     """Verdicts (ratio baseline/candidate: > 1 means the candidate is faster, 95% interval with the
     devices' noise models) for every device model x SME2 arm x threads x mode both sides ran;
     `unmatched` says what one side ran that the other did not, `notes` what differs (ExecuTorch

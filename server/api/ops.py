@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
 
 from sme2farm import __version__
 from sme2farm.server.api.deps import Credentials, SettingsDep, current_user
@@ -32,9 +33,25 @@ SUPERVISOR_STALE_S = 10.0  # the supervisor rewrites its status file every secon
 DISK_LOW_BYTES = 1 << 20  # below this free, /ready notes the data dir's disk as full
 
 
-@router.get("/health")
-def health() -> dict[str, str]:
-    return {"status": "ok", "version": __version__}
+class Health(BaseModel):
+    status: str = Field(description="ok: the process answers")
+    version: str
+
+
+class Readiness(BaseModel):
+    """GET /ready: every part's check; 503 when one named in `failing` is not ok."""
+
+    status: str = Field(description="ready | not ready")
+    failing: list[str]
+    checks: dict[str, dict[str, Any]] = Field(
+        description="Per part (database, beat, agents, broker, disk, supervisor...): ok and what was seen")
+    cause: str | None = Field(default=None, description="Only when the data dir's disk is full: the cause of the "
+                                                        "failing parts")
+
+
+@router.get("/health", response_model=Health)
+def health() -> Health:
+    return Health(status="ok", version=__version__)
 
 
 def _database(settings) -> dict[str, Any]:
@@ -151,8 +168,9 @@ async def _run(name: str, fn: Callable[[Any], dict], settings) -> dict[str, Any]
         return {name: {"ok": False, "detail": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}}
 
 
-@router.get("/ready", responses={503: {"description": "a part named in `failing` is not ready"}})
-async def ready(settings: SettingsDep) -> JSONResponse:
+@router.get("/ready", response_model=Readiness, response_model_exclude_unset=True,
+            responses={503: {"model": Readiness, "description": "a part named in `failing` is not ready"}})
+async def ready(settings: SettingsDep, response: Response) -> Readiness:
     checks: dict[str, Any] = {}
     parts = await asyncio.gather(_run("database", _database, settings), _run("broker", _broker, settings),
                                  _run("supervisor", _supervisor, settings), _run("disk", _disk, settings))
@@ -161,14 +179,15 @@ async def ready(settings: SettingsDep) -> JSONResponse:
     if not checks.get("database", {}).get("ok"):  # beat and agents are read from the database
         checks.setdefault("beat", {"ok": False, "detail": "unknown: the database did not answer"})
     failing = sorted(name for name, c in checks.items() if not c.get("ok"))
-    body = {"status": "not ready" if failing else "ready", "failing": failing, "checks": checks}
+    body = Readiness(status="not ready" if failing else "ready", failing=failing, checks=checks)
     if failing and checks.get("disk", {}).get("full"):
         # On the embedded default the database and broker live on that disk: the beat cannot
         # renew its lease, the broker cannot take a message. Say the cause, not only the effects.
-        body["cause"] = checks["disk"]["detail"]
-    if not failing:
-        return JSONResponse(body)
-    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+        body.cause = checks["disk"]["detail"]
+    if failing:
+        response.status_code = 503
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return body
 
 
 def _metrics_auth(request: Request, settings: SettingsDep, creds: Credentials) -> None:

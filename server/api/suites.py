@@ -7,7 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from sme2farm.protocol import SuiteSpec, SuiteThresholds
+from sme2farm.protocol import (RegressionRead, SeriesRead, SuiteDeleted, SuiteDetail, SuiteRead, SuiteRunStarted,
+                               SuiteSpec, SuiteThresholds)
 from sme2farm.server.api.deps import MAX_ID, SessionDep, SettingsDep, SuiteName, TxDep, UserDep
 from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
 from sme2farm.server.services import suites as suite_service
@@ -59,8 +60,9 @@ def _alerting_needs_admin(suite, user, what: str) -> None:
         _needs_admin(user, f"suite {suite.name!r} alerts a webhook an admin set up: to {what} it")
 
 
-@router.post("/suites", status_code=201, responses={**CONFLICT, **UNPROCESSABLE})
-def create_suite(spec: SuiteSpec, tx: TxDep, user: UserDep) -> dict[str, Any]:
+@router.post("/suites", status_code=201, response_model=SuiteRead, response_model_exclude_unset=True,
+             responses={**CONFLICT, **UNPROCESSABLE})
+def create_suite(spec: SuiteSpec, tx: TxDep, user: UserDep) -> SuiteRead:
     """A suite of stored models (by sha256), run on its cron schedule (5 fields, UTC; default
     nightly at 03:00). 409 if the name is taken (ignoring case); 422 naming a missing model, an
     invalid cron, a webhook that is not http(s), a device selector nothing matches, or sme2 'on'
@@ -69,22 +71,23 @@ def create_suite(spec: SuiteSpec, tx: TxDep, user: UserDep) -> dict[str, Any]:
     if spec.webhook and spec.webhook.strip():
         _webhook_needs_admin(user)
     with tx() as session:
-        return suite_service.to_dict(suite_service.create(session, spec=spec))
+        return suite_service.suite_read(suite_service.create(session, spec=spec))
 
 
-@router.get("/suites")
-def list_suites(session: SessionDep, _user: UserDep) -> list[dict[str, Any]]:
-    return [suite_service.to_dict(s) for s in suite_service.get_all(session)]
+@router.get("/suites", response_model=list[SuiteRead], response_model_exclude_unset=True)
+def list_suites(session: SessionDep, _user: UserDep) -> list[SuiteRead]:
+    return [suite_service.suite_read(s) for s in suite_service.get_all(session)]
 
 
-@router.get("/suites/{name}", responses=NOT_FOUND)
-def get_suite(name: SuiteName, session: SessionDep, _user: UserDep) -> dict[str, Any]:
+@router.get("/suites/{name}", response_model=SuiteDetail, response_model_exclude_unset=True, responses=NOT_FOUND)
+def get_suite(name: SuiteName, session: SessionDep, _user: UserDep) -> SuiteDetail:
     """The suite and its runs, newest first."""
     return suite_service.detail(session, suite_service.get(session, name))
 
 
-@router.patch("/suites/{name}", responses={**NOT_FOUND, **UNPROCESSABLE})
-def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep) -> dict[str, Any]:
+@router.patch("/suites/{name}", response_model=SuiteRead, response_model_exclude_unset=True,
+              responses={**NOT_FOUND, **UNPROCESSABLE})
+def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep) -> SuiteRead:
     """Change the schedule, pause or resume (paused: the schedule starts nothing; `run` still
     does), change the thresholds (the next analysis uses them), or set/remove the webhook (admin)."""
     changes = patch.model_dump(exclude_unset=True)
@@ -99,11 +102,11 @@ def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep) ->
     with tx() as session:
         suite = suite_service.get(session, name)
         _alerting_needs_admin(suite, user, "change")
-        return suite_service.to_dict(suite_service.update_suite(session, suite, changes))
+        return suite_service.suite_read(suite_service.update_suite(session, suite, changes))
 
 
-@router.delete("/suites/{name}", responses={**NOT_FOUND, **CONFLICT})
-def delete_suite(name: SuiteName, tx: TxDep, user: UserDep) -> dict[str, Any]:
+@router.delete("/suites/{name}", response_model=SuiteDeleted, responses={**NOT_FOUND, **CONFLICT})
+def delete_suite(name: SuiteName, tx: TxDep, user: UserDep) -> SuiteDeleted:
     """Delete the suite, its runs, series points and regressions (the experiments it made stay).
     409 while one of its runs is in flight: cancel that experiment or wait. A suite that alerts a
     webhook (an admin set it up) needs an admin token to delete or change (403)."""
@@ -113,37 +116,36 @@ def delete_suite(name: SuiteName, tx: TxDep, user: UserDep) -> dict[str, Any]:
         return suite_service.delete(session, suite)
 
 
-@router.post("/suites/{name}/run", status_code=201, responses={**NOT_FOUND, **UNPROCESSABLE})
-def run_suite(name: SuiteName, tx: TxDep, settings: SettingsDep, _user: UserDep) -> dict[str, Any]:
+@router.post("/suites/{name}/run", status_code=201, response_model=SuiteRunStarted,
+             responses={**NOT_FOUND, **UNPROCESSABLE})
+def run_suite(name: SuiteName, tx: TxDep, settings: SettingsDep, _user: UserDep) -> SuiteRunStarted:
     """Start the suite now (one experiment per model); its schedule is unchanged."""
     with tx() as session:
         suite = suite_service.get(session, name)
         srun = suite_service.start_run(session, suite, trigger="manual", max_runs=settings.max_runs_per_experiment)
-        return {"suite": suite.name, "id": srun.id, "trigger": srun.trigger, "status": srun.status,
-                "triggered_at": suite_service._iso(srun.triggered_at),
-                "experiment_ids": [e.experiment_id for e in srun.experiments]}
+        return suite_service.run_started(suite, srun)
 
 
-@router.get("/suites/{name}/series", responses=NOT_FOUND)
-def get_series(name: SuiteName, session: SessionDep, _user: UserDep) -> dict[str, Any]:
+@router.get("/suites/{name}/series", response_model=SeriesRead, responses=NOT_FOUND)
+def get_series(name: SuiteName, session: SessionDep, _user: UserDep) -> SeriesRead:
     """One series per model x device model x sme2 x threads: points (median and p10-p90 of the
     iterations, run ids, runner, ExecuTorch version, device state) and the changes flagged."""
     return suite_service.series(session, suite_service.get(session, name))
 
 
-@router.get("/regressions")
+@router.get("/regressions", response_model=list[RegressionRead])
 def list_regressions(session: SessionDep, _user: UserDep,
                      suite: Annotated[str | None, Query(max_length=64, description="only this suite's")] = None,
                      candidates: Annotated[bool, Query(description="also unconfirmed candidates")] = False,
-                     ) -> list[dict[str, Any]]:
+                     ) -> list[RegressionRead]:
     """Confirmed and acknowledged changes (regressions and improvements), newest first."""
     if suite is not None:
         suite_service.get(session, suite)  # 404 naming an unknown suite
     return suite_service.regressions(session, include_candidates=candidates, suite=suite)
 
 
-@router.post("/regressions/{change_id}/acknowledge", responses=NOT_FOUND)
-def acknowledge(change_id: ChangeId, tx: TxDep, _user: UserDep) -> dict[str, Any]:
+@router.post("/regressions/{change_id}/acknowledge", response_model=RegressionRead, responses=NOT_FOUND)
+def acknowledge(change_id: ChangeId, tx: TxDep, _user: UserDep) -> RegressionRead:
     """Accept the change: its first point becomes the series' baseline, and it no longer alerts."""
     with tx() as session:
         return suite_service.acknowledge(session, change_id)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from sme2farm.analysis import charts
 from sme2farm.analysis.categories import CATEGORIES
 from sme2farm.analysis.stats import pooled, trimmed_mean
+from sme2farm.protocol import ComparisonSide, RunStatus, SeriesKey, SeriesPoint
 from sme2farm.server.store.models import Experiment, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
@@ -56,7 +57,7 @@ def arms(exp: Experiment) -> list[tuple[str, list[Run]]]:
     """The experiment's arms with at least one succeeded run, in a stable order, labelled."""
     groups: dict[tuple, list[Run]] = defaultdict(list)
     for r in exp.runs:
-        if r.status == "succeeded" and r.result is not None:
+        if r.status == RunStatus.succeeded and r.result is not None:
             groups[_key(r)].append(r)
     keys = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "off"))
     varying = {i for i in range(5) if len({k[i] for k in keys}) > 1}
@@ -96,11 +97,11 @@ def comparison_label(c: dict, multi_where: bool) -> str:
     return head
 
 
-def side_ref(side: dict) -> str:
+def side_ref(side: ComparisonSide) -> str:
     """A side of GET /comparisons as it was asked for: R34, E12, or E12/B (model B of a --vs experiment)."""
-    if side.get("kind") == "run":
-        return f"R{side.get('id')}"
-    return f"E{side.get('id')}" + ("/B" if side.get("variant") == "B" else "")
+    if side.kind == "run":
+        return f"R{side.id}"
+    return f"E{side.id}" + ("/B" if side.variant == "B" else "")
 
 
 def forest_rows(comparisons: list[dict], *, label=None) -> tuple[list[dict], float | None]:
@@ -151,15 +152,15 @@ def median_interval(samples, level: float = 0.95) -> tuple[float, float] | None:
     return float(x[k - 1]), float(x[n - k])
 
 
-def series_chart_points(session: Session, suite, key: dict, points: list[dict]) -> list[dict]:
-    """The series' points with low_ms/high_ms replaced by each point's 95% interval of the median
-    (from its stored samples), for the chart; a point without one keeps no spread."""
-    stored = suite_service._series_points(session, suite.id, (key["model_sha256"], key["device_model"], key["sme2"],
-                                                                key["threads"]))
+def series_chart_points(session: Session, suite, key: SeriesKey, points: list[SeriesPoint]) -> list[dict]:
+    """The series' points (as JSON) with low_ms/high_ms replaced by each point's 95% interval of
+    the median (from its stored samples), for the chart; a point without one keeps no spread."""
+    dumped = [p.model_dump(mode="json") for p in points]
+    stored = suite_service.series_points(session, suite.id, (key.model_sha256, key.device_model, key.sme2, key.threads))
     if len(stored) != len(points):  # written while we read: draw what the JSON says
-        return points
+        return dumped
     out = []
-    for p, sp in zip(points, stored):
+    for p, sp in zip(dumped, stored):
         iv = median_interval(sp.samples) if p.get("median_ms") is not None else None
         out.append({**p, "low_ms": iv[0] if iv else None, "high_ms": iv[1] if iv else None})
     return out

@@ -20,8 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from sme2farm import analysis
 from sme2farm.analysis.numerics import not_compared
-from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
-from sme2farm.protocol import TERMINAL
+from sme2farm.protocol import DEFAULT_MIN_EFFECT, TERMINAL, ComparisonRead, RunStatus, status_values
 from sme2farm.server.store.models import Device, Experiment, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import noise as noise_service
@@ -36,8 +35,8 @@ def _runs_text(runs: list[Run]) -> str:
 def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], noise,
                  min_effect: float = DEFAULT_MIN_EFFECT, numerics: bool = True) -> dict:
     """One comparison entry of two arms (lists of runs): complete, or incomplete naming why."""
-    ok_b = [r for r in base if r.status == "succeeded" and r.result]
-    ok_c = [r for r in cand if r.status == "succeeded" and r.result]
+    ok_b = [r for r in base if r.status == RunStatus.succeeded and r.result]
+    ok_c = [r for r in cand if r.status == RunStatus.succeeded and r.result]
     if not ok_b or not ok_c:
         missing = [f"{label}: {_runs_text(rs)}" for label, rs, ok in ((labels[0], base, ok_b), (labels[1], cand, ok_c)) if not ok]
         return {"status": "incomplete", "labels": list(labels), "reason": " | ".join(missing)}
@@ -70,7 +69,7 @@ def refresh(session: Session, *, experiment_id: int) -> None:
         return
     # Cheap while runs are left (this is called each time one of the experiment's runs ends).
     if session.scalar(select(Run.id).where(Run.experiment_id == experiment_id,
-                                           Run.status.not_in([s.value for s in TERMINAL])).limit(1)) is not None:
+                                           Run.status.not_in(status_values(TERMINAL))).limit(1)) is not None:
         return
     runs = session.scalars(select(Run).where(Run.experiment_id == experiment_id).options(selectinload(Run.result))
                            .order_by(Run.id).execution_options(populate_existing=True)).all()
@@ -100,7 +99,7 @@ def refresh(session: Session, *, experiment_id: int) -> None:
         for (v, sme2), rs in arms.items():
             for r in rs:
                 # an emulator's spread is the translator's, not the device noise the model is for
-                if r.status == "succeeded" and r.result and not device_service.emulator_of(r.device_snapshot):
+                if r.status == RunStatus.succeeded and r.result and not device_service.emulator_of(r.device_snapshot):
                     same[(sme2,) if a_a else (v, sme2)].append(r.result.analysis)
         learning.append((device_id, [g for g in same.values() if len(g) >= 2]))
     exp.comparisons = comparisons
@@ -156,7 +155,8 @@ def _side(session: Session, ref: tuple[str, int, str], which: str) -> tuple[dict
     return info, runs
 
 
-def between(session: Session, baseline: str, candidate: str, min_effect: float = DEFAULT_MIN_EFFECT) -> dict:
+def between(session: Session, baseline: str, candidate: str,
+            min_effect: float = DEFAULT_MIN_EFFECT) -> ComparisonRead:
     """Compare any two experiments or runs, matched by device model, SME2 arm, threads and mode.
     Raises NotFound for an unknown id, Invalid when nothing on one side matches the other."""
     b_info, b_runs = _side(session, parse_ref(baseline, "baseline"), "baseline")
@@ -212,4 +212,4 @@ def between(session: Session, baseline: str, candidate: str, min_effect: float =
     if any(x["baseline_device"] != x["candidate_device"] for x in comparisons):
         notes.append("some pairs ran on different devices of the same model: their verdicts use the default noise "
                      "prior (a device's learned noise says nothing about how far two boards sit apart)")
-    return {"baseline": b_info, "candidate": c_info, "comparisons": comparisons, "unmatched": unmatched, "notes": notes}
+    return ComparisonRead(baseline=b_info, candidate=c_info, comparisons=comparisons, unmatched=unmatched, notes=notes)

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from sme2farm.protocol import DeviceInfo, DeviceSelector, RunnerInfo
+from sme2farm.protocol import DeviceInfo, DeviceSelector, RunnerInfo, RunStatus
 from sme2farm.server.store.models import Agent, ApiToken, Device, Run, utcnow
 from sme2farm.server.services import tokens as token_service
 
@@ -261,7 +261,7 @@ def offline_with_queued_runs(session: Session, now: datetime | None = None) -> l
     now = now or utcnow()
     rows = session.execute(
         select(Device, func.count(Run.id)).join(Run, Run.device_id == Device.id)
-        .where(Device.state == "offline", Run.status == "queued").group_by(Device.id).order_by(Device.id)
+        .where(Device.state == "offline", Run.status == RunStatus.queued.value).group_by(Device.id).order_by(Device.id)
     ).all()
     out = []
     for device, queued in rows:

@@ -148,12 +148,14 @@ def get_page(session: Session, *, page: int, page_size: int) -> tuple[list[tuple
 def status_of(states: Iterable[str]) -> str:
     """An experiment's status from the statuses its runs are in (each once is enough)."""
     states = list(states)
+    S = RunStatus
     if any(s not in TERMINAL for s in states):
-        return "queued" if all(s in ("queued", "unschedulable") for s in states) and "queued" in states else "running"
-    if all(s == "succeeded" for s in states):
-        return "succeeded"
-    if any(s == "succeeded" for s in states):
+        waiting = all(s in (S.queued, S.unschedulable) for s in states) and S.queued in states
+        return S.queued.value if waiting else S.running.value
+    if all(s == S.succeeded for s in states):
+        return S.succeeded.value
+    if any(s == S.succeeded for s in states):
         return "partial"
-    if all(s == "cancelled" for s in states):
-        return "cancelled"
-    return "failed"
+    if all(s == S.cancelled for s in states):
+        return S.cancelled.value
+    return S.failed.value

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session, joinedload
 from sqlalchemy.orm.attributes import set_committed_value
 
 from sme2farm.analysis import EtdumpError
-from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunFinish, RunStatus
+from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunFinish, RunStatus, status_values
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Agent, Device, Experiment, Run, utcnow
 from sme2farm.server.services import comparisons, suites
@@ -89,10 +89,6 @@ def require(session: Session, *, run_id: int) -> Run:
 def _locked(session: Session, run_id: int) -> Run | None:
     # FOR UPDATE on PostgreSQL; SQLite ignores it (the conditional UPDATEs in _move guard it).
     return session.scalar(select(Run).where(Run.id == run_id).with_for_update())
-
-
-def _values(statuses: Iterable[RunStatus]) -> list[str]:
-    return [s.value for s in statuses]
 
 
 def _move(session: Session, run: Run, to: RunStatus, **values: Any) -> None:
@@ -296,9 +292,9 @@ def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has
     lost = bool(body.device_state.get("device_lost"))
     if run.cancel_requested:
         end_run(session, run, S.cancelled, CANCELLED_BY_USER, device_lost=lost)
-    elif body.status == "succeeded" and not has_trace:
+    elif body.status == S.succeeded and not has_trace:
         end_run(session, run, S.failed, "the agent reported success but uploaded no ETDump", device_lost=lost)
-    elif body.status == "succeeded":
+    elif body.status == S.succeeded:
         _move(session, run, S.analyzing, ingest_attempts=0, ingest_started_at=None,
               lease_expires_at=utcnow() + timedelta(seconds=ingest_deadline_s))
         device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
@@ -466,7 +462,7 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
                           & (Run.lease_expires_at < now + timedelta(seconds=ingest_deadline_s - ingest_start_s)))
         due = due | unstarted_late
     expired = session.scalars(
-        select(Run).where(Run.status.in_(_values([*ACTIVE, S.analyzing])), due)
+        select(Run).where(Run.status.in_(status_values([*ACTIVE, S.analyzing])), due)
         .order_by(Run.id).with_for_update()
     ).all()
     touched, ended, freed = [], [], False

@@ -1,0 +1,318 @@
+"""A suite run's series points, the regression detector over each series they extend
+(analysis/regression.py, with the device's noise model and canary series), and the smallest
+step the detector would confirm now."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, selectinload
+
+from sme2farm.analysis import regression
+from sme2farm.protocol import TASK_ALERT_WEBHOOK, DetectableStep, RunStatus
+from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import noise as noise_service
+from sme2farm.server.services.suites.runs import all_ended
+from sme2farm.server.services.suites.schedule import aware
+from sme2farm.server.store.db import enqueue_after_commit
+from sme2farm.server.store.models import Device, Run, Suite, SuiteChange, SuitePoint, SuiteRun, utcnow
+
+log = logging.getLogger(__name__)
+
+CANARY_MAX_GAP = timedelta(hours=36)  # a canary point further from the model's point than this is no match
+
+
+def device_model_of(device: Device | None, snapshot: dict | None = None) -> str:
+    return device_service.device_model((device.info if device is not None else None) or snapshot,
+                                       device.platform if device is not None else "")
+
+
+def _point_rows(session: Session, srun: SuiteRun, suite: Suite) -> list[SuitePoint]:
+    """One point per model x device model x sme2 x threads of this suite run (timing runs of the
+    experiment's own model). A key whose runs all failed still gets a point without samples:
+    the detector skips it and says so."""
+    out = []
+    for link in srun.experiments:
+        runs = session.scalars(select(Run).where(Run.experiment_id == link.experiment_id, Run.mode == "timing")
+                               .options(selectinload(Run.result), selectinload(Run.device)).order_by(Run.id)).all()
+        groups: dict[tuple, list[Run]] = defaultdict(list)
+        for r in runs:
+            if getattr(r, "variant", "A") != "A":
+                continue
+            groups[(device_model_of(r.device, r.device_snapshot), r.sme2, r.threads)].append(r)
+        for (device_model, sme2, threads), rs in sorted(groups.items()):
+            ok = [r for r in rs if r.status == RunStatus.succeeded and r.result is not None]
+            samples = [list(map(float, r.result.analysis.get("iterations_ms") or [])) for r in ok]
+            samples = [s for s in samples if s]
+            flat = np.fromiter((x for s in samples for x in s), dtype=np.float64)
+            runners = sorted({(r.runner or {}).get("id", "") for r in ok} - {""})
+            versions = sorted({(r.runner or {}).get("executorch_version", "") for r in ok} - {""})
+            state: dict[str, Any] = {}
+            for r in ok:
+                for k, v in (r.device_state or {}).items():
+                    state.setdefault(k, v)
+                    if v is True:  # a flag any session raised (thermal_throttled, suspect) holds for the point
+                        state[k] = True
+            emulators = sorted({e for r in rs if (e := device_service.emulator_of(r.device_snapshot))})
+            if emulators:  # said on the point: its series is never judged on time (detect_series)
+                state["emulated"] = ", ".join(emulators)
+            if not ok:
+                state["suspect"] = True
+                state["reason"] = "; ".join(f"run {r.id} {r.status}" + (f" ({r.reason})" if r.reason else "")
+                                            for r in rs)[:500]
+            ended = [aware(r.finished_at) for r in rs if r.finished_at is not None]
+            out.append(SuitePoint(
+                suite_id=suite.id, suite_run_id=srun.id, experiment_id=link.experiment_id,
+                model_sha256=link.model_sha256, model_name=link.model_name, device_model=device_model[:256],
+                device_id=(ok or rs)[0].device_id, sme2=sme2, threads=threads, run_ids=[r.id for r in rs],
+                at=max(ended) if ended else aware(srun.triggered_at), samples=samples,
+                median_ms=float(np.median(flat)) if flat.size else None,
+                low_ms=float(np.percentile(flat, 10)) if flat.size else None,
+                high_ms=float(np.percentile(flat, 90)) if flat.size else None,
+                n_iterations=int(flat.size), sessions=len(samples), runner=", ".join(runners)[:256] or None,
+                et_version=", ".join(versions)[:128] or None, device_state=state))
+    return out
+
+
+def analyze(session: Session, suite_run_id: int) -> list[int]:
+    """Once every experiment of the suite run has ended: its points, then detection on each
+    series they extend. Returns the changes whose webhook alert was asked for. Runs once per
+    suite run (a conditional UPDATE running -> analyzing claims it)."""
+    srun = session.get(SuiteRun, suite_run_id)
+    if srun is None or srun.status != "running" or not all_ended(session, suite_run_id):
+        return []
+    took = session.execute(update(SuiteRun).where(SuiteRun.id == suite_run_id, SuiteRun.status == "running")
+                           .values(status="analyzing").execution_options(synchronize_session=False)).rowcount
+    if not took:
+        return []
+    suite = session.get(Suite, srun.suite_id)
+    session.refresh(srun)
+    points = _point_rows(session, srun, suite)
+    session.add_all(points)
+    session.flush()
+    alerts: list[int] = []
+    for p in points:
+        alerts += detect_series(session, suite, key_of(p))
+        if suite.canary:  # after detection: a step the detector is judging must not become noise first
+            _learn_noise(session, suite, p)
+    # Empty points (every run failed, was cancelled or could not run) make the run incomplete:
+    # said in its reason; none with samples is a failed suite run (`suite run --wait` exits 1).
+    empty = [p for p in points if not p.n_iterations]
+    srun.status = "failed" if points and len(empty) == len(points) or not points else "complete"
+    if empty or not points:
+        srun.reason = (f"{len(empty)} of {len(points)} point(s) without samples: " + "; ".join(
+            f"{p.model_name} on {p.device_model} (SME2 {p.sme2}, {p.threads} thread(s)): "
+            f"{(p.device_state or {}).get('reason') or 'no samples'}" for p in empty[:5])
+            + ("; ..." if len(empty) > 5 else "") if points else "no runs to measure")[:2000]
+    srun.finished_at = utcnow()
+    session.flush()
+    return alerts
+
+
+def key_of(p: SuitePoint | SuiteChange) -> tuple[str, str, str, int]:
+    return (p.model_sha256, p.device_model, p.sme2, p.threads)
+
+
+def series_points(session: Session, suite_id: int, key: tuple) -> list[SuitePoint]:
+    sha, device_model, sme2, threads = key
+    return list(session.scalars(select(SuitePoint).where(
+        SuitePoint.suite_id == suite_id, SuitePoint.model_sha256 == sha, SuitePoint.device_model == device_model,
+        SuitePoint.sme2 == sme2, SuitePoint.threads == threads).order_by(SuitePoint.at, SuitePoint.id)))
+
+
+def _learn_noise(session: Session, suite: Suite, p: SuitePoint) -> None:
+    """Consecutive canary points on one device are identical work: an A/A group for its noise
+    model. Disjoint pairs only (nights 1-2, 3-4, ...: each night counted once), never a pair the
+    detector flagged a change in (that is a step, not noise), and only this device's runs."""
+    if (p.device_state or {}).get("emulated"):
+        return  # an emulator's spread is not the device noise the model is for
+    pts = [q for q in series_points(session, suite.id, key_of(p)) if q.device_id == p.device_id and q.samples]
+    if len(pts) < 2 or pts[-1].id != p.id or len(pts) % 2:
+        return
+    if session.scalar(select(SuiteChange.id).where(SuiteChange.suite_id == suite.id, SuiteChange.point_id == p.id)
+                      .limit(1)):
+        return
+    run_ids = pts[-2].run_ids + p.run_ids
+    reports = [r.result.analysis for r in session.scalars(
+        select(Run).where(Run.id.in_(run_ids), Run.device_id == p.device_id, Run.status == RunStatus.succeeded.value)
+        .options(selectinload(Run.result)))
+        if r.result is not None]
+    if len(reports) >= 2:
+        noise_service.learn(session, p.device_id, [reports])
+
+
+def regression_point(p: SuitePoint) -> regression.Point:
+    return regression.Point(samples=p.samples or [], runner_build=p.runner, executorch_version=p.et_version,
+                            device_state=p.device_state or {}, acknowledged=p.acknowledged)
+
+
+def _canary_for(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint]) -> list[regression.Point] | None:
+    """The device's canary series aligned with the model's points: for each model point, the
+    canary point of the same device model / sme2 / threads nearest in time (within 36 h), else
+    an empty (skipped) night. None without a canary suite, or for a canary suite itself."""
+    if suite.canary:
+        return None
+    _, device_model, sme2, threads = key
+    canary_ids = select(Suite.id).where(Suite.canary.is_(True))
+    cands = list(session.scalars(select(SuitePoint).where(
+        SuitePoint.suite_id.in_(canary_ids), SuitePoint.device_model == device_model, SuitePoint.sme2 == sme2,
+        SuitePoint.threads == threads).order_by(SuitePoint.at, SuitePoint.id)))
+    if not cands:
+        return None
+    first = min((c.suite_id, c.model_sha256) for c in cands)  # one canary series: the oldest canary suite's first model
+    cands = [c for c in cands if (c.suite_id, c.model_sha256) == first]
+    times = np.array([aware(c.at).timestamp() for c in cands])
+    out, used = [], set()
+    for p in pts:
+        i = int(np.argmin(np.abs(times - aware(p.at).timestamp())))
+        if abs(times[i] - aware(p.at).timestamp()) <= CANARY_MAX_GAP.total_seconds() and i not in used:
+            used.add(i)
+            out.append(regression_point(cands[i]))
+        else:
+            out.append(regression.Point(samples=[]))
+    return out
+
+
+def _pct(r: float) -> str:
+    return f"{abs(r - 1):.1%}"
+
+
+def sentence_for(c: regression.Change, key: tuple, model_name: str, exp_id: int | None, base_id: int | None) -> str:
+    _, device_model, sme2, threads = key
+    what = f"{model_name} on {device_model} (SME2 {sme2}, {threads} thread{'s' if threads != 1 else ''})"
+    lo, hi = c.ratio_ci
+    speed = "slower" if c.direction == regression.REGRESSION else "faster"
+    s = (f"{what}: {_pct(c.ratio)} {speed} (ratio {c.ratio:.3f}, 95% interval {lo:.3f}-{hi:.3f}) "
+         f"in experiment {exp_id} against the baseline ending at experiment {base_id}")
+    if c.status == regression.CONFIRMED:
+        s += "; confirmed by the next point"
+    else:
+        s += "; a candidate until the next point" if c.dropped_at is None else "; not confirmed by the next point"
+    if c.kind == regression.DEVICE_DRIFT:
+        s += "; the device's canary moved the same way: device drift, not blamed on the model"
+    for name, label in (("runner_build", "runner build"), ("executorch_version", "ExecuTorch version")):
+        if name in c.context:
+            s += f"; compared across {label}s {c.context[name]['before']} -> {c.context[name]['after']}"
+    return s + "."
+
+
+def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
+    """Run the detector over one series and store what it flags (upsert by the change's first
+    point). Returns changes newly turned into alerts with a webhook to call (sent after commit)."""
+    pts = series_points(session, suite.id, key)
+    if not pts:
+        return []
+    if any((p.device_state or {}).get("emulated") for p in pts):
+        # An emulated device's times measure the emulator: a step in them is no regression of the
+        # model, so such a series is recorded and drawn but never judged.
+        return []
+    device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
+    # A learned model only: the default prior (10% between sessions, for verdicts on a device
+    # never measured) weighted as 20 nights would hide every step; without one the detector
+    # pools the series' own history (cautious by itself: Student's t on its degrees of freedom).
+    noise = noise_service.for_device(session, device_id)
+    noise = noise if noise.source != "default" else None
+    params = regression.DetectorParams(min_effect=suite.min_effect, alpha=suite.alpha,
+                                       flag_alpha=max(0.05, suite.alpha))
+    canary = _canary_for(session, suite, key, pts)
+    try:
+        det = regression.detect([regression_point(p) for p in pts], canary=canary, noise=noise, params=params)
+    except ValueError:  # a stored point the detector cannot read: keep the points, flag nothing, say so
+        log.exception("suite %s: detection failed on series %s", suite.name, key)
+        return []
+    existing = {c.point_id: c for c in session.scalars(select(SuiteChange).where(
+        SuiteChange.point_id.in_([p.id for p in pts])))}
+    alerts = []
+    now = utcnow()
+    for c in det.changes:
+        p = pts[c.index]
+        base = pts[c.baseline["end"]]
+        row = existing.get(p.id)
+        if row is None:
+            row = SuiteChange(suite_id=suite.id, point_id=p.id, model_sha256=p.model_sha256, model_name=p.model_name,
+                              device_model=p.device_model, sme2=p.sme2, threads=p.threads, detected_at=now,
+                              webhook_state="none", webhook_attempts=0, webhook_last_error="")
+            session.add(row)
+        was_confirmed = row.status in ("confirmed", "acknowledged") and row.confirmed_at is not None
+        row.direction, row.ratio = c.direction, float(c.ratio)
+        lo, hi = c.ratio_ci
+        row.ci_low = float(lo) if math.isfinite(lo) else None
+        row.ci_high = float(hi) if math.isfinite(hi) else None
+        row.blamed = "device" if c.kind == regression.DEVICE_DRIFT else "model"
+        row.experiment_id, row.baseline_experiment_id = p.experiment_id, base.experiment_id
+        row.detail = _jsonable(c.to_dict())
+        row.sentence = sentence_for(c, key, p.model_name, p.experiment_id, base.experiment_id)
+        if row.status != "acknowledged":
+            row.status = "acknowledged" if c.acknowledged else c.status
+        if c.status == regression.CONFIRMED and not was_confirmed:
+            row.confirmed_at = now
+        session.flush()
+        if c.is_alert and row.status == "confirmed" and row.webhook_state == "none" and suite.webhook:
+            row.webhook_state = "pending"
+            enqueue_after_commit(session, TASK_ALERT_WEBHOOK, row.id)
+            alerts.append(row.id)
+    return alerts
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+# ---- reading series and changes --------------------------------------------------------------
+
+
+def detectable_step(session: Session, suite: Suite, pts: list[SuitePoint]) -> DetectableStep:
+    """An estimate of the smallest step the detector would confirm on this series now: the
+    strict two-night test of analysis/regression.py (baseline of up to `window` valid nights
+    since the last acknowledgement, between-night sigma pooled from the device's learned noise
+    and the series' own history as detect_series does, Student's t at the suite's alpha, the
+    per-night guard, min_effect) solved for the step whose expected statistic reaches the
+    critical value: confirmed about half the time within two nights. None until the baseline
+    has min_history valid nights."""
+    params = regression.DetectorParams(min_effect=suite.min_effect, alpha=suite.alpha,
+                                       flag_alpha=max(0.05, suite.alpha))
+    lv, _ = regression.levels([regression_point(p) for p in pts], params)
+    device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
+    noise = noise_service.for_device(session, device_id)
+    prior = regression.noise_sigma(noise) if noise.source != "default" else None
+    seg = max((i for i, p in enumerate(pts) if p.acknowledged), default=0)
+    source = "the device's learned noise and the series' history" if prior is not None else "the series' history"
+    est = detectable_step_levels(lv, prior, params, seg)
+    if est is None:
+        have = int(lv.valid[seg:].sum())
+        return DetectableStep(step=None, sigma_between=None, nights=have, noise=source, note=(
+            f"not estimated yet: {have} of the {params.min_history} valid nights a baseline needs"))
+    return DetectableStep(**est, noise=source,
+                          note="estimate: a step this size is confirmed about half the time within two nights")
+
+
+def detectable_step_levels(lv: regression.Levels, prior: float | None, params: regression.DetectorParams,
+                           seg: int = 0) -> dict[str, Any] | None:
+    """detectable_step on per-night levels (bench/detectable_step.py checks it against the
+    detector): {step, sigma_between (both ratios - 1), nights}, None without a baseline."""
+    base = regression._Tester(lv, prior, params).baseline(seg, lv.y.size)
+    if base is None:
+        return None
+    idx, _, var_b, var_c, dof = base
+    s2 = float(np.mean(lv.s2[idx]))
+    var_a = regression._median_var(2) * (var_b + s2) / 2  # the two nights after the split
+    z = regression.t_quantile(params.alpha, dof) * math.sqrt(var_c + var_a)
+    guard = params.guard_z * math.sqrt(var_b + s2 + var_c)
+    step = max(math.log1p(params.min_effect), z, guard)
+    return {"step": math.expm1(step), "sigma_between": math.expm1(math.sqrt(var_b)), "nights": len(idx)}

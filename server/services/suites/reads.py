@@ -1,0 +1,140 @@
+"""What the suite routes answer: suites, their runs, series and regressions as the read models
+of the wire contract (sme2farm.protocol), and acknowledging a regression."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from urllib.parse import urlsplit
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from sme2farm.protocol import (RegressionRead, RegressionWebhook, Series, SeriesChange, SeriesKey, SeriesPoint,
+                               SeriesRead, SuiteDetail, SuiteDeviceRead, SuiteRead, SuiteRunRead, SuiteRunStarted,
+                               SuiteThresholds)
+from sme2farm.server.services.errors import NotFound
+from sme2farm.server.services.suites.detection import detect_series, detectable_step, key_of
+from sme2farm.server.services.suites.schedule import aware
+from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, SuiteRun, utcnow
+
+SPREAD = "p10-p90"  # what a point's low_ms/high_ms are: the 10th and 90th percentile of its iterations
+
+
+def redact(url: str | None) -> str | None:
+    """A webhook as read tokens see it: scheme and host. Chat webhooks (Slack, Teams) carry their
+    secret in the path; only the admin who set it needs it, and they have it."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}/…"
+
+
+def suite_read(suite: Suite) -> SuiteRead:
+    """The suite as GET /suites shows it; `warnings` only when create() found something to say."""
+    warnings = getattr(suite, "warnings", None)
+    return SuiteRead(
+        name=suite.name, models=suite.models, device=SuiteDeviceRead(selector=suite.device or {}), sme2=suite.sme2,
+        threads=suite.threads, iterations=suite.iterations, warmup=suite.warmup, sessions=suite.sessions,
+        schedule=suite.schedule, thresholds=SuiteThresholds(min_effect=suite.min_effect, alpha=suite.alpha),
+        canary=suite.canary, webhook=redact(suite.webhook), paused=suite.next_run_at is None,
+        next_run_at=aware(suite.next_run_at), last_run_at=aware(suite.last_run_at), created_at=aware(suite.created_at),
+        **({"warnings": warnings} if warnings else {}))
+
+
+def runs_of(session: Session, suite: Suite, limit: int = 100) -> list[SuiteRunRead]:
+    rows = session.scalars(select(SuiteRun).where(SuiteRun.suite_id == suite.id).order_by(SuiteRun.id.desc())
+                           .limit(limit).options(selectinload(SuiteRun.experiments)))
+    return [SuiteRunRead(id=r.id, experiment_ids=[e.experiment_id for e in r.experiments],
+                         triggered_at=aware(r.triggered_at), trigger=r.trigger, status=r.status, reason=r.reason,
+                         finished_at=aware(r.finished_at))
+            for r in rows]
+
+
+def detail(session: Session, suite: Suite) -> SuiteDetail:
+    read = suite_read(suite)
+    return SuiteDetail(**{k: getattr(read, k) for k in read.model_fields_set}, runs=runs_of(session, suite))
+
+
+def run_started(suite: Suite, srun: SuiteRun) -> SuiteRunStarted:
+    return SuiteRunStarted(suite=suite.name, id=srun.id, trigger=srun.trigger, status=srun.status,
+                           triggered_at=aware(srun.triggered_at),
+                           experiment_ids=[e.experiment_id for e in srun.experiments])
+
+
+def _change_read(c: SuiteChange, index: int | None = None) -> SeriesChange:
+    return SeriesChange(id=c.id, point_index=index, experiment_id=c.experiment_id,
+                        baseline_experiment_id=c.baseline_experiment_id, direction=c.direction, ratio=c.ratio,
+                        ci_low=c.ci_low, ci_high=c.ci_high, status=c.status, blamed=c.blamed, sentence=c.sentence)
+
+
+def _point_read(p: SuitePoint) -> SeriesPoint:
+    return SeriesPoint(experiment_id=p.experiment_id, run_ids=p.run_ids, at=aware(p.at), median_ms=p.median_ms,
+                       low_ms=p.low_ms, high_ms=p.high_ms, n_iterations=p.n_iterations, sessions=p.sessions,
+                       runner=p.runner, et_version=p.et_version, device_state=p.device_state,
+                       acknowledged=p.acknowledged)
+
+
+def series(session: Session, suite: Suite) -> SeriesRead:
+    pts = list(session.scalars(select(SuitePoint).where(SuitePoint.suite_id == suite.id)
+                               .order_by(SuitePoint.at, SuitePoint.id)))
+    by_key: dict[tuple, list[SuitePoint]] = defaultdict(list)
+    for p in pts:
+        by_key[key_of(p)].append(p)
+    changes: dict[int, SuiteChange] = {c.point_id: c for c in session.scalars(
+        select(SuiteChange).where(SuiteChange.suite_id == suite.id))}
+    out = []
+    for key, ps in sorted(by_key.items()):
+        index = {p.id: i for i, p in enumerate(ps)}
+        emulated = next(((p.device_state or {}).get("emulated") for p in reversed(ps)
+                         if (p.device_state or {}).get("emulated")), None)
+        out.append(Series(
+            key=SeriesKey(model_sha256=key[0], model_name=ps[-1].model_name, device_model=key[1], sme2=key[2],
+                          threads=key[3]),
+            emulated=emulated,  # its times are the emulator's: drawn, never judged (detect_series)
+            spread=SPREAD,
+            points=[_point_read(p) for p in ps],
+            changes=[_change_read(changes[p.id], index[p.id]) for p in ps if p.id in changes],
+            detectable=None if emulated else detectable_step(session, suite, ps),
+        ))
+    return SeriesRead(suite=suite.name, series=out)
+
+
+def regressions(session: Session, *, include_candidates: bool = False,
+                suite: str | None = None) -> list[RegressionRead]:
+    """Changes people act on (confirmed, acknowledged), newest first; candidates on request."""
+    q = select(SuiteChange, Suite.name).join(Suite, Suite.id == SuiteChange.suite_id)
+    if not include_candidates:
+        q = q.where(SuiteChange.status != "candidate")
+    if suite is not None:
+        q = q.where(Suite.name == suite)
+    return [regression_read(c, name) for c, name in session.execute(q.order_by(SuiteChange.id.desc()).limit(500))]
+
+
+def regression_read(c: SuiteChange, suite_name: str) -> RegressionRead:
+    return RegressionRead(
+        id=c.id, suite=suite_name,
+        key=SeriesKey(model_sha256=c.model_sha256, model_name=c.model_name, device_model=c.device_model,
+                      sme2=c.sme2, threads=c.threads),
+        direction=c.direction, ratio=c.ratio, ci_low=c.ci_low, ci_high=c.ci_high,
+        status=c.status, blamed=c.blamed, detected_at=aware(c.detected_at),
+        confirmed_at=aware(c.confirmed_at), baseline_experiment_id=c.baseline_experiment_id,
+        experiment_id=c.experiment_id, acknowledged=c.status == "acknowledged",
+        webhook=RegressionWebhook(state=c.webhook_state, attempts=c.webhook_attempts, last_error=c.webhook_last_error),
+        sentence=c.sentence)
+
+
+def acknowledge(session: Session, change_id: int) -> RegressionRead:
+    """Accept the change's level: its first point becomes the series' new baseline (nothing
+    before it is compared again) and the change stops alerting."""
+    row = session.get(SuiteChange, change_id)
+    if row is None:
+        raise NotFound(f"regression {change_id} not found")
+    point = session.get(SuitePoint, row.point_id)
+    row.status, row.acknowledged_at = "acknowledged", utcnow()
+    if row.webhook_state in ("pending", "retrying"):
+        row.webhook_state = "cancelled"
+    point.acknowledged = True
+    session.flush()
+    suite = session.get(Suite, row.suite_id)
+    detect_series(session, suite, key_of(row))
+    return regression_read(row, suite.name)
