@@ -1,0 +1,233 @@
+"""Thread and core scaling: how one program's latency changes with the thread count, per arm.
+
+An arm is one SME2 setting x model variant x core mask. For each arm, from the end-to-end
+iteration times of its runs at each thread count (sessions kept apart, as stats.bootstrap_ratio
+resamples them):
+- the latency at each thread count (median, 95% bootstrap interval);
+- the speedup over the smallest thread count (one thread when it was run), with an interval;
+- the parallel efficiency: speedup / (threads / base threads), with the same interval scaled;
+- where more threads stop helping: the smallest thread count whose speedup interval overlaps the
+  interval of the fastest thread count;
+- and, beside the arms, the SME2 on/off ratio at each thread count (off time / on time: above 1,
+  SME2 on is faster), so whether SME2's advantage holds as threads grow can be read off.
+Several core masks (a device's clusters) make several arms; the fastest mask and thread count
+per SME2 setting is said in words, naming the cluster when the device described its clusters.
+
+Timings an emulator produced measure the emulator, not a CPU: `scaling(..., emulator=...)` then
+gives thread counts and iteration counts only, and no speed figure of any kind.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .stats import bootstrap_ci, bootstrap_ratio, pooled
+
+__all__ = ["Point", "scaling", "cluster_of", "mask_of"]
+
+N_BOOT = 2000
+
+
+@dataclass
+class Point:
+    """The runs of one arm at one thread count: end-to-end iteration times, one list per run."""
+
+    sme2: str
+    threads: int
+    sessions: list[list[float]] = field(default_factory=list)
+    variant: str = "A"
+    core_mask: str | None = None
+
+
+def mask_of(cores) -> str:
+    """The hex CPU mask (taskset's) of a set of core numbers: [4, 5, 6, 7] -> 'f0'."""
+    return format(sum(1 << int(c) for c in cores), "x")
+
+
+def cluster_of(mask: str | None, clusters: list[dict]) -> dict | None:
+    """The cluster whose cores a mask names exactly (None: no mask, or not one cluster's)."""
+    if mask is None:
+        return None
+    value = int(mask, 16)
+    for c in clusters:
+        if value == int(mask_of(c.get("cores") or []), 16):
+            return c
+    return None
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def _interval(d: dict) -> str:
+    return f"[{d['ci_low']:.2f}, {d['ci_high']:.2f}]"
+
+
+def _arm_name(sme2: str, variant: str, mask: str | None, clusters: list[dict], variants: int) -> str:
+    name = f"SME2 {sme2}"
+    if variants > 1:
+        name = f"model {variant}, {name}"
+    if mask is not None:
+        c = cluster_of(mask, clusters)
+        name += f", cores {mask}" + (f" ({c['name']})" if c and c.get("name") else "")
+    return name
+
+
+def _overlaps(a: dict, b: dict) -> bool:
+    return a["ci_low"] <= b["ci_high"] and b["ci_low"] <= a["ci_high"]
+
+
+def _arm_view(points: dict[int, Point], seed: int) -> dict:
+    threads = sorted(points)
+    base_t = threads[0]
+    base = points[base_t]
+    rows = []
+    for t in threads:
+        p = points[t]
+        lat = bootstrap_ci(pooled(p.sessions), n_boot=N_BOOT, seed=seed)
+        sp = bootstrap_ratio(pooled(base.sessions), pooled(p.sessions), n_boot=N_BOOT, seed=seed,
+                             base_sessions=base.sessions, cand_sessions=p.sessions)
+        scale = t / base_t
+        row = {"threads": t, "runs": len(p.sessions), "n": lat["n"], "median_ms": lat["estimate"],
+               "ci_low_ms": lat["ci_low"], "ci_high_ms": lat["ci_high"], "speedup": None, "efficiency": None}
+        if sp["estimate"] is not None and sp["ci_low"] is not None:
+            row["speedup"] = {k: sp[k] for k in ("estimate", "ci_low", "ci_high")}
+            row["efficiency"] = {k: sp[k] / scale for k in ("estimate", "ci_low", "ci_high")}
+        rows.append(row)
+    measured = [r for r in rows if r["speedup"] is not None]
+    out = {"base_threads": base_t, "points": rows, "best_threads": None, "enough_threads": None}
+    if measured:
+        best = max(measured, key=lambda r: r["speedup"]["estimate"])
+        enough = next(r for r in measured if _overlaps(r["speedup"], best["speedup"]))
+        out.update(best_threads=best["threads"], enough_threads=enough["threads"])
+    return out
+
+
+def _arm_sentence(name: str, view: dict) -> str:
+    rows = {r["threads"]: r for r in view["points"]}
+    if view["best_threads"] is None:
+        return f"{name}: no latency to compare."
+    if len(rows) == 1:
+        (t, r), = rows.items()
+        return f"{name}: only {t} thread{'s' if t > 1 else ''} ran ({r['median_ms']:.3g} ms): no scaling to show."
+    best, enough, base_t = rows[view["best_threads"]], rows[view["enough_threads"]], view["base_threads"]
+    over = f"over {base_t} thread{'s' if base_t > 1 else ''}"
+    head = (f"{name}: fastest at {best['threads']} threads, {best['median_ms']:.3g} ms, "
+            f"{_x(best['speedup']['estimate'])} {_interval(best['speedup'])} {over}, "
+            f"{100 * best['efficiency']['estimate']:.0f}% parallel efficiency")
+    if best["threads"] == base_t:
+        return f"{name}: more threads do not help: {base_t} thread{'s' if base_t > 1 else ''} is fastest " \
+               f"({best['median_ms']:.3g} ms)."
+    most = max(rows)
+    if enough["threads"] < best["threads"]:
+        tail = (f"; {enough['threads']} threads are as fast within the intervals "
+                f"({_x(enough['speedup']['estimate'])} {_interval(enough['speedup'])}): more threads stop helping "
+                f"beyond {enough['threads']}.")
+    elif best["threads"] == most:
+        tail = f"; it still scales at {most} threads, the most tried."
+    else:
+        tail = f"; more threads stop helping beyond {best['threads']} ({most} is slower)."
+    return head + tail
+
+
+def _ratio_sentence(ratios: list[dict], variant: str, mask: str | None, label: str) -> str | None:
+    rows = [r for r in ratios if r["variant"] == variant and r["core_mask"] == mask and r["estimate"] is not None]
+    if not rows:
+        return None
+    parts = ", ".join(f"{_x(r['estimate'])} {_interval(r)} at {r['threads']}" for r in rows)
+    text = f"SME2 on/off{label}: off time / on time {parts} threads"
+    if len(rows) > 1:
+        lo, hi = rows[0], rows[-1]
+        if not _overlaps(lo, hi):
+            trend = "grows" if hi["estimate"] > lo["estimate"] else "shrinks"
+            text += f": SME2's advantage {trend} from {lo['threads']} to {hi['threads']} threads"
+        else:
+            text += f": SME2's advantage holds from {lo['threads']} to {hi['threads']} threads (intervals overlap)"
+    return text + "."
+
+
+def scaling(points: list[Point], *, clusters: list[dict] | None = None, emulator: str | None = None,
+            seed: int = 0) -> dict:
+    """The scaling view of one device's runs (JSON-ready). See the module docstring.
+
+    `clusters`: the device's core clusters ([{"name", "cores", "sme2"}]), offered back as masks.
+    Keys: emulated, emulator, arms [{sme2, variant, core_mask, cluster, name, base_threads,
+    best_threads, enough_threads, points [{threads, runs, n, median_ms, ci_low_ms, ci_high_ms,
+    speedup{estimate, ci_low, ci_high}, efficiency{...}}], sentence}], sme2_ratio [{variant,
+    core_mask, threads, estimate, ci_low, ci_high}], fastest [{sme2, variant, threads, core_mask,
+    cluster, median_ms, sentence}], clusters [{name, cores, mask, sme2}], sentences."""
+    clusters = [dict(c, mask=mask_of(c.get("cores") or [])) for c in clusters or []]
+    arms: dict[tuple, dict[int, Point]] = defaultdict(dict)
+    for p in points:
+        if pooled(p.sessions).size:
+            key = (p.variant, p.sme2, p.core_mask)
+            if p.threads in arms[key]:
+                arms[key][p.threads].sessions.extend(p.sessions)
+            else:
+                arms[key][p.threads] = Point(p.sme2, p.threads, list(p.sessions), p.variant, p.core_mask)
+    variants = len({k[0] for k in arms})
+    order = sorted(arms, key=lambda k: (k[0], k[1], k[2] or ""))
+    out: dict = {"emulated": emulator is not None, "emulator": emulator, "arms": [], "sme2_ratio": [],
+                 "fastest": [], "clusters": clusters, "sentences": []}
+    if emulator is not None:
+        for key in order:
+            v, sme2, mask = key
+            out["arms"].append({
+                "sme2": sme2, "variant": v, "core_mask": mask, "name": _arm_name(sme2, v, mask, clusters, variants),
+                "points": [{"threads": t, "runs": len(p.sessions), "n": int(pooled(p.sessions).size)}
+                           for t, p in sorted(arms[key].items())]})
+        out["sentences"].append(f"Emulated by {emulator}: timings under emulation measure the emulator, not a CPU, "
+                                "so there is no latency, speedup or efficiency to show for any thread count.")
+        return out
+    for key in order:
+        v, sme2, mask = key
+        name = _arm_name(sme2, v, mask, clusters, variants)
+        view = _arm_view(arms[key], seed)
+        c = cluster_of(mask, clusters)
+        arm = {"sme2": sme2, "variant": v, "core_mask": mask, "cluster": c["name"] if c else None, "name": name,
+               **view}
+        arm["sentence"] = _arm_sentence(name, view)
+        out["arms"].append(arm)
+        out["sentences"].append(arm["sentence"])
+    for (v, mask) in sorted({(k[0], k[2]) for k in arms}, key=lambda k: (k[0], k[1] or "")):
+        off, on = arms.get((v, "off", mask), {}), arms.get((v, "on", mask), {})
+        for t in sorted(set(off) & set(on)):
+            r = bootstrap_ratio(pooled(off[t].sessions), pooled(on[t].sessions), n_boot=N_BOOT, seed=seed,
+                                base_sessions=off[t].sessions, cand_sessions=on[t].sessions)
+            if r["estimate"] is not None and r["ci_low"] is not None:
+                out["sme2_ratio"].append({"variant": v, "core_mask": mask, "threads": t,
+                                          **{k: r[k] for k in ("estimate", "ci_low", "ci_high")}})
+        label = (f", model {v}" if variants > 1 else "") + (f", cores {mask}" if mask is not None else "")
+        if (s := _ratio_sentence(out["sme2_ratio"], v, mask, label)) is not None:
+            out["sentences"].append(s)
+    by_setting: dict[tuple, list[tuple[dict, dict]]] = defaultdict(list)
+    for arm in out["arms"]:
+        for row in arm["points"]:
+            if row["median_ms"] is not None:
+                by_setting[(arm["variant"], arm["sme2"])].append((arm, row))
+    for (v, sme2), cands in sorted(by_setting.items()):
+        arm, row = min(cands, key=lambda ar: ar[1]["median_ms"])
+        where = ""
+        if arm["core_mask"] is not None:
+            where = f" on cores {arm['core_mask']}" + (f" ({arm['cluster']})" if arm["cluster"] else "")
+        masks = {a["core_mask"] for a, _ in cands}
+        label = f"SME2 {sme2}" + (f", model {v}" if variants > 1 else "")
+        sentence = f"{label} is fastest at {row['threads']} thread{'s' if row['threads'] > 1 else ''}{where}: " \
+                   f"{row['median_ms']:.3g} ms" + (f" (of {len(masks)} core masks)" if len(masks) > 1 else "") + "."
+        out["fastest"].append({"sme2": sme2, "variant": v, "threads": row["threads"], "core_mask": arm["core_mask"],
+                               "cluster": arm["cluster"], "median_ms": row["median_ms"], "sentence": sentence})
+        out["sentences"].append(sentence)
+    if clusters:
+        offered = "; ".join(f"{c.get('name') or 'cluster'}: cores {_cores(c['cores'])}, --core-mask {c['mask']}"
+                            + (" (SME2)" if c.get("sme2") else "") for c in clusters)
+        out["sentences"].append(f"Clusters of this device, as core masks: {offered}.")
+    return out
+
+
+def _cores(cores) -> str:
+    cores = sorted(int(c) for c in cores)
+    if cores and cores == list(range(cores[0], cores[-1] + 1)) and len(cores) > 2:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
