@@ -34,3 +34,29 @@ def test_downgrading_the_newest_revision_keeps_experiments_and_runs(db_url):
     with session_scope(db_url) as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(Run)) == 1
         assert s.scalar(sa.select(sa.func.count()).select_from(Device)) == 0
+
+
+def test_downgrading_model_memory_keeps_models_and_experiments(db_url):
+    from alembic import command
+    from alembic.config import Config
+
+    from sme2farm.server.store.db import MIGRATIONS_DIR, session_scope
+    from sme2farm.server.store.models import Experiment, Model
+
+    with session_scope(db_url) as s:
+        s.add(Model(sha256="b" * 64, size=1, memory={"planned": {"forward": [64]}, "constant_bytes": 8}))
+        s.flush()
+        s.add(Experiment(model_sha256="b" * 64, spec={"sme2": "off"}, labels={}))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["sqlalchemy_url"] = db_url
+    command.downgrade(cfg, "0010")
+    engine = sa.create_engine(db_url)
+    with engine.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM models")).scalar() == 1
+        assert c.execute(sa.text("SELECT count(*) FROM experiments")).scalar() == 1
+        assert "memory" not in {col["name"] for col in sa.inspect(c).get_columns("models")}
+    engine.dispose()
+    command.upgrade(cfg, "head")
+    with session_scope(db_url) as s:
+        assert s.get(Model, "b" * 64).memory is None

@@ -36,6 +36,9 @@ class Model(Base):
     __tablename__ = "models"
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     size: Mapped[int] = mapped_column(BigInteger)
+    # analysis.pte.ProgramMemory.to_dict(): every method's planned arenas and the data the
+    # program carries, read at submission (migration 0011; None for programs stored before it).
+    memory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
