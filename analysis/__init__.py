@@ -21,7 +21,8 @@ from .kernels import classify_kernel, parse_kernel_log
 from .render import to_csv, to_markdown, to_perfetto, to_terminal
 from .report import analyze
 from .stats import bootstrap_ratio, latency_stats
-from .verdict import NoiseModel, Verdict, verdict
+from .noise import NoiseModel
+from .verdict import Verdict, verdict
 
 __all__ = [
     "analyze", "compare", "compare_emulated", "EtdumpError", "to_markdown", "to_csv", "to_perfetto", "to_terminal",

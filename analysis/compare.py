@@ -14,7 +14,9 @@ import numpy as np
 
 from .categories import CATEGORIES
 from .stats import latency_stats, pooled, trimmed_mean
-from .verdict import DEFAULT_MIN_EFFECT, N_BOOT, NoiseModel, as_noise_model, summarize, verdict
+from .noise import NoiseModel, as_noise_model
+from .sessions import N_BOOT, summarize
+from .verdict import DEFAULT_MIN_EFFECT, verdict
 
 N_BOOT_PARTS = 1000  # categories and operators: many verdicts per comparison, 1,000 is plenty
 

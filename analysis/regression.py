@@ -52,8 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from sme2farm.analysis.verdict import _betainc
-from sme2farm.analysis.verdict import t_quantile as _t_quantile
+from sme2farm.analysis import special
 
 REGRESSION, IMPROVEMENT = "regression", "improvement"
 CANDIDATE, CONFIRMED = "candidate", "confirmed"
@@ -246,19 +245,19 @@ def noise_sigma(noise) -> float | None:
     return s
 
 
-# --- Student's t (verdict.py's incomplete beta: no scipy in the light core) ----------------
+# --- Student's t (special.py's incomplete beta: no scipy in the light core) ----------------
 
 def t_two_sided(t: float, dof: float) -> float:
     """Two-sided p-value of Student's t (normal beyond 1000 degrees of freedom)."""
     t = abs(t)
     if dof >= 1000:
         return math.erfc(t / math.sqrt(2))
-    return _betainc(dof / 2, 0.5, dof / (dof + t * t))
+    return special.betainc(dof / 2, 0.5, dof / (dof + t * t))
 
 
 def t_quantile(p: float, dof: float) -> float:
     """x with two-sided p-value p (used only for reported intervals)."""
-    return _t_quantile(1.0 - p / 2.0, min(dof, 1e6))
+    return special.t_quantile(1.0 - p / 2.0, min(dof, 1e6))
 
 
 # --- the core ----------------------------------------------------------------------------

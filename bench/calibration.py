@@ -49,7 +49,9 @@ import numpy as np
 
 from sme2farm.analysis import analyze
 from sme2farm.analysis.stats import bootstrap_ratio
-from sme2farm.analysis.verdict import NoiseModel, plan_sessions, summarize, verdict
+from sme2farm.analysis.noise import NoiseModel
+from sme2farm.analysis.sessions import summarize
+from sme2farm.analysis.verdict import plan_sessions, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_BOOT = 500      # the old method's resamples (10,000 in compare(); its coverage barely moves at 500)

@@ -16,7 +16,8 @@ import pytest
 
 from sme2farm.analysis import NoiseModel, analyze, compare, verdict
 from sme2farm.analysis.stats import bootstrap_ratio
-from sme2farm.analysis.verdict import chi2_quantile, t_quantile, tail_quantiles
+from sme2farm.analysis.noise import tail_quantiles
+from sme2farm.analysis.special import chi2_quantile, t_quantile
 
 
 def sessions(rng, k, n=40, sigma=0.03, cv=0.02, scale=1.0, rho=0.0, states=None):

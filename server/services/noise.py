@@ -16,7 +16,7 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from sme2farm.analysis.verdict import DEFAULT_DF, DEFAULT_SIGMA_BETWEEN, NoiseModel, _merge_metric
+from sme2farm.analysis.noise import DEFAULT_DF, DEFAULT_SIGMA_BETWEEN, NoiseModel, merge_metric
 from sme2farm.server.store.models import Device
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def learn(session: Session, device_id: int | None, groups: list[list[dict]]) -> 
             pass
     # a metric (category, operator) this device has not learned yet starts from the prior too
     prior = {"sigma_between": DEFAULT_SIGMA_BETWEEN, "df": DEFAULT_DF, "within_var": 0.0, "tail": {}}
-    new = dataclasses.replace(new, metrics={k: m if k in old.metrics else _merge_metric(m, prior)
+    new = dataclasses.replace(new, metrics={k: m if k in old.metrics else merge_metric(m, prior)
                                             for k, m in new.metrics.items()})
     merged = old.merge(new)
     device.noise_model = merged.to_dict()
