@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from sme2farm.agent.config import agent_settings
 from sme2farm.protocol import (
-    AgentDevices, AgentRegister, AgentRegistered, DeviceInfo, HeartbeatAnswer, RunAssignment, RunFinish, RunnerInfo,
+    AgentDevices, AgentRegister, AgentRegistered, ArtifactStored, DeviceInfo, DevicesSynced, FinishAnswer,
+    HeartbeatAnswer, RunAssignment, RunFinish, RunnerInfo,
 )
 
 log = logging.getLogger(__name__)
@@ -55,19 +55,13 @@ def _retry_after(r: httpx.Response) -> float:
         return 0.0
 
 
-# How long an artifact upload is retried through a full disk or a server away before the run is
-# finished failed (SME2_AGENT_UPLOAD_RETRY_S): long enough for an operator to free space or a
-# restart to finish, short enough that a device does not sit held for nothing.
-UPLOAD_RETRY_S = 120.0
-
-
 class AgentApi:
     def __init__(self, server: str, token: str, *, retries: int = 8, transport: httpx.BaseTransport | None = None,
                  upload_retry_s: float | None = None):
         self.server = server.rstrip("/")
         self.retries = retries
-        self.upload_retry_s = upload_retry_s if upload_retry_s is not None else float(
-            os.environ.get("SME2_AGENT_UPLOAD_RETRY_S") or UPLOAD_RETRY_S)
+        self.upload_retry_s = (upload_retry_s if upload_retry_s is not None
+                               else agent_settings().agent_upload_retry_s)
         self.client = httpx.Client(base_url=self.server, timeout=httpx.Timeout(30.0, connect=5.0), transport=transport)
         self.client.headers["Authorization"] = f"Bearer {token}"
 
@@ -116,8 +110,9 @@ class AgentApi:
         self.client.headers["Authorization"] = f"Bearer {reg.access_token}"
         return reg
 
-    def sync_devices(self, devices: list[DeviceInfo], runners: list[RunnerInfo]) -> None:
-        self._request("PUT", "/agent/devices", json=AgentDevices(devices=devices, runners=runners).model_dump(mode="json"))
+    def sync_devices(self, devices: list[DeviceInfo], runners: list[RunnerInfo]) -> DevicesSynced:
+        body = AgentDevices(devices=devices, runners=runners).model_dump(mode="json")
+        return DevicesSynced.model_validate(self._request("PUT", "/agent/devices", json=body).json())
 
     def claim(self, wait: float) -> list[RunAssignment]:
         r = self._request("POST", "/agent/claim", params={"wait": wait}, timeout=wait + 30.0)
@@ -130,7 +125,7 @@ class AgentApi:
         r = self._request("POST", f"/agent/runs/{run_id}/heartbeat", json={"lease_id": lease_id, "status": status})
         return HeartbeatAnswer.model_validate(r.json())
 
-    def upload(self, run_id: int, lease_id: str, name: str, path: Path) -> dict[str, Any]:
+    def upload(self, run_id: int, lease_id: str, name: str, path: Path) -> ArtifactStored:
         """Retried through 5xx (a 507 full disk included), 429 and dropped connections for up to
         upload_retry_s (the run's heartbeats keep its lease meanwhile); then UploadRefused, with
         the server's reason. Any other refusal (413 too large, ...) is UploadRefused at once."""
@@ -139,8 +134,9 @@ class AgentApi:
                    "Content-Type": "application/octet-stream"}
         start = time.monotonic()
         try:
-            return self._request("PUT", f"/agent/runs/{run_id}/artifacts/{name}", content=data, headers=headers,
-                                 until=start + self.upload_retry_s).json()
+            r = self._request("PUT", f"/agent/runs/{run_id}/artifacts/{name}", content=data, headers=headers,
+                              until=start + self.upload_retry_s)
+            return ArtifactStored.model_validate(r.json())
         except httpx.HTTPStatusError as e:
             r = e.response
             what = f"the server refused {name} ({len(data)} bytes)"
@@ -152,8 +148,9 @@ class AgentApi:
             raise UploadRefused(f"the server could not be reached to upload {name} for "
                                 f"{time.monotonic() - start:.0f} s: {e or type(e).__name__}") from e
 
-    def finish(self, run_id: int, body: RunFinish) -> dict[str, Any]:
-        return self._request("POST", f"/agent/runs/{run_id}/finish", json=body.model_dump(mode="json")).json()
+    def finish(self, run_id: int, body: RunFinish) -> FinishAnswer:
+        r = self._request("POST", f"/agent/runs/{run_id}/finish", json=body.model_dump(mode="json"))
+        return FinishAnswer.model_validate(r.json())
 
     def download_model(self, sha256: str, dest: Path) -> None:
         """Stream the model to dest, verifying its sha256 before it is used."""

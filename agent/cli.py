@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 
 from sme2farm.agent import drivers as driver_registry
+from sme2farm.agent.config import agent_settings
+from sme2farm.protocol import DEFAULT_SERVER_URL
 
 
 def _drivers(args) -> list:
@@ -40,12 +41,14 @@ def cmd_run(args) -> int:
     from sme2farm.agent.loop import Agent
     from sme2farm.runners.catalog import Catalog
 
-    token = args.token or os.environ.get("SME2_AGENT_TOKEN") or os.environ.get("SME2_TOKEN")
+    settings = agent_settings()
+    token = args.token or (settings.token.get_secret_value() if settings.token else None)
     if not token:
         print("sme2-agent: a registration token is needed (--token or SME2_AGENT_TOKEN)", file=sys.stderr)
         return 2
-    agent = Agent(AgentApi(args.server, token), _drivers(args), Catalog.load(args.manifest), name=args.name,
-                  work_dir=Path(args.work_dir) if args.work_dir else None)
+    work_dir = args.work_dir or settings.agent_work_dir
+    agent = Agent(AgentApi(args.server or settings.server, token), _drivers(args), Catalog.load(args.manifest),
+                  name=args.name, work_dir=Path(work_dir) if work_dir else None)
     def terminate(*_):
         # Stop now, not after the current long-poll (up to 20 s): a supervisor waits on this.
         agent.stop.set()
@@ -67,14 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drivers", help="comma-separated: local,macos,android (default: the host driver and android)")
     p.add_argument("--adb-port", type=int, default=None, help="adb server port (default: ANDROID_ADB_SERVER_PORT or 5037)")
     p.add_argument("--manifest", default=None, help="runner manifest (default: SME2_RUNNER_MANIFEST or runners/build/manifest.json)")
-    p.add_argument("--work-dir", default=os.environ.get("SME2_AGENT_WORK_DIR"))
+    p.add_argument("--work-dir", default=None, help="where runs are staged (default: SME2_AGENT_WORK_DIR, else "
+                                                   "<temp dir>/sme2-agent)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("devices", help="list the devices this agent would serve")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_devices)
     r = sub.add_parser("run", help="register with the server and serve runs until stopped")
-    r.add_argument("--server", default=os.environ.get("SME2_SERVER", "http://127.0.0.1:8000"))
+    r.add_argument("--server", default=None, help="the farm's URL (default: SME2_SERVER, else "
+                                                  f"{DEFAULT_SERVER_URL})")
     r.add_argument("--token", default=None)
     r.add_argument("--name", default=None)
     r.set_defaults(fn=cmd_run)

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sme2farm.agent.config import agent_settings
 from sme2farm.runners.cpuinfo import HWCAP2_SME2
 
 # Suites tried in order. trixie-backports carries 11.1.3 (SME2) today; testing and unstable
@@ -74,8 +75,9 @@ class EmulatorError(Exception):
 
 
 def cache_dir() -> Path:
-    if os.environ.get("SME2_EMULATOR_DIR"):
-        return Path(os.environ["SME2_EMULATOR_DIR"])
+    configured = agent_settings().emulator_dir
+    if configured:
+        return configured
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sme2farm" / "emulator"
 

@@ -11,7 +11,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sme2farm.protocol import TERMINAL, DeviceSelector, ExperimentSpec
+from sme2farm.client.config import client_settings
+from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_WARMUP, TERMINAL,
+                               DeviceSelector, ExperimentSpec, RunStatus)
+
+MIN_EFFECT_HELP = f"default {DEFAULT_MIN_EFFECT:g}: {DEFAULT_MIN_EFFECT * 100:g}%%"  # argparse help: %% is %
 
 
 def thread_counts(text: str) -> list[int]:
@@ -47,9 +51,9 @@ def parse_selector(text: str | None) -> DeviceSelector | None:
 def _client(args):
     from sme2farm.client.api import FarmClient
 
-    server = args.server or os.environ.get("SME2_SERVER") or "http://127.0.0.1:8000"
-    token = args.token or os.environ.get("SME2_TOKEN")
-    return FarmClient(server, token)
+    settings = client_settings()
+    token = args.token or (settings.token.get_secret_value() if settings.token else None)
+    return FarmClient(args.server or settings.server, token)
 
 
 def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, timeout: float | None = None, check=None,
@@ -165,9 +169,9 @@ def outcome_code(reports) -> int:
     """The exit code for finished experiments: a failed or cancelled run is a failure; runs that
     could not be placed are told apart (3), so a script on an x86 host can accept them."""
     statuses = {r.status for rep in reports for r in rep.runs}
-    if statuses & {"failed", "cancelled"}:
+    if statuses & {RunStatus.failed, RunStatus.cancelled}:
         return EXIT_FAILED
-    return EXIT_UNSCHEDULABLE if "unschedulable" in statuses else EXIT_OK
+    return EXIT_UNSCHEDULABLE if RunStatus.unschedulable in statuses else EXIT_OK
 
 
 def print_when_done(args, client, experiment_id: int, patience) -> int:
@@ -268,8 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run an SME2 learning-path kit config (model, SME2 on/off experiments) as one experiment")
     s.add_argument("--sme2", choices=["on", "off", "both"], default="both")
     s.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,4")
-    s.add_argument("--iterations", type=int, default=20)
-    s.add_argument("--warmup", type=int, default=2)
+    s.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS)
+    s.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
     s.add_argument("--mode", choices=["timing", "trace"], default="timing")
     s.add_argument("--device", help="selector: a serial, or platform=android,tags=a+b,sme2=true")
     s.add_argument("--name", help="default: the model file's name without .pte")
@@ -279,9 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sessions", type=int, default=1, help="timed sessions per arm, interleaved off/on/on/off")
     s.add_argument("--inputs", metavar="INPUTS.npz",
                    help="representative inputs for a .pte: arrays '0','1',... in input order (a .bpte brings its own)")
-    s.add_argument("--method", default="forward", help="the program method to run (default forward)")
-    s.add_argument("--min-effect", type=float, default=0.02,
-                   help="the smallest difference a verdict may claim: a fraction, 0 <= x <= 0.5 (default 0.02: 2%%)")
+    s.add_argument("--method", default=DEFAULT_METHOD, help=f"the program method to run (default {DEFAULT_METHOD})")
+    s.add_argument("--min-effect", type=float, default=DEFAULT_MIN_EFFECT,
+                   help=f"the smallest difference a verdict may claim: a fraction, 0 <= x <= 0.5 ({MIN_EFFECT_HELP})")
     s.add_argument("--vs", metavar="B.pte",
                    help="a second model run interleaved with the first on the same devices, per SME2 arm: "
                         "the report gives the A->B verdict (the same file twice is an A/A check)")
@@ -307,8 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "matched); 2 on bad arguments.")
     cp.add_argument("baseline", help="experiment id (12, E12; E12/B: an A/B experiment's B model) or run id (R34)")
     cp.add_argument("candidate", help="the same forms; speedup > 1 means the candidate is faster")
-    cp.add_argument("--min-effect", type=float, default=0.02,
-                    help="the smallest difference to claim: a fraction, 0 <= x <= 0.5 (default 0.02: 2%%)")
+    cp.add_argument("--min-effect", type=float, default=DEFAULT_MIN_EFFECT,
+                    help=f"the smallest difference to claim: a fraction, 0 <= x <= 0.5 ({MIN_EFFECT_HELP})")
     cp.add_argument("--json", action="store_true")
     cp.set_defaults(fn=cmd_compare)
 
@@ -348,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _server_of(args) -> str:
-    return (getattr(args, "server", None) or os.environ.get("SME2_SERVER") or "http://127.0.0.1:8000").rstrip("/")
+    return (getattr(args, "server", None) or client_settings().server).rstrip("/")
 
 
 # What to do next after the server's refusal, by status: the server's words say what was wrong,

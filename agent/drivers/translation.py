@@ -36,18 +36,19 @@ plus a `Translated blocks: ...` summary line and `#` comment lines. The raw log 
 from __future__ import annotations
 
 import bisect
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from pydantic import ValidationError
+
+from sme2farm.agent.config import agent_settings
 from sme2farm.runners.elf import ElfError, function_symbols, unwind_ranges
 
 TRANSLATION_LOG_NAME = "translation.log"     # qemu's -D file in the run's work directory
 LD_DEBUG_PREFIX = "ld-debug"                 # LD_DEBUG_OUTPUT: glibc appends .<pid>
 TRANSLATION_LOG_LIMIT_ENV = "SME2_TRANSLATION_LOG_MAX_MB"
-DEFAULT_LIMIT_MB = 256
 SOURCE = "emulator translation log"
 
 _CHUNK = 1 << 20
@@ -65,13 +66,14 @@ _DTYPE = re.compile(r"^[a-z]{1,3}\d+[a-z0-9]*$")      # f32, qs8, qc8w, pf16, f3
 
 def limit_bytes() -> int:
     """The translation log's bound, from SME2_TRANSLATION_LOG_MAX_MB (MiB; default 256)."""
-    raw = os.environ.get(TRANSLATION_LOG_LIMIT_ENV, "").strip()
     try:
-        mb = float(raw) if raw else DEFAULT_LIMIT_MB
-    except ValueError:
-        raise ValueError(f"{TRANSLATION_LOG_LIMIT_ENV}={raw!r} is not a number of MiB") from None
-    if mb <= 0:
-        raise ValueError(f"{TRANSLATION_LOG_LIMIT_ENV}={raw!r} must be positive")
+        mb = agent_settings().translation_log_max_mb
+    except ValidationError as e:
+        errors = [err for err in e.errors() if "translation_log_max_mb" in err.get("loc", ())]
+        if not errors:
+            raise
+        raise ValueError(f"{TRANSLATION_LOG_LIMIT_ENV}={errors[0].get('input')!r} must be a positive number "
+                         "of MiB") from None
     return round(mb * (1 << 20))
 
 
