@@ -23,7 +23,8 @@ from typing import Callable
 import httpx
 
 from sme2farm.agent.api import AgentApi, LeaseLost, UploadRefused
-from sme2farm.agent.drivers.base import ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, OUTPUTS_NAME, Driver, Job, JobResult
+from sme2farm.agent.drivers.base import (ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, MEMORY_NAME, OUTPUTS_NAME, Driver, Job,
+                                         JobResult)
 from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish
 from sme2farm.runners.catalog import Catalog
 
@@ -113,7 +114,8 @@ class JobRunner:
         workdir = Path(tempfile.mkdtemp(prefix=f"run{a.run_id}-", dir=self.work_dir))
         job = Job(run_id=a.run_id, model_path=model, runner=build, threads=a.threads,
                   iterations=a.iterations, warmup=a.warmup, timeout_s=a.timeout_s, workdir=workdir, mode=a.mode,
-                  core_mask=a.core_mask, power_profile=a.power_profile, method=a.method, inputs_path=inputs)
+                  core_mask=a.core_mask, power_profile=a.power_profile, method=a.method, inputs_path=inputs,
+                  llm=a.llm.model_dump() if a.llm is not None else None)
         if answer.cancel:
             job.cancel.set()
         done = threading.Event()
@@ -150,7 +152,8 @@ class JobRunner:
     def _report(self, job: Job, runner, result: JobResult) -> None:
         a = self.a
         for name, path in ((LOG_NAME, result.log_path), (KERNEL_LOG_NAME, result.kernel_log_path),
-                           (OUTPUTS_NAME, result.outputs_path), (ETDUMP_NAME, result.etdump_path)):
+                           (OUTPUTS_NAME, result.outputs_path), (MEMORY_NAME, result.memory_path),
+                           (ETDUMP_NAME, result.etdump_path)):
             if path is not None and path.exists():
                 self.api.upload(a.run_id, a.lease_id, name, path)
         state = dict(result.device_state)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sme2farm.analysis.render import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
-                                      kernel_path_lines, narrative_lines, numerics_rows)
+                                      kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows)
 from sme2farm.protocol import ExperimentReport
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
@@ -59,6 +59,10 @@ def experiment_text(rep: ExperimentReport) -> str:
             e = r.e2e_ms
             out.append(f"  E2E ms{emulated}: median {_f(e.median)}  mean {_f(e.mean)}  p10 {_f(e.p10)}  p90 {_f(e.p90)}  "
                        f"CV {100 * e.cv:.1f}%  n={e.n}")
+        if memory_line(r.memory):
+            out.append(f"  memory: {memory_line(r.memory)}")
+        if r.llm:
+            out += [f"  LLM{emulated}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(llm_lines(r.llm))]
         if r.categories_ms:
             total = sum(r.categories_ms.values()) or 1.0
             out.append("  " + "  ".join(f"{c} {_f(r.categories_ms.get(c))} ({100 * r.categories_ms.get(c, 0) / total:.0f}%)"

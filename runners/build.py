@@ -106,7 +106,8 @@ def build_local(manifest: Path | None = None, force: bool = False) -> RunnerBuil
             path = str(binary)
         build = RunnerBuild(id=f"local-{plat}-sme2{sme2}-timing-{sha[:8]}", platform=plat, sme2=sme2,
                             flavour="timing", path=path, sha256=sha, executorch_version=et_version,
-                            executorch_commit=et_commit, supports_outputs=True)
+                            executorch_commit=et_commit, supports_outputs=True,
+                            supports_memory=True, supports_llm=True)
         catalog.register(build)
         catalog.save()
     return build

@@ -49,6 +49,11 @@ class RunnerBuild:
     # before it, and upstream executor_runner, cannot. Default False so a manifest written before
     # this field loads as "cannot write outputs" (numerics "not recorded"), never as a promise.
     supports_outputs: bool = False
+    # Our runner writes its memory figures with --memory_file and runs LLM prefill/decode with
+    # --llm_prompt/--llm_decode; builds made before them, and upstream executor_runner, cannot.
+    # Default False so an older manifest loads as "cannot" (memory not recorded, LLM runs refused).
+    supports_memory: bool = False
+    supports_llm: bool = False
     # How it was made, free-form (runners.cross: toolchain, wheel file and sha256, build seconds,
     # minimum glibc). Defaulted so manifests written before it load unchanged.
     provenance: dict = field(default_factory=dict)

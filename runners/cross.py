@@ -187,7 +187,7 @@ def build_platform(platform: str, manifest: Path | None = None, build_root: Path
                                 executorch_version=wheel_version(cb.et_dir) or cb.wheel.version,
                                 executorch_commit=wheel_git_commit(cb.et_dir), extra_files=files,
                                 origin=ORIGIN, env=env, loader=LOADER if plat != "linux-arm64" else "",
-                                supports_outputs=True,
+                                supports_outputs=True, supports_memory=True, supports_llm=True,
                                 provenance=dict(provenance))
                 catalog.register(b)
                 builds.append(b)

@@ -72,16 +72,19 @@ KERNEL_LOG = "kernels.log"
 # The method's outputs after the last execution (runner --outputs_file; the SME2IN01 container
 # runners/inputs.py reads): ingest checks them against the method, comparisons diff the arms.
 OUTPUTS = "outputs.bin"
+# The runner's own memory figures (runner --memory_file, JSON): peak RSS, planned buffers, the
+# runtime allocators' bytes; ingest puts them in the report's `memory`.
+MEMORY = "memory.json"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 LATENCIES_CSV = "latencies.csv"
 PERFETTO_JSON = "perfetto.json"
-AGENT_ARTIFACTS = frozenset({TRACE, RUNNER_LOG, KERNEL_LOG, OUTPUTS})
+AGENT_ARTIFACTS = frozenset({TRACE, RUNNER_LOG, KERNEL_LOG, OUTPUTS, MEMORY})
 DERIVED_ARTIFACTS = frozenset({REPORT_JSON, REPORT_MD, LATENCIES_CSV, PERFETTO_JSON})
 ARTIFACT_NAMES = AGENT_ARTIFACTS | DERIVED_ARTIFACTS
 ARTIFACT_MEDIA = {
     TRACE: "application/octet-stream", RUNNER_LOG: "text/plain", KERNEL_LOG: "text/plain",
-    OUTPUTS: "application/octet-stream",
+    OUTPUTS: "application/octet-stream", MEMORY: "application/json",
     REPORT_JSON: "application/json", REPORT_MD: "text/markdown", LATENCIES_CSV: "text/csv",
     PERFETTO_JSON: "application/json",
 }
@@ -190,6 +193,14 @@ class DeviceSelector(_Strict):
         return tags
 
 
+class LlmSpec(_Strict):
+    """LLM mode: each iteration prefills a prompt of `prompt` tokens, then decodes `decode` tokens one
+    at a time (for methods taking tokens [1, S] int64 and input_pos [1] int64)."""
+
+    prompt: int = Field(ge=1, le=1_000_000, description="Prompt length in tokens (the prefill)")
+    decode: int = Field(ge=0, le=1_000_000, description="Tokens decoded one at a time after the prompt")
+
+
 class ExperimentSpec(_Strict):
     """What the user asks for; one Run per (matching device x sme2 setting x thread count)."""
 
@@ -208,6 +219,8 @@ class ExperimentSpec(_Strict):
     method: str = Field(default=DEFAULT_METHOD, description="The program method to run (a .bpte's test suite of that name gives the inputs)")
     min_effect: float = Field(default=DEFAULT_MIN_EFFECT, ge=0.0, le=0.5,
                               description="The smallest difference a verdict may claim (0.02: 2%); smaller differences are reported, never claimed")
+    llm: LlmSpec | None = Field(default=None, description="LLM prefill/decode; None: detected from the method's "
+                                                          "signature at submission (tokens [1, S] + input_pos [1])")
 
     @field_validator("method")
     @classmethod
@@ -364,6 +377,7 @@ class Heartbeat(_Strict):
     message: RelayedText = Field(default="", max_length=2000)
 
 
+    llm: LlmSpec | None = None
 class HeartbeatAnswer(BaseModel):
     lease_expires_at: Timestamp
     cancel: bool = False
@@ -465,6 +479,13 @@ class RunReport(BaseModel):
 
 class ExperimentReport(BaseModel):
     id: int
+    memory: dict[str, Any] | None = Field(
+        default=None, description="What the runner measured: peak_rss_bytes (getrusage), runtime_allocated_bytes "
+                                  "(planned buffers + method allocator + temp allocator peak; None where the "
+                                  "runner cannot tell), planned_bytes, ...; None: not recorded (an older runner)")
+    llm: dict[str, Any] | None = Field(
+        default=None, description="LLM runs: prompt and decode lengths, prefill and decode tokens/s and time to first "
+                                  "token with intervals, categories per phase (analysis/llm.py); None otherwise")
     name: str | None = None
     status: str
     spec: ExperimentSpec

@@ -33,8 +33,8 @@ from typing import Any, Callable, Sequence
 
 from sme2farm.agent.drivers import hygiene
 from sme2farm.agent.drivers.adb import ADB_ERRORS, EXIT_MARK, Adb
-from sme2farm.agent.drivers.base import (ETDUMP_NAME, INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, OUTPUTS_NAME, Driver, DriverError,
-                                         Job, require_runner, tail)
+from sme2farm.agent.drivers.base import (ETDUMP_NAME, INPUTS_NAME, KERNEL_LOG_NAME, LOG_NAME, MEMORY_NAME, OUTPUTS_NAME,
+                                         Driver, DriverError, Job, require_runner, tail)
 from sme2farm.protocol import DeviceInfo
 from sme2farm.runners import cpuinfo
 from sme2farm.runners.catalog import sha256_file
@@ -295,7 +295,7 @@ class AndroidDriver(Driver):
     def collect(self, serial: str, job: Job) -> None:
         st = self._staged[(serial, job.run_id)]
         # pull() skips a file the runner did not write: outputs.bin exists only from builds that write it
-        for name in (ETDUMP_NAME, LOG_NAME, OUTPUTS_NAME):
+        for name in (ETDUMP_NAME, LOG_NAME, OUTPUTS_NAME, MEMORY_NAME):
             self.adb.pull(serial, f"{st.run_dir}/{name}", job.workdir / name)
         if job.mode == "trace":
             out = self.adb.checked(serial, "logcat -d -s XNNPACK", "reading the XNNPACK log")

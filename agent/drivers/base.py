@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sme2farm.agent.drivers.leftovers import PidRecords
-from sme2farm.protocol import KERNEL_LOG, OUTPUTS, RUNNER_LOG, TRACE, DeviceInfo
+from sme2farm.protocol import KERNEL_LOG, MEMORY, OUTPUTS, RUNNER_LOG, TRACE, DeviceInfo
 from sme2farm.runners.catalog import RunnerBuild
 
 
@@ -39,6 +39,8 @@ class Job:
     # Representative inputs (runners/inputs.py container, from a .bpte or an inputs upload);
     # None means all ones, as upstream.
     inputs_path: Path | None = None
+    # LLM mode: {"prompt": P, "decode": D}; each iteration prefills P tokens then decodes D.
+    llm: dict[str, int] | None = None
 
     @property
     def warmup_in_trace(self) -> int:
@@ -56,6 +58,10 @@ class Job:
             args.append(f"--method_name={self.method}")
         if self.inputs_path is not None:
             args.append(f"--inputs_file={INPUTS_NAME}")
+        if self.llm is not None:
+            args += [f"--llm_prompt={int(self.llm['prompt'])}", f"--llm_decode={int(self.llm['decode'])}"]
+        if self.runner.supports_memory:  # peak RSS and the runtime's allocations
+            args.append(f"--memory_file={MEMORY_NAME}")
         if self.runner.supports_outputs:  # the outputs of the last timed execution, for numerics
             args.append(f"--outputs_file={OUTPUTS_NAME}")
         return args + [f"--cpu_threads={self.threads}", f"--etdump_path={ETDUMP_NAME}"]
@@ -80,6 +86,7 @@ INPUTS_NAME = "inputs.bin"
 LOG_NAME = RUNNER_LOG
 KERNEL_LOG_NAME = KERNEL_LOG
 OUTPUTS_NAME = OUTPUTS
+MEMORY_NAME = MEMORY
 
 
 @dataclass
@@ -90,6 +97,7 @@ class JobResult:
     log_path: Path | None = None
     kernel_log_path: Path | None = None
     outputs_path: Path | None = None  # the runner's --outputs_file, where the build writes one
+    memory_path: Path | None = None  # the runner's --memory_file, where the build writes one
     exit_code: int | None = None
     wall_s: float | None = None
     device_state: dict[str, Any] = field(default_factory=dict)  # {"before": {...}, "after": {...}, ...}
@@ -195,6 +203,8 @@ class Driver(abc.ABC):
         else:
             result.ok, result.etdump_path = True, etdump
             result.outputs_path = outputs if outputs.is_file() else None
+            memory = job.workdir / MEMORY_NAME
+            result.memory_path = memory if memory.is_file() else None
         return result
 
 
@@ -205,6 +215,9 @@ def require_runner(job: Job, platform: str | None, trace_flavour: str = "xnnlog"
         raise DriverError(f"runner {job.runner.id} is built for {job.runner.platform}, not {platform}")
     if job.mode == "trace" and job.runner.flavour != trace_flavour:
         raise DriverError(f"trace runs need an {trace_flavour} runner build, got {job.runner.id} ({job.runner.flavour})")
+    if job.llm is not None and not job.runner.supports_llm:
+        raise DriverError(f"runner {job.runner.id} ({job.runner.origin}) has no LLM mode (prefill and decode); "
+                          "register a build of runners/runner.cpp for this platform")
     if job.inputs_path is not None and not job.runner.supports_inputs:
         raise DriverError(f"runner {job.runner.id} ({job.runner.origin}) cannot read an inputs file; "
                           "register a build of runners/runner.cpp for this platform")

@@ -90,6 +90,7 @@ def _assignments(tx, agent_id: int, waiter: ClaimWaiter) -> list[RunAssignment]:
                 mode=run.mode, power_profile=spec.get("power_profile", DEFAULT_POWER_PROFILE),
                 core_mask=spec.get("core_mask"), timeout_s=spec.get("timeout_s", DEFAULT_TIMEOUT_S), attempt=run.attempt,
                 method=spec.get("method", DEFAULT_METHOD), inputs_sha256=exp.inputs_sha256, inputs_size=exp.inputs_size,
+                llm=spec.get("llm"),
             ))
         return out
 

@@ -17,8 +17,8 @@ from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
 from sme2farm import analysis
-from sme2farm.analysis import pte
-from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, OUTPUTS, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
+from sme2farm.analysis import pte, runner_memory
+from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
 from sme2farm.runners import inputs as containers
 from sme2farm.server.services.devices import emulator_of
 from sme2farm.server.services.errors import DomainError
@@ -57,6 +57,7 @@ class Ingester:
             raise IngestError(f"the ETDump has no timed iteration: its {total} Execute block(s) are all warm-up "
                               f"(the agent said the first {run.warmup_in_trace} are)")
         report["outputs"] = self.outputs(run)
+        report["memory"] = self.memory(run, report["warnings"])
         # report.json/.md travel without the device record: an emulator's times say whose they are there too
         report["emulator"] = emulator_of(run.device_snapshot)
         # Everything derived is rendered here, before any row is written: a trace that breaks a
@@ -110,6 +111,21 @@ class Ingester:
         except (containers.InputsError, pte.PteError, OSError) as e:
             return invalid(str(e))
         return {"status": "recorded", "reason": "", "outputs": [_digest(i, v) for i, v in enumerate(values)]}
+
+    def memory(self, run: Run, warnings: list[str]) -> dict | None:
+        """The runner's memory figures (analysis/runner_memory.py); None when the build wrote none.
+        A file that is not what the runner writes is left out with a warning: the run's timings
+        stand on the ETDump, not on it."""
+        path = self.files.artifact_path(run.id, MEMORY)
+        if not path.exists():
+            return None
+        try:
+            if path.stat().st_size > runner_memory.MAX_BYTES:
+                raise runner_memory.MemoryFileError(f"{path.stat().st_size} bytes, over {runner_memory.MAX_BYTES}")
+            return runner_memory.read_memory(path.read_bytes())
+        except (runner_memory.MemoryFileError, OSError) as e:
+            warnings.append(f"memory not recorded: the runner's {MEMORY} is unreadable ({e})")
+            return None
 
     def store(self, session: Session, run: Run, result: Analysis) -> None:
         report = result.report

@@ -37,6 +37,8 @@ def run_report(run: Run) -> RunReport:
         kernels=analysis.get("kernels") if result else None,
         kernel_paths=analysis.get("kernel_paths") if result else None,
         artifacts=[a.name for a in run.artifacts],
+        memory=analysis.get("memory") if result else None,
+        llm=analysis.get("llm") if result else None,
         runner_wall_s=run.runner_wall_s,
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
         waiting_for=device_service.waiting_for(run.device) if run.status == RunStatus.queued else None,
@@ -135,8 +137,9 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
             runner = runners.get(r.runner) or runners.setdefault(r.runner, RunnerInfo.model_validate_json(r.runner))
         e2e = load = kernel_paths = None
         cats = ops = kernels = "null"
+        extra: dict = {}
         if res is not None:
-            e2e_raw, load, kernel_paths = _loads(res[2]), _loads(res[3]), res[6]
+            e2e_raw, load, kernel_paths, extra = _loads(res[2]), _loads(res[3]), res[6], res[7]
             e2e = LatencyStats.model_validate({k: v for k, v in e2e_raw.items() if k in E2E_KEYS}) if e2e_raw else None
             cats, ops, kernels = _raw(res[1]), _raw(res[4]), _raw(res[5])
         state = _raw(r.device_state)
@@ -146,7 +149,8 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
             variant=r.variant or "A", session=r.session or 0, status=RunStatus(r.status), reason=r.reason or "",
             attempt=r.attempt, device=device, runner=runner, device_state={},
             e2e_ms=e2e, load_ms=load, categories_ms=None, operators=None, kernels=None, kernel_paths=kernel_paths,
-            artifacts=artifacts.get(r.id, []), runner_wall_s=r.runner_wall_s,
+            memory=extra.get("memory"), llm=extra.get("llm"), artifacts=artifacts.get(r.id, []),
+            runner_wall_s=r.runner_wall_s,
             created_at=_utc(r.created_at), started_at=_utc(r.started_at), finished_at=_utc(r.finished_at),
             waiting_for=(waiting.get(r.device_id) or device_service.waiting_for(None))
             if r.status == RunStatus.queued else None,
@@ -188,13 +192,15 @@ def report_parts(report: dict) -> dict[str, str]:
     /experiments/{id} reads instead of the whole analysis (_result_parts), spliced into the answer
     as they are."""
     return {"report_head": json.dumps({"e2e_ms": report.get("e2e_ms"), "load_ms": report.get("load_ms"),
-                                       "kernel_paths": report.get("kernel_paths")}),
+                                       "kernel_paths": report.get("kernel_paths"), "memory": report.get("memory"),
+                                       "llm": report.get("llm")}),
             "operators_json": json.dumps(report.get("operators")), "kernels_json": json.dumps(report.get("kernels"))}
 
 
 def _result_parts(session: Session, ids, *, with_operators: bool):
     """Per run (ids: a list, or a sub-select of run ids): (run id, categories as JSON text, e2e,
-    load, operators and kernels as JSON text, kernel paths (None before they were stored)).
+    load, operators and kernels as JSON text, kernel paths (None before they were stored), and a dict
+    of the head's memory and llm sections (empty where not stored)).
 
     Full: the parts ingest stored as text beside the analysis (migration 0008), so the database
     parses nothing; older rows from the analysis itself. Summary: no analysis at all, only the result row's own columns (e2e is the headline stats
@@ -207,7 +213,7 @@ def _result_parts(session: Session, ids, *, with_operators: bool):
             .where(RunResult.run_id.in_(ids))
         )
         return [(r[0], r[1], {"median": r[2], "mean": r[3], "p10": r[4], "p90": r[5], "cv": r[6], "n": r[7]}, None, None, None,
-                 None) for r in rows]
+                 None, {}) for r in rows]
     # Rows ingest wrote since migration 0008 carry the parts as text: read as they are.
     rows = session.execute(
         select(RunResult.run_id, cast(RunResult.categories_ms, Text), RunResult.report_head, RunResult.operators_json,
@@ -219,7 +225,8 @@ def _result_parts(session: Session, ids, *, with_operators: bool):
             older.append(run_id)
             continue
         head = json.loads(head)
-        out.append((run_id, cats, head.get("e2e_ms"), head.get("load_ms"), ops, kernels, head.get("kernel_paths")))
+        out.append((run_id, cats, head.get("e2e_ms"), head.get("load_ms"), ops, kernels, head.get("kernel_paths"),
+                    {"memory": head.get("memory"), "llm": head.get("llm")}))
     if older:
         out += _parts_from_analysis(session, older)
     return out
@@ -243,7 +250,7 @@ def _parts_from_analysis(session: Session, run_ids: list[int]) -> list[tuple]:
             query = select(a.c.run_id, func.json(a.c.categories_ms), func.json_extract(a.c.analysis, "$.e2e_ms"),
                            func.json_extract(a.c.analysis, "$.load_ms"), func.json_extract(a.c.analysis, "$.operators"),
                            func.json_extract(a.c.analysis, "$.kernels"), func.json_extract(a.c.analysis, "$.kernel_paths"))
-        out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5], _loads(r[6])) for r in session.execute(query)]
+        out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5], _loads(r[6]), {}) for r in session.execute(query)]
     return out
 
 
