@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from sme2farm.client.common import connect
 from sme2farm.protocol import ARTIFACT_NAMES
 
 _ID = re.compile(r"^([ER]?)(\d+)$", re.I)
@@ -27,13 +28,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from sme2farm.client.cli import _client
-
     m = _ID.match(args.id.strip())
     if not m:
         print(f"sme2-client: {args.id!r} is not a run or experiment id: give 34, R34 or E12", file=sys.stderr)
         return 2
-    client = _client(args)
+    client = connect(args)
     number = int(m.group(2))
     if m.group(1).upper() == "E":
         runs = [(r.id, r.artifacts) for r in client.experiment(number).runs]

@@ -30,6 +30,8 @@ from typing import Any
 
 from sme2farm.analysis.render import (NUMERICS_HEADERS, comparison_fact_lines, device_suffix,
                                       emulated_headline, is_emulated, narrative_lines, numerics_rows)
+from sme2farm.client.common import connect
+from sme2farm.protocol import TERMINAL, RunStatus
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 CHARTS = (("distribution", "Latency per iteration"), ("categories", "Where the time goes"),
@@ -79,7 +81,7 @@ def arm_rows(exp: dict) -> list[tuple[str, dict[str, float], list[dict]]]:
     succeeded runs, labelled like the charts."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in exp.get("runs") or []:
-        if r.get("status") == "succeeded" and r.get("categories_ms"):
+        if r.get("status") == RunStatus.succeeded and r.get("categories_ms"):
             key = ((r.get("device") or {}).get("serial") or "", r.get("threads"), r.get("mode"), r.get("variant") or "A", r.get("sme2"))
             groups[key].append(r)
     keys = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "off"))
@@ -182,7 +184,8 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
                      "—" if e.get("cv") is None else f"{100 * e['cv']:.1f}%", str(e.get("n"))]
                     if (e := r.get("e2e_ms")) else ["—"] * 5),
                   (r.get("runner") or {}).get("id") or "—"] for r in runs]))
-    problems = [f"Run {r['id']} {r['status']}: {r['reason']}" for r in runs if r.get("reason") and r.get("status") != "succeeded"]
+    problems = [f"Run {r['id']} {r['status']}: {r['reason']}" for r in runs
+                if r.get("reason") and r.get("status") != RunStatus.succeeded]
     if problems:
         out.append(("list", problems))
     out.append(("h", 2, "Where the time goes"))
@@ -231,7 +234,7 @@ def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
     rows, flags = [], []
     for r in runs:
         kp = r.get("kernel_paths")
-        if r.get("status") != "succeeded" or not kp:
+        if r.get("status") != RunStatus.succeeded or not kp:
             continue
         cov = kp["coverage"]
         paths = {cat: ", ".join(f"{p} {_f(ms)} ms" for p, ms in sorted(v.items(), key=lambda x: -x[1]))
@@ -252,9 +255,6 @@ def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
                   "Convolution + GEMM time in SME2 kernels (ms per iteration)."),
             ("table", ["Run", "Model", "SME2", "Device", "SME2 coverage", "Convolution", "GEMM", "Largest off SME2"], rows)] \
         + ([("list", flags)] if flags else [])
-
-
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})
 
 
 def _no_comparisons(exp: dict) -> str:
@@ -356,8 +356,6 @@ def to_html(blocks: list[tuple]) -> str:
 # --- the CLI command ----------------------------------------------------------------------------
 
 def cmd_report(args) -> int:
-    from sme2farm.client.cli import _client
-
     if args.svg_files and not (args.markdown and args.output):
         print("sme2-client: --svg-files writes the charts beside the document: it needs --markdown and -o FILE",
               file=sys.stderr)
@@ -366,7 +364,7 @@ def cmd_report(args) -> int:
         print(f"sme2-client: cannot write {args.output}: the directory {Path(args.output).parent}/ does not exist "
               f"(create it first, e.g. mkdir -p {Path(args.output).parent})", file=sys.stderr)
         return 2
-    client = _client(args)
+    client = connect(args)
     exp, svgs, missing = fetch(client, args.id)
     blocks = _blocks(exp, svgs, missing, str(client.http.base_url))
     out = Path(args.output) if args.output else None

@@ -39,7 +39,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sme2farm.protocol import ExperimentSpec
+from sme2farm.client.common import parse_selector, submit_and_follow
+from sme2farm.protocol import ExperimentSpec, RunStatus
 
 # The kit's loader defaults (pipeline/config_loader.py): a field it reads but the user left out
 # gets the value the kit itself would have used, so the same file measures the same thing.
@@ -407,7 +408,7 @@ def summary_from_experiment(rep: dict) -> tuple[list[tuple[str, dict]], str]:
     """(traces, model) from the server's experiment report JSON: its succeeded runs."""
     traces = []
     for run in rep.get("runs", []):
-        if run.get("status") == "succeeded" and run.get("categories_ms") is not None:
+        if run.get("status") == RunStatus.succeeded and run.get("categories_ms") is not None:
             emulator = (run.get("device") or {}).get("emulator")
             # an emulator's times travel into the kit's file too: the label says whose they are
             where = f", emulated by {emulator}: times are the emulator's" if emulator else ""
@@ -425,8 +426,6 @@ _CONFIG_DECIDES = {"sme2": ("--sme2", "both"), "threads": ("--threads", "1"), "i
 
 
 def cmd_submit(args) -> int:
-    from sme2farm.client.cli import submit_and_follow
-
     try:
         if args.model:
             raise KitConfigError(f"{args.model}: give either a model or --kit-config (the config names the model)")
@@ -447,8 +446,6 @@ def cmd_submit(args) -> int:
         if args.label:
             data["labels"] = {**data["labels"], **dict(kv.split("=", 1) for kv in args.label)}
         if args.device:
-            from sme2farm.client.cli import parse_selector
-
             data["device"] = parse_selector(args.device).model_dump()
         data["power_profile"], data["sessions"] = args.power_profile, args.sessions
         spec = ExperimentSpec.model_validate(data)

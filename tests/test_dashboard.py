@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sme2farm.client.cli import wait_for
+from sme2farm.client.common import wait_for
 from sme2farm.protocol import ExperimentSpec
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from sme2farm.analysis.stats import trimmed_mean
-from sme2farm.client.cli import wait_for
+from sme2farm.client.common import wait_for
 from sme2farm.protocol import ExperimentSpec
 from test_dashboard import browser, chromium, wait  # noqa: F401  (fixtures shared with the dashboard test)
 

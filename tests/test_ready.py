@@ -19,7 +19,7 @@ import pytest
 
 from _fixtures_farm import free_port, stop_farm
 from sme2farm.client.api import FarmClient, FarmError
-from sme2farm.client.cli import wait_for
+from sme2farm.client.common import wait_for
 from sme2farm.protocol import DeviceInfo, ExperimentSpec, RunnerInfo
 
 WAIT_LOG = "submission waits up to"

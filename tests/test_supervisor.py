@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from _fixtures_farm import free_port, start_farm, stop_farm
-from sme2farm.client.cli import wait_for
+from sme2farm.client.common import wait_for
 from sme2farm.protocol import ExperimentSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]

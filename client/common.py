@@ -1,0 +1,130 @@
+"""What the client's commands share: the farm client built from the arguments and settings, the
+device selector, submitting and waiting for an experiment, and the exit codes of a wait. cli.py,
+kit.py, document.py, suites_cmd.py and artifacts_cmd.py build on it; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from sme2farm.client.config import client_settings
+from sme2farm.protocol import TERMINAL, DeviceSelector, RunStatus
+
+
+def parse_selector(text: str | None) -> DeviceSelector | None:
+    """--device 'platform=android,tags=lab1+big,serial=X' or a bare serial."""
+    if not text:
+        return None
+    fields: dict = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            fields["serial"] = key.strip()
+        elif key.strip() == "tags":
+            fields["tags"] = [t for t in value.split("+") if t]
+        elif key.strip() == "sme2":
+            fields["sme2"] = value.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            fields[key.strip()] = value.strip()
+    return DeviceSelector.model_validate(fields)
+
+
+def connect(args):
+    """The FarmClient for --server/--token, or the settings (SME2_SERVER, SME2_TOKEN)."""
+    from sme2farm.client.api import FarmClient  # lazy: httpx, which `analyze` never needs
+
+    settings = client_settings()
+    token = args.token or (settings.token.get_secret_value() if settings.token else None)
+    return FarmClient(args.server or settings.server, token)
+
+
+def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, timeout: float | None = None, check=None,
+             patience=None):
+    """Poll until every run is terminal; progress goes to stderr. `check` may raise to abandon.
+    Transient faults (the server restarting, the database away, a 429) are waited out, and the
+    whole wait is bounded by `timeout` or by the `patience` given (client/api.py Patience): past
+    it, GaveUp (a TimeoutError) says what it waited for and what it saw last."""
+    from sme2farm.client.api import Patience, note  # lazy: httpx
+    from sme2farm.client.render import progress_line  # lazy: analysis (numpy)
+
+    if patience is None:
+        patience = Patience(client, f"experiment {experiment_id} to finish", timeout, say=None if quiet else note)
+    last = ""
+    while True:
+        if check is not None:
+            check()
+        rep = patience.call(client.experiment, experiment_id)
+        done = all(r.status in TERMINAL for r in rep.runs)
+        line = progress_line(rep)
+        patience.seen = f"it was last {line}"
+        if not quiet and line != last:
+            print(line, file=sys.stderr)
+            last = line
+        if done:
+            return rep
+        patience.check()
+        time.sleep(min(interval, 2.0, patience.left()))
+        interval *= 1.2
+
+
+def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str = "", vs_model: Path | None = None) -> int:
+    """Upload, then print the experiment (--json), or wait for it (--wait) and print its report."""
+    client = connect(args)
+    if not args.wait:
+        rep = client.submit(model, spec, inputs=inputs, vs_model=vs_model)
+        say_warnings(rep)
+        if args.json:
+            print(json.dumps(client.experiment_json(rep.id), indent=2))
+        else:
+            print(f"submitted experiment {rep.id} ({len(rep.runs)} run(s)){origin}; "
+                  f"follow with: sme2-client status {rep.id}")
+        return 0
+    from sme2farm.client.api import Patience, note  # lazy: httpx
+
+    # --wait: one patience, one --timeout, from the upload to the report
+    patience = Patience(client, "the server to take the submission", args.timeout, say=None if args.json else note)
+    rep = patience.call(client.submit, model, spec, inputs=inputs, vs_model=vs_model, idempotent=False)
+    say_warnings(rep)
+    patience.what = f"experiment {rep.id} to finish"
+    return print_when_done(args, client, rep.id, patience)
+
+
+def say_warnings(rep) -> None:
+    """What the submission left out (a device long offline, an SME2-on arm no device here can
+    run), once, on stderr: said at submission, not discovered run by run."""
+    for w in rep.warnings:
+        print(f"sme2-client: warning: {w}", file=sys.stderr)
+
+
+# Exit codes of the commands that wait for runs (submit --wait, status --wait, suite run --wait).
+EXIT_OK, EXIT_FAILED, EXIT_UNSCHEDULABLE = 0, 1, 3
+EXIT_CODES_HELP = (f"Exit codes with --wait: {EXIT_OK} when every run that could run succeeded; "
+                   f"{EXIT_UNSCHEDULABLE} when some runs were unschedulable (e.g. the SME2-on arm on a farm without "
+                   f"SME2) and none failed; {EXIT_FAILED} when a run failed or was cancelled, the farm refused "
+                   f"or could not be reached; 2 on bad arguments.")
+
+
+def outcome_code(reports) -> int:
+    """The exit code for finished experiments: a failed or cancelled run is a failure; runs that
+    could not be placed are told apart (3), so a script on an x86 host can accept them."""
+    statuses = {r.status for rep in reports for r in rep.runs}
+    if statuses & {RunStatus.failed, RunStatus.cancelled}:
+        return EXIT_FAILED
+    return EXIT_UNSCHEDULABLE if RunStatus.unschedulable in statuses else EXIT_OK
+
+
+def print_when_done(args, client, experiment_id: int, patience) -> int:
+    """Wait for the experiment (patiently), then print its report (--json: the report JSON);
+    returns the exit code (outcome_code)."""
+    from sme2farm.client.render import experiment_text  # lazy: analysis (numpy)
+
+    rep = wait_for(client, experiment_id, quiet=args.json, patience=patience)
+    if args.json:
+        print(json.dumps(patience.call(client.experiment_json, experiment_id), indent=2))
+    else:
+        rep = patience.call(client.experiment, experiment_id)
+        print(experiment_text(rep))
+    return outcome_code([rep])
