@@ -31,7 +31,6 @@ from typing import Any
 from sme2farm.analysis.render import (NUMERICS_HEADERS, comparison_fact_lines, device_suffix,
                                       emulated_headline, is_emulated, narrative_lines, numerics_rows)
 from sme2farm.client.common import connect
-from sme2farm.protocol import TERMINAL, RunStatus
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 CHARTS = (("distribution", "Latency per iteration"), ("categories", "Where the time goes"),
@@ -81,7 +80,7 @@ def arm_rows(exp: dict) -> list[tuple[str, dict[str, float], list[dict]]]:
     succeeded runs, labelled like the charts."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in exp.get("runs") or []:
-        if r.get("status") == RunStatus.succeeded and r.get("categories_ms"):
+        if r.get("status") == "succeeded" and r.get("categories_ms"):
             key = ((r.get("device") or {}).get("serial") or "", r.get("threads"), r.get("mode"), r.get("variant") or "A", r.get("sme2"))
             groups[key].append(r)
     keys = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "off"))
@@ -184,8 +183,7 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
                      "—" if e.get("cv") is None else f"{100 * e['cv']:.1f}%", str(e.get("n"))]
                     if (e := r.get("e2e_ms")) else ["—"] * 5),
                   (r.get("runner") or {}).get("id") or "—"] for r in runs]))
-    problems = [f"Run {r['id']} {r['status']}: {r['reason']}" for r in runs
-                if r.get("reason") and r.get("status") != RunStatus.succeeded]
+    problems = [f"Run {r['id']} {r['status']}: {r['reason']}" for r in runs if r.get("reason") and r.get("status") != "succeeded"]
     if problems:
         out.append(("list", problems))
     out.append(("h", 2, "Where the time goes"))
@@ -234,7 +232,7 @@ def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
     rows, flags = [], []
     for r in runs:
         kp = r.get("kernel_paths")
-        if r.get("status") != RunStatus.succeeded or not kp:
+        if r.get("status") != "succeeded" or not kp:
             continue
         cov = kp["coverage"]
         paths = {cat: ", ".join(f"{p} {_f(ms)} ms" for p, ms in sorted(v.items(), key=lambda x: -x[1]))
@@ -255,6 +253,9 @@ def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
                   "Convolution + GEMM time in SME2 kernels (ms per iteration)."),
             ("table", ["Run", "Model", "SME2", "Device", "SME2 coverage", "Convolution", "GEMM", "Largest off SME2"], rows)] \
         + ([("list", flags)] if flags else [])
+
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})
 
 
 def _no_comparisons(exp: dict) -> str:
