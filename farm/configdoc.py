@@ -21,6 +21,8 @@ from pydantic import AliasChoices, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
+from sme2farm.agent.config import AgentSettings
+from sme2farm.client.config import ClientSettings
 from sme2farm.server.config import Settings
 
 WIDTH = 120
@@ -49,10 +51,12 @@ class Variable:
 
 SECTIONS: tuple[Section, ...] = (
     Section("Server and worker", "the API server, the Celery worker and beat, and `sme2-farm`", Settings),
+    Section("Agent", "`sme2-agent` on each device host; a command-line option wins", AgentSettings),
+    Section("Client", "`sme2-client`; `--server` and `--token` win", ClientSettings),
 )
 
-# Read where no settings class reaches (the logging set-up every process shares, prometheus_client's
-# multiprocess mode, the runner catalogue, adb) or by the agent and client directly.
+# Read where no settings class reaches: the logging set-up every process shares, prometheus_client's
+# multiprocess mode, the runner catalogue and adb.
 OTHER_VARIABLES: tuple[Variable, ...] = (
     Variable("SME2_LOG_FORMAT", "`json` off a terminal, else `text`", "every process (`sme2farm/logs.py`)",
              "`json` (one object a line) or `text`."),
@@ -64,23 +68,8 @@ OTHER_VARIABLES: tuple[Variable, ...] = (
              "the server and the worker (`server/web/metrics.py`)",
              "Names this process's metrics files, so a restarted child reopens its own instead of adding "
              "files."),
-    Variable("SME2_SERVER", "`http://127.0.0.1:8000`", "`sme2-client`, `sme2-agent` (or `--server`)",
-             "The farm's URL."),
-    Variable("SME2_TOKEN", "unset", "`sme2-client` (or `--token`); `sme2-agent` when `SME2_AGENT_TOKEN` is unset",
-             "The bearer token."),
-    Variable("SME2_AGENT_TOKEN", "unset", "`sme2-agent` (or `--token`)",
-             "The agent's `register`-scope token (`sme2-farm up` mints one for its local agent)."),
-    Variable("SME2_AGENT_WORK_DIR", "`<temp dir>/sme2-agent`", "`sme2-agent` (or `--work-dir`)",
-             "Where runs are staged, and runners recorded while they run (`pids/`)."),
-    Variable("SME2_AGENT_UPLOAD_RETRY_S", "`120`", "`sme2-agent`",
-             "How long a refused or dropped artifact upload is retried (the run's heartbeats keep its lease) "
-             "before the run fails with the server's reason."),
     Variable("SME2_RUNNER_MANIFEST", "`runners/build/manifest.json`", "`sme2-agent`, `sme2-farm runners`",
              "The runner-build catalogue an agent registers and runs."),
-    Variable("SME2_EMULATOR_DIR", "`$XDG_CACHE_HOME/sme2farm/emulator` (`~/.cache/...`)",
-             "`sme2-farm emulator`, the `qemu-arm64` driver", "The SME2 emulator's cache."),
-    Variable("SME2_TRANSLATION_LOG_MAX_MB", "`256`", "the `qemu-arm64` driver",
-             "Bound on trace mode's raw QEMU log on an emulated device; past it the run fails saying so."),
     Variable("ANDROID_ADB_SERVER_PORT", "`5037`", "the `android` driver", "The adb server's port."),
 )
 
