@@ -3,7 +3,7 @@
 default prior for a device without A/A history.
 
 Default prior (no A/A history for the device): sigma_between = 10% with the weight of 4 A/A
-pairs (Student t with 4 df, quantile 2.78). Why 10%: MEASUREMENT.md's 20 A/A pairs on this host
+pairs (Student t with 4 df, quantile 2.78). Why 10%: the 20 A/A pairs of docs/design.md (Measurement)
 (11 intervals excluding 1, the worst off by 23%) fit a normal between-session sigma of ~6.5%
 (the largest of 20 |pair log ratios| is ~2.2 sd of sqrt(2) sigma); 480 runs of toy_cnn here
 on a loaded day (bench/calibration.py) gave 9.9-10.5% with the two-state tails verdict.py describes; phones

@@ -7,7 +7,7 @@ nightly job sees them, and returns every change it flagged.
 
 * Nights are the unit. Each is reduced to a level, the mean over its sessions of
   log(median latency), with the sampling variance of that level from its iterations. The
-  iterations of one night say little about the next (MEASUREMENT.md: run-to-run variance
+  iterations of one night say little about the next (docs/design.md, Measurement: run-to-run variance
   dominates), so each night's variance is the between-night sigma plus its own sampling
   variance. The between-night sigma pools the device's noise model (weighted as
   ``prior_nights`` nights) with the series' own history (successive differences of up to

@@ -75,7 +75,7 @@ def _boot_stat(x: np.ndarray, rng: np.random.Generator, n_boot: int, stat: str,
 
 def _boot_stat_sessions(sessions: list[np.ndarray], rng: np.random.Generator, n_boot: int, stat: str,
                         chunk: int) -> np.ndarray:
-    """Two-level bootstrap (MEASUREMENT.md): resample whole sessions with replacement, then the
+    """Two-level bootstrap (docs/design.md, Measurement): resample whole sessions with replacement, then the
     iterations inside each drawn session, pool them and take the statistic. Session-to-session
     drift (thermal state, background load) then widens the interval as it should."""
     k = len(sessions)

@@ -2,7 +2,7 @@
 
 Why a new interval. A bootstrap of iterations inside one session per arm sees only the
 within-session spread. Run-to-run (session-to-session) variance dominates on real devices:
-MEASUREMENT.md's 40 runs of one model on this host, paired consecutively, held 1.0 in 9 of 20
+40 runs of one model on this host (docs/design.md, Measurement), paired consecutively, held 1.0 in 9 of 20
 iteration-bootstrap intervals and "found" differences of up to 23%. So a verdict here models
 each arm as sessions, and each session's log statistic (log median latency for E2E) as
 

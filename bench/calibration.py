@@ -9,8 +9,8 @@
     (consecutive sessions), then runs a fresh A/A experiment with 1 or 3 sessions per arm
     (interleaved A B, or A B B A A B). Methods:
       old iter      stats.bootstrap_ratio over iterations (pooled for 3 sessions), claim when the
-                    95% interval excludes 1 (analysis.compare before this change)
-      old 2-level   stats.bootstrap_ratio resampling sessions then iterations (--sessions before)
+                    95% interval excludes 1 (an interval that sees iterations only)
+      old 2-level   stats.bootstrap_ratio resampling sessions then iterations (no noise model)
       new default   analysis.verdict with no noise model (the default prior)
       new learned   analysis.verdict with the noise model learned from K A/A pairs
     coverage = interval holds 1.0; false claim = verdict speedup or slowdown.
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", default="toy_cnn")
-    p.add_argument("--blocks", type=int, default=None, help="cnn_blocks only (MEASUREMENT.md used 12)")
+    p.add_argument("--blocks", type=int, default=None, help="cnn_blocks only (the study in docs/design.md used 12)")
     p.add_argument("--farm", type=int, default=0, metavar="R",
                    help="(c) also R A/A experiments (--vs) and R compared experiment pairs through a real farm")
     p.add_argument("--farm-sessions", type=int, default=1, help="sessions per arm in (c) (interleaved A B B A)")
