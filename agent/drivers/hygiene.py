@@ -2,7 +2,7 @@
 
 Pure functions over command output (dumpsys, sysfs, pmset) plus one polling loop, so the Android
 and macOS drivers share the gate logic and the tests can feed captured outputs. Power profiles are
-the Arm SME2 kit's two `settings` lists (seed 002): "boost" and "app"; "none" leaves the device
+the Arm SME2 kit's two `settings` lists (docs/design.md, Measurement): "boost" and "app"; "none" leaves the device
 alone. Previous values are read first so cleanup restores exactly what was there.
 """
 
