@@ -134,7 +134,7 @@ class Patience:
                 unreached = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
                 if not idempotent and not unreached:
                     raise
-                fault = f"{'could not be reached' if unreached else 'did not answer'} ({_transport_words(e)})"
+                fault = f"{'could not be reached' if unreached else 'did not answer'} ({transport_words(e)})"
                 after = 0.0
             except FarmError as e:
                 if e.status not in (TRANSIENT if idempotent else {429}):
@@ -165,7 +165,7 @@ class Patience:
             delay = min(delay * 2, 10.0)
 
 
-def _transport_words(e: httpx.TransportError) -> str:
+def transport_words(e: httpx.TransportError) -> str:
     """A connection failure in words, without Python's errno framing: "connection refused"."""
     text = str(e) or type(e).__name__
     if "] " in text and text.startswith("[Errno"):

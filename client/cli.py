@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import httpx
 
-    from sme2farm.client.api import FarmError, _transport_words
+    from sme2farm.client.api import FarmError, transport_words
 
     try:
         code = args.fn(args)
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sme2-client: invalid: {line}", file=sys.stderr)
         return 2
     except httpx.TransportError as e:
-        print(f"sme2-client: cannot reach the farm at {_server_of(args)} ({_transport_words(e)}): is `sme2-farm up` "
+        print(f"sme2-client: cannot reach the farm at {_server_of(args)} ({transport_words(e)}): is `sme2-farm up` "
               f"running there? (set SME2_SERVER or --server to its URL)", file=sys.stderr)
         return 1
     except TimeoutError as e:
