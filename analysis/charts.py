@@ -16,7 +16,9 @@ so instead of failing.
 - :func:`forest_plot`: one row per comparison, ratio and 95% interval on a log axis, the
   minimum-effect band around 1, coloured by verdict;
 - :func:`line_chart`: a time series (one point per night/experiment) with each point's spread
-  (low..high) as a band and whiskers, and change marks (regression/improvement).
+  (low..high) as a band and whiskers, and change marks (regression/improvement);
+- :func:`scaling_chart`: speedup against thread count per arm (analysis/scaling.py), each
+  point's 95% interval as a whisker, the ideal (linear) speedup dashed.
 """
 
 from __future__ import annotations
@@ -565,4 +567,84 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
         labels = [str(pts[i][4].get("at") or "")[cut[0]:cut[1]].replace("T", " ") for i in shown]
     for i, label in zip(shown, labels):
         parts.append(_text(x_of(i), bottom + 16, label or f"#{i + 1}", anchor="middle", size=11, fill=MUTED))
+    return _close(parts)
+
+
+# --- thread scaling --------------------------------------------------------------------------
+
+def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against threads", emulated: str | None = None,
+                  width: int = 720, height: int = 300) -> str:
+    """Speedup over each arm's fewest threads against the thread count: ``arms`` as in
+    analysis.scaling's view (``name``, ``base_threads``, ``enough_threads``, ``points`` with
+    ``threads`` and ``speedup`` {estimate, ci_low, ci_high}). Thread counts sit at even steps
+    (1, 2, 4, 8 apart alike); the dashed line is linear speedup; a ring marks where each arm's
+    extra threads stop helping. ``emulated``: what ran them; nothing speed-like is drawn."""
+    drawn = [(a, [p for p in a.get("points") or [] if p.get("speedup") and _num(p["speedup"].get("estimate"))])
+             for a in arms]
+    drawn = [(a, pts) for a, pts in drawn if pts]
+    threads = sorted({int(p["threads"]) for _, pts in drawn for p in pts})
+    desc = f"{len(drawn)} arm(s) over thread counts {', '.join(map(str, threads)) or 'none'}; whiskers: 95% interval"
+    parts = _open(width, height, title, f"Line chart of speedup against threads. {desc}.", "scaling")
+    if emulated:
+        return _empty(parts, width, height, f"emulated ({_fit(emulated, 300)}): no speed figures")
+    if not drawn:
+        return _empty(parts, width, height, "no succeeded runs to scale yet")
+    left, right, top, bottom = 64, 190, 34, height - 44
+    base = min(int(a.get("base_threads") or threads[0]) for a, _ in drawn)
+    ideal = [t / base for t in threads]
+    values = [v for _, pts in drawn for p in pts for v in (_num(p["speedup"].get("ci_low")),
+                                                           _num(p["speedup"].get("ci_high"))) if v is not None]
+    hi = max(values + [max(ideal)]) * 1.08
+    lo = min(values + [1.0]) * 0.92
+    ticks = [t for t in nice_ticks(lo, hi) if t > 0]
+    lo_ax, hi_ax = min([lo] + ticks), max([hi] + ticks)
+
+    def x_of(t: int) -> float:
+        i = threads.index(t)
+        return left + (i + 0.5) / len(threads) * (width - left - right)
+
+    def y_of(v: float) -> float:
+        return bottom - (v - lo_ax) / (hi_ax - lo_ax) * (bottom - top)
+
+    _y_axis(parts, ticks, y_of, left, width - right, "speedup (x)", top, bottom, fmt_tick=lambda t: f"{t:g}")
+    line = " ".join(f"{_n(x_of(t))},{_n(y_of(v))}" for t, v in zip(threads, ideal) if lo_ax <= v <= hi_ax)
+    if line.count(",") >= 2:
+        parts.append(f'<polyline class="ideal" points="{line}" fill="none" stroke="{MUTED}" stroke-width="1" '
+                     f'stroke-dasharray="5 4"><title>linear speedup</title></polyline>')
+    for i, (arm, pts) in enumerate(drawn):
+        colour = ARM_COLOURS[i % len(ARM_COLOURS)]
+        name = str(arm.get("name") or f"arm {i + 1}")
+        parts.append(f'<g class="arm" data-arm="{_t(name)}">')
+        pts = sorted(pts, key=lambda p: int(p["threads"]))
+        path = " ".join(f"{_n(x_of(int(p['threads'])))},{_n(y_of(p['speedup']['estimate']))}" for p in pts)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for p in pts:
+            t, sp = int(p["threads"]), p["speedup"]
+            x = x_of(t) + (i - (len(drawn) - 1) / 2) * 4  # arms side by side at one thread count
+            low, high = _num(sp.get("ci_low")), _num(sp.get("ci_high"))
+            eff = (p.get("efficiency") or {}).get("estimate")
+            tip = (f"{name}, {t} threads: {sp['estimate']:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low and high else "")
+                   + (f", efficiency {100 * eff:.0f}%" if _num(eff) is not None else "")
+                   + (f", {fmt(p.get('median_ms'))} ms" if _num(p.get("median_ms")) is not None else ""))
+            parts.append(f'<g class="point" data-threads="{t}"><title>{_t(tip)}</title>')
+            if low is not None and high is not None:
+                parts.append(f'<line class="whisker" x1="{_n(x)}" y1="{_n(y_of(low))}" x2="{_n(x)}" '
+                             f'y2="{_n(y_of(high))}" stroke="{colour}" stroke-width="1.4"/>')
+            parts.append(f'<circle cx="{_n(x)}" cy="{_n(y_of(sp["estimate"]))}" r="3.5" fill="{colour}"/>')
+            if t == arm.get("enough_threads") and len(pts) > 1:
+                parts.append(f'<circle class="enough" cx="{_n(x)}" cy="{_n(y_of(sp["estimate"]))}" r="7.5" '
+                             f'fill="none" stroke="{colour}" stroke-width="1.5"/>')
+            parts.append("</g>")
+        parts.append("</g>")
+        ly = top + 6 + 18 * i
+        parts.append(f'<rect x="{width - right + 12}" y="{_n(ly - 9)}" width="12" height="10" fill="{colour}"/>')
+        parts.append(_label(width - right + 30, ly, name, right - 36, size=11))
+    ly = top + 6 + 18 * len(drawn)
+    parts.append(f'<line x1="{width - right + 12}" y1="{_n(ly - 4)}" x2="{width - right + 24}" y2="{_n(ly - 4)}" '
+                 f'stroke="{MUTED}" stroke-dasharray="3 2"/>')
+    parts.append(_text(width - right + 30, ly, "linear", size=11, fill=MUTED))
+    parts.append(_text(width - right + 12, ly + 18, "ring: more threads stop helping", size=10, fill=MUTED))
+    for t in threads:
+        parts.append(_text(x_of(t), bottom + 16, str(t), anchor="middle", size=11, fill=MUTED))
+    parts.append(_text(left + (width - left - right) / 2, bottom + 32, "threads", anchor="middle", size=11, fill=MUTED))
     return _close(parts)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from .stats import bootstrap_ci, bootstrap_ratio, pooled
 
-__all__ = ["Point", "scaling", "cluster_of", "mask_of"]
+__all__ = ["Point", "scaling", "cluster_of", "mask_of", "rows", "HEADERS"]
 
 N_BOOT = 2000
 
@@ -231,3 +231,26 @@ def _cores(cores) -> str:
         return f"{cores[0]}-{cores[-1]}"
     return ",".join(map(str, cores))
 
+
+
+HEADERS = ["Arm", "Threads", "Median ms", "95% interval", "Speedup", "95% interval", "Efficiency"]
+EMULATED_HEADERS = ["Arm", "Threads", "Runs", "Iterations"]
+
+
+def rows(device_view: dict) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of one device's view as text cells, for a terminal or a document table;
+    an emulated view has runs and iterations only."""
+    if device_view.get("emulated"):
+        return EMULATED_HEADERS, [[a["name"], str(p["threads"]), str(p["runs"]), str(p["n"])]
+                                  for a in device_view.get("arms") or [] for p in a.get("points") or []]
+    out = []
+    for a in device_view.get("arms") or []:
+        for p in a.get("points") or []:
+            sp, eff = p.get("speedup"), p.get("efficiency")
+            mark = " (enough)" if p["threads"] == a.get("enough_threads") and len(a["points"]) > 1 else ""
+            out.append([a["name"], f"{p['threads']}{mark}",
+                        "—" if p.get("median_ms") is None else f"{p['median_ms']:.4g}",
+                        "—" if p.get("ci_low_ms") is None else f"{p['ci_low_ms']:.4g}–{p['ci_high_ms']:.4g}",
+                        "—" if not sp else _x(sp["estimate"]), "—" if not sp else _interval(sp),
+                        "—" if not eff else f"{100 * eff['estimate']:.0f}%"])
+    return HEADERS, out

@@ -226,6 +226,9 @@ class FarmClient:
         r = self.http.get("/experiments", params={"page": page, "page_size": page_size})
         return ExperimentPage.model_validate(self._check(r).json())
 
+    def scaling(self, experiment_id: int) -> ScalingRead:
+        return ScalingRead.model_validate(self._check(self.http.get(f"/experiments/{experiment_id}/scaling")).json())
+
     def run(self, run_id: int) -> RunReport:
         return RunReport.model_validate(self._check(self.http.get(f"/runs/{run_id}")).json())
 

@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     suites_cmd.add_parsers(sub)  # suite create|list|run [--wait]|show|delete|pause|resume, regressions [--ack ID]
 
-    from sme2farm.client import artifacts_cmd, examples_cmd
+    from sme2farm.client import artifacts_cmd, examples_cmd, scaling_cmd
 
     examples_cmd.add_parser(sub)  # examples [NAME [OUT.pte]]
     artifacts_cmd.add_parser(sub)  # artifacts ID [NAME] [-o DIR]
@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         code = args.fn(args)
+    scaling_cmd.add_parser(sub)  # scaling ID [--json]
         sys.stdout.flush()  # here, so a reader that left (`| head`) is caught below, not at exit
         return code
     except BrokenPipeError:

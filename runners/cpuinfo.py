@@ -50,3 +50,23 @@ def host_hwcap2_sme2() -> bool | None:
     libc.getauxval.restype = ctypes.c_ulong
     libc.getauxval.argtypes = [ctypes.c_ulong]
     return bool(libc.getauxval(AT_HWCAP2) & HWCAP2_SME2)
+
+
+def clusters(cpuinfo: str) -> list[dict]:
+    """The cores grouped by kind (CPU implementer and part): [{"name", "cores", "sme2"}], sme2 when
+    every core of the group lists it. Empty unless there are two kinds or more: one kind is no
+    choice to offer."""
+    groups: dict[tuple[str, str], dict] = {}
+    for block in cpuinfo.split("\n\n"):
+        number = field(block, "processor")
+        if not number.isdigit():
+            continue
+        kind = (field(block, "CPU implementer"), field(block, "CPU part"))
+        g = groups.setdefault(kind, {"cores": [], "sme2": True})
+        g["cores"].append(int(number))
+        g["sme2"] = g["sme2"] and has_sme2(block)
+    if len(groups) < 2:
+        return []
+    ordered = sorted(groups.items(), key=lambda kv: min(kv[1]["cores"]))
+    return [{"name": f"cluster {i} ({part or 'unknown part'})", "cores": sorted(g["cores"]), "sme2": g["sme2"]}
+            for i, ((_, part), g) in enumerate(ordered)]

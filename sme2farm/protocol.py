@@ -258,6 +258,14 @@ class ExperimentSpec(_Strict):
         return ["off", "on"] if self.sme2 == "both" else [self.sme2]
 
 
+class CoreCluster(_Wire):
+    """Cores of one kind (one CPU part in /proc/cpuinfo): SME units are shared per cluster."""
+
+    name: str = Field(max_length=64, description="e.g. 'cluster 1 (0xd05)'")
+    cores: list[int] = Field(max_length=1024)
+    sme2: bool = Field(default=False, description="Every core of the cluster lists sme2 in its features")
+
+
 class DeviceInfo(_Wire):
     """A device as an agent sees it: identity, capability (detected, never assumed) and state."""
 
@@ -266,6 +274,10 @@ class DeviceInfo(_Wire):
     model: str = Field(default="", max_length=256)
     soc: str = Field(default="", max_length=256)
     cpu_cores: int = Field(default=0, ge=0, le=65536)
+    clusters: list[CoreCluster] = Field(
+        default_factory=list, max_length=64,
+        description="Core clusters where the device tells them apart (Linux/Android /proc/cpuinfo CPU part); "
+                    "empty: unknown")
     abi: str = Field(default="", max_length=64)
     os_version: str = Field(default="", max_length=256)
     sme2: bool = False
@@ -484,6 +496,21 @@ class ExperimentReport(BaseModel):
                                   "(planned buffers + method allocator + temp allocator peak; None where the "
                                   "runner cannot tell), planned_bytes, ...; None: not recorded (an older runner)")
     llm: dict[str, Any] | None = Field(
+class ProgramMemory(BaseModel):
+    """What a program asks of memory before anything runs, read from the .pte at submission
+    (analysis.pte.program_memory), for the spec's method."""
+
+    method: str
+    arenas: list[int] = Field(description="The method's memory-planned buffers in bytes, one per arena "
+                                          "(ExecutionPlan.non_const_buffer_sizes without its reserved index 0)")
+    planned_bytes: int = Field(description="The sum of the arenas: what the runtime allocates to load the method")
+    constant_bytes: int = Field(description="Constant tensors (the inline constant buffer or the constant segment)")
+    delegate_bytes: int = Field(description="Backend delegate blobs (XNNPACK's graphs and weights packed in them)")
+    named_data_bytes: int = Field(description="Data delegates look up by name (XNNPACK's weights in recent exports)")
+    mutable_bytes: int = Field(description="Initial values of mutable buffers carried in a segment")
+    weights_bytes: int = Field(description="constant + delegate + named data: the weights the program carries")
+
+
         default=None, description="LLM runs: prompt and decode lengths, prefill and decode tokens/s and time to first "
                                   "token with intervals, categories per phase (analysis/llm.py); None otherwise")
     name: str | None = None
@@ -508,6 +535,10 @@ class ExperimentReport(BaseModel):
     runs_total: int | None = Field(default=None, description="How many runs the experiment has (all of them, whatever runs_detail)")
     runs_page: int | None = None
     runs_page_size: int | None = None
+    program_memory: ProgramMemory | None = Field(
+        default=None, description="The model's planned memory and weights, read from the .pte (None: stored before "
+                                  "it was recorded)")
+    vs_program_memory: ProgramMemory | None = Field(default=None, description="The same for the vs_model")
 
 
 class ExperimentSummary(BaseModel):
@@ -828,3 +859,87 @@ class FinishAnswer(BaseModel):
     """POST /agent/runs/{id}/finish: the run's status after it."""
 
     status: RunStatus
+
+
+# ---- thread and core scaling (analysis/scaling.py; GET /experiments/{id}/scaling) ------------
+
+
+class ScalingInterval(BaseModel):
+    estimate: float
+    ci_low: float
+    ci_high: float
+
+
+class ScalingPoint(BaseModel):
+    """One arm at one thread count. Emulated: threads, runs and n only."""
+
+    threads: int
+    runs: int = Field(description="Runs (sessions) pooled at this thread count")
+    n: int = Field(description="Iterations pooled")
+    median_ms: float | None = None
+    ci_low_ms: float | None = None
+    ci_high_ms: float | None = None
+    speedup: ScalingInterval | None = Field(default=None, description="Time at base_threads / time here, 95% interval")
+    efficiency: ScalingInterval | None = Field(default=None, description="speedup / (threads / base_threads)")
+
+
+class ScalingArm(BaseModel):
+    sme2: Sme2Setting
+    variant: Literal["A", "B"] = "A"
+    core_mask: str | None = None
+    cluster: str | None = Field(default=None, description="The device cluster whose cores core_mask names")
+    name: str
+    base_threads: int | None = None
+    best_threads: int | None = Field(default=None, description="The thread count with the highest speedup")
+    enough_threads: int | None = Field(
+        default=None, description="Where more threads stop helping: the smallest thread count whose speedup interval "
+                                  "overlaps the best's")
+    points: list[ScalingPoint]
+    sentence: str = ""
+
+
+class ScalingRatio(BaseModel):
+    """SME2 off time / on time at one thread count (above 1: SME2 on is faster), 95% interval."""
+
+    variant: Literal["A", "B"] = "A"
+    core_mask: str | None = None
+    threads: int
+    estimate: float
+    ci_low: float
+    ci_high: float
+
+
+class ScalingFastest(BaseModel):
+    sme2: Sme2Setting
+    variant: Literal["A", "B"] = "A"
+    threads: int
+    core_mask: str | None = None
+    cluster: str | None = None
+    median_ms: float
+    sentence: str
+
+
+class ClusterMask(CoreCluster):
+    mask: str = Field(description="The cluster's cores as a --core-mask (hex)")
+
+
+class DeviceScaling(BaseModel):
+    device: str | None = Field(default=None, description="The device's serial")
+    device_model: str | None = None
+    emulated: bool = Field(default=False, description="An emulator ran these runs: no speed figure is given")
+    emulator: str | None = None
+    arms: list[ScalingArm]
+    sme2_ratio: list[ScalingRatio] = Field(default_factory=list)
+    fastest: list[ScalingFastest] = Field(default_factory=list)
+    clusters: list[ClusterMask] = Field(default_factory=list, description="The device's core clusters, as masks")
+    sentences: list[str] = Field(default_factory=list)
+
+
+class ScalingRead(BaseModel):
+    """GET /experiments/{id}/scaling: per device, how latency changes with the thread count."""
+
+    experiment_id: int
+    threads: list[int]
+    core_mask: str | None = None
+    devices: list[DeviceScaling]
+    sentences: list[str] = Field(default_factory=list, description="What the view says, when it has no device to say it of")

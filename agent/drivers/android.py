@@ -119,6 +119,7 @@ class AndroidDriver(Driver):
         return DeviceInfo(
             serial=serial, platform="android", model=props.get("ro.product.model", ""),
             soc=soc or props.get("ro.board.platform", ""), cpu_cores=cpuinfo.core_count(cpu), abi=abi,
+            clusters=cpuinfo.clusters(cpu),
             os_version=f"Android {props['ro.build.version.release']}" if "ro.build.version.release" in props else "",
             sme2=sme2,
             sme2_evidence=f"/proc/cpuinfo features {'list' if sme2 else 'do not list'} sme2" if cpu.strip() else "",

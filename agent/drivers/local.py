@@ -132,6 +132,7 @@ class LocalDriver(Driver):
             model=cpuinfo.field(text, "model name") or cpuinfo.field(text, "Hardware") or platform.processor() or "Linux host",
             soc=cpuinfo.field(text, "Hardware") or cpuinfo.field(text, "vendor_id"),
             cpu_cores=cpuinfo.core_count(text) or os.cpu_count() or 0, abi=platform.machine(),
+            clusters=cpuinfo.clusters(text),
             os_version=f"Linux {platform.release()}", sme2=has, sme2_evidence=evidence,
             runner_platform=host_runner_platform(), state="idle", tags=["local"],
         )]

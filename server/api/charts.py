@@ -25,7 +25,7 @@ SVG = "image/svg+xml"
 HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
            "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
 SVG_RESPONSE = {200: {"content": {SVG: {"schema": {"type": "string"}}}, "description": "the chart as SVG"}}
-ChartName = Annotated[str, Path(pattern=r"^[a-z]{1,40}$", description="distribution, categories or verdicts")]
+ChartName = Annotated[str, Path(pattern=r"^[a-z]{1,40}$", description="distribution, categories, verdicts or scaling")]
 
 
 def svg(text: str) -> Response:

@@ -83,7 +83,7 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
         report = await _store_waiting_for_device(request, settings, spec, upload, store)
     except experiment_service.NoMatchingDevice as e:
         upload.discard()
-        raise HTTPException(422, f"spec.device: {e}")
+        raise HTTPException(422, f"{getattr(e, 'field', 'spec.device')}: {e}")
     except experiment_service.TooManyRuns as e:
         upload.discard()
         raise HTTPException(422, f"spec: {e}")
@@ -110,6 +110,8 @@ async def _store_waiting_for_device(request: Request, settings, spec: Experiment
                     raise experiment_service.NoMatchingDevice(
                         f"{e}; waited {waited:.1f} s (SME2_DEVICE_WAIT_S={settings.device_wait_s:g}) "
                         f"for {waited_for}") from None
+        except experiment_service.BeyondDevice:
+            raise  # the devices are there; waiting would not give them more cores
                 raise
             if not waited_for:
                 log.info("submission waits up to %g s for a device: %s", settings.device_wait_s, e.expected)
@@ -134,21 +136,25 @@ def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> byte
 def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max_runs: int | None = None) -> bytes:
     model = session.get(Model, upload.sha256)
     if model is None:
-        model = Model(sha256=upload.sha256, size=upload.size)
+        model = Model(sha256=upload.sha256, size=upload.size, memory=upload.memory)
         session.add(model)
     vs_model = None
     if upload.vs_model_path is not None:
         vs_model = model if upload.vs_sha256 == upload.sha256 else session.get(Model, upload.vs_sha256)
         if vs_model is None:
-            vs_model = Model(sha256=upload.vs_sha256, size=upload.vs_size)
+            vs_model = Model(sha256=upload.vs_sha256, size=upload.vs_size, memory=upload.vs_memory)
             session.add(vs_model)
     exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs, vs_model=vs_model)
+    elif model.memory is None:  # stored before its memory was recorded
+        model.memory = upload.memory
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
     exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
     run_service.runs_created(session, experiment_id=exp.id)  # nothing to run at all: complete now
     # The files move into the store only once the rows exist; a failure above leaves nothing behind.
     if upload.inputs_sha256:
         store.keep_inputs(upload.inputs_path, upload.inputs_sha256)
+        elif vs_model.memory is None:
+            vs_model.memory = upload.vs_memory
     store.keep_model(upload.model_path, upload.sha256)
     if upload.vs_model_path is not None:
         store.keep_model(upload.vs_model_path, upload.vs_sha256)

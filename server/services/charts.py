@@ -7,7 +7,9 @@ anyone who GETs it, so every view of an experiment shows one drawing of it.
   per-iteration latencies of its succeeded runs (all sessions);
 - ``categories``: per arm the mean ms per iteration of each category over its sessions;
 - ``verdicts``: the experiment's comparisons (kind sme2 and kind model) as a forest plot;
-  incomplete ones are listed with their verdict "incomplete" and no ratio.
+  incomplete ones are listed with their verdict "incomplete" and no ratio;
+- ``scaling``: speedup against threads per arm (services/scaling.py), one device's view (the
+  first; its serial in the title when there are several).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from sme2farm.protocol import ComparisonSide, RunStatus, SeriesKey, SeriesPoint
 from sme2farm.server.store.models import Experiment, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
+from sme2farm.server.services import scaling as scaling_service
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services.errors import NotFound
 
-NAMES = ("distribution", "categories", "verdicts")
+NAMES = ("distribution", "categories", "verdicts", "scaling")
 
 
 def _key(run: Run) -> tuple:
@@ -187,7 +190,20 @@ def render(exp: Experiment, name: str) -> str:
 def experiment_chart(session: Session, *, experiment_id: int, name: str) -> str:
     if name not in NAMES:
         raise NotFound(f"no chart {name!r}; charts are {', '.join(NAMES)}")
+    if name == "scaling":
+        return scaling_chart(session, experiment_id=experiment_id)
     exp = experiment_service.get(session, experiment_id=experiment_id)
     if exp is None:
         raise NotFound(f"experiment {experiment_id} not found")
     return render(exp, name)
+
+
+def scaling_chart(session: Session, *, experiment_id: int) -> str:
+    view = scaling_service.for_experiment(session, experiment_id=experiment_id)
+    title = f"Speedup against threads, experiment {experiment_id}"
+    if not view.devices:
+        return charts.scaling_chart([], title=title)
+    device = view.devices[0]
+    if len(view.devices) > 1:
+        title += f" · {device.device or device.device_model}"
+    return charts.scaling_chart([a.model_dump() for a in device.arms], title=title, emulated=device.emulator)

@@ -18,6 +18,45 @@ class NoMatchingDevice(ValueError):
 
 
 class TooManyRuns(ValueError):
+class BeyondDevice(NoMatchingDevice):
+    """Every matching device lacks what the spec asks for: more threads than it has cores, or a
+    core mask naming cores it does not have. `field`: the part of the spec to blame."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _cores_text(n: int) -> str:
+    return f"{n} core{'s' if n != 1 else ''} (0-{n - 1})" if n > 1 else f"{n} core (0)"
+
+
+def beyond_device(device: Device, spec: ExperimentSpec) -> tuple[str, str] | None:
+    """(spec field, why) when `device` cannot honour the spec's thread counts or core mask; None
+    when it can, or when it did not report its core count."""
+    cores = int((device.info or {}).get("cpu_cores") or 0)
+    if cores <= 0:
+        return None
+    name = f"device {device.serial}"
+    if spec.core_mask is not None:
+        mask = int(spec.core_mask, 16)
+        outside = [c for c in range(mask.bit_length()) if mask >> c & 1 and c >= cores]
+        if mask == 0:
+            return "spec.core_mask", f"core_mask {spec.core_mask} names no core"
+        if outside:
+            plural = "s" if len(outside) > 1 else ""
+            return "spec.core_mask", (f"core_mask {spec.core_mask} names core{plural} {', '.join(map(str, outside))}, "
+                                      f"which {name} lacks: it has {_cores_text(cores)}")
+        usable, where = bin(mask).count("1"), f"the {bin(mask).count('1')} core(s) core_mask {spec.core_mask} names"
+    else:
+        usable, where = cores, f"its {_cores_text(cores)}"
+    above = [t for t in spec.threads if t > usable]
+    if above:
+        return "spec.threads", (f"thread count{'s' if len(above) > 1 else ''} {', '.join(map(str, above))} "
+                                f"{'are' if len(above) > 1 else 'is'} more than {name} has: {where}")
+    return None
+
+
     """A submission that would fan out past SME2_MAX_RUNS_PER_EXPERIMENT (a 422 naming the count)."""
 
 
@@ -82,6 +121,13 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: in
         if left_out:
             raise NoMatchingDevice(f"no device that can run matches selector {what or '{}'}: " + "; ".join(left_out))
         known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
+    beyond = {d.id: why for d in devices if (why := beyond_device(d, spec))}
+    if beyond and len(beyond) == len(devices):
+        fields = sorted({field for field, _ in beyond.values()})
+        raise BeyondDevice("; ".join(why for _, why in beyond.values()), fields[-1])
+    left_out += [f"device {d.serial} was left out: {beyond[d.id][1].replace(f'device {d.serial}', 'it')}"
+                 for d in devices if d.id in beyond]
+    devices = [d for d in devices if d.id not in beyond]
         raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
     if "on" in spec.sme2_settings() and not any(d.sme2 for d in devices):
         # said once here, not only as each SME2-on run's unschedulable reason (a new user's

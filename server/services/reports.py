@@ -13,11 +13,13 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, defer, joinedload
 
 from sme2farm.protocol import (
-    DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary, LatencyStats, RunnerInfo, RunReport, RunStatus,
+    DEFAULT_METHOD, DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary, LatencyStats, RunnerInfo,
+    RunReport, RunStatus,
 )
 from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
+from sme2farm.server.services.programs import memory_for
 
 E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max", "cv", "mad", "outliers", "n")
 
@@ -163,6 +165,9 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
         created_at=exp.created_at, runs=[], comparisons=[], warnings=exp.warnings or [],
         runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
         runs_page_size=page_size if detail == "page" else None,
+        program_memory=memory_for(exp.model.memory, exp.spec.get("method", DEFAULT_METHOD)),
+        vs_program_memory=memory_for(exp.vs_model.memory, exp.spec.get("method", DEFAULT_METHOD))
+        if exp.vs_model_sha256 else None,
     ).model_dump_json(exclude={"runs", "comparisons"}).encode()
     # Every run serialises its (empty) device state and its (None) categories, operators and
     # kernels as these holes, once each, in field order; the stored JSON text goes in their

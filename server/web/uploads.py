@@ -51,6 +51,9 @@ class Upload:
     vs_model_path: Path | None = None
     vs_sha256: str = ""
     vs_size: int = 0
+    # services/programs.read_memory: each program's planned memory and data sizes
+    memory: dict | None = None
+    vs_memory: dict | None = None
 
     def discard(self) -> None:
         for p in (self.model_path, self.vs_model_path, self.inputs_path):

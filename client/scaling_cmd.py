@@ -1,0 +1,50 @@
+"""sme2-client scaling ID: how an experiment's latency changes with threads (and core masks), per
+device and arm: median and interval per thread count, speedup over the fewest threads and
+parallel efficiency with intervals, where more threads stop helping, the SME2 on/off ratio per
+thread count, and the device's clusters as --core-mask values. Emulated runs: no speed figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from sme2farm.analysis.scaling import rows
+from sme2farm.client.common import connect
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("scaling", help="thread and core scaling of an experiment (submit with --threads 1,2,4)",
+                       description=__doc__.split(":", 1)[1].strip())
+    s.add_argument("id", type=int, help="experiment id")
+    s.add_argument("--json", action="store_true", help="the API's answer (GET /experiments/{id}/scaling)")
+    s.set_defaults(fn=run)
+
+
+def table(headers: list[str], body: list[list[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [headers, *body]) for i in range(len(headers))]
+    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [headers, *body]]
+
+
+def scaling_text(view: dict) -> str:
+    out = [f"Experiment {view['experiment_id']}: threads {', '.join(map(str, view['threads']))}"
+           + (f", core mask {view['core_mask']}" if view.get("core_mask") else "")]
+    for d in view["devices"]:
+        out += ["", f"{d.get('device') or '?'} ({d.get('device_model') or '?'})"
+                + (f", emulated by {d['emulator']}" if d.get("emulated") else "")]
+        headers, body = rows(d)
+        out += ["  " + line for line in table(headers, body)]
+        out += [f"  {s}" for s in d.get("sentences") or []]
+    out += view.get("sentences") or []
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    client = connect(args)
+    view = client.scaling(args.id)
+    data = view.model_dump(mode="json")
+    if args.json:
+        json.dump(data, sys.stdout, indent=2)
+        print()
+    else:
+        print(scaling_text(data))
+    return 0
