@@ -206,6 +206,38 @@ def test_experiment_page_charts_and_verdicts(farm, data, browser):
 
 
 def test_compare_page_from_the_list(farm, data, browser):
+def test_experiment_page_scaling_chart_and_planned_memory(farm, browser, example_pte):
+    """A thread sweep (1, 2) draws the scaling chart (a point per thread count, the linear line),
+    its table and the API's sentences; the spec card shows the program's planned memory and each
+    run card the runner's peak RSS when the run recorded it."""
+    client = farm.client()
+    e = client.submit(example_pte("mlp"), ExperimentSpec(sme2="off", threads=[1, 2], iterations=20, warmup=2,
+                                                         name="scaling <sweep>"))
+    wait_for(client, e.id, quiet=True, timeout=180)
+    exp = client.experiment_json(e.id)
+    view = wire(client.scaling(e.id))
+    [device] = view["devices"]
+    d = browser
+    sign_in(d, farm)
+    d.get(f"{farm.url}/#/experiments/{e.id}")
+    wait(d, f'#experiment[data-id="{e.id}"]')
+    svg = chart(d, "scaling", "#scaling")
+    assert len(marks(svg, "g.point")) == 2 and marks(svg, "polyline.ideal")
+    card = d.find_element("css selector", "#scaling")
+    assert len(card.find_elements("css selector", "table tbody tr")) == 2
+    said = [p.text for p in card.find_elements("css selector", ".scaling-sentence")]
+    assert said == device["sentences"]
+    memory = d.find_element("css selector", ".spec .program-memory")
+    assert int(memory.get_attribute("data-planned")) == exp["program_memory"]["planned_bytes"] > 0
+    assert "planned in" in memory.text and "weights" in memory.text
+    for run in exp["runs"]:
+        rss = (run.get("memory") or {}).get("peak_rss_bytes")
+        shown = d.find_elements("css selector", f"#run-{run['id']} .peak-rss")
+        assert bool(shown) == (rss is not None)
+    shot(d, "experiment-scaling")
+    assert not console_errors(d), console_errors(d)
+
+
     d = browser
     e1, e2 = data["suite_exps"]
     sign_in(d, farm)

@@ -23,6 +23,14 @@ export function ms(v) {
   return v == null || !Number.isFinite(v) ? "—" : String(Number(v.toPrecision(4)));
 }
 
+// Bytes in binary units: 1536 -> "1.5 KiB".
+export function bytes(v) {
+  if (v == null || !Number.isFinite(v)) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let x = v, i = 0;
+  while (x >= 1024 && i < units.length - 1) { x /= 1024; i += 1; }
+  return i === 0 ? `${x} B` : `${x.toFixed(x < 10 ? 2 : 1)} ${units[i]}`;
+}
 export const pct = (v) => (v == null ? "—" : `${(100 * v).toFixed(1)}%`);
 export const num = (v, digits = 2) => (v == null ? "—" : Number(v).toFixed(digits));
 export const short = (s, n = 12) => (s ? (s.length > n ? `${s.slice(0, n)}…` : s) : "—");

@@ -2,7 +2,7 @@
 // A vs B) and every run's results.
 
 import { ApiError, download, getJSON, post } from "./api.js";
-import { badge, chart, compareHref, h, kv, ms, num, pct, short, table, when } from "./dom.js";
+import { badge, bytes, chart, compareHref, h, kv, ms, num, pct, short, table, when } from "./dom.js";
 import { ACTIVE } from "./views.js";
 
 export const CATEGORIES = ["Convolution", "GEMM", "Data Movement", "Elementwise", "Other"];
@@ -186,6 +186,10 @@ function runCard(run, twoModels = false, grouped = new Map()) {
         ["finished", when(run.finished_at)],
         ["runner wall", run.runner_wall_s == null ? "—" : `${num(run.runner_wall_s, 3)} s`],
         run.load_ms && ["load", Object.entries(run.load_ms).map(([k, v]) => `${k} ${ms(v)} ms`).join(", ")],
+        run.memory && run.memory.peak_rss_bytes != null && ["peak RSS", h("span", { class: "peak-rss",
+          title: run.memory.rss_source || "getrusage ru_maxrss" }, bytes(run.memory.peak_rss_bytes))],
+        run.memory && run.memory.runtime_allocated_bytes != null && ["runtime allocated",
+          bytes(run.memory.runtime_allocated_bytes)],
       ]))),
     run.e2e_ms && [h("h3", {}, "End-to-end latency", emulator && h("span", { class: "badge emulated" }, "emulated")),
       emulator && h("p", { class: "note small emulated-note" }, `Emulated (${emulator}): these times are the emulator's, not a CPU's. `
@@ -309,6 +313,32 @@ function numericsBlock(c) {
       { class: "numerics-table" }));
 }
 
+// What the program asks of memory before it runs (ExperimentReport.program_memory, from the .pte).
+function programMemory(m) {
+  const arenas = m.arenas.length;
+  return h("span", { class: "program-memory", dataset: { planned: m.planned_bytes, weights: m.weights_bytes },
+    title: `arenas: ${m.arenas.map(bytes).join(", ") || "none"}; constants ${bytes(m.constant_bytes)}, delegate blobs `
+      + `${bytes(m.delegate_bytes)}, named data ${bytes(m.named_data_bytes)}, mutable ${bytes(m.mutable_bytes)}` },
+  `${bytes(m.planned_bytes)} planned in ${arenas} arena${arenas === 1 ? "" : "s"} · weights ${bytes(m.weights_bytes)}`);
+}
+
+// Thread and core scaling (GET /experiments/{id}/scaling): the chart of the first device, then
+// per device its table and what the view says in words. Emulated: the words only.
+function scalingCard(view, svg) {
+  const f = (v, d = 2) => (v == null ? "—" : Number(v).toFixed(d));
+  return h("div", { class: "card scaling", id: "scaling" }, h("h3", {}, "Thread scaling"), svg,
+    (view?.devices || []).map((d) => h("div", { class: "scaling-device", dataset: { emulated: d.emulated ? "yes" : "no" } },
+      h("h4", {}, `${d.device || "?"}`, h("span", { class: "muted" }, ` · ${d.device_model || ""}`)),
+      !d.emulated && table(["Arm", "Threads", "Median ms", "Speedup", "95% interval", "Efficiency"],
+        d.arms.flatMap((a) => a.points.map((p) => h("tr", { class: p.threads === a.enough_threads ? "enough" : "" },
+          h("td", {}, a.name), h("td", { class: "num" }, p.threads), h("td", { class: "num" }, ms(p.median_ms)),
+          h("td", { class: "num" }, p.speedup ? `${f(p.speedup.estimate)}×` : "—"),
+          h("td", { class: "num" }, p.speedup ? `${f(p.speedup.ci_low)}–${f(p.speedup.ci_high)}` : "—"),
+          h("td", { class: "num" }, p.efficiency ? pct(p.efficiency.estimate) : "—"))))),
+      d.sentences.map((t) => h("p", { class: "small scaling-sentence" }, t)))),
+    (view?.sentences || []).map((t) => h("p", { class: "muted small" }, t)));
+}
+
 export async function experimentView({ id }) {
   const exp = await getJSON(`/experiments/${encodeURIComponent(id)}`);
   const s = exp.spec;
@@ -330,6 +360,10 @@ export async function experimentView({ id }) {
     measured && chart(`${base}/categories.svg`, "categories"),
     exp.comparisons.length > 0 && chart(`${base}/verdicts.svg`, "verdicts"),
   ]);
+  const scales = measured && (s.threads.length > 1 || s.core_mask);
+  const [scaling, scalingChart] = scales ? await Promise.all([
+    getJSON(`/experiments/${encodeURIComponent(exp.id)}/scaling`).catch(() => null), chart(`${base}/scaling.svg`, "scaling"),
+  ]) : [null, null];
   const grouped = unplacedGroups(exp.runs);
   const device = s.device ? Object.entries(s.device).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length)).map(([k, v]) => `${k}=${v}`).join(", ") : "";
   return {
@@ -347,6 +381,8 @@ export async function experimentView({ id }) {
         ["model", h("span", { class: "mono", title: exp.model_sha256 }, `${short(exp.model_sha256, 16)} · ${(exp.model_size / 1024).toFixed(1)} KiB`)],
         exp.vs_model_sha256 && ["vs model (B)", h("span", { class: "mono", title: exp.vs_model_sha256 },
           exp.vs_model_sha256 === exp.model_sha256 ? "the same model (A/A)" : `${short(exp.vs_model_sha256, 16)}${exp.vs_model_size ? ` · ${(exp.vs_model_size / 1024).toFixed(1)} KiB` : ""}`)],
+        exp.program_memory && ["planned memory", programMemory(exp.program_memory)],
+        exp.vs_program_memory && ["planned memory (B)", programMemory(exp.vs_program_memory)],
         ["method", s.method || "forward"],
         ["inputs", h("span", { title: exp.inputs_sha256 || "" }, exp.inputs || "all ones (default)")],
         ["created", when(exp.created_at)],
@@ -357,6 +393,7 @@ export async function experimentView({ id }) {
       unplacedCard(grouped),
       measured && h("div", { class: "card charts" }, h("h3", {}, "Latency and where the time goes, per arm"),
         h("div", { class: "cols" }, distribution, categories)),
+      scales && scalingCard(scaling, scalingChart),
       exp.comparisons.length > 0 && h("section", { class: "verdicts", id: "verdicts" },
         h("div", { class: "card" }, h("h3", {}, "Verdicts"), verdicts),
         exp.comparisons.map((c) => comparisonCard(grouped.size && c.reason
