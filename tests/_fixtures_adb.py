@@ -9,25 +9,18 @@ beside it: the fake sits at the hardware boundary, everything above it is the re
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
-from pathlib import Path
 
 import adbutils
 import pytest
+from _fixtures_farm import free_port
 from adb_loopback import LoopbackDevice, sme2_phone
 
 from sme2farm.agent.drivers.android import AndroidDriver
 from sme2farm.agent.drivers.base import Job
 from sme2farm.agent.drivers.hygiene import GateConfig
 from sme2farm.runners.catalog import Catalog, RunnerBuild, sha256_file
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -105,11 +98,6 @@ def phone_runners(tmp_path_factory, local_runner):
     return catalog
 
 
-@pytest.fixture(scope="session")
-def toy_pte(example_pte) -> Path:
-    return example_pte("toy_cnn")
-
-
 @pytest.fixture
 def make_job(tmp_path, toy_pte):
     """make_job(runner, **overrides) -> Job with a fresh workdir."""
@@ -127,4 +115,4 @@ def make_job(tmp_path, toy_pte):
     return make
 
 
-__all__ = ["adb_port", "loopback", "fast_gate", "android_driver", "phone_runners", "toy_pte", "make_job"]
+__all__ = ["adb_port", "loopback", "fast_gate", "android_driver", "phone_runners", "make_job"]

@@ -5,6 +5,7 @@ an in-process API with a recording task queue, a whole farm started for real, an
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from sme2farm.protocol import DeviceInfo, RunnerInfo
 
 POSTGRES_URL = os.environ.get("SME2_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("SME2_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -245,6 +248,60 @@ def db_url(request, tmp_path) -> str:
     return url
 
 
+X86_RUNNERS = [RunnerInfo(id="r-off", platform="linux-x86_64", sme2="off")]
+# A quick run on the host unless a test's spec says otherwise.
+QUICK_SPEC = {"sme2": "off", "iterations": 5, "warmup": 1}
+
+
+def x86_host(serial: str) -> DeviceInfo:
+    """This machine as the local agent reports it: a Linux x86_64 host without SME2."""
+    return DeviceInfo(serial=serial, platform="linux", model="x86 test host", cpu_cores=2, abi="x86_64", sme2=False,
+                      sme2_evidence="x86_64 CPU: SME2 is an Arm extension", runner_platform="linux-x86_64")
+
+
+X86_HOST = x86_host("host-test")
+
+
+def http_of(target, token: str | None = None) -> tuple[httpx.Client, dict[str, str]]:
+    """(client, headers) to call the API with: an Api with its admin token (or `token`), or an
+    httpx.Client that carries its own Authorization header."""
+    if isinstance(target, httpx.Client):
+        return target, {"Authorization": f"Bearer {token}"} if token else {}
+    return target.client, target.auth(token)
+
+
+def register(target, devices=(X86_HOST,), runners=X86_RUNNERS, *, name: str = "agent-1", hostname: str = "lab",
+             token: str | None = None) -> dict:
+    """POST /agent/register as an agent does (the admin token, or a register-scope `token`); the
+    server's answer: access_token, agent_id, refused devices."""
+    http, headers = http_of(target, token)
+    body = {"name": name, "hostname": hostname, "devices": [d.model_dump(mode="json") for d in devices],
+            "runners": [r.model_dump(mode="json") for r in runners]}
+    r = http.post("/agent/register", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def post_experiment(target, model: bytes | Path, spec: dict | str | None = None, *, token: str | None = None,
+                    filename: str = "m.pte", inputs: bytes | None = None,
+                    inputs_name: str = "inputs.npz") -> httpx.Response:
+    """POST /experiments as sme2-client does: the model (and inputs) as file parts, the spec as a
+    JSON form field (none: no spec part; a str: sent as it is). The answer, whatever it is."""
+    http, headers = http_of(target, token)
+    files = {"model": (filename, model.read_bytes() if isinstance(model, Path) else model, "application/octet-stream")}
+    if inputs is not None:
+        files["inputs"] = (inputs_name, inputs, "application/octet-stream")
+    data = {} if spec is None else {"spec": spec if isinstance(spec, str) else json.dumps(spec)}
+    return http.post("/experiments", files=files, data=data, headers=headers)
+
+
+def submit(target, model: bytes | Path, **spec) -> dict:
+    """An accepted submission (201) of QUICK_SPEC updated with `spec`: the experiment's JSON."""
+    r = post_experiment(target, model, {**QUICK_SPEC, **spec})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
 @dataclass
 class Api:
     """The real FastAPI app served by uvicorn on a loopback port in this process, with the task
@@ -268,6 +325,39 @@ def api(tmp_path, db_url) -> Api:
     settings.data_dir.mkdir()
     with serve_app(settings) as (url, token, enqueued), httpx.Client(base_url=url, timeout=60) as client:
         yield Api(client=client, url=url, settings=settings, token=token, enqueued=enqueued)
+
+
+@pytest.fixture
+def agent(api, local_runner, tmp_path):
+    """The real agent (local driver, the locally built runner) registered with `api`; the test
+    drives it: claim, execute."""
+    from sme2farm.agent.api import AgentApi
+    from sme2farm.agent.drivers.local import LocalDriver
+    from sme2farm.agent.loop import Agent
+
+    catalog, _ = local_runner
+    a = Agent(AgentApi(api.url, api.token, retries=0), [LocalDriver()], catalog,
+              name="test-agent", work_dir=tmp_path / "agent")
+    a.register()
+    return a
+
+
+def dispatch(api) -> list[int]:
+    """The dispatcher's pass, as the beat runs it: the ids of the runs it assigned."""
+    from sme2farm.server.services import runs as run_service
+    from sme2farm.server.store.db import session_scope
+
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        return run_service.dispatch(s, lease_s=api.settings.lease_s)
+
+
+def ingest_all(api, run_ids, monkeypatch) -> None:
+    """Run the Celery ingest task's body, against this test's database and data dir."""
+    from sme2farm.worker import tasks
+
+    monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
+    for rid in run_ids:
+        tasks.ingest_run(rid)
 
 
 @dataclass
@@ -341,3 +431,141 @@ def farm(tmp_path_factory, local_runner) -> RunningFarm:
     f = start_farm(tmp_path_factory.mktemp("farm"), catalog.manifest)
     yield f
     stop_farm(f.proc)
+
+
+@contextlib.contextmanager
+def farm_on(kind: str, request, workdir: Path, **env: str):
+    """`sme2-farm up` on the embedded default ("embedded") or on a fresh PostgreSQL database and a
+    private Redis ("pg_redis"), `env` added to its environment. Yields (RunningFarm, the database
+    URL, the PrivateRedis or None); stops the farm and drops what it made afterwards."""
+    catalog, _ = request.getfixturevalue("local_runner")
+    if kind == "embedded":
+        running = start_farm(workdir / "farm", catalog.manifest, extra_env=env)
+        try:
+            yield running, f"sqlite:///{workdir / 'farm' / 'farm.db'}", None
+        finally:
+            stop_farm(running.proc)
+        return
+    redis = PrivateRedis(workdir)
+    url, drop_database = create_database(request.getfixturevalue("postgres_admin_url"), f"sme2_{kind}")
+    running = None
+    try:
+        running = start_farm(workdir / "farm", catalog.manifest,
+                             extra_env={"SME2_DATABASE_URL": url, "SME2_BROKER_URL": redis.url, **env})
+        yield running, url, redis
+    finally:
+        if running is not None:
+            stop_farm(running.proc)
+        redis.kill()
+        drop_database()
+
+
+TERMINAL = {"succeeded", "failed", "cancelled", "unschedulable"}
+# Ingest messages a worker has taken from the embedded (SQLite) broker: hidden, never shown again.
+TAKEN_INGEST = "SELECT count(*) FROM kombu_message WHERE visible = 0 AND payload LIKE '%sme2farm.ingest%'"
+
+
+class FarmProbe:
+    """A farm started for real and the fault tests' ways to look at it: its API with the admin
+    token, SQL straight to its database, its supervisor's children and their logs."""
+
+    LOGS = ("worker", "beat", "server", "agent", "supervisor")
+
+    def __init__(self, running: RunningFarm, db_url: str):
+        from sqlalchemy import create_engine
+
+        self.f, self.url, self.db_url = running, running.url, db_url
+        self.http = httpx.Client(base_url=running.url, timeout=30,
+                                 headers={"Authorization": f"Bearer {running.token}"})
+        self.db = create_engine(db_url)
+
+    def children(self) -> dict:
+        return json.loads((self.f.data_dir / "supervisor.json").read_text())["children"]
+
+    def pid(self, child: str) -> int:
+        return self.children()[child]["pid"]
+
+    def kill(self, child: str, sig: int = signal.SIGKILL) -> int:
+        pid = self.pid(child)
+        os.kill(pid, sig)
+        return pid
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}.log ---\n{self.f.log(n)[-1500:]}" for n in self.LOGS)
+
+    def submit(self, model: bytes | Path, **spec) -> dict:
+        return submit(self.http, model, **spec)
+
+    def sql(self, query: str, **params) -> list:
+        from sqlalchemy import text
+
+        with self.db.connect() as c:
+            return [tuple(row) for row in c.execute(text(query), params)]
+
+    def runs(self, experiment_id: int) -> list[tuple]:
+        """(id, status, attempt, ingest_attempts, reason) of each run of the experiment."""
+        return self.sql("SELECT id, status, attempt, ingest_attempts, reason FROM runs WHERE experiment_id = :e "
+                        "ORDER BY id", e=experiment_id)
+
+    def run(self, run_id: int) -> tuple:
+        """(status, attempt, ingest_attempts, reason) of one run."""
+        return self.sql("SELECT status, attempt, ingest_attempts, reason FROM runs WHERE id = :r", r=run_id)[0]
+
+    def status(self, run_id: int) -> str:
+        return self.run(run_id)[0]
+
+    def wait_status(self, run_id: int, statuses: set[str], timeout_s: float) -> str:
+        return wait_for(f"run {run_id} reached {statuses}", lambda: (s := self.status(run_id)) in statuses and s,
+                        timeout_s, log=self.logs)
+
+    def wait_done(self, experiment_id: int, timeout_s: float) -> list[tuple]:
+        def ended():
+            runs = self.runs(experiment_id)
+            return runs if runs and all(r[1] in TERMINAL for r in runs) else None
+
+        return wait_for(f"experiment {experiment_id} ended", ended, timeout_s, every=0.1, log=self.logs)
+
+    def assert_one_result_each(self, run_ids: list[int]) -> None:
+        """Exactly one result per run: one run_results row, operators and artifacts not doubled."""
+        for rid in run_ids:
+            assert self.sql("SELECT count(*) FROM run_results WHERE run_id = :r", r=rid) == [(1,)], rid
+            ops = self.sql("SELECT name, count(*) FROM operator_stats WHERE run_id = :r GROUP BY name", r=rid)
+            assert ops and all(n == 1 for _, n in ops), (rid, ops)
+            arts = self.sql("SELECT name, count(*) FROM artifacts WHERE run_id = :r GROUP BY name", r=rid)
+            assert all(n == 1 for _, n in arts), (rid, arts)
+        report = self.http.get(f"/runs/{run_ids[0]}").json()
+        assert report["status"] == "succeeded", report
+
+    def close(self) -> None:
+        """Stop the farm (again: a no-op), so that two farms never share the machine's two cores
+        while pytest keeps a module's fixtures until the module ends."""
+        self.http.close()
+        self.db.dispose()
+        stop_farm(self.f.proc)
+
+
+def kill_worker_holding_the_ingest(farm: FarmProbe, run_id: int, broker) -> tuple[int, int]:
+    """On an embedded farm, with run `run_id` running: freeze the worker, let the agent finish
+    (the ingest is sent), hold the database's write lock (as a long transaction of another
+    process would), let the worker go to take the ingest message and block in the task's first
+    write, and kill it there. The task never began. `broker`: a sqlite3 connection to the
+    farm's broker.db. Returns (the killed worker's pid, the taken ingest messages before)."""
+    import sqlite3
+
+    farm.wait_status(run_id, {"running"}, 60)
+    worker = farm.kill("worker", signal.SIGSTOP)       # frozen: it can take nothing from the broker
+    try:
+        farm.wait_status(run_id, {"analyzing"}, 60)    # the agent finished; ingest was sent
+        before = broker.execute(TAKEN_INGEST).fetchone()[0]
+        db = sqlite3.connect(farm.f.data_dir / "farm.db", timeout=30, isolation_level=None)
+        db.execute("BEGIN IMMEDIATE")
+        os.kill(worker, signal.SIGCONT)
+        wait_for("the worker took the ingest message", lambda: broker.execute(TAKEN_INGEST).fetchone()[0] > before,
+                 30, log=farm.logs)
+        os.kill(worker, signal.SIGKILL)
+        db.execute("ROLLBACK")
+        db.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGCONT)
+    return worker, before

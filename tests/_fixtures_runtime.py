@@ -1,5 +1,6 @@
 """Runtime fixtures: the locally built runner and exported example models (session-scoped,
-because a build takes seconds and an export several)."""
+because a build takes seconds and an export several); the multi-method programs and bundled
+programs the inputs and outputs tests export."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["local_runner", "example_pte", "arm64_runners"]
+__all__ = ["local_runner", "example_pte", "toy_pte", "pte", "arm64_runners"]
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +44,18 @@ def example_pte(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def toy_pte(example_pte) -> Path:
+    """toy_cnn's program file."""
+    return example_pte("toy_cnn")
+
+
+@pytest.fixture
+def pte(toy_pte) -> bytes:
+    """toy_cnn's program: the bytes a client uploads."""
+    return toy_pte.read_bytes()
+
+
+@pytest.fixture(scope="session")
 def arm64_runners(tmp_path_factory):
     """Catalog with the wheel cross-built aarch64 runners (linux-arm64 folder and the Android
     bundle, both SME2 arms each), registered in a session-private manifest."""
@@ -53,3 +66,54 @@ def arm64_runners(tmp_path_factory):
     for platform in ("linux-arm64", "android-arm64"):
         build_platform(platform, manifest)
     return Catalog.load(manifest)
+
+
+def multi_method_modules():
+    """Scale (int and bool inputs), HalfConv (fp16) and Mixed (five dtypes): the modules the inputs
+    and outputs tests export."""
+    import torch
+    from torch import nn
+
+    class Scale(nn.Module):
+        def forward(self, x, n: int, flag: bool):
+            return x * n if flag else x
+
+    class HalfConv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    class Mixed(nn.Module):
+        def forward(self, a, b, c, d, e):
+            return (a.float() + b.float()).sum() + c.float().sum() + d.float().sum() + e.to(torch.float32).sum()
+
+    return Scale, HalfConv, Mixed
+
+
+def export_methods(methods: dict, *, xnnpack: bool = True):
+    """{method: (module, example inputs)} -> ExecutorchProgramManager (several methods in one program)."""
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    eps = {name: torch.export.export(m, args) for name, (m, args) in methods.items()}
+    parts = []
+    if xnnpack:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        parts = [XnnpackPartitioner()]
+    return to_edge_transform_and_lower(eps, partitioner=parts).to_executorch()
+
+
+def bundle(program, suites: dict[str, list[tuple]], *, pte_path=None) -> bytes:
+    """ExecuTorch's own bundled-program writer. With pte_path it skips its input validation,
+    which is how a .bpte whose inputs do not fit its method is made."""
+    from executorch.devtools import BundledProgram
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
+
+    ts = [MethodTestSuite(name, [MethodTestCase(inputs=list(c)) for c in cases]) for name, cases in suites.items()]
+    bp = BundledProgram(None, ts, pte_file_path=str(pte_path)) if pte_path else BundledProgram(program, ts)
+    return serialize_from_bundled_program_to_flatbuffer(bp)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from _fixtures_farm import wait_for
+from _fixtures_farm import dispatch, submit, wait_for
 from sme2farm.agent.drivers.leftovers import PidRecords, process_identity
 from sme2farm.agent.drivers.local import LocalDriver
 from sme2farm.server.store.db import session_scope
@@ -32,18 +32,6 @@ from sme2farm.server.services import runs as run_service
 
 # ~10 s of runner time on an idle core, but a small trace: warm-up executions are not recorded.
 LONG = {"warmup": 10_000, "iterations": 2_000}
-
-
-def submit(api, pte: Path, **spec) -> dict:
-    r = api.client.post("/experiments", files={"model": ("m.pte", pte.read_bytes())},
-                        data={"spec": json.dumps({"sme2": "off", **spec})}, headers=api.auth())
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def dispatch(api) -> list[int]:
-    with session_scope(api.settings.sqlalchemy_url) as s:
-        return run_service.dispatch(s, lease_s=api.settings.lease_s)
 
 
 def devices(api) -> list[dict]:

@@ -74,7 +74,7 @@ def test_discover_reads_identity_and_detects_sme2(android_driver, loopback):
 
 
 def test_discover_returns_empty_when_adb_cannot_start(tmp_path):
-    from _fixtures_adb import free_port
+    from _fixtures_farm import free_port
 
     t0 = time.monotonic()
     assert AndroidDriver(free_port(), adb_path=str(tmp_path / "no-adb-here")).discover() == []
@@ -94,7 +94,7 @@ def test_discover_returns_empty_when_the_adb_port_is_taken():
 
 
 def test_discover_returns_empty_on_a_fresh_server_without_phones():
-    from _fixtures_adb import free_port
+    from _fixtures_farm import free_port
 
     port = free_port()
     driver = AndroidDriver(port)

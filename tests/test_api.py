@@ -3,34 +3,22 @@ stored, the server keeps serving), auth, content-addressed storage."""
 
 from __future__ import annotations
 
-import json
+from functools import partial
 
 import pytest
 
+from _fixtures_farm import X86_HOST, X86_RUNNERS, post_experiment, register
 from sme2farm.protocol import DeviceInfo, RunnerInfo
 
-HOST = DeviceInfo(serial="host-test", platform="linux", model="x86 test host", cpu_cores=2, abi="x86_64",
-                  sme2=False, sme2_evidence="x86_64 CPU: SME2 is an Arm extension", runner_platform="linux-x86_64")
+HOST = X86_HOST
 PHONE = DeviceInfo(serial="phone-1", platform="android", model="Phone", soc="SoC9", cpu_cores=8, abi="arm64-v8a",
                    sme2=True, sme2_evidence="/proc/cpuinfo features list sme2", runner_platform="android-arm64-v9a",
                    tags=["lab1"])
-RUNNERS = [RunnerInfo(id="r-off", platform="linux-x86_64", sme2="off"),
+RUNNERS = [*X86_RUNNERS,
            RunnerInfo(id="a-off", platform="android-arm64-v9a", sme2="off"),
            RunnerInfo(id="a-on", platform="android-arm64-v9a", sme2="on")]
-
-
-def register(api, devices=(HOST,), runners=RUNNERS, name="agent-1") -> str:
-    body = {"name": name, "hostname": "lab", "devices": [d.model_dump(mode="json") for d in devices],
-            "runners": [r.model_dump(mode="json") for r in runners]}
-    r = api.client.post("/agent/register", json=body, headers=api.auth())
-    assert r.status_code == 200, r.text
-    return r.json()["access_token"]
-
-
-def submit(api, model: bytes, spec: dict | str | None = None, token: str | None = None):
-    data = {} if spec is None else {"spec": spec if isinstance(spec, str) else json.dumps(spec)}
-    return api.client.post("/experiments", files={"model": ("../../etc/passwd", model, "application/octet-stream")},
-                           data=data, headers=api.auth(token))
+# Every model in this file is uploaded under the name "../../etc/passwd": the server must never use it.
+submit = partial(post_experiment, filename="../../etc/passwd")
 
 
 def stored(api) -> tuple[int, list]:
@@ -39,13 +27,8 @@ def stored(api) -> tuple[int, list]:
     return page["total"], models
 
 
-@pytest.fixture
-def pte(example_pte) -> bytes:
-    return example_pte("toy_cnn").read_bytes()
-
-
 def test_submit_fans_out_runs_and_names_unschedulable_reasons(api, pte):
-    register(api, devices=(HOST, PHONE))
+    register(api, devices=(HOST, PHONE), runners=RUNNERS)
     r = submit(api, pte, {"sme2": "both", "threads": [1, 4], "iterations": 5, "name": "fan-out"})
     assert r.status_code == 201, r.text
     rep = r.json()
@@ -61,7 +44,7 @@ def test_submit_fans_out_runs_and_names_unschedulable_reasons(api, pte):
 
 
 def test_same_model_twice_is_stored_once(api, pte):
-    register(api)
+    register(api, runners=RUNNERS)
     for _ in range(2):
         assert submit(api, pte, {"sme2": "off"}).status_code == 201
     total, models = stored(api)
@@ -82,7 +65,7 @@ def test_missing_runner_build_is_unschedulable_with_reason(api, pte):
 
 
 def test_trace_mode_needs_an_xnnlog_build(api, pte):
-    register(api)
+    register(api, runners=RUNNERS)
     rep = submit(api, pte, {"sme2": "off", "mode": "trace"}).json()
     assert rep["runs"][0]["status"] == "unschedulable"
     assert "xnnlog" in rep["runs"][0]["reason"]
@@ -104,7 +87,7 @@ def test_trace_mode_needs_an_xnnlog_build(api, pte):
     ({"device": {"serial": "nope"}}, 422, "no device matches selector"),
 ])
 def test_bad_spec_is_a_4xx_naming_the_problem_and_stores_nothing(api, pte, spec, status, needle):
-    register(api)
+    register(api, runners=RUNNERS)
     assert submit(api, pte, {"sme2": "off", "name": "kept"}).status_code == 201
     before_total, before_models = stored(api)
     r = submit(api, pte + b"x", spec)  # different bytes: a leak would show as a second model file
@@ -122,7 +105,7 @@ def test_bad_spec_is_a_4xx_naming_the_problem_and_stores_nothing(api, pte, spec,
     (lambda pte: pte[:10], "too short"),
 ])
 def test_bad_model_file_is_rejected(api, pte, make, needle):
-    register(api)
+    register(api, runners=RUNNERS)
     r = submit(api, make(pte), {"sme2": "off"})
     assert r.status_code == 422, r.text
     assert needle in r.json()["detail"]
@@ -131,7 +114,7 @@ def test_bad_model_file_is_rejected(api, pte, make, needle):
 
 
 def test_oversized_upload_is_413_and_leaves_nothing(api, pte):
-    register(api)
+    register(api, runners=RUNNERS)
     big = pte + b"\0" * (3 << 20)  # the fixture's limit is 2 MiB
     r = submit(api, big, {"sme2": "off"})
     assert r.status_code == 413
@@ -142,7 +125,7 @@ def test_oversized_upload_is_413_and_leaves_nothing(api, pte):
 
 
 def test_missing_model_part_and_wrong_content_type(api):
-    register(api)
+    register(api, runners=RUNNERS)
     r = api.client.post("/experiments", data={"spec": "{}"}, headers=api.auth())
     assert r.status_code in (415, 422)
     r = api.client.post("/experiments", files={"spec": (None, "{}")}, headers=api.auth())
@@ -150,7 +133,7 @@ def test_missing_model_part_and_wrong_content_type(api):
 
 
 def test_auth_on_every_non_public_endpoint(api, pte):
-    agent_token = register(api)
+    agent_token = register(api, runners=RUNNERS)["access_token"]
     for method, path in [("GET", "/experiments"), ("GET", "/experiments/1"), ("GET", "/runs/1"),
                          ("GET", "/devices"), ("GET", "/runs/1/artifacts/trace.etdump"), ("POST", "/experiments")]:
         assert api.client.request(method, path).status_code == 401, path
@@ -163,7 +146,7 @@ def test_auth_on_every_non_public_endpoint(api, pte):
 
 
 def test_experiments_are_paged_newest_first(api, pte):
-    register(api)
+    register(api, runners=RUNNERS)
     for i in range(5):
         assert submit(api, pte, {"sme2": "off", "name": f"e{i}"}).status_code == 201
     page = api.client.get("/experiments", params={"page": 1, "page_size": 2}, headers=api.auth()).json()
@@ -181,7 +164,7 @@ def test_unknown_ids_and_artifacts_are_404(api):
 
 
 def test_cancel_queued_run(api, pte):
-    register(api)
+    register(api, runners=RUNNERS)
     rep = submit(api, pte, {"sme2": "off"}).json()
     r = api.client.post(f"/experiments/{rep['id']}/cancel", headers=api.auth()).json()
     assert r["runs"][0]["status"] == "cancelled"

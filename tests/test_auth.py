@@ -13,7 +13,8 @@ import threading
 
 import pytest
 
-from sme2farm.protocol import DeviceInfo, RunnerInfo
+from _fixtures_farm import register
+from sme2farm.protocol import DeviceInfo
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.services import runs as run_service
 
@@ -69,7 +70,6 @@ EXPECTED = {
 DUMMY = {"experiment_id": "987654", "run_id": "987654", "token_id": "987654", "change_id": "987654", "name": "trace.etdump", "sha256": "0" * 64}
 
 HOST = DeviceInfo(serial="host-auth", platform="linux", cpu_cores=2, abi="x86_64", runner_platform="linux-x86_64")
-RUNNERS = [RunnerInfo(id="r-off", platform="linux-x86_64", sme2="off")]
 
 
 def mint(api, scope: str, name: str | None = None) -> str:
@@ -78,21 +78,13 @@ def mint(api, scope: str, name: str | None = None) -> str:
     return r.json()["token"]
 
 
-def register(api, token: str, name: str = "agent-a", devices=(HOST,)) -> dict:
-    body = {"name": name, "hostname": f"{name}-host", "devices": [d.model_dump(mode="json") for d in devices],
-            "runners": [r.model_dump(mode="json") for r in RUNNERS]}
-    r = api.client.post("/agent/register", json=body, headers=api.auth(token))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 @pytest.fixture
 def tokens(api) -> dict[str, str | None]:
     api.settings.rate_auth_failures_per_min = 0  # this test fails authentication on purpose, often
     register_token = mint(api, "register")
     return {"none": None, "bad": "sme2_not-a-token", "read": mint(api, "read"), "submit": mint(api, "submit"),
             "admin": api.token, "register": register_token,
-            "agent": register(api, register_token, name="walker")["access_token"]}
+            "agent": register(api, (HOST,), name="walker", token=register_token)["access_token"]}
 
 
 def test_every_route_with_every_token_kind(api, tokens):
@@ -138,7 +130,7 @@ def test_tokens_are_minted_listed_and_revoked_at_once(api):
         r = api.client.post("/tokens", json={"name": "x", "scope": scope}, headers=api.auth())
         assert r.status_code == 422 and needle in r.text
     # an agent's token is revoked like any other: its next claim is refused
-    agent = register(api, mint(api, "register"))
+    agent = register(api, (HOST,), name="agent-a", token=mint(api, "register"))
     assert api.client.post("/agent/claim", headers=api.auth(agent["access_token"])).status_code == 200
     agent_row = next(t for t in api.client.get("/tokens", headers=api.auth()).json() if t["agent_id"] == agent["agent_id"])
     assert agent_row["scope"] == "agent"
@@ -187,8 +179,8 @@ def _dispatch(api) -> list[int]:
 
 def test_agents_download_only_their_own_runs_models(api, example_pte):
     reg = mint(api, "register")
-    a = register(api, reg, "agent-a", devices=(HOST,))
-    b = register(api, reg, "agent-b", devices=(HOST.model_copy(update={"serial": "host-b"}),))
+    a = register(api, (HOST,), name="agent-a", token=reg)
+    b = register(api, (HOST.model_copy(update={"serial": "host-b"}),), name="agent-b", token=reg)
     pte = example_pte("toy_cnn").read_bytes()
     r = api.client.post("/experiments", files={"model": ("m.pte", pte)}, headers=api.auth(),
                         data={"spec": json.dumps({"sme2": "off", "device": {"serial": "host-auth"}})})
@@ -281,9 +273,9 @@ def _devices(api) -> list[dict]:
 def test_one_agent_drives_a_serial_at_a_time(api):
     reg = mint(api, "register")
     phone = HOST.model_copy(update={"serial": "phone-shared", "platform": "android", "runner_platform": "android-arm64-v9a"})
-    a = register(api, reg, "agent-a", devices=(phone,))
+    a = register(api, (phone,), name="agent-a", token=reg)
     assert a["refused"] == []
-    b = register(api, reg, "agent-b", devices=(phone, HOST))
+    b = register(api, (phone, HOST), name="agent-b", token=reg)
     assert [x["serial"] for x in b["refused"]] == ["phone-shared"]
     assert "agent-a" in b["refused"][0]["reason"]
     live = [d for d in _devices(api) if d["state"] != "offline"]

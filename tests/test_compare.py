@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from test_api import HOST, RUNNERS, register
+from _fixtures_farm import register
 
 pytestmark = pytest.mark.e2e
 VERDICTS = {"speedup", "slowdown", "no significant difference", "insufficient data"}
@@ -104,7 +104,7 @@ def test_compare_two_experiments_and_runs_matched_or_explained(farm, example_pte
     (None, {"sme2": "off", "method": "forward"}, None),  # control: the same request with a real program succeeds
 ])
 def test_bad_vs_model_is_a_4xx_and_stores_nothing(api, example_pte, vs_body, spec, needle):
-    register(api, devices=(HOST,), runners=RUNNERS)
+    register(api)
     pte = example_pte("toy_cnn").read_bytes()
     files = {"model": ("a.pte", pte, "application/octet-stream"),
              "vs_model": ("b.pte", vs_body or example_pte("mlp").read_bytes(), "application/octet-stream")}
@@ -122,7 +122,7 @@ def test_bad_vs_model_is_a_4xx_and_stores_nothing(api, example_pte, vs_body, spe
 
 
 def test_vs_fans_out_both_models_per_arm_and_counts_them_against_the_bound(api, example_pte):
-    register(api, devices=(HOST,), runners=RUNNERS)
+    register(api)
     a, b = example_pte("toy_cnn").read_bytes(), example_pte("mlp").read_bytes()
     files = {"model": ("a.pte", a, "application/octet-stream"), "vs_model": ("b.pte", b, "application/octet-stream")}
     r = api.client.post("/experiments", files=files, data={"spec": json.dumps({"sme2": "both", "sessions": 2})},

@@ -9,90 +9,21 @@ gets the server's 4xx message for a bad upload and sees the host as a device wit
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from _fixtures_browser import WAIT_S, screenshot, wait
+from sme2farm.client.api import wire
 from sme2farm.client.common import wait_for
 from sme2farm.protocol import ExperimentSpec
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
-CHROMIUM = Path(os.environ.get("SME2_CHROMIUM", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("SME2_CHROMEDRIVER", "/usr/bin/chromedriver"))
 SCREENSHOT = Path("/tmp/dashboard.png")
 CATEGORIES = ["Convolution", "GEMM", "Data Movement", "Elementwise", "Other"]
-WAIT_S = 20
-
-
-@pytest.fixture(scope="session")
-def chromium():
-    """Checked before the farm starts: CI (SME2_REQUIRE_SERVICES=1) fails, elsewhere a plain skip."""
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium Python package (pip install -e '.[dev]')")
-    if missing:
-        msg = (f"the dashboard test needs headless Chromium; missing: {', '.join(missing)} "
-               f"(apt-get install chromium chromium-driver, as listed in .ci/apt-packages.txt)")
-        if os.environ.get("SME2_REQUIRE_SERVICES") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return CHROMIUM, CHROMEDRIVER
-
-
-@pytest.fixture
-def browser(chromium, tmp_path, monkeypatch):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    monkeypatch.setenv("SE_OFFLINE", "true")  # selenium-manager must never download anything
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(chromium[0])
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1000"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(chromium[1])), options=opts)
-    downloads = tmp_path / "downloads"
-    downloads.mkdir()
-    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
-    driver.downloads = downloads
-    yield driver
-    driver.quit()
-
-
-def wait(driver, css: str, *, text: str | None = None, timeout: float = WAIT_S):
-    """The first visible element matching css (whose text contains `text`, if given)."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    def found(d):
-        for el in d.find_elements(By.CSS_SELECTOR, css):
-            if el.is_displayed() and (text is None or text in el.text):
-                return el
-        return False
-
-    try:
-        return WebDriverWait(driver, timeout).until(found)
-    except Exception:
-        main = driver.find_elements(By.ID, "main")
-        raise AssertionError(f"no visible {css!r}{f' with {text!r}' if text else ''}; page shows:\n"
-                             f"{main[0].text if main else driver.page_source[:2000]}") from None
-
-
-def screenshot(driver, path: Path) -> None:
-    driver.execute_script("window.scrollTo(0, 0)")
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, min(max(height + 20, 800), 6000))
-    time.sleep(0.2)
-    driver.save_screenshot(str(path))
-    driver.set_window_size(1280, 1000)
 
 
 def finished_experiment(farm, pte: Path) -> dict:
@@ -200,7 +131,7 @@ def test_dashboard_end_to_end(chromium, farm, example_pte, browser, tmp_path):
     assert wait(d, "#experiment .stat.n").get_attribute("data-value") == "7"
 
     # --- devices: the host, with no SME2
-    [host] = [dev for dev in farm.client().devices() if dev["serial"] == off["device"]["serial"]]
+    [host] = [dev for dev in wire(farm.client().devices()) if dev["serial"] == off["device"]["serial"]]
     assert host["sme2"] is False
     d.find_element(By.CSS_SELECTOR, 'a[data-nav="devices"]').click()
     dev_row = wait(d, f'#devices tr[data-serial="{host["serial"]}"]')

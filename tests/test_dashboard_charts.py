@@ -21,10 +21,11 @@ import httpx
 import numpy as np
 import pytest
 
+from _fixtures_browser import wait
 from sme2farm.analysis.stats import trimmed_mean
+from sme2farm.client.api import wire
 from sme2farm.client.common import wait_for
 from sme2farm.protocol import ExperimentSpec
-from test_dashboard import browser, chromium, wait  # noqa: F401  (fixtures shared with the dashboard test)
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -46,12 +47,12 @@ def data(farm, example_pte):
     suite_exps = []
     for _ in range(2):
         run = client.run_suite(SUITE)
-        for eid in run["experiment_ids"]:
+        for eid in run.experiment_ids:
             wait_for(client, eid, quiet=True, timeout=180)
-        suite_exps += run["experiment_ids"]
+        suite_exps += run.experiment_ids
     deadline = time.monotonic() + 60  # points are written by the worker once a run's experiments end
     while time.monotonic() < deadline:
-        series = client.suite_series(SUITE)["series"]
+        series = wire(client.suite_series(SUITE))["series"]
         if series and len(series[0]["points"]) == 2:
             break
         time.sleep(0.3)
@@ -205,7 +206,6 @@ def test_experiment_page_charts_and_verdicts(farm, data, browser):
     assert not console_errors(d), console_errors(d)
 
 
-def test_compare_page_from_the_list(farm, data, browser):
 def test_experiment_page_scaling_chart_and_planned_memory(farm, browser, example_pte):
     """A thread sweep (1, 2) draws the scaling chart (a point per thread count, the linear line),
     its table and the API's sentences; the spec card shows the program's planned memory and each
@@ -238,6 +238,7 @@ def test_experiment_page_scaling_chart_and_planned_memory(farm, browser, example
     assert not console_errors(d), console_errors(d)
 
 
+def test_compare_page_from_the_list(farm, data, browser):
     d = browser
     e1, e2 = data["suite_exps"]
     sign_in(d, farm)
@@ -246,7 +247,7 @@ def test_experiment_page_scaling_chart_and_planned_memory(farm, browser, example
     # the newest suite experiment links to its comparison with the previous one of the same model
     row.find_element("css selector", "a.compare-prev").click()
     page = wait(d, f'#compare[data-baseline="E{e1}"][data-candidate="E{e2}"]')
-    api = farm.client().compare(f"E{e1}", f"E{e2}")
+    api = wire(farm.client().compare(f"E{e1}", f"E{e2}"))
     rows = marks(chart(d, "compare-verdicts"), "g.row")
     assert len(rows) == len(api["comparisons"]) >= 1
     cards = page.find_elements("css selector", ".comparison")
@@ -374,10 +375,10 @@ def more(farm, example_pte, data):
     client.create_suite({"name": NOSAMPLES, "models": [{"sha256": made["t1"]["model_sha256"], "name": "cnn_blocks3"}],
                          "sme2": "both", "iterations": 10, "warmup": 1})
     run = client.run_suite(NOSAMPLES)
-    for eid in run["experiment_ids"]:
+    for eid in run.experiment_ids:
         wait_for(client, eid, quiet=True, timeout=180)
     deadline = time.monotonic() + 60
-    while len(series := client.suite_series(NOSAMPLES)["series"]) < 2 and time.monotonic() < deadline:
+    while len(series := wire(client.suite_series(NOSAMPLES))["series"]) < 2 and time.monotonic() < deadline:
         time.sleep(0.3)
     assert len(series) == 2, f"the suite's series did not get their points: {series}"
     return {**made, "series": series}
@@ -474,10 +475,10 @@ def emulated(arm64_runners, sme2_emulator, example_pte, tmp_path_factory):
             exps.append(_with_comparisons(client, e.id))
         client.create_suite({"name": "emu-suite", "models": [{"sha256": exps[0]["model_sha256"], "name": "toy_cnn"}],
                              "sme2": "on", "iterations": 2, "warmup": 1})
-        for eid in client.run_suite("emu-suite")["experiment_ids"]:
+        for eid in client.run_suite("emu-suite").experiment_ids:
             wait_for(client, eid, quiet=True, timeout=600)
         deadline = time.monotonic() + 60  # the worker writes the point once the suite's experiment ends
-        while not client.suite_series("emu-suite")["series"] and time.monotonic() < deadline:
+        while not client.suite_series("emu-suite").series and time.monotonic() < deadline:
             time.sleep(0.3)
         yield farm, exps
     finally:
@@ -573,7 +574,7 @@ def test_emulated_sme2_device_and_suite_pages_say_emulated(emulated, browser):
     """The devices page and `sme2-client devices` name the emulator; a suite series from the
     emulated device is drawn, labelled emulated, and says it is never judged."""
     farm, _ = emulated
-    [dev] = farm.client().devices()
+    [dev] = wire(farm.client().devices())
     assert dev["emulator"]
     listed = farm.cli("devices")
     assert listed.returncode == 0 and f"emulated ({dev['emulator']})" in listed.stdout, listed.stdout + listed.stderr
@@ -582,7 +583,7 @@ def test_emulated_sme2_device_and_suite_pages_say_emulated(emulated, browser):
     d.get(f"{farm.url}/#/devices")
     row = wait(d, f'#devices tr[data-serial="{dev["serial"]}"]')
     assert row.find_element("css selector", ".chip.emulated").text == f"emulated ({dev['emulator']})"
-    [series] = farm.client().suite_series("emu-suite")["series"]
+    [series] = wire(farm.client().suite_series("emu-suite"))["series"]
     assert series["emulated"] and not series["changes"]
     d.get(f"{farm.url}/#/suites/emu-suite")
     card = wait(d, ".series")

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -34,12 +33,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _fixtures_farm import PrivateRedis, TcpProxy, free_port, serve_app, wait_for
-from sme2farm.protocol import DeviceInfo, RunnerInfo
+from _fixtures_farm import (TAKEN_INGEST, FarmProbe, TcpProxy, farm_on, free_port, kill_worker_holding_the_ingest,
+                            register, serve_app, wait_for, x86_host)
 
-HOST = DeviceInfo(serial="host-faults", platform="linux", model="x86 test host", cpu_cores=2, abi="x86_64",
-                  sme2=False, sme2_evidence="x86_64 CPU: SME2 is an Arm extension", runner_platform="linux-x86_64")
-RUNNERS = [RunnerInfo(id="r-off", platform="linux-x86_64", sme2="off")]
+HOST = x86_host("host-faults")
 
 
 # ---- an API served by uvicorn in this process, on settings the test chooses ---------------------
@@ -53,12 +50,10 @@ def serve(settings):
         yield client
 
 
-def register(client: httpx.Client) -> str:
-    body = {"name": "faults", "hostname": "lab", "devices": [HOST.model_dump(mode="json")],
-            "runners": [r.model_dump(mode="json") for r in RUNNERS]}
-    r = client.post("/agent/register", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()["access_token"]
+def agent_token(client: httpx.Client) -> str:
+    """The access token of this file's agent ("faults", HOST), registered with the admin token."""
+    return register(client, (HOST,), name="faults")["access_token"]
+
 
 
 
@@ -81,8 +76,7 @@ def test_the_agent_logs_the_devices_the_server_refused(db_url, tmp_path, caplog)
     driver = LocalDriver()
     [mine] = driver.discover()
     with serve(settings) as client:
-        body = {"name": "first", "hostname": "lab", "devices": [mine.model_dump(mode="json")], "runners": []}
-        assert client.post("/agent/register", json=body).status_code == 200
+        register(client, (mine,), (), name="first")
         token = client.headers["Authorization"].split()[1]
         agent = Agent(AgentApi(str(client.base_url), token), [driver], Catalog(tmp_path / "m.json", []),
                       name="second", work_dir=tmp_path / "agent")
@@ -140,7 +134,7 @@ def test_disk_full_on_upload_is_507_the_partial_file_removed_and_nothing_stored(
 
     settings = Settings(data_dir=small_fs, database_url=db_url, max_upload_mb=8, device_wait_s=0)
     with serve(settings) as client:
-        agent = {"Authorization": f"Bearer {register(client)}"}
+        agent = {"Authorization": f"Bearer {agent_token(client)}"}
         before = files_under(small_fs)      # the admin token only
         big = os.urandom(3 << 20)           # under the 8 MiB limit, over the 2 MiB disk
         spec = json.dumps({"sme2": "off", "iterations": 1})
@@ -192,7 +186,7 @@ def test_disk_full_under_the_sqlite_database_is_507_not_a_500(small_fs, tmp_path
     filler = small_fs / "filler"
     try:
         with serve(settings) as client:
-            register(client)
+            agent_token(client)
             fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
             try:
                 while True:
@@ -239,7 +233,7 @@ def test_the_agents_model_download_waits_for_a_server_that_is_away(db_url, tmp_p
     settings = Settings(data_dir=tmp_path / "data", database_url=db_url, device_wait_s=0)
     pte = example_pte("toy_cnn")
     with serve(settings) as client:
-        token = register(client)
+        token = agent_token(client)
         r = client.post("/experiments", files={"model": ("m.pte", pte.read_bytes())},
                         data={"spec": json.dumps({"sme2": "off", "iterations": 1})})
         assert r.status_code == 201, r.text
@@ -274,7 +268,7 @@ def test_postgres_briefly_unavailable_is_a_clean_503_and_the_farm_recovers(postg
     spec = {"spec": json.dumps({"sme2": "off", "iterations": 1})}
     try:
         with serve(settings) as client:
-            agent = {"Authorization": f"Bearer {register(client)}"}
+            agent = {"Authorization": f"Bearer {agent_token(client)}"}
             r = client.post("/experiments", files={"model": ("m.pte", pte)}, data=spec)
             assert r.status_code == 201, r.text
             exp = r.json()["id"]
@@ -332,7 +326,7 @@ def test_sqlite_locked_by_another_process_writes_get_a_clean_503_and_recover(tmp
               "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); sys.stdin.read(); c.execute('ROLLBACK')")
     try:
         with serve(settings) as client:
-            register(client)
+            agent_token(client)
             r = client.post("/experiments", files={"model": ("m.pte", pte)}, data=spec)
             assert r.status_code == 201, r.text
             exp = r.json()["id"]
@@ -370,116 +364,23 @@ def farm_env(**extra: str) -> dict[str, str]:
             "SME2_HEARTBEAT_INTERVAL_S": "2", **extra}
 
 
-def children(farm) -> dict:
-    return json.loads((farm.data_dir / "supervisor.json").read_text())["children"]
-
-
-class Farm:
-    """A farm started by `sme2-farm up` for these tests, and how the tests look at it."""
-
-    def __init__(self, running, db_url: str):
-        from sqlalchemy import create_engine
-
-        self.f, self.url, self.db_url = running, running.url, db_url
-        self.http = httpx.Client(base_url=running.url, timeout=30, headers={"Authorization": f"Bearer {running.token}"})
-        self.db = create_engine(db_url)
-
-    def pid(self, child: str) -> int:
-        return children(self.f)[child]["pid"]
-
-    def kill(self, child: str, sig=9) -> int:
-        pid = self.pid(child)
-        os.kill(pid, sig)
-        return pid
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n}.log ---\n{self.f.log(n)[-1500:]}" for n in ("worker", "server", "agent", "supervisor"))
-
-    def submit(self, pte: Path, **spec) -> dict:
-        r = self.http.post("/experiments", files={"model": ("m.pte", pte.read_bytes())},
-                           data={"spec": json.dumps(spec)})
-        assert r.status_code == 201, r.text
-        return r.json()
-
-    def sql(self, query: str, **params) -> list:
-        from sqlalchemy import text
-
-        with self.db.connect() as c:
-            return [tuple(row) for row in c.execute(text(query), params)]
-
-    def runs(self, experiment_id: int) -> list[tuple]:
-        return self.sql("SELECT id, status, attempt, ingest_attempts, reason FROM runs WHERE experiment_id = :e "
-                        "ORDER BY id", e=experiment_id)
-
-    def status(self, run_id: int) -> str:
-        return self.sql("SELECT status FROM runs WHERE id = :r", r=run_id)[0][0]
-
-    def wait_status(self, run_id: int, statuses: set[str], timeout_s: float) -> str:
-        return wait_for(f"run {run_id} reached {statuses}", lambda: (s := self.status(run_id)) in statuses and s,
-                        timeout_s, log=self.logs)
-
-    def wait_done(self, experiment_id: int, timeout_s: float) -> list[tuple]:
-        terminal = {"succeeded", "failed", "cancelled", "unschedulable"}
-
-        def ended():
-            runs = self.runs(experiment_id)
-            return runs if runs and all(r[1] in terminal for r in runs) else None
-
-        return wait_for(f"experiment {experiment_id} ended", ended, timeout_s, every=0.1, log=self.logs)
-
-    def assert_one_result_each(self, run_ids: list[int]) -> None:
-        """Exactly one result per run: one run_results row, operators and artifacts not doubled."""
-        for rid in run_ids:
-            assert self.sql("SELECT count(*) FROM run_results WHERE run_id = :r", r=rid) == [(1,)], rid
-            ops = self.sql("SELECT name, count(*) FROM operator_stats WHERE run_id = :r GROUP BY name", r=rid)
-            assert ops and all(n == 1 for _, n in ops), (rid, ops)
-            arts = self.sql("SELECT name, count(*) FROM artifacts WHERE run_id = :r GROUP BY name", r=rid)
-            assert all(n == 1 for _, n in arts), (rid, arts)
-        report = self.http.get(f"/runs/{run_ids[0]}").json()
-        assert report["status"] == "succeeded", report
-
-    def close(self) -> None:
-        """Stop the farm (again: a no-op). The last test of a farm calls it, so two farms never
-        share the machine's two cores (pytest keeps module fixtures until the module ends)."""
-        from _fixtures_farm import stop_farm
-
-        self.http.close()
-        self.db.dispose()
-        stop_farm(self.f.proc)
-
-
 @pytest.fixture(scope="module")
-def embedded_farm(tmp_path_factory, local_runner):
+def embedded_farm(request, tmp_path_factory):
     """The embedded default: SQLite and the SQLite-backed broker in the data dir."""
-    from _fixtures_farm import start_farm
-
-    catalog, _ = local_runner
-    data = tmp_path_factory.mktemp("faults-embedded")
-    farm = Farm(start_farm(data, catalog.manifest, extra_env=farm_env()), f"sqlite:///{data / 'farm.db'}")
-    yield farm
-    farm.close()
+    with farm_on("embedded", request, tmp_path_factory.mktemp("faults-embedded"), **farm_env()) as (running, url, _):
+        farm = FarmProbe(running, url)
+        yield farm
+        farm.close()
 
 
 @pytest.fixture(scope="module")
-def pg_redis_farm(tmp_path_factory, local_runner, postgres_admin_url):
+def pg_redis_farm(request, tmp_path_factory):
     """PostgreSQL (a fresh database) and a private Redis: the production shape."""
-    from _fixtures_farm import create_database, start_farm
-
-    catalog, _ = local_runner
-    data = tmp_path_factory.mktemp("faults-pg")
-    redis = PrivateRedis(data)
-    url, drop_database = create_database(postgres_admin_url, "sme2_faults")
-    farm = None
-    try:
-        farm = Farm(start_farm(data / "farm", catalog.manifest,
-                               extra_env=farm_env(SME2_DATABASE_URL=url, SME2_BROKER_URL=redis.url)), url)
+    with farm_on("pg_redis", request, tmp_path_factory.mktemp("faults-pg"), **farm_env()) as (running, url, redis):
+        farm = FarmProbe(running, url)
         farm.redis = redis
         yield farm
-    finally:
-        if farm is not None:
-            farm.close()
-        redis.kill()
-        drop_database()
+        farm.close()
 
 
 @pytest.mark.e2e
@@ -490,28 +391,10 @@ def test_worker_killed_during_ingest_embedded_the_lost_task_is_sent_again(embedd
 
     farm = embedded_farm
     broker = sqlite3.connect(farm.f.data_dir / "broker.db", timeout=30)
-    taken = ("SELECT count(*) FROM kombu_message WHERE visible = 0 AND payload LIKE '%sme2farm.ingest%'")
     exp = farm.submit(example_pte("toy_cnn"), **SLOW)
     [rid] = [r["id"] for r in exp["runs"]]
-    farm.wait_status(rid, {"running"}, 60)
-    worker = farm.kill("worker", signal.SIGSTOP)       # frozen: it can take nothing from the broker
-    try:
-        farm.wait_status(rid, {"analyzing"}, 60)       # the agent finished; ingest was sent
-        before = broker.execute(taken).fetchone()[0]
-        # Hold the database's write lock (as a long transaction of another process would), then let
-        # the worker go: it takes the ingest message and blocks in the task's first write.
-        db = sqlite3.connect(farm.f.data_dir / "farm.db", timeout=30, isolation_level=None)
-        db.execute("BEGIN IMMEDIATE")
-        os.kill(worker, signal.SIGCONT)
-        wait_for("the worker took the ingest message", lambda: broker.execute(taken).fetchone()[0] > before, 30,
-                 log=farm.logs)
-        os.kill(worker, signal.SIGKILL)
-        killed = time.monotonic()
-        db.execute("ROLLBACK")
-        db.close()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(worker, signal.SIGCONT)
+    worker, before = kill_worker_holding_the_ingest(farm, rid, broker)
+    killed = time.monotonic()
     assert farm.runs(exp["id"])[0][1:4] == ("analyzing", 1, 0)   # the attempt never began: not counted
 
     assert farm.wait_status(rid, {"succeeded", "failed"}, INGEST_DEADLINE_S + 4 * REAP_EVERY_S + 20) == "succeeded"
@@ -520,8 +403,9 @@ def test_worker_killed_during_ingest_embedded_the_lost_task_is_sent_again(embedd
     # 1: the re-sent task; more only if an ingest on a loaded machine outran the 4 s deadline
     assert (status, attempt) == ("succeeded", 1) and ingest_attempts >= 1
     farm.assert_one_result_each([rid])
-    assert children(farm.f)["worker"]["restarts"] >= 1 and farm.pid("worker") != worker
-    assert broker.execute(taken).fetchone()[0] > before  # the dead worker's message stayed taken: never redelivered
+    assert farm.children()["worker"]["restarts"] >= 1 and farm.pid("worker") != worker
+    # the dead worker's message stayed taken: never redelivered
+    assert broker.execute(TAKEN_INGEST).fetchone()[0] > before
     broker.close()
     print(f"embedded: worker killed with the ingest task in hand -> run succeeded {took:.1f} s later "
           f"(ingest deadline {INGEST_DEADLINE_S:g} s, reap every {REAP_EVERY_S:g} s)")
@@ -544,7 +428,7 @@ def test_server_killed_mid_experiment_comes_back_on_its_port_and_the_experiment_
         httpx.get(f"{farm.url}/health", timeout=2)          # really down
     wait_for("the server answers again on its port", lambda: _health(farm.url), 60, every=0.1, log=farm.logs)
     back = time.monotonic() - killed
-    assert farm.pid("server") != server and children(farm.f)["server"]["restarts"] >= 1
+    assert farm.pid("server") != server and farm.children()["server"]["restarts"] >= 1
 
     runs = farm.wait_done(exp["id"], 120)
     assert [r[0] for r in runs] == ids                                # none lost, none added

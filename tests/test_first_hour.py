@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_dashboard import browser, chromium  # noqa: F401  (fixtures: headless Chromium)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,6 +84,7 @@ def test_make_demo_passes_port_and_data_dir():
 NO_SME2 = "no device here has SME2: the SME2-on arm will be unschedulable"
 
 
+@pytest.mark.e2e
 def test_submit_names_the_experiment_after_its_file_and_warns_once_without_sme2(farm, example_pte, tmp_path):
     """On this x86 host (no SME2) the default `--sme2 both` says once, at submission, that the
     SME2-on arm cannot run; the report groups the runs' identical reason once; the exit code is 3
@@ -117,6 +117,7 @@ def test_submit_names_the_experiment_after_its_file_and_warns_once_without_sme2(
     farm.cli("cancel", qid)
 
 
+@pytest.mark.e2e
 def test_everything_that_could_run_succeeded_exits_0_and_a_cancelled_run_exits_1(farm, example_pte):
     model = example_pte("mlp")
     done = farm.cli("submit", str(model), "--sme2", "off", "--iterations", "5", "--wait")
@@ -182,6 +183,7 @@ def test_examples_without_the_exporter_says_what_to_install(monkeypatch, capsys,
     assert not (tmp_path / "m.pte").exists()
 
 
+@pytest.mark.e2e
 def test_artifacts_lists_and_downloads_a_runs_and_an_experiments(farm, example_pte, tmp_path):
     import json
 
@@ -243,6 +245,7 @@ def test_hidden_wins_over_display_rules_in_the_dashboard_css():
     assert re.search(r'<button id="change-token"[^>]*\bhidden\b', html)
 
 
+@pytest.mark.e2e
 @pytest.mark.browser
 def test_dashboard_hides_change_token_signed_out_and_says_an_unschedulable_reason_once(chromium, browser, farm,
                                                                                         example_pte):
@@ -250,7 +253,8 @@ def test_dashboard_hides_change_token_signed_out_and_says_an_unschedulable_reaso
     experiment whose two SME2-on runs share one reason shows the no-SME2 warning and that reason
     once, under "Could not run", the run cards pointing to it."""
     from selenium.webdriver.common.by import By
-    from test_dashboard import wait
+
+    from _fixtures_browser import wait
 
     client = farm.client()
     from sme2farm.protocol import ExperimentSpec

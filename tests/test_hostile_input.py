@@ -13,29 +13,17 @@ from urllib.parse import urlparse
 
 import pytest
 
-from sme2farm.protocol import DeviceInfo, RunnerInfo
+from _fixtures_farm import register
+from sme2farm.protocol import DeviceInfo
 
 HOST = DeviceInfo(serial="host-hostile", platform="linux", cpu_cores=2, abi="x86_64", runner_platform="linux-x86_64")
-RUNNERS = [RunnerInfo(id="r-off", platform="linux-x86_64", sme2="off")]
 BOUNDARY = "sme2hostileboundary"
 
 
-def register(api, devices=(HOST,), name="agent-h") -> dict:
-    body = {"name": name, "hostname": "lab", "devices": [d.model_dump(mode="json") for d in devices],
-            "runners": [r.model_dump(mode="json") for r in RUNNERS]}
-    r = api.client.post("/agent/register", json=body, headers=api.auth())
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 @pytest.fixture
-def pte(example_pte) -> bytes:
-    return example_pte("toy_cnn").read_bytes()
-
-
-@pytest.fixture
-def farm(api):
-    register(api)
+def limited_api(api):
+    """The API with one agent registered and a 1 MiB inputs limit."""
+    register(api, (HOST,), name="agent-h")
     api.settings.max_inputs_mb = 1  # with the fixture's 2 MiB model limit: bodies past ~3.1 MiB are refused
     return api
 
@@ -125,20 +113,20 @@ DEEP = '{"labels": ' + "[" * 2000 + "]" * 2000 + "}"
     ("a preamble", lambda m: [*mib(8), form(part("model", m, "m.pte"))], 400, "malformed multipart"),
     ("spec field past 64 KiB", lambda m: [form(part("model", m, "m.pte"), part("spec", b" " * 70000))], 413, "form field 'spec' exceeds"),
 ])
-def test_bad_upload_is_a_4xx_and_leaves_nothing(farm, pte, case, make, status, needle):
-    before = state(farm)
+def test_bad_upload_is_a_4xx_and_leaves_nothing(limited_api, pte, case, make, status, needle):
+    before = state(limited_api)
     assert before[2] == [], "the temp dir starts empty"
-    got = raw_post(farm, "/experiments", make(pte + b"\x00" * 7))
+    got = raw_post(limited_api, "/experiments", make(pte + b"\x00" * 7))
     assert got is not None
     code, body = got
     assert code == status, (case, body)
     assert needle in json.dumps(body), (case, body)
-    assert state(farm) == before, case
-    assert farm.client.get("/health").status_code == 200
+    assert state(limited_api) == before, case
+    assert limited_api.client.get("/health").status_code == 200
 
 
 def test_fan_out_past_the_bound_is_refused_naming_the_count(api, pte):
-    register(api, devices=[HOST.model_copy(update={"serial": f"host-{i}"}) for i in range(20)], name="big")
+    register(api, [HOST.model_copy(update={"serial": f"host-{i}"}) for i in range(20)], name="big")
     before = state(api)
     spec = {"sme2": "both", "threads": list(range(1, 17)), "sessions": 20}
     r = api.client.post("/experiments", files={"model": ("m.pte", pte)}, data={"spec": json.dumps(spec)}, headers=api.auth())
@@ -153,15 +141,15 @@ def test_fan_out_past_the_bound_is_refused_naming_the_count(api, pte):
     assert ok.status_code == 201 and len(ok.json()["runs"]) == 40
 
 
-def test_a_client_that_goes_away_mid_upload_leaves_no_temp_file(farm, pte):
-    before = state(farm)
+def test_a_client_that_goes_away_mid_upload_leaves_no_temp_file(limited_api, pte):
+    before = state(limited_api)
     chunks = [f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"; filename=\"m\"\r\n\r\n".encode(),
               pte[:1000], pte[1000:2000], pte[2000:]]
-    assert raw_post(farm, "/experiments", chunks, close_after=3) is None
+    assert raw_post(limited_api, "/experiments", chunks, close_after=3) is None
     deadline = time.monotonic() + 30  # the server notices the disconnect on its next read
-    while state(farm) != before and time.monotonic() < deadline:
+    while state(limited_api) != before and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert state(farm) == before
+    assert state(limited_api) == before
 
 
 @pytest.mark.parametrize("method, path, params", [
@@ -187,7 +175,7 @@ def test_ids_and_pages_out_of_range_are_422_naming_the_parameter(api, method, pa
 
 
 def test_agent_protocol_ids_and_numbers_out_of_range(api):
-    agent = register(api)["access_token"]
+    agent = register(api, (HOST,), name="agent-h")["access_token"]
     for method, path, body in [("POST", f"/agent/runs/{2**64}/start", {"lease_id": "x"}),
                                ("POST", f"/agent/runs/{2**64}/heartbeat", {"lease_id": "x"}),
                                ("POST", "/agent/claim?wait=nan", None), ("POST", "/agent/claim?wait=inf", None),
@@ -241,14 +229,14 @@ def test_control_characters_in_agent_messages_are_refused_and_nothing_is_stored(
     assert state(api) == before
     assert api.client.get("/devices", headers=api.auth()).json() == []
     # text the agent relays from a runner's log is kept, with its control characters replaced
-    agent = register(api)["access_token"]
+    agent = register(api, (HOST,), name="agent-h")["access_token"]
     r = api.client.post("/agent/runs/987654/finish", json={"lease_id": "x", "status": "failed", "reason": "boom\x00\x1b[31m"},
                         headers=api.auth(agent))
     assert r.status_code == 404  # got past validation: the run is unknown
 
 
 def test_nul_in_a_submission_name_on_every_database(api, pte):
-    register(api)
+    register(api, (HOST,), name="agent-h")
     before = state(api)
     r = api.client.post("/experiments", files={"model": ("m.pte", pte)}, headers=api.auth(),
                         data={"spec": json.dumps({"sme2": "off", "name": "nul\x00name"})})

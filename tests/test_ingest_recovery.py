@@ -10,24 +10,18 @@ a 422 with nothing stored.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
 import sqlite3
 import time
 from datetime import timedelta
 
-import httpx
 import pytest
-from sqlalchemy import create_engine, text, update
+from sqlalchemy import update
 
-from _fixtures_farm import wait_for
+from _fixtures_farm import (FarmProbe, dispatch, farm_on, ingest_all, kill_worker_holding_the_ingest, submit,
+                            wait_for)
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Run, utcnow
 from sme2farm.server.services import runs as run_service
-from test_lockout import farm_on
-from test_protocol import agent, dispatch, ingest_all, submit  # noqa: F401 (agent: a fixture)
 
 # What "in seconds" means on a loaded 2-core machine: the worker is restarted by the supervisor
 # (a few seconds of imports), the reaper looks every 5 s, a begun attempt is dead after 3 missed
@@ -35,44 +29,6 @@ from test_protocol import agent, dispatch, ingest_all, submit  # noqa: F401 (age
 RECOVERY_BOUND_S = 60  # was ~192 s; measured ~9-14 s: room for a loaded 2-core machine
 SLOW = {"sme2": "off", "warmup": 6000, "iterations": 100}   # ~1-2 s on the device: time to freeze the worker
 SHORT = {"sme2": "off", "warmup": 2, "iterations": 20}
-
-
-class Look:
-    def __init__(self, running, db_url: str):
-        self.f, self.db_url, self.db = running, db_url, create_engine(db_url)
-        self.http = httpx.Client(base_url=running.url, timeout=30, headers={"Authorization": f"Bearer {running.token}"})
-
-    def sql(self, query: str, **params) -> list:
-        with self.db.connect() as c:
-            return [tuple(row) for row in c.execute(text(query), params)]
-
-    def run(self, rid: int) -> tuple:
-        return self.sql("SELECT status, attempt, ingest_attempts, reason FROM runs WHERE id = :r", r=rid)[0]
-
-    def submit(self, pte: bytes, **spec) -> int:
-        r = self.http.post("/experiments", files={"model": ("m.pte", pte)}, data={"spec": json.dumps(spec)})
-        assert r.status_code == 201, r.text
-        [rid] = [x["id"] for x in r.json()["runs"]]
-        return rid
-
-    def wait(self, rid: int, statuses: set[str], timeout_s: float) -> str:
-        return wait_for(f"run {rid} reached {statuses}", lambda: (s := self.run(rid)[0]) in statuses and s, timeout_s,
-                        every=0.1, log=self.logs)
-
-    def worker_pid(self) -> int:
-        return json.loads((self.f.data_dir / "supervisor.json").read_text())["children"]["worker"]["pid"]
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n}.log ---\n{self.f.log(n)[-2000:]}" for n in ("worker", "beat", "supervisor"))
-
-    def one_result(self, rid: int) -> None:
-        assert self.sql("SELECT count(*) FROM run_results WHERE run_id = :r", r=rid) == [(1,)]
-        ops = self.sql("SELECT name, count(*) FROM operator_stats WHERE run_id = :r GROUP BY name", r=rid)
-        assert ops and all(n == 1 for _, n in ops), ops
-
-    def close(self) -> None:
-        self.http.close()
-        self.db.dispose()
 
 
 @pytest.mark.e2e
@@ -83,34 +39,17 @@ def test_embedded_a_worker_killed_with_the_ingest_in_hand_is_noticed_in_seconds(
     broker: the reaper sends it again ~10 s after it was sent (SME2_INGEST_START_S)."""
     pte = example_pte("toy_cnn").read_bytes()
     with farm_on("embedded", request, tmp_path) as (running, db_url, _):
-        farm = Look(running, db_url)
+        farm = FarmProbe(running, db_url)
         broker = sqlite3.connect(running.data_dir / "broker.db", timeout=30)
-        taken = "SELECT count(*) FROM kombu_message WHERE visible = 0 AND payload LIKE '%sme2farm.ingest%'"
-        rid = farm.submit(pte, **SLOW)
-        farm.wait(rid, {"running"}, 60)
-        worker = farm.worker_pid()
-        os.kill(worker, signal.SIGSTOP)                  # frozen: it takes nothing from the broker
-        try:
-            farm.wait(rid, {"analyzing"}, 60)            # the agent finished; ingest was sent
-            before = broker.execute(taken).fetchone()[0]
-            db = sqlite3.connect(running.data_dir / "farm.db", timeout=30, isolation_level=None)
-            db.execute("BEGIN IMMEDIATE")                # the task's first write will wait here
-            os.kill(worker, signal.SIGCONT)
-            wait_for("the worker took the ingest message", lambda: broker.execute(taken).fetchone()[0] > before, 30,
-                     log=farm.logs)
-            os.kill(worker, signal.SIGKILL)
-            killed = time.monotonic()
-            db.execute("ROLLBACK")
-            db.close()
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker, signal.SIGCONT)
+        [rid] = [r["id"] for r in farm.submit(pte, **SLOW)["runs"]]
+        kill_worker_holding_the_ingest(farm, rid, broker)
+        killed = time.monotonic()
         assert farm.run(rid)[:3] == ("analyzing", 1, 0)   # taken, never begun
-        assert farm.wait(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
+        assert farm.wait_status(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
         took = time.monotonic() - killed
         status, attempt, ingest_attempts, reason = farm.run(rid)
         assert (attempt, ingest_attempts, reason) == (1, 1, "")
-        farm.one_result(rid)
+        farm.assert_one_result_each([rid])
         broker.close()
         farm.close()
     print(f"embedded, default 180 s ingest deadline: worker killed with the ingest in hand -> succeeded {took:.1f} s later")
@@ -119,9 +58,9 @@ def test_embedded_a_worker_killed_with_the_ingest_in_hand_is_noticed_in_seconds(
 
 @pytest.fixture(scope="module")
 def pg_redis(request, tmp_path_factory):
-    """One farm on PostgreSQL + a private Redis for the tests below: (Look, PrivateRedis)."""
+    """One farm on PostgreSQL + a private Redis for the tests below: (FarmProbe, PrivateRedis)."""
     with farm_on("pg_redis", request, tmp_path_factory.mktemp("ingest-pg")) as (running, db_url, redis):
-        farm = Look(running, db_url)
+        farm = FarmProbe(running, db_url)
         yield farm, redis
         farm.close()
 
@@ -142,21 +81,20 @@ def test_pg_redis_a_worker_killed_mid_ingest_is_noticed_in_seconds(pg_redis, exa
     dsn = farm.db_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(dsn) as lock, psycopg.connect(dsn, autocommit=True) as look:
         lock.execute("LOCK TABLE run_results IN SHARE MODE")
-        rid = farm.submit(pte, **SHORT)
+        [rid] = [r["id"] for r in farm.submit(pte, **SHORT)["runs"]]
         waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
                    "wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO run_results%%'")
         wait_for("the ingest blocked storing its results", lambda: look.execute(waiting).fetchone()[0] == 1, 60,
                  log=farm.logs)
         assert farm.run(rid)[:3] == ("analyzing", 1, 1)   # it began: counted
-        worker = farm.worker_pid()
-        os.kill(worker, signal.SIGKILL)
+        farm.kill("worker")
         killed = time.monotonic()
         lock.rollback()
-    assert farm.wait(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
+    assert farm.wait_status(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
     took = time.monotonic() - killed
     status, attempt, ingest_attempts, reason = farm.run(rid)
     assert (attempt, ingest_attempts, reason) == (1, 2, "")   # the killed attempt counted
-    farm.one_result(rid)
+    farm.assert_one_result_each([rid])
     import redis as redis_py
 
     unacked = redis_py.Redis.from_url(redis.url).hlen("unacked")
@@ -174,16 +112,16 @@ def test_pg_redis_an_ingest_sent_while_redis_was_down_is_sent_again_in_seconds(p
     the reaper finds the run analyzing, never begun, with nothing waiting in the queue, and
     sends it again: seconds, not the 180 s deadline."""
     farm, redis = pg_redis
-    rid = farm.submit(example_pte("toy_cnn").read_bytes(), **SLOW)
-    farm.wait(rid, {"running"}, 60)
+    [rid] = [r["id"] for r in farm.submit(example_pte("toy_cnn"), **SLOW)["runs"]]
+    farm.wait_status(rid, {"running"}, 60)
     redis.kill()
-    farm.wait(rid, {"analyzing"}, 60)          # finished on the device; the ingest was sent to no broker
+    farm.wait_status(rid, {"analyzing"}, 60)   # finished on the device; the ingest was sent to no broker
     redis.start()
     restarted = time.monotonic()
-    assert farm.wait(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
+    assert farm.wait_status(rid, {"succeeded", "failed"}, RECOVERY_BOUND_S + 30) == "succeeded"
     took = time.monotonic() - restarted
     assert farm.run(rid)[1:] == (1, 1, "")
-    farm.one_result(rid)
+    farm.assert_one_result_each([rid])
     print(f"postgres+redis, default 180 s ingest deadline: ingest sent while Redis was down -> succeeded {took:.1f} s "
           f"after Redis came back")
     assert took < RECOVERY_BOUND_S
@@ -206,7 +144,7 @@ def test_the_broker_keeps_an_unacknowledged_message_minutes_not_an_hour(tmp_path
     assert make_celery(Settings(data_dir=tmp_path)).conf.broker_transport_options == {}  # embedded: create_engine refuses them
 
 
-def test_a_run_that_succeeds_after_a_requeue_has_no_reason_left(api, agent, example_pte, monkeypatch):  # noqa: F811
+def test_a_run_that_succeeds_after_a_requeue_has_no_reason_left(api, agent, example_pte, monkeypatch):
     """It kept "requeued after attempt 1: the agent's lease expired" once it had succeeded."""
     submit(api, example_pte("toy_cnn").read_bytes())
     [rid] = dispatch(api)
@@ -241,7 +179,7 @@ def test_a_spec_that_is_not_utf8_is_a_422_and_nothing_is_stored(api, example_pte
 
 
 def test_a_long_analysis_is_kept_alive_by_its_heartbeats_and_a_silent_one_is_re_sent(api, agent, example_pte,
-                                                                                      monkeypatch):  # noqa: F811
+                                                                                      monkeypatch):
     """The ingest task heartbeats through the analysis and the store: an analysis longer than 3
     heartbeats is not taken for a dead worker. Once the heartbeats stop (the worker is gone), the
     reaper sends the ingest again, the attempt counted."""

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _fixtures_farm import post_experiment, register
+from _fixtures_runtime import bundle, export_methods, multi_method_modules
 from sme2farm.analysis import pte
 from sme2farm.runners import inputs as I
 
@@ -100,68 +102,19 @@ def test_truncated_or_padded_containers_are_refused_with_inputs_error():
 # ---- ExecuTorch programs and bundled programs (the independent reference) --------------------
 
 
-def _modules():
-    import torch
-    from torch import nn
-
-    class Scale(nn.Module):
-        def forward(self, x, n: int, flag: bool):
-            return x * n if flag else x
-
-    class HalfConv(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 8, 3, padding=1)
-
-        def forward(self, x):
-            return torch.relu(self.conv(x))
-
-    class Mixed(nn.Module):
-        def forward(self, a, b, c, d, e):
-            return (a.float() + b.float()).sum() + c.float().sum() + d.float().sum() + e.to(torch.float32).sum()
-
-    return Scale, HalfConv, Mixed
-
-
-def export(methods: dict, *, xnnpack: bool = True):
-    """{method: (module, example inputs)} -> ExecutorchProgramManager (several methods in one program)."""
-    import torch
-    from executorch.exir import to_edge_transform_and_lower
-
-    eps = {name: torch.export.export(m, args) for name, (m, args) in methods.items()}
-    parts = []
-    if xnnpack:
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        parts = [XnnpackPartitioner()]
-    return to_edge_transform_and_lower(eps, partitioner=parts).to_executorch()
-
-
-def bundle(program, suites: dict[str, list[tuple]], *, pte_path=None) -> bytes:
-    """ExecuTorch's own bundled-program writer. With pte_path it skips its input validation,
-    which is how a .bpte whose inputs do not fit its method is made."""
-    from executorch.devtools import BundledProgram
-    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
-    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
-
-    ts = [MethodTestSuite(name, [MethodTestCase(inputs=list(c)) for c in cases]) for name, cases in suites.items()]
-    bp = BundledProgram(None, ts, pte_file_path=str(pte_path)) if pte_path else BundledProgram(program, ts)
-    return serialize_from_bundled_program_to_flatbuffer(bp)
-
-
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory):
     """Programs and bundles exported once for this module."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("executorch")
-    Scale, HalfConv, Mixed = _modules()
+    Scale, HalfConv, Mixed = multi_method_modules()
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("inputs")
     out = {}
     scale_in = (torch.randn(2, 3), 3, True)
     half = HalfConv().eval().half()
     half_in = (torch.randn(1, 3, 8, 8, dtype=torch.float16),)
-    multi = export({"forward": (Scale().eval(), scale_in), "encode": (half, half_in)})
+    multi = export_methods({"forward": (Scale().eval(), scale_in), "encode": (half, half_in)})
     out["multi"] = multi
     (d / "multi.pte").write_bytes(multi.buffer)
     out["multi_pte"] = d / "multi.pte"
@@ -173,7 +126,7 @@ def programs(tmp_path_factory):
     mixed_in = (torch.randn(2, 2).to(torch.bfloat16), torch.randint(-5, 5, (2, 2), dtype=torch.int64),
                 torch.tensor([[True, False]]), torch.randint(0, 255, (3,), dtype=torch.uint8),
                 torch.randn(1, 2, 3, 4).to(memory_format=torch.channels_last))
-    mixed = export({"forward": (Mixed().eval(), mixed_in)}, xnnpack=False)
+    mixed = export_methods({"forward": (Mixed().eval(), mixed_in)}, xnnpack=False)
     out["mixed_in"] = mixed_in
     out["mixed_bpte"] = bundle(mixed, {"forward": [mixed_in]})
     return out
@@ -364,20 +317,6 @@ def test_npz_declared_size_is_checked_before_numpy_allocates():
 # ---- the API: submissions with inputs --------------------------------------------------------
 
 
-def _register(api):
-    from test_api import register
-
-    return register(api)
-
-
-def _submit(api, model: bytes, spec: dict | None = None, inputs: bytes | None = None, inputs_name: str = "inputs.npz"):
-    files = {"model": ("model.bin", model, "application/octet-stream")}
-    if inputs is not None:
-        files["inputs"] = (inputs_name, inputs, "application/octet-stream")
-    return api.client.post("/experiments", files=files, data={"spec": json.dumps(spec or {"sme2": "off"})},
-                           headers=api.auth())
-
-
 def _store_files(api) -> list:
     root = api.settings.data_dir
     return sorted(str(p.relative_to(root)) for sub in ("models", "inputs", "tmp") for p in (root / sub).rglob("*") if p.is_file())
@@ -393,8 +332,9 @@ def test_submit_bpte_stores_its_program_and_inputs_and_the_agent_gets_them(api, 
     from sme2farm.server.store.db import session_scope
     from sme2farm.server.services import runs as run_service
 
-    agent_token = _register(api)
-    r = _submit(api, programs["multi_bpte"], {"sme2": "off", "method": "encode"})
+    agent_token = register(api)["access_token"]
+    # named model.bin: a bundled program is known by its content, not by its file name
+    r = post_experiment(api, programs["multi_bpte"], {"sme2": "off", "method": "encode"}, filename="model.bin")
     assert r.status_code == 201, r.text
     rep = r.json()
     assert rep["inputs"] == "bundled program: method encode, test case 0, 1 input (Half[1, 3, 8, 8])"
@@ -419,19 +359,20 @@ def test_submit_bpte_stores_its_program_and_inputs_and_the_agent_gets_them(api, 
     assert api.client.get("/agent/inputs/..", headers=agent).status_code == 404
     assert api.client.get(f"/agent/inputs/{a['inputs_sha256']}", headers=api.auth()).status_code == 403
     # the same .bpte again: one program file, one inputs file
-    assert _submit(api, programs["multi_bpte"], {"sme2": "off", "method": "encode"}).status_code == 201
+    again = post_experiment(api, programs["multi_bpte"], {"sme2": "off", "method": "encode"}, filename="model.bin")
+    assert again.status_code == 201, again.text
     assert len([p for p in _store_files(api) if p.startswith("inputs/")]) == 1
     assert len([p for p in _store_files(api) if p.startswith("models/")]) == 1
 
 
 def test_submit_pte_with_npz_and_without(api, programs):
-    _register(api)
+    register(api)
     pte = programs["multi"].buffer
-    r = _submit(api, pte, {"sme2": "off"}, _npz_bytes(np.full((2, 3), 2, np.float32), np.int64(3), np.bool_(True)),
-                inputs_name="../../my inputs.npz")
+    r = post_experiment(api, pte, {"sme2": "off"}, filename="model.bin", inputs_name="../../my inputs.npz",
+                        inputs=_npz_bytes(np.full((2, 3), 2, np.float32), np.int64(3), np.bool_(True)))
     assert r.status_code == 201, r.text
     assert r.json()["inputs"] == "my_inputs.npz: 3 inputs (Float[2, 3], int 3, bool true)"  # a plain name, never a path
-    r = _submit(api, pte, {"sme2": "off"})
+    r = post_experiment(api, pte, {"sme2": "off"}, filename="model.bin")
     assert r.status_code == 201 and r.json()["inputs"] == "all ones (default)" and r.json()["inputs_sha256"] is None
     r = api.client.get("/experiments/1", headers=api.auth()).json()
     assert r["inputs"].startswith("my_inputs.npz") and r["spec"]["method"] == "forward"
@@ -452,7 +393,7 @@ def test_submit_pte_with_npz_and_without(api, programs):
     ("inputs-only", 422, "missing the 'model' file part"),
 ])
 def test_bad_inputs_are_a_4xx_naming_the_problem_and_store_nothing(api, programs, tmp_path, case, status, needle):
-    _register(api)
+    register(api)
     api.settings.max_inputs_mb = 1
     pte, bpte = programs["multi"].buffer, programs["multi_bpte"]
     ones = np.ones((2, 3), np.float32)
@@ -478,7 +419,7 @@ def test_bad_inputs_are_a_4xx_naming_the_problem_and_store_nothing(api, programs
         r = api.client.post("/experiments", files={"inputs": ("x.npz", npz, "application/octet-stream")},
                             data={"spec": "{}"}, headers=api.auth())
     else:
-        r = _submit(api, model, {"sme2": "off", **spec}, npz)
+        r = post_experiment(api, model, {"sme2": "off", **spec}, filename="model.bin", inputs=npz)
     assert r.status_code == status, r.text
     assert needle in r.json()["detail"], r.json()["detail"]
     assert _store_files(api) == [], "a refused submission left files behind"
@@ -507,7 +448,7 @@ def divide_pte(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("divide") / "divide.pte"
     ones = torch.ones(4, dtype=torch.int64)
-    path.write_bytes(export({"forward": (Divide().eval(), (ones, ones))}, xnnpack=False).buffer)
+    path.write_bytes(export_methods({"forward": (Divide().eval(), (ones, ones))}, xnnpack=False).buffer)
     return path
 
 

@@ -12,7 +12,6 @@ finishes and uploads 429 at least 34 times.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import secrets
 import threading
@@ -21,36 +20,9 @@ import time
 import httpx
 import pytest
 
-from _fixtures_farm import PrivateRedis, create_database, start_farm, stop_farm, wait_for
+from _fixtures_farm import TERMINAL, farm_on, wait_for
 
 SHORT = {"sme2": "off", "warmup": 2, "iterations": 20}
-TERMINAL = {"succeeded", "failed", "cancelled", "unschedulable"}
-
-
-@contextlib.contextmanager
-def farm_on(kind: str, request, workdir, **env: str):
-    """`sme2-farm up` on the embedded default ("embedded") or on a fresh PostgreSQL database and a
-    private Redis ("pg_redis"). Yields (RunningFarm, the database URL, the PrivateRedis or None)."""
-    catalog, _ = request.getfixturevalue("local_runner")
-    if kind == "embedded":
-        running = start_farm(workdir / "farm", catalog.manifest, extra_env=env)
-        try:
-            yield running, f"sqlite:///{workdir / 'farm' / 'farm.db'}", None
-        finally:
-            stop_farm(running.proc)
-        return
-    redis = PrivateRedis(workdir)
-    url, drop_database = create_database(request.getfixturevalue("postgres_admin_url"), "sme2_h15")
-    running = None
-    try:
-        running = start_farm(workdir / "farm", catalog.manifest,
-                             extra_env={"SME2_DATABASE_URL": url, "SME2_BROKER_URL": redis.url, **env})
-        yield running, url, redis
-    finally:
-        if running is not None:
-            stop_farm(running.proc)
-        redis.kill()
-        drop_database()
 
 
 def farm_kinds():

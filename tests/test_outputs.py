@@ -193,6 +193,7 @@ def _runs(farm, experiment_id: int):
                          .options(selectinload(Run.result)).order_by(Run.id)).all()
 
 
+@pytest.mark.e2e
 def test_farm_records_outputs_and_compares_model_a_with_model_b(farm, tmp_path):
     a, b = _linear(tmp_path / "a.pte", 1), _linear(tmp_path / "b.pte", 2)
     rep = _wait(farm, str(a), "--vs", str(b))
@@ -217,15 +218,17 @@ def test_farm_records_outputs_and_compares_model_a_with_model_b(farm, tmp_path):
     assert same["verdict"] == "same within tolerance" and same["outputs"][0]["identical"]
 
 
+@pytest.mark.e2e
 def test_farm_checks_outputs_against_the_method_that_ran(farm, tmp_path):
     """A two-method program run with --method encode: the outputs are held against encode's
     declaration (Half), not forward's (Float)."""
     import torch
-    from test_inputs import _modules, export
 
-    Scale, HalfConv, _ = _modules()
+    from _fixtures_runtime import export_methods, multi_method_modules
+
+    Scale, HalfConv, _ = multi_method_modules()
     torch.manual_seed(0)
-    program = export({"forward": (Scale().eval(), (torch.randn(2, 3), 3, True)),
+    program = export_methods({"forward": (Scale().eval(), (torch.randn(2, 3), 3, True)),
                       "encode": (HalfConv().eval().half(), (torch.randn(1, 3, 8, 8, dtype=torch.float16),))})
     (tmp_path / "multi.pte").write_bytes(program.buffer)
     rep = _wait(farm, str(tmp_path / "multi.pte"), "--method", "encode")
@@ -235,6 +238,7 @@ def test_farm_checks_outputs_against_the_method_that_ran(farm, tmp_path):
     assert [(o["dtype"], o["shape"]) for o in recorded["outputs"]] == [("Half", [1, 8, 8, 8])]
 
 
+@pytest.mark.e2e
 def test_between_says_not_recorded_and_too_large(farm, tmp_path, monkeypatch):
     rep = _wait(farm, str(_linear(tmp_path / "a.pte", 1)))
     [run] = _runs(farm, rep["id"])
@@ -266,19 +270,11 @@ def test_between_says_not_recorded_and_too_large(farm, tmp_path, monkeypatch):
 
 @pytest.fixture
 def ingest_farm(db_url, tmp_path, local_runner, example_pte):
-    """test_lifecycle's service-level farm, with the toy_cnn program stored under the experiment's
-    model digest and a real ETDump + outputs file from the runner."""
-    from test_lifecycle import Farm
+    """The service-level farm (SME2 off only), with the toy_cnn program stored under the
+    experiment's model digest and a real ETDump + outputs file from the runner."""
+    from _fixtures_services import make_service_farm
 
-    from sme2farm.protocol import DeviceInfo, RunnerInfo
-    from sme2farm.server.services import devices as device_service
-
-    with session_scope(db_url) as s:
-        agent = device_service.register_agent(s, name="a1", hostname="h1", version="test")
-        device_service.sync(s, agent=agent, runners=[RunnerInfo(id="r-off", platform="linux-arm64", sme2="off")],
-                            devices=[DeviceInfo(serial="dev-1", platform="linux", sme2=True, runner_platform="linux-arm64")])
-        agent_id = agent.id
-    farm = Farm(db_url, Store(tmp_path / "data"), agent_id, [])
+    farm = make_service_farm(db_url, tmp_path / "data", arms=("off",))
     pte = example_pte("toy_cnn")
     dest = farm.store.model_path("ab" * 32)
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _fixtures_farm import REQUIRE_SERVICES, PrivateRedis, TcpProxy, create_database, start_farm, stop_farm, wait_for
+from _fixtures_farm import (REQUIRE_SERVICES, TERMINAL, PrivateRedis, TcpProxy, create_database, start_farm, stop_farm,
+                            submit, wait_for)
 
 LEASE_S = 10.0
 UPLOAD_RETRY_S = 15.0
@@ -33,7 +34,6 @@ TMPFS_MB = 32
 SHORT = {"sme2": "off", "warmup": 2, "iterations": 20}
 # ~1-3 s of runner time per run (warm-up executions are not recorded: a small trace)
 SLOW = {"sme2": "off", "warmup": 6000, "iterations": 20}
-TERMINAL = {"succeeded", "failed", "cancelled", "unschedulable"}
 
 
 
@@ -42,7 +42,7 @@ def on_the_farm(test):
     return pytest.mark.e2e(pytest.mark.postgres(test))
 
 
-class Farm:
+class PatientFarm:
     """The farm under test and the test's own ways to look at it (straight to PostgreSQL, not
     through the proxy the tests cut)."""
 
@@ -56,10 +56,8 @@ class Farm:
     def logs(self) -> str:
         return "\n".join(f"--- {n}.log ---\n{self.f.log(n)[-2000:]}" for n in ("server", "agent", "supervisor"))
 
-    def submit(self, pte: Path, **spec) -> dict:
-        r = self.http.post("/experiments", files={"model": ("m.pte", pte.read_bytes())}, data={"spec": json.dumps(spec)})
-        assert r.status_code == 201, r.text
-        return r.json()
+    def submit(self, model: Path, **spec) -> dict:
+        return submit(self.http, model, **spec)
 
     def runs(self, experiment_id: int) -> list[tuple]:
         from sqlalchemy import text
@@ -89,7 +87,7 @@ class Farm:
 
 
 @pytest.fixture(scope="module")
-def farm(tmp_path_factory, local_runner, postgres_admin_url):
+def patient_farm(tmp_path_factory, local_runner, postgres_admin_url):
     """`sme2-farm up` on a fresh PostgreSQL database reached through a TcpProxy and a private
     Redis (the database and the broker off the data dir, so a full data dir is the artifacts'
     disk alone); the data dir on a TMPFS_MB tmpfs where the tests run as root (else on the
@@ -112,8 +110,8 @@ def farm(tmp_path_factory, local_runner, postgres_admin_url):
            "SME2_AGENT_UPLOAD_RETRY_S": str(UPLOAD_RETRY_S)}
     f = None
     try:
-        f = Farm(start_farm(data, catalog.manifest, extra_env=env), real.render_as_string(hide_password=False),
-                 proxy, data if mounted else None)
+        f = PatientFarm(start_farm(data, catalog.manifest, extra_env=env), real.render_as_string(hide_password=False),
+                        proxy, data if mounted else None)
         yield f
     finally:
         if f is not None:
@@ -162,7 +160,8 @@ def disk_filled(mount: Path, leave: int):
 
 
 @on_the_farm
-def test_an_upload_refused_by_a_full_disk_ends_the_run_failed_once_with_the_servers_reason(farm, example_pte):
+def test_an_upload_refused_by_a_full_disk_ends_the_run_failed_once_with_the_servers_reason(patient_farm, example_pte):
+    farm = patient_farm
     if farm.tmpfs is None:
         (pytest.fail if REQUIRE_SERVICES else pytest.skip)("no tmpfs for the data dir here (mounting needs root)")
     pte = example_pte("toy_cnn")
@@ -195,10 +194,11 @@ def test_an_upload_refused_by_a_full_disk_ends_the_run_failed_once_with_the_serv
 
 
 @on_the_farm
-def test_a_503_during_an_upload_is_retried_and_the_run_succeeds(farm, example_pte):
+def test_a_503_during_an_upload_is_retried_and_the_run_succeeds(patient_farm, example_pte):
     """The database goes away while the runner runs (cut at the proxy): the agent's upload meets
     503 (the bytes are received, the transaction cannot run) and is retried; the database comes
     back after the agent logged the 503, and the run succeeds on its first attempt."""
+    farm = patient_farm
     exp = farm.submit(example_pte("toy_cnn"), **SLOW)
     farm.wait_status(exp["id"], {"running"}, 60)
     before = len(farm.f.log("agent"))
@@ -213,7 +213,8 @@ def test_a_503_during_an_upload_is_retried_and_the_run_succeeds(farm, example_pt
 
 
 @on_the_farm
-def test_submit_wait_survives_a_database_outage_and_a_server_restart(farm, example_pte, tmp_path):
+def test_submit_wait_survives_a_database_outage_and_a_server_restart(patient_farm, example_pte, tmp_path):
+    farm = patient_farm
     pte = example_pte("toy_cnn")
     before = {e["id"] for e in farm.http.get("/experiments", params={"page_size": 100}).json()["items"]}
     proc = farm.cli("submit", str(pte), "--sme2", "off", "--warmup", "6000", "--iterations", "20", "--sessions", "3",
@@ -248,7 +249,8 @@ def test_submit_wait_survives_a_database_outage_and_a_server_restart(farm, examp
 
 
 @on_the_farm
-def test_submit_wait_timeout_gives_up_saying_what_it_waited_for_and_saw(farm, example_pte, tmp_path):
+def test_submit_wait_timeout_gives_up_saying_what_it_waited_for_and_saw(patient_farm, example_pte, tmp_path):
+    farm = patient_farm
     pte = example_pte("toy_cnn")
     before = {e["id"] for e in farm.http.get("/experiments", params={"page_size": 100}).json()["items"]}
     proc = farm.cli("submit", str(pte), "--sme2", "off", "--warmup", "6000", "--iterations", "20", "--sessions", "3",
@@ -278,7 +280,8 @@ def test_submit_wait_timeout_gives_up_saying_what_it_waited_for_and_saw(farm, ex
 
 
 @on_the_farm
-def test_status_wait_follows_an_experiment_through_a_server_restart(farm, example_pte, tmp_path):
+def test_status_wait_follows_an_experiment_through_a_server_restart(patient_farm, example_pte, tmp_path):
+    farm = patient_farm
     exp = farm.submit(example_pte("toy_cnn"), **SLOW, sessions=2)
     proc = farm.cli("status", str(exp["id"]), "--wait", "--json", out=tmp_path / "status")
     try:
@@ -297,7 +300,8 @@ def test_status_wait_follows_an_experiment_through_a_server_restart(farm, exampl
 
 
 @on_the_farm
-def test_suite_run_wait_goes_on_through_a_database_outage(farm, example_pte, tmp_path):
+def test_suite_run_wait_goes_on_through_a_database_outage(patient_farm, example_pte, tmp_path):
+    farm = patient_farm
     model = example_pte("toy_cnn")
     farm.submit(model, **SHORT)   # the suite's model must be stored
     made = farm.cli("suite", "create", "patient", "--model", f"{model}=toy", "--sme2", "off", "--iterations", "20",
@@ -320,9 +324,10 @@ def test_suite_run_wait_goes_on_through_a_database_outage(farm, example_pte, tmp
 
 
 @on_the_farm
-def test_a_server_that_accepts_and_never_answers_is_given_up_on_at_the_timeout(farm):
+def test_a_server_that_accepts_and_never_answers_is_given_up_on_at_the_timeout(patient_farm):
     """A hung server (it accepts, then says nothing): each request's own timeout is cut to what
     is left of the wait, so --timeout holds; the sentence says the server did not answer."""
+    farm = patient_farm
     import socket
 
     from sme2farm.client.api import FarmClient, GaveUp, Patience

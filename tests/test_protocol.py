@@ -5,51 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import update
 
-from sme2farm.agent.api import AgentApi, LeaseLost
+from _fixtures_farm import dispatch, ingest_all, submit
+from sme2farm.agent.api import LeaseLost
 from sme2farm.agent.drivers.local import LocalDriver
-from sme2farm.agent.loop import Agent
 from sme2farm.protocol import DeviceInfo
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Device, Run, utcnow
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.artifacts import Store
-
-
-@pytest.fixture
-def agent(api, local_runner, tmp_path) -> Agent:
-    catalog, _ = local_runner
-    a = Agent(AgentApi(api.url, api.token, retries=0), [LocalDriver()], catalog,
-              name="test-agent", work_dir=tmp_path / "agent")
-    a.register()
-    return a
-
-
-def submit(api, model_bytes: bytes, **spec) -> dict:
-    r = api.client.post("/experiments", files={"model": ("m.pte", model_bytes)},
-                        data={"spec": json.dumps({"sme2": "off", "iterations": 5, "warmup": 1, **spec})},
-                        headers=api.auth())
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def dispatch(api) -> list[int]:
-    with session_scope(api.settings.sqlalchemy_url) as s:
-        return run_service.dispatch(s, lease_s=api.settings.lease_s)
-
-
-def ingest_all(api, run_ids, monkeypatch) -> None:
-    """Run the Celery ingest task's body, against this test's database and data dir."""
-    from sme2farm.worker import tasks
-
-    monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
-    for rid in run_ids:
-        tasks.ingest_run(rid)
 
 
 def report(api, exp_id: int) -> dict:

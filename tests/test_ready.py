@@ -5,7 +5,6 @@ device could satisfy still fails at once."""
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import subprocess
@@ -17,36 +16,18 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from _fixtures_farm import free_port, stop_farm
+from _fixtures_farm import X86_RUNNERS, free_port, post_experiment, register, stop_farm, x86_host
 from sme2farm.client.api import FarmClient, FarmError
 from sme2farm.client.common import wait_for
-from sme2farm.protocol import DeviceInfo, ExperimentSpec, RunnerInfo
+from sme2farm.protocol import ExperimentSpec
 
 WAIT_LOG = "submission waits up to"
-HOST = DeviceInfo(serial="host-ready", platform="linux", model="x86 test host", cpu_cores=2, abi="x86_64",
-                  sme2=False, sme2_evidence="x86_64 CPU: SME2 is an Arm extension", runner_platform="linux-x86_64")
-RUNNERS = [RunnerInfo(id="r-off", platform="linux-x86_64", sme2="off")]
-
-
-def _body(devices, name):
-    return {"name": name, "hostname": "lab", "devices": [d.model_dump(mode="json") for d in devices],
-            "runners": [r.model_dump(mode="json") for r in RUNNERS]}
-
-
-def register(api, devices=(HOST,), name="local") -> str:
-    r = api.client.post("/agent/register", json=_body(devices, name), headers=api.auth())
-    assert r.status_code == 200, r.text
-    return r.json()["access_token"]
-
-
-def submit(api, model: bytes, spec: dict | None = None) -> httpx.Response:
-    return api.client.post("/experiments", files={"model": ("m.pte", model, "application/octet-stream")},
-                           data={"spec": json.dumps(spec or {})}, headers=api.auth())
+HOST = x86_host("host-ready")
 
 
 def submit_in_background(api, model: bytes, spec: dict | None = None) -> queue.Queue:
     out: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: out.put(submit(api, model, spec)), daemon=True).start()
+    threading.Thread(target=lambda: out.put(post_experiment(api, model, spec)), daemon=True).start()
     return out
 
 
@@ -57,11 +38,6 @@ def wait_until_waiting(caplog, done: queue.Queue) -> None:
         assert done.empty(), f"the submission was answered without waiting: {done.get().text}"
         assert time.monotonic() < deadline, "the submission never started waiting for a device"
         time.sleep(0.02)
-
-
-@pytest.fixture
-def pte(example_pte) -> bytes:
-    return example_pte("toy_cnn").read_bytes()
 
 
 @pytest.fixture
@@ -78,7 +54,7 @@ def test_submission_before_the_farm_agent_registers_waits_for_it(expecting, pte,
     api = expecting
     done = submit_in_background(api, pte, {"sme2": "off"})
     wait_until_waiting(caplog, done)
-    register(api, name="local")
+    register(api, (HOST,), name="local")
     r = done.get(timeout=60)
     assert r.status_code == 201, r.text
     [run] = r.json()["runs"]
@@ -87,11 +63,11 @@ def test_submission_before_the_farm_agent_registers_waits_for_it(expecting, pte,
 
 def test_agent_registered_without_devices_is_waited_for(api, pte, caplog):
     caplog.set_level(logging.INFO, logger="sme2farm.server.api.experiments")
-    token = register(api, devices=(), name="phones")  # e.g. adb had not enumerated the phone yet
+    token = register(api, (), name="phones")["access_token"]  # e.g. adb had not enumerated the phone yet
     done = submit_in_background(api, pte, {"sme2": "off"})
     wait_until_waiting(caplog, done)
     r = api.client.put("/agent/devices", json={"devices": [HOST.model_dump(mode="json")],
-                                               "runners": [x.model_dump(mode="json") for x in RUNNERS]},
+                                               "runners": [x.model_dump(mode="json") for x in X86_RUNNERS]},
                        headers=api.auth(token))
     assert r.status_code == 200, r.text
     r = done.get(timeout=60)
@@ -101,8 +77,8 @@ def test_agent_registered_without_devices_is_waited_for(api, pte, caplog):
 
 def test_selector_no_expected_device_can_meet_fails_at_once(expecting, pte, caplog):
     api = expecting
-    register(api, name="local")  # the farm's agent is up, with a Linux host only
-    r = submit(api, pte, {"device": {"platform": "android"}})
+    register(api, (HOST,), name="local")  # the farm's agent is up, with a Linux host only
+    r = post_experiment(api, pte, {"device": {"platform": "android"}})
     assert r.status_code == 422
     detail = r.json()["detail"]
     assert "no device matches selector {'platform': 'android'}" in detail and HOST.serial in detail
@@ -114,7 +90,7 @@ def test_selector_no_expected_device_can_meet_fails_at_once(expecting, pte, capl
 def test_expected_device_that_never_comes_is_a_422_after_the_bound(expecting, pte):
     api = expecting
     api.settings.device_wait_s = 0.5
-    r = submit(api, pte)
+    r = post_experiment(api, pte, {})
     assert r.status_code == 422
     detail = r.json()["detail"]
     assert "no device matches selector {}" in detail
@@ -200,10 +176,8 @@ def test_submit_right_after_up_succeeds(tmp_path, local_runner, example_pte):
     try:
         _read_until_ready(_lines(proc))
         client = FarmClient(url, (data_dir / "token").read_text().strip())
-        [host] = [d for d in client.devices() if d["agent"] == "local"]
-        last_seen = datetime.fromisoformat(host["last_seen"])
-        last_seen = last_seen if last_seen.tzinfo else last_seen.replace(tzinfo=timezone.utc)
-        assert host["state"] != "offline" and last_seen >= started, host  # registered by this run's agent
+        [host] = [d for d in client.devices() if d.agent == "local"]
+        assert host.state != "offline" and host.last_seen >= started, host  # registered by this run's agent
         rep = wait_for(client, client.submit(model, spec).id, quiet=True, timeout=300)
         assert [r.status for r in rep.runs] == ["succeeded"], [r.reason for r in rep.runs]
     finally:

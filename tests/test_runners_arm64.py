@@ -29,7 +29,7 @@ GLIBC_SIDE = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "libstd
               "ld-linux-aarch64.so.1"}
 
 
-def farm(*args: str) -> subprocess.CompletedProcess:
+def farm_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sme2farm.farm.cli", *args], capture_output=True, text=True,
                           timeout=600)
 
@@ -39,10 +39,10 @@ def arm64_listing(tmp_path_factory) -> tuple[Path, dict[tuple[str, str], dict]]:
     """Both platforms built through the real CLI into a private manifest, then listed by it."""
     manifest = tmp_path_factory.mktemp("arm64") / "manifest.json"
     for platform in ("linux-arm64", "android-arm64"):
-        r = farm("build-runner", "--platform", platform, "--manifest", str(manifest))
+        r = farm_cli("build-runner", "--platform", platform, "--manifest", str(manifest))
         assert r.returncode == 0, r.stdout + r.stderr
         assert "sme2on" in r.stdout and "sme2off" in r.stdout, r.stdout
-    r = farm("runners", "--json", "--manifest", str(manifest))
+    r = farm_cli("runners", "--json", "--manifest", str(manifest))
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     return manifest, {(b["platform"], b["sme2"]): b for b in rows}
@@ -99,7 +99,7 @@ def test_arm64_build_runner_registers_both_arms(arm64_listing):
 
 def test_arm64_runners_table_lists_every_build(arm64_listing):
     manifest, builds = arm64_listing
-    r = farm("runners", "--manifest", str(manifest))
+    r = farm_cli("runners", "--manifest", str(manifest))
     assert r.returncode == 0, r.stderr
     for b in builds.values():
         line = next(line for line in r.stdout.splitlines() if line.startswith(b["id"] + " "))

@@ -1,0 +1,81 @@
+"""Headless Chromium for the dashboard tests: the browser, checked before any farm starts (CI fails
+without it, elsewhere a plain skip), and waiting for what a page shows."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path(os.environ.get("SME2_CHROMIUM", "/usr/bin/chromium"))
+CHROMEDRIVER = Path(os.environ.get("SME2_CHROMEDRIVER", "/usr/bin/chromedriver"))
+WAIT_S = 20
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Checked before the farm starts: CI (SME2_REQUIRE_SERVICES=1) fails, elsewhere a plain skip."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium Python package (pip install -e '.[dev]')")
+    if missing:
+        msg = (f"the dashboard test needs headless Chromium; missing: {', '.join(missing)} "
+               f"(apt-get install chromium chromium-driver, as listed in .ci/apt-packages.txt)")
+        if os.environ.get("SME2_REQUIRE_SERVICES") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return CHROMIUM, CHROMEDRIVER
+
+
+@pytest.fixture
+def browser(chromium, tmp_path, monkeypatch):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    monkeypatch.setenv("SE_OFFLINE", "true")  # selenium-manager must never download anything
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(chromium[0])
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1000"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(str(chromium[1])), options=opts)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    driver.downloads = downloads
+    yield driver
+    driver.quit()
+
+
+def wait(driver, css: str, *, text: str | None = None, timeout: float = WAIT_S):
+    """The first visible element matching css (whose text contains `text`, if given)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def found(d):
+        for el in d.find_elements(By.CSS_SELECTOR, css):
+            if el.is_displayed() and (text is None or text in el.text):
+                return el
+        return False
+
+    try:
+        return WebDriverWait(driver, timeout).until(found)
+    except Exception:
+        main = driver.find_elements(By.ID, "main")
+        raise AssertionError(f"no visible {css!r}{f' with {text!r}' if text else ''}; page shows:\n"
+                             f"{main[0].text if main else driver.page_source[:2000]}") from None
+
+
+def screenshot(driver, path: Path) -> None:
+    driver.execute_script("window.scrollTo(0, 0)")
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1280, min(max(height + 20, 800), 6000))
+    time.sleep(0.2)
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1280, 1000)

@@ -1,0 +1,131 @@
+"""The service-level farm: one agent and one SME2 device in a database, each run moved through
+the functions of server/services/runs.py that the API and the worker call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from sme2farm.protocol import TRACE, DeviceInfo, ExperimentSpec, RunFinish, RunnerInfo, RunStatus
+from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import experiments as experiment_service
+from sme2farm.server.services import runs as run_service
+from sme2farm.server.services.ingest import Ingester
+from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Device, Experiment, Model, Run, utcnow
+
+__all__ = ["service_farm"]
+
+S = RunStatus
+
+
+@dataclass
+class ServiceFarm:
+    """A farm of one agent and one SME2 device, driven through the service functions (no HTTP,
+    no processes); the tasks each transaction sends after its commit are recorded in `sent`."""
+
+    url: str
+    store: Store
+    agent_id: int
+    sent: list
+
+    def tx(self):
+        """A transaction whose after-commit tasks are recorded in `sent`."""
+        return session_scope(self.url, enqueue=lambda *a: self.sent.append(a))
+
+    def submit(self, **spec) -> list[int]:
+        with self.tx() as s:
+            model = s.get(Model, "ab" * 32) or Model(sha256="ab" * 32, size=1)
+            s.add(model)
+            exp = experiment_service.create(s, spec=ExperimentSpec(**{"sme2": "off", **spec}), model=model)
+            run_service.runs_created(s, experiment_id=exp.id)
+            return [r.id for r in exp.runs]
+
+    def run(self, rid: int) -> Run:
+        with session_scope(self.url) as s:
+            return s.get(Run, rid)
+
+    def device(self) -> Device:
+        with session_scope(self.url) as s:
+            return s.scalars(select(Device)).one()
+
+    def dispatch(self) -> list[int]:
+        with self.tx() as s:
+            return run_service.dispatch(s, lease_s=60)
+
+    def lease(self, rid: int) -> str:
+        return self.run(rid).lease_id
+
+    def start(self, rid: int) -> Run:
+        with self.tx() as s:
+            return run_service.start(s, run_id=rid, lease_id=self.lease(rid), agent_id=self.agent_id, lease_s=60)
+
+    def heartbeat(self, rid: int, status: str = "running") -> Run:
+        with self.tx() as s:
+            return run_service.heartbeat(s, run_id=rid, lease_id=self.lease(rid), agent_id=self.agent_id,
+                                         status=status, lease_s=60)
+
+    def finish(self, rid: int, status: str = "succeeded", trace: bytes | None = b"", warmup_in_trace: int = 0,
+               reason: str = "") -> Run:
+        if trace:
+            path = self.store.artifact_path(rid, TRACE)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(trace)
+        with self.tx() as s:
+            body = RunFinish(lease_id=self.lease(rid), status=status, reason=reason, warmup_in_trace=warmup_in_trace)
+            return run_service.finish(s, run_id=rid, agent_id=self.agent_id, body=body, has_trace=bool(trace),
+                                      ingest_deadline_s=60)
+
+    def ingest(self, rid: int, ingester=None) -> str:
+        with self.tx() as s:
+            return run_service.ingest(s, run_id=rid, ingester=ingester or Ingester(self.store))
+
+    def ingest_begins(self, rid: int, ingest_deadline_s: float = 60) -> None:
+        with self.tx() as s:
+            run_service.ingest_started(s, run_id=rid, ingest_deadline_s=ingest_deadline_s)
+
+    def cancel(self, rid: int) -> None:
+        with self.tx() as s:
+            run_service.cancel(s, [s.get(Run, rid)])
+
+    def expire(self, rid: int) -> None:
+        with session_scope(self.url) as s:
+            s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+
+    def reap(self, **kw) -> list[int]:
+        with self.tx() as s:
+            return run_service.reap_expired(s, **{"max_attempts": 3, **kw})
+
+    def comparisons(self, rid: int) -> list:
+        with session_scope(self.url) as s:
+            return s.get(Experiment, s.get(Run, rid).experiment_id).comparisons
+
+    def to(self, rid: int, status: RunStatus, trace: bytes = b"trace") -> None:
+        """Drive run `rid` (queued, the only one on its device) to `status` the way the farm does."""
+        order = [S.queued, S.assigned, S.running, S.uploading, S.analyzing]
+        steps = {S.assigned: lambda: self.dispatch(), S.running: lambda: self.start(rid),
+                 S.uploading: lambda: self.heartbeat(rid, "uploading"), S.analyzing: lambda: self.finish(rid, trace=trace)}
+        for st in order[1:order.index(status) + 1]:
+            steps[st]()
+        assert self.run(rid).status == status
+
+
+def make_service_farm(db_url: str, data_dir: Path, arms: tuple[str, ...] = ("on", "off")) -> ServiceFarm:
+    """Agent a1 with an SME2 Linux arm64 device, dev-1, and a runner for each SME2 arm in `arms`."""
+    with session_scope(db_url) as s:
+        agent = device_service.register_agent(s, name="a1", hostname="h1", version="test")
+        device_service.sync(s, agent=agent, runners=[
+            RunnerInfo(id=f"r-{arm}", platform="linux-arm64", sme2=arm) for arm in arms],
+            devices=[DeviceInfo(serial="dev-1", platform="linux", sme2=True, runner_platform="linux-arm64")])
+        agent_id = agent.id
+    return ServiceFarm(db_url, Store(data_dir), agent_id, [])
+
+
+@pytest.fixture
+def service_farm(db_url, tmp_path) -> ServiceFarm:
+    return make_service_farm(db_url, tmp_path / "data")
