@@ -1,5 +1,6 @@
 # One command each: `make demo` (set up, then profile a bundled model with SME2 off and on),
-# `make test` (set up, then the whole test suite). Set-up is a local virtualenv in .venv.
+# `make test` (set up, then the whole test suite), `make test-fast` (the suite without the farm-starting,
+# browser, adb and emulated-arm64 tests). Set-up is a local virtualenv in .venv.
 PYTHON ?= python3
 VENV ?= .venv
 PIP_ARGS ?=
@@ -34,6 +35,11 @@ emulator: setup
 
 test: setup emulator
 	$(BIN)/python -m pytest
+
+# Everything but the end-to-end, browser, adb and emulated-arm64 tests: the loop while changing code.
+FAST := not e2e and not browser and not adb and not arm64 and not sme2emu
+test-fast: setup
+	$(BIN)/python -m pytest -m "$(FAST)"
 
 bench: setup
 	$(BIN)/python bench/ingest.py

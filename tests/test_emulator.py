@@ -130,6 +130,7 @@ def _qemu_without_sme2() -> str:
     pytest.skip("no qemu-aarch64 without SME2 on PATH")
 
 
+@pytest.mark.sme2emu
 def test_emulated_sme2_install_records_a_binary_copied_in_by_hand(tmp_path, sme2_emulator):
     """The manual steps end with copying qemu-aarch64 into the cache: install then checks its CPU
     and records it, with no apt at all (PATH holds no apt-get here)."""

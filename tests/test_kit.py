@@ -61,6 +61,7 @@ def template(**top):
 # ---- the real farm -----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_kit_config_runs_as_one_experiment_on_the_farm(farm, example_pte, tmp_path):
     d = kit_dir(tmp_path, example_pte("toy_cnn"))
     config = write_config(d, template())
@@ -99,6 +100,7 @@ def test_kit_config_runs_as_one_experiment_on_the_farm(farm, example_pte, tmp_pa
         assert o["total_ms"] == pytest.approx(o["avg_ms"] * o["count"])
 
 
+@pytest.mark.e2e
 def test_kit_config_sme2_off_only_and_learning_path_spelling(farm, example_pte, tmp_path):
     """One arm in the config -> one arm on the farm; num_runs / num_threads (the learning path's
     words for runs / threads) are read; every run succeeds here."""
@@ -139,6 +141,7 @@ BAD = {
 }
 
 
+@pytest.mark.e2e
 def test_bad_kit_configs_exit_2_naming_the_problem_and_submit_nothing(farm, example_pte, tmp_path):
     d = kit_dir(tmp_path, example_pte("toy_cnn"))
     before = farm.client().experiments(page_size=1).total

@@ -390,6 +390,7 @@ def _http(farm):
     return httpx.Client(base_url=farm.url, headers={"Authorization": f"Bearer {farm.token}"}, timeout=30)
 
 
+@pytest.mark.e2e
 def test_a_suite_run_twice_on_identical_inputs_is_two_points_and_no_regression(suite_farm, tiny_suite):
     assert tiny_suite["schedule"] == "0 3 * * *" and tiny_suite["next_run_at"].endswith("03:00:00+00:00")
     for i in range(2):
@@ -417,6 +418,7 @@ def test_a_suite_run_twice_on_identical_inputs_is_two_points_and_no_regression(s
     assert listed.returncode == 0 and listed.stdout.startswith("tiny")
 
 
+@pytest.mark.e2e
 def test_consecutive_canary_points_teach_the_device_noise_model(suite_farm, tiny_suite):
     from sme2farm.server.store.models import Device
 
@@ -436,6 +438,7 @@ def test_consecutive_canary_points_teach_the_device_noise_model(suite_farm, tiny
     print(f"canary pair: sigma_between {learned['sigma_between']:.4f}, df {learned['df']:g}")
 
 
+@pytest.mark.e2e
 def test_bad_input_through_the_api_names_the_problem(suite_farm, tiny_suite):
     sha = tiny_suite["models"][0]["sha256"]
     ok = {"name": "bad", "models": [{"sha256": sha}]}
@@ -471,6 +474,7 @@ def _farm_session(farm, enqueue=None):
     return session_scope(f"sqlite:///{(farm.data_dir / 'farm.db').resolve()}", enqueue=enqueue)
 
 
+@pytest.mark.e2e
 def test_the_beat_starts_a_due_suite(suite_farm, tiny_suite):
     from sqlalchemy import update
 
@@ -506,6 +510,7 @@ class _Hook(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.e2e
 def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(suite_farm, tiny_suite):
     from sme2farm.server.config import Settings
     from sme2farm.server.services import suites
@@ -570,6 +575,7 @@ def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(sui
     print(f"suite run while the webhook was down: {took:.1f} s")
 
 
+@pytest.mark.e2e
 def test_an_sme2_arm_no_device_can_run_is_warned_fails_the_wait_and_is_explained(suite_farm, tiny_suite):
     """The farm's device has no SME2: `both` is accepted with a warning; the run's on point is
     empty, so `suite run --wait` exits 3 (runs could not be placed, none failed: not 1) naming

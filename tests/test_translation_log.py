@@ -54,6 +54,7 @@ def xnnpack_lib(arm64_runners) -> Path:
     return Path(arm64_runners.resolve(build)).parent / XNNPACK_LIB
 
 
+@pytest.mark.arm64
 def test_parser_names_exported_and_unexported_code_of_the_real_library(xnnpack_lib, tmp_path):
     syms = {s.name: s for s in function_symbols(xnnpack_lib)}
     exported = {s.start for s in syms.values()}
@@ -87,6 +88,7 @@ def test_parser_names_exported_and_unexported_code_of_the_real_library(xnnpack_l
     assert kernel_hint("Fully Connected (NC, PF16) GEMM", k) == f"gemm: {sme2.name} [SME2]"
 
 
+@pytest.mark.arm64
 def test_parser_refuses_a_run_without_the_loader_map(xnnpack_lib, tmp_path):
     log = tmp_path / "in_asm.log"
     log.write_text(_block(BASE))
@@ -208,6 +210,7 @@ def test_emulated_sme2_trace_over_its_bound_stops_the_runner_with_the_reason(
     assert result.kernel_log_path is None
 
 
+@pytest.mark.arm64
 def test_a_log_found_over_its_bound_after_the_run_fails_it_and_is_removed(arm64_runners, tmp_path, monkeypatch):
     """The runner can end between two 50 ms polls with the log already past the bound: collect
     refuses it too, and the raw files go either way."""
@@ -221,6 +224,7 @@ def test_a_log_found_over_its_bound_after_the_run_fails_it_and_is_removed(arm64_
     assert sorted(p.name for p in job.workdir.iterdir()) == []
 
 
+@pytest.mark.arm64
 def test_the_agent_traces_on_the_emulator_with_the_timing_build(arm64_runners):
     """job.refuse asks the device's driver which flavour a trace run needs: the qemu device
     traces with the timing build; hardware still needs the xnnlog (logging) build."""
