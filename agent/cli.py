@@ -9,9 +9,13 @@ import signal
 import sys
 from pathlib import Path
 
+from sme2farm import logs
 from sme2farm.agent import drivers as driver_registry
+from sme2farm.agent.api import AgentApi, Unauthorized
 from sme2farm.agent.config import agent_settings
+from sme2farm.agent.loop import Agent
 from sme2farm.protocol import DEFAULT_SERVER_URL
+from sme2farm.runners.catalog import Catalog
 
 
 def _drivers(args) -> list:
@@ -20,9 +24,6 @@ def _drivers(args) -> list:
 
 
 def cmd_devices(args) -> int:
-    from sme2farm.agent.loop import Agent
-    from sme2farm.runners.catalog import Catalog
-
     agent = Agent(api=None, drivers=_drivers(args), catalog=Catalog.load(args.manifest), work_dir=Path(args.work_dir) if args.work_dir else None)
     devices = agent.discover()
     if args.json:
@@ -37,10 +38,6 @@ def cmd_devices(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from sme2farm.agent.api import AgentApi, Unauthorized
-    from sme2farm.agent.loop import Agent
-    from sme2farm.runners.catalog import Catalog
-
     settings = agent_settings()
     token = args.token or (settings.token.get_secret_value() if settings.token else None)
     if not token:
@@ -84,8 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--name", default=None)
     r.set_defaults(fn=cmd_run)
     args = p.parse_args(argv)
-    from sme2farm import logs
-
     logs.configure("agent", logging.DEBUG if args.verbose else logging.INFO)  # JSON lines unless on a terminal
     return args.fn(args)
 

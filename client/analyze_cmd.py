@@ -24,6 +24,11 @@ import json
 import sys
 from pathlib import Path
 
+from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, numerics, to_csv,
+                               to_markdown, to_perfetto, to_terminal)
+from sme2farm.client import kit
+from sme2farm.runners import inputs as containers
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", nargs="?", default=None, help="ETDump file (.etdump / .etdp)")
@@ -101,9 +106,6 @@ def _what_else(data: bytes) -> str:
 
 
 def run_outputs(args: argparse.Namespace) -> int:
-    from sme2farm.analysis import numerics
-    from sme2farm.runners import inputs as containers
-
     if args.trace is not None or args.compare is not None:
         print("error: --outputs compares two outputs files; give no trace (and no --compare) with it", file=sys.stderr)
         return 2
@@ -144,8 +146,6 @@ def run(args: argparse.Namespace) -> int:
     if args.trace is None:
         print("error: give an ETDump file to analyse, or --outputs BASE.bin CAND.bin", file=sys.stderr)
         return 2
-    from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, to_csv,
-                                   to_markdown, to_perfetto, to_terminal)
     if not 0.0 <= args.min_effect < 1.0:
         print(f"error: --min-effect must be in [0, 1), got {args.min_effect}", file=sys.stderr)
         return 2
@@ -198,8 +198,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     if args.kit_json is not None:
-        from sme2farm.client import kit
-
         try:
             dest = kit.summary_path(args.kit_json, Path(args.trace).resolve().parent)
         except kit.KitConfigError as exc:

@@ -10,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from sme2farm.client.api import FarmClient, Patience, note
 from sme2farm.client.config import client_settings
+from sme2farm.client.render import experiment_text, progress_line
 from sme2farm.protocol import TERMINAL, DeviceSelector, RunStatus
 
 
@@ -34,8 +36,6 @@ def parse_selector(text: str | None) -> DeviceSelector | None:
 
 def connect(args):
     """The FarmClient for --server/--token, or the settings (SME2_SERVER, SME2_TOKEN)."""
-    from sme2farm.client.api import FarmClient  # lazy: httpx, which `analyze` never needs
-
     settings = client_settings()
     token = args.token or (settings.token.get_secret_value() if settings.token else None)
     return FarmClient(args.server or settings.server, token)
@@ -47,9 +47,6 @@ def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, 
     Transient faults (the server restarting, the database away, a 429) are waited out, and the
     whole wait is bounded by `timeout` or by the `patience` given (client/api.py Patience): past
     it, GaveUp (a TimeoutError) says what it waited for and what it saw last."""
-    from sme2farm.client.api import Patience, note  # lazy: httpx
-    from sme2farm.client.render import progress_line  # lazy: analysis (numpy)
-
     if patience is None:
         patience = Patience(client, f"experiment {experiment_id} to finish", timeout, say=None if quiet else note)
     last = ""
@@ -82,8 +79,6 @@ def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str 
             print(f"submitted experiment {rep.id} ({len(rep.runs)} run(s)){origin}; "
                   f"follow with: sme2-client status {rep.id}")
         return 0
-    from sme2farm.client.api import Patience, note  # lazy: httpx
-
     # --wait: one patience, one --timeout, from the upload to the report
     patience = Patience(client, "the server to take the submission", args.timeout, say=None if args.json else note)
     rep = patience.call(client.submit, model, spec, inputs=inputs, vs_model=vs_model, idempotent=False)
@@ -119,8 +114,6 @@ def outcome_code(reports) -> int:
 def print_when_done(args, client, experiment_id: int, patience) -> int:
     """Wait for the experiment (patiently), then print its report (--json: the report JSON);
     returns the exit code (outcome_code)."""
-    from sme2farm.client.render import experiment_text  # lazy: analysis (numpy)
-
     rep = wait_for(client, experiment_id, quiet=args.json, patience=patience)
     if args.json:
         print(json.dumps(patience.call(client.experiment_json, experiment_id), indent=2))

@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# torch is imported only inside runners/examples's functions: listing needs no torch
+from sme2farm.runners.examples import EXAMPLES
+
 NEEDS = "exporting needs torch and executorch: pip install 'sme2-farm[export]'"
 
 
@@ -23,9 +26,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    # runners/examples imports torch only inside its functions: listing needs no torch
-    from sme2farm.runners.examples import EXAMPLES
-
     if args.name is None:
         for name, ex in EXAMPLES.items():
             print(f"{name:<14} {ex.description}")

@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sme2farm.analysis.categories import CATEGORIES
 from sme2farm.client.common import parse_selector, submit_and_follow
 from sme2farm.protocol import ExperimentSpec, RunStatus
 
@@ -341,8 +342,6 @@ def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | No
     microkernel, as in the kit. The farm writes no CSV files and reads no ETRecord: csv_*
     are empty, etrecord null.
     """
-    from sme2farm.analysis.categories import CATEGORIES
-
     totals = {c: 0.0 for c in CATEGORIES}
     per: list[dict] = []
     ops: dict[str, dict] = {}

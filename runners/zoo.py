@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from sme2farm.runners.examples import write_xnnpack_pte
+
 DTYPES: tuple[str, ...] = ("fp32", "fp16", "int8")
 
 
@@ -253,8 +255,6 @@ def quantize_int8(model: Any, inputs: tuple) -> Any:
 
 def export_zoo(name: str, dtype: str, out: Path) -> Path:
     """Export zoo model `name` in `dtype` (fp32 | fp16 | int8) to `out` as an XNNPACK .pte."""
-    from sme2farm.runners.examples import write_xnnpack_pte
-
     model, inputs = build(name, dtype)
     return write_xnnpack_pte(model, inputs, out)
 
