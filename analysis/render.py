@@ -137,6 +137,23 @@ def _bytes(n) -> str:
     return f"{n} B"
 
 
+def bytes_text(n) -> str:
+    """A byte count as the reports write it: '1.6 MB', '—' for none."""
+    return _bytes(n)
+
+
+def program_memory_line(pm: dict | None) -> str | None:
+    """A program's memory as read from its .pte (ExperimentReport.program_memory) in one line."""
+    if not pm:
+        return None
+    arenas = pm.get("arenas") or []
+    parts = [f"{_bytes(pm.get('planned_bytes'))} planned in {len(arenas)} arena{'s' if len(arenas) != 1 else ''}",
+             f"weights {_bytes(pm.get('weights_bytes'))}"]
+    kinds = [(k, pm.get(f"{k}_bytes")) for k in ("constant", "delegate", "named_data", "mutable")]
+    detail = ", ".join(f"{k.replace('_', ' ')} {_bytes(v)}" for k, v in kinds if v)
+    return ", ".join(parts) + (f" ({detail})" if detail else "")
+
+
 def memory_line(memory: dict | None) -> str | None:
     """The runner's memory figures in one line; None when the run recorded none."""
     if not memory:

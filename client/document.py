@@ -28,13 +28,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sme2farm.analysis.render import (NUMERICS_HEADERS, comparison_fact_lines, device_suffix,
-                                      emulated_headline, is_emulated, narrative_lines, numerics_rows)
+from sme2farm.analysis.render import (NUMERICS_HEADERS, bytes_text, comparison_fact_lines, device_suffix,
+                                      emulated_headline, is_emulated, narrative_lines, numerics_rows,
+                                      program_memory_line)
+from sme2farm.analysis.scaling import rows as scaling_rows
 from sme2farm.client.common import connect
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 CHARTS = (("distribution", "Latency per iteration"), ("categories", "Where the time goes"),
-          ("verdicts", "Verdicts: ratio and 95% interval"))
+          ("verdicts", "Verdicts: ratio and 95% interval"), ("scaling", "Speedup against threads"))
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -105,7 +107,7 @@ def fetch(client, experiment_id: int) -> tuple[dict, dict[str, str | None], dict
     svgs: dict[str, str | None] = {}
     missing: dict[str, str] = {}
     for name, _ in CHARTS:
-        if name == "verdicts" and not exp.get("comparisons"):
+        if name == "verdicts" and not exp.get("comparisons") or name == "scaling" and not scales(exp):
             svgs[name] = None
             continue
         r = client.http.get(f"/experiments/{experiment_id}/charts/{name}.svg")
@@ -115,9 +117,20 @@ def fetch(client, experiment_id: int) -> tuple[dict, dict[str, str | None], dict
             svgs[name] = None
             missing[name] = f"the server answered {r.status_code} for the {name} chart"
     return exp, svgs, missing
+    if scales(exp):
+        r = client.http.get(f"/experiments/{experiment_id}/scaling")
+        exp = {**exp, "scaling": r.json() if r.status_code == 200 else None}
+        if r.status_code != 200:
+            missing["scaling"] = f"the server answered {r.status_code} for the scaling view"
 
 
 # --- a neutral document model, rendered twice -------------------------------------------------
+def scales(exp: dict) -> bool:
+    """Whether the experiment has a scaling view to show: several thread counts, or a core mask."""
+    spec = exp.get("spec") or {}
+    return len(spec.get("threads") or []) > 1 or bool(spec.get("core_mask"))
+
+
 
 def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], source: str) -> list[tuple]:
     """The document as blocks: ("h", level, text) | ("p", text) | ("table", headers, rows) |
@@ -143,6 +156,10 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
               f"ExecuTorch: {', '.join(versions) or '?'}. Created {exp.get('created_at')}."),
     ]
     if emulators:
+    memory = [label + line for label, pm in (("", exp.get("program_memory")), ("model B: ", exp.get("vs_program_memory")))
+              if (line := program_memory_line(pm))]
+    if memory:
+        out.append(("p", "Planned memory, read from the program before it runs: " + "; ".join(memory) + "."))
         out.append(("p", f"Emulated: runs on {', '.join(emulators)} executed every instruction for real, but their "
                          "times are the emulator's, not a CPU's: they are labelled emulated and no speedup or slowdown "
                          "is stated from them. Emulation shows that both arms ran, which kernels each used and how "
@@ -175,7 +192,8 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
     arms = arm_rows(exp)
     out.append(("h", 2, "Latency"))
     out.append(_chart("distribution", svgs, missing))
-    out.append(("table", ["Run", "Model", "SME2", "Threads", "Device", "Status", "Median ms", "p10", "p90", "CV", "n", "Runner"],
+    out.append(("table", ["Run", "Model", "SME2", "Threads", "Device", "Status", "Median ms", "p10", "p90", "CV", "n",
+                          "Peak RSS", "Runner"],
                 [[str(r["id"]), r.get("variant") or "A", r.get("sme2"), str(r.get("threads")),
                   ((r.get("device") or {}).get("serial") or "—") + (" (emulated)" if (r.get("device") or {}).get("emulator") else ""),
                   r.get("status"),
@@ -183,6 +201,7 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
                      "—" if e.get("cv") is None else f"{100 * e['cv']:.1f}%", str(e.get("n"))]
                     if (e := r.get("e2e_ms")) else ["—"] * 5),
                   (r.get("runner") or {}).get("id") or "—"] for r in runs]))
+                  bytes_text((r.get("memory") or {}).get("peak_rss_bytes")),
     problems = [f"Run {r['id']} {r['status']}: {r['reason']}" for r in runs if r.get("reason") and r.get("status") != "succeeded"]
     if problems:
         out.append(("list", problems))
@@ -196,6 +215,7 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
     out += _kernel_path_blocks(runs)
     for c in comps:
         if c.get("status") != "complete":
+    out += _scaling_blocks(exp, svgs, missing)
             continue
         la, lb = (c.get("labels") or ["baseline", "candidate"])[:2]
         if numerics_rows(c):
@@ -228,6 +248,25 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
 
 def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
     """Which kernels each succeeded run used (its kernel_paths, computed at ingest): SME2
+def _scaling_blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str]) -> list[tuple]:
+    """Thread scaling (GET /experiments/{id}/scaling): the chart, per device a table and its sentences."""
+    if not scales(exp):
+        return []
+    out: list[tuple] = [("h", 2, "Thread scaling")]
+    view = exp.get("scaling")
+    if view is None:
+        return out + [("p", missing.get("scaling") or "the scaling view is not available")]
+    out.append(_chart("scaling", svgs, missing))
+    for d in view.get("devices") or []:
+        out.append(("h", 3, f"{d.get('device') or '?'} ({d.get('device_model') or '?'})"
+                    + (" — emulated" if d.get("emulated") else "")))
+        headers, body = scaling_rows(d)
+        out.append(("table", headers, body))
+        out.append(("list", d.get("sentences") or []))
+    out += [("p", s) for s in view.get("sentences") or []]
+    return out
+
+
     coverage of Convolution/GEMM, the paths per category, what stayed off SME2, the flag."""
     rows, flags = [], []
     for r in runs:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from sme2farm.analysis.render import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
-                                      kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows)
+                                      kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
+                                      program_memory_line)
 from sme2farm.protocol import ExperimentReport
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
@@ -29,6 +30,9 @@ def experiment_text(rep: ExperimentReport) -> str:
            f"  model sha256 {rep.model_sha256[:16]}… ({rep.model_size} bytes), sme2={rep.spec.sme2}, "
            f"threads={rep.spec.threads}, iterations={rep.spec.iterations}, warm-up={rep.spec.warmup}",
            f"  method {rep.spec.method}, inputs: {rep.inputs}", *(f"  note: {w}" for w in rep.warnings)]
+    out[3:3] = [f"  planned memory{label}: {line}"
+                for label, pm in (("", rep.program_memory), (" (model B)", rep.vs_program_memory))
+                if (line := program_memory_line(pm.model_dump() if pm else None)) is not None]
     # Runs that could not be placed usually share one long reason (every SME2-on run on a farm
     # without SME2): said once here, with the runs it covers, not once per run and comparison.
     unplaced: dict[str, list[int]] = {}

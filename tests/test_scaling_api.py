@@ -99,6 +99,13 @@ def test_a_real_thread_sweep_draws_its_scaling_view(farm, example_pte):
     print("scaling on this host:", arm["sentence"])
     text = farm.cli("scaling", str(exp["id"]))
     assert text.returncode == 0 and "Speedup" in text.stdout and "SME2 off" in text.stdout
+    status = farm.cli("status", str(exp["id"]))
+    assert status.returncode == 0 and "planned memory: " in status.stdout and " planned in 1 arena" in status.stdout
+    doc = farm.cli("report", str(exp["id"]), "--markdown")
+    assert doc.returncode == 0, doc.stderr
+    assert "## Thread scaling" in doc.stdout and 'data-chart="scaling"' in doc.stdout
+    assert "Planned memory, read from the program before it runs: " in doc.stdout
+    assert arm["sentence"].split(":")[0] in doc.stdout and "| Efficiency |" in doc.stdout
     svg = httpx.get(f"{farm.url}/experiments/{exp['id']}/charts/scaling.svg",
                     headers={"Authorization": f"Bearer {farm.token}"})
     assert svg.status_code == 200 and 'data-chart="scaling"' in svg.text
