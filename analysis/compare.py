@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .categories import CATEGORIES
+from .memory import runs_compared
 from .stats import latency_stats, pooled, trimmed_mean
 from .noise import NoiseModel, as_noise_model
 from .sessions import N_BOOT, summarize
@@ -178,6 +179,7 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
         "operators": per_op,
         "category_share": {"before": dict(b_share), "after": dict(c_share)},
         "narrative": narrative,
+        "memory": runs_compared(baseline, candidate, labels=(la, lb)),
     }
 
 
@@ -331,4 +333,5 @@ def compare_emulated(baseline, candidate, *, emulator: str,
         "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
         "categories": {}, "operators": {},
         "narrative": [sentence, _kernels_line(la, b_view) + ".", _kernels_line(lb, c_view) + "."],
+        "memory": runs_compared(baseline, candidate, labels=(la, lb), emulator=emulator),
     }

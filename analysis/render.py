@@ -117,8 +117,8 @@ def emulated_headline(c: dict) -> str:
 
 def comparison_fact_lines(c: dict) -> list[str]:
     """What a comparison says beside (or, emulated, instead of) its speed: per-arm SME2 coverage
-    and the arms' numerics. Plain text, one fact per line."""
-    return [line for line in (coverage_pair_line(c), numerics_line(c)) if line]
+    the arms' numerics and their memory. Plain text, one fact per line."""
+    return [line for line in (coverage_pair_line(c), numerics_line(c), (c.get("memory") or {}).get("sentence")) if line]
 
 
 def narrative_lines(c: dict) -> list[str]:

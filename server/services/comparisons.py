@@ -19,13 +19,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from sme2farm import analysis
+from sme2farm.analysis.memory import planned_compared
 from sme2farm.analysis.numerics import not_compared
-from sme2farm.protocol import DEFAULT_MIN_EFFECT, TERMINAL, ComparisonRead, RunStatus, status_values
-from sme2farm.server.store.models import Device, Experiment, Run
+from sme2farm.protocol import DEFAULT_METHOD, DEFAULT_MIN_EFFECT, TERMINAL, ComparisonRead, RunStatus, status_values
+from sme2farm.server.store.models import Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import noise as noise_service
 from sme2farm.server.services import numerics as numerics_service
 from sme2farm.server.services.errors import Invalid, NotFound
+from sme2farm.server.services.programs import memory_for
 
 
 def _runs_text(runs: list[Run]) -> str:
@@ -149,9 +151,11 @@ def _side(session: Session, ref: tuple[str, int, str], which: str) -> tuple[dict
         model = exp.vs_model_sha256 if variant == "B" else exp.model_sha256
     builds = sorted({(r.runner or {}).get("id", "") for r in runs if r.runner} - {""})
     versions = sorted({(r.runner or {}).get("executorch_version", "") for r in runs if r.runner} - {""})
+    stored = session.get(Model, model) if model else None
     info = {"kind": kind, "id": ident, "variant": variant if kind == "experiment" else (runs[0].variant or "A"),
             "experiment_id": exp.id, "name": exp.name, "model_sha256": model,
-            "et_versions": versions, "runner_builds": builds}
+            "et_versions": versions, "runner_builds": builds,
+            "program_memory": memory_for(stored.memory if stored else None, (exp.spec or {}).get("method", DEFAULT_METHOD))}
     return info, runs
 
 
@@ -212,4 +216,14 @@ def between(session: Session, baseline: str, candidate: str,
     if any(x["baseline_device"] != x["candidate_device"] for x in comparisons):
         notes.append("some pairs ran on different devices of the same model: their verdicts use the default noise "
                      "prior (a device's learned noise says nothing about how far two boards sit apart)")
-    return ComparisonRead(baseline=b_info, candidate=c_info, comparisons=comparisons, unmatched=unmatched, notes=notes)
+    program_memory = planned_compared(b_info.pop("program_memory"), c_info.pop("program_memory"),
+                                      labels=(side_name(b_info), side_name(c_info)))
+    return ComparisonRead(baseline=b_info, candidate=c_info, comparisons=comparisons, unmatched=unmatched, notes=notes,
+                          program_memory=program_memory)
+
+
+def side_name(info: dict) -> str:
+    """R34, E12 or E12/B: a side as GET /comparisons takes it."""
+    if info["kind"] == "run":
+        return f"R{info['id']}"
+    return f"E{info['id']}" + ("/B" if info.get("variant") == "B" else "")

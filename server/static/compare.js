@@ -74,6 +74,8 @@ export async function compareView({ baseline = "", candidate = "", min_effect: m
     refresh: false,
     node: h("section", { id: "compare", dataset: { baseline, candidate, minEffect } }, top,
       h("div", { class: "card sides cols" }, sideCard("baseline", result.baseline), sideCard("candidate", result.candidate)),
+      result.program_memory && h("p", { class: "card program-memory-compared" },
+        `Planned memory (read from the programs), ${result.program_memory.sentence}`),
       result.notes.length > 0 && h("ul", { class: "card notes" }, result.notes.map((n) => h("li", {}, n))),
       h("div", { class: "card" }, h("h3", {}, "Verdicts"), forest),
       result.comparisons.map((c) => comparisonCard({ ...c, labels: c.labels || ["baseline", "candidate"], kind: "pair" }, { where: where(c) })),

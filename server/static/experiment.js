@@ -241,7 +241,8 @@ export function comparisonCard(c, { where } = {}) {
     return h("article", { class: "card comparison incomplete", dataset: attrs }, head,
       h("p", { class: "reason alert" }, c.reason || "one arm has no successful run"));
   }
-  const facts = [coverageBlock(c, la, lb), numericsBlock(c)];
+  const facts = [coverageBlock(c, la, lb), numericsBlock(c),
+    c.memory?.sentence && h("p", { class: "small memory-compared" }, c.memory.sentence)];
   // the narrative without what the headline and the numerics block already say
   const told = new Set([c.sentence, c.numerics?.sentence]);
   const lines = (c.narrative || []).filter((line) => !told.has(line));
