@@ -17,6 +17,9 @@ Event model (docs/design.md, "ETDump event model"):
   If operator events add up to more than E2E (a clock artefact), that iteration's operator
   times are scaled down to E2E and a warning says so: no category is ever negative.
 * timestamps are taken as nanoseconds (the runtime's default Linux/macOS/Android clock).
+* LLM runs (the runner's LLM mode marks each call's block, llm.py): one iteration is one
+  generation, a prefill and its decode calls, so E2E and categories are per generation; the
+  ``llm`` section gives the phases apart.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .categories import CATEGORIES, NAMED, OTHER, category_of, operator_type
 from .etdump import KIND_ALLOC, KIND_DEBUG, KIND_PROFILE, Events, EtdumpError, read_etdump
 from .kernel_paths import annotate, summary
 from .kernels import kernel_hint, parse_kernel_log
+from .llm import phase_blocks, summarize as llm_summary
 from .stats import latency_stats
 
 TICKS_PER_MS = 1e6  # ns clock
@@ -51,7 +55,7 @@ def _group_percentile(vals_sorted: np.ndarray, starts: np.ndarray, counts: np.nd
 class _Model:
     """The parsed trace split into iterations and operator events (all numpy arrays)."""
 
-    def __init__(self, ev: Events, skip_first: int = 0):
+    def __init__(self, ev: Events, skip_first: int = 0, groups: np.ndarray | None = None):
         self.ev = ev
         self.warnings: list[str] = list(ev.warnings)
         strings = ev.strings
@@ -66,9 +70,11 @@ class _Model:
                     f"skip_first={skip_first} drops all {exec_runs.size} iterations")
             exec_runs = exec_runs[skip_first:]
         self.exec_runs = exec_runs
-        n_it = self.n_it = int(exec_runs.size)
+        # groups: the iteration of each timed Execute block where one iteration spans several
+        # calls (an LLM generation: a prefill and its decode calls); by default one block each.
+        n_it = self.n_it = int(exec_runs.size) if groups is None else (int(groups.max()) + 1 if groups.size else 0)
         it_of_run = np.full(max(len(ev.run_names), 1), -1, dtype=np.int64)
-        it_of_run[exec_runs] = np.arange(n_it)
+        it_of_run[exec_runs] = np.arange(n_it) if groups is None else groups
         self.ms = ev.duration / TICKS_PER_MS
         is_prof = ev.kind == KIND_PROFILE
         it = np.where(is_prof, it_of_run[ev.run] if ev.run.size else ev.run, -1)
@@ -248,7 +254,12 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     arch: ``arm64``, ``x86_64`` or None. They decide each operator's ``kernel_path`` and the
     SME2 coverage in ``report["kernel_paths"]`` (see kernel_paths.py)."""
     ev = etdump if isinstance(etdump, Events) else read_etdump(etdump)
-    m = _Model(ev, skip_first=skip_first)
+    phases = phase_blocks(ev, skip_first)
+    llm = None
+    if phases is not None:
+        calls = _Model(ev, skip_first=skip_first)
+        llm = llm_summary(phases, calls.e2e, calls.cat_it)
+    m = _Model(ev, skip_first=skip_first, groups=None if phases is None else phases.iteration)
     kernels = parse_kernel_log(kernel_log)
     n_it = m.n_it
     mean_e2e = float(m.e2e.mean()) if n_it else 0.0
@@ -293,6 +304,7 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
         "allocations": {"n_events": int(alloc.sum()),
                         "total_bytes": int(ev.alloc_size[alloc].sum(dtype=np.uint64))},
         "n_debug_events": int((ev.kind == KIND_DEBUG).sum()),
+        "llm": llm,
         "time_unit": "ms (ETDump ticks taken as ns)",
         "warnings": m.warnings,
     }

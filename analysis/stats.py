@@ -133,3 +133,21 @@ def bootstrap_ratio(base, cand, *, stat: str = "median", n_boot: int = 10_000, s
     lo, hi = (np.quantile(ratios, [alpha, 1 - alpha]) if ratios.size else (np.nan, np.nan))
     return {"estimate": _f(f(b) / sc), "ci_low": _f(lo), "ci_high": _f(hi),
             "level": level, "n_boot": n_boot}
+
+
+def bootstrap_ci(samples, *, stat: str = "median", n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Point estimate and percentile-bootstrap CI of stat(samples) (median or mean), resampling
+    the samples (iterations) with replacement. Returns {"estimate", "ci_low", "ci_high", "level",
+    "n_boot", "n"}; None values for no samples."""
+    x = np.asarray(samples, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    out = {"estimate": None, "ci_low": None, "ci_high": None, "level": level, "n_boot": n_boot, "n": int(x.size)}
+    if x.size == 0:
+        return out
+    f = np.median if stat == "median" else np.mean
+    rng = np.random.default_rng(seed)
+    reps = _boot_stat(x, rng, n_boot, stat, max(1, min(n_boot, 4_000_000 // x.size)))
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(reps, [alpha, 1 - alpha])
+    out.update(estimate=_f(f(x)), ci_low=_f(lo), ci_high=_f(hi))
+    return out

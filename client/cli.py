@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from sme2farm.client.common import EXIT_CODES_HELP, connect, parse_selector, print_when_done, submit_and_follow
 from sme2farm.client.config import client_settings
-from sme2farm.protocol import DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_WARMUP, ExperimentSpec
+from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_WARMUP, ExperimentSpec,
+                               LlmSpec)
 
 MIN_EFFECT_HELP = f"default {DEFAULT_MIN_EFFECT:g}: {DEFAULT_MIN_EFFECT * 100:g}%%"  # argparse help: %% is %
 
@@ -27,6 +28,24 @@ def thread_counts(text: str) -> list[int]:
     if not counts:
         raise argparse.ArgumentTypeError("give at least one thread count, e.g. 1 or 1,4")
     return counts
+
+
+def parse_llm(text: str | None) -> LlmSpec | None:
+    """--llm 'prompt=128,decode=64'."""
+    if not text:
+        return None
+    fields: dict = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in ("prompt", "decode"):
+            raise ValueError(f"--llm takes prompt=P,decode=D (e.g. prompt=128,decode=64), got {text!r}")
+        try:
+            fields[key.strip()] = int(value)
+        except ValueError:
+            raise ValueError(f"--llm {key.strip()} must be a whole number of tokens, got {value.strip()!r}") from None
+    if set(fields) != {"prompt", "decode"}:
+        raise ValueError(f"--llm needs both prompt and decode (e.g. prompt=128,decode=64), got {text!r}")
+    return LlmSpec.model_validate(fields)
 
 
 def cmd_submit(args) -> int:
@@ -59,7 +78,7 @@ def cmd_submit(args) -> int:
         spec = ExperimentSpec(sme2=args.sme2, threads=threads, iterations=args.iterations, warmup=args.warmup,
                               mode=args.mode, device=parse_selector(args.device), name=name, labels=labels,
                               power_profile=args.power_profile, core_mask=args.core_mask, sessions=args.sessions,
-                              method=args.method, min_effect=args.min_effect)
+                              method=args.method, min_effect=args.min_effect, llm=parse_llm(args.llm))
     except ValidationError as e:
         from sme2farm.client.api import error_sentences
 
@@ -168,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--inputs", metavar="INPUTS.npz",
                    help="representative inputs for a .pte: arrays '0','1',... in input order (a .bpte brings its own)")
     s.add_argument("--method", default=DEFAULT_METHOD, help=f"the program method to run (default {DEFAULT_METHOD})")
+    s.add_argument("--llm", metavar="prompt=P,decode=D",
+                   help="LLM mode: prefill P tokens, then decode D one at a time, per iteration (default: detected "
+                        "from a method taking tokens [1, S] + input_pos [1] int64, prompt min(128, S/2), decode "
+                        "min(64, S/4))")
     s.add_argument("--min-effect", type=float, default=DEFAULT_MIN_EFFECT,
                    help=f"the smallest difference a verdict may claim: a fraction, 0 <= x <= 0.5 ({MIN_EFFECT_HELP})")
     s.add_argument("--vs", metavar="B.pte",
@@ -228,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     examples_cmd.add_parser(sub)  # examples [NAME [OUT.pte]]
     artifacts_cmd.add_parser(sub)  # artifacts ID [NAME] [-o DIR]
+    scaling_cmd.add_parser(sub)  # scaling ID [--json]
 
     from sme2farm.client import document
 
@@ -255,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         code = args.fn(args)
-    scaling_cmd.add_parser(sub)  # scaling ID [--json]
         sys.stdout.flush()  # here, so a reader that left (`| head`) is caught below, not at exit
         return code
     except BrokenPipeError:

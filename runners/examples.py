@@ -2,8 +2,9 @@
 
 They give the farm something real to run without user uploads: `toy_cnn` touches several
 XNNPACK operator categories, `mlp` is GEMM-only, `portable_mix` keeps some ops outside the
-delegate (portable kernels, the slow path users miss), and `cnn_blocks` scales to a few hundred
-delegated ops for benchmarks. torch is imported inside functions only: this module is imported by
+delegate (portable kernels, the slow path users miss), `cnn_blocks` scales to a few hundred
+delegated ops for benchmarks, and `tiny_llama` (runners/tiny_llama.py) is a KV-cache LLM for the
+runner's prefill/decode mode. torch is imported inside functions only: this module is imported by
 light code (agent, client) that must not pull torch in at import time.
 
 CLI: python -m sme2farm.runners.examples NAME OUT.pte [--blocks N]
@@ -21,7 +22,15 @@ from typing import Any, Callable
 @dataclass(frozen=True)
 class Example:
     description: str
-    build: Callable[..., tuple[Any, tuple]]  # (**kw) -> (nn.Module in eval mode, example inputs)
+    build: Callable[..., tuple[Any, tuple]] | None = None  # (**kw) -> (nn.Module in eval mode, example inputs)
+    # An example with an export of its own (dynamic shapes, constant methods): (out) -> out
+    export: Callable[[Path], Path] | None = None
+
+
+def _tiny_llama(out: Path, dtype: str = "fp32") -> Path:
+    from sme2farm.runners.tiny_llama import export_tiny_llama
+
+    return export_tiny_llama(out, dtype=dtype)
 
 
 def _toy_cnn() -> tuple[Any, tuple]:
@@ -107,6 +116,9 @@ EXAMPLES: dict[str, Example] = {
     "mlp": Example("three linear layers with gelu and relu", _mlp),
     "portable_mix": Example("delegated conv/linear next to portable cumsum and topk", _portable_mix),
     "cnn_blocks": Example("N residual conv blocks, 4 XNNPACK ops each (blocks=50: ~200 ops)", _cnn_blocks),
+    "tiny_llama": Example("Llama, 2 layers, hidden 64, vocab 256, static KV cache of 64: LLM prefill/decode (fp32)",
+                          export=_tiny_llama),
+    "tiny_llama_fp16": Example("the same tiny Llama in fp16", export=lambda out: _tiny_llama(out, "fp16")),
 }
 
 
@@ -116,6 +128,10 @@ def export_example(name: str, out: Path, **kw: Any) -> Path:
         raise KeyError(f"unknown example {name!r}; choose from {', '.join(EXAMPLES)}")
     import torch
 
+    if EXAMPLES[name].export is not None:
+        if kw:
+            raise ValueError(f"example {name} takes no options")
+        return EXAMPLES[name].export(Path(out))
     # Fixed weights: the same example exports to the same bytes, so the farm stores it once and
     # results from different days compare like for like.
     torch.manual_seed(0)

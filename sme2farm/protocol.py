@@ -101,9 +101,6 @@ _HEX_MASK = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
 # A program method name travels to the runner's command line (--method_name=...).
 _METHOD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 DEFAULT_INPUTS = "all ones (default)"
-
-
-# Every timestamp on the wire is UTC with its offset (RFC 3339, as the schema's date-time says);
 DEFAULT_SERVER_URL = "http://127.0.0.1:8000"  # where the client and the agent find the farm, unless told
 # An experiment's defaults, one definition each: ExperimentSpec's fields, the assignment an agent
 # gets (a spec stored without the field reads as its default), the client's options.
@@ -112,14 +109,17 @@ DEFAULT_WARMUP = 2
 DEFAULT_TIMEOUT_S = 600
 DEFAULT_METHOD = "forward"
 DEFAULT_POWER_PROFILE = "none"
+
+
+# Every timestamp on the wire is UTC with its offset (RFC 3339, as the schema's date-time says);
 # SQLite hands stored times back without one.
 Timestamp = Annotated[datetime, AfterValidator(lambda t: t if t.tzinfo else t.replace(tzinfo=timezone.utc))]
-
-# Refused in every string a request carries (names, serials, labels, reasons, and keys and values
-# nested in free-form JSON): NUL (PostgreSQL cannot store it), the other C0 controls but tab,
 # The same instant written as Python's isoformat ("+00:00", not "Z"): the suite, regression and
 # device answers' timestamps.
 IsoTimestamp = Annotated[Timestamp, PlainSerializer(lambda t: t.isoformat(), return_type=str)]
+
+# Refused in every string a request carries (names, serials, labels, reasons, and keys and values
+# nested in free-form JSON): NUL (PostgreSQL cannot store it), the other C0 controls but tab,
 # newline and carriage return, DEL, and lone surrogates (not encodable as UTF-8).
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
@@ -377,6 +377,7 @@ class RunAssignment(BaseModel):
     # The SME2IN01 inputs container to feed (GET /agent/inputs/{sha256}); None: all ones.
     inputs_sha256: str | None = None
     inputs_size: int | None = None
+    llm: LlmSpec | None = None
 
 
 class LeaseRequest(_Strict):
@@ -389,7 +390,6 @@ class Heartbeat(_Strict):
     message: RelayedText = Field(default="", max_length=2000)
 
 
-    llm: LlmSpec | None = None
 class HeartbeatAnswer(BaseModel):
     lease_expires_at: Timestamp
     cancel: bool = False
@@ -479,6 +479,13 @@ class RunReport(BaseModel):
     kernel_paths: dict[str, Any] | None = Field(
         default=None, description="Kernel path per category, SME2 coverage of Convolution + GEMM, the operators off "
                                   "SME2 and the flag (analysis/kernel_paths.py; None for runs analysed before it)")
+    memory: dict[str, Any] | None = Field(
+        default=None, description="What the runner measured: peak_rss_bytes (getrusage), runtime_allocated_bytes "
+                                  "(planned buffers + method allocator + temp allocator peak; None where the "
+                                  "runner cannot tell), planned_bytes, ...; None: not recorded (an older runner)")
+    llm: dict[str, Any] | None = Field(
+        default=None, description="LLM runs: prompt and decode lengths, prefill and decode tokens/s and time to first "
+                                  "token with intervals, categories per phase (analysis/llm.py); None otherwise")
     artifacts: list[str] = Field(default_factory=list)
     runner_wall_s: float | None = None
     created_at: Timestamp | None = None
@@ -489,13 +496,6 @@ class RunReport(BaseModel):
                                   "'device X (model), busy with run N'; None for a run that is not queued")
 
 
-class ExperimentReport(BaseModel):
-    id: int
-    memory: dict[str, Any] | None = Field(
-        default=None, description="What the runner measured: peak_rss_bytes (getrusage), runtime_allocated_bytes "
-                                  "(planned buffers + method allocator + temp allocator peak; None where the "
-                                  "runner cannot tell), planned_bytes, ...; None: not recorded (an older runner)")
-    llm: dict[str, Any] | None = Field(
 class ProgramMemory(BaseModel):
     """What a program asks of memory before anything runs, read from the .pte at submission
     (analysis.pte.program_memory), for the spec's method."""
@@ -511,8 +511,8 @@ class ProgramMemory(BaseModel):
     weights_bytes: int = Field(description="constant + delegate + named data: the weights the program carries")
 
 
-        default=None, description="LLM runs: prompt and decode lengths, prefill and decode tokens/s and time to first "
-                                  "token with intervals, categories per phase (analysis/llm.py); None otherwise")
+class ExperimentReport(BaseModel):
+    id: int
     name: str | None = None
     status: str
     spec: ExperimentSpec
@@ -835,9 +835,6 @@ class ComparisonRead(BaseModel):
                     "verdict (complete) or the reason it has none (incomplete)")
     unmatched: list[Unmatched]
     notes: list[str]
-    program_memory: dict[str, Any] | None = Field(
-        default=None, description="Both sides' planned memory and weights (from their programs) and the exact change "
-                                  "(analysis.memory.planned_compared); None when neither side's was recorded")
 
 
 # ---- agent protocol answers --------------------------------------------------------------------

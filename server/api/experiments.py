@@ -22,7 +22,7 @@ from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, S
 from sme2farm.server.store.db import enqueue_after_commit, session_scope
 from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.store.models import Model, Run
-from sme2farm.server.services.programs import InvalidProgram, prepare
+from sme2farm.server.services.programs import InvalidProgram, llm_mode, prepare
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
@@ -73,6 +73,12 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
         # off the event loop: a .bpte's program is copied out, and an .npz unpacked
         await run_in_threadpool(prepare, upload, method=spec.method, tmp_dir=store.tmp,
                                 max_inputs_bytes=settings.max_inputs_mb << 20)
+        llm = await run_in_threadpool(llm_mode, upload.model_path, method=spec.method, llm=spec.llm,
+                                      has_inputs=upload.inputs_path is not None)
+        if upload.vs_model_path is not None and llm is not None:
+            await run_in_threadpool(llm_mode, upload.vs_model_path, method=spec.method, llm=llm, has_inputs=False,
+                                    field="vs_model")
+        spec = spec.model_copy(update={"llm": llm})
     except InvalidProgram as e:
         upload.discard()
         raise HTTPException(422, f"{e.field}: {e}")
@@ -103,6 +109,8 @@ async def _store_waiting_for_device(request: Request, settings, spec: Experiment
     while True:
         try:
             return await run_in_threadpool(_store_or_explain, settings, spec, upload, store, get_transaction(request))
+        except experiment_service.BeyondDevice:
+            raise  # the devices are there; waiting would not give them more cores
         except experiment_service.NoMatchingDevice as e:
             waited = time.monotonic() - start
             if not e.expected or waited >= settings.device_wait_s or await request.is_disconnected():
@@ -110,8 +118,6 @@ async def _store_waiting_for_device(request: Request, settings, spec: Experiment
                     raise experiment_service.NoMatchingDevice(
                         f"{e}; waited {waited:.1f} s (SME2_DEVICE_WAIT_S={settings.device_wait_s:g}) "
                         f"for {waited_for}") from None
-        except experiment_service.BeyondDevice:
-            raise  # the devices are there; waiting would not give them more cores
                 raise
             if not waited_for:
                 log.info("submission waits up to %g s for a device: %s", settings.device_wait_s, e.expected)
@@ -138,23 +144,23 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max
     if model is None:
         model = Model(sha256=upload.sha256, size=upload.size, memory=upload.memory)
         session.add(model)
+    elif model.memory is None:  # stored before its memory was recorded
+        model.memory = upload.memory
     vs_model = None
     if upload.vs_model_path is not None:
         vs_model = model if upload.vs_sha256 == upload.sha256 else session.get(Model, upload.vs_sha256)
         if vs_model is None:
             vs_model = Model(sha256=upload.vs_sha256, size=upload.vs_size, memory=upload.vs_memory)
             session.add(vs_model)
+        elif vs_model.memory is None:
+            vs_model.memory = upload.vs_memory
     exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs, vs_model=vs_model)
-    elif model.memory is None:  # stored before its memory was recorded
-        model.memory = upload.memory
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
     exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
     run_service.runs_created(session, experiment_id=exp.id)  # nothing to run at all: complete now
     # The files move into the store only once the rows exist; a failure above leaves nothing behind.
     if upload.inputs_sha256:
         store.keep_inputs(upload.inputs_path, upload.inputs_sha256)
-        elif vs_model.memory is None:
-            vs_model.memory = upload.vs_memory
     store.keep_model(upload.model_path, upload.sha256)
     if upload.vs_model_path is not None:
         store.keep_model(upload.vs_model_path, upload.vs_sha256)

@@ -18,6 +18,9 @@ import struct
 import tempfile
 from pathlib import Path
 
+from sme2farm.analysis.llm import llm_signature
+from sme2farm.protocol import LlmSpec
+
 MIN_SIZE = 16
 
 
@@ -178,6 +181,67 @@ def _unbundle(upload, method: str, tmp_dir: Path) -> None:
     upload.model_path.unlink()
     upload.model_path, upload.sha256, upload.size = Path(name), h.hexdigest(), bundled.program_size
     upload.bundled = bundled
+
+
+def memory_of(path: Path, field: str = "model") -> dict:
+    """A validated program's planned memory and data sizes (analysis.pte.ProgramMemory.to_dict()),
+    stored with the model; a program whose segments do not add up is an InvalidProgram."""
+    with pte.mapped(path) as m:
+        try:
+            return pte.program_memory(m, end=pte.program_end(m)).to_dict()
+        except pte.PteError as e:
+            raise _blaming(InvalidProgram(f"cannot read the program's memory plan: {e}"), field) from None
+
+
+def read_memory(upload) -> None:
+    """Set upload.memory (and vs_memory) from its validated programs (after prepare)."""
+    upload.memory = memory_of(upload.model_path)
+    if upload.vs_model_path is not None:
+        upload.vs_memory = memory_of(upload.vs_model_path, "vs_model")
+
+
+def memory_for(memory: dict | None, method: str) -> dict | None:
+    """A stored model's memory (memory_of) for one method, as protocol.ProgramMemory's fields;
+    None when it was not recorded or the method is not the program's."""
+    if not memory or method not in (memory.get("planned") or {}):
+        return None
+    arenas = [int(v) for v in memory["planned"][method]]
+    keys = ("constant_bytes", "delegate_bytes", "named_data_bytes", "mutable_bytes", "weights_bytes")
+    return {"method": method, "arenas": arenas, "planned_bytes": sum(arenas), **{k: int(memory.get(k) or 0) for k in keys}}
+
+
+# ---- LLM mode: detected from the method's signature, or asked for and checked ---------------
+
+DEFAULT_LLM_PROMPT, DEFAULT_LLM_DECODE = 128, 64
+
+
+def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "model"):
+    """The LLM mode a submission runs in (a protocol.LlmSpec, or None), after `prepare` accepted
+    the program and its method. Asked for (`llm` given): the method must have the LLM shape, the
+    prompt fit one call, and no inputs file be given (the runner feeds the tokens). Not asked
+    for: a method with the LLM shape and a dynamic token length gets a prompt of min(128, S/2)
+    and min(64, S/4) decoded tokens (the cache holds S positions in ExecuTorch's export). Raises
+    InvalidInputs naming spec.llm."""
+    sig = _read_methods(path, field)[method]
+    shape = llm_signature(sig)
+    if llm is None:
+        if shape is None or not shape[1] or has_inputs or shape[0] < 2:
+            return None
+        return LlmSpec(prompt=min(DEFAULT_LLM_PROMPT, shape[0] // 2), decode=min(DEFAULT_LLM_DECODE, max(shape[0] // 4, 1)))
+    if shape is None:
+        takes = ", ".join(str(i) for i in sig.inputs) or "no inputs"
+        raise InvalidInputs(f"LLM mode needs method {method!r} to take tokens Long[1, S] and input_pos Long[1]; "
+                            f"it takes {takes}", "spec.llm")
+    if has_inputs:
+        raise InvalidInputs("LLM mode feeds the tokens itself: send no inputs (.npz or .bpte) with spec.llm", "spec.llm")
+    max_tokens, dynamic = shape
+    if llm.prompt > max_tokens:
+        raise InvalidInputs(f"a prompt of {llm.prompt} tokens is longer than the {max_tokens} tokens method {method!r} "
+                            "takes in one call (its maximum sequence length)", "spec.llm.prompt")
+    if not dynamic and (llm.prompt != max_tokens or llm.decode > 0):
+        raise InvalidInputs(f"method {method!r} takes exactly {max_tokens} tokens per call (a static length): it cannot "
+                            f"prefill {llm.prompt} tokens and decode one at a time", "spec.llm")
+    return llm
 
 
 def memory_of(path: Path, field: str = "model") -> dict:

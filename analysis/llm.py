@@ -1,0 +1,176 @@
+"""LLM runs: the prefill and decode phases of an ETDump from the runner's LLM mode.
+
+The runner (runners/runner.cpp --llm_prompt P --llm_decode D) calls the method once per token
+batch, so every call is one ``Execute`` block, and it marks each block with one profile event:
+``sme2farm::llm_prefill`` or ``sme2farm::llm_decode``, whose ``chain_index`` is the number of
+tokens in the call and ``instruction_id`` the call's ``input_pos``. One generation (an
+iteration) is a prefill followed by its decode calls.
+
+Figures, each per iteration, then summarised over iterations with a bootstrap interval of the
+median (stats.bootstrap_ci):
+
+* time to first token (TTFT) = the prefill call's ``Method::execute`` (its logits give the first
+  token);
+* prefill tokens/s = tokens in the prefill / its ``Method::execute`` seconds;
+* decode tokens/s = decode calls / the sum of their ``Method::execute`` seconds;
+* categories per phase: the prefill call's, and the mean per decode call (per token), from the
+  same per-call category sums as the whole-run report (Other = E2E - the named four).
+
+Nothing here reads the buffer: report.py hands over each block's E2E and category times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .categories import CATEGORIES
+from .etdump import KIND_PROFILE, Events
+from .pte import STATIC, MethodSignature
+from .stats import bootstrap_ci, latency_stats
+
+__all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature"]
+
+MARKER_PREFILL = "sme2farm::llm_prefill"
+MARKER_DECODE = "sme2farm::llm_decode"
+PREFILL, DECODE, UNMARKED = 0, 1, -1
+# The per-phase figures a comparison holds side by side (name, higher is better).
+PHASE_KEYS = (("ttft_ms", False), ("prefill_tokens_per_s", True), ("decode_tokens_per_s", True))
+
+
+LONG = 4  # ScalarType Long (int64)
+
+
+def llm_signature(sig: MethodSignature) -> tuple[int, bool] | None:
+    """(the most tokens one call takes, whether that length is dynamic) when the method takes
+    tokens [1, S] int64 and input_pos [1] int64, the ExecuTorch LLM export shape; else None."""
+    if len(sig.inputs) != 2 or not all(i.kind == "tensor" and i.scalar_type == LONG for i in sig.inputs):
+        return None
+    tokens, pos = sig.inputs
+    if len(tokens.sizes) != 2 or tokens.sizes[0] != 1 or tuple(pos.sizes) != (1,):
+        return None
+    return tokens.sizes[1], tokens.dynamism != STATIC
+
+
+@dataclass
+class Phases:
+    """Per timed Execute block (in trace order, warm-up skipped): its phase, the tokens of the
+    call, its input_pos, and the iteration (generation) it belongs to."""
+
+    phase: np.ndarray      # int8: PREFILL | DECODE | UNMARKED
+    tokens: np.ndarray     # int64
+    pos: np.ndarray        # int64
+    iteration: np.ndarray  # int64, 0-based; blocks before the first prefill belong to iteration 0
+    warnings: list[str]
+
+    @property
+    def n_iterations(self) -> int:
+        return int(self.iteration.max()) + 1 if self.iteration.size else 0
+
+
+def phase_blocks(ev: Events, skip_first: int = 0) -> Phases | None:
+    """The phase of every timed Execute block, or None when the trace holds no LLM marker."""
+    ids = {s: i for i, s in enumerate(ev.strings) if s in (MARKER_PREFILL, MARKER_DECODE)}
+    if not ids:
+        return None
+    runs = np.array(ev.run_names, dtype=object)
+    exec_runs = np.flatnonzero(runs == "Execute")[skip_first:] if runs.size else np.zeros(0, np.int64)
+    block_of_run = np.full(max(len(ev.run_names), 1), -1, dtype=np.int64)
+    block_of_run[exec_runs] = np.arange(exec_runs.size)
+    n = exec_runs.size
+    phase = np.full(n, UNMARKED, dtype=np.int8)
+    tokens = np.zeros(n, dtype=np.int64)
+    pos = np.zeros(n, dtype=np.int64)
+    warnings: list[str] = []
+    for name, code in ((MARKER_PREFILL, PREFILL), (MARKER_DECODE, DECODE)):
+        if name not in ids:
+            continue
+        sel = np.flatnonzero((ev.kind == KIND_PROFILE) & (ev.name == ids[name]))
+        blocks = block_of_run[ev.run[sel]] if sel.size else sel
+        keep = blocks >= 0
+        sel, blocks = sel[keep], blocks[keep]
+        if np.unique(blocks).size != blocks.size:
+            warnings.append(f"some Execute blocks hold more than one {name} marker: the last one counts")
+        phase[blocks] = code
+        tokens[blocks] = ev.chain[sel]
+        pos[blocks] = ev.instr[sel]
+    if (phase == UNMARKED).any():
+        warnings.append(f"{int((phase == UNMARKED).sum())} of {n} timed Execute block(s) carry no LLM phase marker: "
+                        "left out of the phase figures")
+    iteration = np.maximum(np.cumsum(phase == PREFILL) - 1, 0).astype(np.int64)
+    if n and phase[0] != PREFILL:
+        warnings.append("the first timed call is not a prefill: the calls before the first prefill count as "
+                        "iteration 0")
+    return Phases(phase, tokens, pos, iteration, warnings)
+
+
+def _per_iteration(values: np.ndarray, where: np.ndarray, iteration: np.ndarray, n_it: int) -> np.ndarray:
+    return np.bincount(iteration[where], weights=values[where], minlength=n_it)[:n_it]
+
+
+def _interval(samples: np.ndarray) -> dict:
+    """The median over iterations with its 95% bootstrap interval, and the spread."""
+    ci = bootstrap_ci(samples)
+    stats = latency_stats(samples)
+    return {"median": ci["estimate"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"], "level": ci["level"],
+            "mean": stats["mean"], "p10": stats["p10"], "p90": stats["p90"], "cv": stats["cv"], "n": stats["n"]}
+
+
+def _categories(cat_ms: np.ndarray, where: np.ndarray, iteration: np.ndarray, n_it: int, per: np.ndarray) -> dict:
+    """Per category: the per-iteration series (its calls' sum divided by `per`, e.g. tokens decoded)
+    and its mean, plus each category's share of the phase."""
+    series = {c: _per_iteration(cat_ms[i], where, iteration, n_it) / per for i, c in enumerate(CATEGORIES)}
+    means = {c: float(v.mean()) if v.size else 0.0 for c, v in series.items()}
+    total = sum(means.values())
+    return {"ms": means, "share": {c: (v / total if total > 0 else 0.0) for c, v in means.items()},
+            "iterations_ms": {c: [float(x) for x in v] for c, v in series.items()}}
+
+
+def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> dict:
+    """The report's ``llm`` section. e2e_ms: each timed Execute block's Method::execute ms;
+    cat_ms: [category, block] ms (CATEGORIES order), both in the order of phase_blocks."""
+    n_it = phases.n_iterations
+    it = phases.iteration
+    pre = phases.phase == PREFILL
+    dec = phases.phase == DECODE
+    warnings = list(phases.warnings)
+    prefill_ms = _per_iteration(e2e_ms, pre, it, n_it)
+    prefill_tokens = _per_iteration(phases.tokens.astype(np.float64), pre, it, n_it)
+    decode_ms = _per_iteration(e2e_ms, dec, it, n_it)
+    decoded = _per_iteration(np.ones(e2e_ms.shape), dec, it, n_it)
+    prompts = sorted(set(phases.tokens[pre].tolist()))
+    decodes = sorted(set(decoded.astype(np.int64).tolist()))
+    if len(prompts) > 1 or len(decodes) > 1:
+        warnings.append(f"iterations differ in prompt ({prompts}) or decode ({decodes}) length")
+    if dec.any() and int(pre.sum()) == n_it:
+        expected = phases.tokens[pre][it[dec]] + (np.arange(dec.sum()) - np.searchsorted(it[dec], it[dec]))
+    else:
+        expected = phases.pos[dec]
+    if not np.array_equal(phases.pos[dec], expected):
+        warnings.append("decode positions are not prompt + 0, 1, 2, ... in every iteration")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        prefill_tps = np.where(prefill_ms > 0, prefill_tokens / (prefill_ms / 1e3), np.nan)
+        decode_tps = np.where(decode_ms > 0, decoded / (decode_ms / 1e3), np.nan)
+    has_prefill = np.bincount(it[pre], minlength=n_it)[:n_it] > 0
+    has_decode = decoded > 0
+    per_token = np.maximum(decoded, 1)
+    return {
+        "prompt": prompts[0] if len(prompts) == 1 else None,
+        "decode": decodes[0] if len(decodes) == 1 else None,
+        "iterations": n_it,
+        "ttft_ms": _interval(prefill_ms[has_prefill]),
+        "prefill_tokens_per_s": _interval(prefill_tps[has_prefill]),
+        "decode_tokens_per_s": _interval(decode_tps[has_decode]) if has_decode.any() else None,
+        "decode_token_ms": latency_stats(e2e_ms[dec]) if dec.any() else None,
+        "categories": {
+            "prefill": _categories(cat_ms, pre, it, n_it, np.ones(n_it)),
+            "decode": _categories(cat_ms, dec, it, n_it, per_token) if dec.any() else None,
+        },
+        "samples": {"ttft_ms": [float(x) for x in prefill_ms],
+                    "prefill_tokens_per_s": [float(x) for x in prefill_tps],
+                    "decode_tokens_per_s": [float(x) for x in decode_tps] if dec.any() else []},
+        "definition": "TTFT = the prefill call's Method::execute; tokens/s = tokens / Method::execute seconds of the "
+                      "phase's calls; decode categories are per decoded token",
+        "warnings": warnings,
+    }

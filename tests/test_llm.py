@@ -1,0 +1,261 @@
+"""LLM mode: a tiny KV-cache Llama (runners/tiny_llama.py, transformers' random weights) run by the
+farm's runner as prefill + decode, its phases read from the ETDump (analysis/llm.py) and checked
+against ExecuTorch's own flatcc deserializer on the same trace; the submission's checks (a program
+without a token input, a prompt over the method's length) and the runner's (decode past the cache);
+and the farm end to end on the host (fp32, fp16) and on the emulated SME2 device (both arms, no
+speed verdict; select with -k emulated_sme2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sme2farm.analysis import analyze
+from sme2farm.analysis.categories import CATEGORIES, NAMED, OTHER, category_of
+from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
+from sme2farm.runners import inputs as containers
+
+from _fixtures_farm import post_experiment, start_farm, stop_farm
+
+
+def _runner(local_runner) -> str:
+    catalog, build = local_runner
+    return str(catalog.resolve(build))
+
+
+def _run(local_runner, pte: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([_runner(local_runner), f"--model_path={pte}", *flags], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+
+
+@pytest.mark.parametrize("name,atol", [("tiny_llama", 1e-4), ("tiny_llama_fp16", 2e-2)])
+def test_runner_prefill_and_decode_give_transformers_logits(local_runner, example_pte, tmp_path, name, atol):
+    """Prefill 5 tokens, decode 3 one at a time: the last call's logits are those transformers'
+    own forward gives at position 8 of the same 8 tokens (the runner feeds token id 1)."""
+    from sme2farm.runners.tiny_llama import TinyLlamaConfig, reference_logits
+
+    done = _run(local_runner, example_pte(name), tmp_path, "--llm_prompt=5", "--llm_decode=3", "--num_executions=2",
+                "--warmup=1", "--outputs_file=out.bin")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "LLM mode: prompt 5 tokens, decode 3 tokens, at most 64 tokens per call, cache 64 positions" in done.stdout
+    [logits] = containers.read((tmp_path / "out.bin").read_bytes(), item="output")
+    assert tuple(logits.sizes) == (1, 1, 256)
+    got = logits.numpy().reshape(-1).astype(np.float64)
+    want = reference_logits(TinyLlamaConfig(), [1] * 8)[0, -1].double().numpy()
+    np.testing.assert_allclose(got, want, atol=atol)
+
+
+@pytest.mark.parametrize("flags,model,error", [
+    (("--llm_prompt=4", "--llm_decode=2"), "toy_cnn",
+     "error: LLM mode needs method 'forward' to take tokens Long [1, S] and input_pos Long [1]; it takes "
+     "Float [1, 3, 32, 32]"),
+    (("--llm_prompt=65", "--llm_decode=0"), "tiny_llama",
+     "error: a prompt of 65 tokens is longer than the 64 tokens method 'forward' takes in one call"),
+    (("--llm_prompt=60", "--llm_decode=8"), "tiny_llama",
+     "error: decoding 8 tokens after a prompt of 60 runs past the cache: the program holds 64 positions"),
+    (("--llm_prompt=4",), "tiny_llama", "error: --llm_prompt and --llm_decode go together"),
+])
+def test_runner_refuses_what_llm_mode_cannot_run(local_runner, example_pte, tmp_path, flags, model, error):
+    done = _run(local_runner, example_pte(model), tmp_path, *flags)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(error), done.stderr[-1000:]
+
+
+def flatcc_phases(trace: bytes) -> dict:
+    """Per call, from ExecuTorch's own flatcc deserializer: the phase marker's name, tokens
+    (chain_index) and input_pos (instruction_id), Method::execute ms, and the five categories
+    (leaf operators: delegate events and native_call_* kernels; Other = E2E - the named four)."""
+    from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc
+
+    calls = []
+    for block in deserialize_from_etdump_flatcc(trace).run_data:
+        if block.name != "Execute":
+            continue
+        events = [e.profile_event for e in block.events or [] if e.profile_event is not None]
+        [marker] = [e for e in events if e.name in (MARKER_PREFILL, MARKER_DECODE)]
+        [e2e] = [(e.end_time - e.start_time) / 1e6 for e in events if e.name == "Method::execute"]
+        cats = dict.fromkeys(CATEGORIES, 0.0)
+        for e in events:
+            if e.delegate_debug_id_str or e.delegate_debug_id_int not in (None, -1):
+                name = e.delegate_debug_id_str or str(e.delegate_debug_id_int)
+            elif (e.name or "").startswith("native_call_"):
+                name = e.name
+            else:
+                continue
+            if category_of(name) != OTHER:
+                cats[category_of(name)] += (e.end_time - e.start_time) / 1e6
+        cats[OTHER] = e2e - sum(cats[c] for c in NAMED)
+        calls.append({"phase": marker.name, "tokens": marker.chain_index, "pos": marker.instruction_id,
+                      "e2e": e2e, "categories": cats})
+    return {"calls": calls}
+
+
+def _check_against_flatcc(report: dict, trace: bytes, prompt: int, decode: int, iterations: int) -> None:
+    calls = flatcc_phases(trace)["calls"]
+    assert len(calls) == iterations * (1 + decode)
+    gens = [calls[i * (1 + decode):(i + 1) * (1 + decode)] for i in range(iterations)]
+    for g in gens:
+        assert [(c["phase"], c["tokens"], c["pos"]) for c in g] == \
+            [(MARKER_PREFILL, prompt, 0)] + [(MARKER_DECODE, 1, prompt + j) for j in range(decode)]
+    llm = report["llm"]
+    assert (llm["prompt"], llm["decode"], llm["iterations"]) == (prompt, decode, iterations)
+    assert llm["warnings"] == []
+    ttft = [g[0]["e2e"] for g in gens]
+    prefill_tps = [prompt / (g[0]["e2e"] / 1e3) for g in gens]
+    decode_tps = [decode / (sum(c["e2e"] for c in g[1:]) / 1e3) for g in gens]
+    assert llm["samples"]["ttft_ms"] == pytest.approx(ttft, rel=1e-9)
+    assert llm["samples"]["prefill_tokens_per_s"] == pytest.approx(prefill_tps, rel=1e-9)
+    assert llm["samples"]["decode_tokens_per_s"] == pytest.approx(decode_tps, rel=1e-9)
+    for key, samples in (("ttft_ms", ttft), ("prefill_tokens_per_s", prefill_tps), ("decode_tokens_per_s", decode_tps)):
+        v = llm[key]
+        assert v["median"] == pytest.approx(float(np.median(samples)), rel=1e-9)
+        assert v["ci_low"] <= v["median"] <= v["ci_high"] and v["n"] == iterations
+    for c in CATEGORIES:
+        pre = [g[0]["categories"][c] for g in gens]
+        dec = [sum(x["categories"][c] for x in g[1:]) / decode for g in gens]
+        assert llm["categories"]["prefill"]["ms"][c] == pytest.approx(np.mean(pre), rel=1e-9, abs=1e-9), c
+        assert llm["categories"]["decode"]["ms"][c] == pytest.approx(np.mean(dec), rel=1e-9, abs=1e-9), c
+    # the run's own E2E is per generation: the prefill and its decode calls
+    assert report["e2e_ms"]["n"] == iterations
+    assert report["e2e_ms"]["mean"] == pytest.approx(np.mean([sum(c["e2e"] for c in g) for g in gens]), rel=1e-9)
+    assert llm["categories"]["prefill"]["ms"]["GEMM"] > 0 and llm["categories"]["decode"]["ms"]["GEMM"] > 0
+
+
+def test_phases_match_executorchs_flatcc_deserializer(local_runner, example_pte, tmp_path):
+    done = _run(local_runner, example_pte("tiny_llama"), tmp_path, "--llm_prompt=12", "--llm_decode=5",
+                "--num_executions=4", "--warmup=1", "--etdump_path=t.etdump")
+    assert done.returncode == 0, done.stderr[-2000:]
+    trace = (tmp_path / "t.etdump").read_bytes()
+    _check_against_flatcc(analyze(trace), trace, 12, 5, 4)
+
+
+def test_a_trace_without_markers_has_no_llm_section(local_runner, example_pte, tmp_path):
+    done = _run(local_runner, example_pte("toy_cnn"), tmp_path, "--num_executions=2", "--etdump_path=t.etdump")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = analyze((tmp_path / "t.etdump").read_bytes())
+    assert report["llm"] is None and report["n_iterations"] == 2
+
+
+# ---- submission: detected, checked, refused -----------------------------------------------------
+
+
+def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pte):
+    from _fixtures_farm import register
+
+    register(api)
+    llama, cnn = example_pte("tiny_llama").read_bytes(), example_pte("toy_cnn").read_bytes()
+    r = post_experiment(api, llama, {"sme2": "off"})
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["llm"] == {"prompt": 32, "decode": 16}  # min(128, 64/2), min(64, 64/4)
+    r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 20, "decode": 3}})
+    assert r.status_code == 201 and r.json()["spec"]["llm"] == {"prompt": 20, "decode": 3}
+    r = post_experiment(api, cnn, {"sme2": "off"})
+    assert r.status_code == 201 and r.json()["spec"]["llm"] is None
+    r = post_experiment(api, cnn, {"sme2": "off", "llm": {"prompt": 8, "decode": 2}})
+    assert r.status_code == 422
+    assert r.json()["detail"] == ("spec.llm: LLM mode needs method 'forward' to take tokens Long[1, S] and input_pos "
+                                  "Long[1]; it takes Float[1, 3, 32, 32]")
+    r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 65, "decode": 0}})
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("spec.llm.prompt: a prompt of 65 tokens is longer than the 64 tokens")
+    r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 0, "decode": 1}})
+    assert r.status_code == 422 and "spec.llm.prompt" in r.json()["detail"]
+    # nothing of the refused submissions was stored
+    listed = api.client.get("/experiments", headers=api.auth()).json()
+    assert listed["total"] == 3
+
+
+def test_cli_llm_flag_is_checked_before_anything_is_sent():
+    from sme2farm.client.cli import parse_llm
+
+    assert parse_llm("prompt=128,decode=64").model_dump() == {"prompt": 128, "decode": 64}
+    for bad, why in (("prompt=12", "needs both"), ("prompt=a,decode=1", "whole number"), ("tokens=3", "takes prompt")):
+        with pytest.raises(ValueError, match=why):
+            parse_llm(bad)
+
+
+# ---- the farm, end to end -----------------------------------------------------------------------
+
+
+def _artifact(farm, run_id: int, name: str) -> bytes:
+    import httpx
+
+    r = httpx.get(f"{farm.url}/runs/{run_id}/artifacts/{name}", headers={"Authorization": f"Bearer {farm.token}"},
+                  timeout=30)
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_llama_fp16"])
+def test_farm_runs_the_tiny_llama_and_reports_its_phases(farm, example_pte, name):
+    done = farm.cli("submit", str(example_pte(name)), "--sme2", "off", "--iterations", "3", "--warmup", "1",
+                    "--llm", "prompt=16,decode=8", "--wait", "--json")
+    assert done.returncode == 0, done.stderr + farm.log("agent")
+    rep = json.loads(done.stdout)
+    assert rep["spec"]["llm"] == {"prompt": 16, "decode": 8}
+    [run] = rep["runs"]
+    assert run["status"] == "succeeded", run["reason"]
+    report = json.loads(_artifact(farm, run["id"], "report.json"))
+    _check_against_flatcc(report, _artifact(farm, run["id"], "trace.etdump"), 16, 8, 3)
+    assert run["llm"]["prefill_tokens_per_s"]["median"] == report["llm"]["prefill_tokens_per_s"]["median"]
+    assert run["memory"]["peak_rss_bytes"] > 0
+    shown = farm.cli("status", str(rep["id"]))
+    assert "LLM: prompt 16 tokens, decode 8 tokens, 3 generation(s)" in shown.stdout, shown.stdout
+    assert "decode categories (ms per token)" in shown.stdout
+    print(f"{name}: TTFT {run['llm']['ttft_ms']['median']:.3f} ms, prefill "
+          f"{run['llm']['prefill_tokens_per_s']['median']:.0f} tok/s, decode "
+          f"{run['llm']['decode_tokens_per_s']['median']:.0f} tok/s")
+
+
+@pytest.mark.e2e
+def test_farm_fails_a_run_that_decodes_past_the_cache(farm, example_pte):
+    done = farm.cli("submit", str(example_pte("tiny_llama")), "--sme2", "off", "--iterations", "1", "--warmup", "0",
+                    "--llm", "prompt=60,decode=8", "--wait", "--json")
+    assert done.returncode == 1, done.stdout[-1000:] + done.stderr[-1000:]
+    [run] = json.loads(done.stdout)["runs"]
+    assert run["status"] == "failed"
+    assert run["reason"].startswith("error: decoding 8 tokens after a prompt of 60 runs past the cache: the program "
+                                    "holds 64 positions"), run["reason"]
+
+
+# ---- the emulated SME2 device: both arms, no speed verdict --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def emulated_farm(arm64_runners, sme2_emulator, tmp_path_factory):
+    farm = start_farm(tmp_path_factory.mktemp("emufarm"), arm64_runners.manifest, sme2_emulator.env,
+                      drivers="qemu-arm64")
+    yield farm
+    stop_farm(farm.proc)
+
+
+@pytest.mark.sme2emu
+@pytest.mark.arm64
+@pytest.mark.e2e
+def test_emulated_sme2_llm_both_arms_complete_without_a_speed_verdict(emulated_farm, tmp_path):
+    from sme2farm.runners.tiny_llama import TinyLlamaConfig, export_tiny_llama
+
+    cfg = TinyLlamaConfig(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, max_seq_len=16)
+    pte = export_tiny_llama(tmp_path / "emu_llama.pte", cfg)
+    done = emulated_farm.cli("submit", str(pte), "--sme2", "both", "--iterations", "2", "--warmup", "0",
+                             "--llm", "prompt=6,decode=3", "--wait", "--json", timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + emulated_farm.log("agent")
+    rep = json.loads(done.stdout)
+    runs = {r["sme2"]: r for r in rep["runs"]}
+    assert set(runs) == {"off", "on"}
+    for arm, run in runs.items():
+        assert run["status"] == "succeeded", (arm, run["reason"])
+        assert run["device"]["emulator"]
+        llm = run["llm"]
+        assert (llm["prompt"], llm["decode"], llm["iterations"]) == (6, 3, 2) and llm["warnings"] == []
+        assert llm["decode_tokens_per_s"]["median"] > 0
+    [c] = [c for c in rep["comparisons"] if c["kind"] == "sme2"]
+    assert c["emulated"] is True and c["verdict"] == "emulated" and c["speedup"] is None
+    assert not c.get("llm")  # no per-phase speed figure either
+    shown = emulated_farm.cli("status", str(rep["id"]))
+    assert "LLM (emulated: the emulator's time, not a CPU's): prompt 6 tokens" in shown.stdout, shown.stdout
