@@ -835,6 +835,9 @@ class ComparisonRead(BaseModel):
                     "verdict (complete) or the reason it has none (incomplete)")
     unmatched: list[Unmatched]
     notes: list[str]
+    program_memory: dict[str, Any] | None = Field(
+        default=None, description="Both sides' planned memory and weights (from their programs) and the exact change "
+                                  "(analysis.memory.planned_compared); None when neither side's was recorded")
 
 
 # ---- agent protocol answers --------------------------------------------------------------------
