@@ -25,7 +25,7 @@ import httpx
 from sme2farm.agent.api import AgentApi, LeaseLost, UploadRefused
 from sme2farm.agent.drivers.base import (ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, MEMORY_NAME, OUTPUTS_NAME, Driver, Job,
                                          JobResult)
-from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish
+from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish, RunStatus
 from sme2farm.runners.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class JobRunner:
         self.downloads, self.work_dir, self.heartbeat_s = downloads, work_dir, heartbeat_s
 
     def _fail(self, reason: str) -> None:
-        self.api.finish(self.a.run_id, RunFinish(lease_id=self.a.lease_id, status="failed", reason=reason))
+        self.api.finish(self.a.run_id, RunFinish(lease_id=self.a.lease_id, status=RunStatus.failed, reason=reason))
 
     def run(self) -> JobResult | None:
         """The driver's result, or None when the run ended before a driver ran it."""
@@ -160,7 +160,7 @@ class JobRunner:
         if result.device_lost:
             state["device_lost"] = True
         self.api.finish(a.run_id, RunFinish(
-            lease_id=a.lease_id, status="succeeded" if result.ok else "failed", reason=result.reason,
+            lease_id=a.lease_id, status=RunStatus.succeeded if result.ok else RunStatus.failed, reason=result.reason,
             runner=runner, device_state=state, wall_s=result.wall_s, exit_code=result.exit_code,
             warmup_in_trace=job.warmup_in_trace,
         ))

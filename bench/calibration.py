@@ -335,7 +335,7 @@ def bench_farm(args) -> dict:
                 [c] = [c for c in rep["comparisons"] if c.get("kind") == "model"]
                 vs_rows.append(c)
                 a, b = run(model), run(model)
-                [c2] = client.compare(str(a["id"]), str(b["id"]))["comparisons"]
+                [c2] = client.compare(str(a["id"]), str(b["id"])).comparisons
                 cmp_rows.append(c2)
             diff = [c for c in run(small, big)["comparisons"] if c.get("kind") == "model"][0]
             wall = time.monotonic() - t0

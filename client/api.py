@@ -12,7 +12,11 @@ from typing import Any, Callable, TypeVar
 
 import httpx
 
-from sme2farm.protocol import ExperimentPage, ExperimentReport, ExperimentSpec, RunReport
+from pydantic import BaseModel
+
+from sme2farm.protocol import (DEFAULT_MIN_EFFECT, ComparisonRead, DeviceRead, ExperimentPage, ExperimentReport,
+                               ExperimentSpec, RegressionRead, RunReport, ScalingRead, SeriesRead, SuiteDeleted,
+                               SuiteDetail, SuiteRead, SuiteRunStarted, SuiteSpec)
 
 
 _BOUNDS = {"less_than_equal": "<=", "less_than": "<", "greater_than_equal": ">=", "greater_than": ">"}
@@ -222,12 +226,12 @@ class FarmClient:
     def experiment_json(self, experiment_id: int) -> dict[str, Any]:
         return self._check(self.http.get(f"/experiments/{experiment_id}")).json()
 
+    def scaling(self, experiment_id: int) -> ScalingRead:
+        return ScalingRead.model_validate(self._check(self.http.get(f"/experiments/{experiment_id}/scaling")).json())
+
     def experiments(self, page: int = 1, page_size: int = 20) -> ExperimentPage:
         r = self.http.get("/experiments", params={"page": page, "page_size": page_size})
         return ExperimentPage.model_validate(self._check(r).json())
-
-    def scaling(self, experiment_id: int) -> ScalingRead:
-        return ScalingRead.model_validate(self._check(self.http.get(f"/experiments/{experiment_id}/scaling")).json())
 
     def run(self, run_id: int) -> RunReport:
         return RunReport.model_validate(self._check(self.http.get(f"/runs/{run_id}")).json())
@@ -235,44 +239,56 @@ class FarmClient:
     def artifact(self, run_id: int, name: str) -> bytes:
         return self._check(self.http.get(f"/runs/{run_id}/artifacts/{name}")).content
 
-    def devices(self) -> list[dict[str, Any]]:
-        return self._check(self.http.get("/devices")).json()
+    def devices(self) -> list[DeviceRead]:
+        return [DeviceRead.model_validate(d) for d in self._check(self.http.get("/devices")).json()]
 
-    def compare(self, baseline: str, candidate: str, min_effect: float = 0.02) -> dict[str, Any]:
+    def compare(self, baseline: str, candidate: str, min_effect: float = DEFAULT_MIN_EFFECT) -> ComparisonRead:
         """GET /comparisons: baseline/candidate are experiment ids (12, E12, E12/B) or run ids (R34)."""
         params = {"baseline": baseline, "candidate": candidate, "min_effect": min_effect}
-        return self._check(self.http.get("/comparisons", params=params)).json()
+        return ComparisonRead.model_validate(self._check(self.http.get("/comparisons", params=params)).json())
 
     def cancel(self, experiment_id: int) -> ExperimentReport:
         return ExperimentReport.model_validate(self._check(self.http.post(f"/experiments/{experiment_id}/cancel")).json())
 
     # suites and regressions (issue 9; server/api/suites.py)
-    def create_suite(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._check(self.http.post("/suites", json=spec)).json()
+    def create_suite(self, spec: SuiteSpec | dict[str, Any]) -> SuiteRead:
+        """POST /suites. A dict is sent as given: the server's validation answers for it (422)."""
+        body = spec.model_dump(mode="json", exclude_unset=True) if isinstance(spec, SuiteSpec) else spec
+        return SuiteRead.model_validate(self._check(self.http.post("/suites", json=body)).json())
 
-    def suites(self) -> list[dict[str, Any]]:
-        return self._check(self.http.get("/suites")).json()
+    def suites(self) -> list[SuiteRead]:
+        return [SuiteRead.model_validate(s) for s in self._check(self.http.get("/suites")).json()]
 
-    def suite(self, name: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/suites/{name}")).json()
+    def suite(self, name: str) -> SuiteDetail:
+        return SuiteDetail.model_validate(self._check(self.http.get(f"/suites/{name}")).json())
 
-    def run_suite(self, name: str) -> dict[str, Any]:
-        return self._check(self.http.post(f"/suites/{name}/run")).json()
+    def run_suite(self, name: str) -> SuiteRunStarted:
+        return SuiteRunStarted.model_validate(self._check(self.http.post(f"/suites/{name}/run")).json())
 
-    def update_suite(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
-        return self._check(self.http.patch(f"/suites/{name}", json=changes)).json()
+    def update_suite(self, name: str, changes: dict[str, Any]) -> SuiteRead:
+        return SuiteRead.model_validate(self._check(self.http.patch(f"/suites/{name}", json=changes)).json())
 
-    def delete_suite(self, name: str) -> dict[str, Any]:
-        return self._check(self.http.delete(f"/suites/{name}")).json()
+    def delete_suite(self, name: str) -> SuiteDeleted:
+        return SuiteDeleted.model_validate(self._check(self.http.delete(f"/suites/{name}")).json())
 
-    def suite_series(self, name: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/suites/{name}/series")).json()
+    def suite_series(self, name: str) -> SeriesRead:
+        return SeriesRead.model_validate(self._check(self.http.get(f"/suites/{name}/series")).json())
 
-    def regressions(self, suite: str | None = None, candidates: bool = False) -> list[dict[str, Any]]:
+    def regressions(self, suite: str | None = None, candidates: bool = False) -> list[RegressionRead]:
         params: dict[str, Any] = {"candidates": candidates}
         if suite:
             params["suite"] = suite
-        return self._check(self.http.get("/regressions", params=params)).json()
+        rows = self._check(self.http.get("/regressions", params=params)).json()
+        return [RegressionRead.model_validate(r) for r in rows]
 
-    def acknowledge(self, change_id: int) -> dict[str, Any]:
-        return self._check(self.http.post(f"/regressions/{change_id}/acknowledge")).json()
+    def acknowledge(self, change_id: int) -> RegressionRead:
+        r = self._check(self.http.post(f"/regressions/{change_id}/acknowledge"))
+        return RegressionRead.model_validate(r.json())
+
+
+def wire(value: BaseModel | list[BaseModel]) -> Any:
+    """A model (or a list of them) as the JSON the server sent: the fields it gave, none added,
+    timestamps as it wrote them (what `--json` prints)."""
+    if isinstance(value, list):
+        return [wire(v) for v in value]
+    return value.model_dump(mode="json", exclude_unset=True)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from sme2farm.client.api import wire
 from sme2farm.client.common import EXIT_CODES_HELP, connect, parse_selector, print_when_done, submit_and_follow
 from sme2farm.client.config import client_settings
-from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_WARMUP, ExperimentSpec,
-                               LlmSpec)
+from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_WARMUP, DeviceRead,
+                               ExperimentSpec, LlmSpec)
 
 MIN_EFFECT_HELP = f"default {DEFAULT_MIN_EFFECT:g}: {DEFAULT_MIN_EFFECT * 100:g}%%"  # argparse help: %% is %
 
@@ -115,8 +116,8 @@ def cmd_compare(args) -> int:
     from sme2farm.client.render import comparison_text
 
     result = connect(args).compare(args.baseline, args.candidate, min_effect=args.min_effect)
-    print(json.dumps(result, indent=2) if args.json else comparison_text(result))
-    return 0 if any(c.get("status") == "complete" for c in result.get("comparisons") or []) else 1
+    print(json.dumps(wire(result), indent=2) if args.json else comparison_text(result))
+    return 0 if any(c.get("status") == "complete" for c in result.comparisons) else 1
 
 
 def cmd_cancel(args) -> int:
@@ -141,19 +142,19 @@ def cmd_list(args) -> int:
 def cmd_devices(args) -> int:
     devices = connect(args).devices()
     if args.json:
-        print(json.dumps(devices, indent=2))
+        print(json.dumps(wire(devices), indent=2))
         return 0
     if not devices:
         print("no devices registered")
     for d in devices:
-        print(f"{d['serial']:<28} {d['platform']:<8} {(d.get('model') or '')[:30]:<30} {d.get('cpu_cores', 0):>3} cores  "
-              f"{'SME2' if d['sme2'] else 'no SME2':<8} {d['state']:<8} agent {d['agent']}, "
-              f"runners: {_runner_list(d)}" + (f", emulated ({d['emulator']})" if d.get("emulator") else ""))
+        print(f"{d.serial:<28} {d.platform:<8} {(d.model or '')[:30]:<30} {d.cpu_cores:>3} cores  "
+              f"{'SME2' if d.sme2 else 'no SME2':<8} {d.state:<8} agent {d.agent}, "
+              f"runners: {_runner_list(d)}" + (f", emulated ({d.emulator})" if d.emulator else ""))
     return 0
 
 
-def _runner_list(device: dict) -> str:
-    return ", ".join(f"{r['sme2']}/{r['flavour']}" for r in device.get("runners", [])) or "none"
+def _runner_list(device: DeviceRead) -> str:
+    return ", ".join(f"{r.sme2}/{r.flavour}" for r in device.runners) or "none"
 
 
 def cmd_analyze(args) -> int:

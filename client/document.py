@@ -33,6 +33,7 @@ from sme2farm.analysis.render import (NUMERICS_HEADERS, bytes_text, comparison_f
                                       program_memory_line)
 from sme2farm.analysis.scaling import rows as scaling_rows
 from sme2farm.client.common import connect
+from sme2farm.protocol import TERMINAL, RunStatus
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 CHARTS = (("distribution", "Latency per iteration"), ("categories", "Where the time goes"),
@@ -82,7 +83,7 @@ def arm_rows(exp: dict) -> list[tuple[str, dict[str, float], list[dict]]]:
     succeeded runs, labelled like the charts."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in exp.get("runs") or []:
-        if r.get("status") == "succeeded" and r.get("categories_ms"):
+        if r.get("status") == RunStatus.succeeded and r.get("categories_ms"):
             key = ((r.get("device") or {}).get("serial") or "", r.get("threads"), r.get("mode"), r.get("variant") or "A", r.get("sme2"))
             groups[key].append(r)
     keys = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "off"))
@@ -116,21 +117,21 @@ def fetch(client, experiment_id: int) -> tuple[dict, dict[str, str | None], dict
         else:
             svgs[name] = None
             missing[name] = f"the server answered {r.status_code} for the {name} chart"
-    return exp, svgs, missing
     if scales(exp):
         r = client.http.get(f"/experiments/{experiment_id}/scaling")
         exp = {**exp, "scaling": r.json() if r.status_code == 200 else None}
         if r.status_code != 200:
             missing["scaling"] = f"the server answered {r.status_code} for the scaling view"
+    return exp, svgs, missing
 
 
-# --- a neutral document model, rendered twice -------------------------------------------------
 def scales(exp: dict) -> bool:
     """Whether the experiment has a scaling view to show: several thread counts, or a core mask."""
     spec = exp.get("spec") or {}
     return len(spec.get("threads") or []) > 1 or bool(spec.get("core_mask"))
 
 
+# --- a neutral document model, rendered twice -------------------------------------------------
 
 def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], source: str) -> list[tuple]:
     """The document as blocks: ("h", level, text) | ("p", text) | ("table", headers, rows) |
@@ -155,11 +156,11 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
         ("p", f"Devices: {', '.join(devices) or 'none'}. Runner builds: {', '.join(builds) or 'none ran'}. "
               f"ExecuTorch: {', '.join(versions) or '?'}. Created {exp.get('created_at')}."),
     ]
-    if emulators:
     memory = [label + line for label, pm in (("", exp.get("program_memory")), ("model B: ", exp.get("vs_program_memory")))
               if (line := program_memory_line(pm))]
     if memory:
         out.append(("p", "Planned memory, read from the program before it runs: " + "; ".join(memory) + "."))
+    if emulators:
         out.append(("p", f"Emulated: runs on {', '.join(emulators)} executed every instruction for real, but their "
                          "times are the emulator's, not a CPU's: they are labelled emulated and no speedup or slowdown "
                          "is stated from them. Emulation shows that both arms ran, which kernels each used and how "
@@ -200,9 +201,10 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
                   *([_f(e.get("median")), _f(e.get("p10")), _f(e.get("p90")),
                      "—" if e.get("cv") is None else f"{100 * e['cv']:.1f}%", str(e.get("n"))]
                     if (e := r.get("e2e_ms")) else ["—"] * 5),
-                  (r.get("runner") or {}).get("id") or "—"] for r in runs]))
                   bytes_text((r.get("memory") or {}).get("peak_rss_bytes")),
-    problems = [f"Run {r['id']} {r['status']}: {r['reason']}" for r in runs if r.get("reason") and r.get("status") != "succeeded"]
+                  (r.get("runner") or {}).get("id") or "—"] for r in runs]))
+    problems = [f"Run {r['id']} {r['status']}: {r['reason']}" for r in runs
+                if r.get("reason") and r.get("status") != RunStatus.succeeded]
     if problems:
         out.append(("list", problems))
     out.append(("h", 2, "Where the time goes"))
@@ -213,9 +215,9 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
                      for c in CATEGORIES]
                     + [["Total (E2E mean)"] + [f"{_f(sum(cats.values()))} ms" for _, cats, _ in arms]]))
     out += _kernel_path_blocks(runs)
+    out += _scaling_blocks(exp, svgs, missing)
     for c in comps:
         if c.get("status") != "complete":
-    out += _scaling_blocks(exp, svgs, missing)
             continue
         la, lb = (c.get("labels") or ["baseline", "candidate"])[:2]
         if numerics_rows(c):
@@ -246,8 +248,6 @@ def _blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str], sou
     return out
 
 
-def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
-    """Which kernels each succeeded run used (its kernel_paths, computed at ingest): SME2
 def _scaling_blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str]) -> list[tuple]:
     """Thread scaling (GET /experiments/{id}/scaling): the chart, per device a table and its sentences."""
     if not scales(exp):
@@ -267,11 +267,13 @@ def _scaling_blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, s
     return out
 
 
+def _kernel_path_blocks(runs: list[dict]) -> list[tuple]:
+    """Which kernels each succeeded run used (its kernel_paths, computed at ingest): SME2
     coverage of Convolution/GEMM, the paths per category, what stayed off SME2, the flag."""
     rows, flags = [], []
     for r in runs:
         kp = r.get("kernel_paths")
-        if r.get("status") != "succeeded" or not kp:
+        if r.get("status") != RunStatus.succeeded or not kp:
             continue
         cov = kp["coverage"]
         paths = {cat: ", ".join(f"{p} {_f(ms)} ms" for p, ms in sorted(v.items(), key=lambda x: -x[1]))
@@ -292,9 +294,6 @@ def _scaling_blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, s
                   "Convolution + GEMM time in SME2 kernels (ms per iteration)."),
             ("table", ["Run", "Model", "SME2", "Device", "SME2 coverage", "Convolution", "GEMM", "Largest off SME2"], rows)] \
         + ([("list", flags)] if flags else [])
-
-
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})
 
 
 def _no_comparisons(exp: dict) -> str:

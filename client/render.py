@@ -7,7 +7,7 @@ from typing import Any
 from sme2farm.analysis.render import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
                                       kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
                                       program_memory_line)
-from sme2farm.protocol import ExperimentReport
+from sme2farm.protocol import ComparisonRead, ComparisonSide, ExperimentReport, RunStatus
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 
@@ -37,7 +37,7 @@ def experiment_text(rep: ExperimentReport) -> str:
     # without SME2): said once here, with the runs it covers, not once per run and comparison.
     unplaced: dict[str, list[int]] = {}
     for r in rep.runs:
-        if r.status == "unschedulable" and r.reason:
+        if r.status == RunStatus.unschedulable and r.reason:
             unplaced.setdefault(r.reason, []).append(r.id)
     out += [f"  unschedulable {_ids(ids)}, reason: {reason}" for reason, ids in unplaced.items()]
     out.append("")
@@ -188,16 +188,19 @@ def _comparison(c: dict[str, Any]) -> str:
     return "\n".join(lines + _facts(c)) + "\n"
 
 
-def comparison_text(result: dict[str, Any]) -> str:
+def comparison_text(result: ComparisonRead) -> str:
     """GET /comparisons as text: what was compared, each matched pair's verdict, what did not match."""
-    b, c = result["baseline"], result["candidate"]
 
-    def side(x: dict[str, Any]) -> str:
-        what = f"run {x['id']}" if x["kind"] == "run" else f"experiment {x['id']}" + ("/B" if x.get("variant") == "B" else "")
-        return f"{what}{' ' + x['name'] if x.get('name') else ''} (model {x['model_sha256'][:12]}…, ExecuTorch {', '.join(x['et_versions']) or '?'})"
+    def side(x: ComparisonSide) -> str:
+        what = f"run {x.id}" if x.kind == "run" else f"experiment {x.id}" + ("/B" if x.variant == "B" else "")
+        return (f"{what}{' ' + x.name if x.name else ''} (model {(x.model_sha256 or '')[:12]}…, "
+                f"ExecuTorch {', '.join(x.et_versions) or '?'})")
 
-    out = [f"baseline:  {side(b)}", f"candidate: {side(c)}", ""]
-    for entry in result["comparisons"]:
+    out = [f"baseline:  {side(result.baseline)}", f"candidate: {side(result.candidate)}"]
+    if result.program_memory:
+        out.append(f"planned memory, {result.program_memory['sentence']}")
+    out.append("")
+    for entry in result.comparisons:
         where = entry["device_model"] + ("" if entry.get("baseline_device") == entry.get("candidate_device")
                                          else f" ({entry.get('baseline_device')} vs {entry.get('candidate_device')})")
         head = f"{where}, SME2 {entry['sme2']}, {entry['threads']} thread(s), {entry['mode']}"
@@ -212,7 +215,7 @@ def comparison_text(result: dict[str, Any]) -> str:
             if v.get("speedup") is not None:
                 out.append(f"  {cat:<14} {_f(v['baseline_ms'])} → {_f(v['candidate_ms'])} ms  {v['speedup']:.2f}×  {v.get('verdict') or ''}")
         out += _facts(entry)
-    for u in result.get("unmatched", []):
-        out.append(f"unmatched ({u['side']}): {u['device_model']}, SME2 {u['sme2']}, {u['threads']} thread(s), {u['mode']} — {u['why']}")
-    out += [f"note: {n}" for n in result.get("notes", [])]
+    for u in result.unmatched:
+        out.append(f"unmatched ({u.side}): {u.device_model}, SME2 {u.sme2}, {u.threads} thread(s), {u.mode} — {u.why}")
+    out += [f"note: {n}" for n in result.notes]
     return "\n".join(out).rstrip() + "\n"

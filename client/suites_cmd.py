@@ -8,9 +8,13 @@ import json
 import re
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
+from sme2farm.analysis.memory import fmt_bytes
+from sme2farm.client.api import wire
 from sme2farm.client.common import EXIT_FAILED, EXIT_OK, connect, outcome_code, parse_selector, wait_for
+from sme2farm.protocol import DetectableStep, SeriesRead, SuiteSpec, SuiteThresholds
 
 _SHA = re.compile(r"^[0-9a-fA-F]{64}$")
 
@@ -31,6 +35,11 @@ def _model_ref(text: str) -> dict:
     return {"sha256": h.hexdigest(), "name": name or path.stem}
 
 
+def _iso(t: datetime | None) -> str | None:
+    """A timestamp as the server wrote it (isoformat)."""
+    return t.isoformat() if t is not None else None
+
+
 def cmd_suite_create(args) -> int:
     try:
         threads = [int(t) for t in args.threads.split(",") if t.strip()]
@@ -45,68 +54,76 @@ def cmd_suite_create(args) -> int:
     if selector is not None:
         spec["device"] = selector.model_dump(exclude_none=True, exclude_defaults=True)
     suite = connect(args).create_suite(spec)
-    print(json.dumps(suite, indent=2) if args.json else f"suite {suite['name']} created; next run {suite['next_run_at']}")
-    for w in suite.get("warnings") or []:
+    print(json.dumps(wire(suite), indent=2) if args.json else
+          f"suite {suite.name} created; next run {_iso(suite.next_run_at)}")
+    for w in suite.warnings or []:
         print(f"sme2-client: warning: {w}", file=sys.stderr)
     return 0
 
 
 def cmd_suite_delete(args) -> int:
     out = connect(args).delete_suite(args.name)
-    print(json.dumps(out, indent=2) if args.json else
-          f"suite {out['deleted']} deleted with {out['runs']} run(s), {out['points']} point(s) and "
-          f"{out['changes']} regression(s)/improvement(s); its experiments stay")
+    print(json.dumps(wire(out), indent=2) if args.json else
+          f"suite {out.deleted} deleted with {out.runs} run(s), {out.points} point(s) and "
+          f"{out.changes} regression(s)/improvement(s); its experiments stay")
     return 0
 
 
 def cmd_suite_pause(args) -> int:
     suite = connect(args).update_suite(args.name, {"paused": args.suite_cmd == "pause"})
-    print(json.dumps(suite, indent=2) if args.json else
-          f"suite {suite['name']} paused: its schedule starts nothing until resumed (suite run still works)"
-          if suite["paused"] else f"suite {suite['name']} resumed; next run {suite['next_run_at']}")
+    print(json.dumps(wire(suite), indent=2) if args.json else
+          f"suite {suite.name} paused: its schedule starts nothing until resumed (suite run still works)"
+          if suite.paused else f"suite {suite.name} resumed; next run {_iso(suite.next_run_at)}")
     return 0
 
 
 def cmd_suite_list(args) -> int:
     suites = connect(args).suites()
     if args.json:
-        print(json.dumps(suites, indent=2))
+        print(json.dumps(wire(suites), indent=2))
         return 0
     if not suites:
         print("no suites")
     for s in suites:
-        models = ", ".join(m["name"] for m in s["models"])
-        print(f"{s['name']:<24} {s['schedule']:<14} next {s['next_run_at'] or '-':<26} last {s['last_run_at'] or '-':<26} "
-              f"{'canary ' if s['canary'] else ''}models: {models}")
+        models = ", ".join(m.name for m in s.models)
+        print(f"{s.name:<24} {s.schedule:<14} next {_iso(s.next_run_at) or '-':<26} "
+              f"last {_iso(s.last_run_at) or '-':<26} {'canary ' if s.canary else ''}models: {models}")
     return 0
 
 
-def detectable_text(d: dict | None) -> str:
+def detectable_text(d: DetectableStep | None) -> str:
     """GET /suites/{name}/series' `detectable` estimate as one line."""
     if not d:
         return ""
-    if d.get("step") is None:
-        return f"  detectable step: {d.get('note', 'not estimated yet')}"
-    return (f"  detectable step ~ {d['step']:.1%} at this device's noise (sigma {d['sigma_between']:.1%} between "
-            f"nights, from {d['noise']}, {d['nights']} baseline nights); {d['note']}")
+    if d.step is None:
+        return f"  detectable step: {d.note}"
+    return (f"  detectable step ~ {d.step:.1%} at this device's noise (sigma {d.sigma_between:.1%} between "
+            f"nights, from {d.noise}, {d.nights} baseline nights); {d.note}")
 
 
-def series_text(series: dict) -> str:
+def series_text(series: SeriesRead) -> str:
     lines = []
-    for s in series["series"]:
-        k = s["key"]
-        shown = s["points"][-12:]
-        lines.append(f"{k['model_name']} on {k['device_model']} (SME2 {k['sme2']}, {k['threads']} thread(s)): "
-                     f"{len(s['points'])} point(s), median ms: "
-                     + " ".join(f"{p['median_ms']:.3f}" if p["median_ms"] is not None else "-" for p in shown))
+    for s in series.series:
+        k = s.key
+        shown = s.points[-12:]
+        lines.append(f"{k.model_name} on {k.device_model} (SME2 {k.sme2}, {k.threads} thread(s)): "
+                     f"{len(s.points)} point(s), median ms: "
+                     + " ".join(f"{p.median_ms:.3f}" if p.median_ms is not None else "-" for p in shown))
         for p in shown:
-            if p["median_ms"] is None:  # the "-" above: say why
-                why = (p.get("device_state") or {}).get("reason") or "no samples"
-                lines.append(f"  - experiment {p['experiment_id']} ({p['at']}): no samples: {why}")
-        if s.get("detectable"):
-            lines.append(detectable_text(s["detectable"]))
-        for c in s["changes"]:
-            lines.append(f"  change #{c['id']} [{c['status']}, {c['blamed']}] {c['sentence']}")
+            if p.median_ms is None:  # the "-" above: say why
+                why = (p.device_state or {}).get("reason") or "no samples"
+                lines.append(f"  - experiment {p.experiment_id} ({_iso(p.at)}): no samples: {why}")
+        if s.detectable:
+            lines.append(detectable_text(s.detectable))
+        for c in s.changes:
+            lines.append(f"  change #{c.id} [{c.status}, {c.blamed}] {c.sentence}")
+        if (memory := next((p.memory for p in reversed(s.points) if p.memory), None)) is not None:
+            lines.append("  memory (latest): " + ", ".join(
+                f"{name} {fmt_bytes(memory.get(k))}" for k, name in (
+                    ("planned_bytes", "planned"), ("weights_bytes", "weights"),
+                    ("runtime_allocated_bytes", "runtime allocated"), ("peak_rss_bytes", "peak RSS"))
+                if memory.get(k) is not None))
+        lines += [f"  memory change: {c.sentence}" for c in s.memory_changes]
     return "\n".join(lines) or "no points yet"
 
 
@@ -114,15 +131,15 @@ def cmd_suite_show(args) -> int:
     client = connect(args)
     suite, series = client.suite(args.name), client.suite_series(args.name)
     if args.json:
-        print(json.dumps({**suite, "series": series["series"]}, indent=2))
+        print(json.dumps({**wire(suite), "series": wire(series)["series"]}, indent=2))
         return 0
-    print(f"suite {suite['name']}: schedule {suite['schedule']} "
-          f"({'paused' if suite.get('paused') else 'next ' + str(suite['next_run_at'])}), "
-          f"min effect {suite['thresholds']['min_effect']:.1%}, alpha {suite['thresholds']['alpha']:g}"
-          f"{', canary' if suite['canary'] else ''}{', webhook ' + suite['webhook'] if suite['webhook'] else ''}")
-    for r in suite["runs"][:10]:
-        print(f"  run {r['id']} {r['trigger']:<8} {r['status']:<9} {r['triggered_at']} experiments {r['experiment_ids']}"
-              + (f" ({r['reason']})" if r.get("reason") else ""))
+    print(f"suite {suite.name}: schedule {suite.schedule} "
+          f"({'paused' if suite.paused else 'next ' + str(_iso(suite.next_run_at))}), "
+          f"min effect {suite.thresholds.min_effect:.1%}, alpha {suite.thresholds.alpha:g}"
+          f"{', canary' if suite.canary else ''}{', webhook ' + suite.webhook if suite.webhook else ''}")
+    for r in suite.runs[:10]:
+        print(f"  run {r.id} {r.trigger:<8} {r.status:<9} {_iso(r.triggered_at)} experiments {r.experiment_ids}"
+              + (f" ({r.reason})" if r.reason else ""))
     print(series_text(series))
     return 0
 
@@ -133,36 +150,36 @@ def cmd_suite_run(args) -> int:
     client = connect(args)
     if not args.wait:
         srun = client.run_suite(args.name)
-        print(f"suite {args.name}: run {srun['id']} started, experiments {srun['experiment_ids']}", file=sys.stderr)
-        print(json.dumps(srun, indent=2) if args.json else srun["id"])
+        print(f"suite {args.name}: run {srun.id} started, experiments {srun.experiment_ids}", file=sys.stderr)
+        print(json.dumps(wire(srun), indent=2) if args.json else srun.id)
         return 0
     # --wait: transient faults are waited out, and --timeout bounds the whole of it (Patience);
     # starting the run is retried only where the server did nothing (a second start is a second run)
     patience = Patience(client, f"suite {args.name} to start", args.timeout, say=None if args.json else note)
     srun = patience.call(client.run_suite, args.name, idempotent=False)
-    print(f"suite {args.name}: run {srun['id']} started, experiments {srun['experiment_ids']}", file=sys.stderr)
+    print(f"suite {args.name}: run {srun.id} started, experiments {srun.experiment_ids}", file=sys.stderr)
     reports = []
-    for exp_id in srun["experiment_ids"]:
-        patience.what = f"experiment {exp_id} of suite run {srun['id']} to finish"
+    for exp_id in srun.experiment_ids:
+        patience.what = f"experiment {exp_id} of suite run {srun.id} to finish"
         reports.append(wait_for(client, exp_id, quiet=args.json, patience=patience))
     # the experiments ended: the analysis (points, detection) follows in the worker
-    patience.what = f"suite run {srun['id']} to be analysed"
+    patience.what = f"suite run {srun.id} to be analysed"
     while True:
-        run = next((r for r in patience.call(client.suite, args.name)["runs"] if r["id"] == srun["id"]), None)
-        if run is not None and run["status"] in ("complete", "failed"):
+        run = next((r for r in patience.call(client.suite, args.name).runs if r.id == srun.id), None)
+        if run is not None and run.status in ("complete", "failed"):
             break
-        patience.seen = f"it was last {run['status'] if run else 'not listed'}"
+        patience.seen = f"it was last {run.status if run else 'not listed'}"
         patience.check()
         time.sleep(min(0.2, patience.left()))
     series = patience.call(client.suite_series, args.name)
-    print(json.dumps({"run": run, **series}, indent=2) if args.json else series_text(series))
+    print(json.dumps({"run": wire(run), **wire(series)}, indent=2) if args.json else series_text(series))
     # A point without samples because its runs failed or were cancelled fails the wait (1); one
     # whose runs could not be placed (an SME2-on arm with no SME2 device) is told apart (3).
     code = outcome_code(reports)
-    if code == EXIT_OK and (run["status"] != "complete" or run.get("reason")):
+    if code == EXIT_OK and (run.status != "complete" or run.reason):
         code = EXIT_FAILED
     if code != EXIT_OK:
-        print(f"sme2-client: suite run {run['id']} {run['status']}: {run.get('reason') or 'failed'}", file=sys.stderr)
+        print(f"sme2-client: suite run {run.id} {run.status}: {run.reason or 'failed'}", file=sys.stderr)
     return code
 
 
@@ -170,19 +187,19 @@ def cmd_regressions(args) -> int:
     client = connect(args)
     if args.ack is not None:
         out = client.acknowledge(args.ack)
-        print(json.dumps(out, indent=2) if args.json else f"acknowledged #{out['id']}: {out['sentence']}")
+        print(json.dumps(wire(out), indent=2) if args.json else f"acknowledged #{out.id}: {out.sentence}")
         return 0
     rows = client.regressions(suite=args.suite, candidates=args.candidates)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(wire(rows), indent=2))
         return 0
     if not rows:
         print("no regressions or improvements")
     for r in rows:
-        w = r["webhook"]
-        hook = "" if w["state"] == "none" else f" webhook {w['state']} ({w['attempts']} attempt(s))"
-        print(f"#{r['id']:<5} {r['suite']:<16} {r['direction']:<11} x{r['ratio']:.3f} [{r['status']}, {r['blamed']}]{hook}"
-              f"\n       {r['sentence']}")
+        w = r.webhook
+        hook = "" if w.state == "none" else f" webhook {w.state} ({w.attempts} attempt(s))"
+        print(f"#{r.id:<5} {r.suite:<16} {r.direction:<11} x{r.ratio:.3f} [{r.status}, {r.blamed}]{hook}"
+              f"\n       {r.sentence}")
     return 0
 
 
@@ -193,17 +210,23 @@ def add_parsers(sub) -> None:
     c.add_argument("name")
     c.add_argument("--model", action="append", required=True, type=_model_ref, metavar="SHA256|PATH.pte[=NAME]",
                    help="a stored model (repeatable); a path is hashed locally")
-    c.add_argument("--sme2", choices=["on", "off", "both"], default="both")
-    c.add_argument("--threads", default="1", help="comma-separated thread counts")
-    c.add_argument("--iterations", type=int, default=50)
-    c.add_argument("--warmup", type=int, default=3)
-    c.add_argument("--sessions", type=int, default=1)
+    spec, thresholds = SuiteSpec.model_fields, SuiteThresholds.model_fields
+    c.add_argument("--sme2", choices=["on", "off", "both"], default=spec["sme2"].default)
+    c.add_argument("--threads", default=",".join(map(str, spec["threads"].get_default(call_default_factory=True))),
+                   help="comma-separated thread counts")
+    c.add_argument("--iterations", type=int, default=spec["iterations"].default)
+    c.add_argument("--warmup", type=int, default=spec["warmup"].default)
+    c.add_argument("--sessions", type=int, default=spec["sessions"].default)
     c.add_argument("--device", help="selector: a serial, or platform=android,tags=a+b,sme2=true")
-    c.add_argument("--schedule", default="0 3 * * *",
-                   help="cron, exactly 5 fields: minute hour day month weekday, UTC (default '0 3 * * *': nightly at 03:00)")
-    c.add_argument("--min-effect", type=float, default=0.03,
-                   help="smallest change claimed: a fraction, 0 <= x <= 0.5 (default 0.03: 3%%)")
-    c.add_argument("--alpha", type=float, default=0.0005, help="two-sided level that confirms a change, 0 < x < 1")
+    schedule, min_effect = spec["schedule"].default, thresholds["min_effect"].default
+    c.add_argument("--schedule", default=schedule,
+                   help=f"cron, exactly 5 fields: minute hour day month weekday, UTC (default '{schedule}': nightly "
+                        "at 03:00)")
+    c.add_argument("--min-effect", type=float, default=min_effect,
+                   help=f"smallest change claimed: a fraction, 0 <= x <= 0.5 (default {min_effect:g}: "
+                        f"{min_effect * 100:g}%%)")
+    c.add_argument("--alpha", type=float, default=thresholds["alpha"].default,
+                   help="two-sided level that confirms a change, 0 < x < 1")
     c.add_argument("--canary", action="store_true", help="this suite's series are their devices' canary")
     c.add_argument("--webhook", help="http(s) URL alerts are POSTed to (needs an admin token)")
     c.add_argument("--json", action="store_true")

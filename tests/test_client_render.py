@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from sme2farm.analysis import charts
 from sme2farm.client import document
 from sme2farm.client.render import _comparison, comparison_text
+from sme2farm.protocol import ComparisonRead, ComparisonSide
 from sme2farm.server.services.charts import arm_label, forest_rows
 
 CATS = {c: {"baseline_ms": 1.0, "candidate_ms": 0.5, "speedup": 2.0, "ci_low": None, "ci_high": None,
@@ -23,6 +24,12 @@ INCOMPLETE = {"kind": "sme2", "variant": "A", "device": "host", "threads": 1, "m
               "reason": "SME2 on: run 7 unschedulable"}
 
 
+def _side(**given) -> ComparisonSide:
+    """A side of GET /comparisons: the fields given, the rest as an experiment without name or builds."""
+    return ComparisonSide(**{"variant": "A", "experiment_id": given["id"], "name": None, "et_versions": [],
+                             "runner_builds": [], **given})
+
+
 def test_terminal_comparison_without_interval():
     text = _comparison(OPEN)
     assert "insufficient data" in text and "CI" not in text.splitlines()[0]
@@ -30,10 +37,11 @@ def test_terminal_comparison_without_interval():
     assert "no comparison" in _comparison(INCOMPLETE)
     one_sided = _comparison({**OPEN, "ci_low": 0.9})
     assert "0.90" in one_sided
-    result = {"baseline": {"kind": "experiment", "id": 1, "model_sha256": "a" * 64, "et_versions": []},
-              "candidate": {"kind": "run", "id": 9, "model_sha256": "b" * 64, "et_versions": ["1.5.1"]},
-              "comparisons": [{**OPEN, "device_model": "EPYC", "baseline_device": "h", "candidate_device": "h"}],
-              "unmatched": [], "notes": ["n"]}
+    result = ComparisonRead(
+        baseline=_side(kind="experiment", id=1, model_sha256="a" * 64),
+        candidate=_side(kind="run", id=9, experiment_id=3, model_sha256="b" * 64, et_versions=["1.5.1"]),
+        comparisons=[{**OPEN, "device_model": "EPYC", "baseline_device": "h", "candidate_device": "h"}],
+        unmatched=[], notes=["n"])
     assert "EPYC" in comparison_text(result)
 
 
@@ -177,10 +185,11 @@ def test_cli_text_of_an_emulated_experiment_shows_kernels_and_no_speed(etdump_bu
     assert "output 0 Half [1x10]: max abs" in comparison and "within tolerance: NO" in comparison
     assert not SPEED.search(comparison), comparison
 
-    result = {"baseline": {"kind": "experiment", "id": 9, "model_sha256": "c" * 64, "et_versions": ["1.5.1"]},
-              "candidate": {"kind": "experiment", "id": 10, "model_sha256": "c" * 64, "et_versions": ["1.5.1"]},
-              "comparisons": [{**exp["comparisons"][0], "device_model": "QEMU", "sme2": "on", "baseline_device": "q",
-                               "candidate_device": "q"}], "unmatched": [], "notes": []}
+    result = ComparisonRead(
+        baseline=_side(kind="experiment", id=9, model_sha256="c" * 64, et_versions=["1.5.1"]),
+        candidate=_side(kind="experiment", id=10, model_sha256="c" * 64, et_versions=["1.5.1"]),
+        comparisons=[{**exp["comparisons"][0], "device_model": "QEMU", "sme2": "on", "baseline_device": "q",
+                      "candidate_device": "q"}], unmatched=[], notes=[])
     pair = comparison_text(result).split("\n", 3)[3]
     assert pair.startswith(f"QEMU, SME2 on, 1 thread(s), timing: Emulated by {EMULATOR}")
     assert "SME2 coverage of Convolution/GEMM" in pair and "output 0 Half" in pair

@@ -226,7 +226,7 @@ def test_reregistering_an_agent_named_local_does_not_stop_the_farm(sup_farm, exa
                "the agent's restart after its token was revoked", timeout=90)
     assert farm.proc.poll() is None
     # The intruder's registration reported no device; the restarted agent's brings it back.
-    wait_until(lambda: [d for d in farm.client().devices() if d["agent"] == "local" and d["state"] == "idle"],
+    wait_until(lambda: [d for d in farm.client().devices() if d.agent == "local" and d.state == "idle"],
                "the restarted agent's device")
     run_one(farm, example_pte("toy_cnn"))
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from sme2farm.agent.drivers.leftovers import PidRecords
-from sme2farm.protocol import KERNEL_LOG, MEMORY, OUTPUTS, RUNNER_LOG, TRACE, DeviceInfo
+from sme2farm.protocol import (DEFAULT_METHOD, DEFAULT_POWER_PROFILE, KERNEL_LOG, MEMORY, OUTPUTS, RUNNER_LOG, TRACE,
+                               DeviceInfo)
 from sme2farm.runners.catalog import RunnerBuild
 
 
@@ -34,8 +35,8 @@ class Job:
     workdir: Path             # empty host directory; the driver writes outputs here
     mode: str = "timing"      # "timing" | "trace" (the runner flavour: Driver.trace_flavour)
     core_mask: str | None = None
-    power_profile: str = "none"
-    method: str = "forward"   # the program method to execute (--method_name)
+    power_profile: str = DEFAULT_POWER_PROFILE
+    method: str = DEFAULT_METHOD   # the program method to execute (--method_name)
     # Representative inputs (runners/inputs.py container, from a .bpte or an inputs upload);
     # None means all ones, as upstream.
     inputs_path: Path | None = None
@@ -54,7 +55,7 @@ class Job:
                 f"--num_executions={self.iterations + self.warmup_in_trace}"]
         if self.runner.supports_warmup:
             args.append(f"--warmup={self.warmup}")
-        if self.method != "forward":
+        if self.method != DEFAULT_METHOD:
             args.append(f"--method_name={self.method}")
         if self.inputs_path is not None:
             args.append(f"--inputs_file={INPUTS_NAME}")

@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from sme2farm import analysis
 from sme2farm.analysis import pte, runner_memory
-from sme2farm.protocol import KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
+from sme2farm.protocol import (DEFAULT_METHOD, KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON,
+                               REPORT_MD, TRACE)
 from sme2farm.runners import inputs as containers
 from sme2farm.server.services.devices import emulator_of
 from sme2farm.server.services.errors import DomainError
@@ -93,7 +94,7 @@ class Ingester:
                                                         f"the {MAX_OUTPUTS_BYTES >> 20} MiB the farm compares", "outputs": []}
         exp = run.experiment
         sha = exp.vs_model_sha256 if run.variant == "B" else exp.model_sha256
-        method = (exp.spec or {}).get("method", "forward")
+        method = (exp.spec or {}).get("method", DEFAULT_METHOD)
 
         def invalid(why: str) -> dict:
             return {"status": "invalid", "reason": f"numerics not comparable: {why}", "outputs": []}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from sme2farm.analysis import numerics
-from sme2farm.protocol import OUTPUTS
+from sme2farm.protocol import OUTPUTS, RunStatus
 from sme2farm.runners import inputs as containers
 from sme2farm.server.store.models import Run
 from sme2farm.server.store.artifacts import Store
@@ -27,7 +27,7 @@ def _store() -> Store:
 
 
 def _first_succeeded(runs: Sequence[Run]) -> Run | None:
-    ok = [r for r in runs if r.status == "succeeded" and r.result is not None]
+    ok = [r for r in runs if r.status == RunStatus.succeeded and r.result is not None]
     return min(ok, key=lambda r: r.id) if ok else None
 
 
