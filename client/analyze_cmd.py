@@ -27,6 +27,7 @@ from pathlib import Path
 from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, numerics, to_csv,
                                to_markdown, to_perfetto, to_terminal)
 from sme2farm.client import kit
+from sme2farm.protocol import DEFAULT_MIN_EFFECT
 from sme2farm.runners import inputs as containers
 
 
@@ -61,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the device's noise model (JSON from NoiseModel.to_json(), learned from A/A "
                              "runs): widens the interval by its between-session noise instead of the "
                              "conservative default")
-    parser.add_argument("--min-effect", type=float, default=0.02, metavar="FRACTION",
-                        help="smallest difference claimed (default 0.02 = 2%%)")
+    parser.add_argument("--min-effect", type=float, default=DEFAULT_MIN_EFFECT, metavar="FRACTION",
+                        help=f"smallest difference claimed (default {DEFAULT_MIN_EFFECT:g} = "
+                             f"{DEFAULT_MIN_EFFECT * 100:g}%%)")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON report")
     fmt.add_argument("--markdown", action="store_true", help="Markdown report")

@@ -7,14 +7,16 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import get_args
 
 from pydantic import ValidationError
 
 from sme2farm.client.api import wire
 from sme2farm.client.common import EXIT_CODES_HELP, connect, parse_selector, print_when_done, submit_and_follow
 from sme2farm.client.config import client_settings
-from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_WARMUP, DeviceRead,
-                               ExperimentSpec, LlmSpec)
+from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_POWER_PROFILE,
+                               DEFAULT_WARMUP, DeviceRead, ExperimentSpec, LlmSpec, PowerProfile,
+                               Sme2Request)
 
 MIN_EFFECT_HELP = f"default {DEFAULT_MIN_EFFECT:g}: {DEFAULT_MIN_EFFECT * 100:g}%%"  # argparse help: %% is %
 
@@ -174,17 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", nargs="?", help="the .pte, or a .bpte bundled program (its inputs are fed) (not with --kit-config)")
     s.add_argument("--kit-config", metavar="CONFIG.json",
                    help="run an SME2 learning-path kit config (model, SME2 on/off experiments) as one experiment")
-    s.add_argument("--sme2", choices=["on", "off", "both"], default="both")
-    s.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,4")
+    spec = ExperimentSpec.model_fields
+    s.add_argument("--sme2", choices=list(get_args(Sme2Request)), default=spec["sme2"].default)
+    s.add_argument("--threads", default=",".join(map(str, spec["threads"].get_default(call_default_factory=True))),
+                   help="comma-separated thread counts, e.g. 1,4")
     s.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS)
     s.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
-    s.add_argument("--mode", choices=["timing", "trace"], default="timing")
+    s.add_argument("--mode", choices=["timing", "trace"], default=spec["mode"].default)
     s.add_argument("--device", help="selector: a serial, or platform=android,tags=a+b,sme2=true")
     s.add_argument("--name", help="default: the model file's name without .pte")
     s.add_argument("--label", action="append", help="key=value (repeatable)")
-    s.add_argument("--power-profile", choices=["none", "boost", "app"], default="none")
+    s.add_argument("--power-profile", choices=list(get_args(PowerProfile)), default=DEFAULT_POWER_PROFILE)
     s.add_argument("--core-mask", help="taskset mask in hex, same for both arms")
-    s.add_argument("--sessions", type=int, default=1, help="timed sessions per arm, interleaved off/on/on/off")
+    s.add_argument("--sessions", type=int, default=spec["sessions"].default,
+                   help="timed sessions per arm, interleaved off/on/on/off")
     s.add_argument("--inputs", metavar="INPUTS.npz",
                    help="representative inputs for a .pte: arrays '0','1',... in input order (a .bpte brings its own)")
     s.add_argument("--method", default=DEFAULT_METHOD, help=f"the program method to run (default {DEFAULT_METHOD})")
