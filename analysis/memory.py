@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import statistics
 
-__all__ = ["arm_memory", "runs_compared", "planned_compared", "change_text", "fmt_bytes"]
+__all__ = ["arm_memory", "runs_compared", "planned_compared", "change_text", "fmt_bytes", "point_memory",
+           "memory_changes", "DETERMINISTIC"]
 
 RSS_KEYS = ("peak_rss_bytes", "runtime_allocated_bytes", "execution_rss_growth_bytes")
 PLANNED_KEYS = ("planned_bytes", "weights_bytes")
+# What the same program on the same runtime build gives exactly the same of, run after run: a
+# change in a series is a change, flagged without statistics. Peak RSS is measured, so not here.
+DETERMINISTIC = (("planned_bytes", "planned memory"), ("weights_bytes", "weights"),
+                 ("runtime_allocated_bytes", "runtime allocated memory"))
 
 
 def fmt_bytes(n) -> str:
@@ -98,3 +103,32 @@ def _ratio(before, after) -> float | None:
     if before is None or after is None or before == 0:
         return None
     return after / before - 1.0
+
+
+def point_memory(program: dict | None, reports: list[dict]) -> dict | None:
+    """A suite point's memory: the program's planned bytes and weights (a ProgramMemory dict) and
+    the runs' runtime allocation and peak RSS (medians over the runs that recorded them)."""
+    arm = arm_memory(reports) or {}
+    out = {"planned_bytes": (program or {}).get("planned_bytes"), "weights_bytes": (program or {}).get("weights_bytes"),
+           "runtime_allocated_bytes": arm.get("runtime_allocated_bytes"), "peak_rss_bytes": arm.get("peak_rss_bytes")}
+    return out if any(v is not None for v in out.values()) else None
+
+
+def memory_changes(points: list[dict | None], labels: list[str]) -> list[dict]:
+    """Every point of a series (memory dicts in order, None where not recorded) whose
+    deterministic figure differs from the last point that recorded it: {point_index, since_index,
+    what, before, after, change (a fraction), sentence}. `labels` name the points in words."""
+    out = []
+    for key, name in DETERMINISTIC:
+        last: tuple[int, int] | None = None
+        for i, m in enumerate(points):
+            value = (m or {}).get(key)
+            if value is None:
+                continue
+            if last is not None and value != last[1]:
+                out.append({"point_index": i, "since_index": last[0], "what": key, "before": last[1], "after": value,
+                            "change": _ratio(last[1], value),
+                            "sentence": f"{name} {change_text(last[1], value)} since {labels[last[0]]}: "
+                                        f"{fmt_bytes(last[1])} -> {fmt_bytes(value)}"})
+            last = (i, value)
+    return sorted(out, key=lambda c: (c["point_index"], c["what"]))

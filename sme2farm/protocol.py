@@ -721,6 +721,22 @@ class SeriesPoint(BaseModel):
     et_version: str | None
     device_state: dict[str, Any] | None
     acknowledged: bool
+    memory: dict[str, Any] | None = Field(
+        default=None, description="planned_bytes and weights_bytes (the program), runtime_allocated_bytes and "
+                                  "peak_rss_bytes (medians over the point's runs); None before memory was recorded")
+
+
+class MemoryChange(BaseModel):
+    """A change of a deterministic memory figure between two points: exact, no statistics."""
+
+    point_index: int = Field(description="The first point at the new value")
+    since_index: int | None = Field(description="The last point at the old value (None: it is in the series of the "
+                                                "model this one replaced)")
+    what: Literal["planned_bytes", "weights_bytes", "runtime_allocated_bytes"]
+    before: int
+    after: int
+    change: float | None = Field(description="after / before - 1")
+    sentence: str
 
 
 class SeriesChange(BaseModel):
@@ -755,6 +771,9 @@ class Series(BaseModel):
     points: list[SeriesPoint]
     changes: list[SeriesChange]
     detectable: DetectableStep | None
+    memory_changes: list[MemoryChange] = Field(
+        default_factory=list, description="Where planned memory, weights or the runtime's allocation changed, "
+                                          "e.g. 'planned memory +12.0% since 2026-11-14 (experiment 14)'")
 
 
 class SeriesRead(BaseModel):

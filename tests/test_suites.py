@@ -405,6 +405,9 @@ def test_a_suite_run_twice_on_identical_inputs_is_two_points_and_no_regression(s
         assert p["n_iterations"] == 20 and p["sessions"] == 1 and len(p["run_ids"]) == 1
         assert 0 < p["low_ms"] <= p["median_ms"] <= p["high_ms"] and p["runner"] and p["et_version"]
     assert series["spread"] == "p10-p90"
+    # memory: the program's planned bytes on every point (the same program: no change flagged)
+    planned = {p["memory"]["planned_bytes"] for p in series["points"]}
+    assert len(planned) == 1 and planned.pop() > 0 and series["memory_changes"] == []
     with _http(suite_farm) as h:
         assert h.get("/regressions", params={"candidates": True}).json() == []
         detail = h.get("/suites/tiny").json()
@@ -414,6 +417,7 @@ def test_a_suite_run_twice_on_identical_inputs_is_two_points_and_no_regression(s
         assert exp["labels"]["sme2farm.suite"] == "tiny"
     shown = suite_farm.cli("suite", "show", "tiny")
     assert shown.returncode == 0 and "2 point(s)" in shown.stdout and "toy on " in shown.stdout
+    assert "memory (latest): planned " in shown.stdout
     listed = suite_farm.cli("suite", "list")
     assert listed.returncode == 0 and listed.stdout.startswith("tiny")
 

@@ -22,7 +22,7 @@ from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, S
 from sme2farm.server.store.db import enqueue_after_commit, session_scope
 from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.store.models import Model, Run
-from sme2farm.server.services.programs import InvalidProgram, llm_mode, prepare
+from sme2farm.server.services.programs import InvalidProgram, llm_mode, prepare, read_memory
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
@@ -79,6 +79,7 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
             await run_in_threadpool(llm_mode, upload.vs_model_path, method=spec.method, llm=llm, has_inputs=False,
                                     field="vs_model")
         spec = spec.model_copy(update={"llm": llm})
+        await run_in_threadpool(read_memory, upload)
     except InvalidProgram as e:
         upload.discard()
         raise HTTPException(422, f"{e.field}: {e}")

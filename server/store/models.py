@@ -281,6 +281,9 @@ class SuitePoint(Base):
     runner: Mapped[str | None] = mapped_column(String(256))
     et_version: Mapped[str | None] = mapped_column(String(128))
     device_state: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # analysis.memory.point_memory(): planned and weights bytes (the program), runtime allocated and
+    # peak RSS (medians over the point's runs); None for points recorded before migration 0012.
+    memory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     acknowledged: Mapped[bool] = mapped_column(Boolean, default=False)
 
 

@@ -15,13 +15,16 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, selectinload
 
 from sme2farm.analysis import regression
-from sme2farm.protocol import TASK_ALERT_WEBHOOK, DetectableStep, RunStatus
+from sme2farm.analysis.memory import point_memory
+from sme2farm.protocol import DEFAULT_METHOD, TASK_ALERT_WEBHOOK, DetectableStep, RunStatus
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import noise as noise_service
+from sme2farm.server.services.programs import memory_for
 from sme2farm.server.services.suites.runs import all_ended
 from sme2farm.server.services.suites.schedule import aware
 from sme2farm.server.store.db import enqueue_after_commit
-from sme2farm.server.store.models import Device, Run, Suite, SuiteChange, SuitePoint, SuiteRun, utcnow
+from sme2farm.server.store.models import (Device, Experiment, Model, Run, Suite, SuiteChange, SuitePoint, SuiteRun,
+                                          utcnow)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,10 @@ def _point_rows(session: Session, srun: SuiteRun, suite: Suite) -> list[SuitePoi
     the detector skips it and says so."""
     out = []
     for link in srun.experiments:
+        exp = session.get(Experiment, link.experiment_id)
+        model = session.get(Model, link.model_sha256)
+        method = ((exp.spec if exp else None) or {}).get("method", DEFAULT_METHOD)
+        program = memory_for(model.memory if model else None, method)
         runs = session.scalars(select(Run).where(Run.experiment_id == link.experiment_id, Run.mode == "timing")
                                .options(selectinload(Run.result), selectinload(Run.device)).order_by(Run.id)).all()
         groups: dict[tuple, list[Run]] = defaultdict(list)
@@ -76,7 +83,8 @@ def _point_rows(session: Session, srun: SuiteRun, suite: Suite) -> list[SuitePoi
                 low_ms=float(np.percentile(flat, 10)) if flat.size else None,
                 high_ms=float(np.percentile(flat, 90)) if flat.size else None,
                 n_iterations=int(flat.size), sessions=len(samples), runner=", ".join(runners)[:256] or None,
-                et_version=", ".join(versions)[:128] or None, device_state=state))
+                et_version=", ".join(versions)[:128] or None, device_state=state,
+                memory=point_memory(program, [r.result.analysis or {} for r in ok])))
     return out
 
 

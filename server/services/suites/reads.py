@@ -9,9 +9,10 @@ from urllib.parse import urlsplit
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from sme2farm.protocol import (RegressionRead, RegressionWebhook, Series, SeriesChange, SeriesKey, SeriesPoint,
-                               SeriesRead, SuiteDetail, SuiteDeviceRead, SuiteRead, SuiteRunRead, SuiteRunStarted,
-                               SuiteThresholds)
+from sme2farm.analysis.memory import memory_changes
+from sme2farm.protocol import (MemoryChange, RegressionRead, RegressionWebhook, Series, SeriesChange, SeriesKey,
+                               SeriesPoint, SeriesRead, SuiteDetail, SuiteDeviceRead, SuiteRead, SuiteRunRead,
+                               SuiteRunStarted, SuiteThresholds)
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.services.suites.detection import detect_series, detectable_step, key_of
 from sme2farm.server.services.suites.schedule import aware
@@ -71,7 +72,7 @@ def _point_read(p: SuitePoint) -> SeriesPoint:
     return SeriesPoint(experiment_id=p.experiment_id, run_ids=p.run_ids, at=aware(p.at), median_ms=p.median_ms,
                        low_ms=p.low_ms, high_ms=p.high_ms, n_iterations=p.n_iterations, sessions=p.sessions,
                        runner=p.runner, et_version=p.et_version, device_state=p.device_state,
-                       acknowledged=p.acknowledged)
+                       acknowledged=p.acknowledged, memory=p.memory)
 
 
 def series(session: Session, suite: Suite) -> SeriesRead:
@@ -95,8 +96,36 @@ def series(session: Session, suite: Suite) -> SeriesRead:
             points=[_point_read(p) for p in ps],
             changes=[_change_read(changes[p.id], index[p.id]) for p in ps if p.id in changes],
             detectable=None if emulated else detectable_step(session, suite, ps),
+            memory_changes=memory_changes([p.memory for p in ps], [_point_label(p) for p in ps]),
         ))
+    _replaced_models(out, by_key)
     return SeriesRead(suite=suite.name, series=out)
+
+
+def _point_label(p: SuitePoint) -> str:
+    return f"{aware(p.at):%Y-%m-%d %H:%M}" + (f" (experiment {p.experiment_id})" if p.experiment_id else "")
+
+
+def _replaced_models(out: list[Series], by_key: dict[tuple, list[SuitePoint]]) -> None:
+    """A suite model replaced under the same name starts a new series (its sha256 is in the key):
+    its first point's planned memory and weights are compared with the last point of the series it
+    replaced (same name, device model, SME2, threads), and a change is flagged there."""
+    lines: dict[tuple, list[tuple[Series, list[SuitePoint]]]] = defaultdict(list)
+    for s, (key, ps) in zip(out, sorted(by_key.items())):
+        lines[(s.key.model_name, key[1], key[2], key[3])].append((s, ps))
+    for (name, *_), chain in lines.items():
+        if not name or len(chain) < 2:
+            continue
+        chain.sort(key=lambda sp: (aware(sp[1][0].at), sp[1][0].id))
+        for (_, before), (s, after) in zip(chain, chain[1:]):
+            old, new = before[-1], after[0]
+            flagged = [c for c in memory_changes([old.memory, new.memory], [_point_label(old), _point_label(new)])
+                       if c["what"] != "runtime_allocated_bytes"]
+            for c in flagged:
+                s.memory_changes.insert(0, MemoryChange(**{
+                    **c, "point_index": 0, "since_index": None,
+                    "sentence": f"model {name} replaced ({old.model_sha256[:8]} -> {new.model_sha256[:8]}): "
+                                + c["sentence"]}))
 
 
 def regressions(session: Session, *, include_candidates: bool = False,
