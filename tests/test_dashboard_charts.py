@@ -405,7 +405,7 @@ def test_list_links_only_comparable_experiments_and_rows_line_up(farm, data, mor
     ab = data["ab"]
     cell = wait(d, f'#experiments tr[data-id="{ab["id"]}"] td.model')
     assert ab["vs_model_sha256"][:12] in cell.text and "vs B" in cell.text
-    # every cell of a row shares the row's box (a flex <td> used to shift the borders)
+    # every cell of a row shares the row's box (a flex <td> would shift the borders)
     boxes = d.execute_script("""return [...document.querySelectorAll('#experiments tbody tr')].map((tr) =>
         [...tr.children].map((td) => { const r = td.getBoundingClientRect(); return [r.top, r.bottom]; }));""")
     for cells in boxes:

@@ -145,7 +145,7 @@ def test_a_waiting_claim_is_woken_by_the_dispatch_message(redis_url):
     took, woke, other_woke = asyncio.run(scenario())
     assert woke and not other_woke
     assert took < 2.0, f"woken after {took:.2f} s: by the {wakeup.SAFETY_POLL_S:g} s poll, not the message"
-    # without Redis there is nothing to subscribe to: the claim polls the database as before
+    # without Redis there is nothing to subscribe to: the claim polls the database every POLL_S
     assert wakeup.ClaimWaiter("sqla+sqlite:///x.db").poll_s == wakeup.POLL_S
 
 
@@ -337,7 +337,7 @@ def test_finish_assigns_the_devices_next_run_and_the_agents_claim_gets_it_withou
     with session_scope(url) as s:
         assert s.get(Run, second["run_id"]).status == RunStatus.assigned
     assert (TASK_DISPATCH,) not in api.enqueued  # assigned in finish's own transaction
-    # the last run: nothing left for the device, so dispatch is asked for as before
+    # the last run: nothing left for the device, so finish asks for dispatch
     lease = second["lease_id"]
     assert api.client.post(f"/agent/runs/{second['run_id']}/start", json={"lease_id": lease}, headers=auth).status_code == 200
     api.client.post(f"/agent/runs/{second['run_id']}/finish", json={"lease_id": lease, "status": "failed", "reason": "x"},

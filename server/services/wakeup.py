@@ -5,7 +5,7 @@ processes: with a Redis broker the worker publishes the ids of the agents it ass
 one Redis channel once its transaction has committed (`publish`), and each server process keeps
 one subscription (`ClaimWaiter`) that wakes the claims of those agents. A claim still looks at
 the database every SAFETY_POLL_S (a lost message, a dispatch that could not publish); without
-Redis (the embedded SQLite broker) or while the subscription is down, every POLL_S as before.
+Redis (the embedded SQLite broker) or while the subscription is down, every POLL_S.
 
 The finish of a run assigns its device's next run in the same transaction
 (services/runs.py assign_next) and wakes the agent's claim itself (`wake_threadsafe`, plus the
