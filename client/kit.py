@@ -330,7 +330,8 @@ def _count(x: float) -> int | float:
     return int(round(x)) if abs(x - round(x)) < 1e-9 else x
 
 
-def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | None = None) -> dict:
+def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | None = None,
+                program_memory: dict | None = None) -> dict:
     """The kit's analysis_summary.json from farm reports (``analysis.analyze()`` output or a
     run of the server's report: both carry categories_ms, operators and kernels).
 
@@ -341,6 +342,11 @@ def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | No
     total_ms = count x avg_ms. kernel_hint is present only where a kernel log names an XNNPACK
     microkernel, as in the kit. The farm writes no CSV files and reads no ETRecord: csv_*
     are empty, etrecord null.
+
+    The kit records no memory, so there is no kit name to use: where a trace's run recorded memory
+    (peak RSS, the runtime's allocation) or the program's planned memory is known, its per_etdump
+    entry carries a "memory" object under the farm's own names (peak_rss_bytes,
+    runtime_allocated_bytes, planned_bytes, weights_bytes); the kit's own keys are unchanged.
     """
     totals = {c: 0.0 for c in CATEGORIES}
     per: list[dict] = []
@@ -351,8 +357,16 @@ def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | No
         for c, v in cats.items():
             totals[c] += v
         operators = rep.get("operators") or []
-        per.append({"etdump": label, "categories_ms": cats, "rows": len(operators),
-                    "csv_timeline": None, "csv_stats": None})
+        entry = {"etdump": label, "categories_ms": cats, "rows": len(operators),
+                 "csv_timeline": None, "csv_stats": None}
+        ran, planned = rep.get("memory") or {}, program_memory or {}
+        memory = {k: v for k, v in (("peak_rss_bytes", ran.get("peak_rss_bytes")),
+                                    ("runtime_allocated_bytes", ran.get("runtime_allocated_bytes")),
+                                    ("planned_bytes", planned.get("planned_bytes")),
+                                    ("weights_bytes", planned.get("weights_bytes"))) if v is not None}
+        if memory:
+            entry["memory"] = memory
+        per.append(entry)
         for op in operators:
             d = ops.setdefault(op["name"], {"name": op["name"], "category": op["category"],
                                             "count": 0.0, "total_ms": 0.0})
@@ -474,5 +488,5 @@ def cmd_status_kit_json(client, experiment_id: int, arg: str) -> int:
         print(f"sme2-client: experiment {experiment_id} has no succeeded run to summarise ({states})", file=sys.stderr)
         return 1
     run_dir = str(dest.parent) if dest is not None else f"experiment {experiment_id}"
-    write_summary(kit_summary(traces, run_dir=run_dir, model=model), dest)
+    write_summary(kit_summary(traces, run_dir=run_dir, model=model, program_memory=rep.get("program_memory")), dest)
     return 0

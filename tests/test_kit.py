@@ -94,6 +94,10 @@ def test_kit_config_runs_as_one_experiment_on_the_farm(farm, example_pte, tmp_pa
     assert summary["etdump_count"] == 1 and summary["run_dir"] == str(out.parent)
     [per] = summary["per_etdump"]
     assert per["categories_ms"] == off["categories_ms"] and f"runs/{off['id']}/" in per["etdump"]
+    # memory: the kit has no field for it; the farm's names in the trace's entry
+    assert per["memory"]["planned_bytes"] == rep["program_memory"]["planned_bytes"] > 0
+    assert per["memory"]["weights_bytes"] == rep["program_memory"]["weights_bytes"]
+    assert per["memory"].get("peak_rss_bytes") == (off.get("memory") or {}).get("peak_rss_bytes")
     assert {o["name"] for o in summary["operator_details"]} == {o["name"] for o in off["operators"]}
     for o in summary["operator_details"]:
         assert OPERATOR_KEYS <= set(o) <= OPERATOR_KEYS | {"kernel_hint"}
