@@ -17,7 +17,6 @@ class NoMatchingDevice(ValueError):
     expected: str = ""
 
 
-class TooManyRuns(ValueError):
 class BeyondDevice(NoMatchingDevice):
     """Every matching device lacks what the spec asks for: more threads than it has cores, or a
     core mask naming cores it does not have. `field`: the part of the spec to blame."""
@@ -57,6 +56,7 @@ def beyond_device(device: Device, spec: ExperimentSpec) -> tuple[str, str] | Non
     return None
 
 
+class TooManyRuns(ValueError):
     """A submission that would fan out past SME2_MAX_RUNS_PER_EXPERIMENT (a 422 naming the count)."""
 
 
@@ -121,6 +121,7 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: in
         if left_out:
             raise NoMatchingDevice(f"no device that can run matches selector {what or '{}'}: " + "; ".join(left_out))
         known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
+        raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
     beyond = {d.id: why for d in devices if (why := beyond_device(d, spec))}
     if beyond and len(beyond) == len(devices):
         fields = sorted({field for field, _ in beyond.values()})
@@ -128,7 +129,6 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: in
     left_out += [f"device {d.serial} was left out: {beyond[d.id][1].replace(f'device {d.serial}', 'it')}"
                  for d in devices if d.id in beyond]
     devices = [d for d in devices if d.id not in beyond]
-        raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
     if "on" in spec.sme2_settings() and not any(d.sme2 for d in devices):
         # said once here, not only as each SME2-on run's unschedulable reason (a new user's
         # `--sme2 both` on an x86 laptop read the same ~150 characters per run)
