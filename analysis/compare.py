@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .categories import CATEGORIES
+from .llm import phases_compared
 from .memory import runs_compared
 from .stats import latency_stats, pooled, trimmed_mean
 from .noise import NoiseModel, as_noise_model
@@ -180,6 +181,8 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
         "category_share": {"before": dict(b_share), "after": dict(c_share)},
         "narrative": narrative,
         "memory": runs_compared(baseline, candidate, labels=(la, lb)),
+        "llm": phases_compared(baseline, candidate, labels=(la, lb), noise=model, seed=seed, min_effect=min_effect,
+                               level=level),
     }
 
 

@@ -21,6 +21,7 @@ Nothing here reads the buffer: report.py hands over each block's E2E and categor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,8 +30,10 @@ from .categories import CATEGORIES
 from .etdump import KIND_PROFILE, Events
 from .pte import STATIC, MethodSignature
 from .stats import bootstrap_ci, latency_stats
+from .verdict import verdict
 
-__all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature"]
+__all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature",
+           "phases_compared"]
 
 MARKER_PREFILL = "sme2farm::llm_prefill"
 MARKER_DECODE = "sme2farm::llm_decode"
@@ -174,3 +177,44 @@ def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> dict:
                       "phase's calls; decode categories are per decoded token",
         "warnings": warnings,
     }
+
+
+def _phase_sessions(arm) -> list[list[float]] | None:
+    """Per session (one report each), the per-generation samples of each phase's time: TTFT ms
+    and decode ms per token; None when a report has no llm section."""
+    reports = [r for r in (arm if isinstance(arm, (list, tuple)) else [arm]) if r]
+    if not reports or any(not r.get("llm") for r in reports):
+        return None
+    out = {"prefill": [], "decode": []}
+    for r in reports:
+        s = r["llm"].get("samples") or {}
+        out["prefill"].append([float(x) for x in s.get("ttft_ms") or []])
+        tps = [float(x) for x in s.get("decode_tokens_per_s") or [] if x and math.isfinite(x) and x > 0]
+        out["decode"].append([1e3 / x for x in tps])
+    return out
+
+
+def phases_compared(baseline, candidate, *, labels: tuple[str, str], noise=None, seed: int = 0,
+                    min_effect: float, level: float) -> dict | None:
+    """The SME2 on/off (or A/B) verdict per LLM phase, with the same calibrated verdict as E2E
+    (verdict.verdict, sessions as the unit): prefill on the time to first token, decode on the
+    milliseconds per decoded token. speedup > 1: the candidate is faster in that phase. None
+    unless both arms are LLM runs."""
+    b, c = _phase_sessions(baseline), _phase_sessions(candidate)
+    if b is None or c is None:
+        return None
+    out = {}
+    for i, (phase, metric) in enumerate((("prefill", "time to first token"), ("decode", "ms per decoded token"))):
+        if not any(b[phase]) or not any(c[phase]):
+            out[phase] = {"metric": metric, "speedup": None, "verdict": None,
+                          "sentence": f"{phase}: no {metric} in one arm: no verdict"}
+            continue
+        model = noise.for_metric(f"llm {phase}") if noise is not None else None
+        v = verdict(b[phase], c[phase], noise=model, stat="median", n_boot=2000, seed=seed + 401 + i,
+                    min_effect=min_effect, level=level, labels=labels)
+        out[phase] = {"metric": metric,
+                      "baseline_ms": float(np.median([x for s in b[phase] for x in s])),
+                      "candidate_ms": float(np.median([x for s in c[phase] for x in s])),
+                      "speedup": v.ratio, "ci_low": v.ci_low, "ci_high": v.ci_high, "verdict": v.verdict,
+                      "significant": v.significant, "sentence": f"{phase} ({metric}): {v.sentence}"}
+    return out

@@ -117,8 +117,10 @@ def emulated_headline(c: dict) -> str:
 
 def comparison_fact_lines(c: dict) -> list[str]:
     """What a comparison says beside (or, emulated, instead of) its speed: per-arm SME2 coverage
-    the arms' numerics and their memory. Plain text, one fact per line."""
-    return [line for line in (coverage_pair_line(c), numerics_line(c), (c.get("memory") or {}).get("sentence")) if line]
+    the arms' numerics, their memory and, for LLM runs, the verdict per phase. Plain text, one fact per line."""
+    phases = [p.get("sentence") for p in (c.get("llm") or {}).values()]
+    return [line for line in (coverage_pair_line(c), numerics_line(c), (c.get("memory") or {}).get("sentence"), *phases)
+            if line]
 
 
 def narrative_lines(c: dict) -> list[str]:

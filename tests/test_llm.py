@@ -259,3 +259,37 @@ def test_emulated_sme2_llm_both_arms_complete_without_a_speed_verdict(emulated_f
     assert not c.get("llm")  # no per-phase speed figure either
     shown = emulated_farm.cli("status", str(rep["id"]))
     assert "LLM (emulated: the emulator's time, not a CPU's): prompt 6 tokens" in shown.stdout, shown.stdout
+
+
+# ---- the verdict per phase ------------------------------------------------------------------------
+
+
+def _llm_report(rng, ttft_ms: float, decode_tps: float, n: int = 10, decode: int = 8) -> dict:
+    ttft = ttft_ms * (1 + 0.01 * rng.standard_normal(n))
+    tps = decode_tps * (1 + 0.01 * rng.standard_normal(n))
+    e2e = ttft + decode * 1e3 / tps
+    return {"iterations_ms": [float(x) for x in e2e], "e2e_ms": {"median": float(np.median(e2e))},
+            "llm": {"samples": {"ttft_ms": [float(x) for x in ttft], "prefill_tokens_per_s": [16e3 / x for x in ttft],
+                                "decode_tokens_per_s": [float(x) for x in tps]}}}
+
+
+def test_compare_gives_each_phase_its_own_verdict():
+    """The candidate prefills twice as fast and decodes at the same speed: the prefill verdict is a
+    2x speedup with its interval, the decode one claims nothing, and the comparison's text says both."""
+    from sme2farm.analysis import compare
+    from sme2farm.analysis.render import comparison_fact_lines
+
+    rng = np.random.default_rng(3)
+    base = [_llm_report(rng, 1.0, 1000) for _ in range(3)]
+    cand = [_llm_report(rng, 0.5, 1000) for _ in range(3)]
+    phases = compare(base, cand)["llm"]
+    pre, dec = phases["prefill"], phases["decode"]
+    assert pre["verdict"] == "speedup" and pre["ci_low"] < 2.0 < pre["ci_high"] and pre["ci_low"] > 1.5
+    assert pre["baseline_ms"] == pytest.approx(1.0, rel=0.02) and pre["candidate_ms"] == pytest.approx(0.5, rel=0.02)
+    assert dec["verdict"] not in ("speedup", "slowdown") and dec["ci_low"] < 1.0 < dec["ci_high"]
+    assert dec["metric"] == "ms per decoded token"
+    lines = comparison_fact_lines(compare(base, cand))
+    assert any(line.startswith("prefill (time to first token): SME2 on is 2.00x faster") for line in lines), lines
+    # runs that are not LLM runs get no phase verdict
+    plain = [{k: v for k, v in r.items() if k != "llm"} for r in base]
+    assert compare(plain, plain)["llm"] is None
