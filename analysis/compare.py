@@ -313,7 +313,7 @@ def _kernels_line(label: str, report: dict) -> str:
 def compare_emulated(baseline, candidate, *, emulator: str,
                      labels: tuple[str, str] = ("SME2 off", "SME2 on")) -> dict:
     """Two arms that an emulator executed. Their timings measure the emulator's translator, not a
-    CPU (RUNNERS-ARM64.md: QEMU ran the SME2 arm "1.63x faster"), so no speedup, interval or
+    CPU (docs/design.md: QEMU ran the SME2 arm "1.63x faster"), so no speedup, interval or
     verdict on speed comes out of here, for E2E, categories or operators alike. What emulation
     establishes is said instead: both arms ran (iterations per arm), the kernel path each arm
     took (SME2 coverage, microkernels when traced). The caller adds the outputs' numerics."""

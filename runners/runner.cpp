@@ -25,7 +25,7 @@
 //
 // Environment: SME2FARM_HIDE_SME2=1 makes the exported getauxval() below clear HWCAP2_SME and
 // HWCAP2_SME2, so XNNPACK's cpuinfo (which asks getauxval) never selects SME/SME2 kernels: one
-// binary serves both SME2 arms (RUNNERS-ARM64.md).
+// binary serves both SME2 arms (docs/design.md, "One runner binary, both arms").
 //
 // Failures print one line `error: ...` to stderr naming the cause (the missing operator, the
 // input that does not match, the runtime's own error message) and exit 1.

@@ -164,7 +164,7 @@ def test_cli_offline_kernel_paths_of_a_host_trace(portable_trace, capsys):
 
 
 def test_cli_offline_kernel_paths_of_an_sme2_trace(etdump_builder, tmp_path, capsys):
-    """An SME2-on arm's names (RUNNERS-ARM64.md) offline: the packed operators are SME/SME2 (the
+    """An SME2-on arm's names (docs/design.md) offline: the packed operators are SME/SME2 (the
     trace cannot say which: QEMU 7.2 runs the same names on SME), the others NEON (a packed operator
     proves arm64), and the coverage says how much is packed-LHS without claiming it as SME2."""
     b = etdump_builder

@@ -1,5 +1,5 @@
 """Kernel paths from XNNPACK operator names (analysis/kernel_paths.py) and the SME2 coverage that
-analyze() reports: the classification table (every name RUNNERS-ARM64.md and ETDUMP.md record,
+analyze() reports: the classification table (every name docs/design.md records,
 the packed-LHS types XNNPACK defines), coverage arithmetic on hand-built traces, the flag, and
 real traces of both SME2 arms on the emulated SME2 CPU (select those with `-k emulated_sme2`)."""
 
@@ -15,7 +15,7 @@ from sme2farm.analysis.kernel_paths import (DELEGATE, NEON, PORTABLE, SME, SME2,
 
 # (ETDump operator name, path with SME2 visible on arm64, path with SME2 hidden on arm64)
 ON_OFF_ARM64 = [
-    # RUNNERS-ARM64.md, measured on the emulated SME2 CPU: the on arm's names...
+    # docs/design.md, measured on the emulated SME2 CPU: the on arm's names...
     ("Fully Connected (NC, PF32) GEMM", SME2, SME),
     ("Convolution (NHWC, PF32) IGEMM", SME2, SME),
     ("Fully Connected (NC, PF16) GEMM", SME2, SME),
@@ -30,7 +30,7 @@ ON_OFF_ARM64 = [
     ("Convolution (NHWC, QC8) IGEMM", NEON, NEON),
     ("Fully Connected (NC, QS8, QC8W) GEMM", NEON, NEON),
     ("Convolution (NHWC, QC8) DWConv", NEON, NEON),
-    # ETDUMP.md's examples, with their instance suffixes
+    # docs/design.md's ETDump examples, with their instance suffixes
     ("Convolution (NHWC, F32) DWConv #1", NEON, NEON),
     ("Transpose (ND, X32) #2", NEON, NEON),
     ("Static Reshape (NC) #1", NEON, NEON),

@@ -383,7 +383,7 @@ def test_emulated_sme2_fp32_arms_agree_within_tolerance(sme2_emulator, arm64_run
 def test_emulated_sme2_fp16_arms_differ_measurably(sme2_emulator, arm64_runners, tmp_path):
     r = _emulated_arms(sme2_emulator, arm64_runners, _linear(tmp_path / "f16.pte", 4, "fp16"), tmp_path)
     [o] = r["outputs"]
-    # SME2's fp16 kernels accumulate in fp32, NEON's in fp16 (RUNNERS-ARM64.md): not bit-identical
+    # SME2's fp16 kernels accumulate in fp32, NEON's in fp16 (docs/design.md): not bit-identical
     assert r["status"] == "compared" and o["dtype"] == "Half" and not o["identical"] and o["max_abs"] > 0
     # and by more than rounding: beyond 2 fp16 ulps of the peak (measured: max abs 1.7e-3, 3.7e-3 of the
     # peak, SNR 50 dB), so the farm states it as a numerics change

@@ -138,7 +138,8 @@ class Adb:
             raise self.failure(serial, f"pushing {local.name} to {remote} failed: {e}") from None
 
     def pull(self, serial: str, remote: str, local: Path) -> bool:
-        """Pull if the file exists; retried because pulls can fail right after a run (ANDROID.md)."""
+        """Pull if the file exists; retried because pulls can fail right after a run (docs/design.md,
+        "Android over adb")."""
         sync = self.client.device(serial).sync
         for attempt in range(1, self.pull_attempts + 1):
             try:
