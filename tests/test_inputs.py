@@ -51,7 +51,7 @@ def test_container_round_trips_every_kind_and_dtype():
 
 
 def test_container_layout_is_the_documented_one():
-    """Byte for byte, written out by hand from the format in COMMON.md / the module docstring."""
+    """Byte for byte, written out by hand from the format in the module docstring (runners/inputs.py)."""
     t = I.TensorInput.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
     blob = I.write([t, 5, 0.25, True, None])
     want = (b"SME2IN01" + struct.pack("<I", 5)
