@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from sme2farm.client.api import FarmClient
-from sme2farm.client.cli import wait_for
+from sme2farm.client.common import wait_for
 from sme2farm.client.render import experiment_text
 from sme2farm.farm.processes import Farm
 from sme2farm.farm.up import run_farm
