@@ -226,8 +226,10 @@ class FarmClient:
     def experiment_json(self, experiment_id: int) -> dict[str, Any]:
         return self._check(self.http.get(f"/experiments/{experiment_id}")).json()
 
-    def scaling(self, experiment_id: int) -> ScalingRead:
-        return ScalingRead.model_validate(self._check(self.http.get(f"/experiments/{experiment_id}/scaling")).json())
+    def scaling(self, experiment_id: int, joined: list[int] | None = None) -> ScalingRead:
+        params = {"with": ",".join(map(str, joined))} if joined else {}
+        r = self.http.get(f"/experiments/{experiment_id}/scaling", params=params)
+        return ScalingRead.model_validate(self._check(r).json())
 
     def experiments(self, page: int = 1, page_size: int = 20) -> ExperimentPage:
         r = self.http.get("/experiments", params={"page": page, "page_size": page_size})

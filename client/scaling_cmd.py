@@ -5,6 +5,7 @@ thread count, and the device's clusters as --core-mask values. Emulated runs: no
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -16,8 +17,19 @@ def add_parser(sub) -> None:
     s = sub.add_parser("scaling", help="thread and core scaling of an experiment (submit with --threads 1,2,4)",
                        description=__doc__.split(":", 1)[1].strip())
     s.add_argument("id", type=int, help="experiment id")
+    s.add_argument("--with", dest="joined", type=experiment_ids, default=None, metavar="ID,ID",
+                   help="other experiments of the same model to join (e.g. one per --core-mask: which cluster is "
+                        "fastest)")
     s.add_argument("--json", action="store_true", help="the API's answer (GET /experiments/{id}/scaling)")
     s.set_defaults(fn=run)
+
+
+def experiment_ids(text: str) -> list[int]:
+    """--with 13,E14 as a list of experiment ids."""
+    try:
+        return [int(x.strip().lstrip("Ee")) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of experiment ids, e.g. 13,14") from None
 
 
 def table(headers: list[str], body: list[list[str]]) -> list[str]:
@@ -27,7 +39,8 @@ def table(headers: list[str], body: list[list[str]]) -> list[str]:
 
 def scaling_text(view: dict) -> str:
     out = [f"Experiment {view['experiment_id']}: threads {', '.join(map(str, view['threads']))}"
-           + (f", core mask {view['core_mask']}" if view.get("core_mask") else "")]
+           + (f", core mask {view['core_mask']}" if view.get("core_mask") else "")
+           + (f", with experiments {', '.join(map(str, view['joined']))}" if view.get("joined") else "")]
     for d in view["devices"]:
         out += ["", f"{d.get('device') or '?'} ({d.get('device_model') or '?'})"
                 + (f", emulated by {d['emulator']}" if d.get("emulated") else "")]
@@ -40,7 +53,7 @@ def scaling_text(view: dict) -> str:
 
 def run(args) -> int:
     client = connect(args)
-    view = client.scaling(args.id)
+    view = client.scaling(args.id, args.joined)
     data = view.model_dump(mode="json")
     if args.json:
         json.dump(data, sys.stdout, indent=2)

@@ -961,7 +961,8 @@ class ScalingRead(BaseModel):
     """GET /experiments/{id}/scaling: per device, how latency changes with the thread count."""
 
     experiment_id: int
-    threads: list[int]
-    core_mask: str | None = None
+    threads: list[int] = Field(description="Every thread count of the view (its experiment's and the joined ones')")
+    core_mask: str | None = Field(default=None, description="The experiment's own core mask")
+    joined: list[int] = Field(default_factory=list, description="Experiments of the same model whose runs joined")
     devices: list[DeviceScaling]
     sentences: list[str] = Field(default_factory=list, description="What the view says, when it has no device to say it of")

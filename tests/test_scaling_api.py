@@ -71,6 +71,10 @@ def test_scaling_of_an_experiment_that_has_not_run_and_of_none(api, example_pte)
     assert "nothing to scale" in body["sentences"][0]
     assert api.client.get("/experiments/999999/scaling", headers=api.auth()).status_code == 404
     assert api.client.get(f"/experiments/{exp['id']}/scaling").status_code == 401
+    bad = api.client.get(f"/experiments/{exp['id']}/scaling", params={"with": "13;drop"}, headers=api.auth())
+    assert bad.status_code == 422 and "with" in bad.text
+    missing = api.client.get(f"/experiments/{exp['id']}/scaling", params={"with": "E999999"}, headers=api.auth())
+    assert missing.status_code == 404 and "experiment 999999 not found" in missing.json()["detail"]
     svg = api.client.get(f"/experiments/{exp['id']}/charts/scaling.svg", headers=api.auth())
     assert svg.status_code == 200 and "no succeeded runs to scale yet" in svg.text
 
