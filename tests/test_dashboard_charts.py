@@ -300,6 +300,9 @@ def test_suites_pages(farm, data, browser):
     points = marks(svg, "g.point")
     assert len(points) == 2
     assert len(marks(svg, "g.change")) == len([c for c in series["changes"] if c.get("point_index") is not None])
+    # memory: the latest point's figures; the same model every night, so no memory change is listed
+    assert "Memory (latest): planned " in card.find_element("css selector", ".series-memory").text
+    assert series["memory_changes"] == [] and not card.find_elements("css selector", ".memory-change")
     shot(d, "suite")
     # each run links to its experiment
     e_last = data["suite_exps"][-1]

@@ -2,7 +2,7 @@
 // as a line over time with every point's spread and the changes marked, drawn by the server).
 
 import { getJSON } from "./api.js";
-import { badge, chart, compareHref, h, selectorText, short, table, when } from "./dom.js";
+import { badge, bytes, chart, compareHref, h, selectorText, short, table, when } from "./dom.js";
 
 const expLink = (id) => (id == null ? "—" : h("a", { href: `#/experiments/${id}`, class: "exp-link" }, `#${id}`));
 const ratio = (r) => (r == null ? "—" : `${Number(r).toFixed(3)}`);
@@ -55,6 +55,15 @@ export async function suitesView() {
   };
 }
 
+// The latest point's memory: the program's planned bytes and weights, the runtime's allocation, peak RSS.
+function memoryLine(s) {
+  const m = [...s.points].reverse().find((p) => p.memory)?.memory;
+  if (!m) return null;
+  const parts = [["planned", m.planned_bytes], ["weights", m.weights_bytes], ["runtime allocated", m.runtime_allocated_bytes],
+    ["peak RSS", m.peak_rss_bytes]].filter(([, v]) => v != null).map(([k, v]) => `${k} ${bytes(v)}`);
+  return h("p", { class: "muted small series-memory" }, `Memory (latest): ${parts.join(" · ")}`);
+}
+
 async function seriesCard(name, s) {
   const k = s.key;
   const q = new URLSearchParams({ model_sha256: k.model_sha256, device_model: k.device_model, sme2: k.sme2, threads: k.threads });
@@ -83,6 +92,9 @@ async function seriesCard(name, s) {
       h("ul", { class: "point-reasons small" }, s.points.map((p) => h("li", { dataset: { experiment: p.experiment_id ?? "" } },
         h("span", { class: "muted" }, `${when(p.at)} `), expLink(p.experiment_id), `: not run: ${why(p)}`)))),
     latest,
+    memoryLine(s),
+    (s.memory_changes || []).length > 0 && h("ul", { class: "memory-changes" }, s.memory_changes.map((c) =>
+      h("li", { class: "memory-change alert small", dataset: { what: c.what, point: c.point_index } }, c.sentence))),
     s.changes.length > 0 && table(["Point", "Change", "Ratio", "95% CI", "Status", "Blamed", "Experiments"],
       s.changes.map((c) => h("tr", { class: "change", dataset: { id: c.id, direction: c.direction } },
         h("td", { class: "num" }, c.point_index == null ? "—" : c.point_index + 1),
