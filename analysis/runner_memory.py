@@ -3,10 +3,12 @@
 
 The file is one JSON object written by runners/runner.cpp at exit:
 
-* ``peak_rss_bytes``: getrusage(RUSAGE_SELF) ru_maxrss at exit (the runner scales Linux/Android
-  kilobytes and macOS bytes to bytes); ``peak_rss_after_load_bytes`` the same after load_method,
-  so the execution's own growth is the difference. Under an emulator the process measured is the
-  emulator's.
+* ``peak_rss_bytes``: the runner's peak resident memory at exit, in bytes, read where
+  ``rss_source`` says: ``/proc/self/status VmHWM`` on Linux and Android (the process image's own
+  high-water mark: getrusage's ru_maxrss is carried across execve there, so it would count the
+  parent that started the runner), getrusage's ru_maxrss elsewhere (macOS: bytes);
+  ``peak_rss_after_load_bytes`` the same after load_method, so the execution's own growth is the
+  difference. Under an emulator the process measured is the emulator's.
 * ``planned_bytes`` (and ``planned_buffers_bytes`` per arena): the memory-planned buffers the
   runner allocated; ``method_allocator_bytes`` (and ``..._allocations``): what load_method asked
   the method allocator for; ``temp_allocator_peak_bytes``: the most scratch one kernel call held.

@@ -11,7 +11,7 @@
 //   --outputs_file PATH (every output of the last timed execution, in the same SME2IN01 container:
 //                        tensors in logical row-major order whatever their dim order; an output
 //                        the container cannot carry (a list, a dtype outside it) is kind 0, none)
-//   --memory_file PATH  (JSON: peak resident memory from getrusage at exit and after loading, the
+//   --memory_file PATH  (JSON: peak resident memory at exit and after loading, the
 //                        planned buffers the runner allocated, what the method and temp allocators
 //                        were asked for; see write_memory)
 //   --llm_prompt P --llm_decode D  (LLM mode, both or neither: each iteration runs the method once
@@ -636,11 +636,29 @@ class CountingAllocator final : public MallocMemoryAllocator {
   uint64_t count_ = 0, total_ = 0, current_ = 0, peak_ = 0;
 };
 
-// Peak resident set size of this process so far: getrusage's ru_maxrss is kilobytes on Linux and
-// Android, bytes on macOS. -1 when getrusage fails.
-long long peak_rss_bytes() {
+// Peak resident set size of this program so far, and where it was read. Linux and Android: the
+// VmHWM line of /proc/self/status (kilobytes), the high-water mark of this process image's own
+// memory. Not getrusage there: Linux carries ru_maxrss across execve, so a runner started by a
+// large parent (a Python agent forking or vfork-spawning it) would report the parent's RSS (a
+// 466 MB "peak" for a 7 MB runner was measured that way). Elsewhere (macOS), and where /proc is
+// unreadable: getrusage's ru_maxrss (bytes on macOS, kilobytes on Linux). -1 when both fail.
+long long peak_rss_bytes(const char** source = nullptr) {
+#if defined(__linux__)
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long long kb = -1;
+    while (std::fgets(line, sizeof line, f) != nullptr)
+      if (std::strncmp(line, "VmHWM:", 6) == 0) kb = std::strtoll(line + 6, nullptr, 10);
+    std::fclose(f);
+    if (kb >= 0) {
+      if (source != nullptr) *source = "/proc/self/status VmHWM";
+      return kb * 1024;
+    }
+  }
+#endif
   struct rusage usage;
   if (getrusage(RUSAGE_SELF, &usage) != 0) return -1;
+  if (source != nullptr) *source = "getrusage(RUSAGE_SELF).ru_maxrss";
 #if defined(__APPLE__)
   return static_cast<long long>(usage.ru_maxrss);
 #else
@@ -667,11 +685,12 @@ void write_memory(const MemoryFigures& m, const std::string& path) {
   }
   planned += "]";
   const unsigned long long method_bytes = m.method_allocator->total(), temp_peak = m.temp_allocator->peak();
-  const long long peak = peak_rss_bytes();
+  const char* source = "none";
+  const long long peak = peak_rss_bytes(&source);
   auto opt = [](long long v) { return v < 0 ? std::string("null") : std::to_string(v); };
   std::string json = "{\"peak_rss_bytes\": " + opt(peak) +
                      ", \"peak_rss_after_load_bytes\": " + opt(m.peak_rss_after_load) +
-                     ", \"rss_source\": \"getrusage(RUSAGE_SELF).ru_maxrss\"" +
+                     ", \"rss_source\": \"" + source + "\"" +
                      ", \"planned_buffers_bytes\": " + planned +
                      ", \"planned_bytes\": " + std::to_string(planned_total) +
                      ", \"method_allocator_bytes\": " + std::to_string(method_bytes) +

@@ -480,9 +480,10 @@ class RunReport(BaseModel):
         default=None, description="Kernel path per category, SME2 coverage of Convolution + GEMM, the operators off "
                                   "SME2 and the flag (analysis/kernel_paths.py; None for runs analysed before it)")
     memory: dict[str, Any] | None = Field(
-        default=None, description="What the runner measured: peak_rss_bytes (getrusage), runtime_allocated_bytes "
-                                  "(planned buffers + method allocator + temp allocator peak; None where the "
-                                  "runner cannot tell), planned_bytes, ...; None: not recorded (an older runner)")
+        default=None, description="What the runner measured: peak_rss_bytes (VmHWM or getrusage), "
+                                  "runtime_allocated_bytes (planned buffers + method allocator + temp allocator peak; "
+                                  "None where the runner cannot tell), planned_bytes, ...; None: not recorded (an "
+                                  "older runner)")
     llm: dict[str, Any] | None = Field(
         default=None, description="LLM runs: prompt and decode lengths, prefill and decode tokens/s and time to first "
                                   "token with intervals, categories per phase (analysis/llm.py); None otherwise")
