@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -20,11 +21,18 @@ from typing import Any, Callable
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
+from sqlalchemy import func, select
 
 from sme2farm import __version__
 from sme2farm.server.api.deps import Credentials, SettingsDep, current_user
 from sme2farm.server.api.errors import RETRY_AFTER_S, database_unavailable
+from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import leases
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Agent, Device
+from sme2farm.server.web.metrics import broker_queue_depth, read_supervisor_status, render, store_check
 
 router = APIRouter(tags=["operations"])
 
@@ -55,13 +63,6 @@ def health() -> Health:
 
 
 def _database(settings) -> dict[str, Any]:
-    from sqlalchemy import func, select
-
-    from sme2farm.server.store.db import session_scope
-    from sme2farm.server.store.models import Agent, Device
-    from sme2farm.server.services import devices as device_service
-    from sme2farm.server.services import leases
-
     with session_scope(settings.sqlalchemy_url) as session:
         session.execute(select(1))
         beat = leases.state(session, leases.BEAT)
@@ -88,8 +89,6 @@ def _database(settings) -> dict[str, Any]:
 
 
 def _broker(settings) -> dict[str, Any]:
-    from sme2farm.server.web.metrics import broker_queue_depth
-
     depth = broker_queue_depth(settings.celery_broker_url)
     if depth is None:
         return {"broker": {"ok": False, "detail": f"cannot reach {settings.celery_broker_url.split('@')[-1]}"}}
@@ -97,8 +96,6 @@ def _broker(settings) -> dict[str, Any]:
 
 
 def _supervisor(settings) -> dict[str, Any]:
-    from sme2farm.server.web.metrics import read_supervisor_status
-
     if settings.supervisor_status is None:
         return {}
     status = read_supervisor_status(settings.supervisor_status)
@@ -138,10 +135,6 @@ def _disk(settings) -> dict[str, Any]:
     """The data dir's free space and this process's metrics store. Informational (ok even when
     full): a full disk refuses writes (507) but reads go on, so it must not take the server
     out of a load balancer."""
-    import shutil
-
-    from sme2farm.server.web.metrics import store_check
-
     try:
         usage = shutil.disk_usage(settings.data_dir)
     except OSError as e:  # informational: an unreadable figure must not fail readiness
@@ -198,9 +191,5 @@ def _metrics_auth(request: Request, settings: SettingsDep, creds: Credentials) -
 @router.get("/metrics", dependencies=[Depends(_metrics_auth)], response_class=Response,
             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
 async def metrics(settings: SettingsDep) -> Response:
-    from prometheus_client import CONTENT_TYPE_LATEST
-
-    from sme2farm.server.web.metrics import render
-
     body = await run_in_threadpool(render, settings)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

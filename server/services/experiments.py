@@ -8,6 +8,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, load_only, selectinload
 
 from sme2farm.protocol import TERMINAL, ExperimentSpec, RunStatus
+from sme2farm.server.config import get_settings
 from sme2farm.server.store.models import Agent, Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
 
@@ -109,8 +110,6 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: in
     A matching device offline longer than device_lost_s (default SME2_DEVICE_LOST_S) gets no runs:
     the experiment's warnings say so, or the 422 when no other device matches."""
     if device_lost_s is None:
-        from sme2farm.server.config import get_settings
-
         device_lost_s = get_settings().device_lost_s
     matched = device_service.matching(session, selector=spec.device)
     devices = [d for d in matched if not device_service.is_lost(d, device_lost_s=device_lost_s)]

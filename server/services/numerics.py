@@ -11,6 +11,7 @@ from typing import Sequence
 from sme2farm.analysis import numerics
 from sme2farm.protocol import OUTPUTS, RunStatus
 from sme2farm.runners import inputs as containers
+from sme2farm.server.config import get_settings
 from sme2farm.server.store.models import Run
 from sme2farm.server.store.artifacts import Store
 
@@ -21,8 +22,6 @@ MAX_OUTPUTS_BYTES = 64 << 20
 
 
 def _store() -> Store:
-    from sme2farm.server.config import get_settings
-
     return Store(get_settings().data_dir)
 
 

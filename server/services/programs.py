@@ -18,8 +18,10 @@ import struct
 import tempfile
 from pathlib import Path
 
+from sme2farm.analysis import pte
 from sme2farm.analysis.llm import llm_signature
 from sme2farm.protocol import LlmSpec
+from sme2farm.runners import inputs as inp
 
 MIN_SIZE = 16
 
@@ -69,8 +71,6 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
     SME2IN01 container checked against the method. Mutates `upload` (server/uploads.Upload):
     a .bpte's temp file is replaced by its embedded program's, the .npz's by the container's.
     Raises InvalidProgram / InvalidInputs; the caller discards the upload's temp files then."""
-    from sme2farm.runners import inputs as inp
-
     with open(upload.model_path, "rb") as f:
         head = f.read(8)
     inputs = None
@@ -123,8 +123,6 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
 
 def _vs_signature(upload, method: str):
     """The vs_model's signature of `method` (a .pte: the inputs, if any, come with `model`)."""
-    from sme2farm.runners import inputs as inp
-
     with open(upload.vs_model_path, "rb") as f:
         if inp.is_bundled_program(f.read(8)):
             raise _blaming(InvalidProgram("send a .pte as the vs_model (a .bpte's inputs would differ from the model's)"),
@@ -143,8 +141,6 @@ def _blaming(e: InvalidProgram, field: str) -> InvalidProgram:
 
 def _read_methods(path: Path, field: str) -> dict:
     """A validated program's method signatures; a problem is an InvalidProgram naming `field`."""
-    from sme2farm.analysis import pte
-
     try:
         validate(path)
     except InvalidProgram as e:
@@ -158,9 +154,6 @@ def _read_methods(path: Path, field: str) -> dict:
 
 def _unbundle(upload, method: str, tmp_dir: Path) -> None:
     """Replace the .bpte temp file by its embedded program (hashed as it is copied)."""
-    from sme2farm.analysis import pte
-    from sme2farm.runners import inputs as inp
-
     with pte.mapped(upload.model_path) as m:
         try:
             bundled = inp.read_bundled(m, method)

@@ -27,6 +27,9 @@ import time
 from collections.abc import Iterable
 from functools import lru_cache
 
+import redis
+import redis.asyncio as aioredis
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "sme2farm.assigned"
@@ -41,8 +44,6 @@ def _is_redis(url: str | None) -> bool:
 
 @lru_cache(maxsize=4)
 def _client(url: str):
-    import redis
-
     # short: publish runs on a request thread (finish) and a dead Redis must not hold it; the
     # claims' safety poll picks up what a lost message would have said
     return redis.Redis.from_url(url, socket_timeout=0.25, socket_connect_timeout=0.25)
@@ -124,8 +125,6 @@ class ClaimWaiter:
             self._task = loop.create_task(self._listen())
 
     async def _listen(self) -> None:
-        import redis.asyncio as aioredis
-
         backoff = 0.5
         while True:
             client = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)

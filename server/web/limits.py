@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -24,6 +25,10 @@ import time
 from typing import Any
 
 import numpy as np
+import redis
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +118,6 @@ class BodyLimits:
                 body.count(b"[") + body.count(b"{") > self.max_depth:
             try:
                 if len(body) > 65536:  # ~0.1 s a megabyte at worst: off the event loop
-                    from starlette.concurrency import run_in_threadpool
-
                     await run_in_threadpool(check_json_depth, bytes(body), self.max_depth)
                 else:
                     check_json_depth(bytes(body), self.max_depth)
@@ -160,8 +163,6 @@ class AgentGate:
                 and not any(scope["method"] == m and rx.match(path) for m, rx in self.PASSED_BY))
 
     async def __aenter__(self):
-        import asyncio
-
         if self.limit <= 0:
             return self
         loop = asyncio.get_running_loop()
@@ -228,8 +229,6 @@ class RateLimiter:
         self._redis = None
         self._script = None
         if redis_url:
-            import redis
-
             self._redis = redis.Redis.from_url(redis_url, socket_timeout=1, socket_connect_timeout=1)
             self._script = self._redis.register_script(_BUCKET_LUA)
 
@@ -303,7 +302,4 @@ def _finite(value: Any) -> Any:
 async def request_validation_error(request, exc):
     """FastAPI's 422 for a request that fails validation, in its usual shape; its default handler
     answers 500 when the offending input holds a NaN (JSON cannot carry it back)."""
-    from fastapi.encoders import jsonable_encoder
-    from fastapi.responses import JSONResponse
-
     return JSONResponse(status_code=422, content={"detail": _finite(jsonable_encoder(exc.errors()))})

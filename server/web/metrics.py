@@ -41,12 +41,19 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, values
+import kombu
+from amqp.exceptions import ChannelError
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess, values
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.mmap_dict import MmapedDict
+from sqlalchemy import func, select
 
 from sme2farm.protocol import TASK_INGEST, RunStatus
+from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import leases
 from sme2farm.server.store.artifacts import allocate
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Agent, Device, Run
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("sme2farm.access")
@@ -226,13 +233,6 @@ class StateCollector:
         self.settings = settings
 
     def collect(self):
-        from sqlalchemy import func, select
-
-        from sme2farm.server.store.db import session_scope
-        from sme2farm.server.store.models import Agent, Device, Run
-        from sme2farm.server.services import devices as device_service
-        from sme2farm.server.services import leases
-
         s = self.settings
         runs = GaugeMetricFamily("sme2farm_runs", "Runs by status", labels=["status"])
         devices = GaugeMetricFamily("sme2farm_devices", "Devices by state", labels=["state"])
@@ -296,8 +296,6 @@ class _Process:
 def render(settings) -> bytes:
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
         multiprocess.MultiProcessCollector(registry)
     else:
         registry.register(_Process())
@@ -327,9 +325,6 @@ def store_check() -> dict:
 
 def broker_queue_depth(url: str, queue: str = "celery") -> int | None:
     """Messages waiting in the default Celery queue; None if the broker cannot be asked."""
-    import kombu
-    from amqp.exceptions import ChannelError
-
     options = {"socket_timeout": 2, "socket_connect_timeout": 2} if url.startswith("redis") else {}
     try:
         with kombu.Connection(url, connect_timeout=2, transport_options=options) as conn:
