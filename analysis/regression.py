@@ -71,7 +71,8 @@ _SIGMA_FLOOR = 1e-4
 _SQRT_HALF = math.sqrt(0.5)
 
 
-def _median_var(n: int) -> float:
+def median_var(n: int) -> float:
+    """The variance of the median of n normal values, in units of sigma^2 / n (_MEDIAN_VAR)."""
     return _MEDIAN_VAR[n] if n < len(_MEDIAN_VAR) else math.pi / 2
 
 
@@ -327,7 +328,7 @@ class _Tester:
         # A handful of tight nights (or an optimistic noise model) would otherwise leave only
         # the iterations' sampling noise, which says nothing about the next night.
         var_b = max(var_b, p.min_sigma ** 2, _SIGMA_FLOOR ** 2)
-        var_c = _median_var(n) * (var_b + sum(self.s2[i] for i in idx) / n) / n
+        var_c = median_var(n) * (var_b + sum(self.s2[i] for i in idx) / n) / n
         return idx, c, var_b, var_c, dof
 
     def _spread(self, hist: list[int]) -> tuple[float, float]:
@@ -365,7 +366,7 @@ class _Tester:
             return None
         ya = [self.y[i] for i in aidx]
         eff = _med(ya) - c
-        var_a = _median_var(m) * (var_b + sum(self.s2[i] for i in aidx) / m) / m
+        var_a = median_var(m) * (var_b + sum(self.s2[i] for i in aidx) / m) / m
         se = math.sqrt(var_c + var_a)
         sgn = 1.0 if eff > 0 else -1.0
         need = self.p.guard * self.log_min

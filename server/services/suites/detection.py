@@ -319,7 +319,7 @@ def detectable_step_levels(lv: regression.Levels, prior: float | None, params: r
         return None
     idx, _, var_b, var_c, dof = base
     s2 = float(np.mean(lv.s2[idx]))
-    var_a = regression._median_var(2) * (var_b + s2) / 2  # the two nights after the split
+    var_a = regression.median_var(2) * (var_b + s2) / 2  # the two nights after the split
     z = regression.t_quantile(params.alpha, dof) * math.sqrt(var_c + var_a)
     guard = params.guard_z * math.sqrt(var_b + s2 + var_c)
     step = max(math.log1p(params.min_effect), z, guard)
