@@ -671,12 +671,14 @@ struct MemoryFigures {
   std::vector<size_t> planned;
   const CountingAllocator* method_allocator = nullptr;
   const CountingAllocator* temp_allocator = nullptr;
+  double recording_us = 0;  // time spent reading the RSS and writing the file (printed, for bench/)
 };
 
 // --memory_file: one JSON object. runtime_allocated_bytes = planned buffers + what the method
 // allocator handed out + the temp allocator's peak; memory a delegate mallocs itself (XNNPACK's
 // packed weights and workspace) is not in it, only in the peak RSS.
 void write_memory(const MemoryFigures& m, const std::string& path) {
+  auto t0 = std::chrono::steady_clock::now();
   unsigned long long planned_total = 0;
   std::string planned = "[";
   for (size_t i = 0; i < m.planned.size(); ++i) {
@@ -704,9 +706,10 @@ void write_memory(const MemoryFigures& m, const std::string& path) {
   bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) fail("short write of memory figures to '" + path + "'");
+  double us = m.recording_us + std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   std::printf("Peak RSS: %lld bytes; runtime allocated %llu bytes (planned %llu, method allocator %llu, "
-              "temp peak %llu); written to %s\n", peak, planned_total + method_bytes + temp_peak, planned_total,
-              method_bytes, temp_peak, path.c_str());
+              "temp peak %llu); written to %s (recording took %.1f us)\n", peak, planned_total + method_bytes + temp_peak,
+              planned_total, method_bytes, temp_peak, path.c_str(), us);
 }
 
 // ---- LLM mode: prefill then decode, for tokens [1, S] int64 + input_pos [1] int64 ----
@@ -881,7 +884,11 @@ int main(int argc, char** argv) {
     fail("cannot load method '" + opt.method_name + "': " + error_name(method.error()) + runtime_said());
   }
 
-  memory.peak_rss_after_load = peak_rss_bytes();
+  {
+    auto t0 = std::chrono::steady_clock::now();
+    memory.peak_rss_after_load = peak_rss_bytes();
+    memory.recording_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   const bool llm = opt.llm_prompt != -1;
   LlmInputs llm_inputs;
