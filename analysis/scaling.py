@@ -117,11 +117,12 @@ def _arm_sentence(name: str, view: dict) -> str:
             f"{_x(best['speedup']['estimate'])} {_interval(best['speedup'])} {over}, "
             f"{100 * best['efficiency']['estimate']:.0f}% parallel efficiency")
     if best["threads"] == base_t:
-        return f"{name}: more threads do not help: {base_t} thread{'s' if base_t > 1 else ''} is fastest " \
-               f"({best['median_ms']:.3g} ms)."
+        return (f"{name}: more threads do not help: {base_t} thread{'s are' if base_t > 1 else ' is'} fastest "
+                f"({best['median_ms']:.3g} ms).")
     most = max(rows)
     if enough["threads"] < best["threads"]:
-        tail = (f"; {enough['threads']} threads are as fast within the intervals "
+        n = enough["threads"]
+        tail = (f"; {n} thread{' is' if n == 1 else 's are'} as fast within the intervals "
                 f"({_x(enough['speedup']['estimate'])} {_interval(enough['speedup'])}): more threads stop helping "
                 f"beyond {enough['threads']}.")
     elif best["threads"] == most:

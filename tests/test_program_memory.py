@@ -28,18 +28,29 @@ def _export(model, inputs, out, *, xnnpack: bool = True):
     return out
 
 
+class _FirstOutput(torch.nn.Module):
+    """A transformers model whose forward returns its first output as a plain tensor."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        return self.inner(*args, return_dict=False)[0]
+
+
+def _first_output(model):
+    return _FirstOutput(model).eval()
+
+
 def _gpt2():
     transformers = pytest.importorskip("transformers")
-    from sme2farm.runners.zoo import _first_output  # noqa: PLC2701 - the zoo's wrapper, reused as is
-
     cfg = transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=48, n_layer=2, n_head=4, use_cache=False)
     return _first_output(transformers.GPT2Model(cfg)), (torch.randint(0, 300, (1, 12)),)
 
 
 def _albert():
     transformers = pytest.importorskip("transformers")
-    from sme2farm.runners.zoo import _first_output  # noqa: PLC2701
-
     cfg = transformers.AlbertConfig(vocab_size=200, embedding_size=32, hidden_size=64, num_hidden_layers=2,
                                     num_attention_heads=4, intermediate_size=96, max_position_embeddings=32)
     return _first_output(transformers.AlbertModel(cfg)), (torch.randint(0, 200, (1, 10)),)
