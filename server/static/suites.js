@@ -59,8 +59,8 @@ export async function suitesView() {
 function memoryLine(s) {
   const m = [...s.points].reverse().find((p) => p.memory)?.memory;
   if (!m) return null;
-  const parts = [["planned", m.planned_bytes], ["weights", m.weights_bytes], ["runtime allocated", m.runtime_allocated_bytes],
-    ["peak RSS", m.peak_rss_bytes]].filter(([, v]) => v != null).map(([k, v]) => `${k} ${bytes(v)}`);
+  const parts = [["planned", m.planned_bytes], ["weights", m.weights_bytes],
+    ["runtime allocated", m.runtime_allocated_bytes], ["peak RSS", m.peak_rss_bytes]].filter(([, v]) => v != null).map(([k, v]) => `${k} ${bytes(v)}`);
   return h("p", { class: "muted small series-memory" }, `Memory (latest): ${parts.join(" · ")}`);
 }
 
