@@ -176,33 +176,6 @@ def _unbundle(upload, method: str, tmp_dir: Path) -> None:
     upload.bundled = bundled
 
 
-def memory_of(path: Path, field: str = "model") -> dict:
-    """A validated program's planned memory and data sizes (analysis.pte.ProgramMemory.to_dict()),
-    stored with the model; a program whose segments do not add up is an InvalidProgram."""
-    with pte.mapped(path) as m:
-        try:
-            return pte.program_memory(m, end=pte.program_end(m)).to_dict()
-        except pte.PteError as e:
-            raise _blaming(InvalidProgram(f"cannot read the program's memory plan: {e}"), field) from None
-
-
-def read_memory(upload) -> None:
-    """Set upload.memory (and vs_memory) from its validated programs (after prepare)."""
-    upload.memory = memory_of(upload.model_path)
-    if upload.vs_model_path is not None:
-        upload.vs_memory = memory_of(upload.vs_model_path, "vs_model")
-
-
-def memory_for(memory: dict | None, method: str) -> dict | None:
-    """A stored model's memory (memory_of) for one method, as protocol.ProgramMemory's fields;
-    None when it was not recorded or the method is not the program's."""
-    if not memory or method not in (memory.get("planned") or {}):
-        return None
-    arenas = [int(v) for v in memory["planned"][method]]
-    keys = ("constant_bytes", "delegate_bytes", "named_data_bytes", "mutable_bytes", "weights_bytes")
-    return {"method": method, "arenas": arenas, "planned_bytes": sum(arenas), **{k: int(memory.get(k) or 0) for k in keys}}
-
-
 # ---- LLM mode: detected from the method's signature, or asked for and checked ---------------
 
 DEFAULT_LLM_PROMPT, DEFAULT_LLM_DECODE = 128, 64
