@@ -145,6 +145,7 @@ def _wait_healthy(proc, url: str) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.e2e
 def test_submit_right_after_up_succeeds(tmp_path, local_runner, example_pte):
     catalog, _ = local_runner
     model = example_pte("toy_cnn")
@@ -184,6 +185,7 @@ def test_submit_right_after_up_succeeds(tmp_path, local_runner, example_pte):
         assert stop_farm(proc) == 0
 
 
+@pytest.mark.e2e
 def test_up_says_not_ready_and_exits_1_when_the_agent_reports_no_device(tmp_path, local_runner):
     """--drivers macos on Linux: the agent registers, but with no device; `up` must not claim ready."""
     catalog, _ = local_runner
