@@ -33,6 +33,8 @@ def experiment_text(rep: ExperimentReport) -> str:
     out[3:3] = [f"  planned memory{label}: {line}"
                 for label, pm in (("", rep.program_memory), (" (model B)", rep.vs_program_memory))
                 if (line := program_memory_line(pm.model_dump() if pm else None)) is not None]
+    if len(rep.spec.threads) > 1:
+        out.insert(3, f"  thread scaling: sme2-client scaling {rep.id}")
     # Runs that could not be placed usually share one long reason (every SME2-on run on a farm
     # without SME2): said once here, with the runs it covers, not once per run and comparison.
     unplaced: dict[str, list[int]] = {}

@@ -105,6 +105,7 @@ def test_a_real_thread_sweep_draws_its_scaling_view(farm, example_pte):
     assert text.returncode == 0 and "Speedup" in text.stdout and "SME2 off" in text.stdout
     status = farm.cli("status", str(exp["id"]))
     assert status.returncode == 0 and "planned memory: " in status.stdout and " planned in 1 arena" in status.stdout
+    assert f"thread scaling: sme2-client scaling {exp['id']}" in status.stdout
     doc = farm.cli("report", str(exp["id"]), "--markdown")
     assert doc.returncode == 0, doc.stderr
     assert "## Thread scaling" in doc.stdout and 'data-chart="scaling"' in doc.stdout
