@@ -61,3 +61,27 @@ def test_compare_endpoint_gives_both_experiments_planned_memory(api, example_pte
     before, after = a["program_memory"]["planned_bytes"], b["program_memory"]["planned_bytes"]
     assert pm["change"]["planned_bytes"] == pytest.approx(after / before - 1)
     assert pm["sentence"].startswith(f"E{a['id']} -> E{b['id']}: planned memory ")
+
+
+def test_a_program_whose_delegate_names_a_missing_segment_is_refused_with_nothing_stored(api, example_pte):
+    import struct
+
+    from _fixtures_farm import post_experiment
+
+    from sme2farm.analysis import pte
+    from sme2farm.analysis.flatbuffer import Flat
+
+    register(api)
+    data = bytearray(example_pte("mlp").read_bytes())
+    fb = Flat(bytes(data), "program", pte.program_end(data))
+    [plan] = fb.root().tables(1, "execution_plan", "ExecutionPlan")
+    ref = plan.tables(7, "delegates", "BackendDelegate")[0].table(1, "processed", "BackendDelegateDataReference")
+    assert ref.scalar(0, "<b", 0, "location") == 1  # the delegate's blob is a segment
+    vtable = ref.pos - struct.unpack_from("<i", data, ref.pos)[0]
+    index_at = ref.pos + struct.unpack_from("<H", data, vtable + 4 + 2 * 1)[0]  # field 1: index
+    struct.pack_into("<I", data, index_at, 99)
+    assert list(pte.program_methods(bytes(data), end=pte.program_end(data))) == ["forward"]  # methods still read
+    r = post_experiment(api, bytes(data), {"sme2": "off"})
+    assert r.status_code == 422, r.text
+    assert "model: cannot read the program's memory plan" in r.json()["detail"] and "segment 99" in r.json()["detail"]
+    assert api.client.get("/experiments", headers=api.auth()).json()["total"] == 0
