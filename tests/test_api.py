@@ -29,13 +29,13 @@ def stored(api) -> tuple[int, list]:
 
 def test_submit_fans_out_runs_and_names_unschedulable_reasons(api, pte):
     register(api, devices=(HOST, PHONE), runners=RUNNERS)
-    r = submit(api, pte, {"sme2": "both", "threads": [1, 4], "iterations": 5, "name": "fan-out"})
+    r = submit(api, pte, {"sme2": "both", "threads": [1, 2], "iterations": 5, "name": "fan-out"})
     assert r.status_code == 201, r.text
     rep = r.json()
     # 2 devices x 2 settings x 2 thread counts
     assert len(rep["runs"]) == 8
     by = {(run["device"]["serial"], run["sme2"], run["threads"]): run for run in rep["runs"]}
-    assert by[("phone-1", "on", 4)]["status"] == "queued"
+    assert by[("phone-1", "on", 2)]["status"] == "queued"
     host_on = by[("host-test", "on", 1)]
     assert host_on["status"] == "unschedulable"
     assert "SME2" in host_on["reason"] and "host-test" in host_on["reason"]

@@ -125,7 +125,7 @@ def test_everything_that_could_run_succeeded_exits_0_and_a_cancelled_run_exits_1
     assert "no device here has SME2" not in done.stderr and "unschedulable" not in done.stdout
     assert " mlp: succeeded" in done.stdout.splitlines()[0]
     # a cancelled experiment (20 runs on the one device, cancelled at once): status --wait exits 1
-    queued = farm.cli("submit", str(model), "--sme2", "off", "--threads", "1,2,3,4", "--sessions", "5",
+    queued = farm.cli("submit", str(model), "--sme2", "off", "--threads", "1,2", "--sessions", "10",
                       "--iterations", "2000")
     qid = queued.stdout.split()[2]
     farm.cli("cancel", qid)

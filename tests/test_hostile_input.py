@@ -126,7 +126,7 @@ def test_bad_upload_is_a_4xx_and_leaves_nothing(limited_api, pte, case, make, st
 
 
 def test_fan_out_past_the_bound_is_refused_naming_the_count(api, pte):
-    register(api, [HOST.model_copy(update={"serial": f"host-{i}"}) for i in range(20)], name="big")
+    register(api, [HOST.model_copy(update={"serial": f"host-{i}", "cpu_cores": 16}) for i in range(20)], name="big")
     before = state(api)
     spec = {"sme2": "both", "threads": list(range(1, 17)), "sessions": 20}
     r = api.client.post("/experiments", files={"model": ("m.pte", pte)}, data={"spec": json.dumps(spec)}, headers=api.auth())
