@@ -140,6 +140,24 @@ def test_a_trace_without_markers_has_no_llm_section(local_runner, example_pte, t
     assert report["llm"] is None and report["n_iterations"] == 2
 
 
+def test_a_build_without_llm_mode_fails_the_run_naming_it(local_runner, example_pte, tmp_path):
+    import dataclasses
+
+    from sme2farm.agent.drivers.base import Job
+    from sme2farm.agent.drivers.local import LocalDriver
+
+    catalog, build = local_runner
+    old = dataclasses.replace(build, path=str(catalog.resolve(build)), supports_llm=False)
+    job = Job(run_id=1, model_path=example_pte("tiny_llama"), runner=old, threads=1, iterations=1, warmup=0,
+              timeout_s=60, workdir=tmp_path, llm={"prompt": 4, "decode": 2})
+    assert ["--llm_prompt=4", "--llm_decode=2"] == [a for a in job.runner_args if a.startswith("--llm")]
+    [dev] = LocalDriver().discover()
+    result = LocalDriver().execute(dev.serial, job)
+    assert not result.ok
+    assert result.reason == (f"runner {old.id} (local-build) has no LLM mode (prefill and decode); register a build of "
+                             "runners/runner.cpp for this platform")
+
+
 # ---- submission: detected, checked, refused -----------------------------------------------------
 
 
@@ -254,6 +272,7 @@ def test_emulated_sme2_llm_both_arms_complete_without_a_speed_verdict(emulated_f
         llm = run["llm"]
         assert (llm["prompt"], llm["decode"], llm["iterations"]) == (6, 3, 2) and llm["warnings"] == []
         assert llm["decode_tokens_per_s"]["median"] > 0
+        assert run["memory"]["peak_rss_bytes"] > 0  # the emulator process's own
     [c] = [c for c in rep["comparisons"] if c["kind"] == "sme2"]
     assert c["emulated"] is True and c["verdict"] == "emulated" and c["speedup"] is None
     assert not c.get("llm")  # no per-phase speed figure either
