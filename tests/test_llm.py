@@ -187,6 +187,29 @@ def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pt
     assert listed["total"] == 3
 
 
+def test_a_suite_runs_an_llm_in_the_mode_its_upload_got(api, example_pte):
+    from _fixtures_farm import register
+
+    register(api)
+    llm = {"prompt": 10, "decode": 4}
+    up = post_experiment(api, example_pte("tiny_llama").read_bytes(), {"sme2": "off", "llm": llm})
+    cnn = post_experiment(api, example_pte("toy_cnn").read_bytes(), {"sme2": "off"})
+    assert up.status_code == 201 and cnn.status_code == 201
+    models = [{"sha256": up.json()["model_sha256"], "name": "llama"},
+              {"sha256": cnn.json()["model_sha256"], "name": "cnn"}]
+    r = api.client.post("/suites", json={"name": "nightly-llm", "models": models, "sme2": "off", "iterations": 5,
+                                         "schedule": "0 3 * * *"}, headers=api.auth())
+    assert r.status_code == 201, r.text
+    started = api.client.post("/suites/nightly-llm/run", headers=api.auth())
+    assert started.status_code in (200, 201, 202), started.text
+    [srun] = api.client.get("/suites/nightly-llm", headers=api.auth()).json()["runs"]
+    specs = {}
+    for eid in srun["experiment_ids"]:
+        rep = api.client.get(f"/experiments/{eid}", headers=api.auth()).json()
+        specs[rep["model_sha256"]] = rep["spec"]["llm"]
+    assert specs == {models[0]["sha256"]: llm, models[1]["sha256"]: None}
+
+
 def test_cli_llm_flag_is_checked_before_anything_is_sent():
     from sme2farm.client.cli import parse_llm
 

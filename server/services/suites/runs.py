@@ -39,7 +39,8 @@ def start_run(session: Session, suite: Suite, *, trigger: str, max_runs: int | N
             raise Invalid(f"suite {suite.name!r}: model {m['name']} ({m['sha256']}) is no longer stored")
         spec = ExperimentSpec(sme2=suite.sme2, threads=suite.threads, iterations=suite.iterations, warmup=suite.warmup,
                               sessions=suite.sessions, device=selector, name=f"suite {suite.name}: {m['name']}",
-                              labels={SUITE_LABEL: suite.name, SUITE_RUN_LABEL: str(srun.id)})
+                              labels={SUITE_LABEL: suite.name, SUITE_RUN_LABEL: str(srun.id)},
+                              llm=llm_of(session, model.sha256))
         try:
             exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs)
         except (experiment_service.NoMatchingDevice, experiment_service.TooManyRuns) as e:
@@ -56,6 +57,15 @@ def start_run(session: Session, suite: Suite, *, trigger: str, max_runs: int | N
     # Every run unschedulable: the experiments are already over; analyse (records empty points).
     enqueue_after_commit(session, TASK_SUITE_ANALYZE, srun.id)
     return srun
+
+
+def llm_of(session: Session, sha256: str) -> dict | None:
+    """The LLM mode (prompt, decode) the model was last submitted with (detected from its signature
+    or asked for: api/experiments.py), so a suite runs an LLM through prefill and decode as its
+    upload did; None for any other model. Every stored model came with an experiment."""
+    spec = session.scalar(select(Experiment.spec).where(Experiment.model_sha256 == sha256)
+                          .order_by(Experiment.id.desc()).limit(1))
+    return (spec or {}).get("llm")
 
 
 def start_due(session: Session, *, now: datetime | None = None, max_runs: int | None = None) -> list[int]:
