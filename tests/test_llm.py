@@ -7,6 +7,7 @@ speed verdict; select with -k emulated_sme2)."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -182,6 +183,11 @@ def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pt
     assert r.json()["detail"].startswith("spec.llm.prompt: a prompt of 65 tokens is longer than the 64 tokens")
     r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 0, "decode": 1}})
     assert r.status_code == 422 and "spec.llm.prompt" in r.json()["detail"]
+    buf = io.BytesIO()
+    np.savez(buf, **{"0": np.ones((1, 4), dtype=np.int64), "1": np.zeros(1, dtype=np.int64)})
+    r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 4, "decode": 1}}, inputs=buf.getvalue())
+    assert r.status_code == 422
+    assert r.json()["detail"] == "spec.llm: LLM mode feeds the tokens itself: send no inputs (.npz or .bpte) with spec.llm"
     # nothing of the refused submissions was stored
     listed = api.client.get("/experiments", headers=api.auth()).json()
     assert listed["total"] == 3
