@@ -187,7 +187,8 @@ def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pt
     np.savez(buf, **{"0": np.ones((1, 4), dtype=np.int64), "1": np.zeros(1, dtype=np.int64)})
     r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 4, "decode": 1}}, inputs=buf.getvalue())
     assert r.status_code == 422
-    assert r.json()["detail"] == "spec.llm: LLM mode feeds the tokens itself: send no inputs (.npz or .bpte) with spec.llm"
+    assert r.json()["detail"] == ("spec.llm: LLM mode feeds the tokens itself: send no inputs (.npz or .bpte) with "
+                                  "spec.llm")
     # nothing of the refused submissions was stored
     listed = api.client.get("/experiments", headers=api.auth()).json()
     assert listed["total"] == 3
