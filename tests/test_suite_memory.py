@@ -8,6 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from sme2farm.client.suites_cmd import series_text
+
 
 def _points(session, suite, device, memories, *, sha, name="net", start=None):
     from sme2farm.server.store.models import SuitePoint, SuiteRun
@@ -62,6 +64,9 @@ def test_a_runtime_allocation_change_is_flagged_exactly_and_rss_noise_is_not(db_
         assert (change.point_index, change.since_index, change.what) == (3, 1, "runtime_allocated_bytes")
         assert (change.before, change.after) == (5000, 5600) and change.change == pytest.approx(0.12)
         assert change.sentence == "runtime allocated memory +12.0% since 2026-11-02 03:00: 5.0 kB -> 5.6 kB"
+        text = series_text(suites.series(s, suite))  # sme2-client suite show
+        assert "memory (latest): planned 4.0 kB, weights 1.0 MB, runtime allocated 5.6 kB, peak RSS 40.0 MB" in text
+        assert f"memory change: {change.sentence}" in text
 
 
 def test_a_model_replaced_under_its_name_flags_its_planned_memory(db_url):
