@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+__all__ = ["chromium", "browser"]
+
 CHROMIUM = Path(os.environ.get("SME2_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("SME2_CHROMEDRIVER", "/usr/bin/chromedriver"))
 WAIT_S = 20
