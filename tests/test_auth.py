@@ -36,6 +36,7 @@ EXPECTED = {
     ("GET", "/experiments"): READ,
     ("POST", "/experiments"): SUBMIT,
     ("GET", "/experiments/{experiment_id}"): READ,
+    ("GET", "/experiments/{experiment_id}/scaling"): READ,
     ("POST", "/experiments/{experiment_id}/cancel"): SUBMIT,
     ("GET", "/experiments/{experiment_id}/charts/{name}.svg"): READ,
     ("GET", "/comparisons"): READ,
