@@ -330,6 +330,22 @@ def _count(x: float) -> int | float:
     return int(round(x)) if abs(x - round(x)) < 1e-9 else x
 
 
+def llm_entry(llm: dict) -> dict:
+    """An LLM run's figures under the farm's names (the kit has none): prompt and decode lengths,
+    generations, time to first token and prefill / decode tokens/s (median with its 95% interval),
+    and each phase's category ms (prefill: per prefill call; decode: per decoded token)."""
+    def interval(v: dict | None) -> dict | None:
+        return {k: v.get(k) for k in ("median", "ci_low", "ci_high", "level")} if v else None
+
+    cats = llm.get("categories") or {}
+    return {"prompt_tokens": llm.get("prompt"), "decode_tokens": llm.get("decode"),
+            "generations": llm.get("iterations"), "ttft_ms": interval(llm.get("ttft_ms")),
+            "prefill_tokens_per_s": interval(llm.get("prefill_tokens_per_s")),
+            "decode_tokens_per_s": interval(llm.get("decode_tokens_per_s")),
+            "prefill_categories_ms": dict((cats.get("prefill") or {}).get("ms") or {}) or None,
+            "decode_categories_ms_per_token": dict((cats.get("decode") or {}).get("ms") or {}) or None}
+
+
 def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | None = None,
                 program_memory: dict | None = None) -> dict:
     """The kit's analysis_summary.json from farm reports (``analysis.analyze()`` output or a
@@ -347,6 +363,7 @@ def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | No
     (peak RSS, the runtime's allocation) or the program's planned memory is known, its per_etdump
     entry carries a "memory" object under the farm's own names (peak_rss_bytes,
     runtime_allocated_bytes, planned_bytes, weights_bytes); the kit's own keys are unchanged.
+    Nor has the kit LLM figures: an LLM run's entry carries an "llm" object (llm_entry).
     """
     totals = {c: 0.0 for c in CATEGORIES}
     per: list[dict] = []
@@ -366,6 +383,8 @@ def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | No
                                     ("weights_bytes", planned.get("weights_bytes"))) if v is not None}
         if memory:
             entry["memory"] = memory
+        if rep.get("llm"):
+            entry["llm"] = llm_entry(rep["llm"])
         per.append(entry)
         for op in operators:
             d = ops.setdefault(op["name"], {"name": op["name"], "category": op["category"],
