@@ -433,6 +433,15 @@ def farm(tmp_path_factory, local_runner) -> RunningFarm:
     stop_farm(f.proc)
 
 
+@pytest.fixture(scope="module")
+def emulated_farm(arm64_runners, sme2_emulator, tmp_path_factory) -> RunningFarm:
+    """`sme2-farm up` whose agent drives the emulated SME2 device (qemu-arm64) with the cross-built runners."""
+    farm = start_farm(tmp_path_factory.mktemp("emufarm"), arm64_runners.manifest, sme2_emulator.env,
+                      drivers="qemu-arm64")
+    yield farm
+    stop_farm(farm.proc)
+
+
 @contextlib.contextmanager
 def farm_on(kind: str, request, workdir: Path, **env: str):
     """`sme2-farm up` on the embedded default ("embedded") or on a fresh PostgreSQL database and a

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from _fixtures_farm import start_farm, stop_farm
 
 pytestmark = [pytest.mark.sme2emu, pytest.mark.arm64, pytest.mark.e2e]
 
@@ -35,14 +34,6 @@ def _tiny(dtype: str, out: Path) -> Path:
     elif dtype == "int8":
         model = quantize_int8(model, inputs)
     return write_xnnpack_pte(model, inputs, out)
-
-
-@pytest.fixture(scope="module")
-def emulated_farm(arm64_runners, sme2_emulator, tmp_path_factory):
-    farm = start_farm(tmp_path_factory.mktemp("emufarm"), arm64_runners.manifest, sme2_emulator.env,
-                      drivers="qemu-arm64")
-    yield farm
-    stop_farm(farm.proc)
 
 
 def _submit(farm, model: Path, *extra: str) -> dict:

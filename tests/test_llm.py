@@ -20,7 +20,7 @@ from sme2farm.analysis.categories import CATEGORIES, NAMED, OTHER, category_of
 from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
 from sme2farm.runners import inputs as containers
 
-from _fixtures_farm import post_experiment, start_farm, stop_farm
+from _fixtures_farm import post_experiment
 
 
 def _runner(local_runner) -> str:
@@ -272,14 +272,6 @@ def test_farm_fails_a_run_that_decodes_past_the_cache(farm, example_pte):
 
 
 # ---- the emulated SME2 device: both arms, no speed verdict --------------------------------------
-
-
-@pytest.fixture(scope="module")
-def emulated_farm(arm64_runners, sme2_emulator, tmp_path_factory):
-    farm = start_farm(tmp_path_factory.mktemp("emufarm"), arm64_runners.manifest, sme2_emulator.env,
-                      drivers="qemu-arm64")
-    yield farm
-    stop_farm(farm.proc)
 
 
 @pytest.mark.sme2emu
