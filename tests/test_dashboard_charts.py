@@ -238,6 +238,65 @@ def test_experiment_page_scaling_chart_and_planned_memory(farm, browser, example
     assert not console_errors(d), console_errors(d)
 
 
+def test_experiment_page_llm_card_shows_the_apis_figures(farm, browser, example_pte):
+    """The tiny KV-cache Llama against itself (A/A, 3 sessions per arm): each run card's LLM
+    section shows the API's time to first token and prefill / decode tokens/s with their 95%
+    intervals and each phase's categories, and the model A vs B card the verdict per phase."""
+    client = farm.client()
+    llama = example_pte("tiny_llama")
+    e = client.submit(llama, ExperimentSpec(sme2="off", iterations=6, warmup=1, sessions=3, name="llm <A/A>",
+                                            llm={"prompt": 8, "decode": 4}), vs_model=llama)
+    wait_for(client, e.id, quiet=True, timeout=240)
+    exp = _with_comparisons(client, e.id)
+    d = browser
+    sign_in(d, farm)
+    d.get(f"{farm.url}/#/experiments/{e.id}")
+    wait(d, f'#experiment[data-id="{e.id}"]')
+    assert len(exp["runs"]) == 6
+    for run in exp["runs"]:
+        assert run["status"] == "succeeded", run["reason"]
+        llm = run["llm"]
+        block = d.find_element("css selector", f"#run-{run['id']} .llm")
+        assert (block.get_attribute("data-prompt"), block.get_attribute("data-decode")) == ("8", "4")
+        for key, digits in (("ttft_ms", 3), ("prefill_tokens_per_s", 1), ("decode_tokens_per_s", 1)):
+            tile = block.find_element("css selector", f".llm-{key}")
+            assert float(tile.get_attribute("data-value")) == pytest.approx(llm[key]["median"])
+            assert f"{llm[key]['median']:.{digits}f}" in tile.find_element("css selector", "b").text
+            assert tile.find_element("css selector", ".interval").text == \
+                f"95% CI {llm[key]['ci_low']:.{digits}f} – {llm[key]['ci_high']:.{digits}f}"
+        for phase in ("prefill", "decode"):
+            shown = block.find_elements("css selector", f'.llm-phase[data-phase="{phase}"] li[data-category]')
+            got = {li.get_attribute("data-category"): float(li.find_element("css selector", "[data-ms]")
+                                                             .get_attribute("data-ms")) for li in shown}
+            assert got == pytest.approx(llm["categories"][phase]["ms"])
+    [model] = [c for c in exp["comparisons"] if c["kind"] == "model"]
+    card = wait(d, '.comparison[data-kind="model"]')
+    rows = card.find_elements("css selector", ".llm-verdicts tr[data-phase]")
+    assert [r.get_attribute("data-phase") for r in rows] == list(model["llm"])
+    for r in rows:
+        v = model["llm"][r.get_attribute("data-phase")]
+        assert r.get_attribute("data-verdict") == (v["verdict"] or "")
+        ratio = "—" if v["speedup"] is None else f"{v['speedup']:.2f}×"
+        assert r.find_element("css selector", ".ratio").text == ratio
+        assert v["sentence"] in card.text
+    shot(d, "experiment-llm")
+    # the same run and comparison as an emulator would have given them: no speed figure, no verdict
+    run = exp["runs"][0]
+    emulated = d.execute_async_script("""
+        const [run, cmp, done] = arguments;
+        import("/static/experiment.js").then((m) => {
+          const block = m.llmBlock(run, "qemu-aarch64");
+          const card = m.comparisonCard({ ...cmp, emulated: true, verdict: "emulated", speedup: null });
+          done([block.dataset.emulated, block.querySelectorAll(".stat").length, block.textContent,
+                block.querySelectorAll(".llm-phase").length, card.querySelectorAll(".llm-verdicts").length]);
+        }, (e) => done(String(e)));""", run, model)
+    flag, tiles, text, phases, verdicts = emulated
+    assert (flag, tiles, phases, verdicts) == ("yes", 0, 2, 0), emulated
+    assert "no time to first token or tokens/s" in text
+    assert f"{run['llm']['decode_tokens_per_s']['median']:.1f}" not in text
+    assert not console_errors(d), console_errors(d)
+
+
 def test_compare_page_from_the_list(farm, data, browser):
     d = browser
     e1, e2 = data["suite_exps"]

@@ -197,6 +197,7 @@ function runCard(run, twoModels = false, grouped = new Map()) {
         + "They show the run executed; they are no performance figure."),
       e2eBlock(run.e2e_ms)],
     run.categories_ms && categoriesBlock(run),
+    llmBlock(run, emulator),
     kernelPathsBlock(run),
     run.operators && run.operators.length > 0 && operatorsBlock(run.operators),
     kernelsBlock(run.kernels),
@@ -207,6 +208,64 @@ function runCard(run, twoModels = false, grouped = new Map()) {
 const VERDICT_CLASS = { speedup: "yes", slowdown: "no" };
 // A ratio bound: two decimals, or an exponent when a near-empty category makes it astronomic.
 const ratio = (v) => (v == null || !Number.isFinite(v) ? "—" : v >= 1000 || (v > 0 && v < 0.01) ? v.toExponential(1) : num(v, 2));
+
+// An LLM run (RunReport.llm, analysis/llm.py): time to first token and prefill / decode tokens/s,
+// each the median over generations with its 95% interval, and where each phase's time goes.
+// Emulated: the emulator's times, so no speed figure; the phases' categories stay, labelled.
+const llmFigure = (v, digits, unit) => (v?.median == null ? "—" : `${num(v.median, digits)} ${unit}`);
+const llmInterval = (v, digits) => (v?.ci_low == null || v?.ci_high == null ? "no interval"
+  : `95% CI ${num(v.ci_low, digits)} – ${num(v.ci_high, digits)}`);
+
+function llmPhase(c, key, label) {
+  if (!c) return null;
+  const cell = (k) => h("span", { class: "muted", dataset: { ms: c.ms?.[k] ?? "" } },
+    `${ms(c.ms?.[k])} ms · ${pct(c.share?.[k])}`);
+  return h("div", { class: `llm-phase phase-${key}`, dataset: { phase: key } },
+    stackedBar(c.share || {}, label), legend(cell));
+}
+
+export function llmBlock(run, emulator) {
+  const l = run.llm;
+  if (!l) return null;
+  const tile = (label, key, digits, unit) => h("div", { class: `stat llm-${key}`,
+    dataset: { value: l[key]?.median ?? "", ciLow: l[key]?.ci_low ?? "", ciHigh: l[key]?.ci_high ?? "" } },
+  h("span", {}, label), h("b", {}, llmFigure(l[key], digits, unit)),
+  h("span", { class: "muted small interval" }, llmInterval(l[key], digits)));
+  const cats = l.categories || {};
+  const speed = emulator
+    ? h("p", { class: "note small emulated-note" }, `Emulated (${emulator}): no time to first token or `
+      + "tokens/s: the emulator's times are no performance figure.")
+    : h("div", { class: "stats llm-stats" }, tile("time to first token", "ttft_ms", 3, "ms"),
+      tile("prefill", "prefill_tokens_per_s", 1, "tok/s"), tile("decode", "decode_tokens_per_s", 1, "tok/s"));
+  return h("div", { class: "llm", dataset: { prompt: l.prompt ?? "", decode: l.decode ?? "",
+    emulated: emulator ? "yes" : "no" } },
+  h("h3", {}, "LLM: prefill and decode", emulator && h("span", { class: "badge emulated" }, "emulated")),
+  h("p", { class: "muted small" }, `prompt ${l.prompt} tokens, decode ${l.decode} tokens, `
+    + `${l.iterations} generation(s). Time to first token = the prefill call; tokens/s = tokens / the `
+    + "phase's execute seconds (median over generations); decode categories are per token."),
+  speed,
+  llmPhase(cats.prefill, "prefill", "prefill"), llmPhase(cats.decode, "decode", "decode"),
+  (l.warnings || []).map((w) => h("p", { class: "warn small" }, w)));
+}
+
+// A comparison's verdict per LLM phase (comparison.llm): prefill on the time to first token,
+// decode on the ms per decoded token. Never for an emulated comparison.
+function llmVerdictsBlock(c, la, lb) {
+  const phases = Object.entries(c.llm || {});
+  if (!phases.length) return null;
+  const row = ([p, v]) => h("tr", { dataset: { phase: p, verdict: v.verdict || "" } },
+    h("td", {}, p), h("td", { class: "small" }, v.metric),
+    h("td", { class: "num" }, ms(v.baseline_ms)), h("td", { class: "num" }, ms(v.candidate_ms)),
+    h("td", { class: "num ratio" }, v.speedup == null ? "—" : `${num(v.speedup, 2)}×`),
+    h("td", { class: "num small" }, v.ci_low == null || v.ci_high == null ? "—"
+      : `${ratio(v.ci_low)} – ${ratio(v.ci_high)}`),
+    h("td", {}, h("span", { class: `badge verdict ${VERDICT_CLASS[v.verdict] || "neutral"}` },
+      v.verdict || "no verdict")));
+  return h("div", { class: "llm-verdicts" }, h("h4", {}, "LLM: verdict per phase"),
+    table(["Phase", "Metric", `${la} ms`, `${lb} ms`, "Ratio", "95% CI", "Verdict"], phases.map(row),
+      { class: "llm-verdict-table" }),
+    phases.map(([p, v]) => v.sentence && h("p", { class: "small llm-sentence", dataset: { phase: p } }, v.sentence)));
+}
 
 // "95% CI 1.10 – 1.38", or why there is none (either bound may be null: insufficient data).
 function interval(c) {
@@ -281,7 +340,7 @@ export function comparisonCard(c, { where } = {}) {
         h("td", { class: "small" }, e.verdict || "—"),
         h("td", { class: "num" }, pct(e.share_before)), h("td", { class: "num" }, pct(e.share_after)));
     }), { class: "cmp" }),
-    facts, narrative);
+    llmVerdictsBlock(c, la, lb), facts, narrative);
 }
 
 // Per-arm SME2 coverage of a comparison ({baseline, candidate}: share, sme2_ms, conv_gemm_ms).
