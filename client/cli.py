@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _server_of(args) -> str:
+def server_of(args) -> str:
+    """The farm's URL: --server, else the client settings' SME2_SERVER, without a trailing slash."""
     return (getattr(args, "server", None) or client_settings().server).rstrip("/")
 
 
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sme2-client: invalid: {line}", file=sys.stderr)
         return 2
     except httpx.TransportError as e:
-        print(f"sme2-client: cannot reach the farm at {_server_of(args)} ({transport_words(e)}): is `sme2-farm up` "
+        print(f"sme2-client: cannot reach the farm at {server_of(args)} ({transport_words(e)}): is `sme2-farm up` "
               f"running there? (set SME2_SERVER or --server to its URL)", file=sys.stderr)
         return 1
     except TimeoutError as e:

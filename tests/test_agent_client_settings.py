@@ -45,12 +45,12 @@ def test_agent_settings_from_the_environment(env):
 
 
 def test_the_client_reads_server_and_token_and_its_options_win(env):
-    from sme2farm.client.cli import _server_of, build_parser
+    from sme2farm.client.cli import server_of, build_parser
 
     assert ClientSettings().server == DEFAULT_SERVER_URL
     env.setenv("SME2_SERVER", "http://farm.example:9000")
     env.setenv("SME2_TOKEN", "t0k")
     s = ClientSettings()
     assert s.server == "http://farm.example:9000" and s.token.get_secret_value() == "t0k"
-    assert _server_of(build_parser().parse_args(["list"])) == "http://farm.example:9000"
-    assert _server_of(build_parser().parse_args(["--server", "http://other:1/", "list"])) == "http://other:1"
+    assert server_of(build_parser().parse_args(["list"])) == "http://farm.example:9000"
+    assert server_of(build_parser().parse_args(["--server", "http://other:1/", "list"])) == "http://other:1"
