@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from _fixtures_farm import QUICK_SPEC, dispatch, http_of, ingest_all, register
+from _fixtures_farm import QUICK_SPEC, dispatch, http_of, ingest_all
 from sme2farm.client import cli, document
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")

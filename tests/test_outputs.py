@@ -24,7 +24,7 @@ from sme2farm.runners import inputs as containers
 from sme2farm.runners.catalog import Catalog, RunnerBuild
 from sme2farm.runners.inputs import TensorInput
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Artifact, Experiment, Run, RunResult
+from sme2farm.server.store.models import Artifact, Run, RunResult
 from sme2farm.server.services import numerics as numerics_service
 from sme2farm.server.store.artifacts import Store
 
