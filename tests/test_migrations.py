@@ -4,15 +4,22 @@ run in place (on SQLite a table-copying downgrade would cascade through the fore
 from __future__ import annotations
 
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+from sme2farm.server.store.db import MIGRATIONS_DIR, session_scope
+from sme2farm.server.store.models import Device, Experiment, Model, Run
+
+
+def alembic_config(db_url: str) -> Config:
+    """Alembic's configuration for the farm's migrations on `db_url`."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["sqlalchemy_url"] = db_url
+    return cfg
 
 
 def test_downgrading_the_newest_revision_keeps_experiments_and_runs(db_url):
-    from alembic import command
-    from alembic.config import Config
-
-    from sme2farm.server.store.db import MIGRATIONS_DIR, session_scope
-    from sme2farm.server.store.models import Device, Experiment, Model, Run
-
     with session_scope(db_url) as s:  # the schema is at head (db_url migrates)
         s.add(Model(sha256="a" * 64, size=1))
         s.flush()
@@ -20,9 +27,7 @@ def test_downgrading_the_newest_revision_keeps_experiments_and_runs(db_url):
         s.add(exp)
         s.flush()
         s.add(Run(experiment_id=exp.id, sme2="off", threads=1, mode="timing", status="queued"))
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.attributes["sqlalchemy_url"] = db_url
+    cfg = alembic_config(db_url)
     command.downgrade(cfg, "0009")
     engine = sa.create_engine(db_url)
     with engine.connect() as c:
@@ -37,19 +42,11 @@ def test_downgrading_the_newest_revision_keeps_experiments_and_runs(db_url):
 
 
 def test_downgrading_model_memory_keeps_models_and_experiments(db_url):
-    from alembic import command
-    from alembic.config import Config
-
-    from sme2farm.server.store.db import MIGRATIONS_DIR, session_scope
-    from sme2farm.server.store.models import Experiment, Model
-
     with session_scope(db_url) as s:
         s.add(Model(sha256="b" * 64, size=1, memory={"planned": {"forward": [64]}, "constant_bytes": 8}))
         s.flush()
         s.add(Experiment(model_sha256="b" * 64, spec={"sme2": "off"}, labels={}))
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.attributes["sqlalchemy_url"] = db_url
+    cfg = alembic_config(db_url)
     command.downgrade(cfg, "0010")
     engine = sa.create_engine(db_url)
     with engine.connect() as c:
