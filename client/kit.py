@@ -330,12 +330,13 @@ def _count(x: float) -> int | float:
     return int(round(x)) if abs(x - round(x)) < 1e-9 else x
 
 
-def llm_entry(llm: dict) -> dict:
+def llm_entry(llm: dict, *, emulated: bool = False) -> dict:
     """An LLM run's figures under the farm's names (the kit has none): prompt and decode lengths,
     generations, time to first token and prefill / decode tokens/s (median with its 95% interval),
-    and each phase's category ms (prefill: per prefill call; decode: per decoded token)."""
+    and each phase's category ms (prefill: per prefill call; decode: per decoded token).
+    An emulated run gives no time to first token and no tokens/s: those would be speed figures."""
     def interval(v: dict | None) -> dict | None:
-        return {k: v.get(k) for k in ("median", "ci_low", "ci_high", "level")} if v else None
+        return {k: v.get(k) for k in ("median", "ci_low", "ci_high", "level")} if v and not emulated else None
 
     cats = llm.get("categories") or {}
     return {"prompt_tokens": llm.get("prompt"), "decode_tokens": llm.get("decode"),
@@ -384,7 +385,7 @@ def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | No
         if memory:
             entry["memory"] = memory
         if rep.get("llm"):
-            entry["llm"] = llm_entry(rep["llm"])
+            entry["llm"] = llm_entry(rep["llm"], emulated=bool((rep.get("device") or {}).get("emulator")))
         per.append(entry)
         for op in operators:
             d = ops.setdefault(op["name"], {"name": op["name"], "category": op["category"],

@@ -14,7 +14,9 @@ import re
 import pytest
 
 from _fixtures_farm import QUICK_SPEC, dispatch, http_of, ingest_all
-from sme2farm.client import cli, document
+from sme2farm.client import cli, document, kit
+
+pytestmark = pytest.mark.models
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 PROMPT, DECODE, ITERATIONS, SESSIONS = 8, 4, 6, 3
@@ -142,3 +144,18 @@ def test_an_emulated_llm_document_states_no_speed_figure(llm_experiment, monkeyp
             assert f"{run['llm'][key]['median']:.{digits}f} (" not in md
     assert "### LLM: verdict per phase" not in md
     assert not re.search(r"prefill \(time to first token\): .*faster", md)
+
+
+def test_an_emulated_llm_kit_entry_has_no_speed_figure():
+    llm = {"prompt": PROMPT, "decode": DECODE, "iterations": ITERATIONS,
+           "ttft_ms": {"median": 1.0, "ci_low": 0.9, "ci_high": 1.1, "level": 0.95},
+           "prefill_tokens_per_s": {"median": 8000.0, "ci_low": 7000.0, "ci_high": 9000.0, "level": 0.95},
+           "decode_tokens_per_s": {"median": 900.0, "ci_low": 800.0, "ci_high": 1000.0, "level": 0.95},
+           "categories": {"prefill": {"ms": {"GEMM": 0.5}}, "decode": {"ms": {"GEMM": 0.1}}}}
+    host = {"categories_ms": {}, "operators": [], "llm": llm, "device": {"emulator": None}}
+    emulated = {**host, "device": {"emulator": "qemu-aarch64 11.1.3 -cpu max (user mode)"}}
+    summary = kit.kit_summary([("host", host), ("emulated", emulated)], run_dir="r")
+    on_host, on_emulator = (e["llm"] for e in summary["per_etdump"])
+    assert on_host["decode_tokens_per_s"]["median"] == 900.0 and on_host["ttft_ms"]["median"] == 1.0
+    assert [on_emulator[k] for k in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s")] == [None] * 3
+    assert on_emulator["prefill_categories_ms"] == {"GEMM": 0.5} and on_emulator["generations"] == ITERATIONS
