@@ -36,9 +36,9 @@ emulator: setup
 test: setup emulator
 	$(BIN)/python -m pytest
 
-# Everything but the end-to-end, browser, adb and emulated-arm64 tests: the loop while changing code,
+# Everything but the end-to-end, model-export, browser, adb and emulated-arm64 tests: the loop while changing code,
 # in FAST_WORKERS pytest-xdist processes (on 2 cores about 0.6 of the serial time; `make test` stays serial).
-FAST := not e2e and not browser and not adb and not arm64 and not sme2emu
+FAST := not e2e and not models and not browser and not adb and not arm64 and not sme2emu
 FAST_WORKERS ?= 2
 test-fast: setup
 	$(BIN)/python -m pytest -m "$(FAST)" -n $(FAST_WORKERS)

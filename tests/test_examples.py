@@ -9,6 +9,8 @@ import pytest
 
 from sme2farm.runners.examples import EXAMPLES, export_example, main
 
+pytestmark = pytest.mark.models
+
 
 def test_import_does_not_pull_torch():
     # Agents and clients import this module; torch must stay out of their processes.

@@ -152,6 +152,7 @@ def test_analyze_compare_prints_no_none_verdict():
     assert said["operators"]["op2"]["verdict"] == "faster" and comparison["operators"]["op"]["verdict"] is None
 
 
+@pytest.mark.models
 def test_examples_lists_and_exports_one_quietly(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "sme2farm.client.cli", "examples"], capture_output=True, text=True,
                             timeout=60)

@@ -22,6 +22,8 @@ from sme2farm.runners import inputs as containers
 
 from _fixtures_farm import post_experiment
 
+pytestmark = pytest.mark.models
+
 
 def _runner(local_runner) -> str:
     catalog, build = local_runner

@@ -11,6 +11,8 @@ import pytest
 
 from sme2farm.analysis import pte
 
+pytestmark = pytest.mark.models
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 

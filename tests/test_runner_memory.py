@@ -19,6 +19,8 @@ import pytest
 from sme2farm.agent.drivers.base import MEMORY_NAME, Job
 from sme2farm.analysis.runner_memory import MemoryFileError, read_memory
 
+pytestmark = pytest.mark.models
+
 def _runner(local_runner) -> str:
     catalog, build = local_runner
     return str(catalog.resolve(build))

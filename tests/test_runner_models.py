@@ -15,6 +15,8 @@ import pytest
 
 from sme2farm.agent.drivers.base import Job, failure_reason
 
+pytestmark = pytest.mark.models
+
 torch = pytest.importorskip("torch")
 
 # ExecuTorch ScalarType codes (runtime/core/portable_type/scalar_type.h)
