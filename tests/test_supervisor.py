@@ -371,3 +371,48 @@ def test_two_beats_send_each_periodic_task_once(tmp_path, database, request):
                 os.kill(b.pid, signal.SIGCONT)
                 b.terminate()
                 b.wait(timeout=30)
+
+
+def test_sigterm_inside_the_lease_renewal_stops_the_beat_and_releases_the_lease(postgres_url, monkeypatch):
+    """Celery's SIGTERM handler closes the scheduler in the middle of whatever the beat was doing.
+    Arriving inside the renewal's transaction (the lease row locked on one connection), the close
+    must not wait for that lock on a second one (PostgreSQL would wait forever); the close Celery
+    makes after the SystemExit unwound releases the lease."""
+    import threading
+
+    from sme2farm.server.services import leases
+    from sme2farm.server.store.db import migrate, session_scope
+    from sme2farm.worker import beat
+    from sme2farm.worker.celery_app import app
+
+    migrate(postgres_url)
+    scheduler = beat.LeasedScheduler(app=app, lazy=True)   # lazy, no schedule: nothing is sent
+    scheduler.db_url, scheduler.renew_s = postgres_url, 0   # every tick renews
+    scheduler.tick()
+    assert scheduler.held
+
+    renew = leases.acquire
+
+    def renew_then_sigterm(session, **kw):
+        assert renew(session, **kw)   # the lease row is locked until this transaction ends
+        scheduler.close()             # what Celery's SIGTERM handler does, on this same thread
+        raise SystemExit()
+
+    monkeypatch.setattr(beat.leases, "acquire", renew_then_sigterm)
+    ended = []
+
+    def beat_loop():
+        try:
+            scheduler.tick()
+        except SystemExit:
+            scheduler.close()   # Celery's `finally: self.sync()`
+            ended.append(True)
+
+    thread = threading.Thread(target=beat_loop, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "the close waited on the lease row its own transaction held"
+    assert ended and not scheduler.held
+    with session_scope(postgres_url) as session:
+        state = leases.state(session, leases.BEAT)
+        assert state.holder == scheduler.holder and not state.live()   # released, not left to expire

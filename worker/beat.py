@@ -39,6 +39,7 @@ class LeasedScheduler(Scheduler):
         self.renew_s = self.ttl_s / 3
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.held = False
+        self.in_db = False   # inside _hold's transaction (see close)
         self.renewed = float("-inf")  # monotonic time of the last successful renewal
         self.announced = False
         super().__init__(*args, **kwargs)
@@ -47,6 +48,7 @@ class LeasedScheduler(Scheduler):
         now = time.monotonic()
         if self.held and now - self.renewed < self.renew_s:
             return True
+        self.in_db = True
         try:
             with session_scope(self.db_url) as session:
                 ok = leases.acquire(session, name=leases.BEAT, holder=self.holder, ttl_s=self.ttl_s)
@@ -54,6 +56,8 @@ class LeasedScheduler(Scheduler):
         except Exception:  # database unreachable: send nothing (dispatch and reap need it anyway)
             log.exception("beat: cannot reach the database to renew the lease; standing by")
             ok, current = False, None
+        finally:
+            self.in_db = False
         if ok and not self.held:
             log.info("beat: holding the lease as %s; sending the periodic tasks", self.holder)
             # A takeover starts every period afresh, so no task goes out twice within its period.
@@ -81,7 +85,11 @@ class LeasedScheduler(Scheduler):
         return super().apply_entry(entry, producer=producer)
 
     def close(self) -> None:
-        if self.held:
+        # Celery's SIGTERM handler calls close() in the middle of whatever the main thread was
+        # doing. Inside _hold's transaction that thread holds the lease row's lock, and a release on
+        # a second connection would wait for it forever (PostgreSQL). So it is left to the second
+        # close(), which Celery makes once the SystemExit has rolled that transaction back.
+        if self.held and not self.in_db:
             try:
                 with session_scope(self.db_url) as session:
                     leases.release(session, name=leases.BEAT, holder=self.holder)
