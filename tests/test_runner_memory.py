@@ -48,15 +48,20 @@ def test_peak_rss_is_the_runners_own_and_matches_proc_from_outside(local_runner,
     out = tmp_path / "memory.json"
     proc = subprocess.Popen([_runner(local_runner), f"--model_path={pte}", "--num_executions=3000",
                              f"--memory_file={out}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    seen = None
+    readings = []
     while proc.poll() is None:
-        seen = _vm_hwm(proc.pid) or seen
+        if (hwm := _vm_hwm(proc.pid)) is not None:
+            readings.append(hwm)
         time.sleep(0.002)
-    assert proc.returncode == 0 and seen is not None
+    assert proc.returncode == 0 and readings
     del ballast
     memory = read_memory(out.read_bytes())
     assert memory["rss_source"] == "/proc/self/status VmHWM"
-    assert seen <= memory["peak_rss_bytes"] <= seen * 1.25 < 150 << 20
+    # The kernel's RSS counters are per CPU and summed approximately, so VmHWM is not exact: read
+    # from outside it went down between two reads here, and ended 0.8 MB above the runner's own
+    # last reading under CI load. Equal within that slack, and nowhere near the parent's 300 MB.
+    seen = max(readings)
+    assert abs(memory["peak_rss_bytes"] - seen) <= max(1 << 20, seen // 10) and seen < 150 << 20
     assert 1 << 20 < memory["peak_rss_after_load_bytes"] <= memory["peak_rss_bytes"]
     assert memory["execution_rss_growth_bytes"] == memory["peak_rss_bytes"] - memory["peak_rss_after_load_bytes"]
     plan = deserialize_pte_binary(pte.read_bytes()).program.execution_plan[0]
