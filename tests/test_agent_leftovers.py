@@ -136,14 +136,17 @@ def test_a_killed_agents_phone_runner_is_killed_by_the_next_agent(api, adb_port,
     dev = loopback()
     work, log = tmp_path / "agent", tmp_path / "agent.log"
     adb = ("--drivers", "android", "--adb-port", str(adb_port))
-    # Long enough that a runner still present once the next agent is up was not just finishing.
     agent = start_agent(api, work, phone_runners.manifest, log, *adb)
+    runner = None
     try:
         wait_for("the agent registered the phone", lambda: devices(api), 60, log=log)
-        submit(api, toy_pte, warmup=10_000, iterations=20_000, device={"platform": "android"})
+        submit(api, toy_pte, warmup=10_000, iterations=2_000, device={"platform": "android"})
         [rid] = dispatch(api)
         phone_runs = dev.device_path(f"/data/local/tmp/sme2farm/runs/{rid}")
         [runner] = wait_for("the runner started on the phone", lambda: runners_under(phone_runs), 60, log=log)
+        # Frozen: this run takes ~2 s, less than the next agent may take to start under load, and a
+        # runner that finished on its own would pass for one the next agent killed.
+        os.kill(runner, signal.SIGSTOP)
         wait_for("the agent recorded the runner", lambda: list((work / "pids").glob(f"adb-{rid}-*.json")), 10, log=log)
 
         agent.kill()
@@ -159,6 +162,8 @@ def test_a_killed_agents_phone_runner_is_killed_by_the_next_agent(api, adb_port,
         assert not list(work.glob(f"run{rid}-*"))   # the host side of that run too
     finally:
         stop_agent(agent)
+        if runner is not None and process_identity(runner) is not None:
+            os.kill(runner, signal.SIGKILL)
 
 
 def _sleeper(tmp_path: Path) -> subprocess.Popen:
