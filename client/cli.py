@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+import httpx
 from pydantic import ValidationError
 
-from sme2farm.client.api import wire
+from sme2farm.client import analyze_cmd, artifacts_cmd, document, examples_cmd, kit, scaling_cmd, suites_cmd
+from sme2farm.client.api import FarmError, Patience, error_sentences, note, transport_words, wire
 from sme2farm.client.common import EXIT_CODES_HELP, connect, parse_selector, print_when_done, submit_and_follow
 from sme2farm.client.config import client_settings
+from sme2farm.client.render import comparison_text, experiment_text, progress_line
 from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_POWER_PROFILE,
                                DEFAULT_WARMUP, DeviceRead, ExperimentSpec, LlmSpec, PowerProfile,
                                Sme2Request)
@@ -53,8 +56,6 @@ def parse_llm(text: str | None) -> LlmSpec | None:
 
 def cmd_submit(args) -> int:
     if getattr(args, "kit_config", None):
-        from sme2farm.client import kit
-
         return kit.cmd_submit(args)
     if not args.model:
         print("sme2-client: submit needs the .pte file (or --kit-config CONFIG.json)", file=sys.stderr)
@@ -83,8 +84,6 @@ def cmd_submit(args) -> int:
                               power_profile=args.power_profile, core_mask=args.core_mask, sessions=args.sessions,
                               method=args.method, min_effect=args.min_effect, llm=parse_llm(args.llm))
     except ValidationError as e:
-        from sme2farm.client.api import error_sentences
-
         for line in error_sentences(e.errors(include_url=False)):
             print(f"sme2-client: invalid spec: {line}", file=sys.stderr)
         return 2
@@ -95,16 +94,10 @@ def cmd_submit(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from sme2farm.client.render import experiment_text
-
     client = connect(args)
     if getattr(args, "kit_json", None) is not None:
-        from sme2farm.client import kit
-
         return kit.cmd_status_kit_json(client, args.id, args.kit_json)
     if args.wait:
-        from sme2farm.client.api import Patience, note
-
         patience = Patience(client, f"experiment {args.id} to finish", args.timeout, say=None if args.json else note)
         return print_when_done(args, client, args.id, patience)
     if args.json:
@@ -115,16 +108,12 @@ def cmd_status(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from sme2farm.client.render import comparison_text
-
     result = connect(args).compare(args.baseline, args.candidate, min_effect=args.min_effect)
     print(json.dumps(wire(result), indent=2) if args.json else comparison_text(result))
     return 0 if any(c.get("status") == "complete" for c in result.comparisons) else 1
 
 
 def cmd_cancel(args) -> int:
-    from sme2farm.client.render import progress_line
-
     print(progress_line(connect(args).cancel(args.id)))
     return 0
 
@@ -160,8 +149,6 @@ def _runner_list(device: DeviceRead) -> str:
 
 
 def cmd_analyze(args) -> int:
-    from sme2farm.client import analyze_cmd
-
     return analyze_cmd.run(args)
 
 
@@ -244,22 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
     dv.set_defaults(fn=cmd_devices)
 
     an = sub.add_parser("analyze", help="analyse ETDump traces offline (no server needed)")
-    from sme2farm.client import analyze_cmd
-
     analyze_cmd.add_arguments(an)
     an.set_defaults(fn=cmd_analyze)
 
-    from sme2farm.client import suites_cmd
-
     suites_cmd.add_parsers(sub)  # suite create|list|run [--wait]|show|delete|pause|resume, regressions [--ack ID]
-
-    from sme2farm.client import artifacts_cmd, examples_cmd, scaling_cmd
 
     examples_cmd.add_parser(sub)  # examples [NAME [OUT.pte]]
     artifacts_cmd.add_parser(sub)  # artifacts ID [NAME] [-o DIR]
     scaling_cmd.add_parser(sub)  # scaling ID [--json]
-
-    from sme2farm.client import document
 
     document.add_parser(sub)  # report ID --markdown|--html [-o FILE] [--svg-files]
     return p
@@ -280,10 +259,6 @@ NEXT_STEP = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    import httpx
-
-    from sme2farm.client.api import FarmError, transport_words
-
     try:
         code = args.fn(args)
         sys.stdout.flush()  # here, so a reader that left (`| head`) is caught below, not at exit
@@ -303,8 +278,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sme2-client: {NEXT_STEP[e.status]}", file=sys.stderr)
         return 1
     except ValidationError as e:  # a spec or selector built here (e.g. --device in suite create)
-        from sme2farm.client.api import error_sentences
-
         for line in error_sentences(e.errors(include_url=False)):
             print(f"sme2-client: invalid: {line}", file=sys.stderr)
         return 2
