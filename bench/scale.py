@@ -45,6 +45,7 @@ from scale_bench.common import PY, free_port
 from scale_bench.load import load_phase, report_load
 from scale_bench.procs import Procs
 from scale_bench.trace import make_trace
+from sme2farm.client.common import wait_healthy
 
 
 def main() -> int:
@@ -127,17 +128,8 @@ def main() -> int:
                                "--concurrency", str(args.worker_concurrency)])
         procs.spawn("beat", [PY, "-m", "celery", "-A", "sme2farm.worker.celery_app", "beat", "--loglevel", "WARNING",
                              "--schedule", str(work / "celerybeat-schedule")])
-        deadline = time.monotonic() + 60
-        while True:
-            procs.check()
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not come up within 60 s")
-            time.sleep(0.2)
+        if not wait_healthy(url, 60, every=0.2, check=procs.check):
+            raise RuntimeError("the server did not come up within 60 s")
         print(f"  farm: uvicorn ({args.server_workers} process(es)), celery worker (--concurrency {args.worker_concurrency}), celery beat; "
               f"PostgreSQL database {db_name}, Redis {args.redis_url}")
         pg = psycopg.connect(db_url.replace("postgresql+psycopg", "postgresql"), autocommit=True)

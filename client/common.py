@@ -1,6 +1,7 @@
 """What the client's commands share: the farm client built from the arguments and settings, the
-device selector, submitting and waiting for an experiment, and the exit codes of a wait. cli.py,
-kit.py, document.py, suites_cmd.py and artifacts_cmd.py build on it; it imports none of them.
+device selector, submitting and waiting for an experiment, the exit codes of a wait, and the wait
+until a server answers GET /health (also used by `sme2-farm up`, bench/scale.py and the tests).
+cli.py, kit.py, document.py, suites_cmd.py and artifacts_cmd.py build on it; it imports none of them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
+
+import httpx
 
 from sme2farm.client.api import FarmClient, Patience, note
 from sme2farm.client.config import client_settings
@@ -39,6 +43,30 @@ def connect(args):
     settings = client_settings()
     token = args.token or (settings.token.get_secret_value() if settings.token else None)
     return FarmClient(args.server or settings.server, token)
+
+
+def server_healthy(url: str) -> bool:
+    """One look: does the server at `url` answer GET /health with 200 now? No answer within 1 s,
+    or a refused connection, is a no."""
+    try:
+        return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def wait_healthy(url: str, timeout: float, *, every: float = 0.1, check: Callable[[], None] | None = None) -> bool:
+    """Poll GET /health every `every` s until the server at `url` answers 200 (True) or `timeout` s
+    have passed (False: the caller says what that means). `check` runs before each look and may
+    raise to abandon, e.g. when the process that should answer has exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check is not None:
+            check()
+        if server_healthy(url):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
 
 
 def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, timeout: float | None = None, check=None,

@@ -12,9 +12,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import httpx
 from sqlalchemy import update
 
+from sme2farm.client.common import wait_healthy
 from sme2farm.farm.preflight import secure_data_dir
 from sme2farm.farm.supervisor import Supervisor, describe_exit
 from sme2farm.logs import ContextFilter, JsonFormatter
@@ -136,15 +136,8 @@ class Farm:
         self.sup.poll()  # nothing has exited: this only keeps the status file fresh
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.poll()
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        if wait_healthy(self.url, timeout, every=0.1, check=self.poll):
+            return
         raise RuntimeError(f"the server did not answer on {self.url} within {timeout:g} s "
                            f"(see {self.data_dir}/logs/server.log)")
 

@@ -35,6 +35,7 @@ import pytest
 
 from _fixtures_farm import (TAKEN_INGEST, FarmProbe, TcpProxy, farm_on, free_port, kill_worker_holding_the_ingest,
                             register, serve_app, wait_for, x86_host)
+from sme2farm.client.common import server_healthy
 
 HOST = x86_host("host-faults")
 
@@ -426,7 +427,7 @@ def test_server_killed_mid_experiment_comes_back_on_its_port_and_the_experiment_
     killed = time.monotonic()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{farm.url}/health", timeout=2)          # really down
-    wait_for("the server answers again on its port", lambda: _health(farm.url), 60, every=0.1, log=farm.logs)
+    wait_for("the server answers again on its port", lambda: server_healthy(farm.url), 60, every=0.1, log=farm.logs)
     back = time.monotonic() - killed
     assert farm.pid("server") != server and farm.children()["server"]["restarts"] >= 1
 
@@ -439,13 +440,6 @@ def test_server_killed_mid_experiment_comes_back_on_its_port_and_the_experiment_
     print(f"server kill -9: back on its port in {back:.1f} s; experiment of 3 runs completed "
           f"{time.monotonic() - killed:.1f} s after the kill (attempts {[r[2] for r in runs]})")
     farm.close()   # the last test on this farm
-
-
-def _health(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.mark.e2e

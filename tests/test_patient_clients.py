@@ -27,6 +27,7 @@ import pytest
 
 from _fixtures_farm import (REQUIRE_SERVICES, TERMINAL, PrivateRedis, TcpProxy, create_database, start_farm, stop_farm,
                             submit, wait_for)
+from sme2farm.client.common import server_healthy
 
 LEASE_S = 10.0
 UPLOAD_RETRY_S = 15.0
@@ -228,7 +229,7 @@ def test_submit_wait_survives_a_database_outage_and_a_server_restart(patient_far
         server = farm.server_pid()
         os.kill(server, signal.SIGKILL)        # then the API server killed; the supervisor starts it again
         killed = time.monotonic()
-        wait_for("the server is back", lambda: _health(farm.url) and farm.server_pid() != server, 60, every=0.1,
+        wait_for("the server is back", lambda: server_healthy(farm.url) and farm.server_pid() != server, 60, every=0.1,
                  log=farm.logs)
         back = time.monotonic() - killed
         rc = proc.wait(timeout=240)
@@ -392,10 +393,3 @@ def test_submit_wait_to_a_server_that_never_answers_gives_up_soon_naming_the_url
     assert (f"sme2-client: gave up after {FIRST_CONTACT_S:.0f} s waiting for the server to take the submission: "
             f"the server at {url} could not be reached (connection refused) for the last ") in err, err
     assert FIRST_CONTACT_S - 1 <= took < FIRST_CONTACT_S + 5, took
-
-
-def _health(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False

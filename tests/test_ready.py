@@ -13,12 +13,11 @@ import threading
 import time
 from datetime import datetime, timezone
 
-import httpx
 import pytest
 
 from _fixtures_farm import X86_RUNNERS, free_port, post_experiment, register, stop_farm, x86_host
 from sme2farm.client.api import FarmClient, FarmError
-from sme2farm.client.common import wait_for
+from sme2farm.client.common import wait_for, wait_healthy
 from sme2farm.protocol import ExperimentSpec
 
 WAIT_LOG = "submission waits up to"
@@ -133,16 +132,10 @@ def _read_until_ready(lines: queue.Queue, timeout: float = 120) -> list[str]:
 
 
 def _wait_healthy(proc, url: str) -> None:
-    deadline = time.monotonic() + 120
-    while True:
+    def alive() -> None:
         assert proc.poll() is None, "sme2-farm up exited early"
-        assert time.monotonic() < deadline, "the server never answered"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.02)
+
+    assert wait_healthy(url, 120, every=0.02, check=alive), "the server never answered"
 
 
 @pytest.mark.e2e
