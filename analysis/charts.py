@@ -17,8 +17,9 @@ so instead of failing.
   minimum-effect band around 1, coloured by verdict;
 - :func:`line_chart`: a time series (one point per night/experiment) with each point's spread
   (low..high) as a band and whiskers, and change marks (regression/improvement);
-- :func:`scaling_chart`: speedup against thread count per arm (analysis/scaling.py), each
-  point's 95% interval as a whisker, the ideal (linear) speedup dashed.
+- :func:`scaling_chart`: speedup against thread count, one series per arm (analysis/scaling.py;
+  the server's chart: per device x core mask x SME2 setting), each point's 95% interval as a
+  whisker, the ideal (linear) speedup dashed, a legend naming every series.
 """
 
 from __future__ import annotations
@@ -573,23 +574,40 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
 # --- thread scaling --------------------------------------------------------------------------
 
 def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against threads", emulated: str | None = None,
-                  width: int = 720, height: int = 300) -> str:
-    """Speedup over each arm's fewest threads against the thread count: ``arms`` as in
-    analysis.scaling's view (``name``, ``base_threads``, ``enough_threads``, ``points`` with
-    ``threads`` and ``speedup`` {estimate, ci_low, ci_high}). Thread counts sit at even steps
-    (1, 2, 4, 8 apart alike); the dashed line is linear speedup; a ring marks where each arm's
-    extra threads stop helping. ``emulated``: what ran them; nothing speed-like is drawn."""
+                  left_out: Sequence[str] = (), width: int = 720, height: int = 300) -> str:
+    """Speedup over each arm's fewest threads against the thread count, one series per arm:
+    ``arms`` as in analysis.scaling's view (``name``, ``base_threads``, ``enough_threads``,
+    ``points`` with ``threads`` and ``speedup`` {estimate, ci_low, ci_high}); a caller drawing
+    several devices names the device in ``name`` and may add ``device``, ``core_mask`` and
+    ``sme2`` (data-* attributes of the series). Thread counts sit at even steps (1, 2, 4, 8 apart
+    alike); the dashed line is linear speedup; a ring marks where each arm's extra threads stop
+    helping. The legend, under the plot, names every series on a line of its own (the chart grows
+    taller with them; past eight series the colours repeat, dashed). ``emulated``: what ran them
+    all; nothing speed-like is drawn. ``left_out``: lines saying what was not drawn and why (an
+    emulated device beside measured ones), under the legend."""
     drawn = [(a, [p for p in a.get("points") or [] if p.get("speedup") and _num(p["speedup"].get("estimate"))])
              for a in arms]
     drawn = [(a, pts) for a, pts in drawn if pts]
     threads = sorted({int(p["threads"]) for _, pts in drawn for p in pts})
-    desc = f"{len(drawn)} arm(s) over thread counts {', '.join(map(str, threads)) or 'none'}; whiskers: 95% interval"
-    parts = _open(width, height, title, f"Line chart of speedup against threads. {desc}.", "scaling")
+    desc = f"{len(drawn)} series over thread counts {', '.join(map(str, threads)) or 'none'}; whiskers: 95% interval"
+    if left_out:
+        desc += "; not drawn: " + "; ".join(map(str, left_out))
+    left, right, top, bottom = 64, 24, 34, height - 44
+    legend_top = bottom + 52
+    total = (legend_top + 18 * (len(drawn) + 1 + len(left_out)) if drawn
+             else height + 18 * len(left_out))
+    parts = _open(width, total, title, f"Line chart of speedup against threads. {desc}.", "scaling")
+
+    def notes(y: float) -> None:
+        for i, line in enumerate(left_out):
+            parts.append(_label(12, y + 18 * i, line, width - 24, size=11, fill=MUTED, cls="left-out"))
+
     if emulated:
+        notes(height)
         return _empty(parts, width, height, f"emulated ({_fit(emulated, 300)}): no speed figures")
     if not drawn:
+        notes(height)
         return _empty(parts, width, height, "no succeeded runs to scale yet")
-    left, right, top, bottom = 64, 190, 34, height - 44
     base = min(int(a.get("base_threads") or threads[0]) for a, _ in drawn)
     ideal = [t / base for t in threads]
     values = [v for _, pts in drawn for p in pts for v in (_num(p["speedup"].get("ci_low")),
@@ -598,10 +616,11 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
     lo = min(values + [1.0]) * 0.92
     ticks = [t for t in nice_ticks(lo, hi) if t > 0]
     lo_ax, hi_ax = min([lo] + ticks), max([hi] + ticks)
+    slot = (width - left - right) / len(threads)
+    step = min(4.0, slot * 0.5 / max(len(drawn) - 1, 1))  # series side by side at one thread count
 
     def x_of(t: int) -> float:
-        i = threads.index(t)
-        return left + (i + 0.5) / len(threads) * (width - left - right)
+        return left + (threads.index(t) + 0.5) * slot
 
     def y_of(v: float) -> float:
         return bottom - (v - lo_ax) / (hi_ax - lo_ax) * (bottom - top)
@@ -613,14 +632,17 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
                      f'stroke-dasharray="5 4"><title>linear speedup</title></polyline>')
     for i, (arm, pts) in enumerate(drawn):
         colour = ARM_COLOURS[i % len(ARM_COLOURS)]
+        dash = ("", ' stroke-dasharray="7 3"', ' stroke-dasharray="2 3"')[i // len(ARM_COLOURS) % 3]
         name = str(arm.get("name") or f"arm {i + 1}")
-        parts.append(f'<g class="arm" data-arm="{_t(name)}">')
+        data = "".join(f' data-{key.replace("_", "-")}="{_t(arm[key])}"' for key in ("device", "core_mask", "sme2")
+                       if arm.get(key) is not None)
+        parts.append(f'<g class="arm" data-arm="{_t(name)}"{data}>')
         pts = sorted(pts, key=lambda p: int(p["threads"]))
         path = " ".join(f"{_n(x_of(int(p['threads'])))},{_n(y_of(p['speedup']['estimate']))}" for p in pts)
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
         for p in pts:
             t, sp = int(p["threads"]), p["speedup"]
-            x = x_of(t) + (i - (len(drawn) - 1) / 2) * 4  # arms side by side at one thread count
+            x = x_of(t) + (i - (len(drawn) - 1) / 2) * step
             low, high = _num(sp.get("ci_low")), _num(sp.get("ci_high"))
             eff = (p.get("efficiency") or {}).get("estimate")
             tip = (f"{name}, {t} threads: {sp['estimate']:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low and high else "")
@@ -636,14 +658,18 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
                              f'fill="none" stroke="{colour}" stroke-width="1.5"/>')
             parts.append("</g>")
         parts.append("</g>")
-        ly = top + 6 + 18 * i
-        parts.append(f'<rect x="{width - right + 12}" y="{_n(ly - 9)}" width="12" height="10" fill="{colour}"/>')
-        parts.append(_label(width - right + 30, ly, name, right - 36, size=11))
-    ly = top + 6 + 18 * len(drawn)
-    parts.append(f'<line x1="{width - right + 12}" y1="{_n(ly - 4)}" x2="{width - right + 24}" y2="{_n(ly - 4)}" '
-                 f'stroke="{MUTED}" stroke-dasharray="3 2"/>')
-    parts.append(_text(width - right + 30, ly, "linear", size=11, fill=MUTED))
-    parts.append(_text(width - right + 12, ly + 18, "ring: more threads stop helping", size=10, fill=MUTED))
+        ly = legend_top + 18 * i
+        parts.append(f'<g class="legend-entry" data-series="{_t(name)}">')
+        parts.append(f'<line x1="12" y1="{_n(ly - 4)}" x2="32" y2="{_n(ly - 4)}" stroke="{colour}" '
+                     f'stroke-width="2"{dash}/>')
+        parts.append(f'<circle cx="22" cy="{_n(ly - 4)}" r="3.5" fill="{colour}"/>')
+        parts.append(_label(40, ly, name, width - 52, size=11))
+        parts.append("</g>")
+    ly = legend_top + 18 * len(drawn)
+    parts.append(f'<line x1="12" y1="{_n(ly - 4)}" x2="32" y2="{_n(ly - 4)}" stroke="{MUTED}" '
+                 f'stroke-dasharray="3 2"/>')
+    parts.append(_text(40, ly, "linear speedup · ring: more threads stop helping", size=11, fill=MUTED))
+    notes(ly + 18)
     for t in threads:
         parts.append(_text(x_of(t), bottom + 16, str(t), anchor="middle", size=11, fill=MUTED))
     parts.append(_text(left + (width - left - right) / 2, bottom + 32, "threads", anchor="middle", size=11, fill=MUTED))

@@ -231,6 +231,11 @@ class FarmClient:
         r = self.http.get(f"/experiments/{experiment_id}/scaling", params=params)
         return ScalingRead.model_validate(self._check(r).json())
 
+    def scaling_chart(self, experiment_id: int, joined: list[int] | None = None) -> str:
+        """The scaling chart (SVG text): every device, core mask and SME2 setting of the view."""
+        params = {"with": ",".join(map(str, joined))} if joined else {}
+        return self._check(self.http.get(f"/experiments/{experiment_id}/charts/scaling.svg", params=params)).text
+
     def experiments(self, page: int = 1, page_size: int = 20) -> ExperimentPage:
         r = self.http.get("/experiments", params={"page": page, "page_size": page_size})
         return ExperimentPage.model_validate(self._check(r).json())

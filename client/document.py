@@ -34,6 +34,7 @@ from sme2farm.analysis.render import (NUMERICS_HEADERS, bytes_text, comparison_f
                                       program_memory_line)
 from sme2farm.analysis.scaling import rows as scaling_rows
 from sme2farm.client.common import connect
+from sme2farm.client.scaling_cmd import experiment_ids
 from sme2farm.protocol import TERMINAL, RunStatus
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
@@ -103,14 +104,21 @@ def arm_rows(exp: dict) -> list[tuple[str, dict[str, float], list[dict]]]:
     return out
 
 
-def fetch(client, experiment_id: int) -> tuple[dict, dict[str, str | None], dict[str, str]]:
-    """(experiment JSON, {chart name: SVG text or None}, {chart name: why it is missing})."""
+def fetch(client, experiment_id: int, joined: list[int] | None = None,
+          ) -> tuple[dict, dict[str, str | None], dict[str, str]]:
+    """(experiment JSON, {chart name: SVG text or None}, {chart name: why it is missing}).
+    `joined`: other experiments of the same model whose runs join the scaling view and chart
+    (?with=); a list the server refuses (another model, an unknown id) is a FarmError, not a gap."""
     exp = client.experiment_json(experiment_id)
+    view = client.scaling(experiment_id, joined).model_dump(mode="json") if joined else None
     svgs: dict[str, str | None] = {}
     missing: dict[str, str] = {}
     for name, _ in CHARTS:
-        if name == "verdicts" and not exp.get("comparisons") or name == "scaling" and not scales(exp):
+        if name == "verdicts" and not exp.get("comparisons") or name == "scaling" and not scales(exp, joined):
             svgs[name] = None
+            continue
+        if name == "scaling" and joined:
+            svgs[name] = client.scaling_chart(experiment_id, joined)
             continue
         r = client.http.get(f"/experiments/{experiment_id}/charts/{name}.svg")
         if r.status_code == 200 and r.text.lstrip().startswith("<svg"):
@@ -118,7 +126,9 @@ def fetch(client, experiment_id: int) -> tuple[dict, dict[str, str | None], dict
         else:
             svgs[name] = None
             missing[name] = f"the server answered {r.status_code} for the {name} chart"
-    if scales(exp):
+    if view is not None:
+        exp = {**exp, "scaling": view}
+    elif scales(exp):
         r = client.http.get(f"/experiments/{experiment_id}/scaling")
         exp = {**exp, "scaling": r.json() if r.status_code == 200 else None}
         if r.status_code != 200:
@@ -126,10 +136,11 @@ def fetch(client, experiment_id: int) -> tuple[dict, dict[str, str | None], dict
     return exp, svgs, missing
 
 
-def scales(exp: dict) -> bool:
-    """Whether the experiment has a scaling view to show: several thread counts, or a core mask."""
+def scales(exp: dict, joined: list[int] | None = None) -> bool:
+    """Whether the experiment has a scaling view to show: several thread counts, a core mask, or
+    other experiments joined to it."""
     spec = exp.get("spec") or {}
-    return len(spec.get("threads") or []) > 1 or bool(spec.get("core_mask"))
+    return len(spec.get("threads") or []) > 1 or bool(spec.get("core_mask")) or bool(joined)
 
 
 # --- a neutral document model, rendered twice -------------------------------------------------
@@ -314,13 +325,16 @@ def _llm_blocks(runs: list[dict], arms: list[tuple[str, dict[str, float], list[d
 
 
 def _scaling_blocks(exp: dict, svgs: dict[str, str | None], missing: dict[str, str]) -> list[tuple]:
-    """Thread scaling (GET /experiments/{id}/scaling): the chart, per device a table and its sentences."""
-    if not scales(exp):
+    """Thread scaling (GET /experiments/{id}/scaling, other experiments joined when the view says
+    so): the chart (every device and core mask), per device a table and its sentences."""
+    view = exp.get("scaling")
+    if not scales(exp, (view or {}).get("joined")):
         return []
     out: list[tuple] = [("h", 2, "Thread scaling")]
-    view = exp.get("scaling")
     if view is None:
         return out + [("p", missing.get("scaling") or "the scaling view is not available")]
+    if view.get("joined"):
+        out.append(("p", f"With the runs of experiment(s) {', '.join(map(str, view['joined']))} (the same model)."))
     out.append(_chart("scaling", svgs, missing))
     for d in view.get("devices") or []:
         out.append(("h", 3, f"{d.get('device') or '?'} ({d.get('device_model') or '?'})"
@@ -469,7 +483,7 @@ def cmd_report(args) -> int:
               f"(create it first, e.g. mkdir -p {Path(args.output).parent})", file=sys.stderr)
         return 2
     client = connect(args)
-    exp, svgs, missing = fetch(client, args.id)
+    exp, svgs, missing = fetch(client, args.id, getattr(args, "joined", None))
     blocks = _blocks(exp, svgs, missing, str(client.http.base_url))
     out = Path(args.output) if args.output else None
     if args.html:
@@ -504,4 +518,7 @@ def add_parser(sub) -> None:
     rp.add_argument("--svg-files", action="store_true",
                     help="with --markdown -o FILE: write each chart as FILE-<chart>.svg beside it and link it "
                          "(the form GitHub renders: it strips inline <svg> and data: images from Markdown)")
+    rp.add_argument("--with", dest="joined", type=experiment_ids, default=None, metavar="ID,ID",
+                    help="other experiments of the same model to join to the Thread scaling section and its chart "
+                         "(as sme2-client scaling --with)")
     rp.set_defaults(fn=cmd_report)

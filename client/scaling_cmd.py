@@ -1,13 +1,15 @@
 """sme2-client scaling ID: how an experiment's latency changes with threads (and core masks), per
 device and arm: median and interval per thread count, speedup over the fewest threads and
 parallel efficiency with intervals, where more threads stop helping, the SME2 on/off ratio per
-thread count, and the device's clusters as --core-mask values. Emulated runs: no speed figures."""
+thread count, and the device's clusters as --core-mask values; --svg FILE writes its chart. Emulated runs:
+no speed figures."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from sme2farm.analysis.scaling import rows
 from sme2farm.client.common import connect
@@ -21,6 +23,9 @@ def add_parser(sub) -> None:
                    help="other experiments of the same model to join (e.g. one per --core-mask: which cluster is "
                         "fastest)")
     s.add_argument("--json", action="store_true", help="the API's answer (GET /experiments/{id}/scaling)")
+    s.add_argument("--svg", metavar="FILE", type=Path, default=None,
+                   help="also write the chart (speedup against threads, one series per device, core mask and SME2 "
+                        "setting, the --with experiments included) as an SVG file")
     s.set_defaults(fn=run)
 
 
@@ -52,9 +57,16 @@ def scaling_text(view: dict) -> str:
 
 
 def run(args) -> int:
+    svg = getattr(args, "svg", None)
+    if svg is not None and not svg.resolve().parent.is_dir():
+        print(f"sme2-client: cannot write {svg}: the directory {svg.parent}/ does not exist", file=sys.stderr)
+        return 2
     client = connect(args)
     view = client.scaling(args.id, args.joined)
     data = view.model_dump(mode="json")
+    if svg is not None:
+        svg.write_text(client.scaling_chart(args.id, args.joined), encoding="utf-8")
+        print(f"wrote the scaling chart to {svg}", file=sys.stderr)
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         print()

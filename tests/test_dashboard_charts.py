@@ -238,6 +238,48 @@ def test_experiment_page_scaling_chart_and_planned_memory(farm, browser, example
     assert not console_errors(d), console_errors(d)
 
 
+def test_experiment_page_scaling_card_joins_experiments(farm, browser, example_pte):
+    """The scaling card's "Join experiments" field reloads the page with ?with=: the chart and the
+    table then hold the joined experiment's core mask beside the experiment's own runs, one series
+    per (device, mask, SME2 setting) as the JSON view with that with= has them, each named in the
+    legend; a list the server refuses (an unknown experiment) is said in the card, the server's
+    words, and the chart is not drawn."""
+    client = farm.client()
+    model = example_pte("mlp")
+    e = client.submit(model, ExperimentSpec(sme2="off", threads=[1, 2], iterations=20, warmup=2, name="scaling <all>"))
+    pinned = client.submit(model, ExperimentSpec(sme2="off", threads=[1], core_mask="1", iterations=20, warmup=2,
+                                                 name="scaling <core 0>"))
+    for x in (e, pinned):
+        wait_for(client, x.id, quiet=True, timeout=180)
+    view = wire(client.scaling(e.id, [pinned.id]))
+    want = [f"{dev['device']} · {arm['name']}" + (", no core mask" if arm["core_mask"] is None else "")
+            for dev in view["devices"] if not dev["emulated"] for arm in dev["arms"]]
+    assert len(want) == 2 and any("cores 1" in w for w in want), want
+    d = browser
+    sign_in(d, farm)
+    d.get(f"{farm.url}/#/experiments/{e.id}")
+    wait(d, f'#experiment[data-id="{e.id}"]')
+    alone = chart(d, "scaling", "#scaling")
+    assert len(alone.find_elements("css selector", "g.legend-entry")) == 1
+    field = wait(d, "#scaling-with")
+    field.send_keys(f"E{pinned.id}")
+    d.find_element("css selector", "form.scaling-with button").click()
+    card = wait(d, f'#scaling[data-with="{pinned.id}"]')
+    svg = chart(d, "scaling", "#scaling")
+    legend = [g.get_attribute("data-series") for g in marks(svg, "g.legend-entry")]
+    assert legend == want
+    assert [g.get_attribute("data-arm") for g in svg.find_elements("css selector", "g.arm")] == want
+    assert svg.find_elements("css selector", f'g.arm[data-core-mask="1"] g.point[data-threads="1"]')
+    assert d.find_element("css selector", "#scaling-with").get_attribute("value") == f"E{pinned.id}"
+    assert len(card.find_elements("css selector", "table tbody tr")) == 3  # 1 and 2 threads, and core 0's 1
+    shot(d, "experiment-scaling-joined")
+    d.get(f"{farm.url}/#/experiments/{e.id}?with=999999")
+    said = wait(d, "#scaling .scaling-error", text="experiment 999999 not found")
+    assert said.text.startswith("404") and "with: experiment 999999 not found" in said.text
+    wait(d, '#scaling figure[data-chart="scaling"][data-state="error"]', text="experiment 999999 not found")
+    assert not console_errors(d, allowed=("status of 404",)), console_errors(d)
+
+
 def test_experiment_page_llm_card_shows_the_apis_figures(farm, browser, example_pte):
     """The tiny KV-cache Llama against itself (A/A, 3 sessions per arm): each run card's LLM
     section shows the API's time to first token and prefill / decode tokens/s with their 95%

@@ -1,8 +1,10 @@
 """The scaling view and planned memory through the API and the CLI, and the bad input they bring:
 thread counts above a device's cores and core masks naming cores it lacks are a 422 naming the
 problem, with nothing stored; a device that cannot take the spec beside one that can is left out,
-said in the experiment's warnings. A real thread sweep (threads 1,2 on this host) through
-`sme2-farm up` draws its scaling view, its chart and its CLI table."""
+said in the experiment's warnings. The scaling chart draws every device and the experiments
+joined with `with=` (the route, `sme2-client report --with` and `sme2-client scaling --svg`), and
+refuses a bad `with=` as the JSON view does. A real thread sweep (threads 1,2 on this host)
+through `sme2-farm up` draws its scaling view, its chart and its CLI table."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import httpx
 import pytest
 
 from _fixtures_farm import X86_RUNNERS, post_experiment, register, submit, x86_host
+from _fixtures_scaling import scaling_device, scaling_experiment, scaling_svg
 
 from sme2farm.analysis import pte
 
@@ -77,6 +80,66 @@ def test_scaling_of_an_experiment_that_has_not_run_and_of_none(api, example_pte)
     assert missing.status_code == 404 and "experiment 999999 not found" in missing.json()["detail"]
     svg = api.client.get(f"/experiments/{exp['id']}/charts/scaling.svg", headers=api.auth())
     assert svg.status_code == 200 and "no succeeded runs to scale yet" in svg.text
+
+
+def test_the_chart_route_and_the_client_draw_every_device_and_the_joined_experiments(api, tmp_path, capsys):
+    """Two devices ran an experiment on cores 0-3, one of them a second experiment on cores 4-7:
+    GET .../charts/scaling.svg?with= draws a series per device x core mask x SME2 setting, the
+    ones the JSON view with the same with= has, legend included; `sme2-client report --with` and
+    `sme2-client scaling --with --svg` fetch that chart. A bad with= is refused by the chart
+    route with the JSON route's status and words."""
+    import argparse
+
+    from sme2farm.client import document, scaling_cmd
+    from sme2farm.client.api import FarmClient, FarmError
+    from sme2farm.server.store.db import session_scope
+
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        a, b = scaling_device(s, "phone-a"), scaling_device(s, "phone-b")
+        little = scaling_experiment(s, [a, b], {("off", 1): 9.0, ("off", 2): 5.0, ("on", 1): 6.0, ("on", 2): 3.3},
+                                    mask="0f").id
+        big = scaling_experiment(s, [a], {("off", 1): 4.0, ("off", 2): 2.2, ("on", 1): 1.5, ("on", 2): 1.45},
+                                 mask="f0", seed=1).id
+        other = scaling_experiment(s, [a], {("off", 1): 1.0}, sha="b" * 64).id
+    auth = api.auth()
+    view = api.client.get(f"/experiments/{little}/scaling", params={"with": f"E{big}"}, headers=auth).json()
+    r = api.client.get(f"/experiments/{little}/charts/scaling.svg", params={"with": f"E{big}"}, headers=auth)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml"), r.text[:300]
+    drawn = scaling_svg(r.text)
+    want = [f"{d['device']} · {arm['name']}" for d in view["devices"] for arm in d["arms"]]
+    assert list(drawn["series"]) == drawn["legend"] == want and len(want) == 6
+    assert {v["device"] for v in drawn["series"].values()} == {"phone-a", "phone-b"}
+    assert {v["core_mask"] for v in drawn["series"].values() if v["device"] == "phone-a"} == {"f", "f0"}
+    alone = scaling_svg(api.client.get(f"/experiments/{little}/charts/scaling.svg", headers=auth).text)
+    assert len(alone["legend"]) == 4 and {v["core_mask"] for v in alone["series"].values()} == {"f"}
+
+    for bad, status, words in (("13;drop", 422, "with"), ("E999999", 404, "with: experiment 999999 not found"),
+                               (str(other), 422, "ran another model"), (",".join(map(str, range(1, 19))), 422,
+                                                                         "at most 16 experiments")):
+        for path in ("scaling", "charts/scaling.svg"):
+            r = api.client.get(f"/experiments/{little}/{path}", params={"with": bad}, headers=auth)
+            assert r.status_code == status and words in r.text, (path, bad, r.status_code, r.text)
+    r = api.client.get(f"/experiments/{little}/charts/distribution.svg", params={"with": big}, headers=auth)
+    assert r.status_code == 422 and "only the scaling chart joins other experiments" in r.json()["detail"]
+
+    client = FarmClient(api.url, api.token)
+    exp, svgs, missing = document.fetch(client, little, [big])
+    assert exp["scaling"]["joined"] == [big] and missing == {}
+    assert scaling_svg(svgs["scaling"])["legend"] == want
+    report = argparse.Namespace(server=api.url, token=api.token, id=little, joined=[big], markdown=True, html=False,
+                                output=None, svg_files=False)
+    assert document.cmd_report(report) == 0
+    md = capsys.readouterr().out
+    assert f"With the runs of experiment(s) {big} (the same model)." in md and "| SME2 on, cores f0 (" in md
+    assert "### phone-a (Big Little)" in md and "### phone-b (Big Little)" in md
+    assert md.count('class="legend-entry"') == len(want)  # the joined chart, inline
+    with pytest.raises(FarmError, match="experiment 999999 not found"):
+        document.fetch(client, little, [999999])
+    out = tmp_path / "scaling.svg"
+    args = argparse.Namespace(server=api.url, token=api.token, id=little, joined=[big], json=True, svg=out)
+    assert scaling_cmd.run(args) == 0
+    assert json.loads(capsys.readouterr().out)["joined"] == [big]
+    assert scaling_svg(out.read_text())["legend"] == want
 
 
 @pytest.mark.e2e

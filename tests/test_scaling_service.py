@@ -5,15 +5,13 @@ experiment of another model refused, and an emulated device's view without any s
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
+from _fixtures_scaling import CLUSTERS, scaling_device, scaling_experiment, scaling_svg
 from sme2farm.runners import cpuinfo
 
-BIG_LITTLE = "\n\n".join(
-    f"processor\t: {i}\nFeatures\t: fp asimd{' sme sme2' if i >= 4 else ''}\nCPU implementer\t: 0x41\n"
-    f"CPU part\t: {'0xd05' if i < 4 else '0xd87'}" for i in range(8))
-CLUSTERS = cpuinfo.clusters(BIG_LITTLE)
+LITTLE = {("off", 1): 9.0, ("off", 2): 5.0, ("on", 1): 6.0, ("on", 2): 3.3}
+BIG = {("off", 1): 4.0, ("off", 2): 2.2, ("on", 1): 1.5, ("on", 2): 1.45}
 
 
 def test_cpuinfo_groups_cores_by_part_and_reads_sme2_per_cluster():
@@ -23,53 +21,16 @@ def test_cpuinfo_groups_cores_by_part_and_reads_sme2_per_cluster():
     assert cpuinfo.clusters(one_kind) == [] and cpuinfo.clusters("") == []
 
 
-def _rows(session, *, emulator=None):
-    from sme2farm.server.store.models import Agent, Device, Model
-
-    agent = Agent(name="lab", hostname="h")
-    session.add(agent)
-    session.flush()
-    info = {"serial": "phone", "platform": "android", "model": "Big Little", "cpu_cores": 8, "clusters": CLUSTERS,
-            "emulator": emulator}
-    device = Device(agent_id=agent.id, serial="phone", platform="android", sme2=True, info=info)
-    session.add(device)
-    session.add_all([Model(sha256="a" * 64, size=1), Model(sha256="b" * 64, size=1)])
-    session.flush()
-    return device
-
-
-def _experiment(session, device, medians: dict[tuple[str, int], float], *, mask=None, sha="a" * 64, seed=0):
-    from sme2farm.server.store.models import Experiment, Run, RunResult
-
-    rng = np.random.default_rng(seed)
-    threads = sorted({t for _, t in medians})
-    exp = Experiment(model_sha256=sha, spec={"sme2": "both", "threads": threads, "core_mask": mask}, labels={})
-    session.add(exp)
-    session.flush()
-    for (sme2, t), ms in medians.items():
-        run = Run(experiment_id=exp.id, device_id=device.id, sme2=sme2, threads=t, mode="timing", status="succeeded",
-                  device_snapshot=device.info)
-        session.add(run)
-        session.flush()
-        x = (ms * np.exp(rng.normal(0, 0.01, 30))).tolist()
-        session.add(RunResult(run_id=run.id, e2e_median_ms=float(np.median(x)), e2e_mean_ms=float(np.mean(x)),
-                              e2e_p10_ms=min(x), e2e_p90_ms=max(x), e2e_cv=0.01, n=30, categories_ms={},
-                              analysis={"iterations_ms": x}))
-    session.flush()
-    return exp
-
-
 def test_clusters_joined_into_one_view_name_the_fastest_per_arm(db_url):
     from sme2farm.server.services import scaling
     from sme2farm.server.services.errors import Invalid
     from sme2farm.server.store.db import session_scope
 
     with session_scope(db_url) as s:
-        device = _rows(s)
-        little = _experiment(s, device, {("off", 1): 9.0, ("off", 2): 5.0, ("on", 1): 6.0, ("on", 2): 3.3}, mask="0f")
-        big = _experiment(s, device, {("off", 1): 4.0, ("off", 2): 2.2, ("on", 1): 1.5, ("on", 2): 1.45}, mask="F0",
-                          seed=1)
-        other = _experiment(s, device, {("off", 1): 1.0}, sha="b" * 64)
+        device = scaling_device(s)
+        little = scaling_experiment(s, device, LITTLE, mask="0f")
+        big = scaling_experiment(s, device, BIG, mask="F0", seed=1)
+        other = scaling_experiment(s, device, {("off", 1): 1.0}, sha="b" * 64)
         alone = scaling.for_experiment(s, experiment_id=little.id)
         assert [c.mask for c in alone.devices[0].clusters] == ["f", "f0"]
         assert any("--core-mask f0 (SME2)" in line for line in alone.devices[0].sentences)
@@ -90,14 +51,60 @@ def test_clusters_joined_into_one_view_name_the_fastest_per_arm(db_url):
 
 
 def test_an_emulated_device_gives_counts_and_no_speed(db_url):
-    from sme2farm.server.services import scaling
+    from sme2farm.server.services import charts, scaling
     from sme2farm.server.store.db import session_scope
 
     with session_scope(db_url) as s:
-        device = _rows(s, emulator="qemu-aarch64 -cpu max")
-        exp = _experiment(s, device, {("off", 1): 9.0, ("off", 2): 5.0, ("on", 1): 6.0, ("on", 2): 3.3})
+        device = scaling_device(s, emulator="qemu-aarch64 -cpu max")
+        exp = scaling_experiment(s, device, LITTLE)
         [d] = scaling.for_experiment(s, experiment_id=exp.id).devices
+        drawn = scaling_svg(charts.experiment_chart(s, experiment_id=exp.id, name="scaling"))
         assert d.emulated and d.emulator == "qemu-aarch64 -cpu max" and d.sme2_ratio == [] and d.fastest == []
         for arm in d.arms:
             assert arm.best_threads is None and all(p.median_ms is None and p.speedup is None for p in arm.points)
             assert [p.n for p in arm.points] == [30, 30]
+    assert drawn["series"] == {} and drawn["legend"] == []
+    assert drawn["empty"] == "emulated (qemu-aarch64 -cpu max): no speed figures"
+
+
+def test_the_chart_draws_every_device_and_every_joined_core_mask(db_url):
+    """Two measured devices run the experiment (cores 0-3), one of them also the joined one (cores
+    4-7), an emulated device runs it too: the chart has one series per device x core mask x SME2
+    setting, named in its legend, each with both thread counts; the emulated device is named
+    under the legend, not drawn. (The chart once drew the first device's arms only, without the
+    joined experiment's.)"""
+    from sme2farm.server.services import charts, scaling
+    from sme2farm.server.services.errors import Invalid, NotFound
+    from sme2farm.server.store.db import session_scope
+
+    with session_scope(db_url) as s:
+        a, b = scaling_device(s, "phone-a"), scaling_device(s, "phone-b")
+        emulated = scaling_device(s, "qemu-box", emulator="qemu-aarch64 -cpu max")
+        little = scaling_experiment(s, [a, b, emulated], LITTLE, mask="0f")
+        big = scaling_experiment(s, [a], BIG, mask="f0", seed=1)
+        other = scaling_experiment(s, [a], {("off", 1): 1.0}, sha="b" * 64)
+        view = scaling.for_experiment(s, experiment_id=little.id, joined=[big.id])
+        joined = scaling_svg(charts.experiment_chart(s, experiment_id=little.id, name="scaling", joined=[big.id]))
+        alone = scaling_svg(charts.experiment_chart(s, experiment_id=little.id, name="scaling"))
+    assert [d.device for d in view.devices] == ["phone-a", "phone-b", "qemu-box"]
+    want = [f"{d.device} · {arm.name}" for d in view.devices if not d.emulated for arm in d.arms]
+    assert list(joined["series"]) == joined["legend"] == want and len(want) == 6
+    assert {(v["device"], v["core_mask"], v["sme2"]) for v in joined["series"].values()} == {
+        ("phone-a", "f", "off"), ("phone-a", "f", "on"), ("phone-a", "f0", "off"), ("phone-a", "f0", "on"),
+        ("phone-b", "f", "off"), ("phone-b", "f", "on")}
+    assert "phone-b · SME2 on, cores f (cluster 0 (0xd05))" in joined["legend"]
+    assert "phone-a · SME2 on, cores f0 (cluster 1 (0xd87))" in joined["legend"]
+    assert all(v["threads"] == [1, 2] for v in joined["series"].values())
+    assert joined["left_out"] == ["qemu-box: emulated by qemu-aarch64 -cpu max, counts only, no speed figure"]
+    assert not any("qemu-box" in name for name in joined["series"])
+    assert joined["title"] == f"Speedup against threads, experiment {little.id} with {big.id}"
+    # without with=: both measured devices, the experiment's own mask only
+    assert {(v["device"], v["core_mask"]) for v in alone["series"].values()} == {("phone-a", "f"), ("phone-b", "f")}
+    assert len(alone["legend"]) == 4 and alone["title"] == f"Speedup against threads, experiment {little.id}"
+    with session_scope(db_url) as s:  # what the view refuses, the chart refuses alike
+        with pytest.raises(Invalid, match="ran another model"):
+            charts.experiment_chart(s, experiment_id=little.id, name="scaling", joined=[other.id])
+        with pytest.raises(NotFound, match="with: experiment 999999 not found"):
+            charts.experiment_chart(s, experiment_id=little.id, name="scaling", joined=[999999])
+        with pytest.raises(Invalid, match="only the scaling chart joins"):
+            charts.experiment_chart(s, experiment_id=little.id, name="distribution", joined=[big.id])

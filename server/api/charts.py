@@ -14,6 +14,7 @@ from sme2farm.analysis import charts
 from sme2farm.protocol import DEFAULT_MIN_EFFECT
 from sme2farm.server.api.deps import ExperimentId, SessionDep, SuiteName, UserDep
 from sme2farm.server.api.errors import INVALID, NOT_FOUND
+from sme2farm.server.api.scaling import Joined, joined_ids
 from sme2farm.server.services import charts as chart_service
 from sme2farm.server.services import comparisons as comparison_service
 from sme2farm.server.services import suites as suite_service
@@ -33,12 +34,17 @@ def svg(text: str) -> Response:
 
 
 @router.get("/experiments/{experiment_id}/charts/{name}.svg", response_class=Response,
-            responses={**SVG_RESPONSE, **NOT_FOUND})
-def experiment_chart(experiment_id: ExperimentId, name: ChartName, session: SessionDep, _user: UserDep) -> Response:
+            responses={**SVG_RESPONSE, **NOT_FOUND, **INVALID})
+def experiment_chart(experiment_id: ExperimentId, name: ChartName, session: SessionDep, _user: UserDep,
+                     joined: Joined = None) -> Response:
     """`distribution`: latency per iteration of each arm (violins); `categories`: the five
     categories' ms per iteration of each arm (stacked bars); `verdicts`: the experiment's
-    comparisons (SME2 off→on, model A→B) as ratio and 95% interval with the minimum-effect band."""
-    return svg(chart_service.experiment_chart(session, experiment_id=experiment_id, name=name))
+    comparisons (SME2 off→on, model A→B) as ratio and 95% interval with the minimum-effect band;
+    `scaling`: GET /experiments/{id}/scaling drawn, speedup against threads with one series per
+    device x core mask x SME2 setting (emulated devices named, not drawn). `with` joins other
+    experiments' runs as that view does (the scaling chart only: a 422 for the others)."""
+    return svg(chart_service.experiment_chart(session, experiment_id=experiment_id, name=name,
+                                              joined=joined_ids(joined)))
 
 
 Ref = Annotated[str, Query(min_length=1, max_length=40, description="as for GET /comparisons")]

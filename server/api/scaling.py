@@ -24,5 +24,9 @@ def get_scaling(experiment_id: ExperimentId, session: SessionDep, _user: UserDep
     thread count, and the device's clusters as core masks; with `with`, the runs of other
     experiments of the same model join (their core masks too: which cluster is fastest). Emulated
     runs: no speed figure."""
-    ids = [int(x.strip().lstrip("Ee")) for x in joined.split(",")] if joined else []
-    return scaling_service.for_experiment(session, experiment_id=experiment_id, joined=ids)
+    return scaling_service.for_experiment(session, experiment_id=experiment_id, joined=joined_ids(joined))
+
+
+def joined_ids(joined: str | None) -> list[int]:
+    """`with` (already matched by Joined's pattern: '13, E14') as experiment ids."""
+    return [int(x.strip().lstrip("Ee")) for x in joined.split(",")] if joined else []

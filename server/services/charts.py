@@ -8,8 +8,9 @@ anyone who GETs it, so every view of an experiment shows one drawing of it.
 - ``categories``: per arm the mean ms per iteration of each category over its sessions;
 - ``verdicts``: the experiment's comparisons (kind sme2 and kind model) as a forest plot;
   incomplete ones are listed with their verdict "incomplete" and no ratio;
-- ``scaling``: speedup against threads per arm (services/scaling.py), one device's view (the
-  first; its serial in the title when there are several).
+- ``scaling``: speedup against threads (services/scaling.py), one series per device x core mask
+  x SME2 setting (x model variant) of every device the view covers, experiments joined with
+  ``joined`` (GET ...?with=) included; an emulated device is named under the legend, not drawn.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import scaling as scaling_service
 from sme2farm.server.services import suites as suite_service
-from sme2farm.server.services.errors import NotFound
+from sme2farm.server.services.errors import Invalid, NotFound
 
 NAMES = ("distribution", "categories", "verdicts", "scaling")
 
@@ -187,23 +188,40 @@ def render(exp: Experiment, name: str) -> str:
     raise NotFound(f"no chart {name!r}; charts are {', '.join(NAMES)}")
 
 
-def experiment_chart(session: Session, *, experiment_id: int, name: str) -> str:
+def experiment_chart(session: Session, *, experiment_id: int, name: str, joined: list[int] | None = None) -> str:
+    """One chart of an experiment. `joined` (other experiments of the same model) is for the
+    scaling chart only: Invalid for any other chart."""
     if name not in NAMES:
         raise NotFound(f"no chart {name!r}; charts are {', '.join(NAMES)}")
     if name == "scaling":
-        return scaling_chart(session, experiment_id=experiment_id)
+        return scaling_chart(session, experiment_id=experiment_id, joined=joined)
+    if joined:
+        raise Invalid(f"with: only the scaling chart joins other experiments, not the {name} chart")
     exp = experiment_service.get(session, experiment_id=experiment_id)
     if exp is None:
         raise NotFound(f"experiment {experiment_id} not found")
     return render(exp, name)
 
 
-def scaling_chart(session: Session, *, experiment_id: int) -> str:
-    view = scaling_service.for_experiment(session, experiment_id=experiment_id)
+def scaling_chart(session: Session, *, experiment_id: int, joined: list[int] | None = None) -> str:
+    """The scaling view (services/scaling.py, with `joined`'s runs) drawn: one series per device
+    and arm, named '<device> · <arm>' in the legend. An emulated device's runs give no speed
+    figure: it is named under the legend, not drawn (every device emulated: the chart says so)."""
+    view = scaling_service.for_experiment(session, experiment_id=experiment_id, joined=joined)
     title = f"Speedup against threads, experiment {experiment_id}"
-    if not view.devices:
-        return charts.scaling_chart([], title=title)
-    device = view.devices[0]
-    if len(view.devices) > 1:
-        title += f" · {device.device or device.device_model}"
-    return charts.scaling_chart([a.model_dump() for a in device.arms], title=title, emulated=device.emulator)
+    if view.joined:
+        title += f" with {', '.join(map(str, view.joined))}"
+    masked = any(a.core_mask is not None for d in view.devices for a in d.arms)
+    series, left_out, emulators = [], [], []
+    for d in view.devices:
+        where = d.device or d.device_model or "?"
+        if d.emulated:
+            emulators.append(d.emulator or "an emulator")
+            left_out.append(f"{where}: emulated by {d.emulator or 'an emulator'}, counts only, no speed figure")
+            continue
+        for a in d.arms:
+            name = a.name + (", no core mask" if masked and a.core_mask is None else "")
+            series.append({**a.model_dump(mode="json"), "name": f"{where} · {name}", "device": where})
+    if view.devices and not series:
+        return charts.scaling_chart([], title=title, emulated=", ".join(dict.fromkeys(emulators)))
+    return charts.scaling_chart(series, title=title, left_out=left_out)

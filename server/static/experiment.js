@@ -383,11 +383,23 @@ function programMemory(m) {
   `${bytes(m.planned_bytes)} planned in ${arenas} arena${arenas === 1 ? "" : "s"} · weights ${bytes(m.weights_bytes)}`);
 }
 
-// Thread and core scaling (GET /experiments/{id}/scaling): the chart of the first device, then
-// per device its table and what the view says in words. Emulated: the words only.
-function scalingCard(view, svg) {
+// Thread and core scaling (GET /experiments/{id}/scaling, ?with= joining other experiments of the
+// same model): the chart (one series per device x core mask x SME2 setting; emulated devices are
+// named, not drawn), then per device its table and what the view says in words. Emulated: the
+// words only. The form joins experiments (the page's #/experiments/ID?with=13,14); a bad list
+// gets the server's 4xx, said in the card.
+function scalingCard(exp, joined, view, svg, error) {
   const f = (v, d = 2) => (v == null ? "—" : Number(v).toFixed(d));
-  return h("div", { class: "card scaling", id: "scaling" }, h("h3", {}, "Thread scaling"), svg,
+  const input = h("input", { id: "scaling-with", name: "with", value: joined || "", placeholder: "13,14", size: 14,
+    title: "other experiments of the same model, e.g. one per --core-mask" });
+  const form = h("form", { class: "scaling-with small", onsubmit: (e) => {
+    e.preventDefault();
+    const w = input.value.trim();
+    location.hash = `#/experiments/${encodeURIComponent(exp.id)}${w ? `?${new URLSearchParams({ with: w })}` : ""}`;
+  } }, h("label", { for: "scaling-with" }, "Join experiments "), input, " ",
+  h("button", { type: "submit", class: "ghost" }, "Join"));
+  return h("div", { class: "card scaling", id: "scaling", dataset: { with: (view?.joined || []).join(",") } },
+    h("h3", {}, "Thread scaling"), form, error && h("p", { class: "alert small scaling-error" }, error), svg,
     (view?.devices || []).map((d) => h("div", { class: "scaling-device", dataset: { emulated: d.emulated ? "yes" : "no" } },
       h("h4", {}, `${d.device || "?"}`, h("span", { class: "muted" }, ` · ${d.device_model || ""}`)),
       !d.emulated && table(["Arm", "Threads", "Median ms", "Speedup", "95% interval", "Efficiency"],
@@ -400,7 +412,7 @@ function scalingCard(view, svg) {
     (view?.sentences || []).map((t) => h("p", { class: "muted small" }, t)));
 }
 
-export async function experimentView({ id }) {
+export async function experimentView({ id, with: joined }) {
   const exp = await getJSON(`/experiments/${encodeURIComponent(id)}`);
   const s = exp.spec;
   const running = exp.runs.some((r) => ACTIVE.has(r.status));
@@ -421,9 +433,14 @@ export async function experimentView({ id }) {
     measured && chart(`${base}/categories.svg`, "categories"),
     exp.comparisons.length > 0 && chart(`${base}/verdicts.svg`, "verdicts"),
   ]);
-  const scales = measured && (s.threads.length > 1 || s.core_mask);
+  const join = (joined || "").trim();
+  const scales = (measured && (s.threads.length > 1 || s.core_mask)) || join;
+  const withQuery = join ? `?${new URLSearchParams({ with: join })}` : "";
+  let scalingError = null;
   const [scaling, scalingChart] = scales ? await Promise.all([
-    getJSON(`/experiments/${encodeURIComponent(exp.id)}/scaling`).catch(() => null), chart(`${base}/scaling.svg`, "scaling"),
+    getJSON(`/experiments/${encodeURIComponent(exp.id)}/scaling${withQuery}`)
+      .catch((e) => { scalingError = e.message; return null; }),
+    chart(`${base}/scaling.svg${withQuery}`, "scaling"),
   ]) : [null, null];
   const grouped = unplacedGroups(exp.runs);
   const device = s.device ? Object.entries(s.device).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length)).map(([k, v]) => `${k}=${v}`).join(", ") : "";
@@ -454,7 +471,7 @@ export async function experimentView({ id }) {
       unplacedCard(grouped),
       measured && h("div", { class: "card charts" }, h("h3", {}, "Latency and where the time goes, per arm"),
         h("div", { class: "cols" }, distribution, categories)),
-      scales && scalingCard(scaling, scalingChart),
+      scales && scalingCard(exp, join, scaling, scalingChart, scalingError),
       exp.comparisons.length > 0 && h("section", { class: "verdicts", id: "verdicts" },
         h("div", { class: "card" }, h("h3", {}, "Verdicts"), verdicts),
         exp.comparisons.map((c) => comparisonCard(grouped.size && c.reason
