@@ -33,7 +33,7 @@ from .stats import bootstrap_ci, latency_stats
 from .verdict import verdict
 
 __all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature",
-           "phases_compared"]
+           "phases_compared", "point_phases", "phase_medians"]
 
 MARKER_PREFILL = "sme2farm::llm_prefill"
 MARKER_DECODE = "sme2farm::llm_decode"
@@ -198,6 +198,34 @@ def phases_compared(baseline, candidate, *, labels: tuple[str, str], noise=None,
                     min_effect: float, level: float) -> dict | None:
     """The SME2 on/off (or A/B) verdict per LLM phase, with the same calibrated verdict as E2E
     (verdict.verdict, sessions as the unit): prefill on the time to first token, decode on the
+def point_phases(reports: list[dict]) -> dict | None:
+    """A suite point's LLM phases from its runs' reports (one session each, in order): per phase
+    (PHASE_KEYS) one list of per-generation values per session (finite and > 0 only), with the
+    prompt and decode lengths (None when the runs differed). None when no report has an llm
+    section. The caller leaves out emulated runs: their figures are the emulator's."""
+    llms = [r["llm"] for r in reports if r and isinstance(r.get("llm"), dict)]
+    if not llms:
+        return None
+    out: dict = {}
+    for key in ("prompt", "decode"):
+        seen = {m.get(key) for m in llms}
+        out[key] = seen.pop() if len(seen) == 1 else None
+    for key, _ in PHASE_KEYS:
+        out[key] = [[float(x) for x in (m.get("samples") or {}).get(key) or []
+                     if x is not None and math.isfinite(x) and x > 0] for m in llms]
+    return out
+
+
+def phase_medians(point: dict | None) -> dict | None:
+    """What a suite series shows of a point's phases (point_phases): per phase the median over
+    every generation of every session, the lengths and how many generations."""
+    if not point:
+        return None
+    flat = {key: [x for s in point.get(key) or [] for x in s] for key, _ in PHASE_KEYS}
+    return {"prompt": point.get("prompt"), "decode": point.get("decode"), "generations": len(flat["ttft_ms"]),
+            **{key: float(np.median(v)) if v else None for key, v in flat.items()}}
+
+
     milliseconds per decoded token. speedup > 1: the candidate is faster in that phase. None
     unless both arms are LLM runs."""
     b, c = _phase_sessions(baseline), _phase_sessions(candidate)

@@ -48,7 +48,8 @@ def cmd_suite_create(args) -> int:
         return 2
     spec: dict = {"name": args.name, "models": args.model, "sme2": args.sme2, "threads": threads,
                   "iterations": args.iterations, "warmup": args.warmup, "sessions": args.sessions,
-                  "schedule": args.schedule, "thresholds": {"min_effect": args.min_effect, "alpha": args.alpha},
+                  "schedule": args.schedule, "thresholds": {"min_effect": args.min_effect, "alpha": args.alpha,
+                                                            "memory": args.memory_threshold},
                   "canary": args.canary, "webhook": args.webhook}
     selector = parse_selector(args.device)
     if selector is not None:
@@ -124,6 +125,13 @@ def series_text(series: SeriesRead) -> str:
                     ("runtime_allocated_bytes", "runtime allocated"), ("peak_rss_bytes", "peak RSS"))
                 if memory.get(k) is not None))
         lines += [f"  memory change: {c.sentence}" for c in s.memory_changes]
+        if (llm := next((p.llm for p in reversed(s.points) if p.llm), None)) is not None:
+            lines.append(f"  LLM (latest, prompt {llm.prompt}, decode {llm.decode}, {llm.generations} generation(s)): "
+                         + ", ".join(f"{name} {v:.{digits}f}{unit}" for name, v, digits, unit in (
+                             ("time to first token", llm.ttft_ms, 3, " ms"),
+                             ("prefill", llm.prefill_tokens_per_s, 1, " tokens/s"),
+                             ("decode", llm.decode_tokens_per_s, 1, " tokens/s")) if v is not None))
+        lines += [f"  {c.metric} change #{c.id} [{c.status}, {c.blamed}] {c.sentence}" for c in s.metric_changes]
     return "\n".join(lines) or "no points yet"
 
 
@@ -135,7 +143,8 @@ def cmd_suite_show(args) -> int:
         return 0
     print(f"suite {suite.name}: schedule {suite.schedule} "
           f"({'paused' if suite.paused else 'next ' + str(_iso(suite.next_run_at))}), "
-          f"min effect {suite.thresholds.min_effect:.1%}, alpha {suite.thresholds.alpha:g}"
+          f"min effect {suite.thresholds.min_effect:.1%}, alpha {suite.thresholds.alpha:g}, "
+          f"memory threshold {suite.thresholds.memory:.1%}"
           f"{', canary' if suite.canary else ''}{', webhook ' + suite.webhook if suite.webhook else ''}")
     for r in suite.runs[:10]:
         print(f"  run {r.id} {r.trigger:<8} {r.status:<9} {_iso(r.triggered_at)} experiments {r.experiment_ids}"
@@ -198,7 +207,8 @@ def cmd_regressions(args) -> int:
     for r in rows:
         w = r.webhook
         hook = "" if w.state == "none" else f" webhook {w.state} ({w.attempts} attempt(s))"
-        print(f"#{r.id:<5} {r.suite:<16} {r.direction:<11} x{r.ratio:.3f} [{r.status}, {r.blamed}]{hook}"
+        what = "" if r.metric == "latency" else f"{r.metric} "
+        print(f"#{r.id:<5} {r.suite:<16} {r.direction:<11} {what}x{r.ratio:.3f} [{r.status}, {r.blamed}]{hook}"
               f"\n       {r.sentence}")
     return 0
 
@@ -227,6 +237,10 @@ def add_parsers(sub) -> None:
                         f"{min_effect * 100:g}%%)")
     c.add_argument("--alpha", type=float, default=thresholds["alpha"].default,
                    help="two-sided level that confirms a change, 0 < x < 1")
+    memory = thresholds["memory"].default
+    c.add_argument("--memory-threshold", type=float, default=memory,
+                   help=f"smallest memory change that alerts: a fraction, 0 <= x < 1 (default {memory:g}: "
+                        f"{memory * 100:g}%%)")
     c.add_argument("--canary", action="store_true", help="this suite's series are their devices' canary")
     c.add_argument("--webhook", help="http(s) URL alerts are POSTed to (needs an admin token)")
     c.add_argument("--json", action="store_true")

@@ -590,6 +590,9 @@ class SuiteModel(_Strict):
 class SuiteThresholds(_Strict):
     min_effect: float = Field(default=0.03, ge=0, le=0.5, description="Smallest ratio change claimed, a fraction 0-0.5 (0.03: 3%)")
     alpha: float = Field(default=0.0005, gt=0, lt=1, description="Two-sided level that confirms a change")
+    memory: float = Field(default=0.05, ge=0, lt=1, description=(
+        "Smallest memory change that alerts, a fraction 0-1 (0.05: 5%): planned memory, weights and the runtime's "
+        "allocation on the point they change at (exact), peak RSS once the next point confirms it"))
 
 
 class SuiteSpec(_Strict):
@@ -709,6 +712,17 @@ class SeriesKey(BaseModel):
     threads: int
 
 
+class SeriesLlm(BaseModel):
+    """A suite point's LLM phases: medians over every generation of the point's runs."""
+
+    prompt: int | None = Field(description="Prompt tokens (None when the runs differed)")
+    decode: int | None = Field(description="Decoded tokens per generation (None when the runs differed)")
+    generations: int = Field(description="Generations measured, all sessions")
+    ttft_ms: float | None = Field(description="Time to first token, ms")
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+
+
 class SeriesPoint(BaseModel):
     experiment_id: int | None
     run_ids: list[int]
@@ -725,6 +739,9 @@ class SeriesPoint(BaseModel):
     memory: dict[str, Any] | None = Field(
         default=None, description="planned_bytes and weights_bytes (the program), runtime_allocated_bytes and "
                                   "peak_rss_bytes (medians over the point's runs); None before memory was recorded")
+    llm: SeriesLlm | None = Field(
+        default=None, description="An LLM's phases at this point (medians over its generations); None for other "
+                                  "models, for an emulated point (no speed figure) and before they were recorded")
 
 
 class MemoryChange(BaseModel):
@@ -740,13 +757,22 @@ class MemoryChange(BaseModel):
     sentence: str
 
 
+SUITE_METRICS = ("latency", "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "planned_bytes", "weights_bytes",
+                 "runtime_allocated_bytes", "peak_rss_bytes")
+
+
 class SeriesChange(BaseModel):
     id: int
     point_index: int | None
     experiment_id: int | None
     baseline_experiment_id: int | None
-    direction: str = Field(description="regression | improvement")
-    ratio: float | None
+    metric: str = Field(default="latency", description="What changed: " + ", ".join(SUITE_METRICS))
+    unit: str = Field(default="ms", description="The unit of before and after: ms, tokens/s or bytes")
+    before: float | None = Field(default=None, description="The baseline's level (latency, LLM phases: the "
+                                                           "detector's median; memory: the last point's value)")
+    after: float | None = Field(default=None, description="The level at and after the change")
+    direction: str = Field(description="regression | improvement (for tokens/s a regression is fewer)")
+    ratio: float | None = Field(description="after / before in the metric's own unit")
     ci_low: float | None
     ci_high: float | None
     status: str = Field(description="candidate | confirmed | dropped | acknowledged")
@@ -775,6 +801,9 @@ class Series(BaseModel):
     memory_changes: list[MemoryChange] = Field(
         default_factory=list, description="Where planned memory, weights or the runtime's allocation changed, "
                                           "e.g. 'planned memory +12.0% since 2026-11-14 (experiment 14)'")
+    metric_changes: list[SeriesChange] = Field(
+        default_factory=list, description="Changes stored and alerted for the other metrics (`metric`): an LLM's "
+                                          "phases, and memory changes past the suite's memory threshold")
 
 
 class SeriesRead(BaseModel):
@@ -796,6 +825,10 @@ class RegressionRead(BaseModel):
     id: int
     suite: str
     key: SeriesKey
+    metric: str = Field(default="latency", description="What changed: " + ", ".join(SUITE_METRICS))
+    unit: str = Field(default="ms", description="The unit of before and after: ms, tokens/s or bytes")
+    before: float | None = None
+    after: float | None = None
     direction: str
     ratio: float | None
     ci_low: float | None

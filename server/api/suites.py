@@ -93,7 +93,7 @@ def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep) ->
     changes = patch.model_dump(exclude_unset=True)
     if "thresholds" in changes:
         if patch.thresholds is None:
-            raise HTTPException(422, "thresholds: give min_effect and/or alpha, not null")
+            raise HTTPException(422, "thresholds: give min_effect, alpha and/or memory, not null")
         changes["thresholds"] = patch.thresholds.model_dump(exclude_unset=True)  # the others stay
     if "schedule" in changes and patch.schedule is None:
         raise HTTPException(422, "schedule: give a cron expression, not null")

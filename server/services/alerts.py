@@ -1,4 +1,5 @@
-"""Alerts: a confirmed model change POSTed as JSON to its suite's webhook.
+"""Alerts: a confirmed model change POSTed as JSON to its suite's webhook: latency, a memory
+figure past the suite's memory threshold or an LLM phase (the change's `metric`), one payload.
 
 The Celery task (worker/tasks.py deliver_alert) calls :func:`prepare` in one short transaction,
 :func:`post` with no transaction open (a slow webhook holds no database connection and no
@@ -18,7 +19,9 @@ import httpx
 from sqlalchemy.orm import Session
 
 from sme2farm import __version__
-from sme2farm.server.store.models import Suite, SuiteChange, utcnow
+from sme2farm.server.services.suites.metrics import metric_of, values_of
+from sme2farm.server.services.suites.schedule import aware
+from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, utcnow
 
 DELIVERABLE = ("pending", "retrying")
 
@@ -37,12 +40,26 @@ def _links(base: str | None, experiment_id: int | None) -> dict[str, Any] | None
             "dashboard": f"{base}/#/experiments/{experiment_id}"}
 
 
-def payload(change: SuiteChange, suite: Suite, public_url: str | None) -> dict[str, Any]:
+def _point(p: SuitePoint | None) -> dict[str, Any] | None:
+    """Where a change was measured: the point (suite run, time, experiment) and what it ran."""
+    if p is None:
+        return None
+    at = aware(p.at)
+    return {"id": p.id, "suite_run_id": p.suite_run_id, "at": at.isoformat() if at else None,
+            "experiment_id": p.experiment_id, "runner": p.runner, "executorch_version": p.et_version}
+
+
+def payload(change: SuiteChange, suite: Suite, public_url: str | None, point: SuitePoint | None = None,
+            baseline_point: SuitePoint | None = None) -> dict[str, Any]:
     base = (public_url or "").rstrip("/")
+    metric = metric_of(change)
+    before, after = values_of(change)
     return {
         "event": f"sme2farm.{change.direction}", "id": change.id, "suite": suite.name,
         "key": {"model_sha256": change.model_sha256, "model_name": change.model_name,
                 "device_model": change.device_model, "sme2": change.sme2, "threads": change.threads},
+        "metric": change.metric or "latency", "metric_name": metric.words, "unit": metric.unit,
+        "before": before, "after": after, "point": _point(point), "baseline_point": _point(baseline_point),
         "direction": change.direction, "ratio": change.ratio, "ci_low": change.ci_low, "ci_high": change.ci_high,
         "status": change.status, "blamed": change.blamed, "sentence": change.sentence,
         "experiment": _links(base, change.experiment_id),
@@ -64,7 +81,9 @@ def prepare(session: Session, change_id: int, public_url: str | None) -> Deliver
     if suite is None or not suite.webhook:
         change.webhook_state = "none"
         return None
-    return Delivery(suite.webhook, payload(change, suite, public_url))
+    base_id = (change.detail or {}).get("baseline_point_id")
+    return Delivery(suite.webhook, payload(change, suite, public_url, session.get(SuitePoint, change.point_id),
+                                           session.get(SuitePoint, base_id) if base_id else None))
 
 
 def post(delivery: Delivery, timeout_s: float) -> str | None:

@@ -222,6 +222,8 @@ class Suite(Base):
     schedule: Mapped[str] = mapped_column(String(120), default="0 3 * * *")
     min_effect: Mapped[float] = mapped_column(Float, default=0.03)
     alpha: Mapped[float] = mapped_column(Float, default=0.0005)
+    # The smallest memory change that alerts, a fraction (migration 0013).
+    memory_threshold: Mapped[float] = mapped_column(Float, default=0.05, server_default="0.05")
     canary: Mapped[bool] = mapped_column(Boolean, default=False)
     webhook: Mapped[str | None] = mapped_column(String(2000))
     next_run_at: Mapped[datetime | None] = mapped_column(index=True)
@@ -284,18 +286,24 @@ class SuitePoint(Base):
     # analysis.memory.point_memory(): planned and weights bytes (the program), runtime allocated and
     # peak RSS (medians over the point's runs); None for points recorded before migration 0012.
     memory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # analysis.llm.point_phases(): an LLM's samples per phase (time to first token, prefill and decode
+    # tokens/s per generation, one list per session); None for other models, emulated points and points
+    # recorded before migration 0013.
+    llm: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     acknowledged: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class SuiteChange(Base):
     """A change the detector flagged in a series (regression or improvement), and its alert:
-    candidate until the next point confirms it; acknowledged resets the series' baseline."""
+    candidate until the next point confirms it; acknowledged resets the series' baseline. One per
+    point and metric: latency, a memory figure or an LLM phase (services/suites/metrics.py)."""
 
     __tablename__ = "suite_changes"
-    __table_args__ = (UniqueConstraint("point_id"),)
+    __table_args__ = (UniqueConstraint("point_id", "metric", name="uq_suite_changes_point_metric"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     suite_id: Mapped[int] = mapped_column(ForeignKey("suites.id", ondelete="CASCADE"), index=True)
     point_id: Mapped[int] = mapped_column(ForeignKey("suite_points.id", ondelete="CASCADE"))  # first point at the new level
+    metric: Mapped[str] = mapped_column(String(32), default="latency", server_default="latency")
     model_sha256: Mapped[str] = mapped_column(String(64))
     model_name: Mapped[str] = mapped_column(String(200), default="")
     device_model: Mapped[str] = mapped_column(String(256))

@@ -11,12 +11,14 @@ and nightly regression detection over those series (analysis/regression.py).
   version, device state), runs the detector over each touched series with the device's noise
   model and the device's canary series, and stores the changes it flagged (detection.py).
 - Confirmed model changes nobody acknowledged are alerts: POSTed to the suite's webhook by
-  TASK_ALERT_WEBHOOK (services/alerts.py), after the commit, with bounded retries.
+  TASK_ALERT_WEBHOOK (services/alerts.py), after the commit, with bounded retries. Latency's, and
+  the other metrics' (metrics.py): memory past the suite's memory threshold, an LLM's phases.
 - A canary suite's consecutive points teach the device's noise model (services/noise.learn).
 
 One job per module: schedule.py (cron, webhook), crud.py (store, change, delete, look up),
-runs.py (start suite runs, the end_run hook), detection.py (points, detection), reads.py (the
-read models the routes answer, acknowledging a change). This package's names are theirs.
+runs.py (start suite runs, the end_run hook), detection.py (points, detection), metrics.py (the
+change rows of every metric, memory and LLM-phase detection), reads.py (the read models the routes
+answer, acknowledging a change). This package's names are theirs.
 """
 
 from sme2farm.server.services.suites.crud import create, delete, get, get_all, sme2_warnings, update_suite

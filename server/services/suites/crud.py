@@ -67,7 +67,8 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
     suite = Suite(name=spec.name, models=models, device=device,
                   sme2=spec.sme2, threads=list(spec.threads), iterations=spec.iterations, warmup=spec.warmup,
                   sessions=spec.sessions, schedule=schedule, min_effect=spec.thresholds.min_effect,
-                  alpha=spec.thresholds.alpha, canary=spec.canary, webhook=webhook,
+                  alpha=spec.thresholds.alpha, memory_threshold=spec.thresholds.memory, canary=spec.canary,
+                  webhook=webhook,
                   next_run_at=next_fire(schedule, now), created_at=now)
     try:
         with session.begin_nested():
@@ -81,7 +82,7 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
 
 def update_suite(session: Session, suite: Suite, changes: dict[str, Any], *, now: datetime | None = None) -> Suite:
     """PATCH: `changes` holds only the fields given: schedule, paused, webhook (None or '' removes
-    it), thresholds {min_effect, alpha}. Paused = no next run (the tick starts nothing; a manual
+    it), thresholds {min_effect, alpha, memory}. Paused = no next run (the tick starts nothing; a manual
     run still works); resuming, or a new schedule while not paused, sets the next fire time."""
     now = now or utcnow()
     paused = suite.next_run_at is None
@@ -90,8 +91,9 @@ def update_suite(session: Session, suite: Suite, changes: dict[str, Any], *, now
     if "webhook" in changes:
         suite.webhook = check_webhook(changes["webhook"])
     if "thresholds" in changes:
-        t = changes["thresholds"]  # {min_effect?, alpha?}, validated (SuiteThresholds)
+        t = changes["thresholds"]  # {min_effect?, alpha?, memory?}, validated (SuiteThresholds)
         suite.min_effect, suite.alpha = t.get("min_effect", suite.min_effect), t.get("alpha", suite.alpha)
+        suite.memory_threshold = t.get("memory", suite.memory_threshold)
     if changes.get("paused") is not None:
         paused = bool(changes["paused"])
     if paused:

@@ -1,6 +1,6 @@
 """A suite run's series points, the regression detector over each series they extend
-(analysis/regression.py, with the device's noise model and canary series), and the smallest
-step the detector would confirm now."""
+(analysis/regression.py, with the device's noise model and canary series; then the series'
+memory and LLM phases, metrics.py), and the smallest step the detector would confirm now."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, selectinload
 
 from sme2farm.analysis import regression
+from sme2farm.analysis.llm import point_phases
 from sme2farm.analysis.memory import point_memory
-from sme2farm.protocol import DEFAULT_METHOD, TASK_ALERT_WEBHOOK, DetectableStep, RunStatus
+from sme2farm.protocol import DEFAULT_METHOD, DetectableStep, RunStatus
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import noise as noise_service
 from sme2farm.server.services.programs import memory_for
+from sme2farm.server.services.suites import metrics
 from sme2farm.server.services.suites.runs import all_ended
 from sme2farm.server.services.suites.schedule import aware
-from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import (Device, Experiment, Model, Run, Suite, SuiteChange, SuitePoint, SuiteRun,
                                           utcnow)
 
@@ -84,7 +85,9 @@ def _point_rows(session: Session, srun: SuiteRun, suite: Suite) -> list[SuitePoi
                 high_ms=float(np.percentile(flat, 90)) if flat.size else None,
                 n_iterations=int(flat.size), sessions=len(samples), runner=", ".join(runners)[:256] or None,
                 et_version=", ".join(versions)[:128] or None, device_state=state,
-                memory=point_memory(program, [r.result.analysis or {} for r in ok])))
+                memory=point_memory(program, [r.result.analysis or {} for r in ok]),
+                # an LLM's phases: speed figures, so none from an emulator (the run report gives none either)
+                llm=None if emulators else point_phases([r.result.analysis or {} for r in ok])))
     return out
 
 
@@ -218,7 +221,8 @@ def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
         return []
     if any((p.device_state or {}).get("emulated") for p in pts):
         # An emulated device's times measure the emulator: a step in them is no regression of the
-        # model, so such a series is recorded and drawn but never judged.
+        # model, so such a series is recorded and drawn but never judged, and alerts nothing (memory
+        # changes are still flagged exactly in the series read, never alerted).
         return []
     device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
     # A learned model only: the default prior (10% between sessions, for verdicts on a device
@@ -229,57 +233,20 @@ def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
     params = regression.DetectorParams(min_effect=suite.min_effect, alpha=suite.alpha,
                                        flag_alpha=max(0.05, suite.alpha))
     canary = _canary_for(session, suite, key, pts)
+    existing = metrics.existing_changes(session, pts)
+    alerts: list[int] = []
     try:
         det = regression.detect([regression_point(p) for p in pts], canary=canary, noise=noise, params=params)
     except ValueError:  # a stored point the detector cannot read: keep the points, flag nothing, say so
         log.exception("suite %s: detection failed on series %s", suite.name, key)
-        return []
-    existing = {c.point_id: c for c in session.scalars(select(SuiteChange).where(
-        SuiteChange.point_id.in_([p.id for p in pts])))}
-    alerts = []
-    now = utcnow()
-    for c in det.changes:
-        p = pts[c.index]
-        base = pts[c.baseline["end"]]
-        row = existing.get(p.id)
-        if row is None:
-            row = SuiteChange(suite_id=suite.id, point_id=p.id, model_sha256=p.model_sha256, model_name=p.model_name,
-                              device_model=p.device_model, sme2=p.sme2, threads=p.threads, detected_at=now,
-                              webhook_state="none", webhook_attempts=0, webhook_last_error="")
-            session.add(row)
-        was_confirmed = row.status in ("confirmed", "acknowledged") and row.confirmed_at is not None
-        row.direction, row.ratio = c.direction, float(c.ratio)
-        lo, hi = c.ratio_ci
-        row.ci_low = float(lo) if math.isfinite(lo) else None
-        row.ci_high = float(hi) if math.isfinite(hi) else None
-        row.blamed = "device" if c.kind == regression.DEVICE_DRIFT else "model"
-        row.experiment_id, row.baseline_experiment_id = p.experiment_id, base.experiment_id
-        row.detail = _jsonable(c.to_dict())
-        row.sentence = sentence_for(c, key, p.model_name, p.experiment_id, base.experiment_id)
-        if row.status != "acknowledged":
-            row.status = "acknowledged" if c.acknowledged else c.status
-        if c.status == regression.CONFIRMED and not was_confirmed:
-            row.confirmed_at = now
-        session.flush()
-        if c.is_alert and row.status == "confirmed" and row.webhook_state == "none" and suite.webhook:
-            row.webhook_state = "pending"
-            enqueue_after_commit(session, TASK_ALERT_WEBHOOK, row.id)
-            alerts.append(row.id)
+    else:
+        alerts += metrics.store_detected(
+            session, suite, key, pts, det.changes, existing, metric=metrics.LATENCY, newest_only=False,
+            sentence=lambda c, p, base, *_: sentence_for(c, key, p.model_name, p.experiment_id, base.experiment_id))
+    # the other metrics of the series: memory past the suite's threshold, an LLM's phases (metrics.py)
+    alerts += metrics.detect_memory(session, suite, key, pts, existing)
+    alerts += metrics.detect_phases(session, suite, key, pts, existing)
     return alerts
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
 
 
 # ---- reading series and changes --------------------------------------------------------------

@@ -9,12 +9,14 @@ from urllib.parse import urlsplit
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from sme2farm.analysis.llm import phase_medians
 from sme2farm.analysis.memory import memory_changes
 from sme2farm.protocol import (MemoryChange, RegressionRead, RegressionWebhook, Series, SeriesChange, SeriesKey,
-                               SeriesPoint, SeriesRead, SuiteDetail, SuiteDeviceRead, SuiteRead, SuiteRunRead,
-                               SuiteRunStarted, SuiteThresholds)
+                               SeriesLlm, SeriesPoint, SeriesRead, SuiteDetail, SuiteDeviceRead, SuiteRead,
+                               SuiteRunRead, SuiteRunStarted, SuiteThresholds)
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.services.suites.detection import detect_series, detectable_step, key_of
+from sme2farm.server.services.suites.metrics import LATENCY, metric_of, values_of
 from sme2farm.server.services.suites.schedule import aware
 from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, SuiteRun, utcnow
 
@@ -36,7 +38,8 @@ def suite_read(suite: Suite) -> SuiteRead:
     return SuiteRead(
         name=suite.name, models=suite.models, device=SuiteDeviceRead(selector=suite.device or {}), sme2=suite.sme2,
         threads=suite.threads, iterations=suite.iterations, warmup=suite.warmup, sessions=suite.sessions,
-        schedule=suite.schedule, thresholds=SuiteThresholds(min_effect=suite.min_effect, alpha=suite.alpha),
+        schedule=suite.schedule, thresholds=SuiteThresholds(min_effect=suite.min_effect, alpha=suite.alpha,
+                                                             memory=suite.memory_threshold),
         canary=suite.canary, webhook=redact(suite.webhook), paused=suite.next_run_at is None,
         next_run_at=aware(suite.next_run_at), last_run_at=aware(suite.last_run_at), created_at=aware(suite.created_at),
         **({"warnings": warnings} if warnings else {}))
@@ -63,8 +66,10 @@ def run_started(suite: Suite, srun: SuiteRun) -> SuiteRunStarted:
 
 
 def _change_read(c: SuiteChange, index: int | None = None) -> SeriesChange:
+    before, after = values_of(c)
     return SeriesChange(id=c.id, point_index=index, experiment_id=c.experiment_id,
-                        baseline_experiment_id=c.baseline_experiment_id, direction=c.direction, ratio=c.ratio,
+                        baseline_experiment_id=c.baseline_experiment_id, metric=c.metric or LATENCY,
+                        unit=metric_of(c).unit, before=before, after=after, direction=c.direction, ratio=c.ratio,
                         ci_low=c.ci_low, ci_high=c.ci_high, status=c.status, blamed=c.blamed, sentence=c.sentence)
 
 
@@ -72,7 +77,8 @@ def _point_read(p: SuitePoint) -> SeriesPoint:
     return SeriesPoint(experiment_id=p.experiment_id, run_ids=p.run_ids, at=aware(p.at), median_ms=p.median_ms,
                        low_ms=p.low_ms, high_ms=p.high_ms, n_iterations=p.n_iterations, sessions=p.sessions,
                        runner=p.runner, et_version=p.et_version, device_state=p.device_state,
-                       acknowledged=p.acknowledged, memory=p.memory)
+                       acknowledged=p.acknowledged, memory=p.memory,
+                       llm=SeriesLlm(**llm) if (llm := phase_medians(p.llm)) else None)
 
 
 def series(session: Session, suite: Suite) -> SeriesRead:
@@ -81,8 +87,13 @@ def series(session: Session, suite: Suite) -> SeriesRead:
     by_key: dict[tuple, list[SuitePoint]] = defaultdict(list)
     for p in pts:
         by_key[key_of(p)].append(p)
-    changes: dict[int, SuiteChange] = {c.point_id: c for c in session.scalars(
-        select(SuiteChange).where(SuiteChange.suite_id == suite.id))}
+    changes: dict[int, SuiteChange] = {}  # latency's, by point
+    others: dict[int, list[SuiteChange]] = defaultdict(list)  # the other metrics' (metrics.py)
+    for c in session.scalars(select(SuiteChange).where(SuiteChange.suite_id == suite.id).order_by(SuiteChange.id)):
+        if (c.metric or LATENCY) == LATENCY:
+            changes[c.point_id] = c
+        else:
+            others[c.point_id].append(c)
     out = []
     for key, ps in sorted(by_key.items()):
         index = {p.id: i for i, p in enumerate(ps)}
@@ -97,6 +108,7 @@ def series(session: Session, suite: Suite) -> SeriesRead:
             changes=[_change_read(changes[p.id], index[p.id]) for p in ps if p.id in changes],
             detectable=None if emulated else detectable_step(session, suite, ps),
             memory_changes=memory_changes([p.memory for p in ps], [_point_label(p) for p in ps]),
+            metric_changes=[_change_read(c, index[p.id]) for p in ps for c in others.get(p.id, [])],
         ))
     _replaced_models(out, by_key)
     return SeriesRead(suite=suite.name, series=out)
@@ -140,10 +152,12 @@ def regressions(session: Session, *, include_candidates: bool = False,
 
 
 def regression_read(c: SuiteChange, suite_name: str) -> RegressionRead:
+    values = values_of(c)
     return RegressionRead(
         id=c.id, suite=suite_name,
         key=SeriesKey(model_sha256=c.model_sha256, model_name=c.model_name, device_model=c.device_model,
                       sme2=c.sme2, threads=c.threads),
+        metric=c.metric or LATENCY, unit=metric_of(c).unit, before=values[0], after=values[1],
         direction=c.direction, ratio=c.ratio, ci_low=c.ci_low, ci_high=c.ci_high,
         status=c.status, blamed=c.blamed, detected_at=aware(c.detected_at),
         confirmed_at=aware(c.confirmed_at), baseline_experiment_id=c.baseline_experiment_id,
@@ -153,8 +167,9 @@ def regression_read(c: SuiteChange, suite_name: str) -> RegressionRead:
 
 
 def acknowledge(session: Session, change_id: int) -> RegressionRead:
-    """Accept the change's level: its first point becomes the series' new baseline (nothing
-    before it is compared again) and the change stops alerting."""
+    """Accept the change's level: its first point becomes the new baseline of that metric's series
+    (nothing before it is compared again) and the change stops alerting. A latency change marks the
+    point; another metric's acknowledged row is its own baseline mark (metrics.acknowledged_points)."""
     row = session.get(SuiteChange, change_id)
     if row is None:
         raise NotFound(f"regression {change_id} not found")
@@ -162,7 +177,8 @@ def acknowledge(session: Session, change_id: int) -> RegressionRead:
     row.status, row.acknowledged_at = "acknowledged", utcnow()
     if row.webhook_state in ("pending", "retrying"):
         row.webhook_state = "cancelled"
-    point.acknowledged = True
+    if (row.metric or LATENCY) == LATENCY:
+        point.acknowledged = True
     session.flush()
     suite = session.get(Suite, row.suite_id)
     detect_series(session, suite, key_of(row))
