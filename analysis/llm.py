@@ -179,25 +179,6 @@ def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> dict:
     }
 
 
-def _phase_sessions(arm) -> list[list[float]] | None:
-    """Per session (one report each), the per-generation samples of each phase's time: TTFT ms
-    and decode ms per token; None when a report has no llm section."""
-    reports = [r for r in (arm if isinstance(arm, (list, tuple)) else [arm]) if r]
-    if not reports or any(not r.get("llm") for r in reports):
-        return None
-    out = {"prefill": [], "decode": []}
-    for r in reports:
-        s = r["llm"].get("samples") or {}
-        out["prefill"].append([float(x) for x in s.get("ttft_ms") or []])
-        tps = [float(x) for x in s.get("decode_tokens_per_s") or [] if x and math.isfinite(x) and x > 0]
-        out["decode"].append([1e3 / x for x in tps])
-    return out
-
-
-def phases_compared(baseline, candidate, *, labels: tuple[str, str], noise=None, seed: int = 0,
-                    min_effect: float, level: float) -> dict | None:
-    """The SME2 on/off (or A/B) verdict per LLM phase, with the same calibrated verdict as E2E
-    (verdict.verdict, sessions as the unit): prefill on the time to first token, decode on the
 def point_phases(reports: list[dict]) -> dict | None:
     """A suite point's LLM phases from its runs' reports (one session each, in order): per phase
     (PHASE_KEYS) one list of per-generation values per session (finite and > 0 only), with the
@@ -226,6 +207,25 @@ def phase_medians(point: dict | None) -> dict | None:
             **{key: float(np.median(v)) if v else None for key, v in flat.items()}}
 
 
+def _phase_sessions(arm) -> list[list[float]] | None:
+    """Per session (one report each), the per-generation samples of each phase's time: TTFT ms
+    and decode ms per token; None when a report has no llm section."""
+    reports = [r for r in (arm if isinstance(arm, (list, tuple)) else [arm]) if r]
+    if not reports or any(not r.get("llm") for r in reports):
+        return None
+    out = {"prefill": [], "decode": []}
+    for r in reports:
+        s = r["llm"].get("samples") or {}
+        out["prefill"].append([float(x) for x in s.get("ttft_ms") or []])
+        tps = [float(x) for x in s.get("decode_tokens_per_s") or [] if x and math.isfinite(x) and x > 0]
+        out["decode"].append([1e3 / x for x in tps])
+    return out
+
+
+def phases_compared(baseline, candidate, *, labels: tuple[str, str], noise=None, seed: int = 0,
+                    min_effect: float, level: float) -> dict | None:
+    """The SME2 on/off (or A/B) verdict per LLM phase, with the same calibrated verdict as E2E
+    (verdict.verdict, sessions as the unit): prefill on the time to first token, decode on the
     milliseconds per decoded token. speedup > 1: the candidate is faster in that phase. None
     unless both arms are LLM runs."""
     b, c = _phase_sessions(baseline), _phase_sessions(candidate)
