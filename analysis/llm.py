@@ -4,16 +4,18 @@ The runner (runners/runner.cpp --llm_prompt P --llm_decode D) calls the method o
 batch, so every call is one ``Execute`` block, and it marks each block with one profile event:
 ``sme2farm::llm_prefill`` or ``sme2farm::llm_decode``, whose ``chain_index`` is the number of
 tokens in the call and ``instruction_id`` the call's ``input_pos``. One generation (an
-iteration) is a prefill followed by its decode calls.
+iteration) is a prefill followed by its decode calls; a prompt longer than one call takes is
+prefilled in several calls (token by token for a method that takes one), so a generation starts
+at the prefill call at ``input_pos`` 0.
 
 Figures, each per iteration, then summarised over iterations with a bootstrap interval of the
 median (stats.bootstrap_ci):
 
-* time to first token (TTFT) = the prefill call's ``Method::execute`` (its logits give the first
-  token);
-* prefill tokens/s = tokens in the prefill / its ``Method::execute`` seconds;
+* time to first token (TTFT) = the prefill calls' ``Method::execute`` (the last one's logits give
+  the first token);
+* prefill tokens/s = tokens in the prefill / its calls' ``Method::execute`` seconds;
 * decode tokens/s = decode calls / the sum of their ``Method::execute`` seconds;
-* categories per phase: the prefill call's, and the mean per decode call (per token), from the
+* categories per phase: the prefill calls', and the mean per decode call (per token), from the
   same per-call category sums as the whole-run report (Other = E2E - the named four).
 
 Nothing here reads the buffer: report.py hands over each block's E2E and category times.
@@ -33,7 +35,7 @@ from .stats import bootstrap_ci, latency_stats
 from .verdict import verdict
 
 __all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature",
-           "phases_compared", "point_phases", "phase_medians"]
+           "llm_cache_len", "phases_compared", "point_phases", "phase_medians"]
 
 MARKER_PREFILL = "sme2farm::llm_prefill"
 MARKER_DECODE = "sme2farm::llm_decode"
@@ -54,6 +56,19 @@ def llm_signature(sig: MethodSignature) -> tuple[int, bool] | None:
     if len(tokens.sizes) != 2 or tokens.sizes[0] != 1 or tuple(pos.sizes) != (1,):
         return None
     return tokens.sizes[1], tokens.dynamism != STATIC
+
+
+def llm_cache_len(methods: dict[str, MethodSignature]) -> int | None:
+    """The cache length a program declares through the ExecuTorch LLM export's constant methods
+    (get_max_context_len, else get_max_seq_len: no inputs, one int output), as the runner reads it;
+    None when it declares none."""
+    for name in ("get_max_context_len", "get_max_seq_len"):
+        sig = methods.get(name)
+        if sig is not None and not sig.inputs and len(sig.outputs) == 1 and sig.outputs[0].kind == "int":
+            value = sig.outputs[0].value
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
 
 
 @dataclass
@@ -101,10 +116,11 @@ def phase_blocks(ev: Events, skip_first: int = 0) -> Phases | None:
     if (phase == UNMARKED).any():
         warnings.append(f"{int((phase == UNMARKED).sum())} of {n} timed Execute block(s) carry no LLM phase marker: "
                         "left out of the phase figures")
-    iteration = np.maximum(np.cumsum(phase == PREFILL) - 1, 0).astype(np.int64)
-    if n and phase[0] != PREFILL:
-        warnings.append("the first timed call is not a prefill: the calls before the first prefill count as "
-                        "iteration 0")
+    starts = (phase == PREFILL) & (pos == 0)   # a generation's first prefill call
+    iteration = np.maximum(np.cumsum(starts) - 1, 0).astype(np.int64)
+    if n and not starts[0]:
+        warnings.append("the first timed call is not a prefill at input_pos 0: the calls before the first one count "
+                        "as iteration 0")
     return Phases(phase, tokens, pos, iteration, warnings)
 
 
@@ -142,20 +158,23 @@ def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> dict:
     prefill_tokens = _per_iteration(phases.tokens.astype(np.float64), pre, it, n_it)
     decode_ms = _per_iteration(e2e_ms, dec, it, n_it)
     decoded = _per_iteration(np.ones(e2e_ms.shape), dec, it, n_it)
-    prompts = sorted(set(phases.tokens[pre].tolist()))
+    has_prefill = np.bincount(it[pre], minlength=n_it)[:n_it] > 0
+    prompts = sorted(set(prefill_tokens[has_prefill].astype(np.int64).tolist()))
     decodes = sorted(set(decoded.astype(np.int64).tolist()))
     if len(prompts) > 1 or len(decodes) > 1:
         warnings.append(f"iterations differ in prompt ({prompts}) or decode ({decodes}) length")
-    if dec.any() and int(pre.sum()) == n_it:
-        expected = phases.tokens[pre][it[dec]] + (np.arange(dec.sum()) - np.searchsorted(it[dec], it[dec]))
-    else:
-        expected = phases.pos[dec]
-    if not np.array_equal(phases.pos[dec], expected):
-        warnings.append("decode positions are not prompt + 0, 1, 2, ... in every iteration")
+    # Each call's input_pos is the tokens before it in its generation: prefill calls 0, c, 2c, ...,
+    # then the decode calls prompt + 0, 1, 2, ...
+    marked = pre | dec
+    before = np.cumsum(np.where(marked, phases.tokens, 0)) - np.where(marked, phases.tokens, 0)
+    first = np.searchsorted(it, np.arange(n_it))   # the index of each iteration's first call
+    before = before - before[first[it]]
+    if not np.array_equal(phases.pos[marked], before[marked]):
+        warnings.append("call positions are not the tokens before them (prefill 0, then prompt + 0, 1, 2, ...) in "
+                        "every iteration")
     with np.errstate(divide="ignore", invalid="ignore"):
         prefill_tps = np.where(prefill_ms > 0, prefill_tokens / (prefill_ms / 1e3), np.nan)
         decode_tps = np.where(decode_ms > 0, decoded / (decode_ms / 1e3), np.nan)
-    has_prefill = np.bincount(it[pre], minlength=n_it)[:n_it] > 0
     has_decode = decoded > 0
     per_token = np.maximum(decoded, 1)
     return {
@@ -173,8 +192,8 @@ def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> dict:
         "samples": {"ttft_ms": [float(x) for x in prefill_ms],
                     "prefill_tokens_per_s": [float(x) for x in prefill_tps],
                     "decode_tokens_per_s": [float(x) for x in decode_tps] if dec.any() else []},
-        "definition": "TTFT = the prefill call's Method::execute; tokens/s = tokens / Method::execute seconds of the "
-                      "phase's calls; decode categories are per decoded token",
+        "definition": "TTFT = the prefill calls' Method::execute; tokens/s = tokens / Method::execute seconds of "
+                      "the phase's calls; decode categories are per decoded token",
         "warnings": warnings,
     }
 

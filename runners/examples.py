@@ -4,7 +4,8 @@ They give the farm something real to run without user uploads: `toy_cnn` touches
 XNNPACK operator categories, `mlp` is GEMM-only, `portable_mix` keeps some ops outside the
 delegate (portable kernels, the slow path users miss), `cnn_blocks` scales to a few hundred
 delegated ops for benchmarks, and `tiny_llama` (runners/tiny_llama.py) is a KV-cache LLM for the
-runner's prefill/decode mode. torch is imported inside functions only: this module is imported by
+runner's prefill/decode mode, and `executorch_llama` the same kind of model built apart from ours, by
+ExecuTorch's own Llama code and LLM export. torch is imported inside functions only: this module is imported by
 light code (agent, client) that must not pull torch in at import time.
 
 CLI: python -m sme2farm.runners.examples NAME OUT.pte [--blocks N]
@@ -31,6 +32,37 @@ def _tiny_llama(out: Path, dtype: str = "fp32") -> Path:
     from sme2farm.runners.tiny_llama import export_tiny_llama
 
     return export_tiny_llama(out, dtype=dtype)
+
+
+def _executorch_llama(out: Path, static: bool = False) -> Path:
+    """ExecuTorch's own Llama (executorch.examples.models.llama) through its own LLM export
+    (export_llama_lib): 2 layers, dim 64, vocab 512, random weights (no checkpoint), KV cache of 64
+    positions, XNNPACK. Dynamic: up to 31 tokens per call; static: one token per call, prefilled
+    token by token, as that export requires."""
+    import json
+    import tempfile
+
+    from executorch.examples.models.llama.export_llama_lib import export_llama
+    from executorch.extension.llm.export.config.llm_config import LlmConfig
+
+    import torch
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)   # the same weights, so the same bytes, every export
+    with tempfile.TemporaryDirectory() as tmp:
+        params = Path(tmp) / "params.json"
+        params.write_text(json.dumps({"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512,
+                                      "multiple_of": 32, "norm_eps": 1e-5}))
+        config = LlmConfig()
+        config.base.params = str(params)
+        config.model.use_kv_cache = True
+        config.model.enable_dynamic_shape = not static
+        config.export.max_seq_length, config.export.max_context_length = 32, 64
+        config.export.output_dir, config.export.output_name = tmp, "model.pte"
+        config.backend.xnnpack.enabled = True
+        out.write_bytes(Path(export_llama(config)).read_bytes())
+    return out
 
 
 def _toy_cnn() -> tuple[Any, tuple]:
@@ -119,6 +151,10 @@ EXAMPLES: dict[str, Example] = {
     "tiny_llama": Example("Llama, 2 layers, hidden 64, vocab 256, static KV cache of 64: LLM prefill/decode (fp32)",
                           export=_tiny_llama),
     "tiny_llama_fp16": Example("the same tiny Llama in fp16", export=lambda out: _tiny_llama(out, "fp16")),
+    "executorch_llama": Example("ExecuTorch's own Llama and LLM export (random weights, KV cache of 64, XNNPACK), "
+                                "up to 31 tokens per call", export=_executorch_llama),
+    "executorch_llama_static": Example("the same with static shapes: one token per call, prefilled token by token",
+                                       export=lambda out: _executorch_llama(out, static=True)),
 }
 
 

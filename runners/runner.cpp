@@ -14,10 +14,13 @@
 //   --memory_file PATH  (JSON: peak resident memory at exit and after loading, the
 //                        planned buffers the runner allocated, what the method and temp allocators
 //                        were asked for; see write_memory)
-//   --llm_prompt P --llm_decode D  (LLM mode, both or neither: each iteration runs the method once
-//                        on a prompt of P tokens at input_pos 0 (prefill), then D times on one token
-//                        at input_pos P+i (decode). The method must take tokens [1, S] int64 and
-//                        input_pos [1] int64, the ExecuTorch LLM export shape. Each call's Execute
+//   --llm_prompt P --llm_decode D  (LLM mode, both or neither: each iteration prefills a prompt of
+//                        P tokens from input_pos 0, in one call or, where P > S, in calls of S
+//                        tokens (S = 1: token by token, as ExecuTorch's static-shape export needs),
+//                        then decodes D times one token at input_pos P+i. The method must take
+//                        tokens [1, S] int64 and input_pos [1] int64, the ExecuTorch LLM export
+//                        shape; a prompt over S needs the program to declare its cache length
+//                        (get_max_context_len or get_max_seq_len), prompt + decode within it. Each call's Execute
 //                        block in the ETDump holds a marker event sme2farm::llm_prefill or
 //                        sme2farm::llm_decode: chain_index = tokens in the call, instruction_id =
 //                        input_pos; its span starts before the inputs are set.)
@@ -752,7 +755,10 @@ long llm_max_tokens(const MethodMeta& meta, const std::string& method_name) {
   if (meta.num_inputs() != 2 || !is_long(0, 2) || !is_long(1, 1))
     fail("LLM mode needs method '" + method_name + "' to take tokens Long [1, S] and input_pos Long [1]; it takes " +
          describe_inputs(meta));
-  return static_cast<long>(meta.input_tensor_meta(0)->sizes()[1]);
+  const long s = static_cast<long>(meta.input_tensor_meta(0)->sizes()[1]);
+  if (s < 1) fail("LLM mode needs method '" + method_name + "' to take at least one token per call; it takes " +
+                  describe_inputs(meta));
+  return s;
 }
 
 // The cache length the program declares through the ExecuTorch LLM export's constant methods
@@ -804,11 +810,14 @@ double llm_call(Method& method, RoutingTracer& tracer, LlmInputs& in, long n, lo
   return ms_since(t0);
 }
 
-// One generation: prefill `prompt` tokens, then decode `decode` tokens one at a time.
-// Returns (prefill ms, decode ms).
+// One generation: prefill `prompt` tokens in calls of at most `chunk` tokens (their input_pos 0,
+// chunk, 2 chunk, ...), then decode `decode` tokens one at a time. Returns (prefill ms, decode ms).
 std::pair<double, double> llm_generate(Method& method, RoutingTracer& tracer, LlmInputs& in, long prompt, long decode,
-                                       const std::string& when) {
-  double prefill = llm_call(method, tracer, in, prompt, 0, true, "in the prefill of " + when);
+                                       long chunk, const std::string& when) {
+  double prefill = 0;
+  for (long pos = 0; pos < prompt; pos += chunk)
+    prefill += llm_call(method, tracer, in, std::min(chunk, prompt - pos), pos, true,
+                        "in the prefill of " + when + (pos ? " at input_pos " + std::to_string(pos) : ""));
   double decoding = 0;
   for (long i = 0; i < decode; ++i)
     decoding += llm_call(method, tracer, in, 1, prompt + i, false,
@@ -894,22 +903,26 @@ int main(int argc, char** argv) {
   LlmInputs llm_inputs;
   if (llm) {
     long max_tokens = llm_max_tokens(*meta, opt.method_name);
-    if (opt.llm_prompt > max_tokens)
-      fail("a prompt of " + std::to_string(opt.llm_prompt) + " tokens is longer than the " +
-           std::to_string(max_tokens) + " tokens method '" + opt.method_name + "' takes in one call");
     long cache = llm_cache_len(*program);
+    // Past one call, the prompt is split; only a declared cache says how far positions may go.
+    if (opt.llm_prompt > max_tokens && cache <= 0)
+      fail("a prompt of " + std::to_string(opt.llm_prompt) + " tokens is longer than the " +
+           std::to_string(max_tokens) + " tokens method '" + opt.method_name + "' takes in one call, and the " +
+           "program declares no cache length (get_max_context_len) to prefill it in several calls");
     if (cache > 0 && opt.llm_prompt + opt.llm_decode > cache)
       fail("decoding " + std::to_string(opt.llm_decode) + " tokens after a prompt of " +
            std::to_string(opt.llm_prompt) + " runs past the cache: the program holds " + std::to_string(cache) +
            " positions (prompt + decode must be at most that)");
-    llm_inputs.tokens.assign(static_cast<size_t>(opt.llm_prompt), 1);
+    llm_inputs.tokens.assign(static_cast<size_t>(std::min(opt.llm_prompt, max_tokens)), 1);
     std::printf("LLM mode: prompt %ld tokens, decode %ld tokens, at most %ld tokens per call, cache %s\n",
                 opt.llm_prompt, opt.llm_decode, max_tokens,
                 cache > 0 ? (std::to_string(cache) + " positions").c_str() : "length not declared");
+    const long prefill_calls = (opt.llm_prompt + max_tokens - 1) / max_tokens;
+    if (prefill_calls > 1) std::printf("Prefill in %ld calls of at most %ld tokens\n", prefill_calls, max_tokens);
     if (opt.warmup > 0) {
       tracer.route_to(&warmup_etdump);
       for (long i = 0; i < opt.warmup; ++i) {
-        auto [p, d] = llm_generate(*method, tracer, llm_inputs, opt.llm_prompt, opt.llm_decode,
+        auto [p, d] = llm_generate(*method, tracer, llm_inputs, opt.llm_prompt, opt.llm_decode, max_tokens,
                                    "warm-up " + std::to_string(i));
         std::printf("Warm-up %ld of %ld: %f ms\n", i + 1, opt.warmup, p + d);
       }
@@ -917,7 +930,7 @@ int main(int argc, char** argv) {
     }
     double total_ms = 0;
     for (long i = 0; i < opt.num_executions; ++i) {
-      auto [p, d] = llm_generate(*method, tracer, llm_inputs, opt.llm_prompt, opt.llm_decode,
+      auto [p, d] = llm_generate(*method, tracer, llm_inputs, opt.llm_prompt, opt.llm_decode, max_tokens,
                                  "execution " + std::to_string(i));
       total_ms += p + d;
       std::printf("Iteration %ld of %ld: %f ms (prefill %ld tokens %f ms, decode %ld tokens %f ms)\n", i + 1,

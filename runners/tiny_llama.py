@@ -129,8 +129,10 @@ def reference_logits(cfg: TinyLlamaConfig, tokens: list[int], seed: int = 0) -> 
         return hf_model(cfg, seed)(torch.tensor([tokens])).logits
 
 
-def export_tiny_llama(out: Path, cfg: TinyLlamaConfig | None = None, dtype: str = "fp32", seed: int = 0) -> Path:
-    """Export the static-cache Llama to `out` (XNNPACK-lowered .pte, fp32 or fp16)."""
+def export_tiny_llama(out: Path, cfg: TinyLlamaConfig | None = None, dtype: str = "fp32", seed: int = 0,
+                      declare_cache: bool = True) -> Path:
+    """Export the static-cache Llama to `out` (XNNPACK-lowered .pte, fp32 or fp16). declare_cache=False
+    leaves out the cache-length methods (get_max_seq_len, get_max_context_len), as some exports do."""
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
@@ -148,8 +150,9 @@ def export_tiny_llama(out: Path, cfg: TinyLlamaConfig | None = None, dtype: str 
         exported = torch.export.export(model, example, dynamic_shapes=({1: seq}, None), strict=False)
     program = to_edge_transform_and_lower(
         exported, partitioner=[XnnpackPartitioner()],
-        constant_methods={"get_max_seq_len": cfg.max_seq_len, "get_max_context_len": cfg.max_seq_len,
-                          "get_vocab_size": cfg.vocab},
+        constant_methods={"get_vocab_size": cfg.vocab, **({"get_max_seq_len": cfg.max_seq_len,
+                                                            "get_max_context_len": cfg.max_seq_len}
+                                                           if declare_cache else {})},
     ).to_executorch()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

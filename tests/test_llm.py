@@ -1,7 +1,9 @@
 """LLM mode: a tiny KV-cache Llama (runners/tiny_llama.py, transformers' random weights) run by the
 farm's runner as prefill + decode, its phases read from the ETDump (analysis/llm.py) and checked
-against ExecuTorch's own flatcc deserializer on the same trace; the submission's checks (a program
-without a token input, a prompt over the method's length) and the runner's (decode past the cache);
+against ExecuTorch's own flatcc deserializer on the same trace; ExecuTorch's own Llama export (built
+apart from ours) prefilled in several calls or token by token, its logits against ExecuTorch's Python
+bindings; the submission's checks (a program without a token input, decode past the cache it declares,
+a prompt over one call where it declares none) and the runner's;
 and the farm end to end on the host (fp32, fp16) and on the emulated SME2 device (both arms, no
 speed verdict; select with -k emulated_sme2)."""
 
@@ -52,18 +54,63 @@ def test_runner_prefill_and_decode_give_transformers_logits(local_runner, exampl
     np.testing.assert_allclose(got, want, atol=atol)
 
 
+@pytest.fixture(scope="module")
+def undeclared_llama(tmp_path_factory) -> Path:
+    """A tiny Llama (16 tokens per call, a cache of 16) whose program declares no cache length."""
+    from sme2farm.runners.tiny_llama import TinyLlamaConfig, export_tiny_llama
+
+    cfg = TinyLlamaConfig(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, max_seq_len=16)
+    return export_tiny_llama(tmp_path_factory.mktemp("undeclared") / "llama.pte", cfg, declare_cache=False)
+
+
+@pytest.mark.parametrize("name,prompt,decode,chunk", [("executorch_llama", 40, 6, 31),
+                                                      ("executorch_llama_static", 12, 4, 1)])
+def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_runner, example_pte, tmp_path, name,
+                                                                        prompt, decode, chunk):
+    """ExecuTorch's own Llama and LLM export, built apart from ours: a prompt longer than one call
+    takes (31 tokens; 1 for the static export) is prefilled in calls of at most that. The last
+    logits equal ExecuTorch's Python bindings making the same calls; the phases equal the flatcc
+    reading of the runner's trace."""
+    import torch
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    pte = example_pte(name)
+    done = _run(local_runner, pte, tmp_path, f"--llm_prompt={prompt}", f"--llm_decode={decode}", "--num_executions=3",
+                "--warmup=1", "--etdump_path=t.etdump", "--outputs_file=out.bin")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"at most {chunk} tokens per call, cache 64 positions" in done.stdout
+    assert f"Prefill in {-(-prompt // chunk)} calls of at most {chunk} tokens" in done.stdout
+
+    method = _load_for_executorch(str(pte))
+    for pos in range(0, prompt, chunk):
+        n = min(chunk, prompt - pos)
+        want = method.forward((torch.ones(1, n, dtype=torch.long), torch.tensor([pos], dtype=torch.long)))
+    for j in range(decode):
+        want = method.forward((torch.ones(1, 1, dtype=torch.long), torch.tensor([prompt + j], dtype=torch.long)))
+    [got] = containers.read((tmp_path / "out.bin").read_bytes(), item="output")
+    assert tuple(got.sizes) == tuple(want[0].shape)
+    np.testing.assert_allclose(got.numpy().reshape(-1), want[0].numpy().reshape(-1), rtol=1e-4, atol=1e-5)
+
+    trace = (tmp_path / "t.etdump").read_bytes()
+    _check_against_flatcc(analyze(trace), trace, prompt, decode, 3, chunk)
+
+
 @pytest.mark.parametrize("flags,model,error", [
     (("--llm_prompt=4", "--llm_decode=2"), "toy_cnn",
      "error: LLM mode needs method 'forward' to take tokens Long [1, S] and input_pos Long [1]; it takes "
      "Float [1, 3, 32, 32]"),
     (("--llm_prompt=65", "--llm_decode=0"), "tiny_llama",
-     "error: a prompt of 65 tokens is longer than the 64 tokens method 'forward' takes in one call"),
+     "error: decoding 0 tokens after a prompt of 65 runs past the cache: the program holds 64 positions"),
+    (("--llm_prompt=17", "--llm_decode=1"), "undeclared",
+     "error: a prompt of 17 tokens is longer than the 16 tokens method 'forward' takes in one call, and the program "
+     "declares no cache length (get_max_context_len) to prefill it in several calls"),
     (("--llm_prompt=60", "--llm_decode=8"), "tiny_llama",
      "error: decoding 8 tokens after a prompt of 60 runs past the cache: the program holds 64 positions"),
     (("--llm_prompt=4",), "tiny_llama", "error: --llm_prompt and --llm_decode go together"),
 ])
-def test_runner_refuses_what_llm_mode_cannot_run(local_runner, example_pte, tmp_path, flags, model, error):
-    done = _run(local_runner, example_pte(model), tmp_path, *flags)
+def test_runner_refuses_what_llm_mode_cannot_run(local_runner, example_pte, undeclared_llama, tmp_path, flags, model,
+                                                 error):
+    done = _run(local_runner, undeclared_llama if model == "undeclared" else example_pte(model), tmp_path, *flags)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(error), done.stderr[-1000:]
 
@@ -97,19 +144,26 @@ def flatcc_phases(trace: bytes) -> dict:
     return {"calls": calls}
 
 
-def _check_against_flatcc(report: dict, trace: bytes, prompt: int, decode: int, iterations: int) -> None:
+def _check_against_flatcc(report: dict, trace: bytes, prompt: int, decode: int, iterations: int,
+                          chunk: int | None = None) -> None:
+    """The report's LLM figures against the flatcc reading of the same trace; a prompt over `chunk`
+    tokens is prefilled in calls of at most `chunk` tokens (input_pos 0, chunk, 2 chunk, ...)."""
+    chunk = chunk or prompt
+    prefill = [(MARKER_PREFILL, min(chunk, prompt - k), k) for k in range(0, prompt, chunk)]
     calls = flatcc_phases(trace)["calls"]
-    assert len(calls) == iterations * (1 + decode)
-    gens = [calls[i * (1 + decode):(i + 1) * (1 + decode)] for i in range(iterations)]
+    per = len(prefill) + decode
+    assert len(calls) == iterations * per
+    gens = [calls[i * per:(i + 1) * per] for i in range(iterations)]
     for g in gens:
         assert [(c["phase"], c["tokens"], c["pos"]) for c in g] == \
-            [(MARKER_PREFILL, prompt, 0)] + [(MARKER_DECODE, 1, prompt + j) for j in range(decode)]
+            prefill + [(MARKER_DECODE, 1, prompt + j) for j in range(decode)]
     llm = report["llm"]
     assert (llm["prompt"], llm["decode"], llm["iterations"]) == (prompt, decode, iterations)
     assert llm["warnings"] == []
-    ttft = [g[0]["e2e"] for g in gens]
-    prefill_tps = [prompt / (g[0]["e2e"] / 1e3) for g in gens]
-    decode_tps = [decode / (sum(c["e2e"] for c in g[1:]) / 1e3) for g in gens]
+    np_ = len(prefill)
+    ttft = [sum(c["e2e"] for c in g[:np_]) for g in gens]
+    prefill_tps = [prompt / (t / 1e3) for t in ttft]
+    decode_tps = [decode / (sum(c["e2e"] for c in g[np_:]) / 1e3) for g in gens]
     assert llm["samples"]["ttft_ms"] == pytest.approx(ttft, rel=1e-9)
     assert llm["samples"]["prefill_tokens_per_s"] == pytest.approx(prefill_tps, rel=1e-9)
     assert llm["samples"]["decode_tokens_per_s"] == pytest.approx(decode_tps, rel=1e-9)
@@ -118,8 +172,8 @@ def _check_against_flatcc(report: dict, trace: bytes, prompt: int, decode: int, 
         assert v["median"] == pytest.approx(float(np.median(samples)), rel=1e-9)
         assert v["ci_low"] <= v["median"] <= v["ci_high"] and v["n"] == iterations
     for c in CATEGORIES:
-        pre = [g[0]["categories"][c] for g in gens]
-        dec = [sum(x["categories"][c] for x in g[1:]) / decode for g in gens]
+        pre = [sum(x["categories"][c] for x in g[:np_]) for g in gens]
+        dec = [sum(x["categories"][c] for x in g[np_:]) / decode for g in gens]
         assert llm["categories"]["prefill"]["ms"][c] == pytest.approx(np.mean(pre), rel=1e-9, abs=1e-9), c
         assert llm["categories"]["decode"]["ms"][c] == pytest.approx(np.mean(dec), rel=1e-9, abs=1e-9), c
     # the run's own E2E is per generation: the prefill and its decode calls
@@ -164,7 +218,7 @@ def test_a_build_without_llm_mode_fails_the_run_naming_it(local_runner, example_
 # ---- submission: detected, checked, refused -----------------------------------------------------
 
 
-def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pte):
+def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pte, undeclared_llama):
     from _fixtures_farm import register
 
     register(api)
@@ -182,7 +236,16 @@ def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pt
                                   "Long[1]; it takes Float[1, 3, 32, 32]")
     r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 65, "decode": 0}})
     assert r.status_code == 422
-    assert r.json()["detail"].startswith("spec.llm.prompt: a prompt of 65 tokens is longer than the 64 tokens")
+    assert r.json()["detail"] == ("spec.llm: decoding 0 tokens after a prompt of 65 runs past the cache: the program "
+                                  "holds 64 positions (prompt + decode must be at most that)")
+    r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 60, "decode": 8}})
+    assert r.status_code == 422 and "decoding 8 tokens after a prompt of 60 runs past the cache" in r.json()["detail"]
+    undeclared = undeclared_llama.read_bytes()
+    r = post_experiment(api, undeclared, {"sme2": "off", "llm": {"prompt": 17, "decode": 1}})
+    assert r.status_code == 422
+    assert r.json()["detail"] == ("spec.llm.prompt: a prompt of 17 tokens is longer than the 16 tokens method 'forward' "
+                                  "takes in one call, and the program declares no cache length (get_max_context_len) "
+                                  "to prefill it in several calls")
     r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 0, "decode": 1}})
     assert r.status_code == 422 and "spec.llm.prompt" in r.json()["detail"]
     buf = io.BytesIO()
@@ -191,9 +254,21 @@ def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pt
     assert r.status_code == 422
     assert r.json()["detail"] == ("spec.llm: LLM mode feeds the tokens itself: send no inputs (.npz or .bpte) with "
                                   "spec.llm")
+    # ExecuTorch's own export: a prompt of one call's 31 tokens, or token by token where a call takes
+    # one; a prompt over one call is prefilled in several, within the declared cache of 64
+    for name, want in (("executorch_llama", {"prompt": 31, "decode": 16}),
+                       ("executorch_llama_static", {"prompt": 32, "decode": 16})):
+        r = post_experiment(api, example_pte(name).read_bytes(), {"sme2": "off"})
+        assert r.status_code == 201 and r.json()["spec"]["llm"] == want, (name, r.text)
+    r = post_experiment(api, example_pte("executorch_llama").read_bytes(),
+                        {"sme2": "off", "llm": {"prompt": 50, "decode": 14}})
+    assert r.status_code == 201 and r.json()["spec"]["llm"] == {"prompt": 50, "decode": 14}
+    r = post_experiment(api, example_pte("executorch_llama_static").read_bytes(),
+                        {"sme2": "off", "llm": {"prompt": 50, "decode": 15}})
+    assert r.status_code == 422 and "after a prompt of 50 runs past the cache: the program holds 64" in r.text
     # nothing of the refused submissions was stored
     listed = api.client.get("/experiments", headers=api.auth()).json()
-    assert listed["total"] == 3
+    assert listed["total"] == 6
 
 
 def test_a_suite_runs_an_llm_in_the_mode_its_upload_got(api, example_pte):
@@ -241,36 +316,26 @@ def _artifact(farm, run_id: int, name: str) -> bytes:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_llama_fp16"])
-def test_farm_runs_the_tiny_llama_and_reports_its_phases(farm, example_pte, name):
+@pytest.mark.parametrize("name,prompt,decode,chunk", [("tiny_llama", 16, 8, None), ("tiny_llama_fp16", 16, 8, None),
+                                                      ("executorch_llama_static", 12, 4, 1)])
+def test_farm_runs_the_tiny_llama_and_reports_its_phases(farm, example_pte, name, prompt, decode, chunk):
     done = farm.cli("submit", str(example_pte(name)), "--sme2", "off", "--iterations", "3", "--warmup", "1",
-                    "--llm", "prompt=16,decode=8", "--wait", "--json")
+                    "--llm", f"prompt={prompt},decode={decode}", "--wait", "--json")
     assert done.returncode == 0, done.stderr + farm.log("agent")
     rep = json.loads(done.stdout)
-    assert rep["spec"]["llm"] == {"prompt": 16, "decode": 8}
+    assert rep["spec"]["llm"] == {"prompt": prompt, "decode": decode}
     [run] = rep["runs"]
     assert run["status"] == "succeeded", run["reason"]
     report = json.loads(_artifact(farm, run["id"], "report.json"))
-    _check_against_flatcc(report, _artifact(farm, run["id"], "trace.etdump"), 16, 8, 3)
+    _check_against_flatcc(report, _artifact(farm, run["id"], "trace.etdump"), prompt, decode, 3, chunk)
     assert run["llm"]["prefill_tokens_per_s"]["median"] == report["llm"]["prefill_tokens_per_s"]["median"]
     assert run["memory"]["peak_rss_bytes"] > 0
     shown = farm.cli("status", str(rep["id"]))
-    assert "LLM: prompt 16 tokens, decode 8 tokens, 3 generation(s)" in shown.stdout, shown.stdout
+    assert f"LLM: prompt {prompt} tokens, decode {decode} tokens, 3 generation(s)" in shown.stdout, shown.stdout
     assert "decode categories (ms per token)" in shown.stdout
     print(f"{name}: TTFT {run['llm']['ttft_ms']['median']:.3f} ms, prefill "
           f"{run['llm']['prefill_tokens_per_s']['median']:.0f} tok/s, decode "
           f"{run['llm']['decode_tokens_per_s']['median']:.0f} tok/s")
-
-
-@pytest.mark.e2e
-def test_farm_fails_a_run_that_decodes_past_the_cache(farm, example_pte):
-    done = farm.cli("submit", str(example_pte("tiny_llama")), "--sme2", "off", "--iterations", "1", "--warmup", "0",
-                    "--llm", "prompt=60,decode=8", "--wait", "--json")
-    assert done.returncode == 1, done.stdout[-1000:] + done.stderr[-1000:]
-    [run] = json.loads(done.stdout)["runs"]
-    assert run["status"] == "failed"
-    assert run["reason"].startswith("error: decoding 8 tokens after a prompt of 60 runs past the cache: the program "
-                                    "holds 64 positions"), run["reason"]
 
 
 # ---- the emulated SME2 device: both arms, no speed verdict --------------------------------------

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from sme2farm.analysis import pte
-from sme2farm.analysis.llm import llm_signature
+from sme2farm.analysis.llm import llm_cache_len, llm_signature
 from sme2farm.protocol import LlmSpec
 from sme2farm.runners import inputs as inp
 
@@ -184,16 +184,25 @@ DEFAULT_LLM_PROMPT, DEFAULT_LLM_DECODE = 128, 64
 def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "model"):
     """The LLM mode a submission runs in (a protocol.LlmSpec, or None), after `prepare` accepted
     the program and its method. Asked for (`llm` given): the method must have the LLM shape, the
-    prompt fit one call, and no inputs file be given (the runner feeds the tokens). Not asked
-    for: a method with the LLM shape and a dynamic token length gets a prompt of min(128, S/2)
-    and min(64, S/4) decoded tokens (the cache holds S positions in ExecuTorch's export). Raises
-    InvalidInputs naming spec.llm."""
-    sig = _read_methods(path, field)[method]
+    prompt fit one call or the program declare its cache length (the runner then prefills in calls
+    of at most S tokens), prompt + decode fit that cache, and no inputs file be given (the runner
+    feeds the tokens). Not asked for: a method with the LLM shape gets a prompt of
+    min(128, S, C/2) and min(64, C/4) decoded tokens, C the declared cache length (else S), when its
+    token length is dynamic, or when it takes one token per call and declares its cache (prefilled
+    token by token). Raises InvalidInputs naming spec.llm."""
+    methods = _read_methods(path, field)
+    sig = methods[method]
     shape = llm_signature(sig)
+    cache = llm_cache_len(methods)
     if llm is None:
-        if shape is None or not shape[1] or has_inputs or shape[0] < 2:
+        if shape is None or has_inputs:
             return None
-        return LlmSpec(prompt=min(DEFAULT_LLM_PROMPT, shape[0] // 2), decode=min(DEFAULT_LLM_DECODE, max(shape[0] // 4, 1)))
+        max_tokens, dynamic = shape
+        if not ((dynamic and max_tokens >= 2) or (max_tokens == 1 and cache is not None and cache >= 2)):
+            return None
+        positions = cache or max_tokens
+        return LlmSpec(prompt=min(DEFAULT_LLM_PROMPT, positions // 2, max_tokens if dynamic else positions),
+                       decode=min(DEFAULT_LLM_DECODE, max(positions // 4, 1)))
     if shape is None:
         takes = ", ".join(str(i) for i in sig.inputs) or "no inputs"
         raise InvalidInputs(f"LLM mode needs method {method!r} to take tokens Long[1, S] and input_pos Long[1]; "
@@ -201,12 +210,16 @@ def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "mo
     if has_inputs:
         raise InvalidInputs("LLM mode feeds the tokens itself: send no inputs (.npz or .bpte) with spec.llm", "spec.llm")
     max_tokens, dynamic = shape
-    if llm.prompt > max_tokens:
-        raise InvalidInputs(f"a prompt of {llm.prompt} tokens is longer than the {max_tokens} tokens method {method!r} "
-                            "takes in one call (its maximum sequence length)", "spec.llm.prompt")
-    if not dynamic and (llm.prompt != max_tokens or llm.decode > 0):
+    if not dynamic and max_tokens > 1 and (llm.prompt != max_tokens or llm.decode > 0):
         raise InvalidInputs(f"method {method!r} takes exactly {max_tokens} tokens per call (a static length): it cannot "
                             f"prefill {llm.prompt} tokens and decode one at a time", "spec.llm")
+    if llm.prompt > max_tokens and cache is None:
+        raise InvalidInputs(f"a prompt of {llm.prompt} tokens is longer than the {max_tokens} tokens method {method!r} "
+                            "takes in one call, and the program declares no cache length (get_max_context_len) to "
+                            "prefill it in several calls", "spec.llm.prompt")
+    if cache is not None and llm.prompt + llm.decode > cache:
+        raise InvalidInputs(f"decoding {llm.decode} tokens after a prompt of {llm.prompt} runs past the cache: the "
+                            f"program holds {cache} positions (prompt + decode must be at most that)", "spec.llm")
     return llm
 
 
