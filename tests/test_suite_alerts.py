@@ -388,3 +388,34 @@ def test_the_points_of_a_suite_run_carry_phases_except_emulated_ones(db_url, hoo
         assert hw.llm.decode_tokens_per_s == pytest.approx(float(np.median(_phases(0)["decode_tokens_per_s"][0])))
         assert suites.regressions(s, include_candidates=True) == []
     assert hook.received == []
+
+
+# ---- a real LLM on the farm -----------------------------------------------------------------------
+
+@pytest.mark.e2e
+@pytest.mark.models
+def test_a_suite_of_the_tiny_llama_records_its_phases_per_point(farm, example_pte):
+    """`sme2-farm up`, the local runner and the tiny Llama: the suite's point carries the phases of
+    the run's own report (its per-generation samples' medians), and `suite show` prints them."""
+    model = example_pte("tiny_llama")
+    up = farm.cli("submit", str(model), "--sme2", "off", "--iterations", "1", "--warmup", "0",
+                  "--llm", "prompt=8,decode=4", "--wait", "--json")
+    assert up.returncode == 0, up.stderr + farm.log("worker")
+    made = farm.cli("suite", "create", "llama", "--model", f"{model}=llama", "--sme2", "off", "--iterations", "3",
+                    "--warmup", "1", "--json")
+    assert made.returncode == 0, made.stderr
+    done = farm.cli("suite", "run", "llama", "--wait", "--json", "--timeout", "240")
+    assert done.returncode == 0, done.stderr + farm.log("worker")
+    (series,) = json.loads(done.stdout)["series"]
+    (point,) = series["points"]
+    llm = point["llm"]
+    assert (llm["prompt"], llm["decode"], llm["generations"]) == (8, 4, 3)
+    status = farm.cli("status", str(point["experiment_id"]), "--json")
+    assert status.returncode == 0, status.stderr
+    (run,) = json.loads(status.stdout)["runs"]
+    samples = run["llm"]["samples"]
+    for key in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"):
+        assert llm[key] == pytest.approx(float(np.median(samples[key]))) and llm[key] > 0, key
+    assert series["changes"] == [] and series["metric_changes"] == []
+    shown = farm.cli("suite", "show", "llama")
+    assert "LLM (latest, prompt 8, decode 4, 3 generation(s)): time to first token " in shown.stdout, shown.stdout
