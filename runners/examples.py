@@ -34,31 +34,49 @@ def _tiny_llama(out: Path, dtype: str = "fp32") -> Path:
     return export_tiny_llama(out, dtype=dtype)
 
 
+# ExecuTorch's own Llama (executorch.examples.models.llama), tiny: its params.json fields.
+EXECUTORCH_LLAMA_PARAMS = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512,
+                           "multiple_of": 32, "norm_eps": 1e-5}
+EXECUTORCH_LLAMA_SEQ, EXECUTORCH_LLAMA_CONTEXT = 32, 64
+
+
+def executorch_llama_model(seed: int = 0) -> Any:
+    """ExecuTorch's own Llama Transformer, no KV cache, its weights drawn by its own layers'
+    initialisers under `seed`: the checkpoint the example exports, and the eager reference for
+    its logits. (ExecuTorch's export without a checkpoint leaves some weights uninitialised
+    memory: NaN or zero logits.)"""
+    import torch
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    torch.manual_seed(seed)
+    args = ModelArgs(max_seq_len=EXECUTORCH_LLAMA_SEQ, max_context_len=EXECUTORCH_LLAMA_CONTEXT, max_batch_size=1,
+                     use_kv_cache=False, **EXECUTORCH_LLAMA_PARAMS)
+    return construct_transformer(args).eval()
+
+
 def _executorch_llama(out: Path, static: bool = False) -> Path:
-    """ExecuTorch's own Llama (executorch.examples.models.llama) through its own LLM export
-    (export_llama_lib): 2 layers, dim 64, vocab 512, random weights (no checkpoint), KV cache of 64
-    positions, XNNPACK. Dynamic: up to 31 tokens per call; static: one token per call, prefilled
-    token by token, as that export requires."""
+    """ExecuTorch's own Llama through its own LLM export (export_llama_lib): 2 layers, dim 64,
+    vocab 512, seeded random weights, KV cache of 64 positions, XNNPACK. Dynamic: up to 31 tokens
+    per call; static: one token per call, prefilled token by token, as that export requires."""
     import json
     import tempfile
 
+    import torch
     from executorch.examples.models.llama.export_llama_lib import export_llama
     from executorch.extension.llm.export.config.llm_config import LlmConfig
 
-    import torch
-
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)   # the same weights, so the same bytes, every export
     with tempfile.TemporaryDirectory() as tmp:
-        params = Path(tmp) / "params.json"
-        params.write_text(json.dumps({"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512,
-                                      "multiple_of": 32, "norm_eps": 1e-5}))
+        params, checkpoint = Path(tmp) / "params.json", Path(tmp) / "model.pth"
+        params.write_text(json.dumps(EXECUTORCH_LLAMA_PARAMS))
+        torch.save(executorch_llama_model().state_dict(), checkpoint)
         config = LlmConfig()
-        config.base.params = str(params)
+        config.base.params, config.base.checkpoint = str(params), str(checkpoint)
         config.model.use_kv_cache = True
         config.model.enable_dynamic_shape = not static
-        config.export.max_seq_length, config.export.max_context_length = 32, 64
+        config.export.max_seq_length, config.export.max_context_length = EXECUTORCH_LLAMA_SEQ, EXECUTORCH_LLAMA_CONTEXT
         config.export.output_dir, config.export.output_name = tmp, "model.pte"
         config.backend.xnnpack.enabled = True
         out.write_bytes(Path(export_llama(config)).read_bytes())

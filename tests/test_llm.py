@@ -69,10 +69,12 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
                                                                         prompt, decode, chunk):
     """ExecuTorch's own Llama and LLM export, built apart from ours: a prompt longer than one call
     takes (31 tokens; 1 for the static export) is prefilled in calls of at most that. The last
-    logits equal ExecuTorch's Python bindings making the same calls; the phases equal the flatcc
-    reading of the runner's trace."""
+    logits equal ExecuTorch's Python bindings making the same calls, and its eager model on the
+    whole sequence; the phases equal the flatcc reading of the runner's trace."""
     import torch
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    from sme2farm.runners.examples import executorch_llama_model
 
     pte = example_pte(name)
     done = _run(local_runner, pte, tmp_path, f"--llm_prompt={prompt}", f"--llm_decode={decode}", "--num_executions=3",
@@ -88,8 +90,14 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
     for j in range(decode):
         want = method.forward((torch.ones(1, 1, dtype=torch.long), torch.tensor([prompt + j], dtype=torch.long)))
     [got] = containers.read((tmp_path / "out.bin").read_bytes(), item="output")
-    assert tuple(got.sizes) == tuple(want[0].shape)
-    np.testing.assert_allclose(got.numpy().reshape(-1), want[0].numpy().reshape(-1), rtol=1e-4, atol=1e-5)
+    assert tuple(got.sizes) == tuple(want[0].shape) == (1, 512)
+    got = got.numpy().reshape(-1)
+    assert np.isfinite(got).all() and got.std() > 0.1   # real logits, not uninitialised weights' NaN or zeros
+    np.testing.assert_allclose(got, want[0].numpy().reshape(-1), rtol=1e-4, atol=1e-5, equal_nan=False)
+    # and ExecuTorch's Llama in eager PyTorch, on the whole sequence at once (its last position)
+    with torch.no_grad():
+        eager = executorch_llama_model()(torch.ones(1, prompt + decode, dtype=torch.long)).reshape(-1).numpy()
+    np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4, equal_nan=False)
 
     trace = (tmp_path / "t.etdump").read_bytes()
     _check_against_flatcc(analyze(trace), trace, prompt, decode, 3, chunk)
