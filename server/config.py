@@ -65,7 +65,7 @@ class Settings(BaseSettings):
                     "the task); after max_ingest_attempts it fails, saying so",
     )
     max_ingest_attempts: int = Field(default=3, ge=1, description="Ingest attempts that began per run before it fails (see ingest_deadline_s)")
-    # A lost ingest is noticed in seconds, not at the deadline (services/runs.py reap_expired).
+    # A lost ingest is noticed in seconds, not at the deadline (services/runs/reaper.py reap_expired).
     ingest_start_s: float = Field(
         default=10.0, gt=0,
         description="An ingest task not begun this long after it was sent, while the broker's ingest queue holds "

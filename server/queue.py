@@ -48,7 +48,7 @@ def make_celery(settings: Settings, include: tuple[str, ...] = ()) -> Celery:
         # visibility timeout below. A prefork pool's child killed mid-task (WorkerLostError) has
         # its message requeued at once; the threads pool `sme2-farm up` runs has no child to
         # lose (the whole worker dies), so there the reaper's checks are what notice it in
-        # seconds (services/runs.py reap_expired: ingest_start_s, ingest heartbeats).
+        # seconds (services/runs/reaper.py reap_expired: ingest_start_s, ingest heartbeats).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         # Redis: Celery's default visibility timeout is an hour, and a killed worker's message sat
@@ -83,7 +83,7 @@ def sender(celery: Celery) -> Callable[..., None]:
 
 def ingest_waiting(celery: Celery) -> int:
     """Messages waiting (not taken by a worker) in the ingest queue: 0 means an ingest task not
-    begun is not in the broker at all (services/runs.py reap_expired)."""
+    begun is not in the broker at all (services/runs/reaper.py reap_expired)."""
     # Asked from inside the reaper's transaction: a broker away fails it in ~a second (no retries)
     # instead of holding the runs' row locks through Celery's connection retries.
     with celery.connection_for_read(connect_timeout=1) as conn:

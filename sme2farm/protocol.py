@@ -31,7 +31,7 @@ DeviceState = Literal["idle", "busy", "offline", "unhealthy"]
 class RunStatus(str, Enum):
     """A run's state. queued -> assigned -> running -> uploading -> analyzing -> succeeded, or it
     ends failed | cancelled on the way; unschedulable is decided at submission. The transitions
-    themselves live in one place: server/services/runs.py."""
+    themselves live in one place: server/services/runs/."""
 
     queued = "queued"
     assigned = "assigned"

@@ -1,5 +1,5 @@
 """The service-level farm: one agent and one SME2 device in a database, each run moved through
-the functions of server/services/runs.py that the API and the worker call."""
+the functions of server/services/runs/ that the API and the worker call."""
 
 from __future__ import annotations
 

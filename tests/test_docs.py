@@ -185,7 +185,7 @@ def test_every_sme2_variable_the_code_reads_is_on_the_configuration_page_once():
 
 
 def test_every_source_path_the_pages_name_exists():
-    """A module or page named by its path (`server/services/runs.py`) is there: pages follow moves."""
+    """A module or page named by its path (`server/services/runs/status.py`) is there: pages follow moves."""
     named = {(page.relative_to(ROOT).as_posix(), path) for page in doc_pages()
              for path in re.findall(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|cpp|md))`", page.read_text(encoding="utf-8"))}
     assert named, "no source path found in the pages"

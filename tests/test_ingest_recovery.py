@@ -1,7 +1,7 @@
 """Faster recovery of a lost ingest (issue 15, D6), with real processes and the farm's DEFAULT
 ingest deadline (180 s): before, a worker killed during ingest left the run `analyzing` until
 that deadline passed and the reaper (every 15 s) sent the task again: ~194 s. Now the reaper
-notices in seconds (services/runs.py reap_expired): a task taken and never begun (no message
+notices in seconds (services/runs/reaper.py reap_expired): a task taken and never begun (no message
 waiting in the broker), and a begun task whose heartbeats stopped.
 
 Also: a run's reason is cleared when a later attempt succeeds, and a spec that is not UTF-8 is

@@ -1,4 +1,4 @@
-"""The run lifecycle (server/services/runs.py) on SQLite and PostgreSQL: the transition table,
+"""The run lifecycle (server/services/runs/) on SQLite and PostgreSQL: the transition table,
 each transition through the service functions that make it, cancel in every state, the one
 way a run ends (device freed, comparisons completed), the reaper for every state with a
 deadline, ingest failures of any kind ending the run with a reason (real ETDumps from the
@@ -19,6 +19,7 @@ from sme2farm.server.store.db import enqueue_after_commit, session_scope
 from sme2farm.server.store.models import Model, Run, RunResult
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
+from sme2farm.server.services.errors import NotFound
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.services.ingest import Ingester
 
@@ -62,11 +63,11 @@ def test_every_pair_of_statuses_is_allowed_or_refused_as_the_table_says(service_
             with session_scope(service_farm.url) as s:
                 run = s.get(Run, rid)
                 if to in run_service.ALLOWED[frm] or (to == frm and frm not in TERMINAL):
-                    run_service._move(s, run, to)
+                    run_service.move(s, run, to)
                     assert run.status == to
                 else:
                     with pytest.raises(run_service.IllegalTransition) as e:
-                        run_service._move(s, run, to)
+                        run_service.move(s, run, to)
                     assert e.value.reason == "invalid_state" and e.value.previous_state == frm.value
             assert service_farm.run(rid).status == (to if to in run_service.ALLOWED[frm] or to == frm else frm)
 
@@ -79,7 +80,7 @@ def test_a_write_from_a_stale_read_is_refused_not_lost(service_farm):
         assert stale.status == S.queued
         service_farm.cancel(rid)  # another transaction, committed meanwhile
         with pytest.raises(run_service.StateChanged):
-            run_service._move(s1, stale, S.assigned)
+            run_service.move(s1, stale, S.assigned)
     assert service_farm.run(rid).status == S.cancelled
 
 
@@ -126,7 +127,7 @@ def test_calls_out_of_turn_are_refused_with_the_state(service_farm):
     with pytest.raises(run_service.LeaseConflict) as e:
         service_farm.start(rid)
     assert e.value.previous_state == "analyzing"
-    with session_scope(service_farm.url) as s, pytest.raises(run_service.NotFound):
+    with session_scope(service_farm.url) as s, pytest.raises(NotFound):
         run_service.start(s, run_id=rid + 1000, lease_id="x", agent_id=service_farm.agent_id, lease_s=60)
 
 
@@ -496,8 +497,9 @@ def test_conflicts_are_409_with_the_state_and_declared_in_openapi(api, example_p
 def test_a_reason_names_an_unexpected_error_by_its_type():
     """An IndexError's message alone ('index 7 is out of bounds ...') says nothing to a user."""
     from sme2farm.analysis import EtdumpError
+    from sme2farm.server.services.runs import ingesting
 
-    assert run_service._describe(IndexError("index 7 is out of bounds for axis 0 with size 3")) == \
+    assert ingesting._describe(IndexError("index 7 is out of bounds for axis 0 with size 3")) == \
         "IndexError: index 7 is out of bounds for axis 0 with size 3"
-    assert run_service._describe(KeyError()) == "KeyError"
-    assert run_service._describe(EtdumpError("corrupt ETDump: x\nsecond line")) == "corrupt ETDump: x"
+    assert ingesting._describe(KeyError()) == "KeyError"
+    assert ingesting._describe(EtdumpError("corrupt ETDump: x\nsecond line")) == "corrupt ETDump: x"

@@ -67,7 +67,7 @@ def test_one_run_per_device_at_a_time_in_sequence_order(api, agent, example_pte)
     [a] = agent.api.claim(wait=0)
     assert a.threads == 1
     agent.execute(a)
-    assert dispatch(api) == []  # its finish gave the device its next run already (services/runs.py assign_next)
+    assert dispatch(api) == []  # its finish gave the device its next run already (runs/assignment.py assign_next)
     [b] = agent.api.claim(wait=0)
     assert b.threads == 2 and b.run_id != first[0]
     assert exp["id"]

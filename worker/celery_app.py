@@ -23,7 +23,7 @@ def beat_schedule(settings: Settings) -> dict:
     return {
         # Dispatch is enqueued on every event that can free or add work; the periodic one is a net.
         "dispatch": {"task": TASK_DISPATCH, "schedule": 5.0},
-        # Every non-terminal run past its deadline (lease, ingest deadline): services/runs.py reap_expired.
+        # Every non-terminal run past its deadline (lease, ingest deadline): services/runs/reaper.py reap_expired.
         # At least every 5 s (ingest_start_s / 2 by default): a lost ingest is looked for in seconds.
         "reap-leases": {"task": TASK_REAP,
                         "schedule": max(1.0, min(settings.lease_s / 4, settings.ingest_start_s / 2))},
@@ -60,8 +60,8 @@ def _task_started(task_id=None, task=None, args=None, **_) -> None:
     run_id = args[0] if task is not None and task.name == TASK_INGEST and args else None
     logs.clear()
     if isinstance(run_id, int):
-        # The experiment id travels with the task (runs.py sends both); only a message sent by
-        # an older version costs a query.
+        # The experiment id travels with the task (services/runs/lease.py and reaper.py send both);
+        # only a message sent by an older version costs a query.
         experiment_id = args[1] if len(args) > 1 else _experiment_of(run_id)
         logs.bind(run_id=run_id, experiment_id=experiment_id)
 

@@ -111,7 +111,7 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
 
 class _Heartbeat:
     """While an ingest attempt analyses and stores, a thread moves its run's deadline every
-    SME2_INGEST_HEARTBEAT_S (services/runs.py ingest_heartbeat): if this worker is killed the
+    SME2_INGEST_HEARTBEAT_S (services/runs/ingesting.py ingest_heartbeat): if this worker is killed the
     heartbeats stop and the reaper sends the ingest again seconds later, not at
     SME2_INGEST_DEADLINE_S. Each beat is its own short transaction; one that fails (a database
     blip) is logged and the next one tries again."""

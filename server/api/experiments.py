@@ -193,7 +193,7 @@ def get_experiment(experiment_id: ExperimentId, session: SessionDep, _user: User
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
 def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep) -> Response:
-    """Cancel every run of the experiment (services/runs.py cancel: what that does in each state)."""
+    """Cancel every run of the experiment (services/runs/status.py cancel: what that does in each state)."""
     with tx() as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:

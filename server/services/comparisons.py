@@ -1,6 +1,6 @@
 """An experiment's comparisons, refreshed in the same transaction that makes its last run
 terminal, so a client that sees every run terminal also sees the comparisons. Called only by the
-run service when it ends runs (services/runs.py end_run).
+run service when it ends runs (services/runs/status.py end_run).
 
 Per device x threads x mode:
 - kind "sme2": SME2 off -> on, for each model of the experiment (variant A; and B for --vs);

@@ -2,7 +2,7 @@
 
 Only the "how": read and analyse the trace, then write rows and files. What the outcome means
 for the run (succeeded, or failed with which reason) is decided by the run service
-(services/runs.py ingest), which calls this through its Ingester interface; the worker's ingest
+(services/runs/ingesting.py ingest), which calls this through its Ingester interface; the worker's ingest
 task (worker/tasks.py) only builds an Ingester and hands it over.
 """
 

@@ -8,7 +8,7 @@ the database every SAFETY_POLL_S (a lost message, a dispatch that could not publ
 Redis (the embedded SQLite broker) or while the subscription is down, every POLL_S.
 
 The finish of a run assigns its device's next run in the same transaction
-(services/runs.py assign_next) and wakes the agent's claim itself (`wake_threadsafe`, plus the
+(services/runs/assignment.py assign_next) and wakes the agent's claim itself (`wake_threadsafe`, plus the
 Redis message for other server processes): the common case needs neither broker nor worker.
 
 The waiter also remembers which runs it has handed to which agent (`delivered`), so a claim does

@@ -101,9 +101,9 @@ def start_due(session: Session, *, now: datetime | None = None, max_runs: int | 
 
 
 def experiment_ended(session: Session, experiment_id: int) -> None:
-    """Called by the run service each time a run ends (runs._complete). For experiments a suite
-    did not make this reads only the experiment row already in the session; for suite ones,
-    once every run has ended, the analysis is asked for after the commit."""
+    """Called by the run service each time a run ends (services/runs/status.py complete). For
+    experiments a suite did not make this reads only the experiment row already in the session;
+    for suite ones, once every run has ended, the analysis is asked for after the commit."""
     exp = session.get(Experiment, experiment_id)
     if exp is None or SUITE_RUN_LABEL not in (exp.labels or {}):
         return

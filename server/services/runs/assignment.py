@@ -1,0 +1,119 @@
+"""queued -> assigned: which queued run each idle device takes next, by the dispatch task for
+every idle device or by an agent's finish for its own device, and what an agent's claim reads back.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import distinct_on
+from sqlalchemy.orm import Session, joinedload
+
+from sme2farm.protocol import RunStatus
+from sme2farm.server.services import devices as device_service
+from sme2farm.server.services.runs.status import StateChanged, move
+from sme2farm.server.store.models import Device, Experiment, Run, utcnow
+
+S = RunStatus
+
+ASSIGNED_AGENTS = "sme2farm.assigned_agents"  # session.info: agents dispatch gave runs to
+QUEUE_ORDER = (Run.experiment_id, Run.sequence, Run.id)  # which of a device's queued runs goes first
+
+
+def dispatch(session: Session, *, lease_s: float) -> list[int]:
+    """Give each idle device its next queued run (one run per device at a time). Returns run ids;
+    the agents that got runs are left in session.info[ASSIGNED_AGENTS] (the dispatch task wakes
+    their claims once this commits: server/services/wakeup.py).
+
+    One query finds every idle device's next queued run (DISTINCT ON the device on PostgreSQL,
+    the smallest (experiment, sequence, id) per device elsewhere), instead of one query per
+    idle device."""
+    assigned = []
+    agents: set[int] = session.info.setdefault(ASSIGNED_AGENTS, set())
+    for device_id, agent_id, run in _next_runs(session):
+        if _assign(session, device_id, run, lease_s):
+            assigned.append(run.id)
+            agents.add(agent_id)
+    return assigned
+
+
+def _assign(session: Session, device_id: int, run: Run, lease_s: float) -> bool:
+    # Claim the device first: the conditional update is what makes two dispatchers safe.
+    took = session.execute(
+        update(Device).where(Device.id == device_id, Device.state == "idle", Device.current_run_id.is_(None))
+        .values(state="busy", current_run_id=run.id)
+    ).rowcount
+    if not took:
+        return False
+    try:
+        move(session, run, S.assigned, lease_id=secrets.token_hex(16), attempt=run.attempt + 1,
+             lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+    except StateChanged:  # cancelled (or taken) meanwhile: give the device back
+        device_service.free(session, device_id=device_id, run_id=run.id)
+        return False
+    return True
+
+
+def assign_next(session: Session, *, device_id: int | None, lease_s: float) -> int | None:
+    """Dispatch for one device, in the transaction that freed it (finish): its next queued run,
+    assigned as dispatch would, so the agent's claim gets it without a trip through the broker
+    and a worker. Returns the run id, or None (device not idle, nothing queued for it). The
+    agent is left in session.info[ASSIGNED_AGENTS] for its claims to be woken."""
+    if device_id is None:
+        return None
+    agent_id = session.scalar(select(Device.agent_id).where(
+        Device.id == device_id, Device.state == "idle", Device.current_run_id.is_(None)))
+    if agent_id is None:
+        return None
+    run = session.scalar(
+        select(Run).where(Run.device_id == device_id, Run.status == S.queued.value).order_by(*QUEUE_ORDER).limit(1)
+    )
+    if run is None or not _assign(session, device_id, run, lease_s):
+        return None
+    session.info.setdefault(ASSIGNED_AGENTS, set()).add(agent_id)
+    return run.id
+
+
+def _next_runs(session: Session) -> list[tuple[int, int, Run]]:
+    """(device id, agent id, its next queued run) for every idle device that has one."""
+    idle = select(Device.id, Device.agent_id).where(Device.state == "idle", Device.current_run_id.is_(None))
+    devices = {device_id: agent_id for device_id, agent_id in session.execute(idle)}
+    if not devices:
+        return []
+    query = select(Run).where(Run.device_id.in_(list(devices)), Run.status == S.queued.value)
+    if session.get_bind().dialect.name == "postgresql":
+        runs = session.scalars(query.order_by(Run.device_id, *QUEUE_ORDER).ext(distinct_on(Run.device_id))).all()
+    else:
+        first = (select(Run.id, func.row_number().over(partition_by=Run.device_id, order_by=QUEUE_ORDER).label("n"))
+                 .where(Run.device_id.in_(list(devices)), Run.status == S.queued.value).subquery())
+        runs = session.scalars(select(Run).join(first, first.c.id == Run.id).where(first.c.n == 1)
+                               .order_by(Run.device_id)).all()
+    return [(run.device_id, devices[run.device_id], run) for run in runs]
+
+
+def _assigned(agent_id: int, *columns):
+    """SELECT `columns` of the runs assigned to this agent's devices (not yet started), by id."""
+    return (select(*columns).join(Device, Run.device_id == Device.id)
+            .where(Device.agent_id == agent_id, Run.status == S.assigned.value).order_by(Run.id))
+
+
+def assigned_leases(session: Session, *, agent_id: int) -> list[tuple[int, str]]:
+    """(run id, lease id) of the runs assigned to this agent's devices, not yet started."""
+    return [(rid, lease) for rid, lease in session.execute(_assigned(agent_id, Run.id, Run.lease_id))]
+
+
+def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | None = None) -> list[Run]:
+    """The runs assigned to this agent's devices (of `run_ids` if given), with what an
+    assignment needs (experiment, its models, the device) loaded in the same query."""
+    query = (
+        _assigned(agent_id, Run)
+        .options(joinedload(Run.experiment).defer(Experiment.comparisons),
+                 joinedload(Run.experiment).joinedload(Experiment.model),
+                 joinedload(Run.experiment).joinedload(Experiment.vs_model),
+                 joinedload(Run.device).defer(Device.noise_model))
+    )
+    if run_ids is not None:
+        query = query.where(Run.id.in_(run_ids))
+    return list(session.scalars(query))

@@ -1,0 +1,112 @@
+"""analyzing -> succeeded | failed: the ingest task's transitions. How a trace becomes result
+rows is services/ingest.py's (the Ingester); what the outcome means for the run is decided here.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from sme2farm.analysis import EtdumpError
+from sme2farm.protocol import RunStatus
+from sme2farm.server.services.errors import DomainError
+from sme2farm.server.services.runs.status import StateChanged, aware, end_run, move
+from sme2farm.server.store.models import Run, utcnow
+
+log = logging.getLogger(__name__)
+S = RunStatus
+INGEST_SILENT_BEATS = 3  # heartbeats an ingest may miss before its worker is taken for dead
+
+
+class Ingester(Protocol):
+    """How a run's uploaded trace becomes results (services/ingest.py); `ingest` below decides
+    what the outcome means for the run."""
+
+    def analyze(self, run: Run) -> Any:
+        """Read and analyse the trace, render what is derived from it. No database writes; any
+        exception means the trace cannot become results, and its message says why."""
+
+    def store(self, session: Session, run: Run, analysis: Any) -> None:
+        """Write the result rows and derived artifacts."""
+
+
+def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float,
+                   heartbeat_s: float | None = None) -> datetime | None:
+    """An ingest task has begun (committed on its own before the analysis): one more attempt,
+    and the run's deadline is now + ingest_deadline_s, or, for a task that heartbeats
+    (ingest_heartbeat every heartbeat_s), INGEST_SILENT_BEATS heartbeats: a killed worker is
+    noticed in seconds. The time the task waited in the queue behind other ingests counts for
+    nothing, so a backlog does not fail good runs. Returns when it began (the attempt's mark
+    for its heartbeats), or None if the run is no longer analyzing or another attempt is still
+    alive (a duplicate of a re-sent task: it must not count, nor analyse twice)."""
+    now = utcnow()
+    window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
+    began = session.execute(
+        update(Run).where(Run.id == run_id, Run.status == S.analyzing.value,
+                          (Run.ingest_started_at.is_(None)) | (Run.lease_expires_at < now))
+        .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
+                lease_expires_at=now + timedelta(seconds=window))
+        .execution_options(synchronize_session=False)
+    ).rowcount == 1
+    return now if began else None
+
+
+def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ingest_deadline_s: float,
+                     heartbeat_s: float) -> bool:
+    """The ingest attempt that began at started_at is alive: its run's deadline moves to
+    INGEST_SILENT_BEATS heartbeats from now, never past started_at + ingest_deadline_s (a hung
+    analysis still ends). False once the attempt is no longer the run's (ended, re-sent)."""
+    now = utcnow()
+    deadline = min(now + timedelta(seconds=INGEST_SILENT_BEATS * heartbeat_s),
+                   aware(started_at) + timedelta(seconds=ingest_deadline_s))
+    return session.execute(
+        update(Run).where(Run.id == run_id, Run.status == S.analyzing.value, Run.ingest_started_at == started_at)
+        .values(lease_expires_at=deadline).execution_options(synchronize_session=False)
+    ).rowcount == 1
+
+
+def ingest(session: Session, *, run_id: int, ingester: Ingester) -> str:
+    """analyzing -> succeeded, or failed with a reason naming the problem, whatever goes wrong
+    with the trace or with storing its results. A run no longer analyzing (ingested already,
+    cancelled, failed by the reaper) is left alone, so a repeated or late ingest stores nothing."""
+    run = session.get(Run, run_id)
+    if run is None:
+        return "missing"
+    if run.status != S.analyzing:
+        return run.status
+    failure = None
+    try:  # before any lock: analysis can take a while and needs no database
+        analysis = ingester.analyze(run)
+    except Exception as e:
+        log.warning("run %s: the ETDump could not be analysed", run_id, exc_info=True)
+        failure = f"the ETDump could not be analysed: {_describe(e)}"
+    # Take the run (a row lock on PostgreSQL, the write lock on SQLite) only if still analyzing.
+    try:
+        move(session, run, S.analyzing)
+    except StateChanged:
+        return run.status
+    if failure is None:
+        try:
+            with session.begin_nested():  # a failed insert rolls back to here, not the whole session
+                ingester.store(session, run, analysis)
+        except Exception as e:
+            log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
+            failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
+    if failure is None:
+        end_run(session, run, S.succeeded, "")  # what an earlier attempt went through is no reason now
+    else:
+        end_run(session, run, S.failed, failure)
+    return run.status
+
+
+def _describe(e: BaseException) -> str:
+    """A reason a user can act on: our own errors say it in words; anything else is named with
+    its type (an IndexError's message alone, e.g. 'index 7 is out of bounds', says nothing)."""
+    text = str(e).strip().splitlines()[0][:500] if str(e).strip() else ""
+    if isinstance(e, (EtdumpError, OSError, DomainError)):
+        return text or type(e).__name__
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -1,0 +1,163 @@
+"""The one writer of a run's status, and the ways a run ends.
+
+ALLOWED is the lifecycle picture (runs/__init__.py) as data; a move outside it raises
+IllegalTransition (409). Every status change is a conditional UPDATE (`... WHERE status = <the
+status this transaction read>`), on top of the row locks PostgreSQL takes: SQLite runs reads
+outside the write transaction, so without the condition a cancel, a reaper and an agent could each
+read a state and overwrite each other. A repeat of the same transition by the lease owner is
+answered as success ("there may have been a network glitch").
+
+`move` writes the status; nothing else in the farm does. A run ends through `end_run`, which
+stamps it, frees its device and then completes its experiment's comparisons in the same
+transaction (comparisons.refresh), so a client that sees every run of an experiment ended also
+sees the comparisons. `end` and `complete` are end_run's two halves, for what ends several runs
+and completes each experiment once (cancel here, the reaper); everything else calls end_run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+
+from sme2farm.protocol import TERMINAL, RunStatus
+from sme2farm.server.services import comparisons, suites
+from sme2farm.server.services import devices as device_service
+from sme2farm.server.services.errors import Conflict, NotFound
+from sme2farm.server.store.models import Run, utcnow
+
+S = RunStatus
+CANCELLED_BY_USER = "cancelled by user"
+
+# Which status each status may move to. Terminal statuses move nowhere.
+ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
+    S.queued: frozenset({S.assigned, S.cancelled, S.unschedulable}),
+    S.assigned: frozenset({S.running, S.uploading, S.analyzing, S.queued, S.failed, S.cancelled}),
+    S.running: frozenset({S.uploading, S.analyzing, S.queued, S.failed, S.cancelled}),
+    S.uploading: frozenset({S.analyzing, S.queued, S.failed, S.cancelled}),
+    S.analyzing: frozenset({S.succeeded, S.failed, S.cancelled}),
+    **{t: frozenset() for t in TERMINAL},
+}
+
+
+class LeaseConflict(Conflict):
+    """The caller does not own this run (anymore), or the run is past what it asks: 409."""
+
+
+class IllegalTransition(LeaseConflict):
+    def __init__(self, run_id: int, frm: str, to: RunStatus):
+        super().__init__("invalid_state", f"run {run_id} cannot move from {frm} to {to}", frm)
+
+
+class StateChanged(LeaseConflict):
+    """Another transaction moved the run between this one's read and its write."""
+
+    def __init__(self, run_id: int, expected: str):
+        super().__init__("state_changed", f"run {run_id} changed state while this request handled it "
+                                          f"(it was {expected}); ask again", expected)
+
+
+def get(session: Session, *, run_id: int) -> Run | None:
+    return session.get(Run, run_id)
+
+
+def require(session: Session, *, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def locked(session: Session, run_id: int) -> Run | None:
+    # FOR UPDATE on PostgreSQL; SQLite ignores it (the conditional UPDATEs in move guard it).
+    return session.scalar(select(Run).where(Run.id == run_id).with_for_update())
+
+
+def move(session: Session, run: Run, to: RunStatus, **values: Any) -> None:
+    """The one place a run's status is written: checked against ALLOWED, conditional on the
+    status this transaction read, mirrored onto the loaded object. `to` equal to the current
+    status updates only `values` (a new deadline), still conditional on the status."""
+    frm = run.status
+    touch = to == frm and to not in TERMINAL
+    if not touch and to not in ALLOWED[S(frm)]:
+        raise IllegalTransition(run.id, frm, to)
+    moved = session.execute(
+        update(Run).where(Run.id == run.id, Run.status == frm).values(status=to.value, **values)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if moved != 1:
+        session.expire(run)
+        raise StateChanged(run.id, frm)
+    for key, value in {"status": to.value, **values}.items():
+        set_committed_value(run, key, value)
+
+
+def end(session: Session, run: Run, status: RunStatus, reason: str | None, *, device_lost: bool = False) -> None:
+    """End a run without completing comparisons (its caller does that once per experiment, with
+    `complete`). reason None keeps the current one; a success passes "" (a requeued run that then
+    succeeded kept "requeued after attempt 1: ..." as if something were still wrong)."""
+    if status not in TERMINAL:
+        raise ValueError(f"{status} is not a terminal status")
+    values: dict[str, Any] = {"finished_at": utcnow(), "lease_expires_at": None}
+    if reason is not None:
+        values["reason"] = reason
+    move(session, run, status, **values)  # first: if it fails, nothing else has been touched
+    device_service.free(session, device_id=run.device_id, run_id=run.id, lost=device_lost)
+
+
+def complete(session: Session, experiment_ids: Iterable[int]) -> None:
+    """Complete the comparisons of experiments whose runs have all ended. In id order, so two
+    transactions ending runs of the same experiments lock them in the same order."""
+    session.flush()
+    for experiment_id in sorted(set(experiment_ids)):
+        comparisons.refresh(session, experiment_id=experiment_id)
+        suites.experiment_ended(session, experiment_id)  # a suite's: its analysis is sent after commit
+
+
+def end_run(session: Session, run: Run, status: RunStatus, reason: str | None = None, *,
+            device_lost: bool = False) -> None:
+    """The one way a run ends: stamped, its device freed (offline if the device was lost), and
+    its experiment's comparisons completed if it was the last, in this same transaction."""
+    end(session, run, status, reason, device_lost=device_lost)
+    complete(session, [run.experiment_id])
+
+
+def runs_created(session: Session, *, experiment_id: int) -> None:
+    """A new experiment all of whose runs are unschedulable is complete at once."""
+    complete(session, [experiment_id])
+
+
+def cancel(session: Session, runs: Iterable[Run]) -> None:
+    """Cancel, in each state:
+
+    - queued, analyzing: cancelled at once. An ingest in flight finds the run no longer
+      analyzing and stores nothing (its device was freed when the agent finished);
+    - assigned, running, uploading: the agent is told in its next start or heartbeat answer, kills
+      the runner and finishes, and the run ends cancelled (device freed then). If the agent is
+      gone, the reaper ends it cancelled when the lease expires (it is not requeued);
+    - terminal: nothing changes.
+    """
+    ended = []
+    for run in runs:
+        for _ in range(3):  # SQLite: the run may move under us; read it again and decide again
+            if run.status in TERMINAL:
+                break
+            if run.status in (S.queued, S.analyzing):
+                try:
+                    end(session, run, S.cancelled, CANCELLED_BY_USER)
+                except StateChanged:
+                    continue
+                ended.append(run.experiment_id)
+            else:
+                run.cancel_requested = True  # travels to the agent in its next answer
+            break
+    complete(session, ended)
+
+
+def aware(t: datetime) -> datetime:
+    """A run's stored time, timezone-aware."""
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite reads its UTC times back naive
