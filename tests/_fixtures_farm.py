@@ -197,15 +197,16 @@ def postgres_admin_url() -> str:
     return POSTGRES_URL
 
 
-def create_database(admin_url: str, prefix: str = "sme2_test"):
-    """A fresh, empty PostgreSQL database beside admin_url's: (its URL, drop), drop() removing it
-    (connections forced off) once the processes using it are gone."""
+def create_database(admin_url: str, prefix: str = "sme2_test", template: str | None = None):
+    """A fresh PostgreSQL database beside admin_url's, empty or a copy of database `template`:
+    (its URL, drop), drop() removing it (connections forced off) once the processes using it are
+    gone."""
     import sqlalchemy as sa
 
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as c:
-        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     url = admin_url.rsplit("/", 1)[0] + f"/{name}"
 
     def drop() -> None:
@@ -238,13 +239,40 @@ def redis_url() -> str:
     return REDIS_URL
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory) -> Path:
+    """A database file the migrations brought to head, once per session, for db_url to copy."""
+    from sme2farm.server.store.db import get_engine, migrate
+
+    path = tmp_path_factory.mktemp("migrated") / "farm.db"
+    migrate(f"sqlite:///{path}")
+    get_engine(f"sqlite:///{path}").dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres(postgres_admin_url):
+    """The name of a PostgreSQL database the migrations brought to head, once per session, for
+    db_url to copy (CREATE DATABASE ... TEMPLATE: no connection may stay open to it)."""
+    from sme2farm.server.store.db import get_engine, migrate
+
+    url, drop = create_database(postgres_admin_url, prefix="sme2_migrated")
+    migrate(url)
+    get_engine(url).dispose()
+    yield url.rsplit("/", 1)[1]
+    drop()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request, tmp_path) -> str:
-    """Every service test runs on the embedded default and on PostgreSQL."""
-    from sme2farm.server.store.db import migrate
-
-    url = f"sqlite:///{tmp_path / 'farm.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    migrate(url)
+    """Every service test runs on the embedded default and on PostgreSQL, each a fresh copy of a
+    database migrated once per session (test_migrations runs the migrations themselves)."""
+    if request.param == "sqlite":
+        shutil.copyfile(request.getfixturevalue("migrated_sqlite"), tmp_path / "farm.db")
+        return f"sqlite:///{tmp_path / 'farm.db'}"
+    url, drop = create_database(request.getfixturevalue("postgres_admin_url"),
+                                template=request.getfixturevalue("migrated_postgres"))
+    request.addfinalizer(drop)
     return url
 
 
