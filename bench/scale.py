@@ -54,17 +54,21 @@ def main() -> int:
     p.add_argument("--devices", type=int, default=200, help="simulated devices, spread over the agents")
     p.add_argument("--runs", type=int, default=2000, help="rounded to whole experiments of devices x 2 (SME2 off + on)")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 agents, 20 devices, 80 runs, 5,000 bulk runs")
-    p.add_argument("--skip-100k", action="store_true", help="skip inserting --bulk-runs and timing the list and reports")
+    p.add_argument("--skip-100k", action="store_true",
+                   help="skip inserting --bulk-runs and timing the list and reports")
     p.add_argument("--bulk-runs", type=int, default=100_000)
     p.add_argument("--big-runs", type=int, default=10_000, help="size of the one large experiment among the bulk runs")
     p.add_argument("--reps", type=int, default=20, help="timed requests per endpoint in the 100k phase")
     p.add_argument("--timeout", type=float, default=1800.0, help="the load phase stops itself after this many seconds")
-    p.add_argument("--claim-wait", type=float, default=20.0, help="agents' long-poll (capped by the server's poll timeout)")
+    p.add_argument("--claim-wait", type=float, default=20.0,
+                   help="agents' long-poll (capped by the server's poll timeout)")
     p.add_argument("--poll-think", type=float, default=0.25, help="poller pause between list+report pairs")
     p.add_argument("--worker-concurrency", type=int, default=4, help="Celery worker processes (docker-compose: 4)")
     p.add_argument("--server-workers", type=int, default=1, help="uvicorn worker processes (docker-compose: 1)")
-    p.add_argument("--postgres-url", default=os.environ.get("SME2_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/12", help="an empty Redis database; flushed at the end")
+    p.add_argument("--postgres-url", default=os.environ.get("SME2_TEST_POSTGRES_URL",
+                                                            "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/12",
+                   help="an empty Redis database; flushed at the end")
     p.add_argument("--trace-dir", help="keep the built model and trace here and reuse them next time (saves ~30 s)")
     p.add_argument("--py-spy", metavar="PATH", help="py-spy binary: profile the server and worker during the load")
     p.add_argument("--keep", action="store_true", help="keep the database and work dir for inspection")
@@ -97,7 +101,8 @@ def main() -> int:
         trace, log = make_trace(work)
         if args.trace_dir:
             shutil.copytree(work, args.trace_dir, dirs_exist_ok=True)
-    print(f"  real trace: toy_cnn, 20 iterations, {len(trace)} B ETDump ({time.monotonic() - t_start:.0f} s to build, export, run)")
+    print(f"  real trace: toy_cnn, 20 iterations, {len(trace)} B ETDump "
+          f"({time.monotonic() - t_start:.0f} s to build, export, run)")
 
     db_name = f"sme2_scale_{uuid.uuid4().hex[:10]}"
     admin_db = sa.create_engine(args.postgres_url, isolation_level="AUTOCOMMIT")
@@ -122,15 +127,17 @@ def main() -> int:
         env = {**os.environ, "SME2_DATA_DIR": str(data), "SME2_DATABASE_URL": db_url, "SME2_BROKER_URL": args.redis_url,
                "SME2_ADMIN_TOKEN": admin}
         procs = Procs(work / "logs", env)
-        procs.spawn("server", [PY, "-m", "uvicorn", "sme2farm.server.main:app", "--host", "127.0.0.1", "--port", str(port),
-                               "--log-level", "warning", "--no-access-log", "--workers", str(args.server_workers)])
-        procs.spawn("worker", [PY, "-m", "celery", "-A", "sme2farm.worker.celery_app", "worker", "--loglevel", "WARNING",
-                               "--concurrency", str(args.worker_concurrency)])
+        procs.spawn("server", [PY, "-m", "uvicorn", "sme2farm.server.main:app", "--host", "127.0.0.1",
+                               "--port", str(port), "--log-level", "warning", "--no-access-log",
+                               "--workers", str(args.server_workers)])
+        procs.spawn("worker", [PY, "-m", "celery", "-A", "sme2farm.worker.celery_app", "worker",
+                               "--loglevel", "WARNING", "--concurrency", str(args.worker_concurrency)])
         procs.spawn("beat", [PY, "-m", "celery", "-A", "sme2farm.worker.celery_app", "beat", "--loglevel", "WARNING",
                              "--schedule", str(work / "celerybeat-schedule")])
         if not wait_healthy(url, 60, every=0.2, check=procs.check):
             raise RuntimeError("the server did not come up within 60 s")
-        print(f"  farm: uvicorn ({args.server_workers} process(es)), celery worker (--concurrency {args.worker_concurrency}), celery beat; "
+        print(f"  farm: uvicorn ({args.server_workers} process(es)), "
+              f"celery worker (--concurrency {args.worker_concurrency}), celery beat; "
               f"PostgreSQL database {db_name}, Redis {args.redis_url}")
         pg = psycopg.connect(db_url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
         res = load_phase(args, url, admin, register, work, db_name, pg, procs)

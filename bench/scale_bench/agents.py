@@ -27,7 +27,8 @@ class Http:
 
     def __init__(self, url: str, token: str, connections: int):
         self.client = httpx.Client(base_url=url, timeout=httpx.Timeout(60.0, connect=5.0),
-                                   limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+                                   limits=httpx.Limits(max_connections=connections,
+                                                       max_keepalive_connections=connections))
         self.client.headers["Authorization"] = f"Bearer {token}"
         self.retried: dict[str, int] = {}
         self.lock = threading.Lock()

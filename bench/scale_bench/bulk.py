@@ -56,35 +56,41 @@ def bulk_insert(pg, n_runs: int, per_exp: int, big: int, template_exps: list[int
                 ri += 1
             plan.append((eid, runs))
             exp_ids.append(eid)
-        with cur.copy("COPY experiments (id, name, model_sha256, spec, labels, comparisons, inputs_description, created_at) FROM STDIN") as cp:
+        with cur.copy("COPY experiments (id, name, model_sha256, spec, labels, comparisons, inputs_description, "
+                      "created_at) FROM STDIN") as cp:
             for n, (eid, runs) in enumerate(plan):
                 comps = []
                 for j in range(0, min(len(runs), 2 * len(devices)), 2):  # one comparison per device, as refresh writes
                     c = dict(comparisons[0]) if comparisons else {"status": "complete"}
-                    c.update(device=runs[j][1][1], baseline_runs=[runs[j][0]], candidate_runs=[runs[j + 1][0]] if j + 1 < len(runs) else [])
+                    c.update(device=runs[j][1][1], baseline_runs=[runs[j][0]],
+                             candidate_runs=[runs[j + 1][0]] if j + 1 < len(runs) else [])
                     comps.append(c)
                 cp.write_row((eid, f"bulk {n + 1}", model_sha, json.dumps({**spec, "name": f"bulk {n + 1}"}),
-                              json.dumps({"bench": "bulk"}), json.dumps(comps), "all ones (default)", now - timedelta(minutes=len(plan) - n)))
-        with cur.copy("COPY runs (id, experiment_id, device_id, sme2, threads, mode, session, sequence, status, reason, attempt, "
-                      "cancel_requested, runner, device_snapshot, device_state, exit_code, runner_wall_s, warmup_in_trace, "
-                      "created_at, started_at, finished_at) FROM STDIN") as cp:
+                              json.dumps({"bench": "bulk"}), json.dumps(comps), "all ones (default)",
+                              now - timedelta(minutes=len(plan) - n)))
+        with cur.copy("COPY runs (id, experiment_id, device_id, sme2, threads, mode, session, sequence, status, "
+                      "reason, attempt, cancel_requested, runner, device_snapshot, device_state, exit_code, "
+                      "runner_wall_s, warmup_in_trace, created_at, started_at, finished_at) FROM STDIN") as cp:
             for eid, runs in plan:
                 for seq, (rid, dev, sme2) in enumerate(runs):
                     cp.write_row((rid, eid, dev[0], sme2, 1, "timing", 0, seq % 2, "succeeded", "", 1, False, runner,
                                   json.dumps(dev[2]), '{"simulated": true}', 0, 0.002, 0, now, now, now))
         parts = report_parts(analysis)  # the report's columns, as ingest writes them (migration 0008)
         with cur.copy("COPY run_results (run_id, e2e_median_ms, e2e_mean_ms, e2e_p10_ms, e2e_p90_ms, e2e_cv, n, "
-                      "categories_ms, analysis, report_head, operators_json, kernels_json, created_at) FROM STDIN") as cp:
+                      "categories_ms, analysis, report_head, operators_json, kernels_json, created_at) "
+                      "FROM STDIN") as cp:
             for _, runs in plan:
                 for rid, *_ in runs:
-                    cp.write_row((rid, e2e["median"], e2e["mean"], e2e["p10"], e2e["p90"], e2e["cv"], e2e["n"], cats, analysis_json,
-                                  parts["report_head"], parts["operators_json"], parts["kernels_json"], now))
-        with cur.copy("COPY operator_stats (id, run_id, name, category, count, total_ms, share, delegated) FROM STDIN") as cp:
+                    cp.write_row((rid, e2e["median"], e2e["mean"], e2e["p10"], e2e["p90"], e2e["cv"], e2e["n"], cats,
+                                  analysis_json, parts["report_head"], parts["operators_json"], parts["kernels_json"],
+                                  now))
+        with cur.copy("COPY operator_stats (id, run_id, name, category, count, total_ms, share, delegated) "
+                      "FROM STDIN") as cp:
             for _, runs in plan:
                 for rid, *_ in runs:
                     for op in analysis["operators"]:
-                        cp.write_row((op_ids[oi], rid, op["name"][:256], op["category"], int(op["count"]), op["total_ms"],
-                                      op["share"], op["delegated"]))
+                        cp.write_row((op_ids[oi], rid, op["name"][:256], op["category"], int(op["count"]),
+                                      op["total_ms"], op["share"], op["delegated"]))
                         oi += 1
         with cur.copy("COPY artifacts (id, run_id, name, size, sha256, created_at) FROM STDIN") as cp:
             for _, runs in plan:
@@ -170,14 +176,19 @@ def bulk_phase(args, url: str, admin: str, db_url: str, pg, template_exps: list[
     results = []
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=300.0) as c:
         for label, path, reps in (("GET /experiments (page 1, 20 per page)", "/experiments", args.reps),
-                                  (f"GET /experiments/{{id}} ({2 * args.devices} runs)", f"/experiments/{typical}", args.reps),
-                                  (f"GET /experiments/{{id}} ({big} runs, default)", f"/experiments/{exp_ids[0]}", max(3, args.reps // 2)),
-                                  (f"  ... ?runs=summary ({big} runs)", f"/experiments/{exp_ids[0]}?runs=summary", max(3, args.reps // 2)),
-                                  (f"  ... ?runs=page (200 of {big} runs)", f"/experiments/{exp_ids[0]}?runs=page&run_page=3", args.reps),
+                                  (f"GET /experiments/{{id}} ({2 * args.devices} runs)", f"/experiments/{typical}",
+                                   args.reps),
+                                  (f"GET /experiments/{{id}} ({big} runs, default)", f"/experiments/{exp_ids[0]}",
+                                   max(3, args.reps // 2)),
+                                  (f"  ... ?runs=summary ({big} runs)", f"/experiments/{exp_ids[0]}?runs=summary",
+                                   max(3, args.reps // 2)),
+                                  (f"  ... ?runs=page (200 of {big} runs)",
+                                   f"/experiments/{exp_ids[0]}?runs=page&run_page=3", args.reps),
                                   (f"  ... ?runs=full ({big} runs)", f"/experiments/{exp_ids[0]}?runs=full", 3)):
             xs, size = time_get(c, path, reps)
             results.append((label, xs))
-            print(f"  {label:44s} p50 {ms(pct(xs, 50)):>10}  p99 {ms(pct(xs, 99)):>10}  ({size / 1e3:.0f} kB, n={reps})  "
+            print(f"  {label:44s} p50 {ms(pct(xs, 50)):>10}  p99 {ms(pct(xs, 99)):>10}  "
+                  f"({size / 1e3:.0f} kB, n={reps})  "
                   f"goal p99 < 300 ms: {'met' if pct(xs, 99) < 0.3 else 'NOT met'}")
     # Where the time goes, in this process with the server's own service functions.
     try:

@@ -42,19 +42,22 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
             procs.check()
             dead = [p for p in agents if not p.is_alive()]
             if dead or time.time() > deadline:
-                raise RuntimeError(f"{len(agents) - got} agent(s) did not register (exit codes {[p.exitcode for p in dead]})")
+                raise RuntimeError(f"{len(agents) - got} agent(s) did not register "
+                                   f"(exit codes {[p.exitcode for p in dead]})")
     h = {"Authorization": f"Bearer {admin}"}
     with httpx.Client(base_url=url, headers=h, timeout=120.0) as c:
         n_dev = len(c.get("/devices").json())
         print(f"  {len(agents)} agents registered {n_dev} devices")
         poll_stop = ctx.Event()
-        poller = ctx.Process(target=poller_main, args=(url, admin, str(work / "poller.json"), args.poll_think, poll_stop), daemon=True)
+        poller = ctx.Process(target=poller_main,
+                             args=(url, admin, str(work / "poller.json"), args.poll_think, poll_stop), daemon=True)
         poller.start()
         # What idle agents cost: long-polls with no work to hand out, before anything is submitted.
         idle0, idle_pg0, t_idle = cpu_ticks([procs.procs["server"].pid]), pg_cpu(db_name), time.time()
         time.sleep(5.0)
         idle_s = time.time() - t_idle
-        print(f"  idle: {len(agents)} agents long-polling cost the server {100 * (cpu_ticks([procs.procs['server'].pid]) - idle0) / idle_s:.0f}% "
+        print(f"  idle: {len(agents)} agents long-polling cost the server "
+              f"{100 * (cpu_ticks([procs.procs['server'].pid]) - idle0) / idle_s:.0f}% "
               f"of a core and PostgreSQL {100 * pg_cpu(db_name, idle_pg0) / idle_s:.0f}%")
         per_exp = 2 * args.devices
         n_exp = max(1, round(args.runs / per_exp))
@@ -70,15 +73,17 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
             # without pausing them (py-spy's default pauses each process per sample: it halved throughput)
             for name in ("server", "worker"):
                 out = open(work / f"py-spy-{name}.txt", "wb")
-                spies.append(subprocess.Popen([args.py_spy, "record", "--nonblocking", "--format", "raw", "--rate", "50", "--subprocesses",
-                                               "--pid", str(procs.procs[name].pid), "-o", str(work / f"py-spy-{name}.raw")],
+                spies.append(subprocess.Popen([args.py_spy, "record", "--nonblocking", "--format", "raw",
+                                               "--rate", "50", "--subprocesses", "--pid", str(procs.procs[name].pid),
+                                               "-o", str(work / f"py-spy-{name}.raw")],
                                               stdout=out, stderr=subprocess.STDOUT))
         wall0 = time.time()
         exp_ids, submit_s, expected = [], [], 0
         for i in range(n_exp):
             t0 = time.perf_counter()
             r = c.post("/experiments", files={"model": ("model.pte", model, "application/octet-stream")},
-                       data={"spec": json.dumps({**spec, "name": f"scale {i + 1}/{n_exp}", "labels": {"bench": "scale"}})})
+                       data={"spec": json.dumps({**spec, "name": f"scale {i + 1}/{n_exp}",
+                                                 "labels": {"bench": "scale"}})})
             submit_s.append(time.perf_counter() - t0)
             if r.status_code != 201:
                 raise RuntimeError(f"submission refused: {r.status_code} {r.text[:500]}")
@@ -93,13 +98,16 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
         while time.time() < deadline:
             procs.check()
             with pg.cursor() as cur:
-                cur.execute("SELECT status, count(*) FROM runs WHERE experiment_id = ANY(%s) GROUP BY status", (exp_ids,))
+                cur.execute("SELECT status, count(*) FROM runs WHERE experiment_id = ANY(%s) GROUP BY status",
+                            (exp_ids,))
                 by = dict(cur.fetchall())
                 # What the farm's connections are doing: waiting on a row lock, running a
                 # statement, or holding a transaction open while Python works.
-                cur.execute("SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*) FILTER (WHERE state = 'active' "
-                            "AND wait_event_type IS DISTINCT FROM 'Lock'), count(*) FILTER (WHERE state = 'idle in transaction'), "
-                            "count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                cur.execute("SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), "
+                            "count(*) FILTER (WHERE state = 'active' AND wait_event_type IS DISTINCT FROM 'Lock'), "
+                            "count(*) FILTER (WHERE state = 'idle in transaction'), "
+                            "count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid <> pg_backend_pid()")
                 activity.append(cur.fetchone())
             pending = sum(v for k, v in by.items() if k not in TERMINAL)
             if pending == 0:
@@ -142,8 +150,8 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
             (summaries if "summary" in json.loads(line) else recs).append(json.loads(line))
     exp_ids = res["exp_ids"]
     with pg.cursor() as cur:
-        cur.execute("SELECT id, status, reason, attempt, extract(epoch from started_at)::float8, extract(epoch from finished_at)::float8 "
-                    "FROM runs WHERE experiment_id = ANY(%s)", (exp_ids,))
+        cur.execute("SELECT id, status, reason, attempt, extract(epoch from started_at)::float8, "
+                    "extract(epoch from finished_at)::float8 FROM runs WHERE experiment_id = ANY(%s)", (exp_ids,))
         runs = {r[0]: r[1:] for r in cur.fetchall()}
         cur.execute("SELECT r.run_id, count(*) FROM run_results r JOIN runs ON runs.id = r.run_id "
                     "WHERE runs.experiment_id = ANY(%s) GROUP BY r.run_id HAVING count(*) > 1", (exp_ids,))
@@ -201,7 +209,8 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
     gaps = []
     for rs in by_dev.values():
         rs.sort(key=lambda r: r["t_claim"])
-        gaps += [b["t_claim"] - a["t_finish"] for a, b in zip(rs, rs[1:]) if "t_finish" in a and b["t_claim"] >= a["t_finish"]]
+        gaps += [b["t_claim"] - a["t_finish"] for a, b in zip(rs, rs[1:])
+                 if "t_finish" in a and b["t_claim"] >= a["t_finish"]]
     errors = [r.get("error") or r.get("conflict") for r in recs if "error" in r or "conflict" in r]
     counts: dict[str, int] = {}
     retried: dict[str, int] = {}
@@ -223,9 +232,12 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
         print(f"    {v} x {k}")
     print(f"  dispatch throughput: {dispatch_rate:.1f} runs/s ({len(done)} finished by agents in "
           f"{last_finish - first_claim:.1f} s, first claim -> last finish)")
-    print(f"  end to end (ingested, comparisons stored): {e2e_rate:.1f} runs/s ({t_terminal - first_claim:.1f} s to the last terminal run)")
-    print(f"  claim -> start acknowledged: p50 {ms(pct(claim_to_start, 50))}  p99 {ms(pct(claim_to_start, 99))}  (n={len(claim_to_start)})")
-    print(f"  start -> finish acknowledged (2 uploads + finish): p50 {ms(pct(start_to_finish, 50))}  p99 {ms(pct(start_to_finish, 99))}")
+    print(f"  end to end (ingested, comparisons stored): {e2e_rate:.1f} runs/s "
+          f"({t_terminal - first_claim:.1f} s to the last terminal run)")
+    print(f"  claim -> start acknowledged: p50 {ms(pct(claim_to_start, 50))}  p99 {ms(pct(claim_to_start, 99))}  "
+          f"(n={len(claim_to_start)})")
+    print(f"  start -> finish acknowledged (2 uploads + finish): p50 {ms(pct(start_to_finish, 50))}  "
+          f"p99 {ms(pct(start_to_finish, 99))}")
     print(f"  device idle gap, finish -> next claim: p50 {ms(pct(gaps, 50))}  p99 {ms(pct(gaps, 99))}  (n={len(gaps)})")
     api = {}
     for kind, path in (("list", "GET /experiments"), ("report", "GET /experiments/{id}")):
@@ -233,33 +245,42 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
         bad = [s[3] for s in window if s[0] == kind and s[3] != 200]
         size = max((s[4] for s in window if s[0] == kind), default=0)
         api[kind] = (pct(xs, 50), pct(xs, 99))
-        print(f"  API {path:22s} during load: p50 {ms(pct(xs, 50))}  p99 {ms(pct(xs, 99))}  max {ms(max(xs, default=0))}  "
-              f"(n={len(xs)}{f', {size} runs per report' if kind == 'report' else ''}{f', non-200: {bad[:5]}' if bad else ''})")
+        print(f"  API {path:22s} during load: p50 {ms(pct(xs, 50))}  p99 {ms(pct(xs, 99))}  "
+              f"max {ms(max(xs, default=0))}  "
+              f"(n={len(xs)}{f', {size} runs per report' if kind == 'report' else ''}"
+              f"{f', non-200: {bad[:5]}' if bad else ''})")
     print(f"  agent claims: {counts.get('claims', 0)} ({counts.get('claims_with_new', 0)} with new runs, "
-          f"{counts.get('claims_known_only', 0)} answering only runs it already had, {counts.get('claims_empty', 0)} empty); "
+          f"{counts.get('claims_known_only', 0)} answering only runs it already had, "
+          f"{counts.get('claims_empty', 0)} empty); "
           f"retried requests: {retried or 'none'}; claim errors: {counts.get('claim_errors', 0)}")
     if errors:
         print(f"  agent-side errors/conflicts: {len(errors)}, e.g. {errors[:3]}")
     wall = res["wall"][1] - res["wall"][0]
     print(f"  CPU seconds over {wall:.0f} s wall ({os.cpu_count()} cores = {os.cpu_count() * wall:.0f} s): "
           + ", ".join(f"{k} {v:.1f}" for k, v in sorted(res["cpu"].items(), key=lambda kv: -kv[1]))
-          + f"; host load average {res['load'][0]:.1f} at start, {res['load'][1]:.1f} at end (other users' work included)")
-    steps = [("start", "t_claim", "t_start"), ("model", "t_start", "t_model"), ("runner.log", "t_model", "t_runner.log"),
-             ("trace.etdump", "t_runner.log", "t_trace.etdump"), ("finish", "t_trace.etdump", "t_finish")]
+          + f"; host load average {res['load'][0]:.1f} at start, {res['load'][1]:.1f} at end "
+            f"(other users' work included)")
+    steps = [("start", "t_claim", "t_start"), ("model", "t_start", "t_model"),
+             ("runner.log", "t_model", "t_runner.log"), ("trace.etdump", "t_runner.log", "t_trace.etdump"),
+             ("finish", "t_trace.etdump", "t_finish")]
     print("  agent-side call latency: " + ", ".join(
         f"{name} p50 {ms(pct(xs, 50))} p99 {ms(pct(xs, 99))}" for name, a, b in steps
         for xs in [[r[b] - r[a] for r in recs if a in r and b in r]]))
     act = res["activity"]
     if act:
-        print(f"  PostgreSQL connections of the farm, sampled every 0.25 s: waiting on a lock avg {sum(a[0] for a in act) / len(act):.1f} "
-              f"max {max(a[0] for a in act)}, running a statement avg {sum(a[1] for a in act) / len(act):.1f}, idle in transaction "
-              f"avg {sum(a[2] for a in act) / len(act):.1f} max {max(a[2] for a in act)}, open avg {sum(a[3] for a in act) / len(act):.0f}")
+        print(f"  PostgreSQL connections of the farm, sampled every 0.25 s: "
+              f"waiting on a lock avg {sum(a[0] for a in act) / len(act):.1f} "
+              f"max {max(a[0] for a in act)}, running a statement avg {sum(a[1] for a in act) / len(act):.1f}, "
+              f"idle in transaction avg {sum(a[2] for a in act) / len(act):.1f} max {max(a[2] for a in act)}, "
+              f"open avg {sum(a[3] for a in act) / len(act):.0f}")
     if res["timed_out"]:
-        print(f"  TIMED OUT after --timeout {args.timeout:g} s: the {len(not_terminal)} runs not terminal below were still "
-              f"in progress when the bench stopped (slow, not necessarily lost); rerun with a longer --timeout to tell")
+        print(f"  TIMED OUT after --timeout {args.timeout:g} s: the {len(not_terminal)} runs not terminal below "
+              f"were still in progress when the bench stopped (slow, not necessarily lost); rerun with a longer "
+              f"--timeout to tell")
     print(f"  LOST: {lost}  (not terminal {len(not_terminal)}, failed without reason {len(no_reason)}, "
           f"missing rows {res['expected'] - len(runs)}, succeeded without result {succeeded_no_result})")
-    print(f"  DUPLICATED: {dup}  (executed under two leases {len(dup_exec)}, finished under two leases {len(dup_finish)}, "
+    print(f"  DUPLICATED: {dup}  (executed under two leases {len(dup_exec)}, "
+          f"finished under two leases {len(dup_finish)}, "
           f"two RunResult rows {len(dup_results)}, operator rows stored twice {len(dup_ops)})")
     if dropped:
         print(f"  FAILED AFTER A SUCCESSFUL FINISH: {sum(dropped.values())} runs the agent delivered (finish answered "
@@ -288,9 +309,11 @@ def print_profile(name: str, raw: Path) -> None:
         if not n.isdigit():
             continue
         frames = stack.split(";")[1:]  # [0] names the process
-        if not frames or any(w in frames[-1] for w in ("Condition.wait", "_recv (billiard", "_poll", "select (", "epoll", "Evloop")):
+        if not frames or any(w in frames[-1] for w in ("Condition.wait", "_recv (billiard", "_poll", "select (",
+                                                       "epoll", "Evloop")):
             continue  # a thread waiting for work
-        where = "event loop" if frames and frames[0].startswith("_run_module_as_main") and "uvicorn" in stack else "threads"
+        where = ("event loop" if frames and frames[0].startswith("_run_module_as_main") and "uvicorn" in stack
+                 else "threads")
         own = [f.split(" (")[0] for f in frames if any(f"({p}" in f for p in project)][:3]
         key = (where, " > ".join(own) or frames[-1].split(" (")[0])
         groups[key] = groups.get(key, 0) + int(n)
