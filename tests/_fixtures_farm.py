@@ -229,6 +229,26 @@ def serve_app(settings, shared: SharedServer | None = None):
         thread.join(timeout=10)
 
 
+def runners_under(root: Path) -> list[int]:
+    """Live runner processes (not the shell that started one) working in a directory under root."""
+    from sme2farm.agent.drivers.leftovers import process_identity
+
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes()
+            cwd = os.readlink(p / "cwd")
+        except OSError:
+            continue
+        argv0 = cmd.split(b"\0", 1)[0]
+        if (b"runner" in argv0.rsplit(b"/", 1)[-1] and b"--etdump_path=" in cmd and cwd.startswith(str(root))
+                and process_identity(int(p.name))):
+            found.append(int(p.name))
+    return found
+
+
 @pytest.fixture(scope="session")
 def postgres_admin_url() -> str:
     import sqlalchemy as sa

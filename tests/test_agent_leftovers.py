@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from _fixtures_farm import dispatch, submit, wait_for
+from _fixtures_farm import dispatch, runners_under, submit, wait_for
 from sme2farm.agent.drivers.leftovers import PidRecords, process_identity
 from sme2farm.agent.drivers.local import LocalDriver
 from sme2farm.server.store.db import session_scope
@@ -60,24 +60,6 @@ def stop_agent(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def runners_under(root: Path) -> list[int]:
-    """Live runner processes (not the shell that started one) working in a directory under root."""
-    found = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes()
-            cwd = os.readlink(p / "cwd")
-        except OSError:
-            continue
-        argv0 = cmd.split(b"\0", 1)[0]
-        if (b"runner" in argv0.rsplit(b"/", 1)[-1] and b"--etdump_path=" in cmd and cwd.startswith(str(root))
-                and process_identity(int(p.name))):
-            found.append(int(p.name))
-    return found
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

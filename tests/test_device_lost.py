@@ -208,7 +208,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
     import sys
     import time
 
-    from _fixtures_farm import PrivateRedis, start_farm, stop_farm, wait_for
+    from _fixtures_farm import PrivateRedis, runners_under, start_farm, stop_farm, wait_for
 
     if os.geteuid() != 0:
         pytest.skip("a UTS namespace needs root")
@@ -245,6 +245,11 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
             return rep if S.running in mine and S.queued in mine else None
 
         rep = wait_for("a run on the second device to be running", running_on_second, 120, every=0.05)
+        # Its runner frozen, the second device stays mid-experiment however long the CLI below takes to
+        # start on a loaded machine (its runs take under a second there); the kill below ends it.
+        for pid in wait_for("the second agent's runner", lambda: runners_under(tmp_path / "agent2"), 30, every=0.02):
+            os.kill(pid, signal.SIGSTOP)
+        assert running_on_second()
         # What its queued runs wait for, as a user sees it: the device, busy with the running run.
         out = farm.cli("status", str(exp.id))
         assert out.returncode == 0, out.stderr
