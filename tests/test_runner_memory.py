@@ -73,12 +73,12 @@ def test_peak_rss_is_the_runners_own_and_matches_proc_from_outside(local_runner,
 
 
 def test_a_bigger_model_takes_more_memory(local_runner, example_pte, tmp_path):
-    """60 conv blocks hold ~0.7 MB more weights than 2: the runner reads them and XNNPACK packs
-    them (its own mallocs, outside the runtime's allocators), so the peak RSS grows by at least
-    the weights' size."""
+    """20 conv blocks of 64 channels hold MBs more weights than 2 of 16 (the heavy model the
+    device-lost test exports too): the runner reads them and XNNPACK packs them (its own mallocs,
+    outside the runtime's allocators), so the peak RSS grows by at least the weights' size."""
     figures, sizes = [], []
-    for blocks in (2, 60):
-        out, pte = tmp_path / f"m{blocks}.json", example_pte("cnn_blocks", blocks=blocks)
+    for name, kw in (("small", {"blocks": 2}), ("big", {"blocks": 20, "channels": 64, "size": 32})):
+        out, pte = tmp_path / f"{name}.json", example_pte("cnn_blocks", **kw)
         subprocess.run([_runner(local_runner), f"--model_path={pte}", f"--memory_file={out}"],
                        capture_output=True, check=True)
         figures.append(read_memory(out.read_bytes()))
