@@ -213,7 +213,10 @@ void emit_log(et_timestamp_t, et_pal_log_level_t level, const char* filename, co
     if (at != std::string::npos) {
       std::string op = msg.substr(at + marker.size());
       size_t bracket = op.find("] ");
-      g_missing_operators.push_back(bracket == std::string::npos ? op : op.substr(bracket + 2));
+      op = bracket == std::string::npos ? op : op.substr(bracket + 2);
+      // each call site of an operator reports it: name it once
+      if (std::find(g_missing_operators.begin(), g_missing_operators.end(), op) == g_missing_operators.end())
+        g_missing_operators.push_back(op);
     }
     if (g_runtime_errors.size() < 16) g_runtime_errors.push_back(msg);
   }

@@ -78,7 +78,7 @@ def programs(tmp_path_factory):
 
     class Custom(torch.nn.Module):
         def forward(self, x):
-            return torch.ops.sme2test.twice(x) + 1
+            return torch.ops.sme2test.twice(torch.ops.sme2test.twice(x)) + 1   # two call sites, named once
 
     class Relu(torch.nn.Module):
         def forward(self, x):
