@@ -2,11 +2,19 @@
 // as a line over time with every point's spread and the changes marked, drawn by the server).
 
 import { getJSON } from "./api.js";
-import { badge, bytes, chart, compareHref, h, selectorText, short, table, when } from "./dom.js";
+import { badge, bytes, chart, compareHref, h, ms, num, selectorText, short, table, when } from "./dom.js";
 
 const expLink = (id) => (id == null ? "—" : h("a", { href: `#/experiments/${id}`, class: "exp-link" }, `#${id}`));
 const ratio = (r) => (r == null ? "—" : `${Number(r).toFixed(3)}`);
 const ci = (c) => (c.ci_low == null || c.ci_high == null ? "—" : `${Number(c.ci_low).toFixed(3)} – ${Number(c.ci_high).toFixed(3)}`);
+// A change's before/after in its unit (SeriesChange.unit: ms, tokens/s or bytes); the exact value in the tooltip.
+const valueText = (v, unit) => (v == null ? "—" : unit === "bytes" ? bytes(v)
+  : unit === "tokens/s" ? `${num(v, 1)} tokens/s` : `${ms(v)} ${unit || ""}`.trim());
+const beforeAfter = (c) => h("span",
+  { title: c.before == null || c.after == null ? null : `${c.before} → ${c.after} ${c.unit}` },
+  h("span", { class: "nowrap" }, `${valueText(c.before, c.unit)} →`), " ",
+  h("span", { class: "nowrap" }, valueText(c.after, c.unit)));
+const webhookText = (w) => (w ? `${w.state || "—"}${w.attempts ? ` (${w.attempts} tries)` : ""}` : "—");
 const keyText = (k) => `${k.model_name || short(k.model_sha256)} · ${k.device_model} · SME2 ${k.sme2} · ${k.threads} thr`;
 
 // A change links to both experiments and to their comparison.
@@ -22,12 +30,14 @@ function regressionsTable(regs) {
       h("td", {}, h("a", { href: `#/suites/${encodeURIComponent(r.suite)}` }, r.suite)),
       h("td", { class: "small" }, keyText(r.key)),
       h("td", {}, h("span", { class: `badge ${r.direction === "regression" ? "no" : "yes"}` }, r.direction),
+        r.metric && r.metric !== "latency" && h("span", { class: "chip mono metric" }, r.metric),
+        r.metric && r.metric !== "latency" && h("div", { class: "small values" }, beforeAfter(r)),
         r.sentence && h("div", { class: "muted small" }, r.sentence)),
       h("td", { class: "num" }, ratio(r.ratio)),
       h("td", { class: "num small" }, ci(r)),
       h("td", {}, badge(r.acknowledged ? "acknowledged" : r.status || "confirmed")),
       h("td", { class: "links" }, changeLinks(r)),
-      h("td", { class: "small" }, r.webhook ? `${r.webhook.state || "—"}${r.webhook.attempts ? ` (${r.webhook.attempts} tries)` : ""}` : "—",
+      h("td", { class: "small" }, webhookText(r.webhook),
         r.webhook?.last_error && h("div", { class: "alert small" }, r.webhook.last_error)),
       h("td", { class: "small" }, when(r.detected_at)))), { id: "regressions" });
 }
@@ -64,7 +74,45 @@ function memoryLine(s) {
   return h("p", { class: "muted small series-memory" }, `Memory (latest): ${parts.join(" · ")}`);
 }
 
-async function seriesCard(name, s) {
+// An LLM series: the latest point's phases (SeriesPoint.llm, medians over its generations). An
+// emulated point has none (the API gives no speed figure for it), so nothing is shown for it.
+function llmLine(s) {
+  if (s.emulated) return null;
+  const p = [...s.points].reverse().find((x) => x.llm);
+  if (!p) return null;
+  const l = p.llm;
+  const tile = (label, key, digits, unit) => h("div",
+    { class: `stat llm-${key}`, dataset: { value: l[key] ?? "" } },
+    h("span", {}, label), h("b", {}, l[key] == null ? "—" : `${num(l[key], digits)} ${unit}`));
+  return h("div", { class: "series-llm", dataset: { experiment: p.experiment_id ?? "" } },
+    h("p", { class: "muted small" }, "LLM (latest point: ", when(p.at), ", ", expLink(p.experiment_id),
+      `): prompt ${l.prompt ?? "?"} tokens, decode ${l.decode ?? "?"} tokens, ${l.generations} generation(s), medians`),
+    h("div", { class: "stats llm-stats" }, tile("time to first token", "ttft_ms", 3, "ms"),
+      tile("prefill", "prefill_tokens_per_s", 1, "tokens/s"), tile("decode", "decode_tokens_per_s", 1, "tokens/s")));
+}
+
+// The changes of the other metrics (Series.metric_changes): memory past the suite's memory threshold
+// and an LLM's phases, each with its point, before → after in its unit, status and webhook delivery.
+function metricChangesTable(s, hooks) {
+  const changes = s.metric_changes || [];
+  if (changes.length === 0) return null;
+  return table(["Point", "Metric", "Change", "Before → after", "Ratio", "Status", "Webhook", "Experiments"],
+    changes.map((c) => h("tr", { class: "metric-change",
+      dataset: { id: c.id, metric: c.metric, unit: c.unit, direction: c.direction } },
+      h("td", { class: "small point" }, c.point_index == null ? "—"
+        : [h("span", { class: "num" }, c.point_index + 1),
+          h("div", { class: "muted" }, when(s.points[c.point_index]?.at))]),
+      h("td", { class: "mono small metric" }, c.metric),
+      h("td", { class: "change" }, h("span", { class: `badge ${c.direction === "regression" ? "no" : "yes"}` }, c.direction),
+        c.sentence && h("div", { class: "muted small" }, c.sentence)),
+      h("td", { class: "num values" }, beforeAfter(c)),
+      h("td", { class: "num" }, ratio(c.ratio)),
+      h("td", { class: "status" }, badge(c.status)),
+      h("td", { class: "small webhook" }, webhookText(hooks.get(c.id))),
+      h("td", { class: "links" }, changeLinks(c)))), { class: "changes metric-changes" });
+}
+
+async function seriesCard(name, s, hooks) {
   const k = s.key;
   const q = new URLSearchParams({ model_sha256: k.model_sha256, device_model: k.device_model, sme2: k.sme2, threads: k.threads });
   const measured = s.points.filter((p) => p.median_ms != null).length;
@@ -76,7 +124,8 @@ async function seriesCard(name, s) {
       h("span", { class: "not-run" }, measured === 0 ? " · not run (why: above)" : ` · not run: ${why(last)}`))
     : h("p", { class: "muted small latest" }, "Latest: ", expLink(last.experiment_id),
       ` · ExecuTorch ${last.et_version || "?"} · runner ${last.runner || "?"}`));
-  return h("article", { class: "card series", dataset: { model: k.model_sha256, sme2: k.sme2, threads: k.threads, points: s.points.length } },
+  return h("article", { class: "card series",
+    dataset: { model: k.model_sha256, device: k.device_model, sme2: k.sme2, threads: k.threads, points: s.points.length } },
     h("header", {}, h("h2", {}, k.model_name || short(k.model_sha256)),
       h("span", { class: "chip" }, k.device_model), h("span", { class: `chip sme2-${k.sme2}` }, `SME2 ${k.sme2}`),
       h("span", { class: "chip" }, `${k.threads} thread${k.threads > 1 ? "s" : ""}`),
@@ -93,6 +142,7 @@ async function seriesCard(name, s) {
         h("span", { class: "muted" }, `${when(p.at)} `), expLink(p.experiment_id), `: not run: ${why(p)}`)))),
     latest,
     memoryLine(s),
+    llmLine(s),
     (s.memory_changes || []).length > 0 && h("ul", { class: "memory-changes" }, s.memory_changes.map((c) =>
       h("li", { class: "memory-change alert small", dataset: { what: c.what, point: c.point_index } }, c.sentence))),
     s.changes.length > 0 && table(["Point", "Change", "Ratio", "95% CI", "Status", "Blamed", "Experiments"],
@@ -102,13 +152,16 @@ async function seriesCard(name, s) {
           c.sentence && h("div", { class: "muted small" }, c.sentence)),
         h("td", { class: "num" }, ratio(c.ratio)), h("td", { class: "num small" }, ci(c)),
         h("td", {}, badge(c.status)), h("td", {}, c.blamed || "—"),
-        h("td", { class: "links" }, changeLinks(c)))), { class: "changes" }));
+        h("td", { class: "links" }, changeLinks(c)))), { class: "changes" }),
+    metricChangesTable(s, hooks));
 }
 
 export async function suiteView({ name }) {
   const enc = encodeURIComponent(name);
-  const [suite, data] = await Promise.all([getJSON(`/suites/${enc}`), getJSON(`/suites/${enc}/series`)]);
-  const cards = await Promise.all(data.series.map((s) => seriesCard(suite.name, s)));
+  const [suite, data, regs] = await Promise.all([getJSON(`/suites/${enc}`), getJSON(`/suites/${enc}/series`),
+    getJSON(`/regressions?suite=${enc}&candidates=true`)]);
+  const hooks = new Map(regs.map((r) => [r.id, r.webhook]));  // each change's webhook delivery, by id
+  const cards = await Promise.all(data.series.map((s) => seriesCard(suite.name, s, hooks)));
   const th = suite.thresholds || {};
   const running = (suite.runs || []).some((r) => r.status === "running" || r.status === "analyzing");
   return {
@@ -121,6 +174,7 @@ export async function suiteView({ name }) {
           ["SME2", suite.sme2], ["threads", (suite.threads || []).join(", ")], ["iterations", suite.iterations], ["sessions", suite.sessions],
           ["schedule", `${suite.schedule} (UTC)`], ["next run", when(suite.next_run_at)],
           ["min effect", th.min_effect == null ? "—" : `${(100 * th.min_effect).toFixed(1)}%`], ["alpha", th.alpha ?? "—"],
+          ["memory threshold", th.memory == null ? "—" : `${(100 * th.memory).toFixed(1)}%`],
           ["webhook", suite.webhook || "none"]].map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]))),
       h("h2", { class: "section" }, "Series"),
       cards.length ? cards : h("p", { class: "card muted", id: "no-series" }, "No points yet: the series appear once a run's experiments end."),
