@@ -782,7 +782,7 @@ long llm_cache_len(Program& program) {
     auto method = program.load_method(name, &memory);
     if (!method.ok() || method->execute() != Error::Ok) continue;
     const EValue& out = method->get_output(0);
-    if (out.isInt()) return static_cast<long>(out.toInt());
+    if (out.isInt() && out.toInt() > 0) return static_cast<long>(out.toInt());
   }
   return -1;
 }
@@ -913,8 +913,8 @@ int main(int argc, char** argv) {
            std::to_string(max_tokens) + " tokens method '" + opt.method_name + "' takes in one call, and the " +
            "program declares no cache length (get_max_context_len) to prefill it in several calls");
     if (cache > 0 && opt.llm_prompt + opt.llm_decode > cache)
-      fail("decoding " + std::to_string(opt.llm_decode) + " tokens after a prompt of " +
-           std::to_string(opt.llm_prompt) + " runs past the cache: the program holds " + std::to_string(cache) +
+      fail("a prompt of " + std::to_string(opt.llm_prompt) + " tokens and " + std::to_string(opt.llm_decode) +
+           " decoded run past the cache: the program holds " + std::to_string(cache) +
            " positions (prompt + decode must be at most that)");
     llm_inputs.tokens.assign(static_cast<size_t>(std::min(opt.llm_prompt, max_tokens)), 1);
     std::printf("LLM mode: prompt %ld tokens, decode %ld tokens, at most %ld tokens per call, cache %s\n",

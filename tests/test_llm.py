@@ -108,12 +108,12 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
      "error: LLM mode needs method 'forward' to take tokens Long [1, S] and input_pos Long [1]; it takes "
      "Float [1, 3, 32, 32]"),
     (("--llm_prompt=65", "--llm_decode=0"), "tiny_llama",
-     "error: decoding 0 tokens after a prompt of 65 runs past the cache: the program holds 64 positions"),
+     "error: a prompt of 65 tokens and 0 decoded run past the cache: the program holds 64 positions"),
     (("--llm_prompt=17", "--llm_decode=1"), "undeclared",
      "error: a prompt of 17 tokens is longer than the 16 tokens method 'forward' takes in one call, and the program "
      "declares no cache length (get_max_context_len) to prefill it in several calls"),
     (("--llm_prompt=60", "--llm_decode=8"), "tiny_llama",
-     "error: decoding 8 tokens after a prompt of 60 runs past the cache: the program holds 64 positions"),
+     "error: a prompt of 60 tokens and 8 decoded run past the cache: the program holds 64 positions"),
     (("--llm_prompt=4",), "tiny_llama", "error: --llm_prompt and --llm_decode go together"),
 ])
 def test_runner_refuses_what_llm_mode_cannot_run(local_runner, example_pte, undeclared_llama, tmp_path, flags, model,
@@ -244,16 +244,16 @@ def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pt
                                   "Long[1]; it takes Float[1, 3, 32, 32]")
     r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 65, "decode": 0}})
     assert r.status_code == 422
-    assert r.json()["detail"] == ("spec.llm: decoding 0 tokens after a prompt of 65 runs past the cache: the program "
+    assert r.json()["detail"] == ("spec.llm: a prompt of 65 tokens and 0 decoded run past the cache: the program "
                                   "holds 64 positions (prompt + decode must be at most that)")
     r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 60, "decode": 8}})
-    assert r.status_code == 422 and "decoding 8 tokens after a prompt of 60 runs past the cache" in r.json()["detail"]
+    assert r.status_code == 422 and "a prompt of 60 tokens and 8 decoded run past the cache" in r.json()["detail"]
     undeclared = undeclared_llama.read_bytes()
     r = post_experiment(api, undeclared, {"sme2": "off", "llm": {"prompt": 17, "decode": 1}})
     assert r.status_code == 422
-    assert r.json()["detail"] == ("spec.llm.prompt: a prompt of 17 tokens is longer than the 16 tokens method 'forward' "
-                                  "takes in one call, and the program declares no cache length (get_max_context_len) "
-                                  "to prefill it in several calls")
+    assert r.json()["detail"] == ("spec.llm.prompt: a prompt of 17 tokens is longer than the 16 tokens method "
+                                  "'forward' takes in one call, and the program declares no cache length "
+                                  "(get_max_context_len) to prefill it in several calls")
     r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 0, "decode": 1}})
     assert r.status_code == 422 and "spec.llm.prompt" in r.json()["detail"]
     buf = io.BytesIO()
@@ -273,10 +273,37 @@ def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pt
     assert r.status_code == 201 and r.json()["spec"]["llm"] == {"prompt": 50, "decode": 14}
     r = post_experiment(api, example_pte("executorch_llama_static").read_bytes(),
                         {"sme2": "off", "llm": {"prompt": 50, "decode": 15}})
-    assert r.status_code == 422 and "after a prompt of 50 runs past the cache: the program holds 64" in r.text
+    assert r.status_code == 422 and "a prompt of 50 tokens and 15 decoded run past the cache: the program holds 64" \
+        in r.text
     # nothing of the refused submissions was stored
     listed = api.client.get("/experiments", headers=api.auth()).json()
     assert listed["total"] == 6
+
+
+@pytest.mark.parametrize("cache,llm,want", [
+    (1, None, None),                                  # no room for a prompt and a token: a plain program
+    (0, None, {"prompt": 4, "decode": 2}),            # a declared 0 is no declaration: S = 8 counts
+    (3, None, {"prompt": 1, "decode": 1}),
+    (3, {"prompt": 2, "decode": 1}, {"prompt": 2, "decode": 1}),
+    (3, {"prompt": 3, "decode": 1}, "a prompt of 3 tokens and 1 decoded run past the cache: the program holds 3"),
+])
+def test_llm_mode_follows_the_declared_cache_however_small(monkeypatch, cache, llm, want):
+    """What the constant methods declare decides; a cache with no room is no LLM mode, not a 500."""
+    from sme2farm.analysis.pte import DYNAMIC_BOUND, InputSpec, MethodSignature
+    from sme2farm.protocol import LlmSpec
+    from sme2farm.server.services import programs
+
+    methods = {"forward": MethodSignature("forward", (InputSpec("tensor", 4, (1, 8), DYNAMIC_BOUND),
+                                                      InputSpec("tensor", 4, (1,)))),
+               "get_max_context_len": MethodSignature("get_max_context_len", (), (InputSpec("int", value=cache),))}
+    monkeypatch.setattr(programs, "_read_methods", lambda path, field: methods)
+    ask = LlmSpec(**llm) if llm else None
+    if isinstance(want, str):
+        with pytest.raises(programs.InvalidInputs, match=want):
+            programs.llm_mode(Path("m.pte"), method="forward", llm=ask, has_inputs=False)
+        return
+    got = programs.llm_mode(Path("m.pte"), method="forward", llm=ask, has_inputs=False)
+    assert (got.model_dump() if got else None) == want
 
 
 def test_a_suite_runs_an_llm_in_the_mode_its_upload_got(api, example_pte):

@@ -198,11 +198,11 @@ def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "mo
         if shape is None or has_inputs:
             return None
         max_tokens, dynamic = shape
-        if not ((dynamic and max_tokens >= 2) or (max_tokens == 1 and cache is not None and cache >= 2)):
-            return None
         positions = cache or max_tokens
-        return LlmSpec(prompt=min(DEFAULT_LLM_PROMPT, positions // 2, max_tokens if dynamic else positions),
-                       decode=min(DEFAULT_LLM_DECODE, max(positions // 4, 1)))
+        prompt = min(DEFAULT_LLM_PROMPT, positions // 2, max_tokens if dynamic else positions)
+        if not (dynamic or (max_tokens == 1 and cache is not None)) or prompt < 1:
+            return None   # no room for a prompt and a decoded token: run it as a plain program
+        return LlmSpec(prompt=prompt, decode=min(DEFAULT_LLM_DECODE, max(positions // 4, 1)))
     if shape is None:
         takes = ", ".join(str(i) for i in sig.inputs) or "no inputs"
         raise InvalidInputs(f"LLM mode needs method {method!r} to take tokens Long[1, S] and input_pos Long[1]; "
@@ -218,8 +218,8 @@ def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "mo
                             "takes in one call, and the program declares no cache length (get_max_context_len) to "
                             "prefill it in several calls", "spec.llm.prompt")
     if cache is not None and llm.prompt + llm.decode > cache:
-        raise InvalidInputs(f"decoding {llm.decode} tokens after a prompt of {llm.prompt} runs past the cache: the "
-                            f"program holds {cache} positions (prompt + decode must be at most that)", "spec.llm")
+        raise InvalidInputs(f"a prompt of {llm.prompt} tokens and {llm.decode} decoded run past the cache: the program "
+                            f"holds {cache} positions (prompt + decode must be at most that)", "spec.llm")
     return llm
 
 
