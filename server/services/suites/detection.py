@@ -195,22 +195,11 @@ def _pct(r: float) -> str:
 
 
 def sentence_for(c: regression.Change, key: tuple, model_name: str, exp_id: int | None, base_id: int | None) -> str:
-    _, device_model, sme2, threads = key
-    what = f"{model_name} on {device_model} (SME2 {sme2}, {threads} thread{'s' if threads != 1 else ''})"
     lo, hi = c.ratio_ci
     speed = "slower" if c.direction == regression.REGRESSION else "faster"
-    s = (f"{what}: {_pct(c.ratio)} {speed} (ratio {c.ratio:.3f}, 95% interval {lo:.3f}-{hi:.3f}) "
-         f"in experiment {exp_id} against the baseline ending at experiment {base_id}")
-    if c.status == regression.CONFIRMED:
-        s += "; confirmed by the next point"
-    else:
-        s += "; a candidate until the next point" if c.dropped_at is None else "; not confirmed by the next point"
-    if c.kind == regression.DEVICE_DRIFT:
-        s += "; the device's canary moved the same way: device drift, not blamed on the model"
-    for name, label in (("runner_build", "runner build"), ("executorch_version", "ExecuTorch version")):
-        if name in c.context:
-            s += f"; compared across {label}s {c.context[name]['before']} -> {c.context[name]['after']}"
-    return s + "."
+    return (f"{metrics.series_words(key, model_name)}: {_pct(c.ratio)} {speed} (ratio {c.ratio:.3f}, 95% interval "
+            f"{lo:.3f}-{hi:.3f}) in experiment {exp_id} against the baseline ending at experiment {base_id}"
+            + metrics.status_words(c) + ".")
 
 
 def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
@@ -230,8 +219,7 @@ def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
     # pools the series' own history (cautious by itself: Student's t on its degrees of freedom).
     noise = noise_service.for_device(session, device_id)
     noise = noise if noise.source != "default" else None
-    params = regression.DetectorParams(min_effect=suite.min_effect, alpha=suite.alpha,
-                                       flag_alpha=max(0.05, suite.alpha))
+    params = metrics.params_for(suite, suite.min_effect)
     canary = _canary_for(session, suite, key, pts)
     existing = metrics.existing_changes(session, pts)
     alerts: list[int] = []
@@ -260,8 +248,7 @@ def detectable_step(session: Session, suite: Suite, pts: list[SuitePoint]) -> De
     per-night guard, min_effect) solved for the step whose expected statistic reaches the
     critical value: confirmed about half the time within two nights. None until the baseline
     has min_history valid nights."""
-    params = regression.DetectorParams(min_effect=suite.min_effect, alpha=suite.alpha,
-                                       flag_alpha=max(0.05, suite.alpha))
+    params = metrics.params_for(suite, suite.min_effect)
     lv, _ = regression.levels([regression_point(p) for p in pts], params)
     device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
     noise = noise_service.for_device(session, device_id)

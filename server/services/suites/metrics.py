@@ -7,10 +7,12 @@ stored and alerted as latency's changes are (detection.detect_series runs them a
   measured: its per-point values go through the latency detector (analysis/regression.py) with the
   memory threshold as the smallest effect and the series' own history as its noise, so a step is
   confirmed by the next point, as latency's are.
-- an LLM's phases (analysis/llm.py point_phases): time to first token, prefill and decode
-  tokens/s, each through the latency detector on its own samples (tokens/s as time per token, so
-  fewer tokens/s is a regression), with the device's noise model for that phase where one was
-  learned.
+- an LLM's phases (analysis/llm.py point_phases): time to first token and decode tokens/s, each
+  through the latency detector on its own samples (tokens/s as time per token, so fewer tokens/s
+  is a regression), with the device's noise model for that phase where one was learned. Prefill
+  tokens/s is the prompt over the time to first token, the same samples scaled: shown, not judged
+  a second time. A point whose prompt or decode length differs from the one before starts the
+  phases' baseline afresh, as an acknowledgement does: another workload is not a regression.
 
 Every change is a SuiteChange row with its metric (one per point and metric: migration 0013), and
 its alert is latency's: the same webhook task and payload (services/alerts.py), asked for once,
@@ -30,7 +32,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sme2farm.analysis import regression
-from sme2farm.analysis.llm import PHASE_KEYS
 from sme2farm.analysis.memory import fmt_bytes, memory_changes
 from sme2farm.protocol import TASK_ALERT_WEBHOOK
 from sme2farm.server.services import noise as noise_service
@@ -61,7 +62,8 @@ METRICS: dict[str, Metric] = {
     "runtime_allocated_bytes": Metric("runtime allocated memory", "bytes", False),
     "peak_rss_bytes": Metric("peak RSS", "bytes", False),
 }
-PHASES = tuple(k for k, _ in PHASE_KEYS)
+# The phases judged: prefill tokens/s = prompt / TTFT per generation, so it would repeat TTFT's.
+PHASES = ("ttft_ms", "decode_tokens_per_s")
 
 
 def metric_of(change: SuiteChange) -> Metric:
@@ -175,7 +177,7 @@ def store_detected(session: Session, suite: Suite, key: tuple, pts: list[SuitePo
     return alerts
 
 
-def _status_words(c: regression.Change) -> str:
+def status_words(c: regression.Change) -> str:
     if c.status == regression.CONFIRMED:
         s = "; confirmed by the next point"
     else:
@@ -197,17 +199,21 @@ def _detector_sentence(key: tuple, metric: str) -> Callable[..., str]:
         return (f"{series_words(key, p.model_name)}: {m.words} {abs(ratio - 1):.1%} {way} "
                 f"({fmt_value(before, m.unit)} -> {fmt_value(after, m.unit)}; ratio {ratio:.3f}, 95% interval "
                 f"{lo:.3f}-{hi:.3f}) in experiment {p.experiment_id} against the baseline ending at experiment "
-                f"{base.experiment_id}" + _status_words(c) + ".")
+                f"{base.experiment_id}" + status_words(c) + ".")
     return sentence
 
 
-def _params(suite: Suite, min_effect: float) -> regression.DetectorParams:
+def params_for(suite: Suite, min_effect: float) -> regression.DetectorParams:
     return regression.DetectorParams(min_effect=min_effect, alpha=suite.alpha, flag_alpha=max(0.05, suite.alpha))
 
 
 def _context_point(p: SuitePoint, samples: Any, acked: set[int]) -> regression.Point:
     return regression.Point(samples=samples, runner_build=p.runner, executorch_version=p.et_version,
                             device_state=p.device_state or {}, acknowledged=p.id in acked)
+
+
+def _workload(p: SuitePoint) -> tuple:
+    return (p.llm or {}).get("prompt"), (p.llm or {}).get("decode")
 
 
 def detect_phases(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint],
@@ -220,7 +226,9 @@ def detect_phases(session: Session, suite: Suite, key: tuple, pts: list[SuitePoi
     alerts: list[int] = []
     for metric in PHASES:
         m = METRICS[metric]
-        acked = acknowledged_points(existing, metric)
+        # a new workload (prompt, decode) restarts the baseline, as an acknowledged point does
+        acked = acknowledged_points(existing, metric) | {
+            p.id for prev, p in zip(pts, pts[1:]) if _workload(p) != _workload(prev)}
         points = []
         for p in pts:
             sessions = [s for s in ((p.llm or {}).get(metric) or []) if s]
@@ -230,7 +238,7 @@ def detect_phases(session: Session, suite: Suite, key: tuple, pts: list[SuitePoi
         noise = device_noise.for_metric(m.noise)
         noise = noise if noise.source != "default" else None
         try:
-            det = regression.detect(points, noise=noise, params=_params(suite, suite.min_effect))
+            det = regression.detect(points, noise=noise, params=params_for(suite, suite.min_effect))
         except ValueError:  # as latency: keep the points, flag nothing, say so
             log.exception("suite %s: %s detection failed on series %s", suite.name, metric, key)
             continue
@@ -284,7 +292,7 @@ def _detect_rss(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint
     rss = [(p.memory or {}).get("peak_rss_bytes") for p in pts]
     if sum(1 for v in rss if v) < 2:
         return []
-    params = _params(suite, min(threshold, 0.99))
+    params = params_for(suite, min(threshold, 0.99))
     acked = acknowledged_points(existing, "peak_rss_bytes")
     points = [_context_point(p, [], acked) for p in pts]
     bad = [any(p.device_state and p.device_state.get(f) for f in params.suspect_flags) for p in pts]
