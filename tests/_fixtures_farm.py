@@ -4,6 +4,7 @@ an in-process API with a recording task queue, a whole farm started for real, an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -165,10 +166,11 @@ class PrivateRedis:
 @dataclass
 class SharedServer:
     """One uvicorn server for a session's in-process API tests: it serves whichever test's app is
-    current (serve_app sets it), and a 503 between tests."""
+    current (serve_app sets it, its lifespan run on the server's loop), and a 503 between tests."""
 
     url: str = ""
     app: object = None
+    loop: object = None   # the server's event loop
 
     async def __call__(self, scope, receive, send):
         app = self.app
@@ -187,7 +189,8 @@ def app_server():
     port = free_port()
     shared.url = f"http://127.0.0.1:{port}"
     server = uvicorn.Server(uvicorn.Config(shared, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    shared.loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=shared.loop.run_until_complete, args=(server.serve(),), daemon=True)
     thread.start()
     try:
         wait_for("uvicorn started", lambda: server.started, 10, every=0.01)
@@ -201,8 +204,8 @@ def app_server():
 def serve_app(settings, shared: SharedServer | None = None):
     """The real app under uvicorn in a thread on a loopback port, its task queue recorded, not
     sent: yields (url, admin token, the list of enqueued tasks). With `shared` (app_server), the
-    app is put behind the session's server instead of starting one (0.2 s less per test: uvicorn's
-    start, and its shutdown's fixed 0.1 s sleep)."""
+    app is put behind the session's server instead of starting one (uvicorn's start and its
+    shutdown's fixed 0.1 s sleep are paid once)."""
     import uvicorn
 
     from sme2farm.server.app import create_app, ensure_admin_token
@@ -211,11 +214,14 @@ def serve_app(settings, shared: SharedServer | None = None):
     enqueued: list = []
     app = create_app(settings, enqueue=lambda *a: enqueued.append(a))
     if shared is not None:
+        lifespan = app.router.lifespan_context(app)   # what uvicorn runs around an app of its own
+        asyncio.run_coroutine_threadsafe(lifespan.__aenter__(), shared.loop).result(10)
         shared.app = app
         try:
             yield shared.url, token, enqueued
         finally:
             shared.app = None
+            asyncio.run_coroutine_threadsafe(lifespan.__aexit__(None, None, None), shared.loop).result(10)
         return
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -7,6 +7,7 @@ second agent is killed with SIGKILL mid-experiment."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select, update
@@ -202,6 +203,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
     namespace, so its local device has another serial), killed with SIGKILL mid-experiment and
     never restarted: its device's runs end unschedulable within the bound, with the reason; the
     farm's own device finishes its share."""
+    import contextlib
     import os
     import signal
     import subprocess
@@ -244,12 +246,23 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
             mine = [r.status for r in rep.runs if r.id in ours]
             return rep if S.running in mine and S.queued in mine else None
 
-        rep = wait_for("a run on the second device to be running", running_on_second, 120, every=0.05)
         # Its runner frozen, the second device stays mid-experiment however long the CLI below takes to
         # start on a loaded machine (its runs take under a second there); the kill below ends it.
-        for pid in wait_for("the second agent's runner", lambda: runners_under(tmp_path / "agent2"), 30, every=0.02):
-            os.kill(pid, signal.SIGSTOP)
-        assert running_on_second()
+        def stopped(pid: int) -> bool:
+            with contextlib.suppress(OSError):
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] == "T"
+            return False
+
+        def frozen_mid_experiment():
+            if not running_on_second():
+                return False
+            pids = runners_under(tmp_path / "agent2")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):   # it may have just finished
+                    os.kill(pid, signal.SIGSTOP)
+            return bool(pids) and all(stopped(p) for p in pids) and running_on_second()
+
+        wait_for("a run on the second device to be running, its runner frozen", frozen_mid_experiment, 120, every=0.05)
         # What its queued runs wait for, as a user sees it: the device, busy with the running run.
         out = farm.cli("status", str(exp.id))
         assert out.returncode == 0, out.stderr

@@ -54,7 +54,7 @@ def test_the_transition_table_covers_every_status_and_every_run_can_end():
 
 
 def test_every_pair_of_statuses_is_allowed_or_refused_as_the_table_says(service_farm):
-    """_move is the only writer of Run.status: try every (from, to) on a real row."""
+    """move is the only writer of Run.status: try every (from, to) on a real row."""
     [rid] = service_farm.submit()
     for frm in RunStatus:
         for to in RunStatus:

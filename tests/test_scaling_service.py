@@ -71,8 +71,7 @@ def test_the_chart_draws_every_device_and_every_joined_core_mask(db_url):
     """Two measured devices run the experiment (cores 0-3), one of them also the joined one (cores
     4-7), an emulated device runs it too: the chart has one series per device x core mask x SME2
     setting, named in its legend, each with both thread counts; the emulated device is named
-    under the legend, not drawn. (The chart once drew the first device's arms only, without the
-    joined experiment's.)"""
+    under the legend, not drawn."""
     from sme2farm.server.services import charts, scaling
     from sme2farm.server.services.errors import Invalid, NotFound
     from sme2farm.server.store.db import session_scope
