@@ -131,7 +131,7 @@ def test_an_emulated_llm_document_states_no_speed_figure(llm_experiment, monkeyp
         run["device"]["emulator"] = "qemu-aarch64 (SME2)"
     for c in exp["comparisons"]:
         c.update({"emulated": True, "verdict": "emulated", "speedup": None, "ci_low": None, "ci_high": None})
-    monkeypatch.setattr(document, "fetch", lambda client, experiment_id: (exp, {}, {}))
+    monkeypatch.setattr(document, "fetch", lambda client, experiment_id, joined=None: (exp, {}, {}))
     assert cli.main(["report", str(exp["id"]), "--markdown"]) == 0
     md = capsys.readouterr().out
     section = _section(md, "## LLM: prefill and decode")
