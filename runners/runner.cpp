@@ -15,9 +15,10 @@
 //                        planned buffers the runner allocated, what the method and temp allocators
 //                        were asked for; see write_memory)
 //   --llm_prompt P --llm_decode D  (LLM mode, both or neither: each iteration prefills a prompt of
-//                        P tokens from input_pos 0, in one call or, where P > S, in calls of S
-//                        tokens (S = 1: token by token, as ExecuTorch's static-shape export needs),
-//                        then decodes D times one token at input_pos P+i. The method must take
+//                        P tokens (id 1) from input_pos 0, in one call or, where P > S, in calls of
+//                        S tokens (S = 1: token by token, as ExecuTorch's static-shape export needs),
+//                        then decodes D times one token at input_pos P+i, each the greedy pick
+//                        (argmax) of the call before's logits (output 0). The method must take
 //                        tokens [1, S] int64 and input_pos [1] int64, the ExecuTorch LLM export
 //                        shape; a prompt over S needs the program to declare its cache length
 //                        (get_max_context_len or get_max_seq_len), prompt + decode within it. Each call's Execute
@@ -721,7 +722,9 @@ void write_memory(const MemoryFigures& m, const std::string& path) {
 // ---- LLM mode: prefill then decode, for tokens [1, S] int64 + input_pos [1] int64 ----
 
 struct LlmInputs {
-  std::vector<int64_t> tokens;
+  std::vector<int64_t> tokens;     // the prompt (token id 1 throughout); [0] also feeds each decode call
+  std::vector<int64_t> generated;  // the tokens the last generation decoded (greedy)
+  bool greedy = true;              // false: output 0 is no real-valued tensor, decode feeds token 1
   int64_t pos = 0;
   TensorImpl::SizesType token_sizes[2] = {1, 1};
   TensorImpl::DimOrderType token_dim_order[2] = {0, 1};
@@ -813,18 +816,53 @@ double llm_call(Method& method, RoutingTracer& tracer, LlmInputs& in, long n, lo
   return ms_since(t0);
 }
 
+// The greedy next token: the index of the largest value along the last dimension of output 0 at
+// its last position (logits [1, V], [1, 1, V] or [1, S, V]), as a temperature-0 generation picks
+// it; -1 when output 0 is not a real-valued tensor. Read after Method::execute, outside the times.
+int64_t greedy_next(const Method& method) {
+  if (method.outputs_size() < 1 || !method.get_output(0).isTensor()) return -1;
+  const auto t = method.get_output(0).toTensor();
+  if (t.dim() < 1 || t.numel() == 0) return -1;
+  const size_t last = static_cast<size_t>(t.dim() - 1);
+  int64_t base = 0;
+  for (size_t k = 0; k < last; ++k) base += (t.size(k) - 1) * t.strides()[k];
+  int64_t best = -1;
+  double best_v = 0;
+  for (int64_t j = 0; j < t.size(last); ++j) {
+    const int64_t off = base + j * t.strides()[last];
+    double v = 0;
+    switch (t.scalar_type()) {
+#define SME2FARM_READ(ctype, stype) \
+  case ScalarType::stype: v = static_cast<double>(t.const_data_ptr<ctype>()[off]); break;
+      ET_FORALL_REALHBBF16_TYPES(SME2FARM_READ)
+#undef SME2FARM_READ
+      default: return -1;
+    }
+    if (best < 0 || v > best_v) best = j, best_v = v;
+  }
+  return best;
+}
+
 // One generation: prefill `prompt` tokens in calls of at most `chunk` tokens (their input_pos 0,
-// chunk, 2 chunk, ...), then decode `decode` tokens one at a time. Returns (prefill ms, decode ms).
+// chunk, 2 chunk, ...), then decode `decode` tokens one at a time, each call fed the greedy token
+// of the one before. Returns (prefill ms, decode ms).
 std::pair<double, double> llm_generate(Method& method, RoutingTracer& tracer, LlmInputs& in, long prompt, long decode,
                                        long chunk, const std::string& when) {
+  in.tokens[0] = 1;   // every generation the same prompt
+  in.generated.clear();
   double prefill = 0;
   for (long pos = 0; pos < prompt; pos += chunk)
     prefill += llm_call(method, tracer, in, std::min(chunk, prompt - pos), pos, true,
                         "in the prefill of " + when + (pos ? " at input_pos " + std::to_string(pos) : ""));
   double decoding = 0;
-  for (long i = 0; i < decode; ++i)
+  for (long i = 0; i < decode; ++i) {
+    const int64_t next = in.greedy ? greedy_next(method) : -1;
+    in.greedy = next >= 0;
+    in.tokens[0] = next >= 0 ? next : 1;
+    in.generated.push_back(in.tokens[0]);
     decoding += llm_call(method, tracer, in, 1, prompt + i, false,
                          "decoding token " + std::to_string(i) + " of " + when);
+  }
   return {prefill, decoding};
 }
 
@@ -940,6 +978,12 @@ int main(int argc, char** argv) {
                   opt.num_executions, p + d, opt.llm_prompt, p, opt.llm_decode, d);
     }
     std::printf("Model executed successfully %ld time(s) in %f ms.\n", opt.num_executions, total_ms);
+    std::string fed;
+    for (int64_t t : llm_inputs.generated) fed += " " + std::to_string(t);
+    if (llm_inputs.greedy)
+      std::printf("Decode fed (greedy, the last generation):%s\n", fed.c_str());
+    else
+      std::printf("Decode fed token 1 each step: output 0 is not a real-valued tensor to pick from\n");
   }
 
   Inputs inputs;

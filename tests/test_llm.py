@@ -37,21 +37,42 @@ def _run(local_runner, pte: Path, tmp_path: Path, *flags: str) -> subprocess.Com
                           cwd=tmp_path, timeout=300)
 
 
+def _fed(stdout: str, decode: int) -> list[int]:
+    """The tokens the runner's last generation decoded (greedy), from its output."""
+    [line] = [x for x in stdout.splitlines() if x.startswith("Decode fed (greedy, the last generation):")]
+    fed = [int(t) for t in line.split(":", 1)[1].split()]
+    assert len(fed) == decode
+    return fed
+
+
+def _check_greedy(fed: list[int], logits, prompt: int, margin: float) -> None:
+    """Each fed token is the argmax of the reference logits at the position before it (teacher
+    forcing on the runner's own tokens), where the reference's top two are more than `margin` apart."""
+    for j, token in enumerate(fed):
+        row = np.asarray(logits[prompt - 1 + j], dtype=np.float64)
+        top2 = np.sort(row)[-2:]
+        if top2[1] - top2[0] > margin:
+            assert token == int(row.argmax()), (j, token, int(row.argmax()))
+
+
 @pytest.mark.parametrize("name,atol", [("tiny_llama", 1e-4), ("tiny_llama_fp16", 2e-2)])
 def test_runner_prefill_and_decode_give_transformers_logits(local_runner, example_pte, tmp_path, name, atol):
-    """Prefill 5 tokens, decode 3 one at a time: the last call's logits are those transformers'
-    own forward gives at position 8 of the same 8 tokens (the runner feeds token id 1)."""
+    """Prefill 5 tokens (id 1), decode 3 one at a time, each the greedy pick of the call before:
+    the fed tokens are transformers' own argmax, and the last call's logits are those its forward
+    gives at position 8 of the same 8 tokens."""
     from sme2farm.runners.tiny_llama import TinyLlamaConfig, reference_logits
 
     done = _run(local_runner, example_pte(name), tmp_path, "--llm_prompt=5", "--llm_decode=3", "--num_executions=2",
                 "--warmup=1", "--outputs_file=out.bin")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "LLM mode: prompt 5 tokens, decode 3 tokens, at most 64 tokens per call, cache 64 positions" in done.stdout
+    fed = _fed(done.stdout, 3)
     [logits] = containers.read((tmp_path / "out.bin").read_bytes(), item="output")
     assert tuple(logits.sizes) == (1, 1, 256)
     got = logits.numpy().reshape(-1).astype(np.float64)
-    want = reference_logits(TinyLlamaConfig(), [1] * 8)[0, -1].double().numpy()
-    np.testing.assert_allclose(got, want, atol=atol)
+    want = reference_logits(TinyLlamaConfig(), [1] * 5 + fed)[0].double().numpy()
+    np.testing.assert_allclose(got, want[-1], atol=atol)
+    _check_greedy(fed, want, 5, margin=4 * atol)
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +104,15 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
     assert f"at most {chunk} tokens per call, cache 64 positions" in done.stdout
     assert f"Prefill in {-(-prompt // chunk)} calls of at most {chunk} tokens" in done.stdout
 
+    fed = _fed(done.stdout, decode)
     method = _load_for_executorch(str(pte))
     for pos in range(0, prompt, chunk):
         n = min(chunk, prompt - pos)
         want = method.forward((torch.ones(1, n, dtype=torch.long), torch.tensor([pos], dtype=torch.long)))
-    for j in range(decode):
-        want = method.forward((torch.ones(1, 1, dtype=torch.long), torch.tensor([prompt + j], dtype=torch.long)))
+    for j, token in enumerate(fed):
+        _check_greedy([token], want[0].reshape(1, -1).numpy(), 1, margin=1e-3)   # the bindings' own argmax
+        want = method.forward((torch.tensor([[token]], dtype=torch.long),
+                               torch.tensor([prompt + j], dtype=torch.long)))
     [got] = containers.read((tmp_path / "out.bin").read_bytes(), item="output")
     assert tuple(got.sizes) == tuple(want[0].shape) == (1, 512)
     got = got.numpy().reshape(-1)
@@ -96,7 +120,8 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
     np.testing.assert_allclose(got, want[0].numpy().reshape(-1), rtol=1e-4, atol=1e-5, equal_nan=False)
     # and ExecuTorch's Llama in eager PyTorch, on the whole sequence at once (its last position)
     with torch.no_grad():
-        eager = executorch_llama_model()(torch.ones(1, prompt + decode, dtype=torch.long)).reshape(-1).numpy()
+        tokens = torch.tensor([[1] * prompt + fed], dtype=torch.long)
+        eager = executorch_llama_model()(tokens).reshape(-1).numpy()
     np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4, equal_nan=False)
 
     trace = (tmp_path / "t.etdump").read_bytes()
