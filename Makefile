@@ -33,13 +33,18 @@ up: setup
 emulator: setup
 	-$(BIN)/sme2-farm emulator install
 
-test: setup emulator
-	$(BIN)/python -m pytest
-
 # Everything but the end-to-end, model-export, browser, adb and emulated-arm64 tests: the loop while changing code,
-# in FAST_WORKERS pytest-xdist processes (on 2 cores about 0.6 of the serial time; `make test` stays serial).
+# in FAST_WORKERS pytest-xdist processes (on 2 cores about 0.6 of the serial time).
 FAST := not e2e and not models and not browser and not adb and not arm64 and not sme2emu
 FAST_WORKERS ?= 2
+
+# The whole suite: the fast selection in FAST_WORKERS processes, then the rest serially (each of those starts
+# farms, browsers or emulators of its own, and shares a session's exported models); both run, either fails it.
+test: setup emulator
+	$(BIN)/python -m pytest -m "$(FAST)" -n $(FAST_WORKERS); fast=$$?; \
+	$(BIN)/python -m pytest -m "not ($(FAST))"; rest=$$?; \
+	echo "fast selection: exit $$fast; the rest: exit $$rest"; [ $$fast -eq 0 ] && [ $$rest -eq 0 ]
+
 test-fast: setup
 	$(BIN)/python -m pytest -m "$(FAST)" -n $(FAST_WORKERS)
 
