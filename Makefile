@@ -38,12 +38,16 @@ emulator: setup
 FAST := not e2e and not models and not browser and not adb and not arm64 and not sme2emu
 FAST_WORKERS ?= 2
 
-# The whole suite: the fast selection in FAST_WORKERS processes, then the rest serially (each of those starts
-# farms, browsers or emulators of its own, and shares a session's exported models); both run, either fails it.
+# The whole suite: all but the farm-starting, browser, adb and emulated tests in FAST_WORKERS processes, then
+# those serially (each starts farms, browsers or emulators of its own); both run, either fails it. The exported
+# example models are shared by both runs (SME2_TEST_EXAMPLES_DIR, removed after).
+PARALLEL := not e2e and not browser and not adb and not arm64 and not sme2emu
 test: setup emulator
-	$(BIN)/python -m pytest -m "$(FAST)" -n $(FAST_WORKERS); fast=$$?; \
-	$(BIN)/python -m pytest -m "not ($(FAST))"; rest=$$?; \
-	echo "fast selection: exit $$fast; the rest: exit $$rest"; [ $$fast -eq 0 ] && [ $$rest -eq 0 ]
+	export SME2_TEST_EXAMPLES_DIR=$$(mktemp -d); \
+	$(BIN)/python -m pytest -m "$(PARALLEL)" -n $(FAST_WORKERS); parallel=$$?; \
+	$(BIN)/python -m pytest -m "not ($(PARALLEL))"; serial=$$?; \
+	rm -rf "$$SME2_TEST_EXAMPLES_DIR"; \
+	echo "in parallel: exit $$parallel; serially: exit $$serial"; [ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "$(FAST)" -n $(FAST_WORKERS)

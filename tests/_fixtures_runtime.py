@@ -4,6 +4,7 @@ programs the inputs and outputs tests export."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,18 +27,34 @@ def local_runner(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def example_pte(tmp_path_factory):
-    """Factory example_pte(name, **kw) -> Path; each (name, kw) is exported once per session."""
+    """Factory example_pte(name, **kw) -> Path; each (name, kw) is exported once per session, and
+    once for all the pytest-xdist workers of a run (the first exports, under a file lock, the
+    others wait for it). SME2_TEST_EXAMPLES_DIR, set by `make test` for its two pytest runs, shares
+    them between runs too."""
     pytest.importorskip("torch")
+    from filelock import FileLock
+
     from sme2farm.runners.examples import export_example
 
-    out_dir = tmp_path_factory.mktemp("examples")
+    if os.environ.get("SME2_TEST_EXAMPLES_DIR"):
+        out_dir = Path(os.environ["SME2_TEST_EXAMPLES_DIR"])
+    elif os.environ.get("PYTEST_XDIST_WORKER"):   # the run's base temp, above each worker's own
+        out_dir = tmp_path_factory.getbasetemp().parent / "examples"
+    else:
+        out_dir = tmp_path_factory.getbasetemp() / "examples"
+    out_dir.mkdir(parents=True, exist_ok=True)
     cache: dict[tuple, Path] = {}
 
     def make(name: str, **kw) -> Path:
         key = (name, tuple(sorted(kw.items())))
         if key not in cache:
-            suffix = "".join(f"-{k}{v}" for k, v in key[1])
-            cache[key] = export_example(name, out_dir / f"{name}{suffix}.pte", **kw)
+            out = out_dir / f"{name}{''.join(f'-{k}{v}' for k, v in key[1])}.pte"
+            with FileLock(str(out) + ".lock"):
+                if not out.exists():
+                    partial = out.with_suffix(f".{os.getpid()}.partial")
+                    export_example(name, partial, **kw)
+                    os.replace(partial, out)
+            cache[key] = out
         return cache[key]
 
     return make
