@@ -6,8 +6,10 @@ resamples them):
 - the latency at each thread count (median, 95% bootstrap interval);
 - the speedup over the smallest thread count (one thread when it was run), with an interval;
 - the parallel efficiency: speedup / (threads / base threads), with the same interval scaled;
-- where more threads stop helping: the smallest thread count whose speedup interval overlaps the
-  interval of the fastest thread count;
+- where more threads stop helping: the smallest thread count whose time cannot be told from the
+  fastest count's: its time over the fastest's, runs resampled, has an interval reaching 1 (the two
+  compared directly: speedups over the base share the base's noise, and overlapping speedup
+  intervals would call counts alike that differ clearly);
 - and, beside the arms, the SME2 on/off ratio at each thread count (off time / on time: above 1,
   SME2 on is faster), so whether SME2's advantage holds as threads grow can be read off.
 Several core masks (a device's clusters) make several arms; the fastest mask and thread count
@@ -128,7 +130,11 @@ def _arm_view(points: dict[int, Point], seed: int) -> dict:
     out = {"base_threads": base_t, "points": rows, "best_threads": None, "enough_threads": None}
     if measured:
         best = max(measured, key=lambda r: r["speedup"]["estimate"])
-        enough = next(r for r in measured if _overlaps(r["speedup"], best["speedup"]))
+        for r in measured:   # this count's time over the fastest's
+            vs = _ratio(points[r["threads"]].sessions, points[best["threads"]].sessions, seed)
+            if vs["estimate"] is not None and vs["ci_low"] is not None:
+                r["vs_best"] = {k: vs[k] for k in ("estimate", "ci_low", "ci_high")}
+        enough = next(r for r in measured if r is best or r.get("vs_best", {}).get("ci_low", 2.0) <= 1.0)
         out.update(best_threads=best["threads"], enough_threads=enough["threads"])
     return out
 
@@ -152,8 +158,8 @@ def _arm_sentence(name: str, view: dict) -> str:
     if enough["threads"] < best["threads"]:
         n = enough["threads"]
         tail = (f"; {n} thread{' is' if n == 1 else 's are'} as fast within the intervals "
-                f"({_x(enough['speedup']['estimate'])} {_interval(enough['speedup'])}): more threads stop helping "
-                f"beyond {enough['threads']}.")
+                f"(its time {_x(enough['vs_best']['estimate'])} the fastest's, {_interval(enough['vs_best'])}): more "
+                f"threads stop helping beyond {enough['threads']}.")
     elif best["threads"] == most:
         tail = f"; it still scales at {most} threads, the most tried."
     else:

@@ -937,6 +937,8 @@ class ScalingPoint(BaseModel):
     ci_high_ms: float | None = None
     speedup: ScalingInterval | None = Field(default=None, description="Time at base_threads / time here, 95% interval")
     efficiency: ScalingInterval | None = Field(default=None, description="speedup / (threads / base_threads)")
+    vs_best: ScalingInterval | None = Field(
+        default=None, description="Time here / time at best_threads, runs resampled, 95% interval")
 
 
 class ScalingArm(BaseModel):
@@ -948,8 +950,8 @@ class ScalingArm(BaseModel):
     base_threads: int | None = None
     best_threads: int | None = Field(default=None, description="The thread count with the highest speedup")
     enough_threads: int | None = Field(
-        default=None, description="Where more threads stop helping: the smallest thread count whose speedup interval "
-                                  "overlaps the best's")
+        default=None, description="Where more threads stop helping: the smallest thread count whose time over the "
+                                  "best's (vs_best) has an interval reaching 1")
     points: list[ScalingPoint]
     sentence: str = ""
 

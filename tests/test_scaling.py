@@ -71,6 +71,22 @@ def test_noise_widens_the_interval_and_moves_the_point_where_threads_stop_helpin
     assert n["ci_high"] - n["ci_low"] > 5 * (q["ci_high"] - q["ci_low"])
 
 
+def test_a_noisy_one_thread_run_does_not_hide_that_more_threads_are_faster():
+    """One thread's runs differ 2x from each other (a loaded machine); 2, 4 and 8 threads are tight
+    and twice as fast each time. The speedups over one thread all carry its noise, so their
+    intervals overlap; compared with the fastest directly, 4 threads are clearly slower than 8."""
+    rng = np.random.default_rng(5)
+    one = [list(ms * np.exp(rng.normal(0.0, 0.01, 40))) for ms in (10.0, 20.0, 14.0)]
+    points = [Point("off", 1, one)] + [Point("off", t, _sessions(rng, 20.0 / t, runs=3, spread=0.01))
+                                       for t in (2, 4, 8)]
+    arm = _arm(scaling(points), "off")
+    rows = {r["threads"]: r for r in arm["points"]}
+    assert rows[4]["speedup"]["ci_high"] >= rows[8]["speedup"]["ci_low"]   # the speedups overlap
+    assert arm["best_threads"] == arm["enough_threads"] == 8
+    assert rows[4]["vs_best"]["ci_low"] > 1.8 and rows[8]["vs_best"]["estimate"] == pytest.approx(1.0)
+    assert "still scales at 8 threads" in arm["sentence"]
+
+
 def test_base_is_the_smallest_thread_count_when_one_thread_did_not_run():
     arm = _arm(scaling(_points({("on", 2): 6.0, ("on", 4): 3.0})), "on")
     assert arm["base_threads"] == 2
