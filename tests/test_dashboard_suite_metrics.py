@@ -11,82 +11,27 @@ text is checked against what GET /suites/{name}/series and GET /regressions answ
 
 from __future__ import annotations
 
-import json
 import re
-import threading
-from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from _fixtures_browser import screenshot, wait
+from _fixtures_suites import WebhookReceiver, llm_phases, night_point
 
 pytestmark = [pytest.mark.browser, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
 SUITE = "dash-metrics"
 SHA = "a" * 64
-T0 = datetime(2026, 11, 1, 3, tzinfo=timezone.utc)
 BOARD, QEMU = "Test Board", "QEMU board"
 EMULATED = {"emulated": "qemu-aarch64 11.1.3 -cpu max"}
 LLM_METRICS = {"ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"}
 
 
-class _Receiver:
-    """A webhook on a free loopback port that answers 204 and keeps every body."""
-
-    def __init__(self):
-        received = self.received = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _point(session, suite, device, i, *, memory, llm=None, state=None, runner="r1"):
-    """Night i: one suite run and its point of this device's series (latency steady at 10 ms)."""
-    from sme2farm.server.store.models import SuitePoint, SuiteRun
-
-    at = T0 + timedelta(days=i)
-    srun = SuiteRun(suite_id=suite.id, trigger="schedule", status="complete", triggered_at=at, finished_at=at)
-    session.add(srun)
-    session.flush()
-    x = (10.0 * np.exp(np.random.default_rng(i).normal(0, 0.005, 40))).tolist()
-    session.add(SuitePoint(
-        suite_id=suite.id, suite_run_id=srun.id, model_sha256=SHA, model_name="llm", device_model=device.info["model"],
-        device_id=device.id, sme2="off", threads=1, run_ids=[], at=at, samples=[x], median_ms=float(np.median(x)),
-        low_ms=min(x), high_ms=max(x), n_iterations=40, sessions=1, runner=runner, et_version="1.5.1",
-        device_state=dict(state or {}), memory=memory, llm=llm))
-    session.flush()
-
-
 def _memory(allocated: int) -> dict:
     return {"planned_bytes": 4000, "weights_bytes": 1_000_000, "runtime_allocated_bytes": allocated,
             "peak_rss_bytes": 40_000_000}
-
-
-def _phases(i: int, ttft_ms: float = 20.0, decode_tps: float = 500.0, prompt: int = 16, n: int = 8) -> dict:
-    """One session of n generations at these levels (1% noise), as analysis.llm.point_phases records."""
-    rng = np.random.default_rng(1000 + i)
-    ttft = ttft_ms * (1 + 0.01 * rng.standard_normal(n))
-    tps = decode_tps * (1 + 0.01 * rng.standard_normal(n))
-    return {"prompt": prompt, "decode": 8, "ttft_ms": [ttft.tolist()],
-            "prefill_tokens_per_s": [(prompt * 1e3 / ttft).tolist()], "decode_tokens_per_s": [tps.tolist()]}
 
 
 @pytest.fixture
@@ -98,7 +43,7 @@ def suite_with_metric_changes(api):
     from sme2farm.server.store.models import Agent, Device, Model
 
     url = api.settings.database_url
-    hook = _Receiver()
+    hook = WebhookReceiver()
     sent: list = []
     try:
         with session_scope(url, enqueue=lambda *a: sent.append(a)) as s:
@@ -117,11 +62,13 @@ def suite_with_metric_changes(api):
                 # night 6: a new runner build allocates 12% more (past the 5% memory threshold); nights
                 # 8 and 9: time to first token 10% longer, decode 10% fewer tokens/s (confirmed on 9)
                 slow = i >= 8
-                _point(s, suite, board, i, memory=_memory(5600 if i >= 6 else 5000), runner="r2" if i >= 6 else "r1",
-                       llm=_phases(i, ttft_ms=22.0 if slow else 20.0, decode_tps=450.0 if slow else 500.0))
+                night_point(s, suite, board, i, model_name="llm", memory=_memory(5600 if i >= 6 else 5000),
+                            runner="r2" if i >= 6 else "r1",
+                            llm=llm_phases(i, ttft_ms=22.0 if slow else 20.0, decode_tps=450.0 if slow else 500.0))
                 suites.detect_series(s, suite, (SHA, BOARD, "off", 1))
             for i in range(4):  # the emulator: its points carry no phases; its memory change is flagged only
-                _point(s, suite, qemu, i, memory=_memory(6000 if i == 3 else 5000), state=EMULATED)
+                night_point(s, suite, qemu, i, model_name="llm", memory=_memory(6000 if i == 3 else 5000),
+                            state=EMULATED)
                 assert suites.detect_series(s, suite, (SHA, QEMU, "off", 1)) == []
         for _task, change_id in sent:  # as worker/tasks.py deliver_alert does
             with session_scope(url) as s:
@@ -164,7 +111,7 @@ def _when(d, iso: str) -> str:  # dom.js when(): the browser's locale
                             iso if re.search(r"[zZ]|[+-]\d\d:\d\d$", iso) else iso + "Z")
 
 
-def test_the_suite_page_shows_memory_and_llm_phase_changes_and_the_latest_phases(api, browser,
+def test_the_suite_page_shows_memory_and_llm_phase_changes_and_the_latestllm_phases(api, browser,
                                                                                  suite_with_metric_changes):
     by_device, regs = suite_with_metric_changes
     board, qemu = by_device[BOARD], by_device[QEMU]

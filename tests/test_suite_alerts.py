@@ -6,47 +6,20 @@ receiver, on SQLite and PostgreSQL. An emulated series alerts nothing and record
 from __future__ import annotations
 
 import json
-import threading
-from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
 
+from _fixtures_suites import T0, WebhookReceiver, llm_phases, night_point
 from sme2farm.client.suites_cmd import series_text
 
-T0 = datetime(2026, 11, 1, 3, tzinfo=timezone.utc)
 KEY = ("a" * 64, "Test Board", "off", 1)
 EMULATED = {"emulated": "qemu-aarch64 11.1.3 -cpu max"}
 
 
-class _Receiver:
-    """A webhook: an HTTP server on a free port that keeps every JSON body POSTed to it."""
-
-    def __init__(self):
-        received = self.received = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def hook():
-    r = _Receiver()
+    r = WebhookReceiver()
     yield r
     r.close()
 
@@ -96,37 +69,9 @@ def _rows(session, name="nightly", **kw):
     return suites.create(session, spec=SuiteSpec.model_validate(spec)), device
 
 
-def _night(session, suite, device, i, *, memory=None, llm=None, state=None, runner="r1"):
-    """Night i of the series: one suite run and its point (latency steady at 10 ms)."""
-    from sme2farm.server.store.models import SuitePoint, SuiteRun
-
-    at = T0 + timedelta(days=i)
-    srun = SuiteRun(suite_id=suite.id, trigger="schedule", status="complete", triggered_at=at, finished_at=at)
-    session.add(srun)
-    session.flush()
-    x = (10.0 * np.exp(np.random.default_rng(i).normal(0, 0.005, 40))).tolist()
-    p = SuitePoint(suite_id=suite.id, suite_run_id=srun.id, model_sha256="a" * 64, model_name="net",
-                   device_model="Test Board", device_id=device.id, sme2="off", threads=1, run_ids=[], at=at,
-                   samples=[x], median_ms=float(np.median(x)), low_ms=min(x), high_ms=max(x), n_iterations=40,
-                   sessions=1, runner=runner, et_version="1.5.1", device_state=dict(state or {}), memory=memory,
-                   llm=llm)
-    session.add(p)
-    session.flush()
-    return p
-
-
 def _memory(allocated=5000, rss=40_000_000, planned=4000):
     return {"planned_bytes": planned, "weights_bytes": 1_000_000, "runtime_allocated_bytes": allocated,
             "peak_rss_bytes": rss}
-
-
-def _phases(i, ttft_ms=20.0, decode_tps=500.0, prompt=16, n=8):
-    """One session of n generations at these levels (1% noise), as analysis.llm.point_phases gives."""
-    rng = np.random.default_rng(1000 + i)
-    ttft = ttft_ms * (1 + 0.01 * rng.standard_normal(n))
-    tps = decode_tps * (1 + 0.01 * rng.standard_normal(n))
-    return {"prompt": prompt, "decode": 8, "ttft_ms": [ttft.tolist()],
-            "prefill_tokens_per_s": [(prompt * 1e3 / ttft).tolist()], "decode_tokens_per_s": [tps.tolist()]}
 
 
 # ---- memory ---------------------------------------------------------------------------------------
@@ -138,12 +83,12 @@ def test_a_memory_change_past_the_threshold_alerts_the_webhook_once(db_url, hook
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(6):
-            _night(s, suite, device, i, memory=_memory())
+            night_point(s, suite, device, i, memory=_memory())
             assert suites.detect_series(s, suite, KEY) == []  # the same program and runtime: nothing
     assert sent == []
     with tx() as s:  # a new runner build allocates 12% more: past the 5% threshold
         suite = suites.get(s, "nightly")
-        p = _night(s, suite, device, 6, memory=_memory(allocated=5600), runner="r2")
+        p = night_point(s, suite, device, 6, memory=_memory(allocated=5600), runner="r2")
         (alert,) = suites.detect_series(s, suite, KEY)
         assert suites.detect_series(s, suite, KEY) == []  # the series judged again (an acknowledgement): once
         point_id = p.id
@@ -160,10 +105,10 @@ def test_a_memory_change_past_the_threshold_alerts_the_webhook_once(db_url, hook
     assert "memory threshold (5%)" in body["sentence"] and "runner build changed too: r1 -> r2" in body["sentence"]
     with tx() as s:  # the next night keeps the new figure: the same change, no second alert
         suite = suites.get(s, "nightly")
-        _night(s, suite, device, 7, memory=_memory(allocated=5600), runner="r2")
+        night_point(s, suite, device, 7, memory=_memory(allocated=5600), runner="r2")
         assert suites.detect_series(s, suite, KEY) == []
         # and 2% more the night after: flagged in the series, under the threshold: no alert
-        _night(s, suite, device, 8, memory=_memory(allocated=5712), runner="r2")
+        night_point(s, suite, device, 8, memory=_memory(allocated=5712), runner="r2")
         assert suites.detect_series(s, suite, KEY) == []
         (reg,) = suites.regressions(s, include_candidates=True)
         assert (reg.id, reg.metric, reg.unit, reg.before, reg.after) == (alert, "runtime_allocated_bytes", "bytes",
@@ -191,12 +136,12 @@ def test_the_memory_threshold_is_the_suites_and_acknowledging_keeps_the_latency_
         suite, device = _rows(s, webhook=hook.url, thresholds={"memory": 0.2})
         assert suites.suite_read(suite).thresholds.memory == 0.2
         for i in range(3):
-            _night(s, suite, device, i, memory=_memory())
-        _night(s, suite, device, 3, memory=_memory(planned=4480))  # +12%: under this suite's 20%
+            night_point(s, suite, device, i, memory=_memory())
+        night_point(s, suite, device, 3, memory=_memory(planned=4480))  # +12%: under this suite's 20%
         assert suites.detect_series(s, suite, KEY) == []
         suites.update_suite(s, suite, {"thresholds": {"memory": 0.1}})
         assert (suite.memory_threshold, suite.min_effect) == (0.1, 0.03)
-        _night(s, suite, device, 4, memory=_memory(planned=3920))  # -12.5%: an improvement, past the new 10%
+        night_point(s, suite, device, 4, memory=_memory(planned=3920))  # -12.5%: an improvement, past the new 10%
         (alert,) = suites.detect_series(s, suite, KEY)
     assert _deliver(db_url, sent) == ["delivered"]
     (body,) = hook.received
@@ -219,16 +164,16 @@ def test_a_peak_rss_step_alerts_once_the_next_point_confirms_it(db_url, hook):
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(10):  # peak RSS is measured: it moves about 1% night to night
-            _night(s, suite, device, i, memory=_memory(rss=int(40e6 * (1 + 0.01 * rng.standard_normal()))))
+            night_point(s, suite, device, i, memory=_memory(rss=int(40e6 * (1 + 0.01 * rng.standard_normal()))))
             assert suites.detect_series(s, suite, KEY) == []
-        _night(s, suite, device, 10, memory=_memory(rss=44_000_000))  # 10% more: a candidate, no alert yet
+        night_point(s, suite, device, 10, memory=_memory(rss=44_000_000))  # 10% more: a candidate, no alert yet
         assert suites.detect_series(s, suite, KEY) == []
         (cand,) = suites.regressions(s, include_candidates=True)
         assert (cand.metric, cand.status) == ("peak_rss_bytes", "candidate") and suites.regressions(s) == []
     assert sent == []
     with tx() as s:
         suite = suites.get(s, "nightly")
-        _night(s, suite, device, 11, memory=_memory(rss=44_100_000))
+        night_point(s, suite, device, 11, memory=_memory(rss=44_100_000))
         (alert,) = suites.detect_series(s, suite, KEY)
         assert suites.detect_series(s, suite, KEY) == []
     assert alert == cand.id and _deliver(db_url, sent) == ["delivered"]
@@ -239,7 +184,7 @@ def test_a_peak_rss_step_alerts_once_the_next_point_confirms_it(db_url, hook):
     assert "peak RSS" in body["sentence"] and "confirmed by the next point" in body["sentence"]
     with tx() as s:  # the level holds: the same change, no second alert
         suite = suites.get(s, "nightly")
-        _night(s, suite, device, 12, memory=_memory(rss=43_950_000))
+        night_point(s, suite, device, 12, memory=_memory(rss=43_950_000))
         assert suites.detect_series(s, suite, KEY) == []
     assert sent == [] and len(hook.received) == 1
 
@@ -251,8 +196,8 @@ def test_an_emulated_series_flags_memory_but_alerts_nothing(db_url, hook):
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(3):
-            _night(s, suite, device, i, memory=_memory(), state=EMULATED)
-        _night(s, suite, device, 3, memory=_memory(allocated=6000), state=EMULATED)
+            night_point(s, suite, device, i, memory=_memory(), state=EMULATED)
+        night_point(s, suite, device, 3, memory=_memory(allocated=6000), state=EMULATED)
         assert suites.detect_series(s, suite, KEY) == []
         assert suites.regressions(s, include_candidates=True) == []
         (ser,) = suites.series(s, suite).series
@@ -269,15 +214,15 @@ def test_llm_phase_series_alert_in_the_right_direction_once(db_url, hook):
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(8):
-            _night(s, suite, device, i, llm=_phases(i))
+            night_point(s, suite, device, i, llm=llm_phases(i))
             assert suites.detect_series(s, suite, KEY) == []
         # decode 10% fewer tokens/s and time to first token 10% longer (so prefill 9% fewer tokens/s)
-        _night(s, suite, device, 8, llm=_phases(8, ttft_ms=22.0, decode_tps=450.0))
+        night_point(s, suite, device, 8, llm=llm_phases(8, ttft_ms=22.0, decode_tps=450.0))
         assert suites.detect_series(s, suite, KEY) == []  # candidates until the next point
     assert sent == []
     with tx() as s:
         suite = suites.get(s, "nightly")
-        _night(s, suite, device, 9, llm=_phases(9, ttft_ms=22.0, decode_tps=450.0))
+        night_point(s, suite, device, 9, llm=llm_phases(9, ttft_ms=22.0, decode_tps=450.0))
         alerts = suites.detect_series(s, suite, KEY)
         assert len(alerts) == 2 and suites.detect_series(s, suite, KEY) == []  # once
     assert _deliver(db_url, sent) == ["delivered"] * 2
@@ -293,7 +238,7 @@ def test_llm_phase_series_alert_in_the_right_direction_once(db_url, hook):
         by["decode_tokens_per_s"]["sentence"]
     with tx() as s:  # the next point at the new level: the same changes, no second alert
         suite = suites.get(s, "nightly")
-        _night(s, suite, device, 10, llm=_phases(10, ttft_ms=22.0, decode_tps=450.0))
+        night_point(s, suite, device, 10, llm=llm_phases(10, ttft_ms=22.0, decode_tps=450.0))
         assert suites.detect_series(s, suite, KEY) == []
         (ser,) = suites.series(s, suite).series
         assert ser.changes == []  # latency steady
@@ -318,14 +263,14 @@ def test_a_new_llm_workload_starts_the_phases_baseline_afresh(db_url, hook):
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(6):
-            _night(s, suite, device, i, llm=_phases(i))
+            night_point(s, suite, device, i, llm=llm_phases(i))
         for i in range(6, 12):   # prompt 32: twice the time to first token
-            _night(s, suite, device, i, llm=_phases(i, ttft_ms=40.0, prompt=32))
+            night_point(s, suite, device, i, llm=llm_phases(i, ttft_ms=40.0, prompt=32))
             assert suites.detect_series(s, suite, KEY) == []
         (ser,) = suites.series(s, suite).series
         assert ser.metric_changes == []
         for i in range(12, 14):  # and then decoding 10% slower at that workload
-            _night(s, suite, device, i, llm=_phases(i, ttft_ms=40.0, prompt=32, decode_tps=450.0))
+            night_point(s, suite, device, i, llm=llm_phases(i, ttft_ms=40.0, prompt=32, decode_tps=450.0))
             alerts = suites.detect_series(s, suite, KEY)
     assert len(alerts) == 1 and _deliver(db_url, sent) == ["delivered"]
     [body] = hook.received
@@ -341,9 +286,9 @@ def test_faster_decoding_is_an_improvement_and_acknowledging_it_resets_only_its_
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(8):
-            _night(s, suite, device, i, llm=_phases(i))
+            night_point(s, suite, device, i, llm=llm_phases(i))
         for i in (8, 9):
-            _night(s, suite, device, i, llm=_phases(i, decode_tps=600.0))
+            night_point(s, suite, device, i, llm=llm_phases(i, decode_tps=600.0))
         (alert,) = suites.detect_series(s, suite, KEY)
         (reg,) = suites.regressions(s)
         assert (reg.id, reg.metric, reg.direction) == (alert, "decode_tokens_per_s", "improvement")
@@ -351,7 +296,7 @@ def test_faster_decoding_is_an_improvement_and_acknowledging_it_resets_only_its_
         suites.acknowledge(s, alert)
         # six more nights at the new speed: with its baseline reset there nothing new is flagged
         for i in range(10, 16):
-            _night(s, suite, device, i, llm=_phases(i, decode_tps=600.0))
+            night_point(s, suite, device, i, llm=llm_phases(i, decode_tps=600.0))
         assert suites.detect_series(s, suite, KEY) == []
         assert [r.status for r in suites.regressions(s, include_candidates=True)] == ["acknowledged"]
         assert not any(p.acknowledged for p in suites.series(s, suite).series[0].points)
@@ -382,7 +327,7 @@ def test_the_points_of_a_suite_run_carry_phases_except_emulated_ones(db_url, hoo
         s.flush()
         s.add(SuiteExperiment(experiment_id=exp.id, suite_run_id=srun.id, model_sha256="a" * 64, model_name="net"))
         for d in (device, emu):
-            phases = _phases(0)
+            phases = llm_phases(0)
             llm = {"prompt": 16, "decode": 8, "samples": {k: phases[k][0] for k in
                                                           ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s")}}
             llm["samples"]["decode_tokens_per_s"].append(None)  # a generation without decode time (NaN, stored null)
@@ -406,8 +351,8 @@ def test_the_points_of_a_suite_run_carry_phases_except_emulated_ones(db_url, hoo
         (qemu,) = by["QEMU board"].points
         assert qemu.llm is None and by["QEMU board"].emulated  # no speed figure from an emulator
         assert (hw.llm.prompt, hw.llm.decode, hw.llm.generations) == (16, 8, 8)
-        assert hw.llm.ttft_ms == pytest.approx(float(np.median(_phases(0)["ttft_ms"][0])))
-        assert hw.llm.decode_tokens_per_s == pytest.approx(float(np.median(_phases(0)["decode_tokens_per_s"][0])))
+        assert hw.llm.ttft_ms == pytest.approx(float(np.median(llm_phases(0)["ttft_ms"][0])))
+        assert hw.llm.decode_tokens_per_s == pytest.approx(float(np.median(llm_phases(0)["decode_tokens_per_s"][0])))
         assert suites.regressions(s, include_candidates=True) == []
     assert hook.received == []
 
