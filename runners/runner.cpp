@@ -497,6 +497,18 @@ void set_inputs(Method& method, const std::string& method_name, const std::vecto
   }
 }
 
+// The element `off` elements into a real-valued tensor (Half and BFloat16 too), as a double in
+// `v`; false for other types.
+bool element_as_double(const executorch::aten::Tensor& t, int64_t off, double& v) {
+  switch (t.scalar_type()) {
+#define SME2FARM_READ(ctype, stype) \
+  case ScalarType::stype: v = static_cast<double>(t.const_data_ptr<ctype>()[off]); return true;
+    ET_FORALL_REALHBBF16_TYPES(SME2FARM_READ)
+#undef SME2FARM_READ
+    default: return false;
+  }
+}
+
 // --print_output: every output of the last execution, elements in logical (row-major) order
 // whatever the tensor's dim order, as "Output i: <dtype> [sizes] v0 v1 ..." (at most 1000 values).
 void print_outputs(Method& method) {
@@ -514,14 +526,8 @@ void print_outputs(Method& method) {
     for (size_t flat = 0; flat < n; ++flat) {
       int64_t off = 0;
       for (size_t k = 0; k < sizes.size(); ++k) off += index[k] * t.strides()[k];
-      double v = 0;
-      switch (t.scalar_type()) {
-#define SME2FARM_READ(ctype, stype) \
-  case ScalarType::stype: v = static_cast<double>(t.const_data_ptr<ctype>()[off]); break;
-        ET_FORALL_REALHBBF16_TYPES(SME2FARM_READ)
-#undef SME2FARM_READ
-        default: break;
-      }
+      double v = 0;   // 0 for a type element_as_double does not read
+      element_as_double(t, off, v);
       std::printf(" %.9g", v);
       for (size_t k = sizes.size(); k-- > 0;) {
         if (++index[k] < sizes[k]) break;
@@ -829,15 +835,8 @@ int64_t greedy_next(const Method& method) {
   int64_t best = -1;
   double best_v = 0;
   for (int64_t j = 0; j < t.size(last); ++j) {
-    const int64_t off = base + j * t.strides()[last];
     double v = 0;
-    switch (t.scalar_type()) {
-#define SME2FARM_READ(ctype, stype) \
-  case ScalarType::stype: v = static_cast<double>(t.const_data_ptr<ctype>()[off]); break;
-      ET_FORALL_REALHBBF16_TYPES(SME2FARM_READ)
-#undef SME2FARM_READ
-      default: return -1;
-    }
+    if (!element_as_double(t, base + j * t.strides()[last], v)) return -1;
     if (best < 0 || v > best_v) best = j, best_v = v;
   }
   return best;
