@@ -71,6 +71,7 @@ def show(args) -> int:
 
     from sme2farm.analysis import analyze
     from sme2farm.analysis.scaling import Point, rows, scaling
+    from sme2farm.client.scaling_cmd import table
 
     folder = Path(args.dir)
     meta = json.loads((folder / "meta.json").read_text())
@@ -89,11 +90,9 @@ def show(args) -> int:
                 for key in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"):
                     llm.setdefault(r["threads"], {}).setdefault(key, []).extend(report["llm"]["samples"][key])
         view = scaling(list(points.values()))
-        headers, table = rows(view)
         print(f"\n{model} ({len(runs)} runs)")
-        widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
-        for row in [headers, *table]:
-            print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+        for line in table(*rows(view)):   # as `sme2-client scaling` prints it
+            print(f"  {line}")
         for sentence in view.get("sentences") or []:
             print(f"  {sentence}")
         for t, figures in sorted(llm.items()):
