@@ -33,15 +33,15 @@ up: setup
 emulator: setup
 	-$(BIN)/sme2-farm emulator install
 
-# Everything but the end-to-end, model-export, browser, adb and emulated-arm64 tests: the loop while changing code,
-# in FAST_WORKERS pytest-xdist processes (on 2 cores about 0.6 of the serial time).
-FAST := not e2e and not models and not browser and not adb and not arm64 and not sme2emu
+# What runs in FAST_WORKERS pytest-xdist processes: all but the farm-starting, browser, adb and emulated tests.
+PARALLEL := not e2e and not browser and not adb and not arm64 and not sme2emu
+# The loop while changing code: those without the model-export tests too (on 2 cores about 0.6 of the serial time).
+FAST := $(PARALLEL) and not models
 FAST_WORKERS ?= 2
 
-# The whole suite: all but the farm-starting, browser, adb and emulated tests in FAST_WORKERS processes, then
-# those serially (each starts farms, browsers or emulators of its own); both run, either fails it. The exported
-# example models are shared by both runs (SME2_TEST_EXAMPLES_DIR, removed after).
-PARALLEL := not e2e and not browser and not adb and not arm64 and not sme2emu
+# The whole suite: PARALLEL in FAST_WORKERS processes, then the rest serially (each starts farms, browsers or
+# emulators of its own); both run, either fails it. The exported example models are shared by both runs
+# (SME2_TEST_EXAMPLES_DIR, removed after).
 test: setup emulator
 	export SME2_TEST_EXAMPLES_DIR=$$(mktemp -d); \
 	$(BIN)/python -m pytest -m "$(PARALLEL)" -n $(FAST_WORKERS); parallel=$$?; \
