@@ -26,8 +26,7 @@ from pathlib import Path
 
 from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, numerics, to_csv,
                                to_markdown, to_perfetto, to_terminal)
-from sme2farm.client import kit
-from sme2farm.protocol import DEFAULT_MIN_EFFECT
+from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
 from sme2farm.runners import inputs as containers
 
 
@@ -200,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     if args.kit_json is not None:
+        from sme2farm.client import kit  # the kit's configs need the wire schemas; a plain analyze does not
         try:
             dest = kit.summary_path(args.kit_json, Path(args.trace).resolve().parent)
         except kit.KitConfigError as exc:
