@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from sme2farm import logs
@@ -35,6 +36,27 @@ def cmd_devices(args) -> int:
         sme2 = "SME2" if d.sme2 else "no SME2"
         print(f"{d.serial:<28} {d.platform:<8} {d.model[:32]:<32} {d.cpu_cores:>3} cores  {d.abi:<10} {sme2:<8} {d.state}  ({d.sme2_evidence})")
     return 0
+
+
+def cmd_check(args) -> int:
+    """`sme2-agent check`: every device (or --device SERIAL) checked here, no server needed; exit 0
+    only when every check of every device passed (agent/check.py)."""
+    from sme2farm.agent import check
+
+    work_dir = args.work_dir or agent_settings().agent_work_dir
+    base = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / "sme2-agent"
+    devices = check.check_all(_drivers(args), Catalog.load(args.manifest), base / "check", args.device)
+    if args.json:
+        print(json.dumps({"ok": bool(devices) and all(d.ok for d in devices),
+                          "devices": [d.as_json() for d in devices]}, indent=2))
+    elif devices:
+        print(check.render(devices))
+    if not devices:
+        where = f"device {args.device}" if args.device else "any device"
+        print(f"sme2-agent check: found no {where} (drivers: {args.drivers or ','.join(driver_registry.default_names())}); "
+              "`sme2-agent devices` lists what this host sees", file=sys.stderr)
+        return 1
+    return 0 if all(d.ok for d in devices) else 1
 
 
 def cmd_run(args) -> int:
@@ -74,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("devices", help="list the devices this agent would serve")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_devices)
+    c = sub.add_parser("check", help="check each device before it takes work: SME2 detection, runner builds, "
+                                     "the bundled example through both arms, hygiene readings (no server needed; "
+                                     "exit 0 only when every check passes)")
+    c.add_argument("--device", metavar="SERIAL", help="check this device only")
+    c.add_argument("--json", action="store_true", help="a machine-readable document")
+    c.set_defaults(fn=cmd_check)
     r = sub.add_parser("run", help="register with the server and serve runs until stopped")
     r.add_argument("--server", default=None, help="the farm's URL (default: SME2_SERVER, else "
                                                   f"{DEFAULT_SERVER_URL})")
