@@ -35,6 +35,8 @@ from sme2farm.agent import emulator
 
 A_SYNC, A_CNXN, A_OPEN, A_OKAY, A_CLSE, A_WRTE, A_AUTH = (
     0x434E5953, 0x4E584E43, 0x4E45504F, 0x59414B4F, 0x45534C43, 0x45545257, 0x48545541)
+AUTH_TOKEN, AUTH_SIGNATURE, AUTH_RSAPUBLICKEY = 1, 2, 3   # adb's AUTH packet types (arg0)
+TOKEN_SIZE = 20
 VERSION = 0x01000000   # no delayed acks: every WRTE waits for the peer's OKAY
 MAX_PAYLOAD = 256 * 1024
 SYNC_DATA_MAX = 64 * 1024
@@ -71,6 +73,10 @@ class DeviceProfile:
     # The phone's CPU is aarch64, emulated by this qemu-aarch64: aarch64 executables started
     # through the device's `env`/`taskset` toolbox commands run under it (see _ARM64_TOOLS).
     qemu: str | None = None
+    # False: the phone has not accepted this computer's key ("Allow USB debugging?" unanswered).
+    # It answers the host's CNXN with an AUTH token and every signature with another token, as
+    # adbd does for an unknown key, and never connects: adb lists it as "unauthorized".
+    authorized: bool = True
 
 
 def sme2_phone() -> DeviceProfile:
@@ -518,6 +524,12 @@ class _Connection:
             self.sock.close()
 
     def _dispatch(self, cmd: int, arg0: int, arg1: int, data: bytes) -> None:
+        if not self.device.profile.authorized:
+            # adbd with an unknown host key: a token to sign; a signature it cannot verify gets a
+            # fresh token; the host's public key waits for the user's answer, which never comes.
+            if cmd == A_CNXN or (cmd == A_AUTH and arg0 == AUTH_SIGNATURE):
+                self.send(A_AUTH, AUTH_TOKEN, 0, os.urandom(TOKEN_SIZE))
+            return
         if cmd == A_CNXN:
             self.max_payload = arg1
             p = self.device.profile.props
