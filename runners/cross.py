@@ -8,9 +8,12 @@ wheel with Debian's aarch64 toolchain, and registered for both SME2 arms.
                          phone's bionic is never involved (no NDK).
 
 One binary serves both arms: "on" runs as the hardware is; "off" sets SME2FARM_HIDE_SME2=1, which
-makes the runner's exported getauxval() clear HWCAP2_SME/SME2 before XNNPACK's cpuinfo reads them
-(the facts, and where that is and is not the kit's two-build comparison: docs/design.md,
-"arm64 runners from the PyPI wheel" and "One runner binary, both arms").
+makes libsme2farm_hide (runners/sme2_hide.c, the runner's LAST DT_NEEDED so glibc initialises it
+before the XNNPACK backend; checked here in the built ELF) clear cpuinfo_isa's SME fields after
+checking them against getauxval(AT_HWCAP2), and the runner's exported getauxval() clear
+HWCAP2_SME/SME2 for every other caller (the facts, and where that is and is not the kit's
+two-build comparison: docs/design.md, "arm64 runners from the PyPI wheel" and "One runner
+binary, both arms").
 
 Steps, each skipped when its result is already there:
   1. `pip download executorch==<installed version> --platform manylinux_2_28_aarch64` into
@@ -50,6 +53,22 @@ from sme2farm.runners.wheel import Wheel, fetch_wheel, pinned_version, unpack_wh
 LOADER = "ld-linux-aarch64.so.1"
 ORIGIN = "wheel-cross"
 HIDE_ENV = {"SME2FARM_HIDE_SME2": "1"}
+HIDE_LIBRARY = "libsme2farm_hide.so"
+
+
+def check_hide_order(needed: list[str], hide_deps: set[str], binary: Path) -> None:
+    """glibc runs initialisers in reverse DT_NEEDED order, each object after its own dependencies:
+    libsme2farm_hide must come after every library of the runner that is not one of its own
+    dependencies (`hide_deps`, which glibc initialises before it whatever their place), or its
+    constructor could run after the XNNPACK backend's has read cpuinfo_isa, and the off arm would
+    rest on the getauxval layer alone."""
+    if HIDE_LIBRARY not in needed:
+        raise BuildError(f"{binary} does not need {HIDE_LIBRARY}: the SME2-off arm could not hide SME2 through cpuinfo")
+    after = [n for n in needed[needed.index(HIDE_LIBRARY) + 1:] if n not in hide_deps]
+    if after:
+        raise BuildError(f"{binary}: {HIDE_LIBRARY} comes before {', '.join(after)} in DT_NEEDED, so glibc would "
+                         "initialise it after them (the XNNPACK backend among them, or a library it could reach); "
+                         "it must be the last DT_NEEDED but for its own dependencies")
 
 
 # CLI spelling -> catalog platform. "android-arm64" is what people type; the catalog (and the
@@ -120,18 +139,24 @@ def _build(root: Path, force: bool) -> CrossBuild:
         if not built.is_file():
             raise BuildError(f"the build finished but {built} is missing; log {log}")
         out.parent.mkdir(exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        shutil.copyfile(built, tmp)
-        os.chmod(tmp, 0o755)
-        set_runpath_origin(tmp)
-        tmp.replace(out)
+        for src, dst in ((tree / HIDE_LIBRARY, out.parent / HIDE_LIBRARY), (built, out)):
+            if not src.is_file():
+                raise BuildError(f"the build finished but {src} is missing; log {log}")
+            tmp = dst.with_suffix(".tmp")
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, 0o755)
+            set_runpath_origin(tmp)
+            tmp.replace(dst)
         build_s = round(time.monotonic() - t0, 2)
         stamp_file.write_text(json.dumps({"stamp": stamp, "wheel_sha256": wheel.sha256,
                                           "build_s": build_s}) + "\n")
     else:
         build_s = float(current.get("build_s", 0.0))
-    if read_elf(out).machine != EM_AARCH64:
+    info = read_elf(out)
+    if info.machine != EM_AARCH64:
         raise BuildError(f"{out} is not an aarch64 executable")
+    hide_deps = set(needed_closure(out.parent / HIDE_LIBRARY, [et_dir / "lib", *target_library_dirs()]))
+    check_hide_order(info.needed, hide_deps, out)
     return CrossBuild(binary=out, sha256=sha256_file(out), wheel=wheel, et_dir=et_dir,
                       toolchain=toolchain, build_s=build_s)
 
@@ -148,10 +173,11 @@ def build_platform(platform: str, manifest: Path | None = None, build_root: Path
     with _locked(root / ".cross-aarch64.lock"):
         cb = _build(root, force)
         wheel_lib = cb.et_dir / "lib"
-        closure = needed_closure(cb.binary, [wheel_lib, *target_library_dirs()])
+        closure = needed_closure(cb.binary, [cb.binary.parent, wheel_lib, *target_library_dirs()])
         if plat == "linux-arm64":
-            # Only the wheel's libraries travel: glibc, libstdc++ and libgcc_s are the host's own.
-            libs = {n: p for n, p in closure.items() if p.parent == wheel_lib}
+            # Only the wheel's libraries and libsme2farm_hide travel: glibc, libstdc++ and libgcc_s
+            # are the host's own.
+            libs = {n: p for n, p in closure.items() if p.parent in (wheel_lib, cb.binary.parent)}
         else:
             # Everything, loader included (libc.so.6 names it, so the closure has it already).
             libs = {**closure, LOADER: closure.get(LOADER) or resolve_needed(LOADER, [SYSROOT / "lib"])}

@@ -19,17 +19,24 @@
 //                        S tokens (S = 1: token by token, as ExecuTorch's static-shape export needs),
 //                        then decodes D times one token at input_pos P+i, each the greedy pick
 //                        (argmax) of the call before's logits (output 0). The method must take
-//                        tokens [1, S] int64 and input_pos [1] int64, the ExecuTorch LLM export
-//                        shape; a prompt over S needs the program to declare its cache length
+//                        tokens [1, S] int64 and positions int64 in either convention ExecuTorch's
+//                        LLM runner serves (extension/llm/runner/util.h,
+//                        populate_start_pos_or_cache_position): a second input declared [1] is
+//                        fed the start position (ExecuTorch's Llama export), one declared [S] the
+//                        positions start .. start+S-1 (Hugging Face's optimum-executorch export);
+//                        the runner prints which. A prompt over S needs the program to declare its cache length
 //                        (get_max_context_len or get_max_seq_len), prompt + decode within it. Each call's Execute
 //                        block in the ETDump holds a marker event sme2farm::llm_prefill or
 //                        sme2farm::llm_decode: chain_index = tokens in the call, instruction_id =
 //                        input_pos; its span starts before the inputs are set.)
 // Both --flag=value and --flag value are accepted.
 //
-// Environment: SME2FARM_HIDE_SME2=1 makes the exported getauxval() below clear HWCAP2_SME and
-// HWCAP2_SME2, so XNNPACK's cpuinfo (which asks getauxval) never selects SME/SME2 kernels: one
-// binary serves both SME2 arms (docs/design.md, "One runner binary, both arms").
+// Environment: SME2FARM_HIDE_SME2=1 hides SME/SME2 from XNNPACK, so one binary serves both SME2
+// arms (docs/design.md, "One runner binary, both arms"). On arm64 libsme2farm_hide
+// (sme2_hide.c, linked so it initialises before the XNNPACK backend) checks cpuinfo_isa against
+// the OS and clears its SME fields; the runner prints what XNNPACK was shown ("SME2 hiding: ...")
+// and fails the off arm, before loading the model, where SME2 could not be hidden. On Linux the
+// exported getauxval() below also clears HWCAP2_SME/SME2 for every other caller (a second line).
 //
 // Failures print one line `error: ...` to stderr naming the cause (the missing operator, the
 // input that does not match, the runtime's own error message) and exit 1.
@@ -86,14 +93,23 @@ class ThreadPool {
 ThreadPool* get_threadpool();
 } // namespace executorch::extension::threadpool
 
+#if defined(SME2FARM_HIDE_LIBRARY)
+#include "sme2_hide.h"
+#endif
+
 #if defined(__linux__) && defined(__aarch64__)
 // Exported from the executable (ENABLE_EXPORTS), so the shared libraries' getauxval() calls land
-// here first. glibc's __getauxval does the real work.
+// here first. glibc's __getauxval does the real work. The one caller let through unhidden is
+// libsme2farm_hide's own cpuinfo_initialize(), whose result it checks against the OS and then
+// clears; should cpuinfo initialise before it (a link order gone wrong), cpuinfo sees this view.
 extern "C" unsigned long __getauxval(unsigned long type);
 extern "C" unsigned long getauxval(unsigned long type) {
   unsigned long value = __getauxval(type);
   if (type == AT_HWCAP2) {
     const char* hide = std::getenv("SME2FARM_HIDE_SME2");
+#if defined(SME2FARM_HIDE_LIBRARY)
+    if (sme2farm_hide_checking()) hide = nullptr;
+#endif
     if (hide != nullptr && hide[0] == '1') value &= ~((1UL << 23) | (1UL << 37));  // HWCAP2_SME, HWCAP2_SME2
   }
   return value;
@@ -725,13 +741,14 @@ void write_memory(const MemoryFigures& m, const std::string& path) {
               planned_total, method_bytes, temp_peak, path.c_str(), us);
 }
 
-// ---- LLM mode: prefill then decode, for tokens [1, S] int64 + input_pos [1] int64 ----
+// ---- LLM mode: prefill then decode, for tokens [1, S] int64 + input_pos [1] or cache_position [S] int64 ----
 
 struct LlmInputs {
   std::vector<int64_t> tokens;     // the prompt (token id 1 throughout); [0] also feeds each decode call
   std::vector<int64_t> generated;  // the tokens the last generation decoded (greedy)
   bool greedy = true;              // false: output 0 is no real-valued tensor, decode feeds token 1
-  int64_t pos = 0;
+  bool positions = false;          // true: the second input takes one position per token, else the start
+  std::vector<int64_t> pos;        // [start] or [start, start+1, ..., start+n-1]
   TensorImpl::SizesType token_sizes[2] = {1, 1};
   TensorImpl::DimOrderType token_dim_order[2] = {0, 1};
   TensorImpl::StridesType token_strides[2] = {1, 1};
@@ -757,19 +774,25 @@ std::string describe_inputs(const MethodMeta& meta) {
 }
 
 // The most tokens one call takes (the token input's upper bound), or fail naming the signature.
-long llm_max_tokens(const MethodMeta& meta, const std::string& method_name) {
+// Sets `positions` as ExecuTorch's LLM runner decides (populate_start_pos_or_cache_position):
+// a second input declared with one element takes the start position, one declared with S
+// elements the call's positions.
+long llm_max_tokens(const MethodMeta& meta, const std::string& method_name, bool& positions) {
   auto is_long = [&](size_t i, size_t rank) {
     auto tag = meta.input_tag(i);
     auto info = meta.input_tensor_meta(i);
     return tag.ok() && *tag == Tag::Tensor && info.ok() && info->scalar_type() == ScalarType::Long &&
-           info->sizes().size() == rank && info->sizes()[0] == 1;
+           info->sizes().size() == rank && (rank != 2 || info->sizes()[0] == 1);
   };
-  if (meta.num_inputs() != 2 || !is_long(0, 2) || !is_long(1, 1))
-    fail("LLM mode needs method '" + method_name + "' to take tokens Long [1, S] and input_pos Long [1]; it takes " +
-         describe_inputs(meta));
+  const std::string shape = "LLM mode needs method '" + method_name + "' to take tokens Long [1, S] and either "
+                            "input_pos Long [1] or cache_position Long [S]; it takes ";
+  if (meta.num_inputs() != 2 || !is_long(0, 2) || !is_long(1, 1)) fail(shape + describe_inputs(meta));
   const long s = static_cast<long>(meta.input_tensor_meta(0)->sizes()[1]);
+  const long n = static_cast<long>(meta.input_tensor_meta(1)->sizes()[0]);
   if (s < 1) fail("LLM mode needs method '" + method_name + "' to take at least one token per call; it takes " +
                   describe_inputs(meta));
+  if (n != 1 && n != s) fail(shape + describe_inputs(meta));
+  positions = n != 1;
   return s;
 }
 
@@ -803,15 +826,19 @@ double llm_call(Method& method, RoutingTracer& tracer, LlmInputs& in, long n, lo
   et_timestamp_t ticks0 = et_pal_current_ticks();
   in.token_sizes[1] = static_cast<TensorImpl::SizesType>(n);
   in.token_strides[0] = static_cast<TensorImpl::StridesType>(n);
-  in.pos = pos;
+  const long n_pos = in.positions ? n : 1;
+  for (long i = 0; i < n_pos; ++i) in.pos[static_cast<size_t>(i)] = pos + i;
+  in.pos_sizes[0] = static_cast<TensorImpl::SizesType>(n_pos);
   TensorImpl tokens(ScalarType::Long, 2, in.token_sizes, in.tokens.data(), in.token_dim_order, in.token_strides);
-  TensorImpl position(ScalarType::Long, 1, in.pos_sizes, &in.pos, in.pos_dim_order, in.pos_strides);
+  TensorImpl position(ScalarType::Long, 1, in.pos_sizes, in.pos.data(), in.pos_dim_order, in.pos_strides);
   Error err = method.set_input(EValue(executorch::aten::Tensor(&tokens)), 0);
   if (err != Error::Ok)
     fail("set_input of " + std::to_string(n) + " token(s) failed " + when + ": " + error_name(err) + runtime_said() +
          (n > 1 ? " (is the token input's length dynamic?)" : ""));
   err = method.set_input(EValue(executorch::aten::Tensor(&position)), 1);
-  if (err != Error::Ok) fail("set_input of input_pos failed " + when + ": " + error_name(err) + runtime_said());
+  if (err != Error::Ok)
+    fail("set_input of " + std::string(in.positions ? "cache_position" : "input_pos") + " failed " + when + ": " +
+         error_name(err) + runtime_said());
   err = method.execute();
   if (err != Error::Ok) fail("execution failed " + when + ": " + error_name(err) + runtime_said());
   EventTracer* target = tracer.target();
@@ -865,6 +892,33 @@ std::pair<double, double> llm_generate(Method& method, RoutingTracer& tracer, Ll
   return {prefill, decoding};
 }
 
+#if defined(SME2FARM_HIDE_LIBRARY)
+// What libsme2farm_hide did, in one line the farm reads ("SME2 hiding: <how>; XNNPACK saw SME s
+// SME2 t ..."), or the off arm's one-sentence failure, before any model is loaded.
+void report_sme2_hiding() {
+  const struct sme2farm_hide_report* r = sme2farm_hide_report();
+  char os[160];
+  std::snprintf(os, sizeof os, "OS: SME %d SME2 %d through %s", r->os_sme, r->os_sme2, r->os_source);
+  if (r->status == SME2FARM_HIDE_FAILED)
+    fail(std::string("SME2 cannot be hidden in this build: ") + r->detail + " (" + os +
+         "), so this SME2-off run stops before loading the model; compare with a two-build pair instead "
+         "(python -m sme2farm.runners.recipe, its SME2-off build made with XNNPACK_ENABLE_ARM_SME2=OFF)");
+  if (r->status == SME2FARM_HIDE_NOT_ASKED && !r->layout_ok) {
+    std::printf("SME2 hiding: not asked (SME2FARM_HIDE_SME2 unset); what XNNPACK saw is not known: %s; %s; "
+                "the SME2-off arm of this build would fail\n", r->detail, os);
+    return;
+  }
+  const char* how = "not asked (SME2FARM_HIDE_SME2 unset)";
+  if (r->status == SME2FARM_HIDE_HIDDEN) how = "SME2 hidden through cpuinfo_isa before XNNPACK initialised";
+  if (r->status == SME2FARM_HIDE_NOTHING) how = "nothing to hide (the CPU has no SME)";
+  if (r->status == SME2FARM_HIDE_BY_GETAUXVAL)
+    how = "SME2 hidden through getauxval only (cpuinfo initialised before libsme2farm_hide)";
+  std::printf("SME2 hiding: %s; XNNPACK saw SME %d SME2 %d (SME length %u); cpuinfo read SME %d SME2 %d; %s; "
+              "cpuinfo_isa layout %s\n", how, r->shown_sme, r->shown_sme2, r->shown_smelen, r->read_sme,
+              r->read_sme2, os, r->layout_ok ? "agrees with the OS" : "not checked");
+}
+#endif
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -879,6 +933,9 @@ int main(int argc, char** argv) {
                 int((real >> 37) & 1), int((seen >> 23) & 1), int((seen >> 37) & 1),
                 seen != real ? " (hidden by SME2FARM_HIDE_SME2=1)" : "");
   }
+#endif
+#if defined(SME2FARM_HIDE_LIBRARY)
+  report_sme2_hiding();
 #endif
 
   if (opt.cpu_threads > 0) {
@@ -926,9 +983,23 @@ int main(int argc, char** argv) {
   if (!method.ok()) {
     if (!g_missing_operators.empty()) {
       std::string ops;
-      for (const auto& op : g_missing_operators) ops += (ops.empty() ? "" : ", ") + op;
+      bool llm_custom_ops = false;
+      for (const auto& op : g_missing_operators) {
+        ops += (ops.empty() ? "" : ", ") + op;
+        llm_custom_ops = llm_custom_ops || op.rfind("llama::", 0) == 0;
+      }
+      // ExecuTorch's LLM custom ops (extension/llm/custom_ops): the pip wheel ships them only in
+      // custom_ops_aot_lib, which needs libtorch; say which export runs here and which build runs this one.
       fail("this runner has no kernel for operator(s) " + ops + " needed by method '" + opt.method_name +
-           "' (" + error_name(method.error()) + ")");
+           "' (" + error_name(method.error()) + ")" +
+           (llm_custom_ops ? std::string("; these are ExecuTorch's LLM custom ops (extension/llm/custom_ops), which "
+                                         "this runner build does not carry. A program this runner runs: export "
+                                         "without them (optimum-executorch: without --use_custom_sdpa and "
+                                         "--use_custom_kv_cache; ExecuTorch's export_llama: without "
+                                         "--use_sdpa_with_kv_cache). A build that runs this one: "
+                                         "python -m sme2farm.runners.recipe from an ExecuTorch checkout, which "
+                                         "builds the custom_ops library in")
+                           : std::string()));
     }
     fail("cannot load method '" + opt.method_name + "': " + error_name(method.error()) + runtime_said());
   }
@@ -942,7 +1013,7 @@ int main(int argc, char** argv) {
   const bool llm = opt.llm_prompt != -1;
   LlmInputs llm_inputs;
   if (llm) {
-    long max_tokens = llm_max_tokens(*meta, opt.method_name);
+    long max_tokens = llm_max_tokens(*meta, opt.method_name, llm_inputs.positions);
     long cache = llm_cache_len(*program);
     // Past one call, the prompt is split; only a declared cache says how far positions may go.
     if (opt.llm_prompt > max_tokens && cache <= 0)
@@ -954,9 +1025,15 @@ int main(int argc, char** argv) {
            " decoded run past the cache: the program holds " + std::to_string(cache) +
            " positions (prompt + decode must be at most that)");
     llm_inputs.tokens.assign(static_cast<size_t>(std::min(opt.llm_prompt, max_tokens)), 1);
+    llm_inputs.pos.assign(llm_inputs.positions ? llm_inputs.tokens.size() : 1, 0);
     std::printf("LLM mode: prompt %ld tokens, decode %ld tokens, at most %ld tokens per call, cache %s\n",
                 opt.llm_prompt, opt.llm_decode, max_tokens,
                 cache > 0 ? (std::to_string(cache) + " positions").c_str() : "length not declared");
+    std::printf("LLM positions: %s\n", llm_inputs.positions
+                    ? "cache_position [S], the positions start .. start+S-1 of each call's tokens (as ExecuTorch's "
+                      "LLM runner feeds a second input declared with S elements)"
+                    : "input_pos [1], the start position of each call (as ExecuTorch's LLM runner feeds a second "
+                      "input declared with one element)");
     const long prefill_calls = (opt.llm_prompt + max_tokens - 1) / max_tokens;
     if (prefill_calls > 1) std::printf("Prefill in %ld calls of at most %ld tokens\n", prefill_calls, max_tokens);
     if (opt.warmup > 0) {

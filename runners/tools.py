@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-SOURCES = ("runner.cpp", "CMakeLists.txt")
+SOURCES = ("runner.cpp", "CMakeLists.txt", "sme2_hide.c", "sme2_hide.h")
 BINARY_NAME = "sme2farm_runner"
 
 
