@@ -46,6 +46,11 @@ Kernel paths (strings, so reports stay plain JSON):
 ``delegate``    a delegate event without an XNNPACK operator name (its kernel is unknown)
 ==============  =======================================================================
 
+An SME2-off run whose trace holds an operator that XNNPACK runs only on SME/SME2 kernels (a
+packed-LHS type with no NEON kernel: ``PF16``, ``PF32``, ``PQS8``, ``Pack LH``, ``QP8, F16``) did
+not hide SME2 from XNNPACK: ``summary`` lists them as ``not_hidden`` and ``not_hidden_sentence``
+says so (the farm fails such a run at ingest). ``QP8`` types with NEON kernels prove nothing.
+
 SME2 coverage counts only ``SME2``: the share of Convolution + GEMM time spent in kernels known
 to be SME2. Where part of that time ran on an ambiguous path (a trace whose arm is unknown), the
 share is unknown (None), not a 0% that would read as "no SME2".
@@ -171,6 +176,9 @@ def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
             else:
                 off.append({"name": o["name"], "category": o["category"], "total_ms": ms, "kernel_path": path})
     off.sort(key=lambda d: -d["total_ms"])
+    not_hidden = sorted((o for o in operators if sme2_visible is False and o.get("delegated", True)
+                         and (isa := backends(o["name"])) is not None and "neon" not in isa),
+                        key=lambda o: -float(o["total_ms"]))
     flag = None
     if sme2_visible is True and conv_gemm > 0 and on_sme2 == 0:
         paths = sorted({d["kernel_path"] for d in off})
@@ -181,6 +189,8 @@ def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
         "source": "XNNPACK operator names in the ETDump",
         "sme2_visible": sme2_visible,
         "by_category": by_category,
+        # SME2 hidden, yet operators that only SME/SME2 kernels run: it was not hidden (not_hidden_sentence)
+        "not_hidden": [{"name": o["name"], "total_ms": float(o["total_ms"])} for o in not_hidden],
         # share None: no Convolution/GEMM time, or (unknown_ms > 0) a trace whose arm is unknown
         "coverage": {"conv_gemm_ms": conv_gemm, "sme2_ms": on_sme2, "unknown_ms": unknown,
                      "share": on_sme2 / conv_gemm if conv_gemm > 0 and not unknown else None,
@@ -191,6 +201,16 @@ def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
 def _names(ops: list[dict], n: int = 3) -> str:
     shown = ", ".join(f"{d['name']} {d['total_ms']:.3f} ms" for d in ops[:n])
     return shown + (f" and {len(ops) - n} more" if len(ops) > n else "")
+
+
+def not_hidden_sentence(kp: dict | None) -> str | None:
+    """The sentence for an SME2-off run whose trace shows SME/SME2-only operators (report
+    ["kernel_paths"]["not_hidden"]), else None. Callers that know the device append " on <device>"."""
+    ops = (kp or {}).get("not_hidden") or []
+    if not ops:
+        return None
+    return ("SME2 was not hidden from XNNPACK: the SME2-off run used packed-LHS operators that only SME/SME2 "
+            f"kernels run ({_names(ops)})")
 
 
 def coverage_sentence(kp: dict) -> str:
@@ -207,5 +227,6 @@ def coverage_sentence(kp: dict) -> str:
 
 
 __all__ = ["kernel_path", "annotate", "summary", "backends", "arch_of", "coverage_sentence", "is_xnnpack_name",
+           "not_hidden_sentence",
            "PATHS", "SME2", "SME", "SME_OR_SME2", "SME2_OR_NEON", "NEON", "X86", "XNNPACK_UNKNOWN_ISA",
            "PORTABLE", "DELEGATE"]

@@ -28,7 +28,7 @@ import numpy as np
 
 from .categories import CATEGORIES, NAMED, OTHER, category_of, operator_type
 from .etdump import KIND_ALLOC, KIND_DEBUG, KIND_PROFILE, Events, EtdumpError, read_etdump
-from .kernel_paths import annotate, summary
+from .kernel_paths import annotate, not_hidden_sentence, summary
 from .kernels import kernel_hint, parse_kernel_log
 from .llm import phase_blocks, summarize as llm_summary
 from .stats import latency_stats
@@ -275,6 +275,8 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     kernel_paths = summary(operators, sme2)
     if kernel_paths["coverage"]["flag"]:
         m.warnings.append(kernel_paths["coverage"]["flag"])
+    if leaked := not_hidden_sentence(kernel_paths):
+        m.warnings.append(leaked)
     portable = [o["name"] for o in operators if not o["delegated"]]
     if portable:
         tot = sum(o["total_ms"] for o in operators if not o["delegated"])

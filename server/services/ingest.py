@@ -18,13 +18,15 @@ from sqlalchemy.orm import Session
 
 from sme2farm import analysis
 from sme2farm.analysis import pte, runner_memory
+from sme2farm.analysis.kernel_paths import not_hidden_sentence
 from sme2farm.protocol import (DEFAULT_METHOD, KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON,
                                REPORT_MD, TRACE)
 from sme2farm.runners import inputs as containers
-from sme2farm.server.services.devices import emulator_of
+from sme2farm.server.services.devices import device_model, emulator_of
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
 from sme2farm.server.services.reports import report_parts
+from sme2farm.server.services.runs.ingesting import NotWhatItsArmSays
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
 
@@ -57,6 +59,9 @@ class Ingester:
                 raise IngestError("the ETDump holds no Execute block: nothing was timed")
             raise IngestError(f"the ETDump has no timed iteration: its {total} Execute block(s) are all warm-up "
                               f"(the agent said the first {run.warmup_in_trace} are)")
+        not_hidden = not_hidden_sentence(report["kernel_paths"]) if run.sme2 == "off" else None
+        if not_hidden:  # its times are no SME2-off measurement: nothing derived is worth storing
+            raise NotWhatItsArmSays(f"{not_hidden} on {_device_text(run)}; its times are no SME2-off measurement")
         report["outputs"] = self.outputs(run)
         report["memory"] = self.memory(run, report["warnings"])
         # report.json/.md travel without the device record: an emulator's times say whose they are there too
@@ -156,6 +161,16 @@ class Ingester:
             for name in written:  # a failed run shows no half of its results
                 self.files.artifact_path(run.id, name).unlink(missing_ok=True)
             raise
+
+
+def _device_text(run: Run) -> str:
+    """'dev-1 (Pixel 8, emulated by qemu-aarch64 11.1.3 -cpu max (user mode)), runner r-off'."""
+    info = run.device_snapshot or {}
+    emulator = emulator_of(info)
+    model = device_model(info)
+    emulated = f", emulated by {emulator}" if emulator else ""
+    return (f"{info.get('serial') or 'an unknown device'} ({model}{emulated})"
+            f", runner {(run.runner or {}).get('id') or '(unknown build)'}")
 
 
 def _digest(index: int, value: containers.Input) -> dict:

@@ -22,6 +22,12 @@ S = RunStatus
 INGEST_SILENT_BEATS = 3  # heartbeats an ingest may miss before its worker is taken for dead
 
 
+class NotWhatItsArmSays(DomainError):
+    """The trace was read, and it shows the run is not what its SME2 arm says (an SME2-off run that
+    ran SME/SME2 kernels): no result is stored, and the run fails with this message as its whole
+    reason. The uploaded trace and artifacts stay, so the evidence can still be downloaded."""
+
+
 class Ingester(Protocol):
     """How a run's uploaded trace becomes results (services/ingest.py); `ingest` below decides
     what the outcome means for the run."""
@@ -81,6 +87,9 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester) -> str:
     failure = None
     try:  # before any lock: analysis can take a while and needs no database
         analysis = ingester.analyze(run)
+    except NotWhatItsArmSays as e:
+        log.warning("run %s: %s", run_id, e)
+        failure = str(e)
     except Exception as e:
         log.warning("run %s: the ETDump could not be analysed", run_id, exc_info=True)
         failure = f"the ETDump could not be analysed: {_describe(e)}"
