@@ -1,0 +1,209 @@
+"""libsme2farm_hide (runners/sme2_hide.c): the SME2-off arm hides SME/SME2 from XNNPACK through the
+process's cpuinfo_isa, checked against the OS first, in the wheel cross-built runner.
+
+The ELF facts the hiding rests on are read from the built files (runners/elf.py, and binutils'
+aarch64 readelf as an independent reader); the behaviour runs under the emulated SME2 CPU
+(qemu-aarch64 11 `-cpu max`, and `-cpu max,sme=off` for a CPU without SME): which XNNPACK
+operators each arm ran, from the ETDump, and what the runner says it did. The failure path is
+provoked for real: a library whose carried layout is not this cpuinfo's, and a runner whose link
+order lets cpuinfo initialise first. Select with `-k sme2_hide`."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sme2farm.analysis import analyze
+from sme2farm.runners.bundle import needed_closure
+from sme2farm.runners.catalog import RUNNERS_DIR
+from sme2farm.runners.cross import HIDE_LIBRARY, check_hide_order
+from sme2farm.runners.elf import function_symbols, read_elf
+from sme2farm.runners.tools import BuildError
+
+pytestmark = [pytest.mark.arm64]
+
+SYSROOT = "/usr/aarch64-linux-gnu"
+PACKED_LHS = re.compile(r"\((?:NC|NHWC), P(?:F16|F32|QS8|QP8)\b")
+HIDDEN = ("SME2 hiding: SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw SME 0 SME2 0 "
+          "(SME length 0); cpuinfo read SME 1 SME2 1; OS: SME 1 SME2 1 through getauxval(AT_HWCAP2); "
+          "cpuinfo_isa layout agrees with the OS")
+NOT_ASKED_SME2 = ("SME2 hiding: not asked (SME2FARM_HIDE_SME2 unset); XNNPACK saw SME 1 SME2 1 (SME length 32); "
+                  "cpuinfo read SME 1 SME2 1; OS: SME 1 SME2 1 through getauxval(AT_HWCAP2); "
+                  "cpuinfo_isa layout agrees with the OS")
+NOTHING = ("SME2 hiding: nothing to hide (the CPU has no SME); XNNPACK saw SME 0 SME2 0 (SME length 0); "
+           "cpuinfo read SME 0 SME2 0; OS: SME 0 SME2 0 through getauxval(AT_HWCAP2); "
+           "cpuinfo_isa layout agrees with the OS")
+
+
+def _bundle(catalog, platform: str) -> Path:
+    build = catalog.find(platform, "off")
+    assert build is not None
+    return catalog.resolve(build).parent
+
+
+def _readelf_needed(path: Path) -> list[str]:
+    out = subprocess.run(["aarch64-linux-gnu-readelf", "-d", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[(.*)\]", out)
+
+
+def _run(qemu: str, cpu: str, folder: Path, model: Path, workdir: Path, hide: bool,
+         loader: bool = False) -> tuple[subprocess.CompletedProcess, dict | None]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    runner = folder / "sme2farm_runner"
+    start = [str(folder / "ld-linux-aarch64.so.1"), "--library-path", str(folder), str(runner)] if loader \
+        else ["-L", SYSROOT, str(runner)]
+    env = {"PATH": "/usr/bin:/bin", **({"SME2FARM_HIDE_SME2": "1"} if hide else {})}
+    r = subprocess.run([qemu, "-cpu", cpu, *start, f"--model_path={model}", "--num_executions=1",
+                        "--cpu_threads=1", "--etdump_path=trace.etdump"], cwd=workdir, env=env,
+                       capture_output=True, text=True, timeout=300)
+    trace = workdir / "trace.etdump"
+    return r, analyze(trace.read_bytes()) if r.returncode == 0 else None
+
+
+def _gemm_ops(report: dict) -> set[str]:
+    return {op["name"] for op in report["operators"] if op["name"].endswith(("GEMM", "IGEMM"))}
+
+
+def test_arm64_hide_library_is_the_last_needed_of_the_runner_but_for_its_own_dependencies(arm64_runners):
+    for platform in ("linux-arm64", "android-arm64-v9a"):
+        folder = _bundle(arm64_runners, platform)
+        runner, lib = folder / "sme2farm_runner", folder / HIDE_LIBRARY
+        needed = read_elf(runner).needed
+        assert needed == _readelf_needed(runner)           # binutils reads the same order
+        deps = set(needed_closure(lib, [folder, Path(SYSROOT) / "lib"]))
+        tail = needed[needed.index(HIDE_LIBRARY) + 1:]
+        # After it only what it depends on itself (initialised before it whatever their place):
+        # every executorch library that is not its dependency, the XNNPACK backend above all, before it.
+        assert set(tail) <= deps, tail
+        assert needed.index("libexecutorch_backend_xnnpack.so") < needed.index(HIDE_LIBRARY)
+        assert "libexecutorch_threadpool.so" in read_elf(lib).needed   # where cpuinfo_isa lives
+        assert read_elf(lib).runpath == "$ORIGIN" and read_elf(lib).soname == HIDE_LIBRARY
+        exported = {s.name for s in function_symbols(lib)}
+        assert {"sme2farm_hide_report", "sme2farm_hide_checking"} <= exported
+        # Its own symbols only: the constructor and helpers stay local.
+        assert not {n for n in exported if n.startswith("sme2farm_") and n not in
+                    ("sme2farm_hide_report", "sme2farm_hide_checking")}
+
+
+def test_sme2_hide_order_check_refuses_a_runner_that_would_initialise_it_too_late():
+    deps = {"libexecutorch_threadpool.so", "libexecutorch.so", "libc.so.6"}
+    good = ["libexecutorch_threadpool.so", "libexecutorch_backend_xnnpack.so", HIDE_LIBRARY, "libexecutorch.so",
+            "libc.so.6"]
+    check_hide_order(good, deps, Path("runner"))
+    with pytest.raises(BuildError, match=r"comes before libexecutorch_backend_xnnpack.so in DT_NEEDED"):
+        check_hide_order([HIDE_LIBRARY, *[n for n in good if n != HIDE_LIBRARY]], deps, Path("runner"))
+    with pytest.raises(BuildError, match="does not need libsme2farm_hide.so"):
+        check_hide_order(["libexecutorch.so"], deps, Path("runner"))
+
+
+@pytest.mark.sme2emu
+@pytest.mark.parametrize("platform", ["linux-arm64", "android-arm64-v9a"])
+def test_emulated_sme2_hide_off_arm_runs_f32_and_says_it_hid_sme2_through_cpuinfo(
+        sme2_emulator, arm64_runners, example_pte, tmp_path, platform):
+    folder = _bundle(arm64_runners, platform)
+    loader = platform.startswith("android")
+    model = example_pte("toy_cnn")
+    on, on_report = _run(str(sme2_emulator.path), "max", folder, model, tmp_path / "on", hide=False, loader=loader)
+    off, off_report = _run(str(sme2_emulator.path), "max", folder, model, tmp_path / "off", hide=True, loader=loader)
+    assert on.returncode == 0 and off.returncode == 0, on.stderr[-2000:] + off.stderr[-2000:]
+    assert NOT_ASKED_SME2 in on.stdout
+    assert HIDDEN in off.stdout
+    # The on arm ran XNNPACK's packed-LHS (SME2) GEMM and IGEMM, the off arm NEON's F32 ones.
+    assert _gemm_ops(on_report) == {"Convolution (NHWC, PF32) IGEMM", "Fully Connected (NC, PF32) GEMM"}
+    assert _gemm_ops(off_report) == {"Convolution (NHWC, F32) IGEMM", "Fully Connected (NC, F32) GEMM"}
+    assert not [op["name"] for op in off_report["operators"] if PACKED_LHS.search(op["name"])]
+
+
+@pytest.mark.sme2emu
+def test_emulated_sme2_hide_cpu_without_sme_passes_the_check_with_nothing_to_hide(
+        sme2_emulator, arm64_runners, example_pte, tmp_path):
+    folder = _bundle(arm64_runners, "linux-arm64")
+    r, report = _run(str(sme2_emulator.path), "max,sme=off", folder, example_pte("toy_cnn"), tmp_path, hide=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert NOTHING in r.stdout
+    assert _gemm_ops(report) == {"Convolution (NHWC, F32) IGEMM", "Fully Connected (NC, F32) GEMM"}
+
+
+def _library_with_layout(folder: Path, dest: Path, sme_offset: int) -> Path:
+    """The bundle copied, its libsme2farm_hide rebuilt from the same source with the SME flags
+    carried at another offset: a library whose layout is not this cpuinfo's."""
+    shutil.copytree(folder, dest)
+    subprocess.run(["aarch64-linux-gnu-gcc", "-shared", "-fPIC", "-O2", "-std=c11", "-fvisibility=hidden",
+                    f"-DSME2FARM_ISA_SME_OFFSET={sme_offset}", str(RUNNERS_DIR / "sme2_hide.c"),
+                    "-o", str(dest / HIDE_LIBRARY), f"-Wl,-soname,{HIDE_LIBRARY}", "-Wl,--no-as-needed",
+                    str(dest / "libexecutorch_threadpool.so"), "-Wl,-rpath,$ORIGIN"], check=True)
+    return dest
+
+
+@pytest.mark.sme2emu
+@pytest.mark.parametrize("cpu", ["max", "max,sme=off"])
+def test_emulated_sme2_hide_layout_that_disagrees_with_the_os_fails_the_off_arm_in_one_sentence(
+        sme2_emulator, arm64_runners, example_pte, tmp_path, cpu):
+    # Byte 12 is where this cpuinfo keeps the SVE length (64 on QEMU's max CPU): a layout that puts
+    # the SME flags there reads 64 where a bool must be, with SME on the CPU and without.
+    folder = _library_with_layout(_bundle(arm64_runners, "linux-arm64"), tmp_path / "bundle", 12)
+    off, _ = _run(str(sme2_emulator.path), cpu, folder, example_pte("toy_cnn"), tmp_path / "off", hide=True)
+    assert off.returncode == 1
+    errors = [line for line in off.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, off.stderr
+    sme = "1" if cpu == "max" else "0"
+    assert errors[0] == (
+        "error: SME2 cannot be hidden in this build: byte 12 of cpuinfo_isa, where this build expects an SME "
+        "flag, reads 64, not a bool (this cpuinfo lays its struct out differently) "
+        f"(OS: SME {sme} SME2 {sme} through getauxval(AT_HWCAP2)), so this SME2-off run stops before loading "
+        "the model; compare with a two-build pair instead (python -m sme2farm.runners.recipe, its SME2-off "
+        "build made with XNNPACK_ENABLE_ARM_SME2=OFF)")
+    assert not (tmp_path / "off" / "trace.etdump").exists()      # nothing ran
+    assert "Threads:" not in off.stdout
+    # The on arm touches nothing and still runs, saying what it could not vouch for.
+    on, report = _run(str(sme2_emulator.path), cpu, folder, example_pte("toy_cnn"), tmp_path / "on", hide=False)
+    assert on.returncode == 0, on.stderr[-2000:]
+    assert "what XNNPACK saw is not known: byte 12 of cpuinfo_isa" in on.stdout
+    assert "the SME2-off arm of this build would fail" in on.stdout
+    assert report["n_iterations"] == 1
+
+
+def _needed_first(path: Path, name: str) -> None:
+    """Rewrite the ELF's DT_NEEDED entries in place so `name` comes first (the order the issue
+    measured as too late for glibc), the others keeping theirs."""
+    data = bytearray(path.read_bytes())
+    phoff, phentsize, phnum = struct.unpack_from("<Q", data, 32)[0], *struct.unpack_from("<HH", data, 54)
+    dyn = next(struct.unpack_from("<IIQQQQQQ", data, phoff + i * phentsize) for i in range(phnum)
+               if struct.unpack_from("<I", data, phoff + i * phentsize)[0] == 2)
+    slots, values = [], []
+    for pos in range(dyn[2], dyn[2] + dyn[5], 16):
+        tag, val = struct.unpack_from("<qQ", data, pos)
+        if tag == 0:
+            break
+        if tag == 1:
+            slots.append(pos)
+            values.append(val)
+    names = read_elf(path).needed
+    order = [values[names.index(name)], *[v for n, v in zip(names, values) if n != name]]
+    for pos, val in zip(slots, order):
+        struct.pack_into("<qQ", data, pos, 1, val)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.sme2emu
+def test_emulated_sme2_hide_first_in_dt_needed_runs_too_late_and_the_getauxval_layer_still_hides(
+        sme2_emulator, arm64_runners, example_pte, tmp_path):
+    folder = tmp_path / "bundle"
+    shutil.copytree(_bundle(arm64_runners, "linux-arm64"), folder)
+    _needed_first(folder / "sme2farm_runner", HIDE_LIBRARY)
+    assert read_elf(folder / "sme2farm_runner").needed[0] == HIDE_LIBRARY
+    assert _readelf_needed(folder / "sme2farm_runner")[0] == HIDE_LIBRARY
+    off, report = _run(str(sme2_emulator.path), "max", folder, example_pte("toy_cnn"), tmp_path / "off", hide=True)
+    assert off.returncode == 0, off.stderr[-2000:]
+    # glibc initialised the XNNPACK backend (and cpuinfo with it) before the library: only the
+    # runner's exported getauxval() kept SME2 from cpuinfo, and the runner says so.
+    assert ("SME2 hiding: SME2 hidden through getauxval only (cpuinfo initialised before libsme2farm_hide); "
+            "XNNPACK saw SME 0 SME2 0") in off.stdout
+    assert "cpuinfo_isa layout not checked" in off.stdout
+    assert _gemm_ops(report) == {"Convolution (NHWC, F32) IGEMM", "Fully Connected (NC, F32) GEMM"}
