@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from .stats import bootstrap_ci, latency_stats
 from .verdict import verdict
 
 __all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature",
+           "LlmShape", "START_POS", "CACHE_POSITIONS", "CONVENTION_WORDS", "LLM_SHAPE_WORDS", "not_llm_reason",
            "llm_cache_len", "phases_compared", "point_phases", "phase_medians"]
 
 MARKER_PREFILL = "sme2farm::llm_prefill"
@@ -45,17 +47,76 @@ PHASE_KEYS = (("ttft_ms", False), ("prefill_tokens_per_s", True), ("decode_token
 
 
 LONG = 4  # ScalarType Long (int64)
+FLOATS = (5, 6, 7, 15)  # Half, Float, Double, BFloat16: logits
+
+# The two position conventions ExecuTorch's LLM runner serves (extension/llm/runner/util.h,
+# populate_start_pos_or_cache_position): a second input declared with one element is fed the
+# start position; one declared with more is fed the positions start .. start+S-1, one per token.
+START_POS, CACHE_POSITIONS = "start_pos", "cache_positions"
+CONVENTION_WORDS = {START_POS: "input_pos Long[1] (the start position)",
+                    CACHE_POSITIONS: "cache_position Long[S] (the positions start .. start+S-1)"}
+LLM_SHAPE_WORDS = "tokens Long[1, S] and either input_pos Long[1] or cache_position Long[S]"
 
 
-def llm_signature(sig: MethodSignature) -> tuple[int, bool] | None:
-    """(the most tokens one call takes, whether that length is dynamic) when the method takes
-    tokens [1, S] int64 and input_pos [1] int64, the ExecuTorch LLM export shape; else None."""
-    if len(sig.inputs) != 2 or not all(i.kind == "tensor" and i.scalar_type == LONG for i in sig.inputs):
-        return None
+class LlmShape(NamedTuple):
+    max_tokens: int   # the most tokens one call takes (the token input's size or upper bound)
+    dynamic: bool     # whether that length is dynamic
+    convention: str   # START_POS | CACHE_POSITIONS
+
+
+def llm_signature(sig: MethodSignature) -> LlmShape | None:
+    """The method's LLM shape when it takes tokens [1, S] int64 and a second int64 input of
+    positions, decided as ExecuTorch's runner decides: declared size [1] is the start position
+    (ExecuTorch's own Llama export); [S] (dynamic with the tokens, or static of the same S) the
+    positions of the call's tokens (Hugging Face's optimum-executorch export). Else None."""
+    return _llm_shape(sig)[0]
+
+
+def _llm_shape(sig: MethodSignature) -> tuple[LlmShape | None, str]:
+    """(the LLM shape, "") or (None, why the method cannot be driven as an LLM)."""
+    if len(sig.inputs) != 2:
+        return None, f"it takes {len(sig.inputs)} input(s), not two (tokens and positions)"
+    if not all(i.kind == "tensor" and i.scalar_type == LONG for i in sig.inputs):
+        return None, "its inputs are not both Long (int64) tensors"
     tokens, pos = sig.inputs
-    if len(tokens.sizes) != 2 or tokens.sizes[0] != 1 or tuple(pos.sizes) != (1,):
+    if len(tokens.sizes) != 2 or tokens.sizes[0] != 1:
+        return None, f"its tokens are {tokens}, not Long[1, S]"
+    if tokens.sizes[1] < 1:
+        return None, f"its tokens are {tokens}: no room for a token"
+    dynamic = tokens.dynamism != STATIC
+    if len(pos.sizes) != 1:
+        return None, f"its second input is {pos}, not a position list Long[1] or Long[S]"
+    if pos.sizes[0] == 1 and pos.dynamism == STATIC:
+        return LlmShape(tokens.sizes[1], dynamic, START_POS), ""
+    if pos.sizes[0] == tokens.sizes[1] and (pos.dynamism != STATIC) == dynamic:
+        return LlmShape(tokens.sizes[1], dynamic, CACHE_POSITIONS), ""
+    return None, (f"its positions {pos} neither hold one start position nor one position per token of {tokens}")
+
+
+def _looks_like_decoder(sig: MethodSignature) -> bool:
+    """int64 tokens [1, S] in, real-valued logits of rank >= 2 out."""
+    if not sig.inputs or not sig.outputs:
+        return False
+    first, out = sig.inputs[0], sig.outputs[0]
+    return (first.kind == "tensor" and first.scalar_type == LONG and len(first.sizes) == 2 and first.sizes[0] == 1
+            and out.kind == "tensor" and out.scalar_type in FLOATS and len(out.sizes) >= 2)
+
+
+def not_llm_reason(sig: MethodSignature, has_inputs: bool = False) -> str | None:
+    """Why a method that looks like a decoder (int64 tokens in, logits out) is run as a plain
+    model, in a sentence; None when it does not look like one (or is driven as an LLM: the
+    caller decides that). `has_inputs`: the submission carried inputs of its own."""
+    if not _looks_like_decoder(sig):
         return None
-    return tokens.sizes[1], tokens.dynamism != STATIC
+    found = (f"method {sig.name!r} looks like a decoder (it takes {', '.join(str(i) for i in sig.inputs)} "
+             f"and returns {sig.outputs[0]})")
+    if has_inputs:
+        return f"{found}, but inputs were sent with it: it ran once per iteration on them, as a plain model"
+    shape, why = _llm_shape(sig)
+    if shape is None:
+        return (f"{found}, but the farm's LLM mode needs {LLM_SHAPE_WORDS}, and {why}: it ran as a plain model "
+                "(one forward call on the default inputs, no prefill/decode split)")
+    return None
 
 
 def llm_cache_len(methods: dict[str, MethodSignature]) -> int | None:

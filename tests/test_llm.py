@@ -130,8 +130,8 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
 
 @pytest.mark.parametrize("flags,model,error", [
     (("--llm_prompt=4", "--llm_decode=2"), "toy_cnn",
-     "error: LLM mode needs method 'forward' to take tokens Long [1, S] and input_pos Long [1]; it takes "
-     "Float [1, 3, 32, 32]"),
+     "error: LLM mode needs method 'forward' to take tokens Long [1, S] and either input_pos Long [1] or "
+     "cache_position Long [S]; it takes Float [1, 3, 32, 32]"),
     (("--llm_prompt=65", "--llm_decode=0"), "tiny_llama",
      "error: a prompt of 65 tokens and 0 decoded run past the cache: the program holds 64 positions"),
     (("--llm_prompt=17", "--llm_decode=1"), "undeclared",
@@ -265,8 +265,8 @@ def test_submission_detects_llm_mode_and_refuses_what_cannot_run(api, example_pt
     assert r.status_code == 201 and r.json()["spec"]["llm"] is None
     r = post_experiment(api, cnn, {"sme2": "off", "llm": {"prompt": 8, "decode": 2}})
     assert r.status_code == 422
-    assert r.json()["detail"] == ("spec.llm: LLM mode needs method 'forward' to take tokens Long[1, S] and input_pos "
-                                  "Long[1]; it takes Float[1, 3, 32, 32]")
+    assert r.json()["detail"] == ("spec.llm: LLM mode needs method 'forward' to take tokens Long[1, S] and either "
+                                  "input_pos Long[1] or cache_position Long[S]; it takes Float[1, 3, 32, 32]")
     r = post_experiment(api, llama, {"sme2": "off", "llm": {"prompt": 65, "decode": 0}})
     assert r.status_code == 422
     assert r.json()["detail"] == ("spec.llm: a prompt of 65 tokens and 0 decoded run past the cache: the program "

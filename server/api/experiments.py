@@ -22,7 +22,7 @@ from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, S
 from sme2farm.server.store.db import enqueue_after_commit, session_scope
 from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.store.models import Model, Run
-from sme2farm.server.services.programs import InvalidProgram, llm_mode, prepare, read_memory
+from sme2farm.server.services.programs import InvalidProgram, llm_mode, llm_note, prepare, read_memory
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
@@ -79,6 +79,8 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
             await run_in_threadpool(llm_mode, upload.vs_model_path, method=spec.method, llm=llm, has_inputs=False,
                                     field="vs_model")
         spec = spec.model_copy(update={"llm": llm})
+        upload.llm_note = await run_in_threadpool(llm_note, upload.model_path, method=spec.method, llm=llm,
+                                                  has_inputs=upload.inputs_path is not None)
         await run_in_threadpool(read_memory, upload)
     except InvalidProgram as e:
         upload.discard()
@@ -156,6 +158,8 @@ def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max
         elif vs_model.memory is None:
             vs_model.memory = upload.vs_memory
     exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs, vs_model=vs_model)
+    if getattr(upload, "llm_note", None):  # how the method is driven (LLM mode), or why not
+        exp.warnings = [upload.llm_note, *(exp.warnings or [])]
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
     exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
     run_service.runs_created(session, experiment_id=exp.id)  # nothing to run at all: complete now

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from sme2farm.analysis import pte
-from sme2farm.analysis.llm import llm_cache_len, llm_signature
+from sme2farm.analysis.llm import CONVENTION_WORDS, LLM_SHAPE_WORDS, llm_cache_len, llm_signature, not_llm_reason
 from sme2farm.protocol import LlmSpec
 from sme2farm.runners import inputs as inp
 
@@ -183,33 +183,28 @@ DEFAULT_LLM_PROMPT, DEFAULT_LLM_DECODE = 128, 64
 
 def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "model"):
     """The LLM mode a submission runs in (a protocol.LlmSpec, or None), after `prepare` accepted
-    the program and its method. Asked for (`llm` given): the method must have the LLM shape, the
-    prompt fit one call or the program declare its cache length (the runner then prefills in calls
-    of at most S tokens), prompt + decode fit that cache, and no inputs file be given (the runner
-    feeds the tokens). Not asked for: a method with the LLM shape gets a prompt of
-    min(128, S, C/2) and min(64, C/4) decoded tokens, C the declared cache length (else S), when its
-    token length is dynamic, or when it takes one token per call and declares its cache (prefilled
-    token by token). Raises InvalidInputs naming spec.llm."""
+    the program and its method. The method's LLM shape (analysis.llm.llm_signature): tokens
+    [1, S] and either the start position [1] or the call's positions [S], as ExecuTorch's runner
+    tells them apart. Asked for (`llm` given): the method must have that shape, the prompt fit
+    one call or the program declare its cache length (the runner then prefills in calls of at
+    most S tokens), prompt + decode fit that cache, and no inputs file be given (the runner feeds
+    the tokens). Not asked for: a method with the LLM shape gets a prompt of min(128, S, C/2) and
+    min(64, C/4) decoded tokens, C the declared cache length (else S), when its token length is
+    dynamic, or when it takes one token per call and declares its cache (prefilled token by
+    token). Raises InvalidInputs naming spec.llm."""
     methods = _read_methods(path, field)
     sig = methods[method]
     shape = llm_signature(sig)
     cache = llm_cache_len(methods)
     if llm is None:
-        if shape is None or has_inputs:
-            return None
-        max_tokens, dynamic = shape
-        positions = cache or max_tokens
-        prompt = min(DEFAULT_LLM_PROMPT, positions // 2, max_tokens if dynamic else positions)
-        if not (dynamic or (max_tokens == 1 and cache is not None)) or prompt < 1:
-            return None   # no room for a prompt and a decoded token: run it as a plain program
-        return LlmSpec(prompt=prompt, decode=min(DEFAULT_LLM_DECODE, max(positions // 4, 1)))
+        return _default_llm(shape, cache) if shape is not None and not has_inputs else None
     if shape is None:
         takes = ", ".join(str(i) for i in sig.inputs) or "no inputs"
-        raise InvalidInputs(f"LLM mode needs method {method!r} to take tokens Long[1, S] and input_pos Long[1]; "
-                            f"it takes {takes}", "spec.llm")
+        raise InvalidInputs(f"LLM mode needs method {method!r} to take {LLM_SHAPE_WORDS}; it takes {takes}",
+                            "spec.llm")
     if has_inputs:
         raise InvalidInputs("LLM mode feeds the tokens itself: send no inputs (.npz or .bpte) with spec.llm", "spec.llm")
-    max_tokens, dynamic = shape
+    max_tokens, dynamic, _ = shape
     if not dynamic and max_tokens > 1 and (llm.prompt != max_tokens or llm.decode > 0):
         raise InvalidInputs(f"method {method!r} takes exactly {max_tokens} tokens per call (a static length): it cannot "
                             f"prefill {llm.prompt} tokens and decode one at a time", "spec.llm")
@@ -221,6 +216,42 @@ def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "mo
         raise InvalidInputs(f"a prompt of {llm.prompt} tokens and {llm.decode} decoded run past the cache: the program "
                             f"holds {cache} positions (prompt + decode must be at most that)", "spec.llm")
     return llm
+
+
+def _default_llm(shape, cache: int | None):
+    """The LLM mode a method of this shape runs in unasked, or None (no room for a prompt and a
+    decoded token, or a static length of several tokens that cannot decode one at a time)."""
+    max_tokens, dynamic, _ = shape
+    positions = cache or max_tokens
+    prompt = min(DEFAULT_LLM_PROMPT, positions // 2, max_tokens if dynamic else positions)
+    if not (dynamic or (max_tokens == 1 and cache is not None)) or prompt < 1:
+        return None
+    return LlmSpec(prompt=prompt, decode=min(DEFAULT_LLM_DECODE, max(positions // 4, 1)))
+
+
+def llm_note(path: Path, *, method: str, llm, has_inputs: bool, field: str = "model") -> str | None:
+    """One sentence for the experiment's notes: the position convention an LLM run feeds, or,
+    when the method looks like a decoder (int64 tokens in, logits out) but runs as a plain model,
+    what was found and why; None for a program that looks like no decoder."""
+    methods = _read_methods(path, field)
+    sig = methods[method]
+    shape = llm_signature(sig)
+    if llm is not None and shape is not None:
+        return (f"LLM mode: method {method!r} takes tokens Long[1, S] and {CONVENTION_WORDS[shape.convention]}, "
+                f"as ExecuTorch's LLM runner tells them apart; each call is fed that")
+    reason = not_llm_reason(sig, has_inputs)
+    if reason is not None or shape is None:
+        return reason
+    cache = llm_cache_len(methods)
+    if not shape.dynamic and shape.max_tokens > 1:
+        why = (f"it takes exactly {shape.max_tokens} tokens per call (a static length), so it cannot decode one "
+               "token at a time")
+    elif not shape.dynamic and cache is None:
+        why = "it takes one token per call and declares no cache length (get_max_context_len or get_max_seq_len)"
+    else:
+        why = "it has no room for a prompt and a decoded token"
+    return (f"method {method!r} takes the LLM shape (tokens and {CONVENTION_WORDS[shape.convention]}) but {why}: "
+            "it ran as a plain model (one forward call on the default inputs, no prefill/decode split)")
 
 
 def memory_of(path: Path, field: str = "model") -> dict:
