@@ -116,6 +116,24 @@ def backends(op_type: str) -> frozenset[str] | None:
     return None
 
 
+# XNNPACK types that become packed-LHS (SME2) ones when XNNPACK sees SME2 (measured on the emulated
+# SME2 CPU, tests/test_kernel_paths.py): F32 -> PF32, F16 -> PF16, QC8/QS8 -> PQS8 fully connected
+# and (non-depthwise) convolution. Depthwise convolution has no packed type.
+_ELIGIBLE_BASES = frozenset({"fully connected", "convolution"})
+_ELIGIBLE_DTYPES = frozenset({"F32", "F16", "QC8", "QS8"})
+
+
+def sme2_eligible(op_type: str) -> bool:
+    """Whether XNNPACK would have run this (non-packed) operator type on SME2 kernels had it seen
+    SME2: a fully connected or non-depthwise convolution in F32, F16 or QC8/QS8."""
+    m = _XNN_NAME.match(_INSTANCE.sub("", op_type.strip()))
+    if m is None or backends(op_type) is not None:
+        return False
+    args = [a.strip().upper() for a in m.group("args").split(",") if a.strip()]
+    return (m.group("base").strip().lower() in _ELIGIBLE_BASES and "dwconv" not in m.group("kind").lower()
+            and len(args) > 1 and args[1] in _ELIGIBLE_DTYPES)
+
+
 def is_xnnpack_name(name: str) -> bool:
     """``"<Base> (<layout, dtypes>) [<kind>]"``: the shape of every XNNPACK operator type string."""
     return _XNN_NAME.match(_INSTANCE.sub("", name.strip())) is not None
@@ -185,6 +203,10 @@ def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
         flag = (f"SME2 was on, but none of the {conv_gemm:.3f} ms of Convolution/GEMM per iteration ran in an "
                 f"SME2 kernel: it ran on {', '.join(paths)} ({_names(off)}). XNNPACK has SME2 kernels only for "
                 "its packed-LHS operators (PF16, PF32, PQS8, QP8 types).")
+        eligible = [d for d in off if sme2_eligible(d["name"])]
+        flag += (f" {_names(eligible)} would have run on them had XNNPACK seen SME2: this run's XNNPACK did not."
+                 if eligible else " None of these operators has one (depthwise convolution has no packed type), "
+                 "so this model gives SME2 no work.")
     return {
         "source": "XNNPACK operator names in the ETDump",
         "sme2_visible": sme2_visible,
@@ -227,6 +249,6 @@ def coverage_sentence(kp: dict) -> str:
 
 
 __all__ = ["kernel_path", "annotate", "summary", "backends", "arch_of", "coverage_sentence", "is_xnnpack_name",
-           "not_hidden_sentence",
+           "not_hidden_sentence", "sme2_eligible",
            "PATHS", "SME2", "SME", "SME_OR_SME2", "SME2_OR_NEON", "NEON", "X86", "XNNPACK_UNKNOWN_ISA",
            "PORTABLE", "DELEGATE"]
