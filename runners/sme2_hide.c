@@ -15,20 +15,30 @@
  * uint32 svelen at 12..15, uint32 smelen at 16..19), and checked on every run: where it does not
  * hold, nothing is written and the off arm fails (runner.cpp prints the sentence).
  *
- * C, no C++ runtime, no cpuinfo.h; standard library and the OS's feature query only. */
+ * C, no C++ runtime, no cpuinfo.h, no libc headers (declared below); the OS's feature query only. */
 
 #include "sme2_hide.h"
 
+#include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
+/* The few libc and OS functions used, declared here instead of through the C library's headers,
+ * so this one file also compiles for macOS where no SDK is (tests/test_macos_build.py compiles it
+ * with `clang -target arm64-apple-macos14 -ffreestanding` on Linux); the signatures are POSIX's,
+ * glibc's and macOS's own. */
+char* getenv(const char* name);
+void* memset(void* s, int c, size_t n);
+void* memcpy(void* dst, const void* src, size_t n);
+int snprintf(char* str, size_t size, const char* format, ...);
 #if defined(__linux__)
-#include <sys/auxv.h>
+#define AT_HWCAP2 26 /* <elf.h>, <sys/auxv.h> */
+unsigned long getauxval(unsigned long type);
+#if !defined(__ANDROID__)
+unsigned long __getauxval(unsigned long type); /* glibc's own, past the runner's exported getauxval() */
+#endif
 #endif
 #if defined(__APPLE__)
-#include <sys/sysctl.h>
+int sysctlbyname(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
 #endif
 
 /* The carried layout. Overridable only to build a library whose layout is wrong on purpose
@@ -69,8 +79,7 @@ static void read_view(int* sme, int* sme2, unsigned* smelen) {
 /* The OS's answer, asked directly (never through the runner's exported getauxval()). */
 static void os_answer(int* sme, int* sme2) {
   *sme = *sme2 = 0;
-#if defined(__linux__) && defined(__GLIBC__)
-  extern unsigned long __getauxval(unsigned long type);
+#if defined(__linux__) && !defined(__ANDROID__)
   unsigned long hwcap2 = __getauxval(AT_HWCAP2);
   *sme = (int)((hwcap2 >> HWCAP2_SME_BIT) & 1);
   *sme2 = (int)((hwcap2 >> HWCAP2_SME2_BIT) & 1);
