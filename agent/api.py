@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import random
 import time
 from pathlib import Path
 
 import httpx
 
-from sme2farm.agent.config import agent_settings
+from sme2farm.agent.config import CONNECT_TIMEOUT_S, agent_settings
+from sme2farm.agent.jitter import Backoff
 from sme2farm.protocol import (
     AgentDevices, AgentRegister, AgentRegistered, ArtifactStored, DeviceInfo, DevicesSynced, FinishAnswer,
     HeartbeatAnswer, RunAssignment, RunFinish, RunnerInfo,
@@ -57,22 +57,26 @@ def _retry_after(r: httpx.Response) -> float:
 
 class AgentApi:
     def __init__(self, server: str, token: str, *, retries: int = 8, transport: httpx.BaseTransport | None = None,
-                 upload_retry_s: float | None = None):
+                 upload_retry_s: float | None = None, backoff_cap_s: float | None = None):
         self.server = server.rstrip("/")
         self.retries = retries
-        self.upload_retry_s = (upload_retry_s if upload_retry_s is not None
-                               else agent_settings().agent_upload_retry_s)
-        self.client = httpx.Client(base_url=self.server, timeout=httpx.Timeout(30.0, connect=5.0), transport=transport)
+        settings = agent_settings() if upload_retry_s is None or backoff_cap_s is None else None
+        self.upload_retry_s = upload_retry_s if upload_retry_s is not None else settings.agent_upload_retry_s
+        # The longest wait between two tries (SME2_AGENT_BACKOFF_CAP_S): the farm counts no agent
+        # silent until this (plus a connect timeout) has passed since it came back.
+        self.backoff_cap_s = backoff_cap_s if backoff_cap_s is not None else settings.agent_backoff_cap_s
+        self.client = httpx.Client(base_url=self.server, timeout=httpx.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
+                                   transport=transport)
         self.client.headers["Authorization"] = f"Bearer {token}"
 
     def _request(self, method: str, url: str, *, timeout: float | None = None, until: float | None = None,
                  **kw) -> httpx.Response:
         """Retried `self.retries` times, or until time.monotonic() passes `until` when given; the
         last failure is raised (httpx.TransportError or httpx.HTTPStatusError)."""
-        delay = 0.2
+        backoff = Backoff(self.backoff_cap_s)   # jittered, capped: a lab's agents do not stampede
         attempt = 0
         while True:
-            wait = delay * (0.5 + random.random())  # full jitter keeps a lab's agents from stampeding
+            retry_after = 0.0
             try:
                 r = self.client.request(method, url, timeout=timeout or self.client.timeout, **kw)
             except httpx.TransportError as e:
@@ -87,16 +91,16 @@ class AgentApi:
                 if r.status_code < 500 and r.status_code != 429:
                     r.raise_for_status()
                     return r
-                # a 503 (database away) or 429 says when to come back: sooner only hammers it
-                wait = max(wait, min(_retry_after(r), 30.0))
+                # a 503 (database away) or 429 says when to come back: sooner only hammers it (up to the cap)
+                retry_after = _retry_after(r)
                 if self._spent(attempt, until):
                     r.raise_for_status()
                 why = f"{r.status_code} {_detail(r)[:200]}"
+            wait = backoff.next(at_least=retry_after)
             if until is not None:
                 wait = max(0.0, min(wait, until - time.monotonic()))   # the last try at the bound, not past it
             log.warning("%s %s: %s; retrying in %.1f s", method, url, why, wait)
             time.sleep(wait)
-            delay = min(delay * 2, 10.0)
             attempt += 1
 
     def _spent(self, attempt: int, until: float | None) -> bool:
@@ -164,7 +168,7 @@ class AgentApi:
         """A dropped connection or a 5xx/429 (the server restarting) is retried like every other
         call, the file written again from its start; 401/403 and other 4xx are not."""
         tmp = dest.with_suffix(".part")
-        delay = 0.2
+        backoff = Backoff(self.backoff_cap_s)
         for attempt in range(self.retries + 1):
             h = hashlib.sha256()
             try:
@@ -185,8 +189,7 @@ class AgentApi:
                     tmp.unlink(missing_ok=True)
                     raise
                 log.warning("%s download: %s; retrying", what, e)
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 10.0)
+            time.sleep(backoff.next())
         if h.hexdigest() != sha256:
             tmp.unlink()
             raise ValueError(f"{what} {sha256} arrived with sha256 {h.hexdigest()}")

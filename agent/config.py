@@ -16,6 +16,16 @@ from sme2farm.protocol import DEFAULT_SERVER_URL
 UPLOAD_RETRY_S = 120.0
 # An emulated trace run's translation log bound (MiB).
 TRANSLATION_LOG_MAX_MB = 256.0
+# The longest an agent waits between two tries at a server that does not answer (a refused
+# connection, a 5xx, a 429 or 503 whatever its Retry-After): the server's settle time after an
+# outage (SME2_AGENT_BACKOFF_CAP_S there too, server/config.py) is this plus CONNECT_TIMEOUT_S.
+BACKOFF_CAP_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+# Every agent interval (heartbeats, device syncs, the claim long-poll, backoff) is drawn from
+# [1 - JITTER, 1] times its nominal value (backoff: [0.5, 1.5] times the doubling delay, capped),
+# never longer, so a lab's agents do not call in step after an outage and no interval outgrows
+# the bound it was set against (agent/jitter.py).
+JITTER = 0.2
 
 
 class AgentSettings(BaseSettings):
@@ -40,6 +50,11 @@ class AgentSettings(BaseSettings):
         default=TRANSLATION_LOG_MAX_MB, gt=0,
         description="Bound of an emulated trace run's translation log, in MiB: a run whose log grows past it "
                     "is stopped and fails saying so (the log is mostly start-up code: a tiny model's is ~3.5 MiB)")
+    agent_backoff_cap_s: float = Field(
+        default=BACKOFF_CAP_S, ge=0.5, le=300,
+        description="Longest wait between two tries at a farm that does not answer (the doubling backoff's cap, "
+                    "jitter included; a server's Retry-After is honoured up to it). The farm's SME2_AGENT_BACKOFF_CAP_S "
+                    "must be at least this: it waits this long after an outage before any silence counts")
 
 
 def agent_settings() -> AgentSettings:

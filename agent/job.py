@@ -23,6 +23,7 @@ from typing import Callable
 import httpx
 
 from sme2farm.agent.api import AgentApi, LeaseLost, UploadRefused
+from sme2farm.agent.jitter import jittered
 from sme2farm.agent.drivers.base import (ETDUMP_NAME, KERNEL_LOG_NAME, LOG_NAME, MEMORY_NAME, OUTPUTS_NAME, Driver, Job,
                                          JobResult)
 from sme2farm.protocol import DeviceInfo, RunAssignment, RunFinish, RunStatus
@@ -140,7 +141,7 @@ class JobRunner:
 
     def _heartbeat(self, job: Job, done: threading.Event) -> None:
         a = self.a
-        while not done.wait(self.heartbeat_s):
+        while not done.wait(jittered(self.heartbeat_s)):   # never later than the interval, not in step
             try:
                 if self.api.heartbeat(a.run_id, a.lease_id).cancel:
                     job.cancel.set()

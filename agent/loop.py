@@ -5,7 +5,6 @@ device at a time). What happens to one run is job.py's."""
 from __future__ import annotations
 
 import logging
-import random
 import socket
 import tempfile
 import threading
@@ -18,6 +17,7 @@ from sme2farm.logs import log_context
 from sme2farm.agent.api import AgentApi, Unauthorized
 from sme2farm.agent.drivers.base import Driver
 from sme2farm.agent.drivers.leftovers import PidRecords
+from sme2farm.agent.jitter import Backoff, jittered
 from sme2farm.agent.job import Downloads, JobRunner, refuse
 from sme2farm.protocol import DeviceInfo, RunAssignment
 from sme2farm.runners.catalog import Catalog
@@ -73,6 +73,11 @@ class Agent:
                                 devices=self.discover(), runners=self.runners())
         self.heartbeat_s = reg.heartbeat_interval_s
         self.poll_s = reg.poll_timeout_s
+        cap = getattr(self.api, "backoff_cap_s", None)
+        if cap is not None and reg.lease_s <= cap + reg.heartbeat_interval_s:
+            log.error("the farm's lease (%g s) is not longer than this agent's backoff cap (SME2_AGENT_BACKOFF_CAP_S=%g) "
+                      "plus its heartbeat interval (%g s): a heartbeat retried through a short outage may find its run "
+                      "requeued; lower the cap or ask for a longer SME2_LEASE_S", reg.lease_s, cap, reg.heartbeat_interval_s)
         for refused in reg.refused:  # e.g. another live agent drives that serial: this one will not
             log.warning("the server refused device %s: %s", refused.serial, refused.reason)
         log.info("registered as agent %s with %d device(s)", reg.agent_id, len(self.devices) - len(reg.refused))
@@ -80,21 +85,27 @@ class Agent:
     # ---- main loop ----------------------------------------------------------------------
     def serve(self) -> None:
         self.register()
-        last_sync = time.monotonic()
+        # Every interval is jittered (agent/jitter.py): a lab's agents do not sync, claim and
+        # reconnect in step. A failed sync or claim backs off (capped) and the devices are
+        # reported again at the first answer: the farm learns what is here by what this reports.
+        next_sync = time.monotonic() + jittered(self.device_sync_s)
+        backoff = Backoff(getattr(self.api, "backoff_cap_s", None) or Backoff().cap)
         with ThreadPoolExecutor(max_workers=max(4, len(self.devices) + 1), thread_name_prefix="run") as pool:
             while not self.stop.is_set():
-                if time.monotonic() - last_sync > self.device_sync_s:
-                    self.api.sync_devices(self.discover(), self.runners())
-                    last_sync = time.monotonic()
                 try:
-                    assignments = self.api.claim(wait=min(self.poll_s, self.device_sync_s))
+                    if time.monotonic() >= next_sync:
+                        self.api.sync_devices(self.discover(), self.runners())
+                        next_sync = time.monotonic() + jittered(self.device_sync_s)
+                    assignments = self.api.claim(wait=jittered(min(self.poll_s, self.device_sync_s)))
                 except Unauthorized:
                     log.error("the server refused this agent's token; stopping")
                     raise
                 except Exception:
-                    log.exception("claim failed; backing off")
-                    self.stop.wait(1.0 + random.random())
+                    log.exception("claim or device sync failed; backing off")
+                    self.stop.wait(backoff.next())
+                    next_sync = 0.0   # answered again: report the devices first
                     continue
+                backoff.reset()
                 for a in assignments:
                     with self._lock:
                         if a.run_id in self.active:

@@ -16,8 +16,16 @@ log = logging.getLogger("sme2-farm")
 
 
 def settings_for(data_dir: str | None) -> Settings:
-    """The farm's settings, with --data-dir over SME2_DATA_DIR when given."""
-    return Settings(**({"data_dir": Path(data_dir)} if data_dir else {}))
+    """The farm's settings, with --data-dir over SME2_DATA_DIR when given. Settings that break
+    each other (server/config.py) are one line each, not a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**({"data_dir": Path(data_dir)} if data_dir else {}))
+    except ValidationError as e:
+        raise SystemExit("sme2-farm: " + "; ".join(
+            (f"SME2_{'_'.join(map(str, err['loc'])).upper()}: " if err["loc"] else "")
+            + err["msg"].removeprefix("Value error, ") for err in e.errors()))
 
 
 def secure_data_dir(path: Path) -> None:

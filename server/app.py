@@ -23,6 +23,7 @@ from sme2farm.server.api import suites as suite_routes
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.web.limits import AgentGate, AgentGateMiddleware, BodyLimits, RateLimiter, request_validation_error
 from sme2farm.server.web.metrics import HttpMetrics
+from sme2farm.server.services import liveness
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.artifacts import Store
 
@@ -77,7 +78,9 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     settings = settings or get_settings()
     app = FastAPI(title="SME2 device farm", version=__version__,
                   description="Profile ExecuTorch models with SME2 on and off on real devices.",
-                  dependencies=[Depends(_log_ids)])
+                  dependencies=[Depends(_log_ids)],
+                  # while it serves, the process records that the farm is up (services/liveness.py)
+                  lifespan=liveness.lifespan(settings.sqlalchemy_url, settings.api_alive_s))
     app.state.settings = settings
     app.state.store = Store(settings.data_dir)
     app.state.enqueue = enqueue or queue.sender(queue.make_celery(settings))  # tasks by name

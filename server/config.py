@@ -6,8 +6,14 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sme2farm.agent.config import BACKOFF_CAP_S, CONNECT_TIMEOUT_S
+
+# An agent's last_seen (what "offline" and device ownership are judged by) is written at most
+# this often by its claims and heartbeats (server/api/agents.py): a live agent looks this stale.
+SEEN_EVERY_S = 5.0
 
 
 class Settings(BaseSettings):
@@ -46,15 +52,34 @@ class Settings(BaseSettings):
         description="A verified token is remembered this long per server process (no database read); a revocation "
                     "through this server takes effect at once, through another process (the CLI) within this; 0: off",
     )
-    lease_s: float = Field(default=60.0, description="How long an agent owns a run without a heartbeat")
-    heartbeat_interval_s: float = Field(default=10.0, description="How often agents heartbeat a running run")
+    # The four bounds below and the agents' backoff cap are tied (docs/operations.md, "Outages and
+    # bounds"); _bounds_respect_each_other refuses a combination that breaks the tie.
+    lease_s: float = Field(default=60.0, gt=0, description="How long an agent owns a run without a heartbeat (longer than the heartbeat interval)")
+    heartbeat_interval_s: float = Field(default=10.0, gt=0, description="How often agents heartbeat a running run")
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
-    agent_offline_s: float = Field(default=90.0, description="An agent silent this long has its devices marked offline")
+    agent_offline_s: float = Field(
+        default=90.0, gt=SEEN_EVERY_S,
+        description=f"An agent silent this long has its devices marked offline (above {SEEN_EVERY_S:g} s, how stale a "
+                    "live agent's last contact may look); hearing it again brings them back. Silence during a farm "
+                    "outage, and for the settle time after it, does not count")
     device_lost_s: float = Field(
         default=300.0, gt=0,
         description="A device offline longer than this is lost: the reaper ends its queued runs unschedulable, naming "
                     "the device and since when it is offline, and new submissions leave it out (saying so). For "
-                    "a silent agent's devices it counts from when the agent was last heard",
+                    "a silent agent's devices it counts from when the agent was last heard. Time the farm was down, "
+                    "and the settle time after it, never counts. At least SME2_AGENT_OFFLINE_S and "
+                    "SME2_AGENT_BACKOFF_CAP_S + SME2_LEASE_S",
+    )
+    agent_backoff_cap_s: float = Field(
+        default=BACKOFF_CAP_S, ge=0.5, le=300,
+        description="The agents' longest wait between two tries (their SME2_AGENT_BACKOFF_CAP_S; set it here at least as "
+                    "high). After the farm was down, an agent's silence counts only from its return plus this plus "
+                    f"{CONNECT_TIMEOUT_S:g} s (the settle time)",
+    )
+    api_alive_s: float = Field(
+        default=2.0, gt=0, le=60,
+        description="Each API process records that it is up this often (services/liveness.py); no record for 3 of these "
+                    "means the farm was down, and agents' silence counts again only from its return plus the settle time",
     )
     max_attempts: int = Field(default=3, description="A run whose lease expires is requeued up to this many attempts")
     # Counted from when the ingest task begins (time queued behind other ingests does not
@@ -125,6 +150,27 @@ class Settings(BaseSettings):
     expect_agent_since: datetime | None = Field(
         default=None, description="expect_agent counts as registered only if seen at or after this time (UTC)",
     )
+
+    @model_validator(mode="after")
+    def _bounds_respect_each_other(self) -> "Settings":
+        """The relation of docs/operations.md ("Outages and bounds"), refused with the numbers when broken."""
+        if self.heartbeat_interval_s >= self.lease_s:
+            raise ValueError(f"SME2_HEARTBEAT_INTERVAL_S={self.heartbeat_interval_s:g} is not shorter than SME2_LEASE_S="
+                             f"{self.lease_s:g}: every run's lease would expire between two heartbeats")
+        if self.device_lost_s < self.agent_offline_s:
+            raise ValueError(f"SME2_DEVICE_LOST_S={self.device_lost_s:g} is shorter than SME2_AGENT_OFFLINE_S="
+                             f"{self.agent_offline_s:g}: a silent agent's devices would be lost before they are called offline")
+        if self.device_lost_s < self.agent_backoff_cap_s + self.lease_s:
+            raise ValueError(f"SME2_DEVICE_LOST_S={self.device_lost_s:g} is shorter than SME2_AGENT_BACKOFF_CAP_S="
+                             f"{self.agent_backoff_cap_s:g} + SME2_LEASE_S={self.lease_s:g}: a device whose agent is "
+                             "waiting out its backoff could be lost before its run's lease is even over")
+        return self
+
+    @property
+    def settle_s(self) -> float:
+        """After the farm was down: the longest a live agent takes to reach it again (its backoff
+        cap and a connect timeout). No silence counts before the farm's return plus this."""
+        return self.agent_backoff_cap_s + CONNECT_TIMEOUT_S
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -216,7 +216,9 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
         pytest.skip("a UTS namespace needs root")
     catalog, _ = local_runner
     env = {"SME2_DEVICE_LOST_S": str(FARM_LOST_S), "SME2_AGENT_OFFLINE_S": str(FARM_OFFLINE_S),
-           "SME2_LEASE_S": str(FARM_LEASE_S), "SME2_HEARTBEAT_INTERVAL_S": "1", "SME2_POLL_TIMEOUT_S": "2"}
+           "SME2_LEASE_S": str(FARM_LEASE_S), "SME2_HEARTBEAT_INTERVAL_S": "1", "SME2_POLL_TIMEOUT_S": "2",
+           # the lost bound at least the agents' backoff cap plus the lease (server/config.py)
+           "SME2_AGENT_BACKOFF_CAP_S": "3"}
     redis = None
     if backend == "postgres_redis":
         redis = PrivateRedis(tmp_path)

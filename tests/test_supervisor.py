@@ -320,6 +320,7 @@ def test_two_beats_send_each_periodic_task_once(tmp_path, database, request):
     url = f"sqlite:///{tmp_path / 'farm.db'}" if database == "sqlite" else request.getfixturevalue("postgres_url")
     migrate(url)
     env = {**os.environ, "SME2_DATA_DIR": str(tmp_path), "SME2_BEAT_LEASE_S": "3", "SME2_LEASE_S": "4",  # reap every 1 s
+           "SME2_HEARTBEAT_INTERVAL_S": "1",  # shorter than the lease (server/config.py)
            "SME2_LOG_FORMAT": "json"}
     for k in ("SME2_DATABASE_URL", "DATABASE_URL", "SME2_BROKER_URL", "CELERY_BROKER_URL"):
         env.pop(k, None)

@@ -151,13 +151,15 @@ class _Heartbeat:
 def reap(self) -> list[int]:
     """Every non-terminal run past its deadline: requeue or end runs whose agent stopped
     heartbeating, re-send or fail ingests past theirs; mark silent agents' devices offline; end
-    unschedulable the queued runs of devices offline past SME2_DEVICE_LOST_S."""
+    unschedulable the queued runs of devices offline past SME2_DEVICE_LOST_S. The agents' time
+    is counted only while the farm's API was up, from its return plus the settle time
+    (services/liveness.py): the farm's own outage never loses a device or a lease."""
     def work(session, s):
         touched = run_service.reap_expired(session, max_attempts=s.max_attempts, ingest_deadline_s=s.ingest_deadline_s,
                                            max_ingest_attempts=s.max_ingest_attempts, ingest_start_s=s.ingest_start_s,
-                                           ingest_waiting=ingest_waiting)
-        device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s)
-        return touched + run_service.end_lost_device_runs(session, device_lost_s=s.device_lost_s)
+                                           ingest_waiting=ingest_waiting, settle_s=s.settle_s)
+        device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s, settle_s=s.settle_s)
+        return touched + run_service.end_lost_device_runs(session, device_lost_s=s.device_lost_s, settle_s=s.settle_s)
 
     touched = _in_transaction(self, work)
     if touched:

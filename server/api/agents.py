@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -21,6 +22,8 @@ from sme2farm.protocol import (
 )
 from sme2farm.protocol import TASK_DISPATCH, TRACE
 from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
+from sme2farm.server.config import SEEN_EVERY_S
+from sme2farm.server.services.errors import DomainError
 from sme2farm.server.api.deps import (
     AgentIdDep, RegistrarDep, RunId, SessionDep, SettingsDep, Sha256, StoreDep, TxDep, WaitS,
 )
@@ -35,8 +38,7 @@ from sme2farm.server.services import wakeup
 from sme2farm.server.services.wakeup import ClaimWaiter
 
 # An agent's last_seen (what "offline" and device ownership are judged by, in tens of seconds) is
-# written at most this often by its claims and heartbeats.
-SEEN_EVERY_S = 5.0
+# written at most SEEN_EVERY_S (server/config.py) apart by its claims and run calls.
 
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 
@@ -131,16 +133,31 @@ async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: Ag
             waiter.unregister(agent_id, event)
 
 
+@contextmanager
+def heard(tx, agent_id: int):
+    """A run call the server refuses (409 "lease lost", 404) is still the agent heard: after an
+    outage its first heartbeat often finds the lease gone, and its devices must come back then
+    (devices.seen brings them back), not at its next claim or sync. The refused transaction is
+    rolled back, so this is written in one of its own."""
+    try:
+        yield
+    except DomainError:
+        with tx() as session:
+            device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
+        raise
+
+
 @router.post("/runs/{run_id}/start", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
 def start(run_id: RunId, body: LeaseRequest, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> HeartbeatAnswer:
-    with tx() as session:
+    with heard(tx, agent_id), tx() as session:
         run = run_service.start(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id, lease_s=settings.lease_s)
+        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
         return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
 @router.post("/runs/{run_id}/heartbeat", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
 def heartbeat(run_id: RunId, body: Heartbeat, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> HeartbeatAnswer:
-    with tx() as session:
+    with heard(tx, agent_id), tx() as session:
         run = run_service.heartbeat(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id,
                                     status=body.status, lease_s=settings.lease_s)
         device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
@@ -179,7 +196,7 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     # threadpool: on the event loop it stalled every other request.
     def keep() -> None:
         try:
-            with tx() as session:
+            with heard(tx, agent_id), tx() as session:
                 run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id,
                                       status=RunStatus.uploading, lease_s=settings.lease_s)
                 row = session.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
@@ -203,7 +220,7 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
     The device's next queued run is assigned in the same transaction, and the agent's waiting
     claim woken once it commits (no dispatch task in between)."""
     has_trace = store.artifact_path(run_id, TRACE).exists()
-    with tx() as session:
+    with heard(tx, agent_id), tx() as session:
         run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
                                  ingest_deadline_s=settings.ingest_deadline_s, lease_s=settings.lease_s)
         status = RunStatus(run.status)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from sme2farm.protocol import DeviceInfo, DeviceSelector, RunnerInfo, RunStatus
+from sme2farm.protocol import TASK_DISPATCH, DeviceInfo, DeviceSelector, RunnerInfo, RunStatus
+from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Agent, ApiToken, Device, Run, utcnow
+from sme2farm.server.services import liveness
 from sme2farm.server.services import tokens as token_service
+
+log = logging.getLogger(__name__)
 
 
 def register_agent(session: Session, *, name: str, hostname: str, version: str) -> Agent:
@@ -109,13 +114,36 @@ _seen_at: dict[int, float] = {}  # agent id -> when this process last wrote its 
 
 def seen(session: Session, *, agent_id: int, every_s: float = 0.0) -> None:
     """The agent talked to the server: its last_seen is now, written at most every `every_s` by
-    this process (claims look 20 times a second; an UPDATE each time was most of their cost)."""
+    this process (claims look 20 times a second; an UPDATE each time was most of their cost).
+    Devices that went offline only because it fell silent come back first (bring_back)."""
     now = time.monotonic()
     if every_s > 0 and now - _seen_at.get(agent_id, -every_s) < every_s:
         return
+    bring_back(session, agent_id=agent_id)
     session.execute(update(Agent).where(Agent.id == agent_id).values(last_seen=utcnow())
                     .execution_options(synchronize_session=False))
     _seen_at[agent_id] = now
+
+
+def bring_back(session: Session, *, agent_id: int) -> list[str]:
+    """An agent heard again (any request: a claim, a heartbeat answered 409 "lease lost") has
+    the devices it last reported back in the state it reported, before any reaper can count
+    them lost. Only those mark_silent_agents_offline took offline for its silence: their
+    offline_since is exactly the agent's last_seen (it copies it), which nothing else writes.
+    A device the agent itself reported gone, or one another agent took over, stays offline
+    (its next sync says the rest). Returns the serials brought back."""
+    rows = session.scalars(
+        select(Device).join(Agent, Agent.id == Device.agent_id)
+        .where(Device.agent_id == agent_id, Device.state == "offline", Device.offline_since == Agent.last_seen)
+    ).all()
+    for row in rows:
+        reported = (row.info or {}).get("state")
+        _set_state(row, "unhealthy" if reported == "unhealthy" else "busy" if row.current_run_id else "idle")
+    if rows:
+        log.info("agent %s heard again: device(s) %s back as it last reported them", agent_id,
+                 ", ".join(sorted(r.serial for r in rows)))
+        enqueue_after_commit(session, TASK_DISPATCH)
+    return [r.serial for r in rows]
 
 
 def get_all(session: Session) -> list[Device]:
@@ -201,10 +229,17 @@ def _aware(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
-def mark_silent_agents_offline(session: Session, *, silent_for_s: float) -> int:
+def mark_silent_agents_offline(session: Session, *, silent_for_s: float, settle_s: float = 0.0,
+                               now: datetime | None = None) -> int:
     """Devices of agents silent for silent_for_s go offline, since the agent was last heard from
-    (that is when the device was last known to be there, not when this noticed)."""
-    cutoff = utcnow() - timedelta(seconds=silent_for_s)
+    (that is when the device was last known to be there, not when this noticed; bring_back
+    relies on the copy). Silence counts only while the farm was up: nothing is marked while it
+    is down, nor before its return plus settle_s (services/liveness.py)."""
+    now = now or utcnow()
+    cutoff = now - timedelta(seconds=silent_for_s)
+    since = liveness.clock(session).counts_from(settle_s, now)
+    if since is None or since > cutoff:
+        return 0
     agents = select(Agent.id).where(Agent.last_seen < cutoff)
     last_seen = select(Agent.last_seen).where(Agent.id == Device.agent_id).scalar_subquery()
     res = session.execute(
@@ -215,13 +250,32 @@ def mark_silent_agents_offline(session: Session, *, silent_for_s: float) -> int:
 
 
 def lost_before(device_lost_s: float, now: datetime | None = None) -> datetime:
-    """A device offline since before this is lost (SME2_DEVICE_LOST_S)."""
+    """A device offline since before this is lost (SME2_DEVICE_LOST_S), the farm's outages aside
+    (lost_cutoff)."""
     return (now or utcnow()) - timedelta(seconds=device_lost_s)
 
 
-def is_lost(device: Device, *, device_lost_s: float, now: datetime | None = None) -> bool:
-    return (device.state == "offline" and device.offline_since is not None
-            and _aware(device.offline_since) < lost_before(device_lost_s, now))
+def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float | None = None,
+                now: datetime | None = None) -> datetime | None:
+    """A device offline since before this is lost; None while no device can be. A device's lost
+    clock runs from max(offline_since, the farm's return + settle_s): the time the farm was down
+    and the agents' backoff after it never count (services/liveness.py). So none is lost while
+    the farm is down, nor until it has been back for settle_s + device_lost_s.
+    settle_s: SME2_AGENT_BACKOFF_CAP_S plus a connect timeout (Settings.settle_s) when None."""
+    if settle_s is None:
+        from sme2farm.server.config import get_settings
+
+        settle_s = get_settings().settle_s
+    now = now or utcnow()
+    cutoff = lost_before(device_lost_s, now)
+    since = liveness.clock(session).counts_from(settle_s, now)
+    return cutoff if since is not None and since <= cutoff else None
+
+
+def is_lost(device: Device, *, cutoff: datetime | None) -> bool:
+    """Offline since before `cutoff` (lost_cutoff; None: nothing is lost now)."""
+    return (cutoff is not None and device.state == "offline" and device.offline_since is not None
+            and _aware(device.offline_since) < cutoff)
 
 
 def offline_text(device: Device, now: datetime | None = None) -> str:
@@ -249,7 +303,8 @@ def waiting_for(device: Device | None, now: datetime | None = None) -> str:
         return offline_text(device, now)
     name = f"device {device.serial} ({device_model(device.info, device.platform)})"
     if device.state == "unhealthy":
-        return f"{name}, unhealthy (its agent reports it unusable, e.g. adb unauthorized)"
+        why = (device.info or {}).get("state_reason")
+        return f"{name}, unhealthy: {why}" if why else f"{name}, unhealthy (its agent reports it unusable, e.g. adb unauthorized)"
     if device.current_run_id is not None:
         return f"{name}, busy with run {device.current_run_id}"
     return f"{name}, idle: the next dispatch gives it a run"

@@ -112,7 +112,8 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: in
     if device_lost_s is None:
         device_lost_s = get_settings().device_lost_s
     matched = device_service.matching(session, selector=spec.device)
-    devices = [d for d in matched if not device_service.is_lost(d, device_lost_s=device_lost_s)]
+    cutoff = device_service.lost_cutoff(session, device_lost_s=device_lost_s)  # the farm's own outages never count
+    devices = [d for d in matched if not device_service.is_lost(d, cutoff=cutoff)]
     left_out = [f"{device_service.offline_text(d)} was left out: offline longer than SME2_DEVICE_LOST_S="
                 f"{device_lost_s:g} s" for d in matched if d not in devices]
     if not devices:

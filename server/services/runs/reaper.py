@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, RunStatus, status_values
 from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import liveness
 from sme2farm.server.services.runs.status import CANCELLED_BY_USER, StateChanged, aware, complete, end, move
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Agent, Device, Run, utcnow
@@ -25,7 +26,7 @@ S = RunStatus
 
 def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: float = 180.0,
                  max_ingest_attempts: int = 3, ingest_start_s: float | None = None,
-                 ingest_waiting: Callable[[], int | None] | None = None) -> list[int]:
+                 ingest_waiting: Callable[[], int | None] | None = None, settle_s: float = 0.0) -> list[int]:
     """Act on every non-terminal run past its deadline, so none stays non-terminal forever:
 
     - assigned, running, uploading (lease expired: the agent died or lost the network):
@@ -46,10 +47,17 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
       for the deadline, so a backlog is not flooded with copies. When it was sent is the
       deadline set then (finish and the re-send below) less ingest_deadline_s.
 
+    Leases are not expired while the farm's API is down, nor before its return plus settle_s
+    (services/liveness.py): no agent could heartbeat meanwhile, and a live one reaches the farm
+    again within its backoff cap; its next heartbeat renews the lease and the run goes on.
+
     queued has no deadline of its own: it waits for its device (cancel ends it). Returns the ids
     of the runs acted on."""
     now = utcnow()
     due = Run.lease_expires_at < now
+    if not liveness.clock(session).settled(settle_s, now):
+        due = due & (Run.status == S.analyzing.value)   # ingest deadlines are the worker's, not the agents'
+
     if ingest_start_s is not None and ingest_waiting is not None and ingest_start_s < ingest_deadline_s:
         unstarted_late = ((Run.status == S.analyzing.value) & Run.ingest_started_at.is_(None)
                           & (Run.lease_expires_at < now + timedelta(seconds=ingest_deadline_s - ingest_start_s)))
@@ -113,27 +121,32 @@ def _ask(ingest_waiting: Callable[[], int | None]) -> int | None:
         return None
 
 
-def end_lost_device_runs(session: Session, *, device_lost_s: float) -> list[int]:
+def end_lost_device_runs(session: Session, *, device_lost_s: float, settle_s: float = 0.0) -> list[int]:
     """End unschedulable the queued runs of every device offline longer than device_lost_s
     (SME2_DEVICE_LOST_S), saying which device and since when: a device that left (its agent
     killed, the phone unplugged) would otherwise hold them queued forever. Runs the device is
     leased are the lease reaper's (requeued, then ended here). Periodic, beside reap_expired.
+
+    A device's lost clock runs only while the farm was up: from max(offline_since, the farm's
+    return + settle_s), never while the API is down (devices.lost_cutoff, services/liveness.py).
     Returns the ids of the runs ended."""
     now = utcnow()
     # Offline without a stamp (a path that set the state alone): lost counts from now.
     session.execute(update(Device).where(Device.state == "offline", Device.offline_since.is_(None))
                     .values(offline_since=now).execution_options(synchronize_session=False))
+    cutoff = device_service.lost_cutoff(session, device_lost_s=device_lost_s, settle_s=settle_s, now=now)
+    if cutoff is None:
+        return []
     lost = {d.id: d for d in session.scalars(
-        select(Device).where(Device.state == "offline",
-                             Device.offline_since < device_service.lost_before(device_lost_s, now)))}
+        select(Device).where(Device.state == "offline", Device.offline_since < cutoff))}
     if not lost:
         return []
-    # Every agent silent for the whole bound says more about this side (the API server down
-    # while the worker reaps, a farm just restarted after a stop) than about the devices: nothing
-    # is ended until some agent is heard again. A device that left while its agent talks on (a
-    # phone unplugged, one agent of several killed) is ended as above.
+    # Every agent silent for the whole bound says more about this side (the farm cut off from
+    # its network, a farm with no liveness record just restarted) than about the devices:
+    # nothing is ended until some agent is heard again. A device that left while its agent
+    # talks on (a phone unplugged, one agent of several killed) is ended as above.
     heard = session.scalar(select(func.max(Agent.last_seen)))
-    if heard is None or aware(heard) < device_service.lost_before(device_lost_s, now):
+    if heard is None or aware(heard) < cutoff:
         log.info("no agent heard for %g s: lost devices' queued runs are left queued until one is", device_lost_s)
         return []
     queued = session.scalars(

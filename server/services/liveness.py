@@ -1,0 +1,175 @@
+"""The farm's own liveness: when the API server was up and answering, so that the time it was
+down, restarting or cut off from its database never counts against a device (issue 23).
+
+Every API process records it in two rows of the `leases` table (no lock: any process writes them):
+
+- `api` (API): renewed every SME2_API_ALIVE_S by each API process while it can write to the
+  database. Its expires_at is renewed_at + 3 beats: past it, no API process has said it is up.
+- `api-up` (API_UP): when the farm last came back. Stamped when an API process starts (a kill -9
+  and a restart, a deploy: the supervisor restarts within a second, shorter than any gap could
+  show), and when a process's beat finds the `api` row older than 3 beats (a database migration
+  window, a frozen process, a host that slept). A second API process starting stamps it too:
+  conservative, it only delays a loss by the settle time.
+
+The reaper (services/runs/reaper.py) and the silent-agent marking (services/devices.py) count a
+device's or an agent's silence only from `counts_from`: api-up + the settle time (the longest an
+agent's backoff keeps it away from a farm that is back: SME2_AGENT_BACKOFF_CAP_S plus a connect
+timeout). While the farm is down (the `api` row expired) nothing counts. A database where no API
+process ever wrote these rows (service-level use, tests) keeps the clock unrestricted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from sme2farm.server.store.models import Lease, utcnow
+
+log = logging.getLogger(__name__)
+
+API = "api"
+API_UP = "api-up"
+GAP_BEATS = 3   # beats missed before the farm counts as having been down
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite hands naive UTC back
+
+
+def _put(session: Session, name: str, *, holder: str, now: datetime, ttl_s: float) -> None:
+    values = dict(holder=holder, renewed_at=now, expires_at=now + timedelta(seconds=ttl_s))
+    if session.execute(update(Lease).where(Lease.name == name).values(**values)
+                       .execution_options(synchronize_session=False)).rowcount:
+        return
+    try:  # first ever: two processes inserting at once, one wins (both mean the same)
+        with session.begin_nested():
+            session.add(Lease(name=name, **values))
+    except IntegrityError:
+        session.execute(update(Lease).where(Lease.name == name).values(**values)
+                        .execution_options(synchronize_session=False))
+
+
+def api_started(session: Session, *, holder: str, alive_s: float) -> None:
+    """An API process starts: the farm is back now (whatever the `api` row says: a process killed
+    and restarted within a beat leaves it fresh)."""
+    now = utcnow()
+    _put(session, API_UP, holder=holder, now=now, ttl_s=GAP_BEATS * alive_s)
+    _put(session, API, holder=holder, now=now, ttl_s=GAP_BEATS * alive_s)
+
+
+def api_alive(session: Session, *, holder: str, alive_s: float) -> bool:
+    """An API process's beat. Returns True when it found the farm had been down (no beat for
+    GAP_BEATS beats): then the farm is back now."""
+    now = utcnow()
+    row = session.scalar(select(Lease.expires_at).where(Lease.name == API))
+    back = row is None or _aware(row) < now
+    if back:
+        _put(session, API_UP, holder=holder, now=now, ttl_s=GAP_BEATS * alive_s)
+    _put(session, API, holder=holder, now=now, ttl_s=GAP_BEATS * alive_s)
+    return back
+
+
+@dataclass(frozen=True)
+class FarmClock:
+    """What the database says of the API's liveness (None: never recorded)."""
+    alive_until: datetime | None
+    up_since: datetime | None
+
+    @property
+    def recorded(self) -> bool:
+        return self.alive_until is not None and self.up_since is not None
+
+    def down(self, now: datetime | None = None) -> bool:
+        """No API process has said it is up within GAP_BEATS beats."""
+        return self.recorded and _aware(self.alive_until) < (now or utcnow())
+
+    def counts_from(self, settle_s: float, now: datetime | None = None) -> datetime | None:
+        """The earliest moment from which an agent's silence counts: the farm's return plus the
+        settle time. None while the farm is down (nothing counts). datetime.min (aware) when no
+        API process ever recorded its liveness here (unrestricted)."""
+        if not self.recorded:
+            return datetime.min.replace(tzinfo=timezone.utc)
+        if self.down(now):
+            return None
+        return _aware(self.up_since) + timedelta(seconds=settle_s)
+
+    def settled(self, settle_s: float, now: datetime | None = None) -> bool:
+        """The farm is up, and has been long enough for every live agent to have reached it."""
+        now = now or utcnow()
+        since = self.counts_from(settle_s, now)
+        return since is not None and since <= now
+
+
+def clock(session: Session) -> FarmClock:
+    rows = dict(session.execute(select(Lease.name, Lease.expires_at).where(Lease.name == API)).all())
+    up = dict(session.execute(select(Lease.name, Lease.renewed_at).where(Lease.name == API_UP)).all())
+    return FarmClock(alive_until=rows.get(API), up_since=up.get(API_UP))
+
+
+class Beat:
+    """The API process's liveness beat: api_started once, then api_alive every alive_s, on a
+    daemon thread with its own short transactions (a database away is logged and retried: the
+    gap it leaves is what tells the reaper the farm was down)."""
+
+    def __init__(self, db_url: str, alive_s: float):
+        from sme2farm.server.store.db import session_scope
+
+        self._scope = session_scope
+        self.db_url, self.alive_s = db_url, alive_s
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="api-liveness", daemon=True)
+
+    def _once(self, first: bool) -> None:
+        with self._scope(self.db_url) as session:
+            if first:
+                api_started(session, holder=self.holder, alive_s=self.alive_s)
+            elif api_alive(session, holder=self.holder, alive_s=self.alive_s):
+                log.warning("the farm's API was not heard for %g s (down, frozen or cut off from its database); "
+                            "agents' silence counts again from now plus the settle time", GAP_BEATS * self.alive_s)
+
+    def _run(self) -> None:
+        first, failing = True, False
+        while True:
+            try:
+                self._once(first)
+                first = False
+                if failing:
+                    log.info("API liveness recorded again")
+                failing = False
+            except Exception as e:  # the database away: the gap is the record
+                if not failing:
+                    log.warning("cannot record the API's liveness (%s); retrying every %g s", e, self.alive_s)
+                failing = True
+            if self.stop.wait(self.alive_s):
+                return
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def lifespan(db_url: str, alive_s: float):
+    """A FastAPI lifespan that beats while the app serves."""
+    @asynccontextmanager
+    async def run(app):
+        beat = Beat(db_url, alive_s)
+        beat.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(beat.close)   # its last write done before the app is gone, off the loop
+    return run
