@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(PIP_ARGS) -e '.[dev]'
+	$(BIN)/python -m pip install -q $(PIP_ARGS) --no-deps 'optimum-executorch==1.1.0'  # pyproject.toml: hf
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -14,6 +14,15 @@ from pathlib import Path
 from sme2farm.runners.examples import EXAMPLES
 
 NEEDS = "exporting needs torch and executorch: pip install 'sme2-farm[export]'"
+NEEDS_HF = ("pip install 'sme2-farm[hf]' and then optimum-executorch==1.1.0 with --no-deps (it declares "
+            "transformers==5.0.0rc1; the farm is checked with transformers>=5.23)")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def add_parser(sub) -> None:
@@ -28,7 +37,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     if args.name is None:
         for name, ex in EXAMPLES.items():
-            print(f"{name:<14} {ex.description}")
+            print(f"{name:<16} {ex.description}")
         print("export one: sme2-client examples NAME [OUT.pte]; then: sme2-client submit OUT.pte --wait")
         return 0
     if args.name not in EXAMPLES:
@@ -36,6 +45,10 @@ def run(args) -> int:
         return 2
     if any(importlib.util.find_spec(m) is None for m in ("torch", "executorch")):
         print(f"sme2-client: {NEEDS}", file=sys.stderr)
+        return 1
+    missing = [m for m in EXAMPLES[args.name].needs if not _importable(m)]
+    if missing:
+        print(f"sme2-client: exporting {args.name} needs {', '.join(missing)}: {NEEDS_HF}", file=sys.stderr)
         return 1
     out = Path(args.out or f"{args.name}.pte")
     log = out.with_name(out.name + ".log")

@@ -5,7 +5,8 @@ XNNPACK operator categories, `mlp` is GEMM-only, `portable_mix` keeps some ops o
 delegate (portable kernels, the slow path users miss), `cnn_blocks` scales to a few hundred
 delegated ops for benchmarks, and `tiny_llama` (runners/tiny_llama.py) is a KV-cache LLM for the
 runner's prefill/decode mode, and `executorch_llama` the same kind of model built apart from ours, by
-ExecuTorch's own Llama code and LLM export. torch is imported inside functions only: this module is imported by
+ExecuTorch's own Llama code and LLM export; `hf_llama` (runners/hf_llama.py) is Hugging Face's export
+of one (optimum-executorch), in each of the two position conventions. torch is imported inside functions only: this module is imported by
 light code (agent, client) that must not pull torch in at import time.
 
 CLI: python -m sme2farm.runners.examples NAME OUT.pte [--blocks N]
@@ -26,6 +27,8 @@ class Example:
     build: Callable[..., tuple[Any, tuple]] | None = None  # (**kw) -> (nn.Module in eval mode, example inputs)
     # An example with an export of its own (dynamic shapes, constant methods): (out) -> out
     export: Callable[[Path], Path] | None = None
+    # modules exporting it needs beyond torch and executorch (import names)
+    needs: tuple[str, ...] = ()
 
 
 def _tiny_llama(out: Path, dtype: str = "fp32") -> Path:
@@ -81,6 +84,15 @@ def _executorch_llama(out: Path, static: bool = False) -> Path:
         config.backend.xnnpack.enabled = True
         out.write_bytes(Path(export_llama(config)).read_bytes())
     return out
+
+
+def _hf_llama(out: Path, dynamic: bool = True) -> Path:
+    from sme2farm.runners.hf_llama import export_hf_llama
+
+    return export_hf_llama(out, dynamic=dynamic)
+
+
+_HF_NEEDS = ("transformers", "optimum.exporters.executorch")
 
 
 def _toy_cnn() -> tuple[Any, tuple]:
@@ -173,6 +185,12 @@ EXAMPLES: dict[str, Example] = {
                                 "up to 31 tokens per call", export=_executorch_llama),
     "executorch_llama_static": Example("the same with static shapes: one token per call, prefilled token by token",
                                        export=lambda out: _executorch_llama(out, static=True)),
+    "hf_llama": Example("Hugging Face's export (optimum-executorch, xnnpack recipe) of a tiny random Llama: "
+                        "input_ids [1, S] and cache_position [S], up to 63 tokens per call", export=_hf_llama,
+                        needs=_HF_NEEDS),
+    "hf_llama_static": Example("the same with disable_dynamic_shapes: input_ids [1, 1] and cache_position [1], "
+                               "one token per call", export=lambda out: _hf_llama(out, dynamic=False),
+                               needs=_HF_NEEDS),
 }
 
 

@@ -16,8 +16,8 @@ def test_import_does_not_pull_torch():
     # Agents and clients import this module; torch must stay out of their processes.
     code = "import sys, sme2farm.runners.examples as e; print(sorted(e.EXAMPLES), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == ("['cnn_blocks', 'executorch_llama', 'executorch_llama_static', 'mlp', 'portable_mix', "
-                           "'tiny_llama', 'tiny_llama_fp16', 'toy_cnn'] False")
+    assert out.strip() == ("['cnn_blocks', 'executorch_llama', 'executorch_llama_static', 'hf_llama', "
+                           "'hf_llama_static', 'mlp', 'portable_mix', 'tiny_llama', 'tiny_llama_fp16', 'toy_cnn'] False")
 
 
 def test_unknown_example_is_rejected(tmp_path):

@@ -1,0 +1,175 @@
+"""Hugging Face's LLM exports in LLM mode: tiny random Llamas exported with optimum-executorch's
+xnnpack recipe (runners/hf_llama.py), held out from the bundled hf_llama examples (another seed),
+in both position conventions ExecuTorch's LLM runner serves (the default dynamic export feeds
+cache_position [S], the static one input_pos-like [1]) and quantized (8da4w, 8da8w). The runner
+drives each with --llm_prompt/--llm_decode and says which convention it used; the unquantized
+ones decode exactly the eager model's own greedy tokens; the submission detects LLM mode, takes
+`--llm prompt=P,decode=D`, and says in its notes which convention it feeds. The unit tests of the
+signature rules (conventions, why a decoder-like method runs as a plain model) need no model."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sme2farm.analysis import analyze
+from sme2farm.analysis.llm import CACHE_POSITIONS, START_POS, llm_signature, not_llm_reason
+from sme2farm.analysis.pte import DYNAMIC_BOUND, STATIC, InputSpec, MethodSignature
+
+from _fixtures_farm import post_experiment
+
+HELD_OUT_SEED = 7   # the examples use seed 0
+PROMPT, DECODE = 8, 6
+
+KINDS = {"dynamic": {"dynamic": True}, "static": {"dynamic": False},
+         "8da4w": {"dynamic": True, "qlinear": "8da4w"}, "8da8w": {"dynamic": True, "qlinear": "8da8w"}}
+
+
+@pytest.fixture(scope="session")
+def hf_export(tmp_path_factory):
+    """hf_export(kind) -> Path: a held-out optimum-executorch export, made once per session."""
+    pytest.importorskip("optimum.exporters.executorch")
+    from sme2farm.runners.hf_llama import export_hf_llama
+
+    out_dir = tmp_path_factory.mktemp("hf_exports")
+    made: dict[str, Path] = {}
+
+    def make(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = export_hf_llama(out_dir / f"{kind}.pte", seed=HELD_OUT_SEED, **KINDS[kind])
+        return made[kind]
+
+    return make
+
+
+def _sig(*inputs: InputSpec, out=InputSpec("tensor", 6, (1, 63, 256), DYNAMIC_BOUND)) -> MethodSignature:
+    return MethodSignature("forward", inputs, (out,))
+
+
+def test_the_position_convention_is_decided_as_executorchs_runner_decides():
+    tokens = InputSpec("tensor", 4, (1, 63), DYNAMIC_BOUND)
+    # Hugging Face's default export: cache_position [S], dynamic with the tokens
+    assert llm_signature(_sig(tokens, InputSpec("tensor", 4, (63,), DYNAMIC_BOUND))) == (63, True, CACHE_POSITIONS)
+    # ExecuTorch's own Llama export: input_pos [1]
+    assert llm_signature(_sig(tokens, InputSpec("tensor", 4, (1,)))) == (63, True, START_POS)
+    # a static export of one token per call: a declared [1] is the start position
+    one = InputSpec("tensor", 4, (1, 1))
+    assert llm_signature(_sig(one, InputSpec("tensor", 4, (1,)))) == (1, False, START_POS)
+    # static S = 4 with positions [4]
+    assert llm_signature(_sig(InputSpec("tensor", 4, (1, 4)), InputSpec("tensor", 4, (4,)))) == (4, False,
+                                                                                                 CACHE_POSITIONS)
+    # positions neither one nor one per token: no LLM shape, and the reason says so
+    odd = _sig(tokens, InputSpec("tensor", 4, (8,)))
+    assert llm_signature(odd) is None
+    assert "neither hold one start position nor one position per token" in not_llm_reason(odd)
+
+
+def test_a_decoder_like_method_the_farm_cannot_drive_is_explained():
+    tokens = InputSpec("tensor", 4, (1, 16), DYNAMIC_BOUND)
+    mask = InputSpec("tensor", 4, (1, 16), DYNAMIC_BOUND)
+    three = _sig(tokens, InputSpec("tensor", 4, (16,), DYNAMIC_BOUND), mask)
+    reason = not_llm_reason(three)
+    assert reason.startswith("method 'forward' looks like a decoder (it takes Long[1, 16] (dynamic, upper bounds)")
+    assert "it takes 3 input(s), not two (tokens and positions): it ran as a plain model" in reason
+    # inputs sent with a drivable decoder: said too
+    drivable = _sig(tokens, InputSpec("tensor", 4, (1,)))
+    assert not_llm_reason(drivable) is None
+    assert "inputs were sent with it" in not_llm_reason(drivable, has_inputs=True)
+    # an image model is no decoder: nothing to explain
+    cnn = MethodSignature("forward", (InputSpec("tensor", 6, (1, 3, 32, 32)),), (InputSpec("tensor", 6, (1, 10)),))
+    assert not_llm_reason(cnn) is None
+
+
+def _run(local_runner, pte: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    catalog, build = local_runner
+    return subprocess.run([str(catalog.resolve(build)), f"--model_path={pte}", *flags], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300)
+
+
+def _fed(stdout: str) -> list[int]:
+    [line] = [x for x in stdout.splitlines() if x.startswith("Decode fed (greedy, the last generation):")]
+    return [int(t) for t in line.split(":", 1)[1].split()]
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("kind,positions", [("dynamic", "cache_position [S]"), ("static", "input_pos [1]"),
+                                            ("8da4w", "cache_position [S]"), ("8da8w", "cache_position [S]")])
+def test_hf_exports_run_in_llm_mode_in_their_convention(local_runner, hf_export, tmp_path, kind, positions):
+    """Prompt 8 and decode 6 on each held-out export; the unquantized ones decode the eager model's
+    own greedy generation token for token, and the trace splits into the phases."""
+    from sme2farm.runners.hf_llama import greedy_tokens
+
+    r = _run(local_runner, hf_export(kind), tmp_path, f"--llm_prompt={PROMPT}", f"--llm_decode={DECODE}",
+             "--num_executions=2", "--etdump_path=t.etdump")
+    assert r.returncode == 0, r.stderr
+    assert f"LLM positions: {positions}" in r.stdout
+    calls = PROMPT if kind == "static" else 1   # the static export takes one token per call
+    assert (f"Prefill in {calls} calls of at most 1 tokens" in r.stdout) == (kind == "static")
+    fed = _fed(r.stdout)
+    assert len(fed) == DECODE
+    if kind in ("dynamic", "static"):
+        # the runner feeds decode step i the pick after step i-1: the eager generation's first DECODE tokens
+        assert fed == greedy_tokens([1] * PROMPT, DECODE, seed=HELD_OUT_SEED)
+    llm = analyze((tmp_path / "t.etdump").read_bytes())["llm"]
+    assert llm["prompt"] == PROMPT and llm["decode"] == DECODE and llm["iterations"] == 2
+    assert not llm["warnings"], llm["warnings"]
+
+
+@pytest.mark.models
+def test_hf_exports_are_submitted_in_llm_mode(api, hf_export):
+    """Detected without asking (the dynamic export: min(128, 64/2) prompt, 64/4 decoded), asked
+    for with prompt/decode (what `sme2-client submit --llm prompt=P,decode=D` sends), and the
+    experiment's notes name the convention; a static export of one token per call too."""
+    from _fixtures_farm import register
+
+    register(api)
+    dynamic, static = hf_export("dynamic").read_bytes(), hf_export("static").read_bytes()
+    r = post_experiment(api, dynamic, {"sme2": "off"})
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["llm"] == {"prompt": 32, "decode": 16}
+    assert any("cache_position Long[S] (the positions start .. start+S-1)" in w for w in r.json()["warnings"])
+    r = post_experiment(api, dynamic, {"sme2": "off", "llm": {"prompt": PROMPT, "decode": DECODE}})
+    assert r.status_code == 201 and r.json()["spec"]["llm"] == {"prompt": PROMPT, "decode": DECODE}
+    r = post_experiment(api, static, {"sme2": "off", "llm": {"prompt": PROMPT, "decode": DECODE}})
+    assert r.status_code == 201 and r.json()["spec"]["llm"] == {"prompt": PROMPT, "decode": DECODE}
+    assert any("input_pos Long[1] (the start position)" in w for w in r.json()["warnings"])
+    r = post_experiment(api, dynamic, {"sme2": "off", "llm": {"prompt": 60, "decode": 8}})
+    assert r.status_code == 422 and "run past the cache: the program holds 64 positions" in r.json()["detail"]
+    for q in ("8da4w", "8da8w"):
+        r = post_experiment(api, hf_export(q).read_bytes(), {"sme2": "off", "llm": {"prompt": PROMPT,
+                                                                                   "decode": DECODE}})
+        assert r.status_code == 201 and r.json()["spec"]["llm"] == {"prompt": PROMPT, "decode": DECODE}, q
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name,positions", [("hf_llama", "cache_position [S]"), ("hf_llama_static", "input_pos [1]")])
+def test_the_bundled_hf_examples_run_in_llm_mode(local_runner, example_pte, tmp_path, name, positions):
+    """`sme2-client examples hf_llama[_static]`: each convention's example, as the runner drives it."""
+    pytest.importorskip("optimum.exporters.executorch")
+    from sme2farm.runners.hf_llama import greedy_tokens
+
+    r = _run(local_runner, example_pte(name), tmp_path, "--llm_prompt=4", "--llm_decode=3")
+    assert r.returncode == 0, r.stderr
+    assert f"LLM positions: {positions}" in r.stdout
+    assert _fed(r.stdout) == greedy_tokens([1] * 4, 3)
+
+
+def test_examples_lists_the_hf_exports_and_names_what_exporting_them_needs(capsys, monkeypatch, tmp_path):
+    import argparse
+
+    from sme2farm.client import examples_cmd
+
+    assert examples_cmd.run(argparse.Namespace(name=None, out=None)) == 0
+    listed = capsys.readouterr().out
+    assert "hf_llama         Hugging Face's export (optimum-executorch" in listed
+    assert "hf_llama_static  the same with disable_dynamic_shapes" in listed
+    # without optimum-executorch: one line naming it, nothing exported
+    monkeypatch.setattr(examples_cmd, "_importable", lambda m: not m.startswith("optimum"))
+    out = tmp_path / "m.pte"
+    assert examples_cmd.run(argparse.Namespace(name="hf_llama", out=str(out))) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sme2-client: exporting hf_llama needs optimum.exporters.executorch: pip install "
+                          "'sme2-farm[hf]' and then optimum-executorch==1.1.0 with --no-deps")
+    assert not out.exists()
