@@ -284,7 +284,10 @@ def run_example(driver: Driver, info: DeviceInfo, build: RunnerBuild, catalog: C
             from sme2farm.agent.drivers.hygiene import GateConfig
 
             driver.gate = GateConfig(enabled=False)
-        result = driver.execute(info.serial, job)
+        try:
+            result = driver.execute(info.serial, job)
+        except OSError as e:   # the host could not start it at all (Exec format error, permission denied)
+            result = JobResult(ok=False, reason=f"the runner could not be started: {e}", exit_code=126)
         lines = _runner_lines(workdir / LOG_NAME)
         name = f"example SME2 {arm}"
         evidence: dict[str, Any] = {"runner": build.id, "runner_says": lines, "wall_s": result.wall_s,
@@ -328,19 +331,14 @@ def _resolved(build: RunnerBuild, catalog: Catalog) -> RunnerBuild:
 
 
 def sme_operators(report: dict) -> list[str]:
-    """Operator types a run executed on a packed-LHS (SME/SME2-only) kernel type: proof that
-    XNNPACK saw SME. QP8 types, which have NEON kernels too, do not count."""
-    from sme2farm.analysis.kernel_paths import backends
-
-    out = []
-    for o in report["operators"]:
-        isa = backends(o["name"]) if o.get("delegated", True) else None
-        if isa is not None and "neon" not in isa:
-            out.append(o["name"])
-    return out
+    """Operator types an SME2-off run executed that only SME/SME2 kernels run (the packed-LHS types
+    analysis/kernel_paths.py lists as not_hidden): proof that XNNPACK saw SME."""
+    return [o["name"] for o in (report.get("kernel_paths") or {}).get("not_hidden") or []]
 
 
 def kernel_paths(info: DeviceInfo, reports: dict[str, dict], builds: dict[str, RunnerBuild]) -> Check:
+    from sme2farm.analysis.kernel_paths import not_hidden_sentence
+
     per_arm: dict[str, dict[str, list[str]]] = {}
     for arm, report in reports.items():
         paths: dict[str, list[str]] = {}
@@ -355,10 +353,10 @@ def kernel_paths(info: DeviceInfo, reports: dict[str, dict], builds: dict[str, R
         evidence["off_sme_operators"] = leaked
         if leaked:
             failures.append(
-                f"SME2 cannot be hidden on {info.serial} with runner {builds['off'].id}: its SME2-off run used "
-                f"SME/SME2 operators ({', '.join(leaked[:4])}), so SME2 was not hidden from XNNPACK; rebuild the "
-                f"runner with {build_step(info.runner_platform)} (a build that hides SME2 through cpuinfo) and "
-                "run `sme2-agent check` again.")
+                f"SME2 cannot be hidden on {info.serial} with runner {builds['off'].id}: "
+                f"{not_hidden_sentence(off['kernel_paths'])}; rebuild the runner with "
+                f"{build_step(info.runner_platform)} (a build that hides SME2 through cpuinfo) and run "
+                "`sme2-agent check` again.")
     on = reports.get("on")
     if on is not None:
         sme2_ops = per_arm["on"].get("SME2", [])
@@ -489,6 +487,49 @@ def check_all(drivers: list[Driver], catalog: Catalog, work_dir: Path, serial: s
     return out
 
 
+class StartChecks:
+    """The agent's side (loop.py): every device is checked when the agent first sees it, and one
+    that fails is reported unhealthy with the reason (DeviceInfo.state_reason), so the server hands
+    it no work. A device is checked again when its state changes (an 'unauthorized' phone whose
+    prompt was accepted) and, while failing, every `retry_s` (a runner built meanwhile)."""
+
+    def __init__(self, catalog: Catalog, work_dir: Path, *, retry_s: float = 300.0, clock=None):
+        import time
+
+        self.catalog, self.work_dir, self.retry_s = catalog, work_dir, retry_s
+        self.clock = clock or time.monotonic
+        self.results: dict[str, tuple[str, float, DeviceCheck]] = {}   # serial -> (state seen, when, result)
+
+    def apply(self, found: dict[str, tuple[Driver, DeviceInfo]]) -> None:
+        import logging
+
+        log = logging.getLogger(__name__)
+        for serial in set(self.results) - set(found):
+            del self.results[serial]   # gone: checked afresh when it comes back
+        for serial, (driver, info) in found.items():
+            if info.state == "busy":
+                continue   # it passed (it took a run): never checked under a run
+            seen = self.results.get(serial)
+            stale = seen is None or seen[0] != info.state or (not seen[2].ok and self.clock() - seen[1] > self.retry_s)
+            if stale:
+                state = info.state
+                try:
+                    result = check_device(driver, info, self.catalog, self.work_dir)
+                except Exception as e:   # a check must never stop the agent; the device is not used
+                    log.exception("checking device %s failed", serial)
+                    result = DeviceCheck(serial, info.platform, info.model, info.sme2, info.emulator, [Check(
+                        "check", FAILED, f"the check itself failed: {e}", failure=(
+                            f"checking {serial} failed ({type(e).__name__}: {str(e)[:200]}): run `sme2-agent check "
+                            f"--device {serial}` on this host to see why."))])
+                self.results[serial] = seen = (state, self.clock(), result)
+                if result.ok:
+                    log.info("device %s passed its checks", serial)
+                else:
+                    log.warning("device %s failed its checks and is reported unhealthy: %s", serial, result.reason)
+            if not seen[2].ok:
+                info.state, info.state_reason = "unhealthy", seen[2].reason[:1000]
+
+
 def render(devices: list[DeviceCheck]) -> str:
     lines = []
     for d in devices:
@@ -506,4 +547,4 @@ def render(devices: list[DeviceCheck]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Check", "DeviceCheck", "check_device", "check_all", "render", "EXAMPLE", "EXAMPLE_SHA256"]
+__all__ = ["Check", "DeviceCheck", "StartChecks", "check_device", "check_all", "render", "EXAMPLE", "EXAMPLE_SHA256"]

@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--exit", action="store_true", help="stop the farm once the demo has printed its report")
             s.add_argument("--model", default="toy_cnn", help="bundled example: toy_cnn, mlp, portable_mix, cnn_blocks")
             s.add_argument("--iterations", type=int, default=50)
+            s.add_argument("--no-emulated", action="store_true",
+                           help="on a host without SME2, do not add the emulated SME2 device (by default the demo "
+                                "gets the SME2 emulator and the arm64 runner, and runs the model there too)")
     sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=_migrate)
     t = sub.add_parser("token", help="API tokens: create, list, revoke")
     user_scopes = ["read", "submit", "admin", "register"]
@@ -83,10 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build-runner", help="build and register a runner: the host's, or arm64 from the PyPI wheel")
     b.add_argument("--manifest")
     b.add_argument("--platform", default="host",
-                   choices=["host", "linux-arm64", "android-arm64", "android-arm64-v9a"],
-                   help="host (default): build against the installed wheel; linux-arm64 / android-arm64: "
-                        "cross-compile against PyPI's aarch64 wheel and register SME2 on and off")
+                   choices=["host", "linux-arm64", "android-arm64", "android-arm64-v9a", "macos-arm64"],
+                   help="host (default): build against the installed wheel (on an arm64 host or Mac: SME2 on "
+                        "and off); linux-arm64 / android-arm64: cross-compile against PyPI's aarch64 wheel and "
+                        "register SME2 on and off; macos-arm64: the host build, on an Apple Silicon Mac")
     b.add_argument("--force", action="store_true", help="rebuild the arm64 runner even if up to date")
+    b.add_argument("--dry-run", action="store_true",
+                   help="print the commands and the builds it would register, run nothing (macos-arm64 on any "
+                        "host, against the real macOS wheel)")
     b.set_defaults(fn=runners_cmd.cmd_build_runner)
     r = sub.add_parser("runners", help="list every registered runner build")
     r.add_argument("--manifest",

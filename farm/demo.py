@@ -1,20 +1,132 @@
 """`sme2-farm demo`: the farm started as `up` does, then a bundled example model exported (in a
-child process) and profiled with SME2 off and on through the client, its report printed."""
+child process) and profiled with SME2 off and on through the client, its report printed.
+
+On a host without SME2 the host's SME2-on arm is unschedulable: it is measured with SME2 off
+only. Where the SME2 emulator (`sme2-farm emulator install`, agent/emulator.py) and the arm64
+cross-build (runners/cross.py) can be had, both seconds from a warm cache, the demo also serves
+the emulated SME2 device (the qemu-arm64 driver) and runs the same model there with both arms, in
+trace mode, and prints what emulation honestly shows: which operators took SME2 kernels, the
+coverage, the numerics, and the kernel proof (the microkernels the emulator executed), labelled
+emulated and without any speed figure. Where they cannot be had, one line says what was skipped
+and why."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from sme2farm.client.api import FarmClient
 from sme2farm.client.common import wait_for
 from sme2farm.client.render import experiment_text
 from sme2farm.farm.processes import Farm
 from sme2farm.farm.up import run_farm
-from sme2farm.protocol import ExperimentSpec
+from sme2farm.protocol import DeviceSelector, ExperimentSpec
+
+EMULATED_DRIVER = "qemu-arm64"
+SKIPPED = "emulated SME2 device skipped"
+
+
+def host_has_sme2() -> bool:
+    """Whether this host's own device has SME2, as its agent would detect it."""
+    import platform
+
+    if platform.system() == "Darwin":
+        from sme2farm.agent.drivers.macos import MacDriver
+
+        return MacDriver().sme2()[0]
+    from sme2farm.agent.drivers.local import LocalDriver
+
+    return LocalDriver().sme2()[0]
+
+
+def prepare_emulated(manifest: Path | None, say=print) -> str:
+    """Get the SME2 emulator and the arm64 runner (both idempotent); "" when the emulated SME2
+    device can be served, else the reason it cannot, in one line."""
+    from sme2farm.agent import emulator
+    from sme2farm.runners.cross import build_platform
+    from sme2farm.runners.tools import BuildError
+
+    say("preparing the emulated SME2 device (the SME2 emulator and the arm64 runner) …")
+    try:
+        emulator.install()
+        path = emulator.installed()
+        cpu = emulator.probe(str(path)) if path is not None else None
+    except emulator.EmulatorError as e:
+        return f"the SME2 emulator could not be had: {str(e).split('. ')[0]} (`sme2-farm emulator install` says more)"
+    if cpu is None or not cpu.sme2:
+        return "the installed emulator's CPU has no SME2 (`sme2-farm emulator status` says more)"
+    try:
+        build_platform("linux-arm64", manifest)
+    except (BuildError, OSError) as e:
+        return (f"the arm64 runner could not be cross-built: {str(e).splitlines()[0][:300]} "
+                "(`sme2-farm build-runner --platform linux-arm64` says more)")
+    return ""
+
+
+def _names(ops: list[str], n: int = 4) -> str:
+    return ", ".join(ops[:n]) + (f" and {len(ops) - n} more" if len(ops) > n else "")
+
+
+def emulated_text(exp) -> str:
+    """What the emulated SME2 device showed, per arm, without a speed figure."""
+    from sme2farm.analysis.render import emulated_headline, numerics_line
+
+    runs = {r.sme2: r for r in exp.runs}
+    dev = next((r.device for r in exp.runs if r.device is not None), None)
+    who = dev.emulator if dev is not None and dev.emulator else "an emulator"
+    out = [f"Emulated SME2 device, experiment {exp.id}: {exp.status} (emulated by {who}: it proves which kernels "
+           "ran and what they computed, never speed; no timing is shown)"]
+    for arm in ("on", "off"):
+        r = runs.get(arm)
+        if r is None:
+            continue
+        out.append(f"  SME2 {arm}: {r.status}" + (f" — {r.reason}" if r.reason else "")
+                   + (f"  (runner {r.runner.id})" if r.runner else ""))
+        if r.status != "succeeded":
+            continue
+        ops = r.operators or []
+        by_path: dict[str, list[str]] = {}
+        for o in ops:
+            by_path.setdefault(o.get("kernel_path", "?"), []).append(o["name"])
+        if by_path.get("SME2"):
+            out.append(f"    operators on SME2 kernels: {_names(by_path['SME2'])}")
+        others = {p: names for p, names in by_path.items() if p != "SME2"}
+        if others:
+            out.append("    other operators: " + "; ".join(f"{p}: {_names(n, 3)}" for p, n in sorted(others.items())))
+        share = ((r.kernel_paths or {}).get("coverage") or {}).get("share")
+        if share is not None:   # a share of the emulator's time, said as a share only: no time is shown
+            out.append(f"    SME2 coverage {100 * share:.0f}% of Convolution/GEMM")
+        k = r.kernels or {}
+        if k.get("status") == "ok":
+            entries = {e["name"]: str(e.get("isa", "")).upper() for kind in k.get("by_kind", {}).values() for e in kind}
+            sme = sorted((n for n, isa in entries.items() if isa in ("SME2", "SME")),
+                         key=lambda n: (entries[n] != "SME2", n))
+            proof = (f"executed {len(sme)} SME/SME2 microkernel(s): {_names(sme, 3)}" if sme else
+                     f"executed no SME/SME2 microkernel ({len(entries)} other)")
+            out.append(f"    kernel proof ({k.get('source', 'kernel log')}): {proof}")
+        elif k:
+            out.append(f"    kernel proof: {k.get('status')}")
+    for c in exp.comparisons:
+        out.append(f"  {emulated_headline(c)}")
+        if numerics_line(c):
+            out.append(f"  {numerics_line(c)}")
+    return "\n".join(out)
 
 
 def cmd_demo(args) -> int:
+    emulated = ""   # "": not asked (the host has SME2, or --no-emulated); "ready"; else why skipped
+    if not getattr(args, "no_emulated", False) and not host_has_sme2():
+        manifest = Path(args.manifest).resolve() if args.manifest else None
+        why = prepare_emulated(manifest)
+        if why:
+            emulated = why
+        else:
+            emulated = "ready"
+            drivers = [d for d in args.drivers.split(",") if d]
+            if EMULATED_DRIVER not in drivers:
+                args.drivers = ",".join([*drivers, EMULATED_DRIVER])
+
     def demo(farm: Farm) -> int:
         model = farm.settings.data_dir / "examples" / f"{args.model}.pte"
         if not model.exists():
@@ -26,12 +138,31 @@ def cmd_demo(args) -> int:
             if done.returncode != 0:
                 raise RuntimeError(f"exporting {args.model} failed:\n{done.stderr[-3000:]}")
         client = FarmClient(farm.url, farm.token)
+        devices = client.devices()
+        for d in devices:
+            if d.state == "unhealthy":
+                print(f"device {d.serial} is unhealthy and gets no run: {d.state_reason or 'its agent says so'}",
+                      flush=True)
+        hardware = [d for d in devices if not d.emulator]
+        # The host's own measurement: the hardware devices only (the emulated one has its own section).
+        selector = DeviceSelector(serial=hardware[0].serial) if emulated == "ready" and len(hardware) == 1 else None
         rep = client.submit(model, ExperimentSpec(sme2="both", threads=[1], iterations=args.iterations, warmup=2,
-                                                  name=f"demo {args.model}"))
+                                                  name=f"demo {args.model}", device=selector))
         print(f"submitted experiment {rep.id}: sme2-client submit {model.name} --sme2 both --wait", flush=True)
         wait_for(client, rep.id, quiet=False, timeout=600, check=farm.poll)
         print()
         print(experiment_text(client.experiment(rep.id)))
+        if emulated == "ready":
+            emu = client.submit(model, ExperimentSpec(sme2="both", threads=[1], iterations=3, warmup=1, mode="trace",
+                                                      name=f"demo {args.model} (emulated SME2)",
+                                                      device=DeviceSelector(tags=["emulated"], sme2=True)))
+            print(f"submitted experiment {emu.id} on the emulated SME2 device: sme2-client submit {model.name} "
+                  f"--sme2 both --mode trace --device tags=emulated --wait", flush=True)
+            wait_for(client, emu.id, quiet=False, timeout=900, check=farm.poll)
+            print()
+            print(emulated_text(client.experiment(emu.id)))
+        elif emulated:
+            print(f"{SKIPPED}: {emulated}")
         print(f"report JSON: {farm.url}/experiments/{rep.id}   dashboard: {farm.url}/", flush=True)
         return 0
 
