@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sme2farm.agent import emulator
 from sme2farm.farm.preflight import compiler
-from sme2farm.runners.build import BuildError, build_local
+from sme2farm.runners.build import BuildError, build_host, dry_run, host_platform
 from sme2farm.runners.catalog import Catalog
 from sme2farm.runners.cross import build_platform
 from sme2farm.runners.listing import render
@@ -19,21 +19,51 @@ def ensure_runner(manifest: Path | None) -> None:
     """Build the local runner (seconds; skipped when up to date) so the local agent has one. A build
     that fails raises RuntimeError with one line: a missing compiler named as such, else the log."""
     try:
-        build = build_local(manifest)
+        builds = build_host(manifest)
     except BuildError as e:
         if compiler() is None:
             raise RuntimeError("no C++ compiler found to build the local runner (looked for $CXX, c++, g++, "
                                "clang++): install one (e.g. the g++ package) and start again") from e
         first = str(e).splitlines()[0]
         raise RuntimeError(f"building the local runner failed: {first}") from e
-    print(f"runner: {build.id} ({build.platform}, SME2 {build.sme2}, sha256 {build.sha256[:12]}…)", flush=True)
+    for build in builds:
+        how = f": {' '.join(f'{k}={v}' for k, v in build.env.items())}" if build.env else ""
+        print(f"runner: {build.id} ({build.platform}, SME2 {build.sme2}{how}, sha256 {build.sha256[:12]}…)", flush=True)
+
+
+def _here() -> str:
+    try:
+        return host_platform()
+    except BuildError:
+        return "unsupported"
 
 
 def cmd_build_runner(args) -> int:
     manifest = Path(args.manifest).resolve() if args.manifest else None
-    if args.platform == "host":
-        ensure_runner(manifest)
+    if getattr(args, "dry_run", False):
+        # The host's build (macos-arm64 from any host, against the real macOS wheel): commands and
+        # the builds it would register, nothing run or written (runners/build.py, plan_host_build).
+        if args.platform not in ("host", "macos-arm64"):
+            print(f"error: --dry-run shows the host's build or macos-arm64's, not {args.platform}'s "
+                  "(its cross build takes seconds: run it without --dry-run)", file=sys.stderr)
+            return 1
+        try:
+            dry_run(_here() if args.platform == "host" else args.platform)
+        except BuildError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         return 0
+    if args.platform == "host" or args.platform == "macos-arm64" == _here():
+        try:
+            ensure_runner(manifest)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if args.platform == "macos-arm64":
+        print(f"error: a macos-arm64 runner is built on an Apple Silicon Mac, and this host is {_here()}; "
+              "--dry-run shows the commands it would run", file=sys.stderr)
+        return 1
     # arm64 runners cross-compiled from PyPI's aarch64 wheel (runners/cross.py), both SME2 arms.
     try:
         builds = build_platform(args.platform, manifest, force=args.force)

@@ -1,6 +1,8 @@
-"""The aarch64 executorch wheel from PyPI that the cross build links against: the version pinned
-to the installed exporter's, fetched by pip once (its sha256 recorded), and the parts a build
-needs unpacked once per sha256.
+"""The executorch wheels from PyPI that a build reads without installing them: the aarch64 one the
+cross build links against, and the macOS arm64 one whose Mach-O facts the macOS build plan is
+checked against off a Mac (runners/build.py --dry-run); the version pinned to the installed
+exporter's, fetched by pip once (its sha256 recorded), and the parts a build needs unpacked once
+per sha256.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sme2farm.runners.catalog import sha256_file
 from sme2farm.runners.tools import BuildError, executorch_package
 
 WHEEL_PLATFORM = "manylinux_2_28_aarch64"
+MACOS_WHEEL_PLATFORM = "macosx_14_0_arm64"
 WHEEL_PYTHON = "3.11"            # any cp3x wheel carries the same C++ libraries; pinned for a stable file
 # What a build needs from the wheel (73 MB unpacked in full; these parts are ~14 MB).
 WHEEL_PARTS = ("executorch/include/", "executorch/lib/", "executorch/share/", "executorch/version.py")
@@ -38,29 +41,30 @@ def pinned_version() -> str:
     return version.split("+", 1)[0]
 
 
-def fetch_wheel(version: str, cache: Path) -> Wheel:
-    """The aarch64 wheel in `cache`, downloaded by pip unless a file whose sha256 matches the
-    record is already there. A file that no longer matches its record is fetched again; a fresh
-    download that differs from the record is refused (the pin is the recorded sha256)."""
+def fetch_wheel(version: str, cache: Path, platform: str = WHEEL_PLATFORM) -> Wheel:
+    """The `platform` wheel (aarch64 Linux unless told) in `cache`, downloaded by pip unless a file
+    whose sha256 matches the record is already there. A file that no longer matches its record is
+    fetched again; a fresh download that differs from the record is refused (the pin is the
+    recorded sha256)."""
     cache.mkdir(parents=True, exist_ok=True)
     record_file = cache / "wheels.json"
     records = json.loads(record_file.read_text()) if record_file.exists() else {}
-    key = f"executorch=={version} {WHEEL_PLATFORM} cp{WHEEL_PYTHON.replace('.', '')}"
+    key = f"executorch=={version} {platform} cp{WHEEL_PYTHON.replace('.', '')}"
     rec = records.get(key)
     if rec and (cache / rec["file"]).is_file():
         if sha256_file(cache / rec["file"]) == rec["sha256"]:
             return Wheel(cache / rec["file"], rec["sha256"], version)
         (cache / rec["file"]).unlink()          # damaged or replaced: fetch it again
-    argv = [sys.executable, "-m", "pip", "download", f"executorch=={version}", "--platform", WHEEL_PLATFORM,
+    argv = [sys.executable, "-m", "pip", "download", f"executorch=={version}", "--platform", platform,
             "--python-version", WHEEL_PYTHON, "--only-binary=:all:", "--no-deps", "--disable-pip-version-check",
             "-d", str(cache)]
     r = subprocess.run(argv, capture_output=True, text=True)
     if r.returncode != 0:
-        raise BuildError(f"pip download of the aarch64 executorch=={version} wheel failed:\n{r.stdout[-800:]}{r.stderr[-800:]}")
-    found = sorted(cache.glob(f"executorch-{version}*-{WHEEL_PLATFORM}.whl"))
+        raise BuildError(f"pip download of the {platform} executorch=={version} wheel failed:\n{r.stdout[-800:]}{r.stderr[-800:]}")
+    found = sorted(cache.glob(f"executorch-{version}*-{platform}.whl"))
     found = [p for p in found if f"-cp{WHEEL_PYTHON.replace('.', '')}-" in p.name] or found
     if not found:
-        raise BuildError(f"pip reported success but no executorch-{version}*{WHEEL_PLATFORM}.whl is in {cache}")
+        raise BuildError(f"pip reported success but no executorch-{version}*{platform}.whl is in {cache}")
     wheel = found[-1]
     sha = sha256_file(wheel)
     if rec and rec["sha256"] != sha:
