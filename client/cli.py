@@ -19,7 +19,7 @@ from sme2farm.client.config import client_settings
 from sme2farm.client.render import comparison_text, experiment_text, progress_line
 from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_POWER_PROFILE,
                                DEFAULT_WARMUP, DeviceRead, ExperimentSpec, LlmSpec, PowerProfile,
-                               Sme2Request)
+                               Sme2Request, sme_text)
 
 MIN_EFFECT_HELP = f"default {DEFAULT_MIN_EFFECT:g}: {DEFAULT_MIN_EFFECT * 100:g}%%"  # argparse help: %% is %
 
@@ -139,7 +139,7 @@ def cmd_devices(args) -> int:
         print("no devices registered")
     for d in devices:
         print(f"{d.serial:<28} {d.platform:<8} {(d.model or '')[:30]:<30} {d.cpu_cores:>3} cores  "
-              f"{'SME2' if d.sme2 else 'no SME2':<8} {d.state:<8} agent {d.agent}, "
+              f"{sme_text(d.sme2, d.sme):<13} {d.state:<8} agent {d.agent}, "
               f"runners: {_runner_list(d)}" + (f", emulated ({d.emulator})" if d.emulator else ""))
     return 0
 

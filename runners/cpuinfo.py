@@ -11,7 +11,8 @@ import ctypes
 import ctypes.util
 import platform
 
-HWCAP2_SME2 = 1 << 37  # arch/arm64/include/uapi/asm/hwcap.h
+HWCAP2_SME = 1 << 23   # arch/arm64/include/uapi/asm/hwcap.h
+HWCAP2_SME2 = 1 << 37
 AT_HWCAP2 = 26
 
 
@@ -42,14 +43,44 @@ def has_sme2(cpuinfo: str) -> bool:
     return "sme2" in features(cpuinfo)
 
 
-def host_hwcap2_sme2() -> bool | None:
-    """getauxval(AT_HWCAP2) & HWCAP2_SME2 on an arm64 Linux host; None where the question is moot."""
+def has_sme(cpuinfo: str) -> bool:
+    """The Features list 'sme' (FEAT_SME; every SME2 CPU lists it too)."""
+    return "sme" in features(cpuinfo)
+
+
+def sme_evidence(cpuinfo: str) -> str:
+    """What /proc/cpuinfo's Features say of SME and SME2, in words ('' for an empty file)."""
+    if not cpuinfo.strip():
+        return ""
+    f = features(cpuinfo)
+    if "sme2" in f:
+        return "/proc/cpuinfo features list sme2"
+    if "sme" in f:
+        return "/proc/cpuinfo features list sme, not sme2: SME, not SME2"
+    return "/proc/cpuinfo features do not list sme2 (nor sme)"
+
+
+def host_hwcap2() -> int | None:
+    """getauxval(AT_HWCAP2) on an arm64 Linux host; None where the question is moot."""
     if platform.system() != "Linux" or platform.machine() not in ("aarch64", "arm64"):
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.getauxval.restype = ctypes.c_ulong
     libc.getauxval.argtypes = [ctypes.c_ulong]
-    return bool(libc.getauxval(AT_HWCAP2) & HWCAP2_SME2)
+    return int(libc.getauxval(AT_HWCAP2))
+
+
+def host_hwcap2_sme2() -> bool | None:
+    """getauxval(AT_HWCAP2) & HWCAP2_SME2 on an arm64 Linux host; None where the question is moot."""
+    word = host_hwcap2()
+    return None if word is None else bool(word & HWCAP2_SME2)
+
+
+def hwcap2_evidence(word: int) -> str:
+    """'getauxval(AT_HWCAP2) bit 37 (SME2) clear, bit 23 (SME) set: SME, not SME2'."""
+    sme, sme2 = bool(word & HWCAP2_SME), bool(word & HWCAP2_SME2)
+    return (f"getauxval(AT_HWCAP2) bit 37 (SME2) {'set' if sme2 else 'clear'}, bit 23 (SME) {'set' if sme else 'clear'}"
+            + (": SME, not SME2" if sme and not sme2 else ""))
 
 
 def clusters(cpuinfo: str) -> list[dict]:

@@ -282,8 +282,17 @@ class DeviceInfo(_Wire):
     os_version: str = Field(default="", max_length=256)
     sme2: bool = False
     sme2_evidence: str = Field(default="", max_length=1000, description="How SME2 was detected, e.g. 'HWCAP2' or '/proc/cpuinfo features'")
+    sme: bool | None = Field(
+        default=None, description="The CPU has SME (FEAT_SME: HWCAP2 bit 23, /proc/cpuinfo `sme`, macOS "
+                                  "hw.optional.arm.FEAT_SME), detected beside SME2: a CPU may have SME without SME2 "
+                                  "(Snapdragon 8 Elite Gen 5), whose XNNPACK SME2 kernels do not run. None: not "
+                                  "reported (an agent older than this field)")
     runner_platform: RunnerPlatform | None = None
     state: DeviceState = "idle"
+    state_reason: str = Field(
+        default="", max_length=1000,
+        description="Why the device is unhealthy, as its agent found it (`sme2-agent check`: one sentence per failed "
+                    "check, with the next step); empty otherwise")
     tags: list[str] = Field(default_factory=list, max_length=64)
     emulator: str | None = Field(
         default=None, max_length=256,
@@ -294,6 +303,12 @@ class DeviceInfo(_Wire):
         default="xnnlog", description="The runner flavour this device's trace runs use: xnnlog (XNNPACK's own "
                                       "kernel log; hardware) or timing (an emulator names the kernels from its "
                                       "translation log)")
+
+
+def sme_text(sme2: bool, sme: bool | None) -> str:
+    """A device's matrix extensions in words, for every surface: 'SME2', 'SME, not SME2' (a CPU whose
+    XNNPACK SME2 kernels cannot run), else 'no SME2' (no SME either, or SME not reported)."""
+    return "SME2" if sme2 else "SME, not SME2" if sme else "no SME2"
 
 
 class RunnerInfo(_Wire):

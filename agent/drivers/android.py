@@ -121,8 +121,7 @@ class AndroidDriver(Driver):
             soc=soc or props.get("ro.board.platform", ""), cpu_cores=cpuinfo.core_count(cpu), abi=abi,
             clusters=cpuinfo.clusters(cpu),
             os_version=f"Android {props['ro.build.version.release']}" if "ro.build.version.release" in props else "",
-            sme2=sme2,
-            sme2_evidence=f"/proc/cpuinfo features {'list' if sme2 else 'do not list'} sme2" if cpu.strip() else "",
+            sme2=sme2, sme=cpuinfo.has_sme(cpu) or sme2 if cpu.strip() else None, sme2_evidence=cpuinfo.sme_evidence(cpu),
             runner_platform=RUNNER_PLATFORM if abi == "arm64-v8a" else None, state="idle",
             tags=["emulated"] if marks else [], emulator=f"Android emulator ({', '.join(marks)})" if marks else None)
 

@@ -111,29 +111,31 @@ class LocalDriver(Driver):
             return ""
 
     def sme2(self) -> tuple[bool, str]:
-        hw = cpuinfo.host_hwcap2_sme2() if self.proc_root == Path("/") else None
+        return self._sme()[1:]
+
+    def _sme(self) -> tuple[bool, bool, str]:
+        """(SME, SME2, evidence): the kernel's HWCAP2 on this host, else /proc/cpuinfo's Features."""
+        hw = cpuinfo.host_hwcap2() if self.proc_root == Path("/") else None
         if hw is not None:
-            return hw, f"getauxval(AT_HWCAP2) bit 37 {'set' if hw else 'clear'}"
+            return bool(hw & cpuinfo.HWCAP2_SME), bool(hw & cpuinfo.HWCAP2_SME2), cpuinfo.hwcap2_evidence(hw)
         text = self._cpuinfo()
-        if cpuinfo.has_sme2(text):
-            return True, "/proc/cpuinfo features list sme2"
         machine = platform.machine()
-        if machine not in ("aarch64", "arm64"):
-            return False, f"{machine} CPU: SME2 is an Arm extension"
-        return False, "/proc/cpuinfo features do not list sme2"
+        if not cpuinfo.has_sme(text) and machine not in ("aarch64", "arm64"):
+            return False, False, f"{machine} CPU: SME2 is an Arm extension"
+        return cpuinfo.has_sme(text), cpuinfo.has_sme2(text), cpuinfo.sme_evidence(text) or "no /proc/cpuinfo to read"
 
     def discover(self) -> list[DeviceInfo]:
         if platform.system() != "Linux":
             return []
         text = self._cpuinfo()
-        has, evidence = self.sme2()
+        sme, has, evidence = self._sme()
         return [DeviceInfo(
             serial=host_serial(), platform="linux",
             model=cpuinfo.field(text, "model name") or cpuinfo.field(text, "Hardware") or platform.processor() or "Linux host",
             soc=cpuinfo.field(text, "Hardware") or cpuinfo.field(text, "vendor_id"),
             cpu_cores=cpuinfo.core_count(text) or os.cpu_count() or 0, abi=platform.machine(),
             clusters=cpuinfo.clusters(text),
-            os_version=f"Linux {platform.release()}", sme2=has, sme2_evidence=evidence,
+            os_version=f"Linux {platform.release()}", sme2=has, sme2_evidence=evidence, sme=sme or has,
             runner_platform=host_runner_platform(), state="idle", tags=["local"],
         )]
 

@@ -25,6 +25,7 @@ from sme2farm.protocol import DeviceInfo
 
 RUNNER_PLATFORM = "macos-arm64"
 SME2_SYSCTL = "hw.optional.arm.FEAT_SME2"
+SME_SYSCTL = "hw.optional.arm.FEAT_SME"
 XNN_LOG_LEVEL = "5"
 
 CommandRunner = Callable[[list[str]], tuple[int, str]]
@@ -57,10 +58,18 @@ class MacDriver(Driver):
             return False, f"sysctl {SME2_SYSCTL} does not exist on this Mac"
         return value == "1", f"sysctl {SME2_SYSCTL} = {value}"
 
+    def sme(self) -> tuple[bool, str]:
+        """FEAT_SME, asked apart from FEAT_SME2 (a CPU may have SME without SME2)."""
+        value = self._value(["sysctl", "-n", SME_SYSCTL])
+        return value == "1", f"sysctl {SME_SYSCTL} = {value}" if value is not None else f"no sysctl {SME_SYSCTL}"
+
     def discover(self) -> list[DeviceInfo]:
         if self.system != "Darwin":
             return []
         has, evidence = self.sme2()
+        sme, sme_evidence = self.sme()
+        if sme and not has:
+            evidence += f", {sme_evidence}: SME, not SME2"
         arch = self._value(["uname", "-m"]) or ""
         version = self._value(["sw_vers", "-productVersion"])
         cores = self._value(["sysctl", "-n", "hw.ncpu"]) or ""
@@ -68,7 +77,7 @@ class MacDriver(Driver):
             serial=host_serial(), platform="macos", model=self._value(["sysctl", "-n", "hw.model"]) or "Mac",
             soc=self._value(["sysctl", "-n", "machdep.cpu.brand_string"]) or "",
             cpu_cores=int(cores) if cores.isdigit() else 0, abi=arch,
-            os_version=f"macOS {version}" if version else "", sme2=has, sme2_evidence=evidence,
+            os_version=f"macOS {version}" if version else "", sme2=has, sme2_evidence=evidence, sme=sme or has,
             runner_platform=RUNNER_PLATFORM if arch == "arm64" else None, state="idle", tags=["local"])]
 
     def health(self, serial: str) -> dict[str, Any]:

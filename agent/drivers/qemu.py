@@ -26,6 +26,7 @@ from sme2farm.agent.drivers import translation
 from sme2farm.agent.drivers.base import KERNEL_LOG_NAME, DriverError, Job
 from sme2farm.agent.drivers.local import LocalDriver
 from sme2farm.protocol import DeviceInfo
+from sme2farm.runners import cpuinfo
 
 SYSROOT = emulator.SYSROOT   # Debian's aarch64 glibc (libc6-arm64-cross)
 LOADER = emulator.LOADER
@@ -153,8 +154,10 @@ class QemuArm64Driver(LocalDriver):
         cpu = self._cpu()
         if cpu is None:
             return False, f"{self.qemu} -cpu {self.cpu} could not be probed"
+        sme = bool(cpu.hwcap2 & cpuinfo.HWCAP2_SME)
         return cpu.sme2, (f"emulated by qemu-aarch64 {cpu.version} -cpu {self.cpu}: HWCAP2 {cpu.hwcap2:#x}, "
-                          f"bit 37 (SME2) {'set' if cpu.sme2 else 'clear'}"
+                          f"bit 37 (SME2) {'set' if cpu.sme2 else 'clear'}, bit 23 (SME) {'set' if sme else 'clear'}"
+                          + (": SME, not SME2" if sme and not cpu.sme2 else "")
                           + ("" if cpu.sme2 else "; `sme2-farm emulator install` brings a QEMU whose CPU has SME2"))
 
     def discover(self) -> list[DeviceInfo]:
@@ -167,6 +170,7 @@ class QemuArm64Driver(LocalDriver):
             serial=f"qemu-arm64-{socket.gethostname()}", platform="linux",
             model=f"QEMU {cpu.version} aarch64 -cpu {self.cpu} (emulated)", soc="emulated", cpu_cores=os.cpu_count() or 1,
             abi="aarch64", os_version="Linux (qemu-user)", sme2=has, sme2_evidence=evidence,
+            sme=bool(cpu.hwcap2 & cpuinfo.HWCAP2_SME) or has,
             runner_platform="linux-arm64", state="idle", tags=["emulated", "arm64"], emulator=cpu.describe(),
             trace_flavour=self.trace_flavour(),
         )]

@@ -86,8 +86,9 @@ def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str
     info = device.info
     if sme2 == "on" and not device.sme2:
         evidence = info.get("sme2_evidence") or "not detected"
+        has = "SME, not SME2" if info.get("sme") else "none"  # SME without SME2: XNNPACK's SME2 kernels cannot run
         return (f"SME2 on needs a device with SME2, and {device.serial} ({info.get('model') or device.platform}, "
-                f"{info.get('soc') or info.get('abi') or ''}) has none ({evidence}); it was not run with SME2 off instead")
+                f"{info.get('soc') or info.get('abi') or ''}) has {has} ({evidence}); it was not run with SME2 off instead")
     platform = info.get("runner_platform")
     if not platform:
         return f"no runner platform is known for {device.serial} ({info.get('abi') or device.platform})"

@@ -80,3 +80,7 @@ export function selectorText(sel) {
     .map(([k, v]) => `${k} ${Array.isArray(v) ? v.join(" or ") : typeof v === "object" ? JSON.stringify(v) : v}`);
   return parts.length ? parts.join(", ") : "any device";
 }
+
+// A device's matrix extensions in words (protocol.sme_text): SME2, "SME, not SME2" (a CPU whose
+// XNNPACK SME2 kernels cannot run), else no SME2.
+export const smeText = (d) => (d.sme2 ? "SME2" : d.sme ? "SME, not SME2" : "no SME2");

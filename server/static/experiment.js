@@ -171,7 +171,7 @@ function runCard(run, twoModels = false, grouped = new Map()) {
         ["model", [d.model || "—", d.soc && h("span", { class: "muted" }, ` · ${d.soc}`)]],
         ["platform", `${d.platform} ${d.abi || ""}`],
         ["cores", d.cpu_cores || "—"],
-        ["SME2", [h("span", { class: `badge ${d.sme2 ? "yes" : "no"}` }, d.sme2 ? "yes" : "no"), d.sme2_evidence && h("span", { class: "muted small" }, ` ${d.sme2_evidence}`)]],
+        ["SME2", [h("span", { class: `badge ${d.sme2 ? "yes" : "no"}` }, d.sme2 ? "yes" : d.sme ? "no: SME, not SME2" : "no"), d.sme2_evidence && h("span", { class: "muted small" }, ` ${d.sme2_evidence}`)]],
         emulator && ["emulated", h("span", { class: "emulator" }, emulator)],
       ]) : h("p", { class: "muted" }, "not assigned")),
       h("div", {}, h("h3", {}, "Runner build"), r ? kv([

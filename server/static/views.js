@@ -1,7 +1,7 @@
 // The token prompt, the experiments list, the devices page and the upload form.
 
 import { getJSON, postForm, token } from "./api.js";
-import { badge, compareHref, h, short, table, when } from "./dom.js";
+import { badge, compareHref, h, short, smeText, table, when } from "./dom.js";
 
 export const ACTIVE = new Set(["queued", "running", "assigned", "uploading", "analyzing"]);
 
@@ -68,7 +68,7 @@ export async function devicesView() {
     h("td", {}, d.platform, d.abi && h("div", { class: "muted small" }, d.abi)),
     h("td", {}, d.model || "—", h("div", { class: "muted small" }, d.soc || ""), d.os_version && h("div", { class: "muted small" }, d.os_version)),
     h("td", { class: "num" }, d.cpu_cores || "—"),
-    h("td", { class: "sme2" }, h("span", { class: `badge ${d.sme2 ? "yes" : "no"}` }, d.sme2 ? "SME2" : "no SME2"),
+    h("td", { class: "sme2" }, h("span", { class: `badge ${d.sme2 ? "yes" : "no"}`, dataset: { sme: String(d.sme ?? "") } }, smeText(d)),
       d.sme2_evidence && h("div", { class: "muted small" }, d.sme2_evidence)),
     h("td", {}, badge(d.state), d.current_run_id && h("div", { class: "small" }, `run ${d.current_run_id}`)),
     h("td", {}, d.agent, h("div", { class: "muted small" }, `seen ${when(d.last_seen)}`)),
