@@ -105,7 +105,7 @@ def test_the_farm_clock_follows_the_api_beats(db_url):
     _farm(db_url, up_for_s=500, down=True)                          # no beat for 3 beats: down
     with session_scope(db_url) as s:
         clock = liveness.clock(s)
-        assert clock.down() and clock.counts_from(SETTLE_S) is None and not clock.settled(0)
+        assert clock.down() and clock.window(SETTLE_S) is None and not clock.settled(0)
         assert liveness.api_alive(s, holder="p2", alive_s=2) is True    # the next beat finds the gap
     with session_scope(db_url) as s:
         clock = liveness.clock(s)

@@ -235,10 +235,8 @@ def mark_silent_agents_offline(session: Session, *, silent_for_s: float, settle_
     (that is when the device was last known to be there, not when this noticed; bring_back
     relies on the copy). Silence counts only while the farm was up: nothing is marked while it
     is down, nor before its return plus settle_s (services/liveness.py)."""
-    now = now or utcnow()
-    cutoff = now - timedelta(seconds=silent_for_s)
-    since = liveness.clock(session).counts_from(settle_s, now)
-    if since is None or since > cutoff:
+    cutoff = liveness.clock(session).silent_before(silent_for_s, settle_s, now)
+    if cutoff is None:
         return 0
     agents = select(Agent.id).where(Agent.last_seen < cutoff)
     last_seen = select(Agent.last_seen).where(Agent.id == Device.agent_id).scalar_subquery()
@@ -258,18 +256,15 @@ def lost_before(device_lost_s: float, now: datetime | None = None) -> datetime:
 def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float | None = None,
                 now: datetime | None = None) -> datetime | None:
     """A device offline since before this is lost; None while no device can be. A device's lost
-    clock runs from max(offline_since, the farm's return + settle_s): the time the farm was down
-    and the agents' backoff after it never count (services/liveness.py). So none is lost while
-    the farm is down, nor until it has been back for settle_s + device_lost_s.
+    clock runs from max(offline_since, the farm's return + settle_s) to the farm's last beat: the
+    time the farm was down and the agents' backoff after it never count (services/liveness.py).
+    So none is lost while the farm is down, nor until it has been back for settle_s + device_lost_s.
     settle_s: SME2_AGENT_BACKOFF_CAP_S plus a connect timeout (Settings.settle_s) when None."""
     if settle_s is None:
         from sme2farm.server.config import get_settings
 
         settle_s = get_settings().settle_s
-    now = now or utcnow()
-    cutoff = lost_before(device_lost_s, now)
-    since = liveness.clock(session).counts_from(settle_s, now)
-    return cutoff if since is not None and since <= cutoff else None
+    return liveness.clock(session).silent_before(device_lost_s, settle_s, now)
 
 
 def is_lost(device: Device, *, cutoff: datetime | None) -> bool:

@@ -12,10 +12,11 @@ Every API process records it in two rows of the `leases` table (no lock: any pro
   conservative, it only delays a loss by the settle time.
 
 The reaper (services/runs/reaper.py) and the silent-agent marking (services/devices.py) count a
-device's or an agent's silence only from `counts_from`: api-up + the settle time (the longest an
-agent's backoff keeps it away from a farm that is back: SME2_AGENT_BACKOFF_CAP_S plus a connect
-timeout). While the farm is down (the `api` row expired) nothing counts. A database where no API
-process ever wrote these rows (service-level use, tests) keeps the clock unrestricted.
+device's or an agent's silence, and a run's lease, only within FarmClock.window: from api-up plus
+the settle time (the longest an agent's backoff keeps it away from a farm that is back:
+SME2_AGENT_BACKOFF_CAP_S plus a connect timeout) to the last beat. While the farm is down (the
+`api` row expired) nothing counts. A database where no API process ever wrote these rows
+(service-level use, tests) keeps the clock unrestricted.
 """
 
 from __future__ import annotations
@@ -81,39 +82,51 @@ def api_alive(session: Session, *, holder: str, alive_s: float) -> bool:
 
 @dataclass(frozen=True)
 class FarmClock:
-    """What the database says of the API's liveness (None: never recorded)."""
-    alive_until: datetime | None
-    up_since: datetime | None
+    """What the database says of the API's liveness (all None: never recorded)."""
+    alive_at: datetime | None      # the last beat of any API process
+    alive_until: datetime | None   # past this, no API process has beaten for GAP_BEATS beats: down
+    up_since: datetime | None      # when the farm last came back
 
     @property
     def recorded(self) -> bool:
-        return self.alive_until is not None and self.up_since is not None
+        return self.alive_at is not None and self.alive_until is not None and self.up_since is not None
 
     def down(self, now: datetime | None = None) -> bool:
-        """No API process has said it is up within GAP_BEATS beats."""
         return self.recorded and _aware(self.alive_until) < (now or utcnow())
 
-    def counts_from(self, settle_s: float, now: datetime | None = None) -> datetime | None:
-        """The earliest moment from which an agent's silence counts: the farm's return plus the
-        settle time. None while the farm is down (nothing counts). datetime.min (aware) when no
-        API process ever recorded its liveness here (unrestricted)."""
+    def window(self, settle_s: float, now: datetime | None = None) -> tuple[datetime, datetime] | None:
+        """(start, end): the stretch in which an agent's silence counts. It starts at the farm's
+        return plus the settle time and ends at its last beat (time after that is not known to
+        have been up: a killed API's last seconds before the gap shows). None while the farm is
+        down or back for less than the settle time. Never recorded: (the beginning of time, now)."""
+        now = now or utcnow()
         if not self.recorded:
-            return datetime.min.replace(tzinfo=timezone.utc)
+            return datetime.min.replace(tzinfo=timezone.utc), now
         if self.down(now):
             return None
-        return _aware(self.up_since) + timedelta(seconds=settle_s)
+        start = _aware(self.up_since) + timedelta(seconds=settle_s)
+        end = min(now, _aware(self.alive_at))
+        return (start, end) if start <= end else None
+
+    def silent_before(self, silent_s: float, settle_s: float, now: datetime | None = None) -> datetime | None:
+        """Something last heard of (or last there) before this has been silent for silent_s while
+        the farm was up and settled; None while nothing can have been."""
+        w = self.window(settle_s, now)
+        if w is None:
+            return None
+        cutoff = w[1] - timedelta(seconds=silent_s)
+        return cutoff if cutoff >= w[0] else None
 
     def settled(self, settle_s: float, now: datetime | None = None) -> bool:
-        """The farm is up, and has been long enough for every live agent to have reached it."""
-        now = now or utcnow()
-        since = self.counts_from(settle_s, now)
-        return since is not None and since <= now
+        return self.window(settle_s, now) is not None
 
 
 def clock(session: Session) -> FarmClock:
-    rows = dict(session.execute(select(Lease.name, Lease.expires_at).where(Lease.name == API)).all())
-    up = dict(session.execute(select(Lease.name, Lease.renewed_at).where(Lease.name == API_UP)).all())
-    return FarmClock(alive_until=rows.get(API), up_since=up.get(API_UP))
+    rows = {name: (renewed, expires) for name, renewed, expires in session.execute(
+        select(Lease.name, Lease.renewed_at, Lease.expires_at).where(Lease.name.in_((API, API_UP))))}
+    api, up = rows.get(API), rows.get(API_UP)
+    return FarmClock(alive_at=api[0] if api else None, alive_until=api[1] if api else None,
+                     up_since=up[0] if up else None)
 
 
 class Beat:

@@ -54,9 +54,13 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
     queued has no deadline of its own: it waits for its device (cancel ends it). Returns the ids
     of the runs acted on."""
     now = utcnow()
-    due = Run.lease_expires_at < now
-    if not liveness.clock(session).settled(settle_s, now):
-        due = due & (Run.status == S.analyzing.value)   # ingest deadlines are the worker's, not the agents'
+    # A lease counts only while the farm was up and settled, up to its last beat; ingest
+    # deadlines are the worker's own, not the agents'.
+    window = liveness.clock(session).window(settle_s, now)
+    if window is None:
+        due = (Run.status == S.analyzing.value) & (Run.lease_expires_at < now)
+    else:
+        due = (Run.lease_expires_at < now) & ((Run.status == S.analyzing.value) | (Run.lease_expires_at < window[1]))
 
     if ingest_start_s is not None and ingest_waiting is not None and ingest_start_s < ingest_deadline_s:
         unstarted_late = ((Run.status == S.analyzing.value) & Run.ingest_started_at.is_(None)
