@@ -132,7 +132,7 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
         path.write_bytes(traces[label])
         with session_scope(db_url, enqueue=lambda *a: None) as s:
             run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60,
-                               body=RunFinish(lease_id=lease, status="succeeded", warmup_in_trace=1))
+                               body=RunFinish(lease_id=lease, status="succeeded", warmup_in_trace=1, runner=runner))
         with session_scope(db_url, enqueue=lambda *a: None) as s:
             ends[label] = run_service.ingest(s, run_id=rid, ingester=Ingester(store))
     assert ends == {"not hidden": S.failed, "hidden": S.succeeded}
@@ -143,7 +143,7 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
         assert not s.scalars(select(OperatorStat).where(OperatorStat.run_id == bad.id)).all()
     assert reason.startswith("SME2 was not hidden from XNNPACK: the SME2-off run used packed-LHS operators")
     assert "Fully Connected (NC, PF32) GEMM" in reason and "Convolution (NHWC, PF32) IGEMM" in reason
-    assert f" on {dev.serial} (" in reason and dev.emulator in reason and f"runner {build.id}" in reason
+    assert f" on {dev.serial} (emulated by {dev.emulator}), runner {build.id}; " in reason
     # nothing stored is lost: the trace stays, and nothing derived from a wrong arm was written
     assert store.artifact_path(rids[0], TRACE).read_bytes() == traces["not hidden"]
     assert not store.artifact_path(rids[0], REPORT_JSON).exists()

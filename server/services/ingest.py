@@ -164,12 +164,11 @@ class Ingester:
 
 
 def _device_text(run: Run) -> str:
-    """'dev-1 (Pixel 8, emulated by qemu-aarch64 11.1.3 -cpu max (user mode)), runner r-off'."""
+    """'dev-1 (Pixel 8), runner r-off'; an emulated device is named with its emulator."""
     info = run.device_snapshot or {}
     emulator = emulator_of(info)
-    model = device_model(info)
-    emulated = f", emulated by {emulator}" if emulator else ""
-    return (f"{info.get('serial') or 'an unknown device'} ({model}{emulated})"
+    what = f"emulated by {emulator}" if emulator else device_model(info)
+    return (f"{info.get('serial') or 'an unknown device'} ({what})"
             f", runner {(run.runner or {}).get('id') or '(unknown build)'}")
 
 
