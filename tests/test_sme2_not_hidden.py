@@ -50,6 +50,33 @@ def test_not_hidden_lists_only_operators_without_a_neon_kernel():
     assert summary([dict(ops[0], delegated=False)], False)["not_hidden"] == []
 
 
+@pytest.mark.parametrize("name,eligible", [
+    ("Fully Connected (NC, F32) GEMM", True), ("Convolution (NHWC, F32) IGEMM #2", True),
+    ("Fully Connected (NC, F16) GEMM", True), ("Convolution (NHWC, QC8) IGEMM", True),
+    ("Fully Connected (NC, QS8, QC8W) GEMM", True),
+    ("Convolution (NHWC, F32) DWConv", False), ("Convolution (NHWC, QC8) DWConv", False),  # no packed type
+    ("Fully Connected (NC, PF32) GEMM", False),  # packed already
+    ("Transpose (ND, X32)", False), ("Add (ND)", False), ("native_call_cumsum.out", False)])
+def test_sme2_eligible_operator_types(name, eligible):
+    """The types XNNPACK turns into packed-LHS (SME2) ones with SME2 visible, as the emulated SME2 CPU
+    showed them per arm (tests/test_kernel_paths.py ON_OFF_ARM64)."""
+    from sme2farm.analysis.kernel_paths import sme2_eligible
+
+    assert sme2_eligible(name) is eligible
+
+
+def test_on_arm_flag_says_whether_the_model_had_sme2_eligible_operators():
+    def flag(names):
+        ops = [{"name": n, "category": "Convolution", "total_ms": 0.1, "kernel_path": "NEON"} for n in names]
+        return summary(ops, True)["coverage"]["flag"]
+
+    assert flag(["Convolution (NHWC, F32) IGEMM", "Convolution (NHWC, F32) DWConv"]).endswith(
+        "Convolution (NHWC, F32) IGEMM 0.100 ms would have run on them had XNNPACK seen SME2: this run's XNNPACK "
+        "did not.")
+    assert flag(["Convolution (NHWC, F32) DWConv"]).endswith(
+        "None of these operators has one (depthwise convolution has no packed type), so this model gives SME2 no work.")
+
+
 # --- real traces: the off build with and without its hiding, on the emulated SME2 CPU -----------
 
 @pytest.fixture(scope="module")
