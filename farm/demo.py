@@ -96,7 +96,7 @@ def emulated_text(exp) -> str:
             out.append("    other operators: " + "; ".join(f"{p}: {_names(n, 3)}" for p, n in sorted(others.items())))
         share = ((r.kernel_paths or {}).get("coverage") or {}).get("share")
         if share is not None:   # a share of the emulator's time, said as a share only: no time is shown
-            out.append(f"    SME2 coverage {100 * share:.0f}% of Convolution/GEMM")
+            out.append(f"    SME2 coverage {100 * share:.0f}% of Convolution/GEMM (a share of the emulator's time)")
         k = r.kernels or {}
         if k.get("status") == "ok":
             entries = {e["name"]: str(e.get("isa", "")).upper() for kind in k.get("by_kind", {}).values() for e in kind}
