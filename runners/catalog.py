@@ -36,9 +36,10 @@ class RunnerBuild:
     # How the build was made: "local-build" (runners.build on this host), "wheel-cross" (cross-compiled
     # against PyPI's aarch64 executorch wheel), "recipe" (an ExecuTorch checkout, runners.recipe).
     origin: str = "local-build"
-    # Environment the driver sets for the runner. One wheel-cross binary serves both SME2 arms: the
-    # "off" arm is registered with {"SME2FARM_HIDE_SME2": "1"}, which makes the runner's exported
-    # getauxval() clear HWCAP2_SME/SME2 before XNNPACK's cpuinfo reads them.
+    # Environment the driver sets for the runner. One arm64 binary (wheel-cross, or a Mac's or arm64
+    # host's local build) serves both SME2 arms: the "off" arm is registered with
+    # {"SME2FARM_HIDE_SME2": "1"}, which makes libsme2farm_hide clear cpuinfo_isa's SME fields before
+    # XNNPACK reads them (and, on Linux, the runner's exported getauxval() clear HWCAP2_SME/SME2).
     env: dict[str, str] = field(default_factory=dict)
     # A glibc dynamic loader shipped among extra_files (Android bundles): the driver runs
     # `<dir>/<loader> --library-path <dir> <dir>/runner ...` so the phone's bionic is not involved.
