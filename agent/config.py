@@ -43,6 +43,11 @@ class AgentSettings(BaseSettings):
         default=UPLOAD_RETRY_S, ge=0,
         description="How long a refused or dropped artifact upload is retried (the run's heartbeats keep its "
                     "lease) before the run fails with the server's reason")
+    agent_check: bool = Field(
+        default=True,
+        description="Check each device as `sme2-agent check` does when the agent first sees it (SME2 detection, "
+                    "runner builds, the bundled example through both arms, hygiene readings); one that fails is "
+                    "reported unhealthy with the reason and handed no work (`sme2-agent run --no-check` wins)")
     emulator_dir: Path | None = Field(
         default=None, description="Where the SME2 emulator (qemu-aarch64) is installed and recorded; unset: "
                                   "`$XDG_CACHE_HOME/sme2farm/emulator` (`~/.cache/...`)")

@@ -15,6 +15,7 @@ from pathlib import Path
 from sme2farm import __version__
 from sme2farm.logs import log_context
 from sme2farm.agent.api import AgentApi, Unauthorized
+from sme2farm.agent.check import StartChecks
 from sme2farm.agent.drivers.base import Driver
 from sme2farm.agent.drivers.leftovers import PidRecords
 from sme2farm.agent.jitter import Backoff, jittered
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 class Agent:
     def __init__(self, api: AgentApi, drivers: list[Driver], catalog: Catalog, *, name: str | None = None,
-                 work_dir: Path | None = None, device_sync_s: float = 30.0):
+                 work_dir: Path | None = None, device_sync_s: float = 30.0, check_devices: bool = False):
         self.api, self.drivers, self.catalog = api, drivers, catalog
         self.name = name or socket.gethostname()
         self.work_dir = work_dir or Path(tempfile.gettempdir()) / "sme2-agent"
@@ -39,6 +40,8 @@ class Agent:
         for driver in drivers:
             driver.pids = self.pids
         self.device_sync_s = device_sync_s
+        # `sme2-agent check` on each device when first seen; one that fails is reported unhealthy (check.py)
+        self.checks = StartChecks(catalog, self.work_dir / "check") if check_devices else None
         self.stop = threading.Event()
         self.devices: dict[str, tuple[Driver, DeviceInfo]] = {}
         self.active: set[int] = set()
@@ -62,6 +65,8 @@ class Agent:
                     found[info.serial] = (driver, info)
             except Exception:  # one broken driver must not hide the others' devices
                 log.exception("device discovery failed in %s", type(driver).__name__)
+        if self.checks is not None:
+            self.checks.apply(found)
         self.devices = found
         return [info for _, info in found.values()]
 

@@ -1,0 +1,276 @@
+"""`sme2-agent check` (agent/check.py): each device checked before it takes work, with real
+drivers and real runners. It passes on this host, on the emulated arm64 device (both SME2 arms,
+their kernel paths) and on the emulated loopback phone; it fails, one sentence with the next step,
+on failures provoked for real: missing runner builds, an SME2-off build that does not hide SME2
+(the emulated SME2 CPU really runs its PF32 operators), a runner bundle whose loader cannot run
+(on the emulated phone), a phone adb lists 'unauthorized' (the loopback phone answers with AUTH
+at the wire). An agent that starts registers a device that fails unhealthy, with the reason,
+and the server hands it no run."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import adbutils
+import pytest
+from adb_loopback import LoopbackDevice, emulated_arm64_phone, sme2_phone
+
+from _fixtures_farm import dispatch, submit
+from sme2farm.agent.check import EXAMPLE, EXAMPLE_SHA256
+from sme2farm.runners.catalog import Catalog, sha256_file
+
+
+def _check(*args: str, device: str | None = None, env: dict | None = None, timeout: float = 600) -> tuple[int, dict, str]:
+    """`sme2-agent <args> check [--device D] --json` as a user runs it: (exit code, the document, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "sme2farm.agent.cli", *args, "check", "--json",
+                           *(["--device", device] if device else [])],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}, done.stderr
+
+
+def _checks(device: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in device["checks"]}
+
+
+def _private_catalog(catalog: Catalog, path: Path, change=None) -> Catalog:
+    """The builds of `catalog` in a manifest of their own, absolute paths, each passed through `change`."""
+    out = Catalog(path, [])
+    for b in catalog.builds:
+        b = dataclasses.replace(b, path=str(catalog.resolve(b)))
+        out.register(change(b) if change else b)
+    out.save()
+    return out
+
+
+# ---- the bundled example ---------------------------------------------------------------------
+
+def test_the_bundled_example_is_a_small_program_read_without_torch():
+    from sme2farm.analysis import pte
+
+    data = EXAMPLE.read_bytes()
+    assert len(data) < 100_000 and hashlib.sha256(data).hexdigest() == EXAMPLE_SHA256
+    methods = pte.program_methods(data, end=pte.program_end(data))
+    forward = methods["forward"]
+    assert [str(i) for i in forward.inputs] == ["Float[1, 3, 32, 32]"], forward
+
+
+@pytest.mark.models
+def test_the_bundled_example_is_what_its_export_writes(tmp_path):
+    """runners/check_example.pte is `python -m sme2farm.runners.examples toy_cnn OUT`, byte for byte."""
+    pytest.importorskip("executorch")
+    done = subprocess.run([sys.executable, "-m", "sme2farm.runners.examples", "toy_cnn", str(tmp_path / "t.pte")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "t.pte").read_bytes() == EXAMPLE.read_bytes()
+
+
+# ---- this host -------------------------------------------------------------------------------
+
+def test_check_passes_on_this_host_with_the_arms_it_has(local_runner, tmp_path):
+    catalog, _ = local_runner
+    code, doc, err = _check("--drivers", "local", "--manifest", str(catalog.manifest), "--work-dir", str(tmp_path))
+    assert code == 0 and doc["ok"], json.dumps(doc, indent=1)[-3000:] + err
+    [dev] = doc["devices"]
+    checks = _checks(dev)
+    arms = ["off", "on"] if dev["sme2"] else ["off"]
+    assert [n for n in checks if n.startswith("example")] == [f"example SME2 {a}" for a in arms]
+    assert checks["detection"]["evidence"]["features_line"]   # the cpuinfo line it judged from
+    off = checks["example SME2 off"]
+    assert off["evidence"]["runner_says"][0].startswith("sme2farm runner") and off["evidence"]["iterations"] == 3
+    assert checks["kernel paths"]["status"] == "ok" and checks["kernel paths"]["evidence"]["off_sme_operators"] == []
+    assert checks["hygiene"]["evidence"]["readable"]["load"] is True
+    # the text form says the same, a line per check
+    done = subprocess.run([sys.executable, "-m", "sme2farm.agent.cli", "--drivers", "local", "--manifest",
+                           str(catalog.manifest), "--work-dir", str(tmp_path), "check"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.splitlines()[0].endswith(": ready"), done.stdout
+    assert "  ok   example SME2 off: 3 iteration(s)" in done.stdout
+
+
+def test_check_without_runner_builds_fails_saying_how_to_build_them(tmp_path):
+    code, doc, _ = _check("--drivers", "local", "--manifest", str(tmp_path / "none.json"), "--work-dir", str(tmp_path))
+    assert code == 1 and doc["ok"] is False
+    [dev] = doc["devices"]
+    checks = _checks(dev)
+    assert checks["runners"]["status"] == "failed"
+    assert "`sme2-farm build-runner`" in checks["runners"]["failure"], checks["runners"]
+    assert checks["example"]["status"] == "skipped"
+    assert dev["reason"] == checks["runners"]["failure"]   # the one failure, one sentence
+
+
+def test_check_of_a_device_that_is_not_here_says_so(tmp_path):
+    code, doc, err = _check("--drivers", "local", "--work-dir", str(tmp_path), device="no-such-serial")
+    assert code == 1 and doc == {"ok": False, "devices": []}
+    assert "found no device no-such-serial" in err and "sme2-agent devices" in err
+
+
+# ---- the emulated arm64 device ---------------------------------------------------------------
+
+@pytest.mark.arm64
+@pytest.mark.sme2emu
+def test_check_on_the_emulated_sme2_device_passes_with_both_arms_kernel_paths(arm64_runners, sme2_emulator, tmp_path):
+    code, doc, err = _check("--drivers", "qemu-arm64", "--manifest", str(arm64_runners.manifest),
+                            "--work-dir", str(tmp_path), env=sme2_emulator.env)
+    assert code == 0 and doc["ok"], json.dumps(doc, indent=1)[-4000:] + err
+    [dev] = doc["devices"]
+    assert dev["sme2"] is True and dev["emulator"].startswith("qemu-aarch64")
+    checks = _checks(dev)
+    assert checks["detection"]["evidence"]["sme2_bit37"] is True and checks["detection"]["evidence"]["sme"] is True
+    paths = checks["kernel paths"]["evidence"]
+    assert any("PF32" in name for name in paths["on_sme2_operators"]), paths
+    assert paths["off_sme_operators"] == [] and "SME2" not in paths["by_arm"]["off"], paths
+    assert set(paths["by_arm"]["off"]) <= {"NEON", "portable"}
+    assert checks["numerics"]["status"] == "ok" and checks["numerics"]["evidence"]["verdict"] == "same within tolerance"
+    # What each arm's runner said XNNPACK was shown; no speed figure from an emulator.
+    off_said = " ".join(checks["example SME2 off"]["evidence"]["runner_says"])
+    on_said = " ".join(checks["example SME2 on"]["evidence"]["runner_says"])
+    assert off_said != on_said and "SME2 1" in on_said
+    assert "e2e_median_ms" not in checks["example SME2 on"]["evidence"]
+    assert " ms" not in checks["example SME2 on"]["summary"]
+
+
+@pytest.mark.arm64
+@pytest.mark.sme2emu
+def test_check_fails_the_emulated_sme2_device_whose_off_build_does_not_hide_sme2(arm64_runners, sme2_emulator,
+                                                                                 tmp_path):
+    """The SME2-off build registered without what hides SME2 (its environment): the emulated SME2
+    CPU really runs the off arm's PF32 operators, and the check names them."""
+    leaky = _private_catalog(arm64_runners, tmp_path / "leaky.json",
+                             lambda b: dataclasses.replace(b, env={}) if b.sme2 == "off" else b)
+    code, doc, _ = _check("--drivers", "qemu-arm64", "--manifest", str(leaky.manifest), "--work-dir", str(tmp_path),
+                          env=sme2_emulator.env)
+    assert code == 1 and doc["ok"] is False
+    [dev] = doc["devices"]
+    checks = _checks(dev)
+    assert checks["example SME2 off"]["status"] == "ok"   # it ran: the trace is the proof
+    kp = checks["kernel paths"]
+    assert kp["status"] == "failed" and any("PF32" in n for n in kp["evidence"]["off_sme_operators"]), kp
+    assert kp["failure"].startswith(f"SME2 cannot be hidden on {dev['serial']} with runner ")
+    assert "SME2 was not hidden from XNNPACK" in kp["failure"] and "build-runner --platform linux-arm64" in kp["failure"]
+    assert dev["reason"] == kp["failure"]
+
+
+# ---- the loopback phone ----------------------------------------------------------------------
+
+@pytest.mark.adb
+@pytest.mark.arm64
+@pytest.mark.sme2emu
+def test_check_on_the_emulated_sme2_phone_passes_and_fails_a_bundle_whose_loader_cannot_run(
+        arm64_runners, sme2_emulator, loopback, adb_port, tmp_path):
+    phone = loopback(emulated_arm64_phone(str(sme2_emulator.path)), name="qemu-sme2")
+    env = {"ANDROID_ADB_SERVER_PORT": str(adb_port)}
+    args = ("--drivers", "android", "--manifest", str(arm64_runners.manifest), "--work-dir", str(tmp_path))
+    code, doc, err = _check(*args, device=phone.serial, env=env)
+    assert code == 0 and doc["ok"], json.dumps(doc, indent=1)[-4000:] + err
+    [dev] = doc["devices"]
+    checks = _checks(dev)
+    assert "sme2" in checks["detection"]["evidence"]["features_line"].split()
+    assert any("PF32" in n for n in checks["kernel paths"]["evidence"]["on_sme2_operators"])
+    assert checks["kernel paths"]["evidence"]["off_sme_operators"] == []
+    assert checks["hygiene"]["evidence"]["readable"] == {"thermal": True, "battery": True, "load": False}
+    # The run went through the bundle's own loader on the phone.
+    assert any("/ld-linux-aarch64.so.1 --library-path " in c for c in phone.shell_commands)
+
+    # The same bundle with its loader broken (still executable, no longer a program): copied, so the
+    # session's bundle stays whole.
+    src = arm64_runners.resolve(arm64_runners.find("android-arm64-v9a", "off")).parent
+    broken_dir = tmp_path / "broken-bundle"
+    shutil.copytree(src, broken_dir)
+    loader = broken_dir / "ld-linux-aarch64.so.1"
+    loader.write_bytes(b"\x7fELF" + b"\0" * 60 + b"not a loader any more\n")
+    loader.chmod(0o755)
+    broken = _private_catalog(arm64_runners, tmp_path / "broken.json", lambda b: dataclasses.replace(
+        b, path=str(broken_dir / Path(b.path).name)) if b.platform == "android-arm64-v9a" else b)
+    assert sha256_file(Path(broken.find("android-arm64-v9a", "off").path)) == broken.find("android-arm64-v9a", "off").sha256
+    code, doc, err = _check("--drivers", "android", "--manifest", str(broken.manifest), "--work-dir", str(tmp_path),
+                            device=phone.serial, env=env)
+    assert code == 1 and doc["ok"] is False, err
+    [dev] = doc["devices"]
+    checks = _checks(dev)
+    off = checks["example SME2 off"]
+    assert off["status"] == "failed", off
+    assert off["failure"].startswith(f"the runner bundle's loader (ld-linux-aarch64.so.1) cannot run on {phone.serial}")
+    assert "`sme2-farm build-runner --platform android-arm64 --force`" in off["failure"], off["failure"]
+    assert checks["kernel paths"]["status"] == "skipped"
+
+
+@pytest.mark.adb
+def test_check_of_an_unauthorized_phone_says_accept_the_prompt(adb_port, tmp_path):
+    profile = sme2_phone()
+    profile.authorized = False
+    phone = LoopbackDevice(tmp_path / "phone", profile)
+    client = adbutils.AdbClient(port=adb_port)
+    try:
+        client.connect(phone.serial, timeout=10)
+        deadline = time.monotonic() + 10
+        while {d.serial: d.state for d in client.list()}.get(phone.serial) != "unauthorized":
+            assert time.monotonic() < deadline, "adb never listed the phone unauthorized"
+            time.sleep(0.05)
+        code, doc, _ = _check("--drivers", "android", "--work-dir", str(tmp_path), device=phone.serial,
+                              env={"ANDROID_ADB_SERVER_PORT": str(adb_port)})
+        assert code == 1
+        [dev] = doc["devices"]
+        [conn] = dev["checks"]   # nothing else can be asked of a phone that has not let this computer in
+        assert conn["name"] == "connection" and conn["status"] == "failed"
+        assert conn["failure"].startswith(f"adb reports {phone.serial} unauthorized: accept the 'Allow USB debugging?' "
+                                          "prompt on the phone")
+        assert phone.shell_commands == []
+    finally:
+        client.disconnect(phone.serial)
+        phone.stop()
+
+
+# ---- when an agent starts ----------------------------------------------------------------------
+
+def _devices(api) -> list[dict]:
+    r = api.client.get("/devices", headers=api.auth())
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_agent_registers_a_device_that_fails_its_checks_unhealthy_and_it_gets_no_run(api, local_runner, tmp_path):
+    """Its runner build is registered, so a submission queues a run for the device; the build's
+    binary cannot be executed (a corrupt copy), so the device fails its check and waits, unhealthy."""
+    from sme2farm.agent.api import AgentApi
+    from sme2farm.agent.drivers.local import LocalDriver
+    from sme2farm.agent.loop import Agent
+
+    def start(catalog: Catalog) -> Agent:
+        agent = Agent(AgentApi(api.url, api.token, retries=0), [LocalDriver()], catalog, name="checked",
+                      work_dir=tmp_path / "agent", check_devices=True)
+        agent.register()
+        return agent
+
+    catalog, _ = local_runner
+    corrupt = tmp_path / "corrupt-runner"
+    corrupt.write_bytes(b"\x7fELF" + b"\0" * 60)
+    corrupt.chmod(0o755)
+    broken = _private_catalog(catalog, tmp_path / "broken.json",
+                              lambda b: dataclasses.replace(b, path=str(corrupt), sha256=sha256_file(corrupt)))
+    start(broken)
+    [dev] = _devices(api)
+    assert dev["state"] == "unhealthy", dev
+    assert dev["state_reason"].startswith("the runner binary cannot run on "), dev["state_reason"]
+    assert "Exec format error" in dev["state_reason"] and "sme2-farm build-runner" in dev["state_reason"]
+    exp = submit(api, EXAMPLE.read_bytes(), sme2="off")
+    run_id = exp["runs"][0]["id"]
+    assert dispatch(api) == []   # not handed work
+    run = api.client.get(f"/runs/{run_id}", headers=api.auth()).json()
+    assert run["status"] == "queued" and "unhealthy: the runner binary cannot run" in run["waiting_for"], run
+
+    # The same agent restarted with its runner whole: the device passes, is idle, and takes the run.
+    agent = start(catalog)
+    [dev] = _devices(api)
+    assert dev["state"] == "idle" and dev["state_reason"] == "", dev
+    assert agent.checks.results[dev["serial"]][2].ok
+    assert dispatch(api) == [run_id]
