@@ -131,3 +131,25 @@ def test_local_and_macos_drivers_record_sme_beside_sme2(tmp_path, monkeypatch):
         [dev] = MacDriver(mac, system="Darwin").discover()
         assert (dev.sme, dev.sme2) == (sme, feat_sme2 == "1") and dev.sme2_evidence.endswith(suffix or dev.sme2_evidence)
         assert (NOT_SME2 in dev.sme2_evidence) is (sme and feat_sme2 != "1")
+
+
+@pytest.mark.arm64
+def test_system_qemu_7_2_cpu_is_sme_not_sme2(without_sme2_emulator):
+    """Debian 12's QEMU 7.2 `-cpu max` has SME without SME2 (HWCAP2 bit 23 set, bit 37 clear): an
+    emulated CPU of the kind a Snapdragon 8 Elite Gen 5 is, asked for real."""
+    import shutil
+
+    from sme2farm.agent import emulator
+    from sme2farm.agent.drivers.qemu import QemuArm64Driver
+
+    if not shutil.which(emulator.SYSTEM_QEMU):
+        pytest.skip(f"no system {emulator.SYSTEM_QEMU}")
+    driver = QemuArm64Driver()
+    cpu = driver._cpu()
+    if cpu is None or not cpu.version.startswith("7."):
+        pytest.skip(f"the system QEMU is not 7.x: {cpu and cpu.version}")
+    [dev] = driver.discover()
+    assert (dev.sme, dev.sme2) == (True, False)
+    assert dev.sme2_evidence.endswith("bit 37 (SME2) clear, bit 23 (SME) set: SME, not SME2; `sme2-farm emulator "
+                                      "install` brings a QEMU whose CPU has SME2")
+    assert sme_text(dev.sme2, dev.sme) == NOT_SME2
