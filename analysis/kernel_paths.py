@@ -235,6 +235,21 @@ def not_hidden_sentence(kp: dict | None) -> str | None:
             f"kernels run ({_names(ops)})")
 
 
+RUNNER_HIDING = "SME2 hiding: "   # runners/runner.cpp's line: what libsme2farm_hide showed XNNPACK
+RUNNER_LOG_HEAD = 1 << 16          # the runner prints it before loading the model: the log's start holds it
+
+
+def runner_hiding(log: str | None) -> str | None:
+    """What the runner said XNNPACK was shown, from its log's "SME2 hiding: " line, up to the OS's
+    answer: "SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw SME 0 SME2 0
+    (SME length 0)". None for a runner that prints no such line (x86-64 hosts, older builds)."""
+    for line in (log or "").splitlines():
+        if line.startswith(RUNNER_HIDING):
+            said = line[len(RUNNER_HIDING):].split("; cpuinfo read ", 1)[0].split("; OS: ", 1)[0].strip()
+            return said or None
+    return None
+
+
 def coverage_sentence(kp: dict) -> str:
     """One line for any surface: the SME2 coverage of one run's report["kernel_paths"]."""
     cov = kp.get("coverage") or {}

@@ -49,6 +49,8 @@ def kernel_path_lines(kp: dict | None) -> list[str]:
     visible = {True: "SME2 visible to XNNPACK", False: "SME2 not visible to XNNPACK",
                None: "whether XNNPACK saw SME2 is unknown"}[kp.get("sme2_visible")]
     out = [f"{coverage_sentence(kp)}; {visible}; from the {kp.get('source') or 'XNNPACK operator names'}."]
+    if kp.get("runner_said"):
+        out.append(f"SME2 hiding (the runner): {kp['runner_said']}.")
     for cat in CATEGORIES:
         paths = (kp.get("by_category") or {}).get(cat)
         if paths:

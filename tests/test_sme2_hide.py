@@ -207,3 +207,45 @@ def test_emulated_sme2_hide_first_in_dt_needed_runs_too_late_and_the_getauxval_l
             "XNNPACK saw SME 0 SME2 0") in off.stdout
     assert "cpuinfo_isa layout not checked" in off.stdout
     assert _gemm_ops(report) == {"Convolution (NHWC, F32) IGEMM", "Fully Connected (NC, F32) GEMM"}
+
+
+def test_sme2_hide_runner_line_is_read_for_the_report():
+    from sme2farm.analysis.kernel_paths import runner_hiding
+    from sme2farm.analysis.render import kernel_path_lines
+
+    assert runner_hiding(f"sme2farm runner\nHWCAP2: SME 1 SME2 1; ...\n{HIDDEN}\nThreads: 1\n") == (
+        "SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw SME 0 SME2 0 (SME length 0)")
+    assert runner_hiding(NOTHING) == "nothing to hide (the CPU has no SME); XNNPACK saw SME 0 SME2 0 (SME length 0)"
+    assert runner_hiding(
+        "SME2 hiding: not asked (SME2FARM_HIDE_SME2 unset); what XNNPACK saw is not known: byte 12 of cpuinfo_isa "
+        "reads 64; OS: SME 1 SME2 1 through getauxval(AT_HWCAP2); the SME2-off arm of this build would fail") == (
+        "not asked (SME2FARM_HIDE_SME2 unset); what XNNPACK saw is not known: byte 12 of cpuinfo_isa reads 64")
+    assert runner_hiding("sme2farm runner (executor_runner-compatible)\nThreads: 4\n") is None   # an x86 runner
+    assert runner_hiding(None) is None
+    lines = kernel_path_lines({"coverage": {}, "runner_said": runner_hiding(HIDDEN)})
+    assert ("SME2 hiding (the runner): SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw "
+            "SME 0 SME2 0 (SME length 0).") in lines
+
+
+@pytest.mark.sme2emu
+def test_emulated_sme2_hide_ingest_puts_what_the_runner_showed_xnnpack_in_the_report(
+        sme2_emulator, arm64_runners, example_pte, tmp_path, service_farm):
+    from sme2farm.protocol import REPORT_MD, RUNNER_LOG, RunStatus
+    from sme2farm.server.store.db import session_scope
+    from sme2farm.server.store.models import RunResult
+
+    r, _ = _run(str(sme2_emulator.path), "max", _bundle(arm64_runners, "linux-arm64"), example_pte("toy_cnn"),
+                tmp_path / "off", hide=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    [rid] = service_farm.submit(sme2="off")
+    service_farm.dispatch()
+    service_farm.start(rid)
+    log = service_farm.store.artifact_path(rid, RUNNER_LOG)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(r.stdout + r.stderr)            # as the agent uploads it, before the trace
+    service_farm.finish(rid, trace=(tmp_path / "off" / "trace.etdump").read_bytes())
+    assert service_farm.ingest(rid) == RunStatus.succeeded
+    said = "SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw SME 0 SME2 0 (SME length 0)"
+    with session_scope(service_farm.url) as s:
+        assert s.get(RunResult, rid).analysis["kernel_paths"]["runner_said"] == said
+    assert f"SME2 hiding (the runner): {said}." in service_farm.store.artifact_path(rid, REPORT_MD).read_text()

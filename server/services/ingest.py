@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 
 from sme2farm import analysis
 from sme2farm.analysis import pte, runner_memory
-from sme2farm.analysis.kernel_paths import not_hidden_sentence
+from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence, runner_hiding
 from sme2farm.protocol import (DEFAULT_METHOD, KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON,
-                               REPORT_MD, TRACE)
+                               REPORT_MD, RUNNER_LOG, TRACE)
 from sme2farm.runners import inputs as containers
 from sme2farm.server.services.devices import device_model, emulator_of
 from sme2farm.server.services.errors import DomainError
@@ -59,6 +59,10 @@ class Ingester:
                 raise IngestError("the ETDump holds no Execute block: nothing was timed")
             raise IngestError(f"the ETDump has no timed iteration: its {total} Execute block(s) are all warm-up "
                               f"(the agent said the first {run.warmup_in_trace} are)")
+        # What the runner said XNNPACK was shown (libsme2farm_hide's result), for the report to say too.
+        said = runner_hiding(self.runner_log_head(run))
+        if said and report.get("kernel_paths") is not None:
+            report["kernel_paths"]["runner_said"] = said
         not_hidden = not_hidden_sentence(report["kernel_paths"]) if run.sme2 == "off" else None
         if not_hidden:  # its times are no SME2-off measurement: nothing derived is worth storing
             raise NotWhatItsArmSays(f"{not_hidden} on {_device_text(run)}; its times are no SME2-off measurement")
@@ -75,6 +79,14 @@ class Ingester:
             PERFETTO_JSON: json.dumps(analysis.to_perfetto(etdump)),
         }
         return Analysis(report, derived)
+
+    def runner_log_head(self, run: Run) -> str:
+        """The start of the run's runner.log ('' when none was uploaded)."""
+        path = self.files.artifact_path(run.id, RUNNER_LOG)
+        if not path.exists():
+            return ""
+        with open(path, "rb") as f:
+            return f.read(RUNNER_LOG_HEAD).decode(errors="replace")
 
     def outputs(self, run: Run) -> dict:
         """The run's outputs.bin held against the outputs its method declares in the .pte:
