@@ -138,7 +138,7 @@ def detection(driver: Driver, info: DeviceInfo) -> Check:
         return Check("detection", FAILED, "SME2 could not be detected: the driver read no evidence", evidence=evidence,
                      failure=f"SME2 could not be detected on {info.serial} (no CPU features readable): check that "
                              "its /proc/cpuinfo (or sysctl) answers, then run `sme2-agent check` again.")
-    sme = evidence.get("sme")
+    sme = evidence.get("sme", getattr(info, "sme", None))
     what = "SME2" if info.sme2 else ("SME, not SME2" if sme else "no SME2")
     return Check("detection", OK, f"{what}: {info.sme2_evidence}", evidence=evidence)
 
@@ -278,12 +278,17 @@ def run_example(driver: Driver, info: DeviceInfo, build: RunnerBuild, catalog: C
     job = Job(run_id=CHECK_RUN_ID, model_path=example, runner=_resolved(build, catalog), threads=1,
               iterations=ITERATIONS, warmup=WARMUP, timeout_s=600.0 if emulated else 120.0, workdir=workdir,
               power_profile="none")
-    gate = getattr(driver, "gate", None)
-    try:
-        if gate is not None:   # the readings are the hygiene check's: a warm phone still runs the example
-            from sme2farm.agent.drivers.hygiene import GateConfig
+    if getattr(driver, "gate", None) is not None:
+        # The readings are the hygiene check's: a warm phone still runs the example. A copy of the
+        # driver carries the open gate, so a run another device of this driver executes meanwhile
+        # keeps its own.
+        import copy
 
-            driver.gate = GateConfig(enabled=False)
+        from sme2farm.agent.drivers.hygiene import GateConfig
+
+        driver = copy.copy(driver)
+        driver.gate = GateConfig(enabled=False)
+    try:
         try:
             result = driver.execute(info.serial, job)
         except OSError as e:   # the host could not start it at all (Exec format error, permission denied)
@@ -319,8 +324,6 @@ def run_example(driver: Driver, info: DeviceInfo, build: RunnerBuild, catalog: C
             evidence["e2e_median_ms"] = report["e2e_ms"]["median"]
         return Check(name, OK, summary, evidence=evidence), report, outputs
     finally:
-        if gate is not None:
-            driver.gate = gate
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -410,10 +413,8 @@ def hygiene(driver: Driver, info: DeviceInfo) -> Check:
             f"the thermal/battery state of {info.serial} is unreadable ({e.reason[:200]}): the gates cannot be "
             "checked; make sure `dumpsys thermalservice` and `dumpsys battery` answer, then run `sme2-agent check` again."))
     readable = {
-        "thermal": any(k in reading for k in ("thermal_status", "thermal_c", "zones_c", "hal_temps", "cpu_speed_limit",
-                                              "thermal_warning_level")) and bool(
-            reading.get("thermal_c") or reading.get("zones_c") or reading.get("hal_temps")
-            or reading.get("thermal_status") is not None or reading.get("cpu_speed_limit") is not None),
+        "thermal": bool(reading.get("thermal_c") or reading.get("zones_c") or reading.get("hal_temps")
+                        or reading.get("thermal_status") is not None or reading.get("cpu_speed_limit") is not None),
         "battery": bool(reading.get("battery")) or "ac_power" in reading or "power_source" in reading,
         "load": "loadavg" in reading,
     }
@@ -507,8 +508,10 @@ class StartChecks:
         for serial in set(self.results) - set(found):
             del self.results[serial]   # gone: checked afresh when it comes back
         for serial, (driver, info) in found.items():
-            if info.state == "busy":
-                continue   # it passed (it took a run): never checked under a run
+            if info.state in ("busy", "offline"):
+                # busy: it passed (it took a run), never checked under a run; offline: the server's
+                # lost-device handling is what follows, not a health verdict
+                continue
             seen = self.results.get(serial)
             stale = seen is None or seen[0] != info.state or (not seen[2].ok and self.clock() - seen[1] > self.retry_s)
             if stale:

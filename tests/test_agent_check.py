@@ -274,3 +274,35 @@ def test_an_agent_registers_a_device_that_fails_its_checks_unhealthy_and_it_gets
     assert dev["state"] == "idle" and dev["state_reason"] == "", dev
     assert agent.checks.results[dev["serial"]][2].ok
     assert dispatch(api) == [run_id]
+
+
+def test_start_checks_leave_offline_devices_alone_and_check_again_on_a_change_or_after_the_retry_time(tmp_path):
+    """StartChecks (what loop.py calls in discovery): the real local driver against a catalog with
+    no builds (the check fails fast, for real); the clock is the test's."""
+    from sme2farm.agent.check import StartChecks
+    from sme2farm.agent.drivers.local import LocalDriver
+
+    driver = LocalDriver()
+    [info] = driver.discover()
+    now = [0.0]
+    checks = StartChecks(Catalog(tmp_path / "none.json", []), tmp_path / "check", retry_s=300, clock=lambda: now[0])
+
+    def found(state: str):
+        return {info.serial: (driver, info.model_copy(update={"state": state, "state_reason": ""}))}
+
+    gone = found("offline")
+    checks.apply(gone)
+    assert gone[info.serial][1].state == "offline" and checks.results == {}   # the lost-device path, untouched
+    first = found("idle")
+    checks.apply(first)
+    assert first[info.serial][1].state == "unhealthy" and "sme2-farm build-runner" in first[info.serial][1].state_reason
+    when = checks.results[info.serial][1]
+    now[0] = 100.0
+    again = found("idle")
+    checks.apply(again)   # same state, within the retry time: the verdict stands, not checked again
+    assert again[info.serial][1].state == "unhealthy" and checks.results[info.serial][1] == when
+    now[0] = 400.0
+    checks.apply(found("idle"))   # failing, past the retry time: checked again
+    assert checks.results[info.serial][1] == 400.0
+    checks.apply({})   # gone from discovery: forgotten, checked afresh when it comes back
+    assert checks.results == {}
