@@ -134,6 +134,7 @@ def test_check_on_the_emulated_sme2_device_passes_with_both_arms_kernel_paths(ar
     off_said = " ".join(checks["example SME2 off"]["evidence"]["runner_says"])
     on_said = " ".join(checks["example SME2 on"]["evidence"]["runner_says"])
     assert off_said != on_said and "SME2 1" in on_said
+    assert "hidden through cpuinfo_isa" in off_said, off_said   # the runner says how it hid SME2
     assert "e2e_median_ms" not in checks["example SME2 on"]["evidence"]
     assert " ms" not in checks["example SME2 on"]["summary"]
 
