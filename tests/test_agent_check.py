@@ -307,3 +307,45 @@ def test_start_checks_leave_offline_devices_alone_and_check_again_on_a_change_or
     assert checks.results[info.serial][1] == 400.0
     checks.apply({})   # gone from discovery: forgotten, checked afresh when it comes back
     assert checks.results == {}
+
+
+# ---- a Mac (none here: its probes answered from captured macOS outputs, as tests/test_macos_driver.py does) ----
+
+def test_check_on_a_mac_reads_the_sysctl_values_and_says_when_its_wheel_is_missing(local_runner, tmp_path, monkeypatch):
+    """The probes are captured M4 outputs; the runner is the host's, registered as macos-arm64 (the
+    fake at the hardware boundary). An x86 runner cannot use SME2: the check says so, for real."""
+    import importlib.util
+
+    from test_macos_driver import BATT_BATTERY, FakeMac
+
+    from sme2farm.agent import check
+    from sme2farm.agent.drivers.macos import MacDriver
+
+    mac = FakeMac(sme2="1", batt=BATT_BATTERY)
+    mac.answers[("sysctl", "-n", "hw.optional.arm.FEAT_SME")] = "1\n"
+    mac.answers[("sysctl", "-n", "hw.optional.arm.sme_max_svl_b")] = "64\n"
+    driver = MacDriver(mac, system="Darwin")
+    [info] = driver.discover()
+    host_catalog, host = local_runner
+    catalog = _private_catalog(host_catalog, tmp_path / "mac.json")
+    for arm in ("on", "off"):
+        catalog.register(dataclasses.replace(host, platform="macos-arm64", sme2=arm, path=str(host_catalog.resolve(host)),
+                                             env={"SME2FARM_HIDE_SME2": "1"} if arm == "off" else {}))
+    dev = check.check_device(driver, info, catalog, tmp_path / "check")
+    checks = {c.name: c for c in dev.checks}
+    ev = checks["detection"].evidence
+    assert ev["hw.optional.arm.FEAT_SME2"] == "1" and ev["hw.optional.arm.FEAT_SME"] == "1"
+    assert ev["hw.optional.arm.sme_max_svl_b"] == "64" and checks["detection"].summary.startswith("SME2: sysctl ")
+    assert checks["example SME2 on"].status == "ok" and checks["example SME2 off"].status == "ok"
+    kp = checks["kernel paths"]
+    assert kp.status == "failed" and kp.failure.startswith(f"the SME2-on run on {info.serial} used no SME2 kernel")
+    # on battery: the gate that would hold a timed run is said, not failed
+    assert checks["hygiene"].status == "ok" and "not on AC power" in checks["hygiene"].summary
+    assert not dev.ok and dev.reason == kp.failure
+
+    # No runner builds, and no ExecuTorch wheel installed: the sentence says to install the wheel first.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "executorch" else real(name, *a))
+    bare = check.check_device(driver, info, Catalog(tmp_path / "none.json", []), tmp_path / "check")
+    [runners] = [c for c in bare.checks if c.name == "runners"]
+    assert runners.status == "failed" and "install the Mac's ExecuTorch wheel (`pip install executorch`)" in runners.failure
