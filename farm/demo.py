@@ -58,7 +58,7 @@ def prepare_emulated(manifest: Path | None, say=print) -> str:
         return "the installed emulator's CPU has no SME2 (`sme2-farm emulator status` says more)"
     try:
         build_platform("linux-arm64", manifest)
-    except (BuildError, OSError) as e:
+    except (BuildError, OSError, subprocess.SubprocessError) as e:
         return (f"the arm64 runner could not be cross-built: {str(e).splitlines()[0][:300]} "
                 "(`sme2-farm build-runner --platform linux-arm64` says more)")
     return ""
