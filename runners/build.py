@@ -268,8 +268,11 @@ def macos_stand_in(say: Callable[[str], None]) -> tuple[Path, str, str]:
                                         wheel_git_commit, wheel_version)
 
     cache = RUNNERS_DIR / "build" / "wheels"
-    wheel = fetch_wheel(pinned_version(), cache, MACOS_WHEEL_PLATFORM)
-    et_dir = unpack_wheel(wheel, cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".macos-wheel.lock", "w") as lock:   # concurrent sessions share the cache
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        wheel = fetch_wheel(pinned_version(), cache, MACOS_WHEEL_PLATFORM)
+        et_dir = unpack_wheel(wheel, cache)
     say(f"# this host is not a Mac: the macOS wheel {wheel.path.name} (sha256 {wheel.sha256[:16]}…, unpacked in "
         f"{et_dir}) stands in for the Mac's installed executorch")
     return et_dir, wheel_version(et_dir) or wheel.version, wheel_git_commit(et_dir)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sme2farm.runners.build import (HIDE_ENV, MAC_CLANG, BuildError, check_hide_first, host_arms, macos_wheel_facts,
-                                    plan_host_build)
+from sme2farm.runners.build import (HIDE_ENV, MAC_CLANG, BuildError, check_hide_first, host_arms, macos_stand_in,
+                                    macos_wheel_facts, plan_host_build)
 from sme2farm.runners.catalog import RUNNERS_DIR
 from sme2farm.runners.macho import CPU_TYPE_ARM64, MH_DYLIB, MH_OBJECT, PLATFORM_MACOS, MachOError, read_macho
 
@@ -30,12 +30,10 @@ RUNTIME_DYLIBS = ("libexecutorch", "libexecutorch_threadpool", "libexecutorch_ba
 @pytest.fixture(scope="module")
 def macos_wheel() -> Path:
     """The real macOS arm64 wheel's executorch/ folder (pip download once, then the cache)."""
-    from sme2farm.runners.wheel import MACOS_WHEEL_PLATFORM, fetch_wheel, pinned_version, unpack_wheel
-
-    cache = RUNNERS_DIR / "build" / "wheels"
-    wheel = fetch_wheel(pinned_version(), cache, MACOS_WHEEL_PLATFORM)
-    assert wheel.path.name.endswith("-macosx_14_0_arm64.whl")
-    return unpack_wheel(wheel, cache)
+    said: list[str] = []
+    et_dir, version, _ = macos_stand_in(said.append)
+    assert "-macosx_14_0_arm64.whl" in said[0] and version.startswith("1.5.1")
+    return et_dir
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,8 @@ aarch64 readelf as an independent reader); the behaviour runs under the emulated
 (qemu-aarch64 11 `-cpu max`, and `-cpu max,sme=off` for a CPU without SME): which XNNPACK
 operators each arm ran, from the ETDump, and what the runner says it did. The failure path is
 provoked for real: a library whose carried layout is not this cpuinfo's, and a runner whose link
-order lets cpuinfo initialise first. Select with `-k sme2_hide`."""
+order lets cpuinfo initialise first. Select with `-k sme2_hide`; the tests that need the cross-built
+runners are marked arm64, those that need the SME2 emulator sme2emu."""
 
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ from sme2farm.runners.catalog import RUNNERS_DIR
 from sme2farm.runners.cross import HIDE_LIBRARY, check_hide_order
 from sme2farm.runners.elf import function_symbols, read_elf
 from sme2farm.runners.tools import BuildError
-
-pytestmark = [pytest.mark.arm64]
 
 SYSROOT = "/usr/aarch64-linux-gnu"
 PACKED_LHS = re.compile(r"\((?:NC|NHWC), P(?:F16|F32|QS8|QP8)\b")
@@ -70,6 +69,7 @@ def _gemm_ops(report: dict) -> set[str]:
     return {op["name"] for op in report["operators"] if op["name"].endswith(("GEMM", "IGEMM"))}
 
 
+@pytest.mark.arm64
 def test_arm64_hide_library_is_the_last_needed_of_the_runner_but_for_its_own_dependencies(arm64_runners):
     for platform in ("linux-arm64", "android-arm64-v9a"):
         folder = _bundle(arm64_runners, platform)
@@ -104,6 +104,7 @@ def test_sme2_hide_order_check_refuses_a_runner_that_would_initialise_it_too_lat
 
 @pytest.mark.sme2emu
 @pytest.mark.parametrize("platform", ["linux-arm64", "android-arm64-v9a"])
+@pytest.mark.arm64
 def test_emulated_sme2_hide_off_arm_runs_f32_and_says_it_hid_sme2_through_cpuinfo(
         sme2_emulator, arm64_runners, example_pte, tmp_path, platform):
     folder = _bundle(arm64_runners, platform)
@@ -121,6 +122,7 @@ def test_emulated_sme2_hide_off_arm_runs_f32_and_says_it_hid_sme2_through_cpuinf
 
 
 @pytest.mark.sme2emu
+@pytest.mark.arm64
 def test_emulated_sme2_hide_cpu_without_sme_passes_the_check_with_nothing_to_hide(
         sme2_emulator, arm64_runners, example_pte, tmp_path):
     folder = _bundle(arm64_runners, "linux-arm64")
@@ -143,6 +145,7 @@ def _library_with_layout(folder: Path, dest: Path, sme_offset: int) -> Path:
 
 @pytest.mark.sme2emu
 @pytest.mark.parametrize("cpu", ["max", "max,sme=off"])
+@pytest.mark.arm64
 def test_emulated_sme2_hide_layout_that_disagrees_with_the_os_fails_the_off_arm_in_one_sentence(
         sme2_emulator, arm64_runners, example_pte, tmp_path, cpu):
     # Byte 12 is where this cpuinfo keeps the SVE length (64 on QEMU's max CPU): a layout that puts
@@ -192,6 +195,7 @@ def _needed_first(path: Path, name: str) -> None:
 
 
 @pytest.mark.sme2emu
+@pytest.mark.arm64
 def test_emulated_sme2_hide_first_in_dt_needed_runs_too_late_and_the_getauxval_layer_still_hides(
         sme2_emulator, arm64_runners, example_pte, tmp_path):
     folder = tmp_path / "bundle"
@@ -228,6 +232,7 @@ def test_sme2_hide_runner_line_is_read_for_the_report():
 
 
 @pytest.mark.sme2emu
+@pytest.mark.arm64
 def test_emulated_sme2_hide_ingest_puts_what_the_runner_showed_xnnpack_in_the_report(
         sme2_emulator, arm64_runners, example_pte, tmp_path, service_farm):
     from sme2farm.protocol import REPORT_MD, RUNNER_LOG, RunStatus
