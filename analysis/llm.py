@@ -37,7 +37,7 @@ from .verdict import verdict
 
 __all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature",
            "LlmShape", "START_POS", "CACHE_POSITIONS", "CONVENTION_WORDS", "LLM_SHAPE_WORDS", "not_llm_reason",
-           "llm_cache_len", "phases_compared", "point_phases", "phase_medians"]
+           "llm_cache_len", "phase_kernel_paths", "phases_compared", "point_phases", "phase_medians"]
 
 MARKER_PREFILL = "sme2farm::llm_prefill"
 MARKER_DECODE = "sme2farm::llm_decode"
@@ -257,6 +257,38 @@ def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> dict:
                       "the phase's calls; decode categories are per decoded token",
         "warnings": warnings,
     }
+
+
+def phase_kernel_paths(phases: Phases, *, types: list[str], type_cat: np.ndarray, type_id: np.ndarray,
+                       op_block: np.ndarray, op_ms: np.ndarray, delegated: np.ndarray, sme2: bool | None,
+                       arch: str | None) -> dict:
+    """SME2 coverage per phase: prefill and decode run different kernels (a prompt of S tokens
+    is an M = S GEMM, a decoded token an M = 1 one). Per phase, the Convolution/GEMM time per
+    generation by kernel path (kernel_paths.summary over that phase's calls), the operators left
+    off SME2 and, in an SME2-on run, what the build offers instead (gemm_sme2.advice). Operator
+    events by timed Execute block (op_block), as report._Model holds them per call."""
+    from .gemm_sme2 import advice
+    from .kernel_paths import annotate, summary
+
+    n_it = max(phases.n_iterations, 1)
+    out: dict = {}
+    for name, code in (("prefill", PREFILL), ("decode", DECODE)):
+        sel = (op_block >= 0) & (phases.phase[np.clip(op_block, 0, None)] == code) if op_block.size else op_block
+        if not sel.any():
+            out[name] = None
+            continue
+        tot = np.bincount(type_id[sel], weights=op_ms[sel], minlength=len(types))
+        deleg = np.zeros(len(types), dtype=bool)
+        deleg[type_id[sel]] = delegated[sel]
+        ops = [{"name": types[t], "category": CATEGORIES[int(type_cat[t])], "total_ms": float(tot[t] / n_it),
+                "delegated": bool(deleg[t])} for t in np.flatnonzero(tot > 0).tolist()]
+        annotate(ops, sme2=sme2, arch=arch)
+        coverage = summary(ops, sme2)["coverage"]
+        out[name] = {"conv_gemm_ms": coverage["conv_gemm_ms"], "sme2_ms": coverage["sme2_ms"],
+                     "share": coverage["share"], "off_sme2": coverage["off_sme2"],
+                     "sme2_operators": sorted(o["name"] for o in ops if o["kernel_path"] == "SME2"),
+                     "what_would_reach_sme2": advice(coverage["off_sme2"]) if sme2 is True else []}
+    return out
 
 
 def point_phases(reports: list[dict]) -> dict | None:

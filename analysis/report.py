@@ -30,7 +30,7 @@ from .categories import CATEGORIES, NAMED, OTHER, category_of, operator_type
 from .etdump import KIND_ALLOC, KIND_DEBUG, KIND_PROFILE, Events, EtdumpError, read_etdump
 from .kernel_paths import annotate, not_hidden_sentence, summary
 from .kernels import kernel_hint, parse_kernel_log
-from .llm import phase_blocks, summarize as llm_summary
+from .llm import phase_blocks, phase_kernel_paths, summarize as llm_summary
 from .stats import latency_stats
 
 TICKS_PER_MS = 1e6  # ns clock
@@ -259,6 +259,9 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     if phases is not None:
         calls = _Model(ev, skip_first=skip_first)
         llm = llm_summary(phases, calls.e2e, calls.cat_it)
+        llm["kernel_paths"] = phase_kernel_paths(  # SME2 coverage per phase (llm.py)
+            phases, types=calls.types, type_cat=calls.type_cat, type_id=calls.type_id, op_block=calls.op_it,
+            op_ms=calls.op_ms, delegated=calls.delegated, sme2=sme2, arch=arch)
     m = _Model(ev, skip_first=skip_first, groups=None if phases is None else phases.iteration)
     kernels = parse_kernel_log(kernel_log)
     n_it = m.n_it

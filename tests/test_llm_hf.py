@@ -173,3 +173,73 @@ def test_examples_lists_the_hf_exports_and_names_what_exporting_them_needs(capsy
     assert err.startswith("sme2-client: exporting hf_llama needs optimum.exporters.executorch: pip install "
                           "'sme2-farm[hf]' and then optimum-executorch==1.1.0 with --no-deps")
     assert not out.exists()
+
+
+# --- quantized LLMs on the emulated SME2 CPU: which linears reach SME2, per arm and phase ---------
+
+@pytest.fixture(scope="module")
+def emulated_quantized(arm64_runners, sme2_emulator, hf_export, tmp_path_factory):
+    """{(qlinear, arm): report} of the held-out 8da8w and 8da4w exports in LLM mode (prompt 8,
+    decode 4), cross-built runner on the emulated SME2 CPU, both arms."""
+    import dataclasses
+
+    from sme2farm.agent.drivers.base import Job
+    from sme2farm.agent.drivers.qemu import QemuArm64Driver
+    from sme2farm.analysis.kernel_paths import arch_of
+
+    tmp = tmp_path_factory.mktemp("emu_q")
+    driver = QemuArm64Driver()
+    [dev] = driver.discover()
+    assert dev.sme2 and dev.emulator, dev
+    out, run_id = {}, 0
+    for q in ("8da8w", "8da4w"):
+        for arm in ("off", "on"):
+            run_id += 1
+            build = arm64_runners.find("linux-arm64", arm)
+            build = dataclasses.replace(build, path=str(arm64_runners.resolve(build)))
+            work = tmp / f"{q}-{arm}"
+            work.mkdir()
+            r = driver.execute(dev.serial, Job(run_id=run_id, model_path=hf_export(q), runner=build, threads=1,
+                                               iterations=1, warmup=0, timeout_s=600, workdir=work,
+                                               llm={"prompt": 8, "decode": 4}))
+            assert r.ok, (q, arm, r.reason)
+            out[(q, arm)] = analyze(r.etdump_path.read_bytes(), sme2=arm == "on", arch=arch_of(dev.runner_platform))
+    return out
+
+
+def _linears(rep: dict) -> list[dict]:
+    return [o for o in rep["operators"] if o["name"].startswith("Fully Connected")]
+
+
+@pytest.mark.sme2emu
+@pytest.mark.arm64
+@pytest.mark.models
+def test_emulated_8da8w_linears_take_sme2_in_the_on_arm_only(emulated_quantized):
+    on, off = emulated_quantized[("8da8w", "on")], emulated_quantized[("8da8w", "off")]
+    assert {o["name"] for o in _linears(on)} == {"Fully Connected (NC, QP8, F32, QC8W) GEMM"}
+    assert {o["kernel_path"] for o in _linears(on)} == {"SME2"}
+    assert _linears(off) and {o["kernel_path"] for o in _linears(off)} == {"NEON"}
+    assert off["kernel_paths"]["coverage"]["share"] == 0
+    for phase in ("prefill", "decode"):
+        cov_on, cov_off = on["llm"]["kernel_paths"][phase], off["llm"]["kernel_paths"][phase]
+        assert "Fully Connected (NC, QP8, F32, QC8W) GEMM" in cov_on["sme2_operators"], phase
+        assert cov_on["share"] > 0 and cov_off["share"] == 0 and not cov_off["sme2_operators"]
+        assert not [d for d in cov_on["what_would_reach_sme2"] if "QC8W" in d["datatypes"]]
+
+
+@pytest.mark.sme2emu
+@pytest.mark.arm64
+@pytest.mark.models
+def test_emulated_8da4w_linears_stay_on_neon_and_the_report_says_what_would_reach_sme2(emulated_quantized):
+    for arm in ("on", "off"):
+        rep = emulated_quantized[("8da4w", arm)]
+        assert {o["name"] for o in _linears(rep)} == {"Fully Connected (NC, QP8, F32, QB4W) GEMM"}, arm
+        assert {o["kernel_path"] for o in _linears(rep)} == {"NEON"}, arm
+    on = emulated_quantized[("8da4w", "on")]
+    for phase in ("prefill", "decode"):
+        cov = on["llm"]["kernel_paths"][phase]
+        assert "Fully Connected (NC, QP8, F32, QB4W) GEMM" in [d["name"] for d in cov["off_sme2"]], phase
+        [qb4w] = [d for d in cov["what_would_reach_sme2"] if d["datatypes"] == "QP8, F32, QB4W"]
+        assert "int4 block-quantized weights (QB4W) have no SME2 kernel in this build" in qb4w["sentence"]
+        assert "int8 per-channel weights" in qb4w["sentence"] and "(8da8w: QP8, F32, QC8W)" in qb4w["sentence"]
+        assert qb4w["source"].startswith("google/XNNPACK src/configs/gemm-config.c at 92a7ad50")

@@ -1,0 +1,60 @@
+"""The table of XNNPACK GEMM datatypes with and without SME2 kernels (analysis/gemm_sme2.py, read
+from XNNPACK's gemm-config.c at the wheel's commit) and the per-phase coverage an LLM report gets
+from it (analysis/llm.phase_kernel_paths), on synthetic traces: no model, no emulator."""
+
+from __future__ import annotations
+
+from sme2farm.analysis import analyze
+from sme2farm.analysis.gemm_sme2 import GEMM_DATATYPES, XNNPACK_COMMIT, advice, datatypes_of, lookup
+from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
+
+
+def test_the_table_says_which_gemm_datatypes_have_sme2_kernels_in_this_build():
+    # the five gemm configs that install *__neonsme2 microkernels at XNNPACK 92a7ad50
+    with_sme2 = sorted(e.config for e in GEMM_DATATYPES.values() if e.sme2)
+    assert with_sme2 == ["pf16", "pf32", "pqs8_qc8w", "qp8_f32_qc4w", "qp8_f32_qc8w"]
+    assert XNNPACK_COMMIT.startswith("92a7ad50")
+    assert datatypes_of("Fully Connected (NC, QP8, F32, QB4W) GEMM #4") == ("QP8", "F32", "QB4W")
+    assert lookup("Fully Connected (NC, QP8, F32, QC8W) GEMM").sme2
+    qb4w = lookup("Fully Connected (NC, QP8, F32, QB4W) GEMM")
+    assert not qb4w.sme2 and qb4w.config == "qp8_f32_qb4w"
+    assert qb4w.instead.startswith("int4 block-quantized weights (QB4W) have no SME2 kernel in this build; int8 "
+                                   "per-channel weights")
+    assert not lookup("Fully Connected (NC, QD8, F32, QC8W) GEMM").sme2
+    assert lookup("Softmax (NC, F32)") is None or not lookup("Softmax (NC, F32)").sme2
+    # one entry per datatype, the time summed, the largest first; SME2 datatypes give no advice
+    got = advice([{"name": "Fully Connected (NC, QP8, F32, QB4W) GEMM", "total_ms": 0.5, "kernel_path": "NEON"},
+                  {"name": "Batch Matrix Multiply (NC, F32) GEMM", "total_ms": 0.7, "kernel_path": "NEON"},
+                  {"name": "Fully Connected (NC, QP8, F32, QB4W) GEMM #2", "total_ms": 0.4, "kernel_path": "NEON"},
+                  {"name": "Fully Connected (NC, QP8, F32, QC8W) GEMM", "total_ms": 9.0, "kernel_path": "NEON"}])
+    assert [(d["datatypes"], round(d["total_ms"], 6)) for d in got] == [("QP8, F32, QB4W", 0.9), ("F32", 0.7)]
+    assert all(d["source"].startswith("google/XNNPACK src/configs/gemm-config.c at 92a7ad50") for d in got)
+
+
+def _call(etdump_builder, t0: int, marker: str, tokens: int, pos: int, ops: list[tuple[str, int]]) -> list[dict]:
+    """One Execute block of the runner's LLM mode: the operators, then the call's marker event."""
+    evs = etdump_builder.iteration(t0, ops)
+    evs.append(etdump_builder.prof(marker, t0, 100, chain_index=tokens, instruction_id=pos))
+    return evs
+
+
+def test_an_llm_report_gives_sme2_coverage_per_phase_and_what_would_reach_sme2(etdump_builder):
+    """Prefill's linears on a packed SME2 type, decode's on QB4W (NEON): the phases' coverage
+    differs, and the on arm's decode says what the build offers instead."""
+    prefill = [("Fully Connected (NC, QP8, F32, QC8W) GEMM #1", 30_000), ("Softmax (NC, F32) #1", 5_000)]
+    decode = [("Fully Connected (NC, QP8, F32, QB4W) GEMM #2", 20_000), ("Fully Connected (NC, QP8, F32, QC8W) GEMM #1",
+                                                                        20_000)]
+    runs = [("Execute", _call(etdump_builder, 0, MARKER_PREFILL, 4, 0, prefill)),
+            ("Execute", _call(etdump_builder, 100_000, MARKER_DECODE, 1, 4, decode))]
+    rep = analyze(etdump_builder.build(runs), sme2=True, arch="arm64")
+    kp = rep["llm"]["kernel_paths"]
+    assert kp["prefill"]["share"] == 1.0 and kp["prefill"]["what_would_reach_sme2"] == []
+    assert kp["prefill"]["sme2_operators"] == ["Fully Connected (NC, QP8, F32, QC8W) GEMM"]
+    assert kp["decode"]["share"] == 0.5
+    assert [d["name"] for d in kp["decode"]["off_sme2"]] == ["Fully Connected (NC, QP8, F32, QB4W) GEMM"]
+    [why] = kp["decode"]["what_would_reach_sme2"]
+    assert why["datatypes"] == "QP8, F32, QB4W" and why["total_ms"] == 0.02
+    assert "have no SME2 kernel in this build" in why["sentence"]
+    # the off arm: no SME2 anywhere, and no advice (the arm hid SME2 on purpose)
+    off = analyze(etdump_builder.build(runs), sme2=False, arch="arm64")["llm"]["kernel_paths"]
+    assert off["decode"]["share"] == 0 and off["decode"]["what_would_reach_sme2"] == []
