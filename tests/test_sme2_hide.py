@@ -254,3 +254,17 @@ def test_emulated_sme2_hide_ingest_puts_what_the_runner_showed_xnnpack_in_the_re
     with session_scope(service_farm.url) as s:
         assert s.get(RunResult, rid).analysis["kernel_paths"]["runner_said"] == said
     assert f"SME2 hiding (the runner): {said}." in service_farm.store.artifact_path(rid, REPORT_MD).read_text()
+
+
+def test_sme2_hide_every_build_source_installs_with_the_package():
+    """A non-editable install carries what a runner build compiles (tools.SOURCES) as package data."""
+    import fnmatch
+    import tomllib
+
+    from sme2farm.runners.tools import SOURCES
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    patterns = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["sme2farm.runners"]
+    assert {"sme2_hide.c", "sme2_hide.h"} <= set(SOURCES)
+    assert [n for n in SOURCES if not any(fnmatch.fnmatch(n, p) for p in patterns)] == []
+    assert all((RUNNERS_DIR / n).is_file() for n in SOURCES)
