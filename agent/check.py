@@ -470,6 +470,22 @@ def check_device(driver: Driver, info: DeviceInfo, catalog: Catalog, work_dir: P
     return dev
 
 
+def guarded_check(driver: Driver, info: DeviceInfo, catalog: Catalog, work_dir: Path,
+                  *, example: Path = EXAMPLE) -> DeviceCheck:
+    """check_device, whose own failure (an error nobody foresaw) is a failed check, never a crash:
+    the agent goes on serving its other devices, and this one gets no work."""
+    import logging
+
+    try:
+        return check_device(driver, info, catalog, work_dir, example=example)
+    except Exception as e:
+        logging.getLogger(__name__).exception("checking device %s failed", info.serial)
+        return DeviceCheck(info.serial, info.platform, info.model, info.sme2, info.emulator, [Check(
+            "check", FAILED, f"the check itself failed: {type(e).__name__}: {e}", failure=(
+                f"checking {info.serial} failed ({type(e).__name__}: {str(e)[:200]}): run `sme2-agent -v check "
+                f"--device {info.serial}` on this host to see why."))])
+
+
 def check_all(drivers: list[Driver], catalog: Catalog, work_dir: Path, serial: str | None = None,
               *, example: Path = EXAMPLE) -> list[DeviceCheck]:
     """Every device the drivers find now (or only `serial`), checked."""
@@ -484,7 +500,7 @@ def check_all(drivers: list[Driver], catalog: Catalog, work_dir: Path, serial: s
             continue
         for info in infos:
             if serial is None or info.serial == serial:
-                out.append(check_device(driver, info, catalog, work_dir, example=example))
+                out.append(guarded_check(driver, info, catalog, work_dir, example=example))
     return out
 
 
@@ -516,14 +532,7 @@ class StartChecks:
             stale = seen is None or seen[0] != info.state or (not seen[2].ok and self.clock() - seen[1] > self.retry_s)
             if stale:
                 state = info.state
-                try:
-                    result = check_device(driver, info, self.catalog, self.work_dir)
-                except Exception as e:   # a check must never stop the agent; the device is not used
-                    log.exception("checking device %s failed", serial)
-                    result = DeviceCheck(serial, info.platform, info.model, info.sme2, info.emulator, [Check(
-                        "check", FAILED, f"the check itself failed: {e}", failure=(
-                            f"checking {serial} failed ({type(e).__name__}: {str(e)[:200]}): run `sme2-agent check "
-                            f"--device {serial}` on this host to see why."))])
+                result = guarded_check(driver, info, self.catalog, self.work_dir)
                 self.results[serial] = seen = (state, self.clock(), result)
                 if result.ok:
                     log.info("device %s passed its checks", serial)
