@@ -249,6 +249,10 @@ def _run_failure(info: DeviceInfo, build: RunnerBuild, result: JobResult) -> str
         return (f"{info.serial} refuses to execute the bundle's own loader from /data/local/tmp ({reason[:200]}): "
                 "build the bionic runner with the recipe (`python -m sme2farm.runners.recipe --executorch-src DIR "
                 "--ndk DIR --platform android-arm64-v9a`), then run `sme2-agent check` again.")
+    if "cannot be hidden" in text:   # the runner's own refusal (runners/sme2_hide.c), said before anything ran
+        return (f"SME2 cannot be hidden on {info.serial} by runner {build.id}, so its SME2-off arm cannot run here "
+                f"({reason[:400]}): rebuild the runner with {build_step(plat)}, or register a two-build pair "
+                "(`python -m sme2farm.runners.recipe`), then run `sme2-agent check` again.")
     loader_failed = result.exit_code in (126, 127) or any(s in text for s in (
         "exec format error", "cannot execute", "not executable", "no such file", "permission denied",
         "syntax error", "error while loading shared libraries", "bad elf", "invalid elf"))
@@ -259,9 +263,6 @@ def _run_failure(info: DeviceInfo, build: RunnerBuild, result: JobResult) -> str
                 if plat in ("linux-arm64", "android-arm64-v9a") else
                 f"{what} cannot run on {info.serial} ({reason[:200]}): rebuild it with {build_step(plat)}, then "
                 "run `sme2-agent check` again.")
-    if "sme2" in text and ("hid" in text or "hide" in text):
-        return (f"SME2 cannot be hidden on {info.serial} by runner {build.id} ({reason[:200]}): the SME2-off arm "
-                f"cannot run here; rebuild the runner with {build_step(plat)} and run `sme2-agent check` again.")
     return (f"the bundled example failed with runner {build.id} on {info.serial} ({reason[:300]}): see the runner "
             "log above, fix the build or the device, then run `sme2-agent check` again.")
 

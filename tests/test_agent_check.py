@@ -160,6 +160,38 @@ def test_check_fails_the_emulated_sme2_device_whose_off_build_does_not_hide_sme2
     assert dev["reason"] == kp["failure"]
 
 
+@pytest.mark.arm64
+@pytest.mark.sme2emu
+def test_check_fails_the_emulated_sme2_device_whose_runner_cannot_hide_sme2(arm64_runners, sme2_emulator, tmp_path):
+    """The bundle's hiding library rebuilt from its own source with the SME flags at another offset
+    of cpuinfo_isa (a cpuinfo laid out differently): the runner checks the layout against the OS,
+    refuses the SME2-off arm before loading the model, and the check passes its sentence on."""
+    from sme2farm.runners.catalog import RUNNERS_DIR
+    from sme2farm.runners.cross import HIDE_LIBRARY
+
+    src = arm64_runners.resolve(arm64_runners.find("linux-arm64", "off")).parent
+    bundle = tmp_path / "bundle"
+    shutil.copytree(src, bundle)
+    subprocess.run(["aarch64-linux-gnu-gcc", "-shared", "-fPIC", "-O2", "-std=c11", "-fvisibility=hidden",
+                    "-DSME2FARM_ISA_SME_OFFSET=12", str(RUNNERS_DIR / "sme2_hide.c"), "-o", str(bundle / HIDE_LIBRARY),
+                    f"-Wl,-soname,{HIDE_LIBRARY}", "-Wl,--no-as-needed", str(bundle / "libexecutorch_threadpool.so"),
+                    "-Wl,-rpath,$ORIGIN"], check=True, capture_output=True)
+    other = _private_catalog(arm64_runners, tmp_path / "other-layout.json", lambda b: dataclasses.replace(
+        b, path=str(bundle / Path(b.path).name)) if b.platform == "linux-arm64" else b)
+    code, doc, _ = _check("--drivers", "qemu-arm64", "--manifest", str(other.manifest), "--work-dir", str(tmp_path),
+                          env=sme2_emulator.env)
+    assert code == 1
+    [dev] = doc["devices"]
+    checks = _checks(dev)
+    off = checks["example SME2 off"]
+    assert off["status"] == "failed", off
+    assert off["failure"].startswith(f"SME2 cannot be hidden on {dev['serial']} by runner "), off["failure"]
+    assert "error: SME2 cannot be hidden in this build: byte 12 of cpuinfo_isa" in off["failure"]
+    assert "`python -m sme2farm.runners.recipe`" in off["failure"]
+    assert checks["example SME2 on"]["status"] == "ok"   # the on arm touches nothing and runs
+    assert checks["kernel paths"]["status"] == "skipped"
+
+
 # ---- the loopback phone ----------------------------------------------------------------------
 
 @pytest.mark.adb
