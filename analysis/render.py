@@ -194,6 +194,26 @@ def llm_lines(llm: dict | None) -> list[str]:
         if c:
             out.append(f"{label}: " + ", ".join(f"{k} {c['ms'][k]:.3f} ({100 * c['share'][k]:.0f}%)"
                                                 for k in CATEGORIES))
+    return out + llm_sme2_lines(llm.get("kernel_paths"))
+
+
+def llm_sme2_lines(kp: dict | None) -> list[str]:
+    """SME2 coverage per LLM phase (analysis/llm.phase_kernel_paths) and, where the SME2-on arm
+    left GEMMs off SME2, what the build offers instead (analysis/gemm_sme2.py), one line each."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for phase in ("prefill", "decode"):
+        c = (kp or {}).get(phase)
+        if not c or not c.get("conv_gemm_ms"):
+            continue
+        share = "unknown" if c.get("share") is None else f"{100 * c['share']:.0f}%"
+        off = ", ".join(d["name"] for d in c.get("off_sme2") or [])
+        out.append(f"{phase} SME2 coverage {share} ({c['sme2_ms']:.3f} of {c['conv_gemm_ms']:.3f} ms Convolution/GEMM"
+                   + (f"; off SME2: {off})" if off else ")"))
+        for d in c.get("what_would_reach_sme2") or []:
+            if d["sentence"] not in seen:
+                seen.add(d["sentence"])
+                out.append(f"{d['sentence']} (source: {d['source']})")
     return out
 
 

@@ -304,6 +304,24 @@ def _llm_blocks(runs: list[dict], arms: list[tuple[str, dict[str, float], list[d
         out.append(("table", ["Category"] + [label for label, _ in phases],
                     [[c] + [f"{_f(ms[c])} ms ({100 * ms[c] / (sum(ms.values()) or 1):.1f}%)" for _, ms in phases]
                      for c in CATEGORIES]))
+    coverage, why = [], []
+    for r in llm_runs:  # SME2 coverage per phase (analysis/llm.phase_kernel_paths); emulated runs too
+        kp = r["llm"].get("kernel_paths") or {}
+        for phase in ("prefill", "decode"):
+            c = kp.get(phase)
+            if not c or not c.get("conv_gemm_ms"):
+                continue
+            coverage.append([str(r["id"]), r.get("sme2"), phase,
+                             "unknown" if c.get("share") is None else f"{100 * c['share']:.0f}%",
+                             ", ".join(c.get("sme2_operators") or []) or "—",
+                             ", ".join(d["name"] for d in c.get("off_sme2") or []) or "—"])
+            why += [f"{d['sentence']} (source: {d['source']})" for d in c.get("what_would_reach_sme2") or []
+                    if f"{d['sentence']} (source: {d['source']})" not in why]
+    if coverage:
+        out.append(("h", 3, "LLM: SME2 coverage per phase"))
+        out.append(("table", ["Run", "SME2", "Phase", "Coverage", "On SME2", "Off SME2"], coverage))
+        if why:
+            out.append(("list", why))
     verdicts, sentences = [], []
     for c in comps:
         if c.get("status") != "complete" or is_emulated(c) or not c.get("llm"):
