@@ -141,6 +141,8 @@ def cmd_devices(args) -> int:
         print(f"{d.serial:<28} {d.platform:<8} {(d.model or '')[:30]:<30} {d.cpu_cores:>3} cores  "
               f"{sme_text(d.sme2, d.sme):<13} {d.state:<8} agent {d.agent}, "
               f"runners: {_runner_list(d)}" + (f", emulated ({d.emulator})" if d.emulator else ""))
+        if d.state == "unhealthy" and d.state_reason:   # what its agent's checks found, and what to do
+            print(f"  unhealthy: {d.state_reason}")
     return 0
 
 

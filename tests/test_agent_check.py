@@ -300,6 +300,10 @@ def test_an_agent_registers_a_device_that_fails_its_checks_unhealthy_and_it_gets
     assert dispatch(api) == []   # not handed work
     run = api.client.get(f"/runs/{run_id}", headers=api.auth()).json()
     assert run["status"] == "queued" and "unhealthy: the runner binary cannot run" in run["waiting_for"], run
+    listed = subprocess.run([sys.executable, "-m", "sme2farm.client.cli", "devices"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "SME2_SERVER": api.url, "SME2_TOKEN": api.token})
+    assert listed.returncode == 0, listed.stderr
+    assert f"  unhealthy: {dev['state_reason']}" in listed.stdout.splitlines(), listed.stdout
 
     # The same agent restarted with its runner whole: the device passes, is idle, and takes the run.
     agent = start(catalog)

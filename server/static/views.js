@@ -70,7 +70,8 @@ export async function devicesView() {
     h("td", { class: "num" }, d.cpu_cores || "—"),
     h("td", { class: "sme2" }, h("span", { class: `badge ${d.sme2 ? "yes" : "no"}`, dataset: { sme: String(d.sme ?? "") } }, smeText(d)),
       d.sme2_evidence && h("div", { class: "muted small" }, d.sme2_evidence)),
-    h("td", {}, badge(d.state), d.current_run_id && h("div", { class: "small" }, `run ${d.current_run_id}`)),
+    h("td", {}, badge(d.state), d.current_run_id && h("div", { class: "small" }, `run ${d.current_run_id}`),
+      d.state === "unhealthy" && d.state_reason && h("div", { class: "small" }, d.state_reason)),
     h("td", {}, d.agent, h("div", { class: "muted small" }, `seen ${when(d.last_seen)}`)),
     h("td", { class: "runners" }, d.runners.length
       ? d.runners.map((r) => h("div", { class: "mono small", title: `sha256 ${r.sha256}` }, r.id, " ", h("span", { class: `chip sme2-${r.sme2}` }, `SME2 ${r.sme2}`)))
