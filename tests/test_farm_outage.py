@@ -181,13 +181,18 @@ def test_an_agent_heard_again_brings_back_the_devices_its_silence_took_offline(d
 def test_a_heartbeat_answered_409_is_the_agent_heard(api, pte):
     """After an outage the first call of an agent is often a heartbeat whose lease is gone: its
     409 still brings its devices back, at once."""
-    from _fixtures_farm import X86_HOST, register, submit
+    from _fixtures_farm import X86_HOST, register, submit, wait_for
 
     url = api.settings.sqlalchemy_url
     reg = register(api)
     agent_id, token = reg["agent_id"], reg["access_token"]
     exp = submit(api, pte)
     rid = exp["runs"][0]["id"]
+    def recorded():   # the app records its liveness while it serves (its lifespan's beat)
+        with session_scope(url) as s:
+            return liveness.clock(s).recorded
+
+    wait_for("the API's liveness record", recorded, 10)
     _agent_heard(url, agent_id, 200)
     with session_scope(url) as s:   # the farm has been up long enough to call the agent offline
         s.execute(update(Lease).where(Lease.name == liveness.API_UP).values(renewed_at=utcnow() - timedelta(seconds=1000)))
