@@ -96,6 +96,29 @@ def test_check_passes_on_this_host_with_the_arms_it_has(local_runner, tmp_path):
     assert "  ok   example SME2 off: 3 iteration(s)" in done.stdout
 
 
+BLOCK_HEAVY = """
+import sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "executorch", "sqlalchemy", "celery"):
+            raise ImportError(f"{name} is not installed on this device host")
+sys.meta_path.insert(0, Blocked())
+from sme2farm.agent.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_check_needs_no_torch_executorch_or_server_libraries(local_runner, tmp_path):
+    """A device host has the agent's dependencies only: the check, its bundled example and the
+    ETDump, outputs and numerics reading run with torch, executorch, sqlalchemy and celery unimportable."""
+    catalog, _ = local_runner
+    done = subprocess.run([sys.executable, "-c", BLOCK_HEAVY, "--drivers", "local", "--manifest", str(catalog.manifest),
+                           "--work-dir", str(tmp_path), "check", "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [dev] = json.loads(done.stdout)["devices"]
+    assert _checks(dev)["example SME2 off"]["evidence"]["iterations"] == 3
+
+
 def test_check_without_runner_builds_fails_saying_how_to_build_them(tmp_path):
     code, doc, _ = _check("--drivers", "local", "--manifest", str(tmp_path / "none.json"), "--work-dir", str(tmp_path))
     assert code == 1 and doc["ok"] is False
