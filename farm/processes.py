@@ -154,7 +154,10 @@ class Farm:
                 agent = device_service.agent_seen_since(session, name=LOCAL_AGENT, since=self.agent_since)
                 if agent is not None:
                     registered = True
-                    devices = [f"{d.serial} ({d.platform}, SME2 {'yes' if d.sme2 else 'no'})"
+                    # an unhealthy device failed its agent's checks (agent/check.py): said with the reason
+                    devices = [f"{d.serial} ({d.platform}, SME2 {'yes' if d.sme2 else 'no'}"
+                               + (f"; unhealthy: {(d.info or {}).get('state_reason') or 'its agent says so'})"
+                                  if d.state == "unhealthy" else ")")
                                for d in agent.devices if d.state != "offline"]
                     if devices:
                         return devices

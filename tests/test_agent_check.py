@@ -408,3 +408,31 @@ def test_check_on_a_mac_reads_the_sysctl_values_and_says_when_its_wheel_is_missi
     bare = check.check_device(driver, info, Catalog(tmp_path / "none.json", []), tmp_path / "check")
     [runners] = [c for c in bare.checks if c.name == "runners"]
     assert runners.status == "failed" and "install the Mac's ExecuTorch wheel (`pip install executorch`)" in runners.failure
+
+
+@pytest.mark.e2e
+@pytest.mark.arm64
+@pytest.mark.sme2emu
+def test_a_farm_whose_emulated_sme2_device_fails_its_check_says_why_and_runs_nothing_there(arm64_runners, sme2_emulator,
+                                                                                          tmp_path):
+    """`sme2-farm up` with the emulated SME2 device and an SME2-off build that does not hide SME2:
+    the farm's agent checks the device, registers it unhealthy, `up` says why, and a submission's
+    runs wait on it instead of running."""
+    from _fixtures_farm import start_farm, stop_farm
+
+    leaky = _private_catalog(arm64_runners, tmp_path / "leaky.json",
+                             lambda b: dataclasses.replace(b, env={}) if b.sme2 == "off" else b)
+    farm = start_farm(tmp_path / "farm", leaky.manifest, sme2_emulator.env, drivers="qemu-arm64")
+    try:
+        [dev] = farm.client().devices()
+        assert dev.state == "unhealthy" and dev.state_reason.startswith(f"SME2 cannot be hidden on {dev.serial} "), dev
+        done = farm.cli("submit", str(EXAMPLE), "--sme2", "both", "--iterations", "2", "--json")
+        assert done.returncode == 0, done.stderr
+        exp = farm.client().experiment(json.loads(done.stdout)["id"])
+        assert {r.status for r in exp.runs} == {"queued"}, [(r.status, r.reason) for r in exp.runs]
+        assert all("unhealthy: SME2 cannot be hidden on" in (r.waiting_for or "") for r in exp.runs)
+    finally:
+        stop_farm(farm.proc)
+    out = farm.proc.stdout.read()
+    [line] = [ln for ln in out.splitlines() if ln.startswith("devices: ")]
+    assert f"{dev.serial} (linux, SME2 yes; unhealthy: SME2 cannot be hidden on {dev.serial}" in line, out[-3000:]
