@@ -80,20 +80,26 @@ def test_on_arm_flag_says_whether_the_model_had_sme2_eligible_operators():
 # --- real traces: the off build with and without its hiding, on the emulated SME2 CPU -----------
 
 @pytest.fixture(scope="module")
-def off_arm_traces(arm64_runners, sme2_emulator, tmp_path_factory):
-    """(device, off build, {"hidden": ETDump, "not hidden": ETDump}) of a conv + linear fp32 model."""
+def fp32_pte(tmp_path_factory):
+    """A conv + linear fp32 model (XNNPACK: F32 IGEMM and GEMM, PF32 where it sees SME or SME2)."""
     import torch
     from torch import nn
 
-    from sme2farm.agent.drivers.base import Job
-    from sme2farm.agent.drivers.qemu import QemuArm64Driver
     from sme2farm.runners.examples import write_xnnpack_pte
 
-    tmp = tmp_path_factory.mktemp("not-hidden")
     torch.manual_seed(5)
     net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                         nn.Linear(16, 10)).eval()
-    pte = write_xnnpack_pte(net, (torch.randn(1, 3, 12, 12),), tmp / "fp32.pte")
+    return write_xnnpack_pte(net, (torch.randn(1, 3, 12, 12),), tmp_path_factory.mktemp("fp32") / "fp32.pte")
+
+
+@pytest.fixture(scope="module")
+def off_arm_traces(arm64_runners, sme2_emulator, fp32_pte, tmp_path_factory):
+    """(device, off build, {"hidden": ETDump, "not hidden": ETDump}) of the fp32 model."""
+    from sme2farm.agent.drivers.base import Job
+    from sme2farm.agent.drivers.qemu import QemuArm64Driver
+
+    tmp, pte = tmp_path_factory.mktemp("not-hidden"), fp32_pte
     driver = QemuArm64Driver()
     [dev] = driver.discover()
     assert dev.sme2 and dev.emulator, dev
@@ -174,3 +180,29 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
     # nothing stored is lost: the trace stays, and nothing derived from a wrong arm was written
     assert store.artifact_path(rids[0], TRACE).read_bytes() == traces["not hidden"]
     assert not store.artifact_path(rids[0], REPORT_JSON).exists()
+
+
+@pytest.mark.arm64
+def test_off_arm_on_an_sme_cpu_without_sme2_that_did_not_hide_sme_is_named(arm64_runners, fp32_pte, tmp_path,
+                                                                             without_sme2_emulator):
+    """On a CPU with SME and no SME2 (the system QEMU 7.2, as a Snapdragon 8 Elite Gen 5 is), the off build
+    run without its hiding shows XNNPACK the CPU's SME: PF32 operators on SME kernels, which an off arm
+    must not run either."""
+    from sme2farm.agent.drivers.base import Job
+    from sme2farm.agent.drivers.qemu import QemuArm64Driver
+
+    driver = QemuArm64Driver()
+    if driver._cpu() is None:
+        pytest.skip(f"{driver.qemu} could not be probed")
+    [dev] = driver.discover()
+    if not (dev.sme and not dev.sme2):
+        pytest.skip(f"the system QEMU's CPU is not SME without SME2: {dev.sme2_evidence}")
+    build = arm64_runners.find("linux-arm64", "off")
+    build = dataclasses.replace(build, path=str(arm64_runners.resolve(build)), env={})
+    r = driver.execute(dev.serial, Job(run_id=1, model_path=fp32_pte, runner=build, threads=1, iterations=2,
+                                       warmup=1, timeout_s=300, workdir=tmp_path))
+    assert r.ok, r.reason
+    rep = analyze(r.etdump_path.read_bytes(), sme2=False, arch=arch_of(dev.runner_platform))
+    names = {d["name"] for d in rep["kernel_paths"]["not_hidden"]}
+    assert names >= {"Fully Connected (NC, PF32) GEMM", "Convolution (NHWC, PF32) IGEMM"}, names
+    assert not_hidden_sentence(rep["kernel_paths"]) in rep["warnings"]
