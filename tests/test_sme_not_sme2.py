@@ -75,11 +75,13 @@ def test_sme_not_sme2_phone_in_detection_device_list_reasons_and_dashboard(andro
         s.add(model)
         exp = experiment_service.create(s, spec=ExperimentSpec(sme2="both"), model=model)
         reasons = {(r.device.serial, r.sme2): r.reason for r in exp.runs if r.status == "unschedulable"}
+        warnings = exp.warnings
     assert reasons[(dev.serial, "on")] == (
         f"SME2 on needs a device with SME2, and {dev.serial} (SM8850 phone, QTI SM8850) has SME, not SME2 "
         f"({dev.sme2_evidence}); it was not run with SME2 off instead")
     assert reasons[("old-1", "on")].startswith("SME2 on needs a device with SME2, and old-1 (Old, ) has none (")
     assert {k[1] for k in reasons} == {"on"}
+    assert f"no device here has SME2 ({dev.serial} has SME, not SME2): the SME2-on arm will be unschedulable" in warnings
 
     # the dashboard's device list
     d = browser

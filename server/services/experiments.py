@@ -133,7 +133,10 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: in
     if "on" in spec.sme2_settings() and not any(d.sme2 for d in devices):
         # said once here, not only as each SME2-on run's unschedulable reason (a new user's
         # `--sme2 both` on an x86 laptop read the same ~150 characters per run)
-        left_out.append("no device here has SME2: the SME2-on arm will be unschedulable")
+        sme = [d.serial for d in devices if (d.info or {}).get("sme")]  # SME without SME2 (Snapdragon 8 Elite Gen 5)
+        said = f" ({', '.join(sme[:3])}{' ...' if len(sme) > 3 else ''} {'has' if len(sme) == 1 else 'have'} SME, " \
+               "not SME2)" if sme else ""
+        left_out.append(f"no device here has SME2{said}: the SME2-on arm will be unschedulable")
     variants = ["A", "B"] if vs_model is not None else ["A"]
     fan_out(len(devices), spec, max_runs, len(variants))
     exp = Experiment(name=spec.name, model_sha256=model.sha256, vs_model_sha256=vs_model.sha256 if vs_model else None,
