@@ -20,6 +20,9 @@ Elementwise     unary and binary element-wise ops: Add, Multiply, Subtract, Divi
                 PReLU, Square, Square Root, Negate, Abs, Exp, Log, rounding, reciprocal
                 square root, relu, ...; for aten also comparisons (eq ne lt le gt ge),
                 logical_*, bitwise_*, where, masked_fill.
+LLM custom ops  ExecuTorch's ``llama::custom_sdpa`` (attention) into GEMM, ``llama::update_cache``
+                (the KV-cache update) into Data Movement (:data:`LLM_CUSTOM_OPS`); the report's
+                kernel hint says which.
 Other           everything else: softmax, pooling, reductions (sum, mean, any, all,
                 amax), cumsum, topk, sort, layer/batch/group norm, attention, quantize
                 ops, and all time spent outside categorised operators (runtime overhead,
@@ -105,6 +108,30 @@ ATEN_TABLE: dict[str, str] = _table({
           "glu, heaviside, hypot, xlogy, copysign, nan_to_num, logit, threshold",
 })
 
+# ExecuTorch's LLM custom ops (extension/llm/custom_ops, registered with EXECUTORCH_LIBRARY: the
+# ETDump names their kernel events "llama::<op>.<overload>"), by what they are. Attention is
+# GEMM work (Q K^T and P V around a softmax, on cpublas); the KV-cache update copies the call's
+# keys and values into the cache: Data Movement. The words go into the report's kernel hint.
+LLM_CUSTOM_OPS: dict[str, tuple[str, str]] = {
+    "llama::custom_sdpa": (GEMM, "attention: scaled dot-product over the KV cache (ExecuTorch LLM custom op)"),
+    "llama::sdpa_with_kv_cache": (GEMM, "attention with its KV-cache update (ExecuTorch LLM custom op)"),
+    "llama::custom_quantized_sdpa": (GEMM, "attention over a quantized KV cache (ExecuTorch LLM custom op)"),
+    "llama::update_cache": (DATA, "KV-cache update: the call's keys/values written into the cache "
+                                  "(ExecuTorch LLM custom op)"),
+    "llama::update_cache_with_indices": (DATA, "KV-cache update at given indices (ExecuTorch LLM custom op)"),
+}
+LLM_CUSTOM_PREFIX = "llama::"
+
+
+def llm_custom_op(name: str) -> tuple[str, str] | None:
+    """(category, what it is) of an ExecuTorch LLM custom op's kernel event name
+    (``llama::custom_sdpa.out``), None for any other name."""
+    name = name.strip()
+    if not name.startswith(LLM_CUSTOM_PREFIX):
+        return None
+    return LLM_CUSTOM_OPS.get(name.split(".", 1)[0], (OTHER, "an ExecuTorch LLM custom op"))
+
+
 _INSTANCE = re.compile(r"\s+#\d+$")
 _ATEN_PREFIX = re.compile(r"^(?:native_call_|aten::|aten\.|torch\.ops\.aten\.)")
 
@@ -133,6 +160,8 @@ def category_of(name: str) -> str:
     name = operator_type(name.strip())
     if not name:
         return OTHER
+    if (custom := llm_custom_op(name)) is not None:
+        return custom[0]
     if is_aten_name(name):
         return ATEN_TABLE.get(aten_op(name), OTHER)
     base = name.split(" (", 1)[0].strip().lower()

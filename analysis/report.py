@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .categories import CATEGORIES, NAMED, OTHER, category_of, operator_type
+from .categories import CATEGORIES, NAMED, OTHER, category_of, llm_custom_op, operator_type
 from .etdump import KIND_ALLOC, KIND_DEBUG, KIND_PROFILE, Events, EtdumpError, read_etdump
 from .kernel_paths import annotate, not_hidden_sentence, summary
 from .kernels import kernel_hint, parse_kernel_log
@@ -104,7 +104,8 @@ class _Model:
         nonempty = np.array([bool(s) for s in strings] + [False], dtype=bool)
         has_dstr = nonempty[np.where(ev.dstr >= 0, ev.dstr, len(strings))]
         delegated = in_iter & (has_dstr | (ev.dint != -1))
-        native = in_iter & ~delegated & name_is(_ids(strings, lambda s: s.startswith("native_call_")))
+        # kernel events: portable native_call_<op>, and ExecuTorch's LLM custom ops (llama::<op>)
+        native = in_iter & ~delegated & name_is(_ids(strings, lambda s: s.startswith(("native_call_", "llama::"))))
         opcall = in_iter & ~delegated & name_is(_ids(strings, lambda s: s == "OPERATOR_CALL"))
         # OPERATOR_CALL wraps native_call_<op> with the same instruction id: keep the wrapper
         # only when no kernel event sits inside it.
@@ -223,7 +224,8 @@ def _operators(m: _Model, kernels: dict | None) -> list[dict]:
             "p90_ms": float(p90[t]),
             "share": total_ms / mean_e2e if mean_e2e > 0 else 0.0,
             "delegated": delegated,
-            "kernel_hint": kernel_hint(name, kernels) if delegated else "portable kernel (not delegated)",
+            "kernel_hint": kernel_hint(name, kernels) if delegated else (
+                custom[1] if (custom := llm_custom_op(name)) else "portable kernel (not delegated)"),
             "instances": inst.get(t, []),
         })
     return ops

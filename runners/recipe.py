@@ -5,6 +5,14 @@ For each variant it configures and builds upstream's `executor_runner` target wi
 tracer, devtools and XNNPACK enabled, then copies the binary (and, on Android, libc++_shared.so)
 beside the manifest and registers it with its sha256 and the checkout's commit.
 
+Every variant builds ExecuTorch's LLM custom ops in (EXECUTORCH_BUILD_KERNELS_LLM: the
+extension/llm/custom_ops library, linked into executor_runner by ExecuTorch's own CMakeLists), so a
+program exported with them (llama::custom_sdpa.out, llama::update_cache.out) runs on these builds;
+the farm's wheel runners do not carry them (the wheel ships them only in custom_ops_aot_lib, which
+needs libtorch). Checked against ExecuTorch's CMakeLists.txt (release/1.3 and main: the option adds
+extension/llm/custom_ops and appends $<LINK_LIBRARY:WHOLE_ARCHIVE,custom_ops> to executor_runner's
+libraries).
+
 The pair differs ONLY in XNNPACK_ENABLE_ARM_SME2/XNNPACK_ENABLE_ARM_SME; xnnlog adds XNNPACK
 logging (`-UXNN_NO_LOGGING -DXNN_LOG_LEVEL=5`) so the log names the microkernels that ran, the
 only proof that SME2 was used (the ETDump event names are the same either way).
@@ -44,6 +52,8 @@ VARIANTS = tuple((sme2, flavour) for sme2 in ("on", "off") for flavour in ("timi
 TARGET = "executor_runner"
 ANDROID_PLATFORM = "android-26"  # API level of upstream's Android build scripts
 XNN_FLAGS = {"timing": "-DXNN_LOG_LEVEL=0", "xnnlog": "-UXNN_NO_LOGGING -DXNN_LOG_LEVEL=5"}
+LLM_CUSTOM_OPS_OPTION = "-DEXECUTORCH_BUILD_KERNELS_LLM=ON"
+LLM_CUSTOM_OPS = ("llama::custom_sdpa.out", "llama::update_cache.out")
 COMMON_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DEXECUTORCH_BUILD_EXECUTOR_RUNNER=ON",
@@ -55,6 +65,13 @@ COMMON_OPTIONS = (
     "-DEXECUTORCH_BUILD_KERNELS_OPTIMIZED=ON",  # portable ops run the kernels the wheel runner uses
     "-DEXECUTORCH_BUILD_EXTENSION_EVALUE_UTIL=ON",
     "-DEXECUTORCH_BUILD_EXTENSION_RUNNER_UTIL=ON",
+    # ExecuTorch's LLM custom ops (extension/llm/custom_ops: llama::custom_sdpa.out,
+    # llama::update_cache.out, on cpublas and the threadpool), which the exports ExecuTorch recommends
+    # for phones call (export_llama --use_sdpa_with_kv_cache; optimum-executorch --use_custom_sdpa
+    # --use_custom_kv_cache). With it ON, ExecuTorch's CMakeLists adds the custom_ops library and links
+    # it into executor_runner whole-archive, so its static registrations run: the runner has the ops.
+    # It needs EXECUTORCH_BUILD_KERNELS_OPTIMIZED (tools/cmake/preset/default.cmake), ON above.
+    LLM_CUSTOM_OPS_OPTION,
 )
 
 
