@@ -998,7 +998,8 @@ int main(int argc, char** argv) {
                                          "--use_custom_kv_cache; ExecuTorch's export_llama: without "
                                          "--use_sdpa_with_kv_cache). A build that runs this one: "
                                          "python -m sme2farm.runners.recipe from an ExecuTorch checkout, which "
-                                         "builds the custom_ops library in")
+                                         "builds the custom_ops library into upstream executor_runner (which has "
+                                         "no LLM mode: one forward call per iteration)")
                            : std::string()));
     }
     fail("cannot load method '" + opt.method_name + "': " + error_name(method.error()) + runtime_said());

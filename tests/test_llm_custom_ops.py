@@ -96,4 +96,5 @@ def test_the_wheel_runner_refuses_a_custom_op_export_naming_the_flags_and_the_bu
             "carry") in err
     assert ("optimum-executorch: without --use_custom_sdpa and --use_custom_kv_cache; ExecuTorch's export_llama: "
             "without --use_sdpa_with_kv_cache") in err
-    assert "python -m sme2farm.runners.recipe from an ExecuTorch checkout" in err
+    assert ("python -m sme2farm.runners.recipe from an ExecuTorch checkout, which builds the custom_ops library into "
+            "upstream executor_runner (which has no LLM mode: one forward call per iteration)") in err
