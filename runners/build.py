@@ -178,7 +178,7 @@ def _stamp(et_dir: Path, et_version: str, et_commit: str, plan: HostBuildPlan) -
     return h.hexdigest()
 
 
-def _check_built(plan: HostBuildPlan) -> None:
+def check_built(plan: HostBuildPlan) -> None:
     """The link order libsme2farm_hide needs, read from the built binary."""
     if plan.hide_library is None:
         return
@@ -246,7 +246,7 @@ def build_host(manifest: Path | None = None, force: bool = False) -> list[Runner
                 run_logged(argv, log)
             if not plan.binary.exists():
                 raise BuildError(f"the build finished but {plan.binary} is missing; log {log}")
-            _check_built(plan)
+            check_built(plan)
             stamp_file.write_text(json.dumps({"stamp": stamp, "build_s": round(time.monotonic() - t0, 2)}) + "\n")
         provenance = {"cmake_args": plan.cmake_args} if plan.hide_library else {}
         if plan.hide_library:

@@ -268,3 +268,26 @@ def test_sme2_hide_every_build_source_installs_with_the_package():
     assert {"sme2_hide.c", "sme2_hide.h"} <= set(SOURCES)
     assert [n for n in SOURCES if not any(fnmatch.fnmatch(n, p) for p in patterns)] == []
     assert all((RUNNERS_DIR / n).is_file() for n in SOURCES)
+
+
+@pytest.mark.arm64
+def test_arm64_host_build_check_reads_the_hide_library_order_from_the_binary(arm64_runners, tmp_path):
+    """What runners/build.py checks after building on an arm64 Linux host, run on the cross-built
+    runner (the same CMakeLists): in order it passes, with the library moved first it is refused."""
+    from sme2farm.runners.build import check_built, plan_host_build
+
+    folder = tmp_path / "bundle"
+    shutil.copytree(_bundle(arm64_runners, "linux-arm64"), folder)
+    et_dir = tmp_path / "executorch"
+    et_dir.mkdir()
+    (et_dir / "lib").symlink_to(folder)          # the wheel's libraries, as the check follows them
+    plan = plan_host_build("linux-arm64", et_dir, cmake="cmake", build_root=tmp_path / "b")
+    assert plan.hide_library is not None and plan.hide_library.name == HIDE_LIBRARY
+    plan.binary, plan.hide_library = folder / "sme2farm_runner", folder / HIDE_LIBRARY
+    check_built(plan)
+    _needed_first(plan.binary, HIDE_LIBRARY)
+    # Its own dependency (the threadpool) may come after it; the XNNPACK backend may not.
+    with pytest.raises(BuildError, match="libsme2farm_hide.so comes before libexecutorch_kernels_optimized.so, "
+                                         "libexecutorch_kernels_quantized.so, libexecutorch_backend_xnnpack.so, "
+                                         "libexecutorch_etdump.so in DT_NEEDED"):
+        check_built(plan)
