@@ -57,6 +57,11 @@ def test_emulated_sme2_both_arms_run_and_only_the_on_arm_uses_sme2_kernels(emula
             paths[arm][op["kernel_path"]] += op["total_ms"]
     assert paths["on"]["SME2"] > 0, dict(paths["on"])
     assert paths["off"].get("SME2", 0) == 0, dict(paths["off"])
+    # The runner says how: the off arm hid SME2 through cpuinfo's state, and the report carries it.
+    assert runs["off"]["kernel_paths"]["runner_said"] == (
+        "SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw SME 0 SME2 0 (SME length 0)")
+    assert runs["on"]["kernel_paths"]["runner_said"].startswith("not asked (SME2FARM_HIDE_SME2 unset); XNNPACK saw "
+                                                                "SME 1 SME2 1")
 
     [c] = [c for c in rep["comparisons"] if c["kind"] == "sme2"]
     assert c["status"] == "complete" and c["emulated"] is True
