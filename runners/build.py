@@ -226,8 +226,11 @@ def build_host(manifest: Path | None = None, force: bool = False) -> list[Runner
     plat = host_platform()
     et_dir, et_version, et_commit = executorch_package()
     if plat == "macos-arm64":
-        if not Path(MAC_CLANG).exists():
-            raise BuildError(f"no {MAC_CLANG}: install the Xcode Command Line Tools (xcode-select --install)")
+        # /usr/bin/clang is a shim present on every Mac; it works once the command line tools are in.
+        tools = subprocess.run(["xcode-select", "-p"], capture_output=True, text=True)
+        if tools.returncode != 0 or not Path(tools.stdout.strip()).is_dir() or not Path(MAC_CLANG).exists():
+            raise BuildError("the Xcode Command Line Tools are not installed (the system clang builds the runner): "
+                             "run xcode-select --install, then build again")
         macos_wheel_facts(et_dir)
     plan = plan_host_build(plat, et_dir, force=force)
     plan.build_dir.mkdir(parents=True, exist_ok=True)
