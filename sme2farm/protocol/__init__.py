@@ -1,0 +1,63 @@
+"""The wire contract: the one definition of what the server, the worker, agents and clients
+exchange. One module per resource, every public name re-exported here
+(`from sme2farm.protocol import ExperimentSpec`):
+
+- common: run statuses and which are terminal, artifact names, Celery task names, defaults,
+  timestamps and the base models that refuse control characters;
+- devices: device selectors, devices and runner builds as agents report them, GET /devices;
+- runs: a run's report;
+- experiments: the experiment spec, report, list and scaling view;
+- agents: the agent protocol's messages and answers;
+- comparisons: GET /comparisons;
+- suites: nightly regression suites, series, changes, GET /regressions;
+- ops: API tokens.
+
+A neutral package (not under server/ or client/) so that every side imports the same
+definitions, as both ends of a request are checked against the same model. Pydantic and the
+analysis package (numpy) only: it must stay importable on lab hosts and laptops without
+SQLAlchemy, Celery, FastAPI, torch or executorch (tests/test_packaging.py).
+"""
+
+from .common import (ACTIVE, AGENT_ARTIFACTS, ARTIFACT_MEDIA, ARTIFACT_NAMES, DEFAULT_INPUTS, DEFAULT_ITERATIONS,
+                     DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_POWER_PROFILE, DEFAULT_SERVER_URL, DEFAULT_TIMEOUT_S,
+                     DEFAULT_WARMUP, DERIVED_ARTIFACTS, KERNEL_LOG, LATENCIES_CSV, MEMORY, NON_TERMINAL, OUTPUTS,
+                     PERFETTO_JSON, REPORT_JSON, REPORT_MD, RUNNER_LOG, TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_INGEST,
+                     TASK_REAP, TASK_SUITE_ANALYZE, TASK_SUITES_TICK, TERMINAL, TRACE, Conflict, DeviceState, Flavour,
+                     IsoTimestamp, Platform, PowerProfile, RelayedJson, RelayedText, RunnerPlatform, RunStatus,
+                     Sme2Request, Sme2Setting, Timestamp, status_values)
+from .devices import CoreCluster, DeviceInfo, DeviceRead, DeviceSelector, RunnerInfo, sme_text
+from .runs import LatencyStats, RunReport
+from .experiments import (ClusterMask, DeviceScaling, ExperimentPage, ExperimentReport, ExperimentSpec,
+                          ExperimentSummary, LlmSpec, ProgramMemory, ScalingArm, ScalingFastest, ScalingInterval,
+                          ScalingPoint, ScalingRatio, ScalingRead)
+from .agents import (AgentDevices, AgentRegister, AgentRegistered, ArtifactStored, DeviceRefused, DevicesSynced,
+                     FinishAnswer, Heartbeat, HeartbeatAnswer, LeaseRequest, RunAssignment, RunFinish)
+from .comparisons import ComparisonRead, ComparisonSide, Unmatched
+from .suites import (SUITE_METRICS, SUITE_NAME_PATTERN, DetectableStep, MemoryChange, RegressionRead,
+                     RegressionWebhook, Series, SeriesChange, SeriesKey, SeriesLlm, SeriesPoint, SeriesRead,
+                     SuiteDeleted, SuiteDetail, SuiteDeviceRead, SuiteModel, SuiteModelRead, SuiteRead, SuiteRunRead,
+                     SuiteRunStarted, SuiteSpec, SuiteThresholds)
+from .ops import TokenCreate, TokenCreated, TokenInfo, TokenScope
+
+__all__ = [
+    "ACTIVE", "AGENT_ARTIFACTS", "ARTIFACT_MEDIA", "ARTIFACT_NAMES", "DEFAULT_INPUTS", "DEFAULT_ITERATIONS",
+    "DEFAULT_METHOD", "DEFAULT_MIN_EFFECT", "DEFAULT_POWER_PROFILE", "DEFAULT_SERVER_URL", "DEFAULT_TIMEOUT_S",
+    "DEFAULT_WARMUP", "DERIVED_ARTIFACTS", "KERNEL_LOG", "LATENCIES_CSV", "MEMORY", "NON_TERMINAL", "OUTPUTS",
+    "PERFETTO_JSON", "REPORT_JSON", "REPORT_MD", "RUNNER_LOG", "TASK_ALERT_WEBHOOK", "TASK_DISPATCH", "TASK_INGEST",
+    "TASK_REAP", "TASK_SUITE_ANALYZE", "TASK_SUITES_TICK", "TERMINAL", "TRACE", "Conflict", "DeviceState", "Flavour",
+    "IsoTimestamp", "Platform", "PowerProfile", "RelayedJson", "RelayedText", "RunnerPlatform", "RunStatus",
+    "Sme2Request", "Sme2Setting", "Timestamp", "status_values",
+    "CoreCluster", "DeviceInfo", "DeviceRead", "DeviceSelector", "RunnerInfo", "sme_text",
+    "LatencyStats", "RunReport",
+    "ClusterMask", "DeviceScaling", "ExperimentPage", "ExperimentReport", "ExperimentSpec", "ExperimentSummary",
+    "LlmSpec", "ProgramMemory", "ScalingArm", "ScalingFastest", "ScalingInterval", "ScalingPoint", "ScalingRatio",
+    "ScalingRead",
+    "AgentDevices", "AgentRegister", "AgentRegistered", "ArtifactStored", "DeviceRefused", "DevicesSynced",
+    "FinishAnswer", "Heartbeat", "HeartbeatAnswer", "LeaseRequest", "RunAssignment", "RunFinish",
+    "ComparisonRead", "ComparisonSide", "Unmatched",
+    "SUITE_METRICS", "SUITE_NAME_PATTERN", "DetectableStep", "MemoryChange", "RegressionRead", "RegressionWebhook",
+    "Series", "SeriesChange", "SeriesKey", "SeriesLlm", "SeriesPoint", "SeriesRead", "SuiteDeleted", "SuiteDetail",
+    "SuiteDeviceRead", "SuiteModel", "SuiteModelRead", "SuiteRead", "SuiteRunRead", "SuiteRunStarted", "SuiteSpec",
+    "SuiteThresholds",
+    "TokenCreate", "TokenCreated", "TokenInfo", "TokenScope",
+]
