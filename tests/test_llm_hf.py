@@ -16,7 +16,7 @@ import pytest
 
 from sme2farm.analysis import analyze
 from sme2farm.analysis.llm import CACHE_POSITIONS, START_POS, llm_signature, not_llm_reason
-from sme2farm.analysis.pte import DYNAMIC_BOUND, STATIC, InputSpec, MethodSignature
+from sme2farm.analysis.pte import DYNAMIC_BOUND, InputSpec, MethodSignature
 
 from _fixtures_farm import post_experiment
 
@@ -243,3 +243,47 @@ def test_emulated_8da4w_linears_stay_on_neon_and_the_report_says_what_would_reac
         assert "int4 block-quantized weights (QB4W) have no SME2 kernel in this build" in qb4w["sentence"]
         assert "int8 per-channel weights" in qb4w["sentence"] and "(8da8w: QP8, F32, QC8W)" in qb4w["sentence"]
         assert qb4w["source"].startswith("google/XNNPACK src/configs/gemm-config.c at 92a7ad50")
+
+
+# --- the farm end to end: sme2-client submit --llm prompt=P,decode=D ----------------------------
+
+@pytest.mark.e2e
+@pytest.mark.models
+@pytest.mark.parametrize("kind,words", [("dynamic", "cache_position Long[S]"), ("static", "input_pos Long[1]")])
+def test_farm_runs_hf_exports_in_llm_mode(farm, hf_export, kind, words):
+    import json
+
+    done = farm.cli("submit", str(hf_export(kind)), "--sme2", "off", "--iterations", "2", "--warmup", "1",
+                    "--llm", "prompt=10,decode=5", "--wait", "--json")
+    assert done.returncode == 0, done.stderr + farm.log("agent")
+    rep = json.loads(done.stdout)
+    assert rep["spec"]["llm"] == {"prompt": 10, "decode": 5}
+    [run] = rep["runs"]
+    assert run["status"] == "succeeded", run["reason"]
+    assert (run["llm"]["prompt"], run["llm"]["decode"], run["llm"]["iterations"]) == (10, 5, 2)
+    assert run["llm"]["warnings"] == []
+    shown = farm.cli("status", str(rep["id"])).stdout
+    assert f"note: LLM mode: method 'forward' takes tokens Long[1, S] and {words}" in shown, shown
+    assert "LLM: prompt 10 tokens, decode 5 tokens, 2 generation(s)" in shown, shown
+
+
+@pytest.mark.sme2emu
+@pytest.mark.arm64
+@pytest.mark.e2e
+@pytest.mark.models
+def test_emulated_farm_says_what_would_take_an_8da4w_llm_to_sme2(emulated_farm, hf_export):
+    import json
+
+    done = emulated_farm.cli("submit", str(hf_export("8da4w")), "--sme2", "both", "--iterations", "1",
+                             "--warmup", "0", "--llm", "prompt=6,decode=3", "--wait", "--json", timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + emulated_farm.log("agent")
+    rep = json.loads(done.stdout)
+    runs = {r["sme2"]: r for r in rep["runs"]}
+    assert {a: r["status"] for a, r in runs.items()} == {"off": "succeeded", "on": "succeeded"}
+    on = runs["on"]["llm"]["kernel_paths"]
+    for phase in ("prefill", "decode"):
+        assert "Fully Connected (NC, QP8, F32, QB4W) GEMM" in [d["name"] for d in on[phase]["off_sme2"]]
+        assert runs["off"]["llm"]["kernel_paths"][phase]["share"] == 0
+    shown = emulated_farm.cli("status", str(rep["id"])).stdout
+    assert "prefill SME2 coverage" in shown and "decode SME2 coverage" in shown, shown
+    assert "int4 block-quantized weights (QB4W) have no SME2 kernel in this build" in shown, shown
