@@ -148,9 +148,11 @@ def test_a_device_unplugged_while_its_agent_talks_on_is_lost_within_its_bound(db
         run = s.get(Run, runs[0])
         assert run.status == "unschedulable" and run.reason.startswith("device unplugged (Board X) offline since ")
     # Heard again, the agent does not bring back a device it reported gone itself.
-    with session_scope(db_url) as s:
-        device_service.seen(s, agent_id=agent_id)
-    assert _device_row(db_url, "unplugged").state == "offline" and _device_row(db_url, "stays").state == "idle"
+    for offline_s in (None, OFFLINE_S):   # the full look, and the one UPDATE of an agent heard within the bound
+        device_service._seen_at.pop(agent_id, None)
+        with session_scope(db_url) as s:
+            device_service.seen(s, agent_id=agent_id, offline_s=offline_s)
+        assert _device_row(db_url, "unplugged").state == "offline" and _device_row(db_url, "stays").state == "idle"
 
 
 def test_a_submission_right_after_an_outage_keeps_devices_whose_agents_are_reconnecting(db_url):

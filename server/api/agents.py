@@ -70,12 +70,12 @@ def sync_devices(body: AgentDevices, tx: TxDep, settings: SettingsDep, agent_id:
     return DevicesSynced(devices=len(body.devices) - len(refused), refused=refused)
 
 
-def _assignments(tx, agent_id: int, waiter: ClaimWaiter) -> list[RunAssignment]:
+def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float) -> list[RunAssignment]:
     """The runs assigned to this agent's devices that it has not been handed yet (waiter), as
     assignments. Looking costs one indexed SELECT; the agent's last_seen is written at most
     every SEEN_EVERY_S (it was an UPDATE on every look, 20 times a second per waiting agent)."""
     with tx() as session:
-        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
+        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=offline_s)
         new = waiter.undelivered(agent_id, run_service.assigned_leases(session, agent_id=agent_id))
         if not new:
             return []
@@ -124,7 +124,7 @@ async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: Ag
     while True:
         event = waiter.register(agent_id)
         try:
-            runs = await run_in_threadpool(_assignments, tx, agent_id, waiter)
+            runs = await run_in_threadpool(_assignments, tx, agent_id, waiter, settings.agent_offline_s)
             left = deadline - time.monotonic()
             if runs or left <= 0 or await request.is_disconnected():
                 return runs
@@ -134,7 +134,7 @@ async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: Ag
 
 
 @contextmanager
-def heard(tx, agent_id: int):
+def heard(tx, agent_id: int, offline_s: float):
     """A run call the server refuses (409 "lease lost", 404) is still the agent heard: after an
     outage its first heartbeat often finds the lease gone, and its devices must come back then
     (devices.seen brings them back), not at its next claim or sync. The refused transaction is
@@ -143,24 +143,24 @@ def heard(tx, agent_id: int):
         yield
     except DomainError:
         with tx() as session:
-            device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
+            device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=offline_s)
         raise
 
 
 @router.post("/runs/{run_id}/start", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
 def start(run_id: RunId, body: LeaseRequest, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> HeartbeatAnswer:
-    with heard(tx, agent_id), tx() as session:
+    with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
         run = run_service.start(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id, lease_s=settings.lease_s)
-        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
+        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=settings.agent_offline_s)
         return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
 @router.post("/runs/{run_id}/heartbeat", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
 def heartbeat(run_id: RunId, body: Heartbeat, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> HeartbeatAnswer:
-    with heard(tx, agent_id), tx() as session:
+    with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
         run = run_service.heartbeat(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id,
                                     status=body.status, lease_s=settings.lease_s)
-        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S)
+        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=settings.agent_offline_s)
         return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
@@ -196,7 +196,7 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     # threadpool: on the event loop it stalled every other request.
     def keep() -> None:
         try:
-            with heard(tx, agent_id), tx() as session:
+            with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
                 run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id,
                                       status=RunStatus.uploading, lease_s=settings.lease_s)
                 row = session.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
@@ -220,7 +220,7 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
     The device's next queued run is assigned in the same transaction, and the agent's waiting
     claim woken once it commits (no dispatch task in between)."""
     has_trace = store.artifact_path(run_id, TRACE).exists()
-    with heard(tx, agent_id), tx() as session:
+    with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
         run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
                                  ingest_deadline_s=settings.ingest_deadline_s, lease_s=settings.lease_s)
         status = RunStatus(run.status)

@@ -112,16 +112,22 @@ def touch(session: Session, *, agent: Agent) -> None:
 _seen_at: dict[int, float] = {}  # agent id -> when this process last wrote its last_seen (monotonic)
 
 
-def seen(session: Session, *, agent_id: int, every_s: float = 0.0) -> None:
+def seen(session: Session, *, agent_id: int, every_s: float = 0.0, offline_s: float | None = None) -> None:
     """The agent talked to the server: its last_seen is now, written at most every `every_s` by
     this process (claims look 20 times a second; an UPDATE each time was most of their cost).
-    Devices that went offline only because it fell silent come back first (bring_back)."""
+    Devices that went offline only because it fell silent come back first (bring_back). Given
+    offline_s (SME2_AGENT_OFFLINE_S), an agent heard within it (no device of its can have been
+    marked silent) costs the one UPDATE, as before bring_back existed."""
     now = time.monotonic()
     if every_s > 0 and now - _seen_at.get(agent_id, -every_s) < every_s:
         return
-    bring_back(session, agent_id=agent_id)
-    session.execute(update(Agent).where(Agent.id == agent_id).values(last_seen=utcnow())
-                    .execution_options(synchronize_session=False))
+    stamp = utcnow()
+    if offline_s is None or not session.execute(
+            update(Agent).where(Agent.id == agent_id, Agent.last_seen >= stamp - timedelta(seconds=offline_s))
+            .values(last_seen=stamp).execution_options(synchronize_session=False)).rowcount:
+        bring_back(session, agent_id=agent_id)
+        session.execute(update(Agent).where(Agent.id == agent_id).values(last_seen=stamp)
+                        .execution_options(synchronize_session=False))
     _seen_at[agent_id] = now
 
 
@@ -256,7 +262,7 @@ def lost_before(device_lost_s: float, now: datetime | None = None) -> datetime:
 def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float | None = None,
                 now: datetime | None = None) -> datetime | None:
     """A device offline since before this is lost; None while no device can be. A device's lost
-    clock runs from max(offline_since, the farm's return + settle_s) to the farm's last beat: the
+    clock runs from max(offline_since, the farm's return + settle_s) (to its last beat once a beat is late): the
     time the farm was down and the agents' backoff after it never count (services/liveness.py).
     So none is lost while the farm is down, nor until it has been back for settle_s + device_lost_s.
     settle_s: SME2_AGENT_BACKOFF_CAP_S plus a connect timeout (Settings.settle_s) when None."""

@@ -14,7 +14,8 @@ Every API process records it in two rows of the `leases` table (no lock: any pro
 The reaper (services/runs/reaper.py) and the silent-agent marking (services/devices.py) count a
 device's or an agent's silence, and a run's lease, only within FarmClock.window: from api-up plus
 the settle time (the longest an agent's backoff keeps it away from a farm that is back:
-SME2_AGENT_BACKOFF_CAP_S plus a connect timeout) to the last beat. While the farm is down (the
+SME2_AGENT_BACKOFF_CAP_S plus a connect timeout) to now, or to the last beat once a beat is
+late. While the farm is down (the
 `api` row expired) nothing counts. A database where no API process ever wrote these rows
 (service-level use, tests) keeps the clock unrestricted.
 """
@@ -96,16 +97,20 @@ class FarmClock:
 
     def window(self, settle_s: float, now: datetime | None = None) -> tuple[datetime, datetime] | None:
         """(start, end): the stretch in which an agent's silence counts. It starts at the farm's
-        return plus the settle time and ends at its last beat (time after that is not known to
-        have been up: a killed API's last seconds before the gap shows). None while the farm is
-        down or back for less than the settle time. Never recorded: (the beginning of time, now)."""
+        return plus the settle time and ends now while the API beats on time; once a beat is
+        late (older than 2 beat periods) it ends at the last beat: the seconds after it are not
+        known to have been up (a killed API's last seconds before the gap of 3 shows). None while
+        the farm is down or back for less than the settle time. Never recorded: (the beginning
+        of time, now)."""
         now = now or utcnow()
         if not self.recorded:
             return datetime.min.replace(tzinfo=timezone.utc), now
         if self.down(now):
             return None
+        alive_at, until = _aware(self.alive_at), _aware(self.alive_until)
+        on_time = now <= alive_at + (until - alive_at) * (2 / GAP_BEATS)
         start = _aware(self.up_since) + timedelta(seconds=settle_s)
-        end = min(now, _aware(self.alive_at))
+        end = now if on_time else min(now, alive_at)
         return (start, end) if start <= end else None
 
     def silent_before(self, silent_s: float, settle_s: float, now: datetime | None = None) -> datetime | None:
