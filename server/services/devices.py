@@ -262,8 +262,9 @@ def lost_before(device_lost_s: float, now: datetime | None = None) -> datetime:
 def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float | None = None,
                 now: datetime | None = None) -> datetime | None:
     """A device offline since before this is lost; None while no device can be. A device's lost
-    clock runs from max(offline_since, the farm's return + settle_s) (to its last beat once a beat is late): the
-    time the farm was down and the agents' backoff after it never count (services/liveness.py).
+    clock runs from max(offline_since, the farm's return + settle_s), to now (to the last beat
+    once a beat is late): the time the farm was down and the agents' backoff after it never
+    count (services/liveness.py).
     So none is lost while the farm is down, nor until it has been back for settle_s + device_lost_s.
     settle_s: SME2_AGENT_BACKOFF_CAP_S plus a connect timeout (Settings.settle_s) when None."""
     if settle_s is None:

@@ -54,7 +54,7 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
     queued has no deadline of its own: it waits for its device (cancel ends it). Returns the ids
     of the runs acted on."""
     now = utcnow()
-    # A lease counts only while the farm was up and settled, (FarmClock.window); ingest
+    # A lease counts only while the farm was up and settled (FarmClock.window); ingest
     # deadlines are the worker's own, not the agents'.
     window = liveness.clock(session).window(settle_s, now)
     if window is None:
