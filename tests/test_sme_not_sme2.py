@@ -110,8 +110,6 @@ def test_emulated_cpu_reports_sme_beside_sme2(sme2_emulator, monkeypatch):
 def test_local_and_macos_drivers_record_sme_beside_sme2(tmp_path, monkeypatch):
     import platform
 
-    from test_macos_driver import FakeMac
-
     from sme2farm.agent.drivers.local import LocalDriver
     from sme2farm.agent.drivers.macos import MacDriver
 
@@ -127,10 +125,13 @@ def test_local_and_macos_drivers_record_sme_beside_sme2(tmp_path, monkeypatch):
         assert (info.sme, info.sme2, info.sme2_evidence) == (sme, sme2, evidence), features
     for feat_sme, feat_sme2, sme, suffix in [("1", "0", True, ", sysctl hw.optional.arm.FEAT_SME = 1: SME, not SME2"),
                                              ("1", "1", True, ""), (None, "0", False, ""), (None, None, False, "")]:
-        mac = FakeMac(sme2=feat_sme2)
-        if feat_sme is not None:
-            mac.answers[("sysctl", "-n", "hw.optional.arm.FEAT_SME")] = feat_sme + "\n"
-        [dev] = MacDriver(mac, system="Darwin").discover()
+        # a Mac's sysctl answers (no Mac here): an unknown name exits 1, its message on stderr
+        answers = {("uname", "-m"): "arm64\n", ("sysctl", "-n", "hw.ncpu"): "10\n"}
+        for name, value in (("FEAT_SME", feat_sme), ("FEAT_SME2", feat_sme2)):
+            if value is not None:
+                answers[("sysctl", "-n", f"hw.optional.arm.{name}")] = value + "\n"
+        [dev] = MacDriver(lambda argv, a=answers: (0, a[tuple(argv)]) if tuple(argv) in a else (1, ""),
+                          system="Darwin").discover()
         assert (dev.sme, dev.sme2) == (sme, feat_sme2 == "1") and dev.sme2_evidence.endswith(suffix or dev.sme2_evidence)
         assert (NOT_SME2 in dev.sme2_evidence) is (sme and feat_sme2 != "1")
 
