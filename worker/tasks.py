@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from typing import Any, Callable
 
+from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import joinedload
 
@@ -78,73 +80,112 @@ def dispatch(self) -> list[int]:
 
 @app.task(name=TASK_INGEST, bind=True, max_retries=MAX_RETRIES)
 def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
-    """Turn the run's ETDump into results; the run service ends the run succeeded or failed.
-    experiment_id is only for the log lines (celery_app binds it; older messages lack it)."""
+    """Turn the run's ETDump into results, with the other runs waiting for their ingest (a batch
+    of up to run_service.INGEST_BATCH: each analysed with no transaction open, all stored in one
+    transaction, each experiment's comparisons completed once); the run service ends each run
+    succeeded or failed. Returns the status of the run the task was sent for. experiment_id is
+    only for the log lines (celery_app binds it; older messages lack it)."""
     s = get_settings()
     try:
         # Its own short transaction, committed before the analysis: the reaper's deadline for
-        # this run counts from now, not from when the task was sent (queue wait is not ingest).
+        # these runs counts from now, not from when the task was sent (queue wait is not ingest).
         with session_scope(s.sqlalchemy_url) as session:
-            started_at = None
-            if self.request.retries == 0:
-                started_at = run_service.ingest_started(session, run_id=run_id, ingest_deadline_s=s.ingest_deadline_s,
-                                                        heartbeat_s=s.ingest_heartbeat_s)
-            # With its experiment: the analysis below runs after this session closes and needs the
-            # program the run executed (its declared outputs).
-            run = session.get(Run, run_id, options=[joinedload(Run.experiment)])
+            began = run_service.ingest_started_batch(session, run_id=run_id, ingest_deadline_s=s.ingest_deadline_s,
+                                                     heartbeat_s=s.ingest_heartbeat_s, own=self.request.retries == 0)
+            # With their experiments: the analysis below runs after this session closes and needs
+            # the program each run executed (its declared outputs).
+            runs = {r.id: r for r in session.scalars(
+                select(Run).where(Run.id.in_({run_id, *began})).options(joinedload(Run.experiment)))}
+            run = runs.get(run_id)
             if run is not None and self.request.retries:
-                started_at = run.ingest_started_at  # this attempt's, begun before the retry
-        if run is not None and run.status == RunStatus.analyzing and started_at is None:
-            # A copy of a re-sent task while the attempt that began is alive (heartbeating).
+                began[run_id] = run.ingest_started_at  # this attempt's, begun before the retry
+        if run is not None and run.status == RunStatus.analyzing and began.get(run_id) is None:
+            # A copy of a re-sent task while the attempt that began is alive (heartbeating), or a
+            # run another task's batch took.
             log.info("run %s: another ingest attempt is under way; this copy does nothing", run_id)
-            return "in progress"
-        with _Heartbeat(s, run_id, started_at):  # through the analysis and the store
-            ingester = ingest.Ingester(Store(s.data_dir))
-            if run is not None and run.status == RunStatus.analyzing:
-                ingester = ingest.Prepared(ingester, run)  # analysed here, with no transaction open
+            if not began:
+                return "in progress"
+        batch = sorted(rid for rid in began if began[rid] is not None and runs.get(rid) is not None
+                       and runs[rid].status == RunStatus.analyzing)
+        with _Heartbeat(s, {rid: began[rid] for rid in batch}):  # through the analyses and the store
+            plain = ingest.Ingester(Store(s.data_dir))
+            ingesters = {rid: ingest.Prepared(plain, runs[rid]) for rid in batch}  # no transaction open
+            done = _store_batch(self, s, ingesters)
+        if run_id in done:
+            return done[run_id]
+        if run is None or run.status != RunStatus.analyzing:
+            # Gone, or not analyzing (ingested already, cancelled, failed by the reaper): the run
+            # service says so and stores nothing.
             with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
-                return str(run_service.ingest(session, run_id=run_id, ingester=ingester))
+                return str(run_service.ingest(session, run_id=run_id, ingester=ingest.Ingester(Store(s.data_dir))))
+        return "in progress"
     except DBAPIError as e:
         _retry_later(self, e)
         raise
 
 
-class _Heartbeat:
-    """While an ingest attempt analyses and stores, a thread moves its run's deadline every
-    SME2_INGEST_HEARTBEAT_S (services/runs/ingesting.py ingest_heartbeat): if this worker is killed the
-    heartbeats stop and the reaper sends the ingest again seconds later, not at
-    SME2_INGEST_DEADLINE_S. Each beat is its own short transaction; one that fails (a database
-    blip) is logged and the next one tries again."""
+def _store_batch(task: Any, s: Any, ingesters: dict[int, Any]) -> dict[int, str]:
+    """The analysed runs stored in one transaction, in run id order; each experiment's comparisons
+    completed once, at the end. A transaction PostgreSQL aborts (deadlock, serialization) is tried
+    again here, the analyses kept: the runs are begun and heartbeating, and a Celery retry of
+    this task would know only its own run. {run id: its status}."""
+    if not ingesters:
+        return {}
+    for attempt in range(MAX_RETRIES + 1):
+        try:
+            with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
+                runs = session.scalars(select(Run).where(Run.id.in_(list(ingesters)))).all()  # one SELECT, not one each
+                out, ended = {}, []
+                for rid, ingester in sorted(ingesters.items()):
+                    out[rid] = str(run_service.ingest(session, run_id=rid, ingester=ingester, complete=False))
+                    ended.append(next((r.experiment_id for r in runs if r.id == rid), None))
+                run_service.complete(session, [e for e in ended if e is not None])
+                return out
+        except DBAPIError as e:
+            if not _retryable(e) or attempt == MAX_RETRIES:
+                raise
+            log.warning("%s: storing %d runs: %s, trying again", task.name, len(ingesters), type(e.orig).__name__)
+            time.sleep(random.uniform(0.05, 0.5) * (2 ** attempt))
+    raise AssertionError("unreachable")
 
-    def __init__(self, s: Any, run_id: int, started_at: Any):
-        self.s, self.run_id, self.started_at = s, run_id, started_at
+
+class _Heartbeat:
+    """While an ingest batch analyses and stores, a thread moves its runs' deadlines every
+    SME2_INGEST_HEARTBEAT_S (services/runs/ingesting.py ingest_heartbeat): if this worker is killed the
+    heartbeats stop and the reaper sends the ingests again seconds later, not at
+    SME2_INGEST_DEADLINE_S. Each beat is its own short transaction; one that fails (a database
+    blip) is logged and the next one tries again. `runs`: {run id: when its attempt began}."""
+
+    def __init__(self, s: Any, runs: dict[int, Any]):
+        self.s, self.runs = s, dict(runs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "_Heartbeat":
-        if self.started_at is not None:
-            self._thread = threading.Thread(target=self._beat, name=f"ingest-heartbeat-{self.run_id}", daemon=True)
+        if self.runs:
+            self._thread = threading.Thread(target=self._beat, name=f"ingest-heartbeat-{min(self.runs)}", daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)  # a beat waiting on the run's row lock ends once the ingest commits
+            self._thread.join(timeout=10)  # a beat waiting on a run's row lock ends once the ingest commits
 
     def _beat(self) -> None:
         s = self.s
-        while not self._stop.wait(s.ingest_heartbeat_s):
+        while self.runs and not self._stop.wait(s.ingest_heartbeat_s):
             try:
                 with session_scope(s.sqlalchemy_url) as session:
-                    alive = run_service.ingest_heartbeat(session, run_id=self.run_id, started_at=self.started_at,
-                                                         ingest_deadline_s=s.ingest_deadline_s,
-                                                         heartbeat_s=s.ingest_heartbeat_s)
+                    gone = [rid for rid, began in self.runs.items()
+                            if not run_service.ingest_heartbeat(session, run_id=rid, started_at=began,
+                                                                ingest_deadline_s=s.ingest_deadline_s,
+                                                                heartbeat_s=s.ingest_heartbeat_s)]
             except Exception:
-                log.warning("run %s: ingest heartbeat failed", self.run_id, exc_info=True)
+                log.warning("runs %s: ingest heartbeat failed", sorted(self.runs), exc_info=True)
                 continue
-            if not alive:  # ended, or re-sent: this attempt is no longer the run's
-                return
+            for rid in gone:  # ended, or re-sent: this attempt is no longer the run's
+                del self.runs[rid]
 
 
 @app.task(name=TASK_REAP, bind=True, max_retries=MAX_RETRIES)

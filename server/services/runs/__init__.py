@@ -26,16 +26,17 @@ Tasks a transition needs (dispatch, ingest) are sent after the transaction commi
 
 from sme2farm.server.services.runs.assignment import (ASSIGNED_AGENTS, QUEUE_ORDER, assign_next, assigned_leases,
                                                       assigned_to_agent, dispatch)
-from sme2farm.server.services.runs.ingesting import (INGEST_SILENT_BEATS, Ingester, ingest, ingest_heartbeat,
-                                                     ingest_started)
+from sme2farm.server.services.runs.ingesting import (INGEST_BATCH, INGEST_SILENT_BEATS, Ingester, ingest,
+                                                     ingest_heartbeat, ingest_started, ingest_started_batch)
 from sme2farm.server.services.runs.lease import finish, heartbeat, start
 from sme2farm.server.services.runs.reaper import end_lost_device_runs, reap_expired
 from sme2farm.server.services.runs.status import (ALLOWED, CANCELLED_BY_USER, IllegalTransition, LeaseConflict,
-                                                  StateChanged, cancel, end_run, get, move, require, runs_created)
+                                                  StateChanged, cancel, complete, end_run, get, move, require,
+                                                  runs_created)
 
 __all__ = [
-    "ALLOWED", "ASSIGNED_AGENTS", "CANCELLED_BY_USER", "INGEST_SILENT_BEATS", "IllegalTransition", "Ingester",
-    "LeaseConflict", "QUEUE_ORDER", "StateChanged", "assign_next", "assigned_leases", "assigned_to_agent", "cancel",
-    "dispatch", "end_lost_device_runs", "end_run", "finish", "get", "heartbeat", "ingest", "ingest_heartbeat",
-    "ingest_started", "move", "reap_expired", "require", "runs_created", "start",
+    "ALLOWED", "ASSIGNED_AGENTS", "CANCELLED_BY_USER", "INGEST_BATCH", "INGEST_SILENT_BEATS", "IllegalTransition",
+    "Ingester", "LeaseConflict", "QUEUE_ORDER", "StateChanged", "assign_next", "assigned_leases", "assigned_to_agent", "cancel",
+    "complete", "dispatch", "end_lost_device_runs", "end_run", "finish", "get", "heartbeat", "ingest",
+    "ingest_heartbeat", "ingest_started", "ingest_started_batch", "move", "reap_expired", "require", "runs_created", "start",
 ]

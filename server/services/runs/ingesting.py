@@ -8,18 +8,22 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from sme2farm.analysis import EtdumpError
 from sme2farm.protocol import RunStatus
 from sme2farm.server.services.errors import DomainError
-from sme2farm.server.services.runs.status import StateChanged, aware, end_run, move
+from sme2farm.server.services.runs.status import StateChanged, aware, end, end_run, move
 from sme2farm.server.store.models import Run, utcnow
 
 log = logging.getLogger(__name__)
 S = RunStatus
 INGEST_SILENT_BEATS = 3  # heartbeats an ingest may miss before its worker is taken for dead
+# Runs one ingest task takes: the one it was sent for and the runs waiting whose ingest has not
+# begun, analysed one by one and stored in one transaction (bench/scale.py: per-run transactions
+# serialised the worker on each experiment's row lock, taken as each run ended).
+INGEST_BATCH = 32
 
 
 class NotWhatItsArmSays(DomainError):
@@ -61,6 +65,37 @@ def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float,
     return now if began else None
 
 
+def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: float, heartbeat_s: float | None = None,
+                         limit: int = INGEST_BATCH, own: bool = True) -> dict[int, datetime]:
+    """ingest_started for the run this task was sent for (own=False: a retry of a task whose
+    attempt began already, so it is not begun again), and for up to limit - 1 more runs
+    analyzing whose ingest has not begun (sent, waiting in the broker, or re-sent by the
+    reaper): {run id: when its attempt began}. Each is taken with the same conditional UPDATE as
+    ingest_started, so a run is begun by one task only; rows another transaction holds are
+    skipped (SKIP LOCKED), not waited for. The copies of the messages sent for the runs taken
+    here find them begun (or ended) and do nothing."""
+    began: dict[int, datetime] = {}
+    if own:
+        mark = ingest_started(session, run_id=run_id, ingest_deadline_s=ingest_deadline_s, heartbeat_s=heartbeat_s)
+        if mark is not None:
+            began[run_id] = mark
+    if limit <= 1:
+        return began
+    now = utcnow()
+    window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
+    waiting = (select(Run.id).where(Run.status == S.analyzing.value, Run.ingest_started_at.is_(None), Run.id != run_id)
+               .order_by(Run.id).limit(limit - 1).with_for_update(skip_locked=True))
+    taken = session.execute(
+        update(Run).where(Run.id.in_(waiting.scalar_subquery()), Run.status == S.analyzing.value,
+                          Run.ingest_started_at.is_(None))
+        .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
+                lease_expires_at=now + timedelta(seconds=window))
+        .returning(Run.id).execution_options(synchronize_session=False)
+    ).scalars().all()
+    began.update((rid, now) for rid in taken)
+    return began
+
+
 def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ingest_deadline_s: float,
                      heartbeat_s: float) -> bool:
     """The ingest attempt that began at started_at is alive: its run's deadline moves to
@@ -75,10 +110,12 @@ def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ing
     ).rowcount == 1
 
 
-def ingest(session: Session, *, run_id: int, ingester: Ingester) -> str:
+def ingest(session: Session, *, run_id: int, ingester: Ingester, complete: bool = True) -> str:
     """analyzing -> succeeded, or failed with a reason naming the problem, whatever goes wrong
     with the trace or with storing its results. A run no longer analyzing (ingested already,
-    cancelled, failed by the reaper) is left alone, so a repeated or late ingest stores nothing."""
+    cancelled, failed by the reaper) is left alone, so a repeated or late ingest stores nothing.
+    complete=False: the run is ended without completing its experiment's comparisons; the
+    caller (a batch) completes each experiment once (status.complete), in this transaction."""
     run = session.get(Run, run_id)
     if run is None:
         return "missing"
@@ -105,10 +142,11 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester) -> str:
         except Exception as e:
             log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
             failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
+    ending = end_run if complete else end
     if failure is None:
-        end_run(session, run, S.succeeded, "")  # what an earlier attempt went through is no reason now
+        ending(session, run, S.succeeded, "")  # what an earlier attempt went through is no reason now
     else:
-        end_run(session, run, S.failed, failure)
+        ending(session, run, S.failed, failure)
     return run.status
 
 
