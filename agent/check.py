@@ -118,7 +118,8 @@ def connection(driver: Driver, info: DeviceInfo) -> Check:
     if raw == "unauthorized":
         return Check("connection", FAILED, f"adb reports {info.serial} unauthorized", failure=(
             f"adb reports {info.serial} unauthorized: accept the 'Allow USB debugging?' prompt on the phone "
-            f"(tick 'Always allow from this computer'), then run `sme2-agent check` again."), evidence={"adb_state": raw})
+            f"(tick 'Always allow from this computer'), then run `sme2-agent check` again."),
+            evidence={"adb_state": raw})
     if adb is not None:
         return Check("connection", FAILED, f"adb reports {info.serial} {raw}", failure=(
             f"adb reports {info.serial} {raw}: reconnect its cable (or `adb connect` it again), check that USB "
@@ -390,7 +391,8 @@ def numerics(info: DeviceInfo, outputs: dict[str, list | None]) -> Check:
     if outputs.get("off") is None or outputs.get("on") is None:
         return Check("numerics", FAILED, "an arm wrote no outputs", failure=(
             f"the example's outputs were not recorded for both arms on {info.serial}: rebuild the runner with "
-            f"{build_step(info.runner_platform)} (a build that writes --outputs_file), then run `sme2-agent check` again."))
+            f"{build_step(info.runner_platform)} (a build that writes --outputs_file), then run `sme2-agent check` "
+            "again."))
     result = num.compare(outputs["off"], outputs["on"], ("SME2 off", "SME2 on"))
     evidence = {"verdict": result["verdict"], "outputs": [
         {k: o.get(k) for k in ("index", "dtype", "max_abs", "max_rel", "snr_db", "within_tolerance")}
@@ -412,7 +414,8 @@ def hygiene(driver: Driver, info: DeviceInfo) -> Check:
     except DriverError as e:
         return Check("hygiene", FAILED, f"the device state is unreadable: {e.reason}", failure=(
             f"the thermal/battery state of {info.serial} is unreadable ({e.reason[:200]}): the gates cannot be "
-            "checked; make sure `dumpsys thermalservice` and `dumpsys battery` answer, then run `sme2-agent check` again."))
+            "checked; make sure `dumpsys thermalservice` and `dumpsys battery` answer, then run `sme2-agent check` "
+            "again."))
     readable = {
         "thermal": bool(reading.get("thermal_c") or reading.get("zones_c") or reading.get("hal_temps")
                         or reading.get("thermal_status") is not None or reading.get("cpu_speed_limit") is not None),
@@ -497,7 +500,8 @@ def check_all(drivers: list[Driver], catalog: Catalog, work_dir: Path, serial: s
         except Exception as e:   # one broken driver must not hide the others' devices
             out.append(DeviceCheck(f"({type(driver).__name__})", driver.platform, "", False, None, [Check(
                 "connection", FAILED, f"discovery failed: {e}",
-                failure=f"the {type(driver).__name__} could not list its devices ({e}); see `sme2-agent -v devices`.")]))
+                failure=f"the {type(driver).__name__} could not list its devices ({e}); see "
+                        "`sme2-agent -v devices`.")]))
             continue
         for info in infos:
             if serial is None or info.serial == serial:

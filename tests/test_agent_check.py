@@ -28,7 +28,8 @@ from sme2farm.agent.check import EXAMPLE, EXAMPLE_SHA256
 from sme2farm.runners.catalog import Catalog, sha256_file
 
 
-def _check(*args: str, device: str | None = None, env: dict | None = None, timeout: float = 600) -> tuple[int, dict, str]:
+def _check(*args: str, device: str | None = None, env: dict | None = None,
+           timeout: float = 600) -> tuple[int, dict, str]:
     """`sme2-agent <args> check [--device D] --json` as a user runs it: (exit code, the document, stderr)."""
     done = subprocess.run([sys.executable, "-m", "sme2farm.agent.cli", *args, "check", "--json",
                            *(["--device", device] if device else [])],
@@ -179,7 +180,8 @@ def test_check_fails_the_emulated_sme2_device_whose_off_build_does_not_hide_sme2
     kp = checks["kernel paths"]
     assert kp["status"] == "failed" and any("PF32" in n for n in kp["evidence"]["off_sme_operators"]), kp
     assert kp["failure"].startswith(f"SME2 cannot be hidden on {dev['serial']} with runner ")
-    assert "SME2 was not hidden from XNNPACK" in kp["failure"] and "build-runner --platform linux-arm64" in kp["failure"]
+    assert "SME2 was not hidden from XNNPACK" in kp["failure"]
+    assert "build-runner --platform linux-arm64" in kp["failure"]
     assert dev["reason"] == kp["failure"]
 
 
@@ -246,7 +248,8 @@ def test_check_on_the_emulated_sme2_phone_passes_and_fails_a_bundle_whose_loader
     loader.chmod(0o755)
     broken = _private_catalog(arm64_runners, tmp_path / "broken.json", lambda b: dataclasses.replace(
         b, path=str(broken_dir / Path(b.path).name)) if b.platform == "android-arm64-v9a" else b)
-    assert sha256_file(Path(broken.find("android-arm64-v9a", "off").path)) == broken.find("android-arm64-v9a", "off").sha256
+    broken_off = broken.find("android-arm64-v9a", "off")
+    assert sha256_file(Path(broken_off.path)) == broken_off.sha256   # the runner itself is whole
     code, doc, err = _check("--drivers", "android", "--manifest", str(broken.manifest), "--work-dir", str(tmp_path),
                             device=phone.serial, env=env)
     assert code == 1 and doc["ok"] is False, err
@@ -368,27 +371,41 @@ def test_start_checks_leave_offline_devices_alone_and_check_again_on_a_change_or
     assert checks.results == {}
 
 
-# ---- a Mac (none here: its probes answered from captured macOS outputs, as tests/test_macos_driver.py does) ----
+# ---- a Mac (none here: its probes answered from captured macOS outputs, as test_macos_driver does) ----
+
+_M4 = {   # what an M4 MacBook on battery answers (captured macOS 15 outputs)
+    ("uname", "-m"): "arm64\n", ("sw_vers", "-productVersion"): "15.3.1\n", ("sysctl", "-n", "hw.ncpu"): "10\n",
+    ("sysctl", "-n", "hw.model"): "Mac16,10\n", ("sysctl", "-n", "machdep.cpu.brand_string"): "Apple M4\n",
+    ("sysctl", "-n", "hw.optional.arm.FEAT_SME"): "1\n", ("sysctl", "-n", "hw.optional.arm.FEAT_SME2"): "1\n",
+    ("sysctl", "-n", "hw.optional.arm.sme_max_svl_b"): "64\n",
+    ("pmset", "-g", "therm"): "Note: No thermal warning level has been recorded\n"
+                              "Note: No performance warning level has been recorded\n"
+                              "Note: No CPU power status has been recorded\n",
+    ("pmset", "-g", "batt"): "Now drawing from 'Battery Power'\n"
+                             " -InternalBattery-0 (id=23462019)\t87%; discharging; 6:12 remaining present: true\n",
+}
+
+
+def _m4_on_battery(argv: list[str]) -> tuple[int, str]:
+    """MacDriver's command runner, answering from _M4 (an unknown sysctl key: exit 1, as sysctl does)."""
+    return (0, _M4[tuple(argv)]) if tuple(argv) in _M4 else (1, "")
+
 
 def test_check_on_a_mac_reads_the_sysctl_values_and_says_when_its_wheel_is_missing(local_runner, tmp_path, monkeypatch):
-    """The probes are captured M4 outputs; the runner is the host's, registered as macos-arm64 (the
+    """The probes are captured M4 outputs (no Mac here); the runner is the host's, registered as macos-arm64 (the
     fake at the hardware boundary). An x86 runner cannot use SME2: the check says so, for real."""
     import importlib.util
-
-    from test_macos_driver import BATT_BATTERY, FakeMac
 
     from sme2farm.agent import check
     from sme2farm.agent.drivers.macos import MacDriver
 
-    mac = FakeMac(sme2="1", batt=BATT_BATTERY)
-    mac.answers[("sysctl", "-n", "hw.optional.arm.FEAT_SME")] = "1\n"
-    mac.answers[("sysctl", "-n", "hw.optional.arm.sme_max_svl_b")] = "64\n"
-    driver = MacDriver(mac, system="Darwin")
+    driver = MacDriver(_m4_on_battery, system="Darwin")
     [info] = driver.discover()
     host_catalog, host = local_runner
     catalog = _private_catalog(host_catalog, tmp_path / "mac.json")
     for arm in ("on", "off"):
-        catalog.register(dataclasses.replace(host, platform="macos-arm64", sme2=arm, path=str(host_catalog.resolve(host)),
+        catalog.register(dataclasses.replace(host, platform="macos-arm64", sme2=arm,
+                                             path=str(host_catalog.resolve(host)),
                                              env={"SME2FARM_HIDE_SME2": "1"} if arm == "off" else {}))
     dev = check.check_device(driver, info, catalog, tmp_path / "check")
     checks = {c.name: c for c in dev.checks}
@@ -407,7 +424,8 @@ def test_check_on_a_mac_reads_the_sysctl_values_and_says_when_its_wheel_is_missi
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "executorch" else real(name, *a))
     bare = check.check_device(driver, info, Catalog(tmp_path / "none.json", []), tmp_path / "check")
     [runners] = [c for c in bare.checks if c.name == "runners"]
-    assert runners.status == "failed" and "install the Mac's ExecuTorch wheel (`pip install executorch`)" in runners.failure
+    assert runners.status == "failed"
+    assert "install the Mac's ExecuTorch wheel (`pip install executorch`)" in runners.failure
 
 
 @pytest.mark.e2e
