@@ -454,3 +454,28 @@ def test_a_farm_whose_emulated_sme2_device_fails_its_check_says_why_and_runs_not
     out = farm.proc.stdout.read()
     [line] = [ln for ln in out.splitlines() if ln.startswith("devices: ")]
     assert f"{dev.serial} (linux, SME2 yes; unhealthy: SME2 cannot be hidden on {dev.serial}" in line, out[-3000:]
+
+
+def test_numerics_are_not_judged_for_builds_that_cannot_write_outputs():
+    """The recipe's builds (upstream executor_runner) write no outputs file: nothing to compare, which
+    is not a fault of the device; a build that promises outputs and wrote none is."""
+    import numpy as np
+
+    from sme2farm.agent.check import FAILED, OK, SKIPPED, numerics
+    from sme2farm.protocol import DeviceInfo
+    from sme2farm.runners.catalog import RunnerBuild
+
+    info = DeviceInfo(serial="phone", platform="android", sme2=True, runner_platform="android-arm64-v9a")
+
+    def builds(writes: bool):
+        return {arm: RunnerBuild(id=f"recipe-sme2{arm}", platform="android-arm64-v9a", sme2=arm, flavour="timing",
+                                 path="runner", sha256="0" * 64, origin="recipe", supports_outputs=writes)
+                for arm in ("off", "on")}
+
+    assert numerics(info, {"off": None, "on": None}, builds(False)).status == SKIPPED
+    assert numerics(info, {"off": None, "on": None}, builds(True)).status == FAILED
+    same = [("Float", np.ones((1, 4), np.float32))]
+    assert numerics(info, {"off": same, "on": same}, builds(True)).status == OK
+    far = [("Float", np.full((1, 4), 2.0, np.float32))]
+    changed = numerics(info, {"off": same, "on": far}, builds(True))
+    assert changed.status == FAILED and changed.failure.startswith("the two arms' outputs differ beyond tolerance on phone")
