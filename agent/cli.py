@@ -67,7 +67,8 @@ def cmd_run(args) -> int:
         return 2
     work_dir = args.work_dir or settings.agent_work_dir
     agent = Agent(AgentApi(args.server or settings.server, token), _drivers(args), Catalog.load(args.manifest),
-                  name=args.name, work_dir=Path(work_dir) if work_dir else None)
+                  name=args.name, work_dir=Path(work_dir) if work_dir else None,
+                  check_devices=settings.agent_check and not args.no_check)
     def terminate(*_):
         # Stop now, not after the current long-poll (up to 20 s): a supervisor waits on this.
         agent.stop.set()
@@ -107,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                                                   f"{DEFAULT_SERVER_URL})")
     r.add_argument("--token", default=None)
     r.add_argument("--name", default=None)
+    r.add_argument("--no-check", action="store_true",
+                   help="serve devices without checking them first (default: each device is checked as "
+                        "`sme2-agent check` does when first seen; one that fails is reported unhealthy; "
+                        "SME2_AGENT_CHECK=0 does the same)")
     r.set_defaults(fn=cmd_run)
     args = p.parse_args(argv)
     logs.configure("agent", logging.DEBUG if args.verbose else logging.INFO)  # JSON lines unless on a terminal
