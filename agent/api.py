@@ -17,6 +17,7 @@ from sme2farm.protocol import (
     AgentDevices, AgentRegister, AgentRegistered, ArtifactStored, DeviceInfo, DevicesSynced, FinishAnswer,
     HeartbeatAnswer, RunAssignment, RunFinish, RunnerInfo,
 )
+from sme2farm.protocol.agents import AGENT_PROTOCOL, DELIVERY_PART, ArtifactDigest, RunDelivery
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ class AgentApi:
         self.client = httpx.Client(base_url=self.server, timeout=httpx.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
                                    transport=transport)
         self.client.headers["Authorization"] = f"Bearer {token}"
+        # The agent protocol both sides speak (sme2farm/protocol/agents.py AGENT_PROTOCOL), known
+        # once registered: 2 delivers a run in one request (deliver), 1 starts, uploads, finishes.
+        self.protocol = 1
 
     def _request(self, method: str, url: str, *, timeout: float | None = None, until: float | None = None,
                  **kw) -> httpx.Response:
@@ -112,6 +116,7 @@ class AgentApi:
         r = self._request("POST", "/agent/register", json=body.model_dump(mode="json"))
         reg = AgentRegistered.model_validate(r.json())
         self.client.headers["Authorization"] = f"Bearer {reg.access_token}"
+        self.protocol = min(reg.protocol, AGENT_PROTOCOL)  # an older server's answer says none: 1
         return reg
 
     def sync_devices(self, devices: list[DeviceInfo], runners: list[RunnerInfo]) -> DevicesSynced:
@@ -151,6 +156,42 @@ class AgentApi:
         except httpx.TransportError as e:
             raise UploadRefused(f"the server could not be reached to upload {name} for "
                                 f"{time.monotonic() - start:.0f} s: {e or type(e).__name__}") from e
+
+    def deliver(self, run_id: int, body: RunFinish, files: dict[str, Path], started_s_ago: float | None = None
+                ) -> FinishAnswer:
+        """Protocol 2: the finish and every artifact in one multipart request (POST
+        /agent/runs/{id}/deliver), each file streamed from disk with its size and sha256 declared in
+        the 'finish' part. Retried like an upload (the run's heartbeats keep its lease meanwhile),
+        then UploadRefused with the server's reason; 409 is LeaseLost."""
+        digests = {}
+        for name, path in files.items():
+            h, size = hashlib.sha256(), 0
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+                    size += len(chunk)
+            digests[name] = ArtifactDigest(size=size, sha256=h.hexdigest())
+        delivery = RunDelivery(**body.model_dump(), artifacts=digests, started_s_ago=started_s_ago)
+        start = time.monotonic()
+        opened = {name: open(path, "rb") for name, path in files.items()}
+        try:  # httpx streams each file in chunks, and seeks it back to its start on a retry
+            parts = [(DELIVERY_PART, (None, delivery.model_dump_json().encode(), "application/json"))]
+            parts += [(name, (name, f, "application/octet-stream")) for name, f in opened.items()]
+            r = self._request("POST", f"/agent/runs/{run_id}/deliver", files=parts, until=start + self.upload_retry_s)
+            return FinishAnswer.model_validate(r.json())
+        except httpx.HTTPStatusError as e:
+            r = e.response
+            what = f"the server refused the run's delivery ({sum(d.size for d in digests.values())} bytes)"
+            if r.status_code >= 500 or r.status_code == 429:
+                what += f" for {time.monotonic() - start:.0f} s"
+            why = f"{what} with {r.status_code}: {_detail(r)}"
+            raise UploadRefused(f"the farm's disk is full: {why}" if r.status_code == 507 else why) from e
+        except httpx.TransportError as e:
+            raise UploadRefused(f"the server could not be reached to deliver the run for "
+                                f"{time.monotonic() - start:.0f} s: {e or type(e).__name__}") from e
+        finally:
+            for f in opened.values():
+                f.close()
 
     def finish(self, run_id: int, body: RunFinish) -> FinishAnswer:
         r = self._request("POST", f"/agent/runs/{run_id}/finish", json=body.model_dump(mode="json"))

@@ -5,6 +5,10 @@ runs and hands them out is loop.py):
     (cached by sha256) -> heartbeat thread (cancellation comes back in its answers) ->
     driver.execute -> upload the artifacts -> finish
 
+With a server speaking agent protocol 2 (AgentApi.protocol) there is no start (the claim's lease
+is the start; the heartbeats, begun at once, carry a cancellation), and the artifacts travel with
+the finish in one request (AgentApi.deliver): a run is a claim and a delivery.
+
 A lease lost anywhere stops the run quietly: the server has requeued it, and nothing is stored twice.
 An upload the server keeps refusing (a full disk, a 5xx through every retry) finishes the run
 failed with the server's reason, so the model is not run again into the same refusal.
@@ -17,6 +21,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -90,10 +95,23 @@ class JobRunner:
     def run(self) -> JobResult | None:
         """The driver's result, or None when the run ended before a driver ran it."""
         a = self.a
+        self.began = time.monotonic()
+        cancel, done = threading.Event(), threading.Event()
+        if self.api.protocol >= 2:  # no start: heartbeats from now on keep the claim's lease
+            threading.Thread(target=self._heartbeat, args=(cancel, done), daemon=True).start()
+        else:
+            try:
+                if self.api.start(a.run_id, a.lease_id).cancel:
+                    cancel.set()
+            except LeaseLost:
+                return None
         try:
-            answer = self.api.start(a.run_id, a.lease_id)
-        except LeaseLost:
-            return None
+            return self._run(cancel, done)
+        finally:
+            done.set()
+
+    def _run(self, cancel: threading.Event, done: threading.Event) -> JobResult | None:
+        a = self.a
         device = self.find_device(a.device_serial)   # once: a device sync may replace the agent's view
         reason = refuse(a, device, self.catalog)
         if reason:
@@ -116,12 +134,10 @@ class JobRunner:
         job = Job(run_id=a.run_id, model_path=model, runner=build, threads=a.threads,
                   iterations=a.iterations, warmup=a.warmup, timeout_s=a.timeout_s, workdir=workdir, mode=a.mode,
                   core_mask=a.core_mask, power_profile=a.power_profile, method=a.method, inputs_path=inputs,
-                  llm=a.llm.model_dump() if a.llm is not None else None)
-        if answer.cancel:
-            job.cancel.set()
-        done = threading.Event()
-        # Heartbeats go on through execution and upload; they stop once the run is finished.
-        threading.Thread(target=self._heartbeat, args=(job, done), daemon=True).start()
+                  llm=a.llm.model_dump() if a.llm is not None else None, cancel=cancel)
+        if self.api.protocol < 2:
+            # Heartbeats go on through execution and upload; they stop once the run is finished.
+            threading.Thread(target=self._heartbeat, args=(cancel, done), daemon=True).start()
         try:
             result = driver.execute(a.device_serial, job)
             try:
@@ -139,29 +155,33 @@ class JobRunner:
             shutil.rmtree(workdir, ignore_errors=True)
         return result
 
-    def _heartbeat(self, job: Job, done: threading.Event) -> None:
+    def _heartbeat(self, cancel: threading.Event, done: threading.Event) -> None:
         a = self.a
         while not done.wait(jittered(self.heartbeat_s)):   # never later than the interval, not in step
             try:
                 if self.api.heartbeat(a.run_id, a.lease_id).cancel:
-                    job.cancel.set()
+                    cancel.set()
             except LeaseLost:
-                job.cancel.set()
+                cancel.set()
             except Exception:
                 log.exception("heartbeat for run %s failed", a.run_id)
 
     def _report(self, job: Job, runner, result: JobResult) -> None:
         a = self.a
-        for name, path in ((LOG_NAME, result.log_path), (KERNEL_LOG_NAME, result.kernel_log_path),
-                           (OUTPUTS_NAME, result.outputs_path), (MEMORY_NAME, result.memory_path),
-                           (ETDUMP_NAME, result.etdump_path)):
-            if path is not None and path.exists():
-                self.api.upload(a.run_id, a.lease_id, name, path)
+        files = {name: path for name, path in (
+            (LOG_NAME, result.log_path), (KERNEL_LOG_NAME, result.kernel_log_path), (OUTPUTS_NAME, result.outputs_path),
+            (MEMORY_NAME, result.memory_path), (ETDUMP_NAME, result.etdump_path)) if path is not None and path.exists()}
         state = dict(result.device_state)
         if result.device_lost:
             state["device_lost"] = True
-        self.api.finish(a.run_id, RunFinish(
+        body = RunFinish(
             lease_id=a.lease_id, status=RunStatus.succeeded if result.ok else RunStatus.failed, reason=result.reason,
             runner=runner, device_state=state, wall_s=result.wall_s, exit_code=result.exit_code,
             warmup_in_trace=job.warmup_in_trace,
-        ))
+        )
+        if self.api.protocol >= 2:
+            self.api.deliver(a.run_id, body, files, started_s_ago=time.monotonic() - self.began)
+            return
+        for name, path in files.items():
+            self.api.upload(a.run_id, a.lease_id, name, path)
+        self.api.finish(a.run_id, body)

@@ -1,7 +1,8 @@
 """The agent protocol (agents pull work over HTTP; they never touch the broker or the database).
 
-Register -> sync devices -> long-poll claim -> start -> heartbeat* -> upload artifacts -> finish.
-Agents get their own router and their own token scope.
+Protocol 2 (AGENT_PROTOCOL): register -> sync devices -> long-poll claim -> heartbeat* -> deliver
+(the finish with every artifact, one request). Protocol 1, still served: ... claim -> start ->
+heartbeat* -> upload artifacts -> finish. Agents get their own router and their own token scope.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from contextlib import contextmanager
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
-from sqlalchemy import and_, or_, select
+from pydantic import ValidationError
+from sqlalchemy import and_, delete, insert, or_, select
 
 from sme2farm.protocol import (
     ACTIVE, AGENT_ARTIFACTS, DEFAULT_METHOD, DEFAULT_POWER_PROFILE, DEFAULT_TIMEOUT_S, AgentDevices, AgentRegister,
@@ -21,6 +23,7 @@ from sme2farm.protocol import (
     RunAssignment, RunFinish, RunStatus, status_values,
 )
 from sme2farm.protocol import TASK_DISPATCH, TRACE
+from sme2farm.protocol.agents import AGENT_PROTOCOL, DELIVERY_PART, RunDelivery
 from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
 from sme2farm.server.config import SEEN_EVERY_S
 from sme2farm.server.services.errors import DomainError
@@ -33,6 +36,7 @@ from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.artifacts import TooLarge
+from sme2farm.server.web.delivery import DELIVERY_BODY_OPENAPI, receive_delivery
 from sme2farm.server.web.uploads import ARTIFACT_BODY_OPENAPI
 from sme2farm.server.services import wakeup
 from sme2farm.server.services.wakeup import ClaimWaiter
@@ -57,7 +61,7 @@ def register(body: AgentRegister, request: Request, settings: SettingsDep, _regi
     claim_waiter(request).forget(agent_id)  # a restarted agent holds nothing: hand it its runs again
     return AgentRegistered(agent_id=agent_id, access_token=token, poll_timeout_s=settings.poll_timeout_s,
                            heartbeat_interval_s=settings.heartbeat_interval_s, lease_s=settings.lease_s,
-                           refused=refused)
+                           refused=refused, protocol=AGENT_PROTOCOL)
 
 
 @router.put("/devices", response_model=DevicesSynced)
@@ -228,6 +232,60 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
     if woken:
         claim_waiter(request).wake_threadsafe(woken)  # this process's claims
         wakeup.publish(settings.celery_broker_url, woken)  # and any other server process's
+    return FinishAnswer(status=status)
+
+
+@router.post("/runs/{run_id}/deliver", response_model=FinishAnswer, responses={**CONFLICT, **NOT_FOUND},
+             openapi_extra=DELIVERY_BODY_OPENAPI)
+async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep,
+                  agent_id: AgentIdDep) -> FinishAnswer:
+    """Agent protocol 2: the run's finish and its artifacts in one multipart request, in place of
+    start, one PUT per artifact and finish (bench/scale.py: a run cost five requests and five
+    transactions). Each artifact streams to a temp file, bounded by max_artifact_mb and hashed, and
+    is checked against the size and sha256 the 'finish' part declares for it; then one transaction
+    checks the lease, records the artifacts, keeps their files and finishes the run (the device's
+    next run assigned in it). A repeat of a delivery already taken stores nothing again."""
+    got = await receive_delivery(request, store.tmp, settings.max_artifact_mb << 20)
+    try:
+        try:
+            body = RunDelivery.model_validate_json(got.finish)
+        except ValidationError as e:
+            raise HTTPException(422, f"the '{DELIVERY_PART}' part is not a RunDelivery: "
+                                     f"{e.errors()[0]['msg']} at {'.'.join(map(str, e.errors()[0]['loc']))}")
+        if set(body.artifacts) != set(got.artifacts):
+            raise HTTPException(422, f"the artifacts sent ({sorted(got.artifacts)}) are not the ones the "
+                                     f"'{DELIVERY_PART}' part lists ({sorted(body.artifacts)})")
+        for name, want in body.artifacts.items():
+            have = got.artifacts[name]
+            if (have.size, have.sha256) != (want.size, want.sha256):
+                raise HTTPException(422, f"artifact {name} arrived damaged: {have.size} bytes sha256 {have.sha256}, "
+                                         f"expected {want.size} bytes sha256 {want.sha256}")
+
+        def keep() -> tuple[RunStatus, tuple]:
+            with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
+                run = run_service.delivered(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id)
+                if run is None:  # delivered already: its answer was lost; nothing is stored again
+                    return RunStatus(run_service.get(session, run_id=run_id).status), ()
+                if got.artifacts:
+                    session.execute(delete(Artifact).where(Artifact.run_id == run_id,
+                                                           Artifact.name.in_(list(got.artifacts))))
+                    session.execute(insert(Artifact), [dict(run_id=run_id, name=n, size=r.size, sha256=r.sha256)
+                                                       for n, r in got.artifacts.items()])
+                has_trace = TRACE in got.artifacts or store.artifact_path(run_id, TRACE).exists()
+                run = run_service.deliver(session, run, body=body, has_trace=has_trace,
+                                          started_s_ago=body.started_s_ago, ingest_deadline_s=settings.ingest_deadline_s,
+                                          lease_s=settings.lease_s)
+                for name, r in got.artifacts.items():  # last: nothing is kept for a run this agent does not hold
+                    store.keep_artifact(r.path, run_id, name)
+                return RunStatus(run.status), tuple(session.info.get(run_service.ASSIGNED_AGENTS, ()))
+
+        async with request.app.state.agent_gate:  # the body is in: take a turn like other agent requests
+            status, woken = await run_in_threadpool(keep)
+    finally:
+        got.discard()  # moved already, or refused
+    if woken:
+        claim_waiter(request).wake_threadsafe(woken)
+        wakeup.publish(settings.celery_broker_url, woken)
     return FinishAnswer(status=status)
 
 

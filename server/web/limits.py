@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 MAX_JSON_DEPTH = 32
 # Routes that stream their body to disk under their own limits (method, path pattern).
 STREAMED = (("POST", re.compile(r"^/experiments/?$")),
-            ("PUT", re.compile(r"^/agent/runs/[^/]+/artifacts/[^/]+$")))
+            ("PUT", re.compile(r"^/agent/runs/[^/]+/artifacts/[^/]+$")),
+            ("POST", re.compile(r"^/agent/runs/[^/]+/deliver$")))  # server/web/delivery.py
 class JsonTooDeep(ValueError):
     pass
 
@@ -151,7 +152,8 @@ class AgentGate:
     `async with gate:` takes a turn; AgentGateMiddleware takes one around each gated request."""
 
     PASSED_BY = (("POST", re.compile(r"^/agent/claim/?$")), ("GET", re.compile(r"^/agent/")),
-                 ("PUT", re.compile(r"^/agent/runs/[^/]+/artifacts/[^/]+$")))
+                 ("PUT", re.compile(r"^/agent/runs/[^/]+/artifacts/[^/]+$")),
+                 ("POST", re.compile(r"^/agent/runs/[^/]+/deliver$")))
 
     def __init__(self, limit: int):
         self.limit = limit

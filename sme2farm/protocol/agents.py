@@ -47,6 +47,8 @@ class AgentRegistered(BaseModel):
     heartbeat_interval_s: float
     lease_s: float
     refused: list[DeviceRefused] = Field(default_factory=list, description="Devices not handed to this agent, and why")
+    protocol: int = Field(default=1, description="The agent protocol this server speaks (AGENT_PROTOCOL); an "
+                                                "answer without it is a protocol-1 server's")
 
 
 class AgentDevices(StrictWire):
@@ -126,3 +128,28 @@ class FinishAnswer(BaseModel):
     """POST /agent/runs/{id}/finish: the run's status after it."""
 
     status: RunStatus
+
+
+# The agent protocol's version, told in AgentRegistered.protocol. 1: claim, start, one PUT per
+# artifact, finish. 2: claim, then one POST /agent/runs/{id}/deliver carrying the finish and every
+# artifact (the start folded into the claim's lease: the run is running from its first heartbeat,
+# or from the delivery's started_s_ago). A server speaking 2 still serves protocol-1 agents (their
+# endpoints are kept); an agent meeting a protocol-1 server speaks 1.
+AGENT_PROTOCOL = 2
+DELIVERY_PART = "finish"  # the delivery's JSON part; every other part is an artifact, named by its name
+
+
+class ArtifactDigest(StrictWire):
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class RunDelivery(RunFinish):
+    """POST /agent/runs/{id}/deliver, the multipart body's 'finish' part: the finish, the artifacts
+    the other parts carry (each checked against its size and sha256 as it streams in), and how long
+    ago the agent started the run (its own clock's seconds, so no clock skew: the server stamps
+    started_at from it when no heartbeat moved the run to running)."""
+
+    artifacts: dict[str, ArtifactDigest] = Field(default_factory=dict, max_length=8)
+    started_s_ago: float | None = Field(default=None, ge=0, le=366 * 86400)
+

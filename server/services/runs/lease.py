@@ -12,7 +12,7 @@ from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunF
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.services.runs.assignment import assign_next
-from sme2farm.server.services.runs.status import CANCELLED_BY_USER, LeaseConflict, end_run, locked, move
+from sme2farm.server.services.runs.status import CANCELLED_BY_USER, LeaseConflict, aware, end_run, locked, move
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Device, Run, utcnow
 
@@ -45,7 +45,9 @@ def heartbeat(session: Session, *, run_id: int, lease_id: str, agent_id: int, st
         raise LeaseConflict("invalid_state", f"run {run_id} is {run.status}", run.status)
     expires = utcnow() + timedelta(seconds=lease_s)
     if ACTIVE.index(S(status)) > ACTIVE.index(S(run.status)):  # heartbeats only move a run forward
-        move(session, run, S(status), lease_expires_at=expires)
+        # Protocol 2 has no start: an assigned run's first heartbeat is its start.
+        started = {"started_at": utcnow()} if run.status == S.assigned else {}
+        move(session, run, S(status), lease_expires_at=expires, **started)
     else:
         run.lease_expires_at = expires
     return run
@@ -57,7 +59,32 @@ def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has
     this commits, with a deadline the reaper holds it to); the device is freed now, so the next
     run can start while this one is ingested. Given lease_s, the device's next queued run is
     assigned here (assign_next); dispatch is sent only when it got none."""
-    run = _owned(session, run_id, body.lease_id, agent_id)
+    return _finish(session, _owned(session, run_id, body.lease_id, agent_id), body=body, has_trace=has_trace,
+                   ingest_deadline_s=ingest_deadline_s, lease_s=lease_s)
+
+
+def delivered(session: Session, *, run_id: int, lease_id: str, agent_id: int) -> Run | None:
+    """The run whose delivery this is, locked and checked against its lease (LeaseConflict, NotFound),
+    or None when it has been delivered already (analyzing or ended: a repeat of a delivery whose
+    answer the agent lost): nothing is stored again."""
+    run = _owned(session, run_id, lease_id, agent_id)
+    return None if run.status == S.analyzing or run.status in TERMINAL else run
+
+
+def deliver(session: Session, run: Run, *, body: RunFinish, has_trace: bool, started_s_ago: float | None,
+            ingest_deadline_s: float, lease_s: float | None = None) -> Run:
+    """Protocol 2's finish (POST /agent/runs/{id}/deliver), its artifacts recorded by the caller in
+    this same transaction, on the run `delivered` handed back. A run still assigned (no heartbeat
+    came: a short run) is stamped started `started_s_ago` seconds before now (the agent's own
+    clock's interval, so no skew), or now if the agent did not say."""
+    if run.status == S.assigned:
+        started = utcnow() - timedelta(seconds=started_s_ago or 0.0)
+        move(session, run, S.running, started_at=max(started, aware(run.created_at)))
+    return _finish(session, run, body=body, has_trace=has_trace, ingest_deadline_s=ingest_deadline_s, lease_s=lease_s)
+
+
+def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ingest_deadline_s: float,
+            lease_s: float | None) -> Run:
     if run.status == S.analyzing or run.status in TERMINAL:
         return run  # a repeat of the same finish
     run.runner = body.runner.model_dump() if body.runner else None

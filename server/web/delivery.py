@@ -1,0 +1,193 @@
+"""Streaming multipart parsing for POST /agent/runs/{id}/deliver (agent protocol 2): the run's
+finish (the 'finish' JSON part) and its artifacts (one part each, named by the artifact's name) in
+one request, in place of a start, one PUT per artifact and a finish.
+
+Each artifact is hashed and written to a temp file in the store as it arrives and stops at
+max_artifact_mb, like a PUT of one artifact (server/store/artifacts.py receive); the whole body is
+counted as it streams; part names are the artifact names or 'finish', each once; part headers are
+bounded; the temp files are removed on every way out but the caller keeping them (Delivery.discard).
+What the finish part declares for each artifact (size, sha256) is checked by the route once the
+body is in: a part that does not match it is a 422 naming the artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import HTTPException, Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from sme2farm.protocol import AGENT_ARTIFACTS
+from sme2farm.protocol.agents import DELIVERY_PART
+
+MAX_FINISH_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 8 * 1024
+OVERHEAD_BYTES = 64 * 1024  # boundaries, part headers, a preamble
+
+
+@dataclass
+class Received:
+    path: Path
+    size: int
+    sha256: str
+
+
+@dataclass
+class Delivery:
+    finish: str = ""
+    artifacts: dict[str, Received] = field(default_factory=dict)
+
+    def discard(self) -> None:
+        for r in self.artifacts.values():
+            r.path.unlink(missing_ok=True)
+
+
+class _Collector:
+    def __init__(self, tmp_dir: Path, limit: int):
+        self.tmp_dir, self.limit = tmp_dir, limit
+        self.delivery = Delivery()
+        self.error: tuple[int, str] | None = None
+        self._field = self._value = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._name = ""
+        self._seen: set[str] = set()
+        self._buf = bytearray()
+        self._file = self._hash = None
+        self._size = 0
+
+    def on_part_begin(self) -> None:
+        self._headers, self._name, self._buf, self._size = {}, "", bytearray(), 0
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._field += data[start:end]
+        self._check_header()
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+        self._check_header()
+
+    def _check_header(self) -> None:
+        if not self.error and len(self._field) + len(self._value) > MAX_HEADER_BYTES:
+            self.error = (413, f"a multipart part header exceeds {MAX_HEADER_BYTES} bytes")
+
+    def on_header_end(self) -> None:
+        self._headers[self._field.lower()] = self._value
+        self._field = self._value = b""
+
+    def on_headers_finished(self) -> None:
+        if self.error:
+            return
+        _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
+        name = params.get(b"name", b"").decode("utf-8", "replace")
+        if name != DELIVERY_PART and name not in AGENT_ARTIFACTS:
+            self.error = (422, f"unknown part {name[:64]!r}; a delivery takes '{DELIVERY_PART}' and the artifacts "
+                               f"{sorted(AGENT_ARTIFACTS)}")
+            return
+        if name in self._seen:
+            self.error = (422, f"only one {name!r} part may be sent")
+            return
+        self._seen.add(name)
+        self._name = name
+        if name != DELIVERY_PART:
+            fd, path = tempfile.mkstemp(dir=self.tmp_dir, suffix=".delivery")
+            self._file, self._hash = os.fdopen(fd, "wb"), hashlib.sha256()
+            self.delivery.artifacts[name] = Received(Path(path), 0, "")
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.error:
+            return
+        chunk = data[start:end]
+        if self._file is None:
+            self._buf += chunk
+            if len(self._buf) > MAX_FINISH_BYTES:
+                self.error = (413, f"the {DELIVERY_PART!r} part exceeds {MAX_FINISH_BYTES} bytes")
+            return
+        self._size += len(chunk)
+        if self._size > self.limit:
+            self.error = (413, f"artifact {self._name} exceeds the {self.limit >> 20} MiB limit")
+            return
+        self._hash.update(chunk)
+        self._file.write(chunk)
+
+    def on_part_end(self) -> None:
+        if self.error:
+            return
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            got = self.delivery.artifacts[self._name]
+            got.size, got.sha256 = self._size, self._hash.hexdigest()
+        else:
+            try:
+                self.delivery.finish = bytes(self._buf).decode("utf-8")
+            except UnicodeDecodeError as e:
+                self.error = (422, f"the {DELIVERY_PART!r} part is not UTF-8 (byte offset {e.start})")
+
+    def close(self) -> None:
+        if self._file is not None:
+            f, self._file = self._file, None
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+async def receive_delivery(request: Request, tmp_dir: Path, limit: int) -> Delivery:
+    """The delivery's parts, its artifacts in temp files (the caller keeps or discards them)."""
+    ctype, params = parse_options_header(request.headers.get("content-type", ""))
+    if ctype != b"multipart/form-data" or b"boundary" not in params:
+        raise HTTPException(415, f"a delivery is multipart/form-data: a '{DELIVERY_PART}' JSON part and one part per "
+                                 f"artifact")
+    total_limit = len(AGENT_ARTIFACTS) * limit + MAX_FINISH_BYTES + OVERHEAD_BYTES
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > total_limit:
+        raise HTTPException(413, f"request body of {int(length)} bytes exceeds {total_limit} bytes "
+                                 f"({len(AGENT_ARTIFACTS)} artifacts of {limit >> 20} MiB at most, and framing)")
+    c = _Collector(tmp_dir, limit)
+    parser = MultipartParser(params[b"boundary"], callbacks={
+        name: getattr(c, name) for name in ("on_part_begin", "on_part_data", "on_part_end", "on_header_field",
+                                            "on_header_value", "on_header_end", "on_headers_finished")})
+    received = 0
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > total_limit:
+                c.error = (413, f"request body exceeds {total_limit} bytes")
+                break
+            parser.write(chunk)
+            if c.error:
+                break
+        if not c.error:
+            parser.finalize()
+            if c._file is not None:
+                c.error = (400, f"malformed multipart body: the {c._name!r} part never ended (no closing boundary)")
+    except OSError:  # the server's own I/O (a full disk): answered as every other write's (api/errors.py)
+        c.close()
+        c.delivery.discard()
+        raise
+    except Exception as e:  # malformed framing, or the agent went away
+        c.error = (400, f"malformed multipart body: {e}")
+    except BaseException:  # cancelled: nothing answers, and nothing may stay behind
+        c.close()
+        c.delivery.discard()
+        raise
+    finally:
+        c.close()
+    if not c.error and not c.delivery.finish:
+        c.error = (422, f"missing the '{DELIVERY_PART}' part")
+    if c.error:
+        c.delivery.discard()
+        raise HTTPException(*c.error)
+    return c.delivery
+
+
+DELIVERY_BODY_OPENAPI = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": [DELIVERY_PART], "additionalProperties": False,
+    "properties": {
+        DELIVERY_PART: {"type": "string", "description": "JSON RunDelivery: the finish, each artifact's size and sha256"},
+        **{name: {"type": "string", "format": "binary"} for name in sorted(AGENT_ARTIFACTS)},
+    }}}}}}

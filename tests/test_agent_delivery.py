@@ -1,0 +1,104 @@
+"""Agent protocol 2 (issue 23): a run is a claim and a delivery (POST /agent/runs/{id}/deliver: the
+finish and every artifact in one multipart request); a protocol-1 agent (start, PUT per artifact,
+finish) is still served. The real agent, runner and app; SQLite and PostgreSQL (db_url)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from sqlalchemy import select
+
+from _fixtures_farm import dispatch, submit
+from sme2farm.protocol import RUNNER_LOG, TRACE
+from sme2farm.protocol.agents import AGENT_PROTOCOL
+from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Artifact, Run
+
+
+def _run(api, rid: int) -> Run:
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        return s.get(Run, rid)
+
+
+def _artifacts(api, rid: int) -> dict[str, str]:
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        return {a.name: a.sha256 for a in s.scalars(select(Artifact).where(Artifact.run_id == rid))}
+
+
+def test_a_run_is_a_claim_and_a_delivery_and_a_protocol_1_agent_is_still_served(api, agent, example_pte):
+    assert agent.api.protocol == AGENT_PROTOCOL == 2   # told at registration
+    pte = example_pte("toy_cnn").read_bytes()
+    submit(api, pte)
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    agent.execute(a)                                    # no start, no PUT: one delivery
+    run = _run(api, rid)
+    assert run.status == "analyzing" and run.started_at is not None
+    stored = _artifacts(api, rid)
+    assert {TRACE, RUNNER_LOG} <= set(stored)
+    trace = Store(api.settings.data_dir).artifact_path(rid, TRACE).read_bytes()
+    assert stored[TRACE] == hashlib.sha256(trace).hexdigest()
+
+    agent.api.protocol = 1                              # an agent from before protocol 2
+    submit(api, pte)
+    [rid1] = dispatch(api)
+    [b] = agent.api.claim(wait=0)
+    agent.execute(b)
+    assert _run(api, rid1).status == "analyzing" and {TRACE, RUNNER_LOG} <= set(_artifacts(api, rid1))
+
+
+def _deliver(agent, a, parts: dict[str, bytes], declared: dict | None = None, lease: str | None = None):
+    digests = {n: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in parts.items()}
+    finish = {"lease_id": lease or a.lease_id, "status": "succeeded", "artifacts": declared or digests,
+              "started_s_ago": 0.5}
+    files = [("finish", (None, json.dumps(finish).encode(), "application/json"))]
+    files += [(n, (n, b, "application/octet-stream")) for n, b in parts.items()]
+    return agent.api.client.post(f"/agent/runs/{a.run_id}/deliver", files=files)
+
+
+def test_a_delivery_is_checked_part_by_part_and_a_repeat_stores_nothing_again(api, agent, example_pte):
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    trace, log = b"trace bytes", b"runner log"
+    store = Store(api.settings.data_dir)
+
+    wrong = {TRACE: {"size": len(trace), "sha256": "0" * 64}, RUNNER_LOG: {"size": len(log),
+                                                                            "sha256": hashlib.sha256(log).hexdigest()}}
+    r = _deliver(agent, a, {TRACE: trace, RUNNER_LOG: log}, declared=wrong)
+    assert r.status_code == 422 and f"artifact {TRACE} arrived damaged" in r.json()["detail"], r.text
+    r = _deliver(agent, a, {TRACE: trace}, declared={RUNNER_LOG: {"size": 1, "sha256": "1" * 64}})
+    assert r.status_code == 422 and "are not the ones" in r.json()["detail"], r.text
+    r = _deliver(agent, a, {"../etc/passwd": b"x"})
+    assert r.status_code == 422 and "unknown part" in r.json()["detail"], r.text
+    r = _deliver(agent, a, {TRACE: trace}, lease="not-the-lease")
+    assert r.status_code == 409, r.text
+    assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}   # nothing kept of any refusal
+    assert not store.artifact_path(rid, TRACE).exists()
+    assert not any(store.tmp.iterdir())                                          # nor left in temp files
+
+    r = _deliver(agent, a, {TRACE: trace, RUNNER_LOG: log})
+    assert r.status_code == 200 and r.json()["status"] == "analyzing", r.text
+    run = _run(api, rid)
+    assert run.status == "analyzing" and run.started_at is not None
+    assert store.artifact_path(rid, TRACE).read_bytes() == trace
+    first = _artifacts(api, rid)
+    assert first == {TRACE: hashlib.sha256(trace).hexdigest(), RUNNER_LOG: hashlib.sha256(log).hexdigest()}
+
+    r = _deliver(agent, a, {TRACE: b"other bytes"})          # the agent lost the answer and sent it again
+    assert r.status_code == 200 and r.json()["status"] == "analyzing", r.text
+    assert _artifacts(api, rid) == first and store.artifact_path(rid, TRACE).read_bytes() == trace
+    assert not any(store.tmp.iterdir())
+
+
+def test_a_delivery_over_the_artifact_limit_is_a_413_and_leaves_nothing(api, agent, example_pte):
+    api.settings.max_artifact_mb = 1
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    r = _deliver(agent, a, {TRACE: b"\0" * ((1 << 20) + 1)})
+    assert r.status_code == 413 and f"artifact {TRACE} exceeds the 1 MiB limit" in r.json()["detail"], r.text
+    assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}
+    assert not any(Store(api.settings.data_dir).tmp.iterdir())
