@@ -287,3 +287,31 @@ def test_emulated_farm_says_what_would_take_an_8da4w_llm_to_sme2(emulated_farm, 
     shown = emulated_farm.cli("status", str(rep["id"])).stdout
     assert "prefill SME2 coverage" in shown and "decode SME2 coverage" in shown, shown
     assert "int4 block-quantized weights (QB4W) have no SME2 kernel in this build" in shown, shown
+
+
+def test_the_submission_notes_say_why_a_decoder_runs_as_a_plain_model(monkeypatch):
+    """programs.llm_note, what server/api/experiments.py adds to the experiment's notes."""
+    from sme2farm.server.services import programs
+
+    tokens = InputSpec("tensor", 4, (1, 16), DYNAMIC_BOUND)
+    cases = {
+        "three": _sig(tokens, InputSpec("tensor", 4, (16,), DYNAMIC_BOUND), InputSpec("tensor", 4, (1, 16),
+                                                                                     DYNAMIC_BOUND)),
+        "static4": _sig(InputSpec("tensor", 4, (1, 4)), InputSpec("tensor", 4, (4,))),
+        "one_no_cache": _sig(InputSpec("tensor", 4, (1, 1)), InputSpec("tensor", 4, (1,))),
+        "cnn": MethodSignature("forward", (InputSpec("tensor", 6, (1, 3, 8, 8)),), (InputSpec("tensor", 6, (1, 10)),)),
+    }
+    for name, sig in cases.items():
+        monkeypatch.setattr(programs, "_read_methods", lambda path, field, sig=sig: {"forward": sig})
+        llm = programs.llm_mode(Path("m.pte"), method="forward", llm=None, has_inputs=False)
+        assert llm is None, name
+        note = programs.llm_note(Path("m.pte"), method="forward", llm=llm, has_inputs=False)
+        if name == "cnn":
+            assert note is None
+            continue
+        assert note.endswith("it ran as a plain model (one forward call on the default inputs, no prefill/decode "
+                             "split)"), (name, note)
+        assert {"three": "it takes 3 input(s), not two",
+                "static4": "it takes exactly 4 tokens per call (a static length), so it cannot decode one token at a "
+                           "time",
+                "one_no_cache": "it takes one token per call and declares no cache length"}[name] in note, note
