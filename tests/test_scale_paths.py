@@ -232,16 +232,19 @@ def test_the_report_from_columns_is_the_orm_report_and_summary_and_page_say_what
         orm.pop(k)
     full.pop("runs_page_size")
     assert full == orm
-    # summary: every run, headline numbers only
-    assert summary["runs_detail"] == "summary" and [r["id"] for r in summary["runs"]] == [r["id"] for r in orm["runs"]]
-    for s_run, o_run in zip(summary["runs"], orm["runs"]):
-        assert s_run["operators"] is None and s_run["kernels"] is None and s_run["load_ms"] is None
-        assert s_run["status"] == o_run["status"] and s_run["categories_ms"] == o_run["categories_ms"]
+    # summary: no runs, their aggregates per variant x arm x device x threads x mode (the runs a page away)
+    assert summary["runs_detail"] == "summary" and summary["runs"] == [] and summary["runs_total"] == 4
+    groups = {(g["sme2"], g["device"]): g for g in summary["run_groups"]}
+    assert len(groups) == 4 and sum(g["runs"] for g in groups.values()) == 4
+    for o_run in orm["runs"]:
+        g = groups[(o_run["sme2"], o_run["device"]["serial"])]
+        assert g["runs_by_status"] == {o_run["status"]: 1} and (g["variant"], g["threads"]) == ("A", o_run["threads"])
         if o_run["e2e_ms"]:
-            assert {k: s_run["e2e_ms"][k] for k in ("median", "mean", "p10", "p90", "cv", "n")} == \
-                {k: o_run["e2e_ms"][k] for k in ("median", "mean", "p10", "p90", "cv", "n")}
+            assert g["e2e_median_ms"] == g["e2e_min_ms"] == g["e2e_max_ms"] == o_run["e2e_ms"]["median"]
+            assert g["e2e_cv"] == o_run["e2e_ms"]["cv"]
         else:
-            assert s_run["e2e_ms"] is None and o_run["id"] == failed
+            assert g["e2e_median_ms"] is None and o_run["id"] == failed
+    assert full["run_groups"] is None and summary["comparisons"] == orm["comparisons"]
     # a page: those runs in full, and how many there are in all
     assert (page["runs_detail"], page["runs_total"], page["runs_page"], page["runs_page_size"]) == ("page", 4, 2, 3)
     assert page["runs"] == orm["runs"][3:] and page["status"] == orm["status"]

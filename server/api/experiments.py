@@ -183,13 +183,15 @@ def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_s
 
 
 @router.get("/experiments/{experiment_id}", response_model=ExperimentReport)
-def get_experiment(experiment_id: ExperimentId, session: SessionDep, _user: UserDep, runs: RunsDetail | None = None,
-                   run_page: Page = 1, run_page_size: RunPageSize = 200) -> Response:
+def get_experiment(experiment_id: ExperimentId, session: SessionDep, _user: UserDep, store: StoreDep,
+                   runs: RunsDetail | None = None, run_page: Page = 1, run_page_size: RunPageSize = 200) -> Response:
     """The experiment's report. `runs`: full (the default up to 2,000 runs: every run with its
-    operators and kernels), summary (the default above: every run's headline numbers), or page
-    (`run_page_size` runs in full, page `run_page`); runs_detail/runs_total say which."""
+    operators and kernels), summary (the default above: no runs, their aggregates per variant, SME2
+    arm, device, threads and mode in run_groups), or page (`run_page_size` runs in full, page
+    `run_page`); runs_detail/runs_total say which. Once every run has ended the report is built
+    once and served from the data dir (reports.report_json cache_dir)."""
     body = reports.report_json(session, experiment_id=experiment_id, runs=runs, page=run_page, page_size=run_page_size,
-                               read_only=True)
+                               read_only=True, cache_dir=store.root / "reports")
     if body is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")
     return Response(body, media_type="application/json")  # built as JSON by reports.report_json

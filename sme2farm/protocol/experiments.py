@@ -99,6 +99,24 @@ class ProgramMemory(BaseModel):
     weights_bytes: int = Field(description="constant + delegate + named data: the weights the program carries")
 
 
+class RunGroup(BaseModel):
+    """An experiment's runs of one model variant, SME2 arm, device, thread count and mode, aggregated
+    (GET /experiments/{id}?runs=summary): how many ended how, and their E2E medians' spread."""
+
+    variant: str
+    sme2: str
+    device: str | None = Field(description="The device's serial (None: a run not yet placed on one)")
+    threads: int
+    mode: str
+    runs: int
+    runs_by_status: dict[str, int]
+    e2e_median_ms: float | None = Field(default=None, description="The median of the succeeded runs' E2E medians")
+    e2e_min_ms: float | None = Field(default=None, description="The lowest of the succeeded runs' E2E medians")
+    e2e_max_ms: float | None = Field(default=None, description="The highest of the succeeded runs' E2E medians")
+    e2e_cv: float | None = Field(default=None, description="The median of the succeeded runs' E2E coefficients of "
+                                                           "variation")
+
+
 class ExperimentReport(BaseModel):
     id: int
     name: str | None = None
@@ -118,11 +136,14 @@ class ExperimentReport(BaseModel):
                                                                   "device offline longer than SME2_DEVICE_LOST_S")
     runs_detail: Literal["full", "summary", "page"] = Field(
         default="full", description="full: every run with operators and kernels; summary (the default above 2,000 "
-                                    "runs): every run with its headline latency (median, mean, p10, p90, cv, n) and "
-                                    "categories, without load times, operators or kernels; page: runs_page_size runs in full")
+                                    "runs): no runs, run_groups instead (the runs are ?runs=page away); page: "
+                                    "runs_page_size runs in full")
     runs_total: int | None = Field(default=None, description="How many runs the experiment has (all of them, whatever runs_detail)")
     runs_page: int | None = None
     runs_page_size: int | None = None
+    run_groups: list[RunGroup] | None = Field(
+        default=None, description="runs_detail summary: the runs aggregated per model variant, SME2 arm, device, "
+                                  "threads and mode")
     program_memory: ProgramMemory | None = Field(
         default=None, description="The model's planned memory and weights, read from the .pte (None: stored before "
                                   "it was recorded)")
