@@ -68,6 +68,16 @@ def _names(ops: list[str], n: int = 4) -> str:
     return ", ".join(ops[:n]) + (f" and {len(ops) - n} more" if len(ops) > n else "")
 
 
+def _plain(value):
+    """A report section as plain JSON data (what analysis/render.py reads), whether the client
+    hands it over typed (a pydantic model) or as the dict the analysis wrote."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_unset=True)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def emulated_text(exp) -> str:
     """What the emulated SME2 device showed, per arm, without a speed figure."""
     from sme2farm.analysis.render import emulated_headline, numerics_line
@@ -85,30 +95,29 @@ def emulated_text(exp) -> str:
                    + (f"  (runner {r.runner.id})" if r.runner else ""))
         if r.status != "succeeded":
             continue
-        ops = r.operators or []
         by_path: dict[str, list[str]] = {}
-        for o in ops:
-            by_path.setdefault(o.kernel_path or "?", []).append(o.name)
+        for o in _plain(r.operators or []):
+            by_path.setdefault(o.get("kernel_path") or "?", []).append(o["name"])
         if by_path.get("SME2"):
             out.append(f"    operators on SME2 kernels: {_names(by_path['SME2'])}")
         others = {p: names for p, names in by_path.items() if p != "SME2"}
         if others:
             out.append("    other operators: " + "; ".join(f"{p}: {_names(n, 3)}" for p, n in sorted(others.items())))
-        share = r.kernel_paths.coverage.share if r.kernel_paths else None
+        share = ((_plain(r.kernel_paths) or {}).get("coverage") or {}).get("share")
         if share is not None:   # a share of the emulator's time, said as a share only: no time is shown
             out.append(f"    SME2 coverage {100 * share:.0f}% of Convolution/GEMM (a share of the emulator's time)")
-        k = r.kernels
-        if k and k.status == "ok":
-            entries = {e.name: e.isa.upper() for kind in (k.by_kind or {}).values() for e in kind}
+        k = _plain(r.kernels) or {}
+        if k.get("status") == "ok":
+            entries = {e["name"]: str(e.get("isa") or "").upper()
+                       for kind in (k.get("by_kind") or {}).values() for e in kind}
             sme = sorted((n for n, isa in entries.items() if isa in ("SME2", "SME")),
                          key=lambda n: (entries[n] != "SME2", n))
             proof = (f"executed {len(sme)} SME/SME2 microkernel(s): {_names(sme, 3)}" if sme else
                      f"executed no SME/SME2 microkernel ({len(entries)} other)")
-            out.append(f"    kernel proof ({k.source or 'kernel log'}): {proof}")
+            out.append(f"    kernel proof ({k.get('source') or 'kernel log'}): {proof}")
         elif k:
-            out.append(f"    kernel proof: {k.status}")
-    for comparison in exp.comparisons:
-        c = comparison.model_dump(mode="json", exclude_unset=True)  # analysis/render.py reads plain data
+            out.append(f"    kernel proof: {k.get('status')}")
+    for c in _plain(list(exp.comparisons)):
         out.append(f"  {emulated_headline(c)}")
         if numerics_line(c):
             out.append(f"  {numerics_line(c)}")
