@@ -62,6 +62,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="the load phase stops itself after this many seconds")
     p.add_argument("--claim-wait", type=float, default=20.0,
                    help="agents' long-poll (capped by the server's poll timeout)")
+    p.add_argument("--protocol", type=int, choices=(1, 2), default=2,
+                   help="the agent protocol the simulated agents speak (2 if the server does: a claim and a delivery; "
+                        "1: claim, start, a PUT per artifact, finish)")
     p.add_argument("--poll-think", type=float, default=0.25, help="poller pause between list+report pairs")
     p.add_argument("--worker-concurrency", type=int, default=4, help="Celery worker processes (docker-compose: 4)")
     p.add_argument("--server-workers", type=int, default=1, help="uvicorn worker processes (docker-compose: 1)")

@@ -28,7 +28,7 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
     deadline = time.time() + args.timeout
     cfg = {"url": url, "register_token": register, "trace": str(work / "trace" / "trace.etdump"),
            "log": str(work / "trace" / "runner.log"), "out": str(rec_dir), "deadline": deadline,
-           "claim_wait": args.claim_wait}
+           "claim_wait": args.claim_wait, "protocol": getattr(args, "protocol", 2)}
     agents = [ctx.Process(target=agent_main, args=(i, {**cfg, "devices": n}, stop, ready), daemon=True)
               for i, n in enumerate(per_agent)]
     for p in agents:
@@ -236,7 +236,7 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
           f"({t_terminal - first_claim:.1f} s to the last terminal run)")
     print(f"  claim -> start acknowledged: p50 {ms(pct(claim_to_start, 50))}  p99 {ms(pct(claim_to_start, 99))}  "
           f"(n={len(claim_to_start)})")
-    print(f"  start -> finish acknowledged (2 uploads + finish): p50 {ms(pct(start_to_finish, 50))}  "
+    print(f"  start -> finish acknowledged (protocol 1: 2 uploads + finish; 2: one delivery): p50 {ms(pct(start_to_finish, 50))}  "
           f"p99 {ms(pct(start_to_finish, 99))}")
     print(f"  device idle gap, finish -> next claim: p50 {ms(pct(gaps, 50))}  p99 {ms(pct(gaps, 99))}  (n={len(gaps)})")
     api = {}
@@ -262,10 +262,10 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
             f"(other users' work included)")
     steps = [("start", "t_claim", "t_start"), ("model", "t_start", "t_model"),
              ("runner.log", "t_model", "t_runner.log"), ("trace.etdump", "t_runner.log", "t_trace.etdump"),
-             ("finish", "t_trace.etdump", "t_finish")]
+             ("finish", "t_trace.etdump", "t_finish"), ("deliver", "t_model", "t_delivered")]
     print("  agent-side call latency: " + ", ".join(
         f"{name} p50 {ms(pct(xs, 50))} p99 {ms(pct(xs, 99))}" for name, a, b in steps
-        for xs in [[r[b] - r[a] for r in recs if a in r and b in r]]))
+        for xs in [[r[b] - r[a] for r in recs if a in r and b in r]] if xs))
     act = res["activity"]
     if act:
         print(f"  PostgreSQL connections of the farm, sampled every 0.25 s: "
