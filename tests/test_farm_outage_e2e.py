@@ -34,6 +34,7 @@ SETTLE_S = CAP_S + 5.0
 ENV = {"SME2_DEVICE_LOST_S": str(LOST_S), "SME2_AGENT_OFFLINE_S": str(OFFLINE_S), "SME2_LEASE_S": str(LEASE_S),
        "SME2_AGENT_BACKOFF_CAP_S": str(CAP_S), "SME2_HEARTBEAT_INTERVAL_S": "1", "SME2_POLL_TIMEOUT_S": "2"}
 TERMINAL = {"succeeded", "failed", "cancelled", "unschedulable"}
+HELD = {"assigned", "running"}   # protocol 2: a run is running from its first heartbeat
 # ~1-2 s of runner time per run (warm-up executions are not recorded: a small trace)
 SLOW = {"sme2": "off", "warmup": 6000, "iterations": 100}
 QUICK = {"sme2": "off", "warmup": 2, "iterations": 20}
@@ -82,6 +83,18 @@ def second_agent(farm, manifest: Path, workdir: Path, host: str, sync_s: float =
         log.close()
 
 
+def stopped(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] == "T"
+    return False
+
+
+def thaw(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
 def device_of(probe: FarmProbe, serial: str) -> tuple:
     rows = probe.sql("SELECT state, offline_since FROM devices WHERE serial = :s", s=serial)
     return rows[0] if rows else None
@@ -112,7 +125,7 @@ def test_an_outage_longer_than_the_lost_bound_ends_no_queued_run(request, tmp_pa
         probe = FarmProbe(running, url)
         wait_for("the second agent's device", lambda: device_of(probe, "host-sme2-frozen"), 60, log=probe.logs)
         model = example_pte("toy_cnn")
-        exp = probe.submit(model, **SLOW, sessions=3)
+        exp = probe.submit(model, **SLOW, sessions=2)
         sha = hashlib.sha256(model.read_bytes()).hexdigest()
         r = probe.http.post("/suites", json={"name": "night", "models": [{"sha256": sha, "name": "toy"}],
                                              **QUICK, "sessions": 2})
@@ -123,13 +136,28 @@ def test_an_outage_longer_than_the_lost_bound_ends_no_queued_run(request, tmp_pa
         serials = {"host-sme2-frozen"} | set(runs_by_device(probe, experiments))
         assert len(serials) == 2, serials
 
-        def both_busy_with_work_queued():
-            per = runs_by_device(probe, experiments)
-            return all(any(r[1] == "running" for r in runs) and any(r[1] == "queued" for r in runs)
-                       for runs in per.values()) and len(per) == 2
+        # Each device's held run has its runner frozen, so both stay mid-experiment (a run
+        # running, others queued) through the outage however loaded the machine is.
+        workdirs = {"host-sme2-frozen": tmp_path / "sme2-frozen"}
+        workdirs.update({s: running.data_dir / "agent" for s in serials - set(workdirs)})
+        runners: dict[str, list[int]] = {}
 
-        wait_for("a run running and others queued on both devices", both_busy_with_work_queued, 60, every=0.05,
-                 log=probe.logs)
+        def both_frozen_mid_experiment():
+            per = runs_by_device(probe, experiments)
+            for serial, runs in per.items():
+                statuses = {r[1] for r in runs}
+                if serial in runners or not statuses & HELD or "queued" not in statuses:
+                    continue
+                pids = runners_under(workdirs[serial])
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):   # it may have just finished
+                        os.kill(pid, signal.SIGSTOP)
+                if pids and all(stopped(p) for p in pids):
+                    runners[serial] = pids
+            return len(runners) == 2
+
+        wait_for("a run held, its runner frozen, others queued, on both devices", both_frozen_mid_experiment, 90,
+                 every=0.05, log=lambda: f"{runners} {runs_by_device(probe, experiments)}\n{probe.logs()}")
         os.kill(frozen.pid, signal.SIGSTOP)              # the second agent: silent through the outage
         supervisor = running.proc.pid
         os.kill(supervisor, signal.SIGSTOP)              # nothing restarts the server ...
@@ -147,10 +175,12 @@ def test_an_outage_longer_than_the_lost_bound_ends_no_queued_run(request, tmp_pa
         wait_for("the server answers again", lambda: _healthy(running.url), 60, every=0.1, log=probe.logs)
         back = time.monotonic()
         # The farm's own agent reconnects within its cap; the second stays frozen past the lost bound.
+        thaw(runners.pop(next(s for s in runners if s != "host-sme2-frozen")))   # the farm's own device runs on
         while time.monotonic() - back < LOST_S + 1:
             none_ended_lost(probe)
             time.sleep(0.5)
         os.kill(frozen.pid, signal.SIGCONT)
+        thaw(runners.pop("host-sme2-frozen"))
         let_go = time.monotonic() - back
 
         def all_done():
@@ -162,7 +192,7 @@ def test_an_outage_longer_than_the_lost_bound_ends_no_queued_run(request, tmp_pa
         none_ended_lost(probe)
         flat = [r for runs in per.values() for r in runs]
         assert [r[1] for r in flat] == ["succeeded"] * len(flat), flat
-        assert {s: len(runs) for s, runs in per.items()} == {s: 5 for s in serials}   # 3 + the suite's 2 each
+        assert {s: len(runs) for s, runs in per.items()} == {s: 4 for s in serials}   # 2 + the suite's 2 each
         print(f"\nAPI down {back - killed:.1f} s (SIGKILL, supervisor frozen), second agent let go {let_go:.1f} s "
               f"after the farm was back (SME2_DEVICE_LOST_S={LOST_S:g}, settle {SETTLE_S:g} s): "
               f"{len(flat)} runs all succeeded, attempts {sorted(r[3] for r in flat)}")
@@ -187,14 +217,9 @@ def test_a_device_unplugged_while_its_agent_talks_on_is_lost_within_its_bound(re
         exp = probe.submit(example_pte("toy_cnn"), **SLOW, sessions=3, device={"serial": "host-sme2-unplug"})
         assert len(exp["runs"]) == 3
 
-        def stopped(pid: int) -> bool:
-            with contextlib.suppress(OSError):
-                return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] == "T"
-            return False
-
         def frozen_mid_experiment():   # its runner frozen: the device stays busy, the other runs queued
-            statuses = [r[1] for r in probe.runs(exp["id"])]
-            if "running" not in statuses or "queued" not in statuses:
+            statuses = {r[1] for r in probe.runs(exp["id"])}
+            if not statuses & HELD or "queued" not in statuses:
                 return False
             pids = runners_under(tmp_path / "sme2-unplug")
             for pid in pids:
@@ -202,7 +227,7 @@ def test_a_device_unplugged_while_its_agent_talks_on_is_lost_within_its_bound(re
                     os.kill(pid, signal.SIGSTOP)
             return bool(pids) and all(stopped(p) for p in pids) and pids
 
-        runner_pids = wait_for("a run running, its runner frozen, others queued", frozen_mid_experiment, 60,
+        runner_pids = wait_for("a run held, its runner frozen, others queued", frozen_mid_experiment, 60,
                                every=0.05, log=probe.logs)
         subprocess.run(["nsenter", "--uts", "-t", str(agent.pid), "hostname", "sme2-replug"], check=True, timeout=10)
         unplugged = time.monotonic()
