@@ -315,3 +315,37 @@ def test_the_submission_notes_say_why_a_decoder_runs_as_a_plain_model(monkeypatc
                 "static4": "it takes exactly 4 tokens per call (a static length), so it cannot decode one token at a "
                            "time",
                 "one_no_cache": "it takes one token per call and declares no cache length"}[name] in note, note
+
+
+@pytest.mark.sme2emu
+@pytest.mark.arm64
+@pytest.mark.models
+def test_emulated_translation_log_proves_which_gemm_kernels_the_quantized_linears_ran(
+        arm64_runners, sme2_emulator, hf_export, tmp_path):
+    """The emulator's translation log (the microkernels that really executed), the SME2-on arm in LLM
+    mode: 8da8w's int8 weights run a KleidiAI SME2 matmul, 8da4w's int4 block weights (qsi4c32) only
+    NEON ones."""
+    import dataclasses
+
+    from sme2farm.agent.drivers.base import Job
+    from sme2farm.agent.drivers.qemu import QemuArm64Driver
+
+    driver = QemuArm64Driver(str(sme2_emulator.path))
+    [dev] = driver.discover()
+    names = {}
+    for q in ("8da8w", "8da4w"):
+        build = arm64_runners.find("linux-arm64", "on", driver.runner_flavour("trace"))
+        work = tmp_path / q
+        work.mkdir()
+        job = Job(run_id=1, model_path=hf_export(q), runner=dataclasses.replace(build, path=str(
+            arm64_runners.resolve(build))), threads=1, iterations=1, warmup=0, timeout_s=600, workdir=work,
+            mode="trace", llm={"prompt": 4, "decode": 2})
+        r = driver.execute(dev.serial, job)
+        assert r.ok, r.reason
+        kernels = analyze(r.etdump_path.read_bytes(), kernel_log=r.kernel_log_path.read_text())["kernels"]
+        assert kernels["status"] == "ok", kernels
+        names[q] = [(d["name"], d["isa"]) for ks in kernels["by_kind"].values() for d in ks]
+    int8 = [n for n, isa in names["8da8w"] if "matmul" in n and "qsi8cx" in n]
+    assert any("sme2" in n for n in int8), names["8da8w"]
+    int4 = [(n, isa) for n, isa in names["8da4w"] if "matmul" in n and "qsi4c32" in n]
+    assert int4 and all(isa == "NEON" and "sme" not in n for n, isa in int4), names["8da4w"]
