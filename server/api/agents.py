@@ -74,17 +74,20 @@ def sync_devices(body: AgentDevices, tx: TxDep, settings: SettingsDep, agent_id:
     return DevicesSynced(devices=len(body.devices) - len(refused), refused=refused)
 
 
-def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float) -> list[RunAssignment]:
+def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float, lease_s: float) -> list[RunAssignment]:
     """The runs assigned to this agent's devices that it has not been handed yet (waiter), as
-    assignments. Looking costs one indexed SELECT; the agent's last_seen is written at most
-    every SEEN_EVERY_S (it was an UPDATE on every look, 20 times a second per waiting agent)."""
+    assignments, each moved to running as it is handed (run_service.hand_over: the claim is the
+    start). Looking costs one indexed SELECT; the agent's last_seen is written at most every
+    SEEN_EVERY_S (it was an UPDATE on every look, 20 times a second per waiting agent)."""
     with tx() as session:
         device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=offline_s)
         new = waiter.undelivered(agent_id, run_service.assigned_leases(session, agent_id=agent_id))
         if not new:
             return []
         out = []
-        for run in run_service.assigned_to_agent(session, agent_id=agent_id, run_ids=new):
+        handed = run_service.hand_over(session, run_service.assigned_to_agent(session, agent_id=agent_id, run_ids=new),
+                                       lease_s=lease_s)
+        for run in handed:
             exp = run.experiment
             spec = exp.spec
             device = run.device
@@ -128,7 +131,8 @@ async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: Ag
     while True:
         event = waiter.register(agent_id)
         try:
-            runs = await run_in_threadpool(_assignments, tx, agent_id, waiter, settings.agent_offline_s)
+            runs = await run_in_threadpool(_assignments, tx, agent_id, waiter, settings.agent_offline_s,
+                                           settings.lease_s)
             left = deadline - time.monotonic()
             if runs or left <= 0 or await request.is_disconnected():
                 return runs

@@ -25,7 +25,7 @@ Tasks a transition needs (dispatch, ingest) are sent after the transaction commi
 """
 
 from sme2farm.server.services.runs.assignment import (ASSIGNED_AGENTS, QUEUE_ORDER, assign_next, assigned_leases,
-                                                      assigned_to_agent, dispatch)
+                                                      assigned_to_agent, dispatch, hand_over)
 from sme2farm.server.services.runs.ingesting import (INGEST_BATCH, INGEST_SILENT_BEATS, Ingester, ingest,
                                                      ingest_heartbeat, ingest_started, ingest_started_batch)
 from sme2farm.server.services.runs.lease import deliver, delivered, finish, heartbeat, start
@@ -38,6 +38,6 @@ __all__ = [
     "ALLOWED", "ASSIGNED_AGENTS", "CANCELLED_BY_USER", "INGEST_BATCH", "INGEST_SILENT_BEATS", "QUEUE_ORDER",
     "IllegalTransition", "Ingester", "LeaseConflict", "StateChanged", "assign_next", "assigned_leases",
     "assigned_to_agent", "cancel", "complete", "deliver", "delivered", "dispatch", "end_lost_device_runs",
-    "end_run", "finish", "get", "heartbeat", "ingest", "ingest_heartbeat", "ingest_started", "ingest_started_batch",
-    "move", "reap_expired", "require", "runs_created", "start",
+    "end_run", "finish", "get", "hand_over", "heartbeat", "ingest", "ingest_heartbeat", "ingest_started",
+    "ingest_started_batch", "move", "reap_expired", "require", "runs_created", "start",
 ]

@@ -117,3 +117,20 @@ def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | N
     if run_ids is not None:
         query = query.where(Run.id.in_(run_ids))
     return list(session.scalars(query))
+
+
+def hand_over(session: Session, runs: list[Run], *, lease_s: float) -> list[Run]:
+    """The claim is the start: each run handed to its agent moves assigned -> running, started now,
+    its lease counted from now (agent protocol 2 has no start request; a protocol-1 agent's start
+    on a running run is answered as a repeat). A run that moved meanwhile (requeued, ended) is not
+    handed. If the claim's answer never reaches the agent, the run's lease expires unheard and the
+    reaper requeues it, as for an agent gone mid-run."""
+    now = utcnow()
+    handed = []
+    for run in runs:
+        try:
+            move(session, run, S.running, started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+        except StateChanged:
+            continue
+        handed.append(run)
+    return handed
