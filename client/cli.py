@@ -110,7 +110,7 @@ def cmd_status(args) -> int:
 def cmd_compare(args) -> int:
     result = connect(args).compare(args.baseline, args.candidate, min_effect=args.min_effect)
     print(json.dumps(wire(result), indent=2) if args.json else comparison_text(result))
-    return 0 if any(c.get("status") == "complete" for c in result.comparisons) else 1
+    return 0 if any(c.status == "complete" for c in result.comparisons) else 1
 
 
 def cmd_cancel(args) -> int:

@@ -1,15 +1,28 @@
-"""Readable terminal reports for experiments (runs, their stats, the SME2 off/on comparison)."""
+"""Readable terminal reports for experiments (runs, their stats, the SME2 off/on comparison).
+
+They read the typed answer (sme2farm.protocol: RunReport's operators, kernels, kernel paths,
+memory and LLM phases; Comparison's verdicts). The sentences shared with the offline analysis
+CLI and the Markdown report come from analysis/render.py, which sits below the wire contract in
+the layers and takes plain data: those calls get the model as the JSON the server sent (_plain)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from sme2farm.analysis.render import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
                                       kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
                                       program_memory_line)
-from sme2farm.protocol import ComparisonRead, ComparisonSide, ExperimentReport, RunStatus
+from sme2farm.protocol import (Comparison, ComparisonRead, ComparisonSide, ExperimentReport, Kernels, KernelPaths,
+                               RunReport, RunStatus)
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
+
+
+def _plain(model: BaseModel | None) -> dict | None:
+    """A model as the JSON the server sent (the keys it gave, none added), for analysis/render.py."""
+    return None if model is None else model.model_dump(mode="json", exclude_unset=True)
 
 
 def _f(x: float | None, digits: int = 3) -> str:
@@ -32,7 +45,7 @@ def experiment_text(rep: ExperimentReport) -> str:
            f"  method {rep.spec.method}, inputs: {rep.inputs}", *(f"  note: {w}" for w in rep.warnings)]
     out[3:3] = [f"  planned memory{label}: {line}"
                 for label, pm in (("", rep.program_memory), (" (model B)", rep.vs_program_memory))
-                if (line := program_memory_line(pm.model_dump() if pm else None)) is not None]
+                if (line := program_memory_line(_plain(pm))) is not None]
     if len(rep.spec.threads) > 1:
         out.insert(3, f"  thread scaling: sme2-client scaling {rep.id}")
     # Runs that could not be placed usually share one long reason (every SME2-on run on a farm
@@ -65,10 +78,10 @@ def experiment_text(rep: ExperimentReport) -> str:
             e = r.e2e_ms
             out.append(f"  E2E ms{emulated}: median {_f(e.median)}  mean {_f(e.mean)}  p10 {_f(e.p10)}  p90 {_f(e.p90)}  "
                        f"CV {100 * e.cv:.1f}%  n={e.n}")
-        if memory_line(r.memory):
-            out.append(f"  memory: {memory_line(r.memory)}")
+        if line := memory_line(_plain(r.memory)):
+            out.append(f"  memory: {line}")
         if r.llm:
-            out += [f"  LLM{emulated}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(llm_lines(r.llm))]
+            out += [f"  LLM{emulated}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(llm_lines(_plain(r.llm)))]
         if r.categories_ms:
             total = sum(r.categories_ms.values()) or 1.0
             out.append("  " + "  ".join(f"{c} {_f(r.categories_ms.get(c))} ({100 * r.categories_ms.get(c, 0) / total:.0f}%)"
@@ -76,10 +89,10 @@ def experiment_text(rep: ExperimentReport) -> str:
         if r.operators:
             top = r.operators[:5]
             out.append("  top operators: " + "; ".join(
-                f"{o['name']} {o['total_ms']:.3f} ms{f' [{p}]' if (p := o.get('kernel_path')) else ''}"
-                f"{'' if o.get('delegated', True) else ' (PORTABLE)'}" for o in top))
-            out += [f"  {line}" for line in kernel_path_lines(run_kernel_paths(r))]
-        if r.kernels and r.kernels.get("status") == "ok":
+                f"{o.name} {o.total_ms:.3f} ms{f' [{o.kernel_path}]' if o.kernel_path else ''}"
+                f"{'' if o.delegated else ' (PORTABLE)'}" for o in top))
+            out += [f"  {line}" for line in kernel_path_lines(_plain(run_kernel_paths(r)))]
+        if r.kernels and r.kernels.status == "ok":
             out.append(f"  {microkernels_line(r.kernels)}")
         out.append("")
     for c in rep.comparisons:
@@ -92,30 +105,30 @@ def _ids(ids: list[int]) -> str:
     return f"run {shown}" if len(ids) == 1 else f"runs {shown}"
 
 
-def _unplaced_said(c: dict[str, Any], unplaced: dict[str, list[int]]) -> dict[str, Any]:
+def _unplaced_said(c: Comparison, unplaced: dict[str, list[int]]) -> Comparison:
     """A comparison whose reason repeats an unschedulable reason already said in the header
     refers to it instead."""
-    reason = c.get("reason")
-    if c.get("status") == "complete" or not reason:
+    reason = c.reason
+    if c.status == "complete" or not reason:
         return c
     for text in unplaced:
         reason = reason.replace(text, "unschedulable (the reason above)")
-    return {**c, "reason": reason}
+    return c.model_copy(update={"reason": reason})
 
 
-def microkernels_line(kernels: dict, per_isa: int = 3) -> str:
+def microkernels_line(kernels: Kernels, per_isa: int = 3) -> str:
     """The microkernels a trace run executed, by ISA, best first, each ISA's first few by name."""
     names: dict[str, list[str]] = {}
-    for ks in (kernels.get("by_kind") or {}).values():
+    for ks in (kernels.by_kind or {}).values():
         for k in ks:
-            names.setdefault(k["isa"], []).append(k["name"])
+            names.setdefault(k.isa, []).append(k.name)
     parts = [f"{isa} {len(set(ns))}: " + ", ".join(sorted(set(ns))[:per_isa]) + (" …" if len(set(ns)) > per_isa else "")
              for isa in ("SME2", "SME", "NEON", "x86", "other") if (ns := names.get(isa))]
-    source = f" (from the {kernels['source']})" if kernels.get("source") else ""
+    source = f" (from the {kernels.source})" if kernels.source else ""
     return f"microkernels{source}: " + ("; ".join(parts) or "none named")
 
 
-def run_kernel_paths(r) -> dict | None:
+def run_kernel_paths(r: RunReport) -> KernelPaths | None:
     """A run's kernel paths and SME2 coverage as ingest computed them; None for a run ingested
     before kernel paths existed."""
     return r.kernel_paths
@@ -152,41 +165,47 @@ def _state(state: dict[str, Any]) -> str:
     return "; ".join(parts) or "not recorded"
 
 
-def _verdict(c: dict[str, Any]) -> str:
+def _verdict(c: Comparison) -> str:
     """'1.23× (95% CI 1.10–1.38), speedup' — either bound may be missing (insufficient data)."""
-    ratio = "—" if c.get("speedup") is None else f"{c['speedup']:.2f}×"
-    ci = f" (95% CI {_f(c.get('ci_low'), 2)}–{_f(c.get('ci_high'), 2)})" if c.get("ci_low") is not None or c.get("ci_high") is not None else ""
-    return f"{ratio}{ci}, {c.get('verdict') or 'no verdict'}"
+    ratio = "—" if c.speedup is None else f"{c.speedup:.2f}×"
+    ci = f" (95% CI {_f(c.ci_low, 2)}–{_f(c.ci_high, 2)})" if c.ci_low is not None or c.ci_high is not None else ""
+    return f"{ratio}{ci}, {c.verdict or 'no verdict'}"
 
 
-def _comparison_head(c: dict[str, Any]) -> str:
-    where = f"{c.get('device') or c.get('device_model')} × {c.get('threads')} thread(s)"
-    if c.get("kind") == "model":
-        return f"model A vs model B{' (A/A: the same model)' if c.get('a_a') else ''}, SME2 {c.get('sme2')} — {where}"
-    variant = f" (model {c['variant']})" if c.get("kind") == "sme2" and c.get("variant") == "B" else ""
+def _comparison_head(c: Comparison) -> str:
+    where = f"{c.device or c.device_model} × {c.threads} thread(s)"
+    if c.kind == "model":
+        return f"model A vs model B{' (A/A: the same model)' if c.a_a else ''}, SME2 {c.sme2} — {where}"
+    variant = f" (model {c.variant})" if c.kind == "sme2" and c.variant == "B" else ""
     return f"SME2 off vs on{variant} — {where}"
 
 
-def _facts(c: dict[str, Any]) -> list[str]:
+def _facts(c: Comparison) -> list[str]:
     """Per-arm SME2 coverage, the outputs compared (one line per output), the narrative."""
-    lines = [f"  {s}" for s in comparison_fact_lines(c)]
+    plain = _plain(c)
+    lines = [f"  {s}" for s in comparison_fact_lines(plain)]
     lines += [f"    output {row[0]} {row[1]} [{row[2]}]: max abs {row[3]}, max rel {row[4]}, SNR {row[5]} dB, "
-              f"within tolerance: {row[6]}" for row in numerics_rows(c)]
-    return lines + [f"  {s}" for s in narrative_lines(c)]
+              f"within tolerance: {row[6]}" for row in numerics_rows(plain)]
+    return lines + [f"  {s}" for s in narrative_lines(plain)]
 
 
-def _comparison(c: dict[str, Any]) -> str:
+def _emulated(c: Comparison) -> bool:
+    return is_emulated(_plain(c))
+
+
+def _comparison(c: Comparison) -> str:
     head = _comparison_head(c)
-    if c.get("status") != "complete":
-        return f"{head}: no comparison — {c.get('reason', 'incomplete')}\n"
-    if is_emulated(c):  # an emulator's timings: no ratio, interval or category speedups, whatever the entry holds
-        return "\n".join([f"{head}: {emulated_headline(c)}"] + _facts(c)) + "\n"
+    if c.status != "complete":
+        return f"{head}: no comparison — {c.reason or 'incomplete'}\n"
+    if _emulated(c):  # an emulator's timings: no ratio, interval or category speedups, whatever the entry holds
+        return "\n".join([f"{head}: {emulated_headline(_plain(c))}"] + _facts(c)) + "\n"
     lines = [f"{head}: ratio {_verdict(c)}",
              "  (ratio = baseline/candidate, > 1: the candidate is faster; categories in ms per iteration, 10% trimmed mean)"]
-    for cat, v in c["categories"].items():
-        sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}×"
-        lines.append(f"  {cat:<14} {_f(v['baseline_ms'])} → {_f(v['candidate_ms'])} ms  {sp:>7}  "
-                     f"share {100 * v['share_before']:.0f}% → {100 * v['share_after']:.0f}%  {v.get('verdict') or 'no verdict'}")
+    for cat, v in (c.categories or {}).items():
+        sp = "—" if v.speedup is None else f"{v.speedup:.2f}×"
+        lines.append(f"  {cat:<14} {_f(v.baseline_ms)} → {_f(v.candidate_ms)} ms  {sp:>7}  "
+                     f"share {100 * (v.share_before or 0):.0f}% → {100 * (v.share_after or 0):.0f}%  "
+                     f"{v.verdict or 'no verdict'}")
     return "\n".join(lines + _facts(c)) + "\n"
 
 
@@ -200,22 +219,22 @@ def comparison_text(result: ComparisonRead) -> str:
 
     out = [f"baseline:  {side(result.baseline)}", f"candidate: {side(result.candidate)}"]
     if result.program_memory:
-        out.append(f"planned memory, {result.program_memory['sentence']}")
+        out.append(f"planned memory, {result.program_memory.sentence}")
     out.append("")
     for entry in result.comparisons:
-        where = entry["device_model"] + ("" if entry.get("baseline_device") == entry.get("candidate_device")
-                                         else f" ({entry.get('baseline_device')} vs {entry.get('candidate_device')})")
-        head = f"{where}, SME2 {entry['sme2']}, {entry['threads']} thread(s), {entry['mode']}"
-        if entry.get("status") != "complete":
-            out.append(f"{head}: no comparison — {entry.get('reason', 'incomplete')}")
+        where = (entry.device_model or "") + ("" if entry.baseline_device == entry.candidate_device
+                                              else f" ({entry.baseline_device} vs {entry.candidate_device})")
+        head = f"{where}, SME2 {entry.sme2}, {entry.threads} thread(s), {entry.mode}"
+        if entry.status != "complete":
+            out.append(f"{head}: no comparison — {entry.reason or 'incomplete'}")
             continue
-        if is_emulated(entry):
-            out += [f"{head}: {emulated_headline(entry)}"] + _facts(entry)
+        if _emulated(entry):
+            out += [f"{head}: {emulated_headline(_plain(entry))}"] + _facts(entry)
             continue
         out.append(f"{head}: ratio {_verdict(entry)}")
-        for cat, v in (entry.get("categories") or {}).items():
-            if v.get("speedup") is not None:
-                out.append(f"  {cat:<14} {_f(v['baseline_ms'])} → {_f(v['candidate_ms'])} ms  {v['speedup']:.2f}×  {v.get('verdict') or ''}")
+        for cat, v in (entry.categories or {}).items():
+            if v.speedup is not None:
+                out.append(f"  {cat:<14} {_f(v.baseline_ms)} → {_f(v.candidate_ms)} ms  {v.speedup:.2f}×  {v.verdict or ''}")
         out += _facts(entry)
     for u in result.unmatched:
         out.append(f"unmatched ({u.side}): {u.device_model}, SME2 {u.sme2}, {u.threads} thread(s), {u.mode} — {u.why}")

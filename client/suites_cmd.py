@@ -120,10 +120,10 @@ def series_text(series: SeriesRead) -> str:
             lines.append(f"  change #{c.id} [{c.status}, {c.blamed}] {c.sentence}")
         if (memory := next((p.memory for p in reversed(s.points) if p.memory), None)) is not None:
             lines.append("  memory (latest): " + ", ".join(
-                f"{name} {fmt_bytes(memory.get(k))}" for k, name in (
-                    ("planned_bytes", "planned"), ("weights_bytes", "weights"),
-                    ("runtime_allocated_bytes", "runtime allocated"), ("peak_rss_bytes", "peak RSS"))
-                if memory.get(k) is not None))
+                f"{name} {fmt_bytes(value)}" for value, name in (
+                    (memory.planned_bytes, "planned"), (memory.weights_bytes, "weights"),
+                    (memory.runtime_allocated_bytes, "runtime allocated"), (memory.peak_rss_bytes, "peak RSS"))
+                if value is not None))
         lines += [f"  memory change: {c.sentence}" for c in s.memory_changes]
         if (llm := next((p.llm for p in reversed(s.points) if p.llm), None)) is not None:
             lines.append(f"  LLM (latest, prompt {llm.prompt}, decode {llm.decode}, {llm.generations} generation(s)): "

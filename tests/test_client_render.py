@@ -9,8 +9,9 @@ import xml.etree.ElementTree as ET
 
 from sme2farm.analysis import charts
 from sme2farm.client import document
-from sme2farm.client.render import _comparison, comparison_text
-from sme2farm.protocol import ComparisonRead, ComparisonSide
+from sme2farm.client.render import _comparison as _typed_comparison
+from sme2farm.client.render import comparison_text
+from sme2farm.protocol import Comparison, ComparisonRead, ComparisonSide
 from sme2farm.server.services.charts import arm_label, forest_rows
 
 CATS = {c: {"baseline_ms": 1.0, "candidate_ms": 0.5, "speedup": 2.0, "ci_low": None, "ci_high": None,
@@ -22,6 +23,11 @@ OPEN = {"kind": "model", "sme2": "off", "device": "host", "threads": 1, "mode": 
         "sessions": [1, 1], "n": [20, 20], "min_effect": 0.02, "categories": CATS, "narrative": ["GEMM <b>rose</b>"]}
 INCOMPLETE = {"kind": "sme2", "variant": "A", "device": "host", "threads": 1, "mode": "timing", "status": "incomplete",
               "reason": "SME2 on: run 7 unschedulable"}
+
+
+def _comparison(entry: dict) -> str:
+    """A comparison entry as the client reads it: parsed into the contract's model first."""
+    return _typed_comparison(Comparison.model_validate(entry))
 
 
 def _side(**given) -> ComparisonSide:

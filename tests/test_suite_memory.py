@@ -59,7 +59,7 @@ def test_a_runtime_allocation_change_is_flagged_exactly_and_rss_noise_is_not(db_
         _points(s, suite, device, [_m(rss=40_000_000), _m(rss=41_500_000), None, _m(allocated=5600, rss=39_000_000),
                                    _m(allocated=5600)], sha="a" * 64)
         (series,) = suites.series(s, suite).series
-        assert [p.memory["peak_rss_bytes"] if p.memory else None for p in series.points][:2] == [40_000_000, 41_500_000]
+        assert [p.memory.peak_rss_bytes if p.memory else None for p in series.points][:2] == [40_000_000, 41_500_000]
         (change,) = series.memory_changes  # the RSS moved every night; only the allocation changed
         assert (change.point_index, change.since_index, change.what) == (3, 1, "runtime_allocated_bytes")
         assert (change.before, change.after) == (5000, 5600) and change.change == pytest.approx(0.12)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from pydantic import ValidationError
 from sqlalchemy import and_, delete, insert, or_, select
 
@@ -45,6 +45,10 @@ from sme2farm.server.services.wakeup import ClaimWaiter
 # written at most SEEN_EVERY_S (server/config.py) apart by its claims and run calls.
 
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
+
+# The model and inputs downloads are files, not JSON.
+BINARY = {200: {"description": "The file's bytes", "content": {"application/octet-stream": {
+    "schema": {"type": "string", "format": "binary"}}}}, **NOT_FOUND}
 
 
 @router.post("/register", response_model=AgentRegistered)
@@ -293,7 +297,7 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
     return FinishAnswer(status=status)
 
 
-@router.get("/models/{sha256}")
+@router.get("/models/{sha256}", response_class=Response, responses=BINARY)
 def download_model(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
     """The model of a run assigned to this agent's devices (no other: an agent token is not a
     key to every model on the farm)."""
@@ -305,7 +309,7 @@ def download_model(sha256: Sha256, session: SessionDep, store: StoreDep, agent_i
     return FileResponse(path, media_type="application/octet-stream")
 
 
-@router.get("/inputs/{sha256}")
+@router.get("/inputs/{sha256}", response_class=Response, responses=BINARY)
 def download_inputs(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
     """The SME2IN01 inputs container (runners/inputs.py) of a run assigned to this agent's devices."""
     path = store.inputs_path(sha256)

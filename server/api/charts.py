@@ -59,7 +59,7 @@ def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, _user: 
     result = comparison_service.between(session, baseline, candidate, min_effect=min_effect)
     label = (lambda c: f"{c.get('device_model')} · SME2 {c.get('sme2')} · {c.get('threads')} thr"
              + ("" if c.get("mode") == "timing" else f" · {c.get('mode')}"))
-    comparisons = result.comparisons
+    comparisons = [c.model_dump(mode="json", exclude_unset=True) for c in result.comparisons]  # plain, for the chart
     rows, min_effect = chart_service.forest_rows(comparisons, label=label)
     name = chart_service.side_ref
     return svg(charts.forest_plot(rows, min_effect=min_effect, empty=chart_service.empty_verdicts(comparisons, rows),

@@ -15,21 +15,15 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 from sqlalchemy import exc as sa_exc
 
 from sme2farm.protocol import Conflict as ConflictBody
+from sme2farm.protocol import Detail
 from sme2farm.server.services.errors import Conflict, Invalid, NotFound
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # a database restart or a failover usually takes seconds
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-class Detail(BaseModel):
-    """The body of a 4xx other than a conflict (FastAPI's shape)."""
-
-    detail: str
 
 
 CONFLICT = {409: {"model": ConflictBody, "description": "The run is not (or no longer) in a state, or leased to "

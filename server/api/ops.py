@@ -22,10 +22,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field
 from sqlalchemy import func, select
 
 from sme2farm import __version__
+from sme2farm.protocol import Health, Readiness
 from sme2farm.server.api.deps import Credentials, SettingsDep, current_user
 from sme2farm.server.api.errors import RETRY_AFTER_S, database_unavailable
 from sme2farm.server.services import devices as device_service
@@ -39,22 +39,6 @@ router = APIRouter(tags=["operations"])
 CHECK_TIMEOUT_S = 3.0
 SUPERVISOR_STALE_S = 10.0  # the supervisor rewrites its status file every second or two
 DISK_LOW_BYTES = 1 << 20  # below this free, /ready notes the data dir's disk as full
-
-
-class Health(BaseModel):
-    status: str = Field(description="ok: the process answers")
-    version: str
-
-
-class Readiness(BaseModel):
-    """GET /ready: every part's check; 503 when one named in `failing` is not ok."""
-
-    status: str = Field(description="ready | not ready")
-    failing: list[str]
-    checks: dict[str, dict[str, Any]] = Field(
-        description="Per part (database, beat, agents, broker, disk, supervisor...): ok and what was seen")
-    cause: str | None = Field(default=None, description="Only when the data dir's disk is full: the cause of the "
-                                                        "failing parts")
 
 
 @router.get("/health", response_model=Health)

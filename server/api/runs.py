@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 
 from sme2farm.protocol import ARTIFACT_MEDIA, ARTIFACT_NAMES, RunReport
 from sme2farm.server.api.deps import RunId, SessionDep, StoreDep, TxDep, UserDep
@@ -12,6 +12,18 @@ from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 
 router = APIRouter(tags=["runs"])
+
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+# The artifact route serves files: each artifact in its own media type (ARTIFACT_MEDIA). The JSON
+# ones (report.json: protocol.AnalysisReport; memory.json: the runner's figures; perfetto.json:
+# Chrome trace events) are files too, served as stored.
+ARTIFACT_RESPONSES = {200: {"description": "The artifact's bytes, in its media type: "
+                                           + ", ".join(f"{n} {m}" for n, m in sorted(ARTIFACT_MEDIA.items())),
+                            "content": {**{m: _BINARY for m in sorted(set(ARTIFACT_MEDIA.values()) - {"application/json"})},
+                                        "application/json": {"schema": {"type": "object", "description": (
+                                            "report.json (AnalysisReport), memory.json or perfetto.json, "
+                                            "served as stored")}}}},
+                      **NOT_FOUND}
 
 
 @router.get("/runs/{run_id}", response_model=RunReport)
@@ -22,7 +34,7 @@ def get_run(run_id: RunId, session: SessionDep, _user: UserDep) -> RunReport:
     return reports.run_report(run)
 
 
-@router.get("/runs/{run_id}/artifacts/{name}")
+@router.get("/runs/{run_id}/artifacts/{name}", response_class=Response, responses=ARTIFACT_RESPONSES)
 def get_artifact(run_id: RunId, name: str, session: SessionDep, store: StoreDep, _user: UserDep) -> FileResponse:
     if name not in ARTIFACT_NAMES:
         raise HTTPException(404, f"unknown artifact {name!r}; artifacts are {sorted(ARTIFACT_NAMES)}")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
 
-from sme2farm.protocol import (RegressionRead, SeriesRead, SuiteDeleted, SuiteDetail, SuiteRead, SuiteRunStarted,
-                               SuiteSpec, SuiteThresholds)
+from sme2farm.protocol import (RegressionRead, SeriesRead, SuiteDeleted, SuiteDetail, SuitePatch, SuiteRead,
+                               SuiteRunStarted, SuiteSpec, Unprocessable)
 from sme2farm.server.api.deps import MAX_ID, SessionDep, SettingsDep, SuiteName, TxDep, UserDep
 from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
 from sme2farm.server.services import suites as suite_service
@@ -19,25 +18,9 @@ router = APIRouter(tags=["suites"])
 ChangeId = Annotated[int, Path(ge=1, le=MAX_ID, description="a regression (change) id")]
 
 
-class Unprocessable(BaseModel):
-    """A 422: the body's validation errors (FastAPI's list), or one sentence naming what cannot be done."""
-
-    detail: str | list[dict[str, Any]]
-
-
 UNPROCESSABLE = {422: {"model": Unprocessable, "description": "The body is invalid, or asks for something that "
                                                                "cannot be done (a model not stored, an invalid cron, "
                                                                "a webhook that is not http(s), no matching device)"}}
-
-
-class SuitePatch(BaseModel):
-    """PATCH /suites/{name}: only the fields given change."""
-
-    model_config = ConfigDict(extra="forbid")
-    schedule: str | None = Field(default=None, max_length=120, description="cron, 5 fields, UTC")
-    paused: bool | None = Field(default=None, description="true: the schedule starts nothing until resumed")
-    webhook: str | None = Field(default=None, max_length=2000, description="http(s) URL; null or '' removes it (admin)")
-    thresholds: SuiteThresholds | None = None
 
 
 def _needs_admin(user, what: str, why: str = "") -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
-from .common import (DEFAULT_METHOD, DEFAULT_POWER_PROFILE, DEFAULT_TIMEOUT_S, PowerProfile, RelayedJson, RelayedText,
+from .common import (Read, DEFAULT_METHOD, DEFAULT_POWER_PROFILE, DEFAULT_TIMEOUT_S, PowerProfile, RelayedJson, RelayedText,
                      RunStatus, Sme2Setting, Timestamp, StrictWire)
 from .devices import DeviceInfo, RunnerInfo
 from .experiments import LlmSpec
@@ -33,14 +33,14 @@ class AgentRegister(StrictWire):
     _devices_unique = field_validator("devices")(_one_per_serial)
 
 
-class DeviceRefused(BaseModel):
+class DeviceRefused(Read):
     """A device an agent reported but may not drive: another live agent drives that serial."""
 
     serial: str
     reason: str
 
 
-class AgentRegistered(BaseModel):
+class AgentRegistered(Read):
     agent_id: int
     access_token: str
     poll_timeout_s: float
@@ -58,7 +58,7 @@ class AgentDevices(StrictWire):
     _devices_unique = field_validator("devices")(_one_per_serial)
 
 
-class RunAssignment(BaseModel):
+class RunAssignment(Read):
     """A run handed to an agent: everything it needs, nothing from the user's file name."""
 
     run_id: int
@@ -93,7 +93,7 @@ class Heartbeat(StrictWire):
     message: RelayedText = Field(default="", max_length=2000)
 
 
-class HeartbeatAnswer(BaseModel):
+class HeartbeatAnswer(Read):
     lease_expires_at: Timestamp
     cancel: bool = False
 
@@ -109,14 +109,14 @@ class RunFinish(StrictWire):
     warmup_in_trace: int = Field(default=0, ge=0, le=1_000_000, description="Leading Execute blocks ingest must skip")
 
 
-class DevicesSynced(BaseModel):
+class DevicesSynced(Read):
     """PUT /agent/devices."""
 
     devices: int = Field(description="How many devices this agent now drives")
     refused: list[DeviceRefused]
 
 
-class ArtifactStored(BaseModel):
+class ArtifactStored(Read):
     """PUT /agent/runs/{id}/artifacts/{name}."""
 
     name: str
@@ -124,7 +124,7 @@ class ArtifactStored(BaseModel):
     sha256: str
 
 
-class FinishAnswer(BaseModel):
+class FinishAnswer(Read):
     """POST /agent/runs/{id}/finish: the run's status after it."""
 
     status: RunStatus

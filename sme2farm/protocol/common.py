@@ -172,9 +172,40 @@ class StrictWire(Wire):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class Conflict(BaseModel):
+class Read(BaseModel):
+    """Base of every answer the farm gives (and the analysis report's sections): its schema is built
+    on first use (defer_build), not at import, so a command that never parses an answer pays nothing
+    for it. Keys a model does not define are ignored when parsing, so an older client reads a newer
+    server's answer."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class Conflict(Read):
     """409 body for protocol conflicts (Airflow's execution API shape)."""
 
     reason: str
     message: str
     previous_state: str | None = None
+
+
+class Detail(Read):
+    """The body of a 4xx other than a conflict (FastAPI's shape)."""
+
+    detail: str
+
+
+class ValidationIssue(Read):
+    """One of FastAPI's request validation errors."""
+
+    model_config = ConfigDict(extra="allow")  # FastAPI adds keys of its own (url, ctx) by version
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Unprocessable(Read):
+    """A 422: the body's validation errors (FastAPI's list), or one sentence naming what cannot be done."""
+
+    detail: str | list[ValidationIssue]

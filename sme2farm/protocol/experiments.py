@@ -4,15 +4,16 @@ thread and core scaling view."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
-from .common import (DEFAULT_INPUTS, DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT,
+from .common import (Read, DEFAULT_INPUTS, DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT,
                      DEFAULT_POWER_PROFILE, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP, PowerProfile, Sme2Request, Sme2Setting,
                      Timestamp, StrictWire)
 from .devices import CoreCluster, DeviceSelector
-from .runs import RunReport
+from .comparisons import Comparison
+from .runs import ProgramMemory, RunReport
 
 _HEX_MASK = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
 # A program method name travels to the runner's command line (--method_name=...).
@@ -84,22 +85,7 @@ class ExperimentSpec(StrictWire):
         return ["off", "on"] if self.sme2 == "both" else [self.sme2]
 
 
-class ProgramMemory(BaseModel):
-    """What a program asks of memory before anything runs, read from the .pte at submission
-    (analysis.pte.program_memory), for the spec's method."""
-
-    method: str
-    arenas: list[int] = Field(description="The method's memory-planned buffers in bytes, one per arena "
-                                          "(ExecutionPlan.non_const_buffer_sizes without its reserved index 0)")
-    planned_bytes: int = Field(description="The sum of the arenas: what the runtime allocates to load the method")
-    constant_bytes: int = Field(description="Constant tensors (the inline constant buffer or the constant segment)")
-    delegate_bytes: int = Field(description="Backend delegate blobs (XNNPACK's graphs and weights packed in them)")
-    named_data_bytes: int = Field(description="Data delegates look up by name (XNNPACK's weights in recent exports)")
-    mutable_bytes: int = Field(description="Initial values of mutable buffers carried in a segment")
-    weights_bytes: int = Field(description="constant + delegate + named data: the weights the program carries")
-
-
-class RunGroup(BaseModel):
+class RunGroup(Read):
     """An experiment's runs of one model variant, SME2 arm, device, thread count and mode, aggregated
     (GET /experiments/{id}?runs=summary): how many ended how, and their E2E medians' spread."""
 
@@ -117,7 +103,7 @@ class RunGroup(BaseModel):
                                                            "variation")
 
 
-class ExperimentReport(BaseModel):
+class ExperimentReport(Read):
     id: int
     name: str | None = None
     status: str
@@ -131,7 +117,7 @@ class ExperimentReport(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: Timestamp
     runs: list[RunReport]
-    comparisons: list[dict[str, Any]] = Field(default_factory=list)
+    comparisons: list[Comparison] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list, description="What the submission left out and why, e.g. a "
                                                                   "device offline longer than SME2_DEVICE_LOST_S")
     runs_detail: Literal["full", "summary", "page"] = Field(
@@ -150,7 +136,7 @@ class ExperimentReport(BaseModel):
     vs_program_memory: ProgramMemory | None = Field(default=None, description="The same for the vs_model")
 
 
-class ExperimentSummary(BaseModel):
+class ExperimentSummary(Read):
     id: int
     name: str | None
     status: str
@@ -164,7 +150,7 @@ class ExperimentSummary(BaseModel):
     mode: str | None = None
 
 
-class ExperimentPage(BaseModel):
+class ExperimentPage(Read):
     items: list[ExperimentSummary]
     total: int
     page: int
@@ -174,13 +160,13 @@ class ExperimentPage(BaseModel):
 # ---- thread and core scaling (analysis/scaling.py; GET /experiments/{id}/scaling) ------------
 
 
-class ScalingInterval(BaseModel):
+class ScalingInterval(Read):
     estimate: float
     ci_low: float
     ci_high: float
 
 
-class ScalingPoint(BaseModel):
+class ScalingPoint(Read):
     """One arm at one thread count. Emulated: threads, runs and n only."""
 
     threads: int
@@ -195,7 +181,7 @@ class ScalingPoint(BaseModel):
         default=None, description="Time here / time at best_threads, runs resampled, 95% interval")
 
 
-class ScalingArm(BaseModel):
+class ScalingArm(Read):
     sme2: Sme2Setting
     variant: Literal["A", "B"] = "A"
     core_mask: str | None = None
@@ -210,7 +196,7 @@ class ScalingArm(BaseModel):
     sentence: str = ""
 
 
-class ScalingRatio(BaseModel):
+class ScalingRatio(Read):
     """SME2 off time / on time at one thread count (above 1: SME2 on is faster), 95% interval."""
 
     variant: Literal["A", "B"] = "A"
@@ -221,7 +207,7 @@ class ScalingRatio(BaseModel):
     ci_high: float
 
 
-class ScalingFastest(BaseModel):
+class ScalingFastest(Read):
     sme2: Sme2Setting
     variant: Literal["A", "B"] = "A"
     threads: int
@@ -235,7 +221,7 @@ class ClusterMask(CoreCluster):
     mask: str = Field(description="The cluster's cores as a --core-mask (hex)")
 
 
-class DeviceScaling(BaseModel):
+class DeviceScaling(Read):
     device: str | None = Field(default=None, description="The device's serial")
     device_model: str | None = None
     emulated: bool = Field(default=False, description="An emulator ran these runs: no speed figure is given")
@@ -247,7 +233,7 @@ class DeviceScaling(BaseModel):
     sentences: list[str] = Field(default_factory=list)
 
 
-class ScalingRead(BaseModel):
+class ScalingRead(Read):
     """GET /experiments/{id}/scaling: per device, how latency changes with the thread count."""
 
     experiment_id: int

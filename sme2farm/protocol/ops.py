@@ -1,12 +1,12 @@
-"""Operations: API tokens (the admin API)."""
+"""Operations: liveness (GET /health), readiness (GET /ready) and API tokens (the admin API)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import ConfigDict, Field
 
-from .common import StrictWire, Timestamp
+from .common import Read, StrictWire, Timestamp
 
 TokenScope = Literal["read", "submit", "admin", "register", "agent"]
 
@@ -18,7 +18,7 @@ class TokenCreate(StrictWire):
     scope: Literal["read", "submit", "admin", "register"] = "submit"
 
 
-class TokenInfo(BaseModel):
+class TokenInfo(Read):
     id: int
     name: str
     scope: TokenScope
@@ -29,3 +29,32 @@ class TokenInfo(BaseModel):
 
 class TokenCreated(TokenInfo):
     token: str = Field(description="The plaintext token: shown in this answer only")
+
+
+class Health(Read):
+    """GET /health."""
+
+    status: str = Field(description="ok: the process answers")
+    version: str
+
+
+class ReadinessCheck(Read):
+    """One part's check. Besides ok and detail each part says what it saw (the beat's holder and age,
+    agents online, the broker's queue depth, the disk's free bytes, each supervised child...): those
+    keys differ per part and are kept as they come (extra="allow")."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ok: bool
+    detail: str | None = None
+
+
+class Readiness(Read):
+    """GET /ready: every part's check; 503 when one named in `failing` is not ok."""
+
+    status: str = Field(description="ready | not ready")
+    failing: list[str]
+    checks: dict[str, ReadinessCheck] = Field(
+        description="Per part (database, beat, agents, broker, disk, supervisor...): ok and what was seen")
+    cause: str | None = Field(default=None, description="Only when the data dir's disk is full: the cause of the "
+                                                        "failing parts")

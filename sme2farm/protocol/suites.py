@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
-from .common import IsoTimestamp, Sme2Request, Sme2Setting, StrictWire
+from .common import Read, IsoTimestamp, Sme2Request, Sme2Setting, StrictWire
 from .devices import DeviceSelector
 from .experiments import ExperimentSpec
 
@@ -74,21 +74,30 @@ class SuiteSpec(StrictWire):
         return models
 
 
+class SuitePatch(StrictWire):
+    """PATCH /suites/{name}: only the fields given change."""
+
+    schedule: str | None = Field(default=None, max_length=120, description="cron, 5 fields, UTC")
+    paused: bool | None = Field(default=None, description="true: the schedule starts nothing until resumed")
+    webhook: str | None = Field(default=None, max_length=2000, description="http(s) URL; null or '' removes it (admin)")
+    thresholds: SuiteThresholds | None = None
+
+
 # ---- read models: what GET /suites, /suites/{name}/series and /regressions answer --------------
 # Optional keys marked "only when ..." are left out of the JSON when absent (the routes answer
 # with exclude_unset), as the dashboard and clients read them.
 
 
-class SuiteModelRead(BaseModel):
+class SuiteModelRead(Read):
     sha256: str
     name: str = Field(description="Display name (the sha's first 12 when none was given)")
 
 
-class SuiteDeviceRead(BaseModel):
+class SuiteDeviceRead(Read):
     selector: DeviceSelector = Field(description="Which devices the suite runs on ({}: any)")
 
 
-class SuiteRead(BaseModel):
+class SuiteRead(Read):
     """A suite as stored: POST/PATCH /suites answer it, GET /suites lists it."""
 
     name: str
@@ -111,7 +120,7 @@ class SuiteRead(BaseModel):
                                                                  "SME2 on arm with no SME2 device)")
 
 
-class SuiteRunRead(BaseModel):
+class SuiteRunRead(Read):
     id: int
     experiment_ids: list[int]
     triggered_at: IsoTimestamp | None
@@ -127,7 +136,7 @@ class SuiteDetail(SuiteRead):
     runs: list[SuiteRunRead]
 
 
-class SuiteRunStarted(BaseModel):
+class SuiteRunStarted(Read):
     """POST /suites/{name}/run."""
 
     suite: str
@@ -138,7 +147,7 @@ class SuiteRunStarted(BaseModel):
     experiment_ids: list[int]
 
 
-class SuiteDeleted(BaseModel):
+class SuiteDeleted(Read):
     """DELETE /suites/{name}: what went with it."""
 
     deleted: str
@@ -147,7 +156,7 @@ class SuiteDeleted(BaseModel):
     changes: int
 
 
-class SeriesKey(BaseModel):
+class SeriesKey(Read):
     model_sha256: str
     model_name: str
     device_model: str
@@ -155,7 +164,7 @@ class SeriesKey(BaseModel):
     threads: int
 
 
-class SeriesLlm(BaseModel):
+class SeriesLlm(Read):
     """A suite point's LLM phases: medians over every generation of the point's runs."""
 
     prompt: int | None = Field(description="Prompt tokens (None when the runs differed)")
@@ -166,7 +175,16 @@ class SeriesLlm(BaseModel):
     decode_tokens_per_s: float | None
 
 
-class SeriesPoint(BaseModel):
+class PointMemory(Read):
+    """A suite point's memory (analysis.memory.point_memory)."""
+
+    planned_bytes: int | None = Field(description="The program's memory-planned buffers")
+    weights_bytes: int | None = Field(description="The program's weights")
+    runtime_allocated_bytes: int | None = Field(description="Median over the point's runs")
+    peak_rss_bytes: int | None = Field(description="Median over the point's runs")
+
+
+class SeriesPoint(Read):
     experiment_id: int | None
     run_ids: list[int]
     at: IsoTimestamp | None
@@ -179,15 +197,13 @@ class SeriesPoint(BaseModel):
     et_version: str | None
     device_state: dict[str, Any] | None
     acknowledged: bool
-    memory: dict[str, Any] | None = Field(
-        default=None, description="planned_bytes and weights_bytes (the program), runtime_allocated_bytes and "
-                                  "peak_rss_bytes (medians over the point's runs); None before memory was recorded")
+    memory: PointMemory | None = Field(default=None, description="None before memory was recorded")
     llm: SeriesLlm | None = Field(
         default=None, description="An LLM's phases at this point (medians over its generations); None for other "
                                   "models, for an emulated point (no speed figure) and before they were recorded")
 
 
-class MemoryChange(BaseModel):
+class MemoryChange(Read):
     """A change of a deterministic memory figure between two points: exact, no statistics."""
 
     point_index: int = Field(description="The first point at the new value")
@@ -204,7 +220,7 @@ SUITE_METRICS = ("latency", "ttft_ms", "prefill_tokens_per_s", "decode_tokens_pe
                  "runtime_allocated_bytes", "peak_rss_bytes")
 
 
-class SeriesChange(BaseModel):
+class SeriesChange(Read):
     id: int
     point_index: int | None
     experiment_id: int | None
@@ -223,7 +239,7 @@ class SeriesChange(BaseModel):
     sentence: str | None
 
 
-class DetectableStep(BaseModel):
+class DetectableStep(Read):
     """The smallest step the detector would confirm on the series now (about half the time
     within two nights); step None until the baseline has enough valid nights."""
 
@@ -234,7 +250,7 @@ class DetectableStep(BaseModel):
     note: str
 
 
-class Series(BaseModel):
+class Series(Read):
     key: SeriesKey
     emulated: str | None = Field(description="The emulator that ran it: drawn, never judged")
     spread: str
@@ -249,20 +265,20 @@ class Series(BaseModel):
                                           "phases, and memory changes past the suite's memory threshold")
 
 
-class SeriesRead(BaseModel):
+class SeriesRead(Read):
     """GET /suites/{name}/series."""
 
     suite: str
     series: list[Series]
 
 
-class RegressionWebhook(BaseModel):
+class RegressionWebhook(Read):
     state: str = Field(description="none | pending | retrying | sent | failed | cancelled")
     attempts: int
     last_error: str | None
 
 
-class RegressionRead(BaseModel):
+class RegressionRead(Read):
     """A change a suite's detector found: GET /regressions, POST /regressions/{id}/acknowledge."""
 
     id: int

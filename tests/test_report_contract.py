@@ -1,0 +1,164 @@
+"""The wire contract decides the report's shape once (sme2farm/protocol/runs.py, comparisons.py):
+analysis/ returns plain dicts, and here its output holds valid against the models, with no key
+left out of them, for every bundled example, SME2 arm and dtype; a run report served by a farm
+validates against the typed model and, with an off-the-shelf JSON Schema validator, against the
+schema /openapi.json publishes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from _fixtures_analysis import ANALYSIS_ITERATIONS, REAL_MODELS, _cache_dir, make_real_trace
+from _fixtures_farm import dispatch, ingest_all, submit
+from sme2farm.analysis import analyze, compare, compare_emulated
+from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
+from sme2farm.analysis.runner_memory import read_memory
+from sme2farm.protocol import AnalysisReport, Comparison, ExperimentReport, RunnerMemory, RunReport
+
+
+def _left_out(original, parsed, path: str = "") -> list[str]:
+    """The keys of `original` the parsed model does not carry (read models ignore unknown keys, so
+    a key the contract misses would vanish silently)."""
+    out = []
+    if isinstance(original, dict):
+        assert isinstance(parsed, dict), f"{path}: a mapping became {type(parsed).__name__}"
+        for k, v in original.items():
+            if k not in parsed:
+                out.append(f"{path}.{k}")
+            else:
+                out += _left_out(v, parsed[k], f"{path}.{k}")
+    elif isinstance(original, list) and isinstance(parsed, list):
+        for i, (a, b) in enumerate(zip(original, parsed)):
+            out += _left_out(a, b, f"{path}[{i}]")
+    return out
+
+
+def _holds(model, data: dict) -> None:
+    parsed = model.model_validate(data)
+    assert _left_out(data, parsed.model_dump()) == [], f"{model.__name__} leaves keys out"
+
+
+def _check_arms(off: dict, on: dict) -> None:
+    for report in (off, on):
+        _holds(AnalysisReport, report)
+    complete = compare(off, on)
+    _holds(Comparison, {"status": "complete", **complete})
+    assert Comparison.model_validate({"status": "complete", **complete}).categories  # typed down to the verdicts
+    _holds(Comparison, {"status": "complete", **compare_emulated(off, on, emulator="qemu-aarch64 -cpu max")})
+
+
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_every_bundled_examples_analysis_is_what_the_contract_says(name):
+    trace = make_real_trace(name, **REAL_MODELS[name]).read_bytes()
+    off, on = analyze(trace, sme2=False, arch="arm64"), analyze(trace, sme2=True, arch="arm64")
+    _holds(AnalysisReport, analyze(trace))  # an offline trace: arm and architecture unknown
+    _check_arms(off, on)
+    parsed = AnalysisReport.model_validate(on)
+    assert parsed.operators and all(o.kernel_path for o in parsed.operators)
+    assert parsed.kernel_paths.coverage.conv_gemm_ms >= 0
+
+
+def _call(etdump_builder, t0: int, marker: str, tokens: int, pos: int, ops: list[tuple[str, int]]) -> list[dict]:
+    evs = etdump_builder.iteration(t0, ops)
+    evs.append(etdump_builder.prof(marker, t0, 100, chain_index=tokens, instruction_id=pos))
+    return evs
+
+
+def test_an_llm_report_with_its_phases_and_kernel_paths_is_what_the_contract_says(etdump_builder):
+    prefill = [("Fully Connected (NC, QP8, F32, QC8W) GEMM #1", 30_000), ("Softmax (NC, F32) #1", 5_000)]
+    decode = [("Fully Connected (NC, QP8, F32, QB4W) GEMM #2", 20_000), ("Fully Connected (NC, F32) GEMM #3", 20_000)]
+    runs = []
+    for g in range(4):
+        t = g * 1_000_000
+        runs += [("Execute", _call(etdump_builder, t, MARKER_PREFILL, 4, 0, prefill)),
+                 ("Execute", _call(etdump_builder, t + 100_000, MARKER_DECODE, 1, 4, decode)),
+                 ("Execute", _call(etdump_builder, t + 200_000, MARKER_DECODE, 1, 5, decode))]
+    trace = etdump_builder.build(runs)
+    off, on = analyze(trace, sme2=False, arch="arm64"), analyze(trace, sme2=True, arch="arm64")
+    _check_arms(off, on)
+    llm = AnalysisReport.model_validate(on).llm
+    assert llm is not None and llm.decode == 2 and llm.kernel_paths.decode.what_would_reach_sme2
+    assert llm.categories.decode is not None and llm.ttft_ms.n == 4
+    assert Comparison.model_validate({"status": "complete", **compare(off, on)}).llm.decode is not None
+
+
+def test_the_runners_memory_figures_are_what_the_contract_says():
+    memory = read_memory(json.dumps({"peak_rss_bytes": 9 << 20, "peak_rss_after_load_bytes": 8 << 20,
+                                     "planned_bytes": 4096, "planned_buffers_bytes": [4096],
+                                     "rss_source": "/proc/self/status VmHWM"}).encode())
+    _holds(RunnerMemory, memory)
+    assert RunnerMemory.model_validate(memory).execution_rss_growth_bytes == 1 << 20
+
+
+def _zoo_trace(name: str, dtype: str) -> bytes:
+    """A zoo model exported in `dtype` (runners/zoo.py), run ANALYSIS_ITERATIONS times by the ExecuTorch
+    runtime's Python bindings with ETDump on; cached like the bundled examples' traces."""
+    pytest.importorskip("torch")
+    pytest.importorskip("executorch.extension.pybindings.portable_lib")
+    import torch
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    from sme2farm.runners.zoo import build, export_zoo
+
+    out = _cache_dir() / f"zoo-{name}-{dtype}-{ANALYSIS_ITERATIONS}it.etdump"
+    if not out.exists():
+        pte = export_zoo(name, dtype, _cache_dir() / f"zoo-{name}-{dtype}.{os.getpid()}.pte")
+        inputs = build(name, dtype)[1]
+        m = _load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
+        with torch.no_grad():
+            for _ in range(ANALYSIS_ITERATIONS):
+                m.forward(inputs)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        m.write_etdump_result_to_file(str(tmp))
+        tmp.replace(out)
+        pte.unlink()
+    return out.read_bytes()
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "int8"])
+def test_every_dtypes_analysis_is_what_the_contract_says(dtype):
+    trace = _zoo_trace("mobilenet_blocks", dtype)
+    _check_arms(analyze(trace, sme2=False, arch="arm64"), analyze(trace, sme2=True, arch="arm64"))
+
+
+def _served_schema(api, name: str) -> dict:
+    """The published schema of one component, with the document's components to resolve its refs."""
+    doc = api.client.get("/openapi.json").json()
+    return {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+
+
+def test_a_served_report_validates_against_the_model_and_the_published_schema(api, agent, example_pte, monkeypatch):
+    jsonschema = pytest.importorskip("jsonschema")
+    exp = submit(api, example_pte("toy_cnn").read_bytes(), sme2="off", iterations=3)
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    agent.execute(a)
+    ingest_all(api, [rid], monkeypatch)
+
+    raw = api.client.get(f"/experiments/{exp['id']}", headers=api.auth())
+    assert raw.status_code == 200, raw.text
+    report = ExperimentReport.model_validate_json(raw.content)   # the stored bytes the route serves
+    assert _left_out(raw.json(), report.model_dump(mode="json")) == []
+    [run] = report.runs
+    assert run.status == "succeeded" and run.operators and run.kernel_paths is not None
+    assert run.operators[0].kernel_path and run.kernel_paths.coverage.off_sme2 is not None
+    jsonschema.validate(raw.json(), _served_schema(api, "ExperimentReport"))
+
+    one = api.client.get(f"/runs/{rid}", headers=api.auth())
+    RunReport.model_validate_json(one.content)
+    jsonschema.validate(one.json(), _served_schema(api, "RunReport"))
+    # what a validator would catch: an operator row without its kernel path
+    broken = one.json()
+    del broken["operators"][0]["kernel_path"]
+    with pytest.raises(jsonschema.ValidationError, match="kernel_path"):
+        jsonschema.validate(broken, _served_schema(api, "RunReport"))
+
+    cancelled = api.client.post(f"/experiments/{exp['id']}/cancel", headers=api.auth())
+    jsonschema.validate(cancelled.json(), _served_schema(api, "ExperimentReport"))
+    artifact = api.client.get(f"/runs/{rid}/artifacts/report.json", headers=api.auth())
+    _holds(AnalysisReport, artifact.json())
+
