@@ -80,9 +80,10 @@ class Agent:
         self.poll_s = reg.poll_timeout_s
         cap = getattr(self.api, "backoff_cap_s", None)
         if cap is not None and reg.lease_s <= cap + reg.heartbeat_interval_s:
-            log.error("the farm's lease (%g s) is not longer than this agent's backoff cap (SME2_AGENT_BACKOFF_CAP_S=%g) "
-                      "plus its heartbeat interval (%g s): a heartbeat retried through a short outage may find its run "
-                      "requeued; lower the cap or ask for a longer SME2_LEASE_S", reg.lease_s, cap, reg.heartbeat_interval_s)
+            log.warning("the farm's lease (%g s) is not longer than this agent's backoff cap (SME2_AGENT_BACKOFF_CAP_S=%g) "
+                        "plus its heartbeat interval (%g s): a heartbeat retried through a glitch of this host's network "
+                        "may find its run requeued; lower the cap or ask for a longer SME2_LEASE_S", reg.lease_s, cap,
+                        reg.heartbeat_interval_s)
         for refused in reg.refused:  # e.g. another live agent drives that serial: this one will not
             log.warning("the server refused device %s: %s", refused.serial, refused.reason)
         log.info("registered as agent %s with %d device(s)", reg.agent_id, len(self.devices) - len(reg.refused))

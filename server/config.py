@@ -55,7 +55,10 @@ class Settings(BaseSettings):
     # The four bounds below and the agents' backoff cap are tied (docs/operations.md, "Outages and
     # bounds"); _bounds_respect_each_other refuses a combination that breaks the tie.
     lease_s: float = Field(default=60.0, gt=0, description="How long an agent owns a run without a heartbeat (longer than the heartbeat interval)")
-    heartbeat_interval_s: float = Field(default=10.0, gt=0, description="How often agents heartbeat a running run")
+    heartbeat_interval_s: float | None = Field(
+        default=None, gt=0,
+        description="How often agents heartbeat a running run; unset: a third of the lease, at most 10 s (shorter "
+                    "than the lease when set)")
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
     agent_offline_s: float = Field(
         default=90.0, gt=SEEN_EVERY_S,
@@ -154,6 +157,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _bounds_respect_each_other(self) -> "Settings":
         """The relation of docs/operations.md ("Outages and bounds"), refused with the numbers when broken."""
+        if self.heartbeat_interval_s is None:
+            self.heartbeat_interval_s = min(10.0, self.lease_s / 3)
         if self.heartbeat_interval_s >= self.lease_s:
             raise ValueError(f"SME2_HEARTBEAT_INTERVAL_S={self.heartbeat_interval_s:g} is not shorter than SME2_LEASE_S="
                              f"{self.lease_s:g}: every run's lease would expire between two heartbeats")

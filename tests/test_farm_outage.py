@@ -243,8 +243,10 @@ def test_settings_refuse_bounds_that_break_each_other(env, words):
 
 
 def test_settings_take_bounds_that_respect_each_other():
-    s = Settings(agent_offline_s=10, lease_s=10, device_lost_s=30, heartbeat_interval_s=2)   # the set
+    s = Settings(agent_offline_s=10, lease_s=10, device_lost_s=30)   # the set
+    assert s.heartbeat_interval_s == pytest.approx(10 / 3)           # unset: a third of the lease
     assert s.settle_s == s.agent_backoff_cap_s + 5
+    assert Settings().heartbeat_interval_s == 10.0                   # at most 10 s
     Settings()   # the defaults
     with pytest.raises(ValidationError, match="greater than 5"):
         Settings(agent_offline_s=5)   # a live agent's last contact may look 5 s old
