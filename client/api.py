@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from sme2farm.protocol import (DEFAULT_MIN_EFFECT, ComparisonRead, DeviceRead, ExperimentPage, ExperimentReport,
                                ExperimentSpec, RegressionRead, RunReport, ScalingRead, SeriesRead, SuiteDeleted,
-                               SuiteDetail, SuiteRead, SuiteRunStarted, SuiteSpec)
+                               SuiteDetail, SuitePatch, SuiteRead, SuiteRunStarted, SuiteSpec)
 
 
 _BOUNDS = {"less_than_equal": "<=", "less_than": "<", "greater_than_equal": ">=", "greater_than": ">"}
@@ -272,8 +272,10 @@ class FarmClient:
     def run_suite(self, name: str) -> SuiteRunStarted:
         return SuiteRunStarted.model_validate(self._check(self.http.post(f"/suites/{name}/run")).json())
 
-    def update_suite(self, name: str, changes: dict[str, Any]) -> SuiteRead:
-        return SuiteRead.model_validate(self._check(self.http.patch(f"/suites/{name}", json=changes)).json())
+    def update_suite(self, name: str, changes: SuitePatch) -> SuiteRead:
+        """PATCH /suites/{name}: the fields set in `changes` change (unset ones are not sent)."""
+        body = changes.model_dump(mode="json", exclude_unset=True)
+        return SuiteRead.model_validate(self._check(self.http.patch(f"/suites/{name}", json=body)).json())
 
     def delete_suite(self, name: str) -> SuiteDeleted:
         return SuiteDeleted.model_validate(self._check(self.http.delete(f"/suites/{name}")).json())

@@ -14,7 +14,7 @@ from pathlib import Path
 from sme2farm.analysis.memory import fmt_bytes
 from sme2farm.client.api import wire
 from sme2farm.client.common import EXIT_FAILED, EXIT_OK, connect, outcome_code, parse_selector, wait_for
-from sme2farm.protocol import DetectableStep, SeriesRead, SuiteSpec, SuiteThresholds
+from sme2farm.protocol import DetectableStep, SeriesRead, SuitePatch, SuiteSpec, SuiteThresholds
 
 _SHA = re.compile(r"^[0-9a-fA-F]{64}$")
 
@@ -71,7 +71,7 @@ def cmd_suite_delete(args) -> int:
 
 
 def cmd_suite_pause(args) -> int:
-    suite = connect(args).update_suite(args.name, {"paused": args.suite_cmd == "pause"})
+    suite = connect(args).update_suite(args.name, SuitePatch(paused=args.suite_cmd == "pause"))
     print(json.dumps(wire(suite), indent=2) if args.json else
           f"suite {suite.name} paused: its schedule starts nothing until resumed (suite run still works)"
           if suite.paused else f"suite {suite.name} resumed; next run {_iso(suite.next_run_at)}")

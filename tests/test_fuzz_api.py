@@ -1,7 +1,9 @@
 """Fuzz the API from its own OpenAPI schema with schemathesis (positive and negative cases for
 every operation), against the real server (uvicorn) on SQLite and on PostgreSQL, with an admin
 token and with an agent token: no answer is a 5xx, and answers the schema documents conform to
-it. Bounded: SME2_FUZZ_EXAMPLES cases per operation and mode (default 5)."""
+it. Bounded: SME2_FUZZ_EXAMPLES cases per operation and mode (default 5). A run the real agent
+executed and ingest analysed has its answers (run and experiment reports down to the operator
+rows) checked against the schema too."""
 
 from __future__ import annotations
 
@@ -77,3 +79,39 @@ def test_no_5xx_from_any_operation(api, seeded, kind):
         for mode in MODES:
             fuzz(op, mode)
     assert not failures, "\n".join(failures)
+
+
+def test_a_farms_real_answers_conform_to_the_typed_schema(api, agent, example_pte, monkeypatch):
+    """The fuzzer's ids rarely hit a run that has a report; here schemathesis checks the answers
+    about a run the real agent executed and ingest analysed (operators, kernel paths, memory,
+    comparisons) against the schema /openapi.json publishes, and a file route against its media type."""
+    from _fixtures_farm import dispatch, ingest_all, submit
+
+    exp = submit(api, example_pte("toy_cnn").read_bytes(), sme2="off", iterations=3)
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    agent.execute(a)
+    ingest_all(api, [rid], monkeypatch)
+    schema = schemathesis.openapi.from_dict(api.client.get("/openapi.json").json())
+    headers = api.auth()
+    calls = [("/runs/{run_id}", "GET", {"run_id": rid}, {}),
+             ("/experiments/{experiment_id}", "GET", {"experiment_id": exp["id"]}, {}),
+             ("/experiments/{experiment_id}", "GET", {"experiment_id": exp["id"]}, {"runs": "summary"}),
+             ("/experiments", "GET", {}, {}),
+             ("/runs/{run_id}/artifacts/{name}", "GET", {"run_id": rid, "name": "report.md"}, {}),
+             ("/experiments/{experiment_id}/cancel", "POST", {"experiment_id": exp["id"]}, {}),
+             ("/health", "GET", {}, {})]
+    for path, method, params, query in calls:
+        case = schema[path][method].Case(path_parameters=params, query=query)
+        response = case.call(base_url=api.url, headers=headers, timeout=30)
+        assert response.status_code == 200, f"{method} {path}: {response.status_code}"
+        case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
+    report = api.client.get(f"/runs/{rid}", headers=headers).json()
+    assert report["operators"] and report["operators"][0]["kernel_path"]   # what the schema was checked down to
+    # and the check reaches the operator rows: a schema that asked them for one more field fails it
+    doc = api.client.get("/openapi.json").json()
+    doc["components"]["schemas"]["OperatorRow"]["required"].append("not_in_any_answer")
+    case = schemathesis.openapi.from_dict(doc)["/runs/{run_id}"]["GET"].Case(path_parameters={"run_id": rid})
+    with pytest.raises((Exception, BaseExceptionGroup), match="RunReport/properties/operators"):
+        case.validate_response(case.call(base_url=api.url, headers=headers, timeout=30),
+                               checks=[response_schema_conformance])
