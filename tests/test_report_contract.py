@@ -162,3 +162,17 @@ def test_a_served_report_validates_against_the_model_and_the_published_schema(ap
     artifact = api.client.get(f"/runs/{rid}/artifacts/report.json", headers=api.auth())
     _holds(AnalysisReport, artifact.json())
 
+
+
+def test_numerics_are_what_the_contract_says():
+    import numpy as np
+
+    from sme2farm.analysis import numerics
+    from sme2farm.protocol import Numerics
+
+    base = np.array([1.0, 2.0, np.inf], dtype=np.float32)
+    compared = numerics.compare([("Float", base), ("Long", np.arange(3))],
+                                [("Float", base + np.float32(1e-3)), ("Long", np.arange(3))], ("SME2 off", "SME2 on"))
+    _holds(Numerics, compared)
+    assert [o.within_tolerance for o in Numerics.model_validate(compared).outputs] == [False, True]
+    _holds(Numerics, numerics.not_compared("not recorded", "numerics not recorded: no run"))
