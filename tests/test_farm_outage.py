@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from sme2farm.agent import jitter
-from sme2farm.protocol import DeviceInfo, ExperimentSpec, RunnerInfo, RunStatus
+from sme2farm.protocol import DeviceInfo, ExperimentSpec, RunnerInfo
 from sme2farm.server.config import Settings
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
@@ -27,7 +27,6 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, Device, Lease, Model, Run, utcnow
 
-S = RunStatus
 LOST_S, OFFLINE_S, SETTLE_S = 300.0, 90.0, 15.0
 RUNNERS = [RunnerInfo(id="r-off", platform="linux-arm64", sme2="off")]
 

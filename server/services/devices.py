@@ -253,12 +253,6 @@ def mark_silent_agents_offline(session: Session, *, silent_for_s: float, settle_
     return res.rowcount or 0
 
 
-def lost_before(device_lost_s: float, now: datetime | None = None) -> datetime:
-    """A device offline since before this is lost (SME2_DEVICE_LOST_S), the farm's outages aside
-    (lost_cutoff)."""
-    return (now or utcnow()) - timedelta(seconds=device_lost_s)
-
-
 def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float | None = None,
                 now: datetime | None = None) -> datetime | None:
     """A device offline since before this is lost; None while no device can be. A device's lost
