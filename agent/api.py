@@ -72,6 +72,7 @@ class AgentApi:
         # The agent protocol both sides speak (sme2farm/protocol/agents.py AGENT_PROTOCOL), known
         # once registered: 2 delivers a run in one request (deliver), 1 starts, uploads, finishes.
         self.protocol = 1
+        self._ack: list[int] = []   # runs the last claim answer handed over, acknowledged by the next claim
 
     def _request(self, method: str, url: str, *, timeout: float | None = None, until: float | None = None,
                  **kw) -> httpx.Response:
@@ -124,8 +125,12 @@ class AgentApi:
         return DevicesSynced.model_validate(self._request("PUT", "/agent/devices", json=body).json())
 
     def claim(self, wait: float) -> list[RunAssignment]:
-        r = self._request("POST", "/agent/claim", params={"wait": wait}, timeout=wait + 30.0)
-        return [RunAssignment.model_validate(x) for x in r.json()]
+        """Long-poll for runs. Each claim acknowledges the runs the previous answer handed this agent
+        (`ack`: the server moves them to running; the claim is the start); an older server ignores it."""
+        r = self._request("POST", "/agent/claim", params={"wait": wait, "ack": self._ack}, timeout=wait + 30.0)
+        runs = [RunAssignment.model_validate(x) for x in r.json()]
+        self._ack = [a.run_id for a in runs]
+        return runs
 
     def start(self, run_id: int, lease_id: str) -> HeartbeatAnswer:
         return HeartbeatAnswer.model_validate(self._request("POST", f"/agent/runs/{run_id}/start", json={"lease_id": lease_id}).json())

@@ -33,7 +33,9 @@ def test_a_run_is_a_claim_and_a_delivery_and_a_protocol_1_agent_is_still_served(
     submit(api, pte)
     [rid] = dispatch(api)
     [a] = agent.api.claim(wait=0)
-    claimed = _run(api, rid)                            # the claim is the start
+    assert _run(api, rid).status == "assigned"          # handed, not yet acknowledged
+    assert agent.api.claim(wait=0) == []                # the next claim acknowledges it: the claim is the start
+    claimed = _run(api, rid)
     assert claimed.status == "running" and claimed.started_at is not None
     agent.execute(a)                                    # no start, no PUT: one delivery
     run = _run(api, rid)
@@ -77,13 +79,13 @@ def test_a_delivery_is_checked_part_by_part_and_a_repeat_stores_nothing_again(ap
     assert r.status_code == 422 and "unknown part" in r.json()["detail"], r.text
     r = _deliver(agent, a, {TRACE: trace}, lease="not-the-lease")
     assert r.status_code == 409, r.text
-    assert _run(api, rid).status == "running" and _artifacts(api, rid) == {}   # nothing kept of any refusal
+    assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}   # nothing kept of any refusal
     assert not store.artifact_path(rid, TRACE).exists()
     assert not any(store.tmp.iterdir())                                          # nor left in temp files
 
     r = _deliver(agent, a, {TRACE: trace, RUNNER_LOG: log})
     assert r.status_code == 200 and r.json()["status"] == "analyzing", r.text
-    run = _run(api, rid)
+    run = _run(api, rid)   # never acknowledged by a claim: started from the delivery's started_s_ago
     assert run.status == "analyzing" and run.started_at is not None
     assert store.artifact_path(rid, TRACE).read_bytes() == trace
     first = _artifacts(api, rid)
@@ -102,5 +104,5 @@ def test_a_delivery_over_the_artifact_limit_is_a_413_and_leaves_nothing(api, age
     [a] = agent.api.claim(wait=0)
     r = _deliver(agent, a, {TRACE: b"\0" * ((1 << 20) + 1)})
     assert r.status_code == 413 and f"artifact {TRACE} exceeds the 1 MiB limit" in r.json()["detail"], r.text
-    assert _run(api, rid).status == "running" and _artifacts(api, rid) == {}
+    assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}
     assert not any(Store(api.settings.data_dir).tmp.iterdir())

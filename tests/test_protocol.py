@@ -80,7 +80,7 @@ def test_lease_conflicts_are_409_and_repeats_are_idempotent(api, agent, example_
     r = api.client.post(f"/agent/runs/{a.run_id}/start", json={"lease_id": "not-mine"},
                         headers=api.auth(agent.api.client.headers["Authorization"].split()[1]))
     assert r.status_code == 409
-    assert r.json()["reason"] == "not_owner" and r.json()["previous_state"] == "running"   # the claim is the start
+    assert r.json()["reason"] == "not_owner" and r.json()["previous_state"] == "assigned"
     agent.api.start(a.run_id, a.lease_id)
     agent.api.start(a.run_id, a.lease_id)  # a retried start by the owner is success
     assert agent.api.heartbeat(a.run_id, a.lease_id).cancel is False

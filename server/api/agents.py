@@ -10,8 +10,9 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 from pydantic import ValidationError
@@ -78,20 +79,24 @@ def sync_devices(body: AgentDevices, tx: TxDep, settings: SettingsDep, agent_id:
     return DevicesSynced(devices=len(body.devices) - len(refused), refused=refused)
 
 
-def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float, lease_s: float) -> list[RunAssignment]:
+def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float, lease_s: float,
+                 ack: list[int]) -> list[RunAssignment]:
     """The runs assigned to this agent's devices that it has not been handed yet (waiter), as
-    assignments, each moved to running as it is handed (run_service.hand_over: the claim is the
-    start). Looking costs one indexed SELECT; the agent's last_seen is written at most every
-    SEEN_EVERY_S (it was an UPDATE on every look, 20 times a second per waiting agent)."""
+    assignments. `ack`: the runs the agent's previous claim answer handed it, which it now holds:
+    they move to running (run_service.hand_over: the claim's acknowledgement is the start; a run
+    whose answer was lost is not acknowledged and is handed again after REDELIVER_S). Looking costs
+    one indexed SELECT; the agent's last_seen is written at most every SEEN_EVERY_S (it was an
+    UPDATE on every look, 20 times a second per waiting agent)."""
     with tx() as session:
         device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=offline_s)
+        if ack:
+            run_service.hand_over(session, run_service.assigned_to_agent(session, agent_id=agent_id, run_ids=ack),
+                                  lease_s=lease_s)
         new = waiter.undelivered(agent_id, run_service.assigned_leases(session, agent_id=agent_id))
         if not new:
             return []
         out = []
-        handed = run_service.hand_over(session, run_service.assigned_to_agent(session, agent_id=agent_id, run_ids=new),
-                                       lease_s=lease_s)
-        for run in handed:
+        for run in run_service.assigned_to_agent(session, agent_id=agent_id, run_ids=new):
             exp = run.experiment
             spec = exp.spec
             device = run.device
@@ -125,7 +130,10 @@ def claim_waiter(request: Request) -> ClaimWaiter:
 
 
 @router.post("/claim", response_model=list[RunAssignment])
-async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: AgentIdDep, wait: WaitS = 0.0) -> list[RunAssignment]:
+async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: AgentIdDep, wait: WaitS = 0.0,
+                ack: Annotated[list[int], Query(max_length=1024, description="Runs the previous claim answer handed "
+                                                "this agent, now in its hands: they move to running (agent "
+                                                "protocol 2; the claim is the start)")] = []) -> list[RunAssignment]:
     """Long-poll: answer as soon as a run is assigned to one of this agent's devices, or after
     `wait` seconds (capped by the server's poll timeout) with an empty list. A run is handed to
     its agent once (again only if it is still assigned REDELIVER_S later, or after the agent
@@ -136,7 +144,8 @@ async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: Ag
         event = waiter.register(agent_id)
         try:
             runs = await run_in_threadpool(_assignments, tx, agent_id, waiter, settings.agent_offline_s,
-                                           settings.lease_s)
+                                           settings.lease_s, ack)
+            ack = []  # acknowledged once
             left = deadline - time.monotonic()
             if runs or left <= 0 or await request.is_disconnected():
                 return runs

@@ -120,11 +120,10 @@ def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | N
 
 
 def hand_over(session: Session, runs: list[Run], *, lease_s: float) -> list[Run]:
-    """The claim is the start: each run handed to its agent moves assigned -> running, started now,
-    its lease counted from now (agent protocol 2 has no start request; a protocol-1 agent's start
-    on a running run is answered as a repeat). A run that moved meanwhile (requeued, ended) is not
-    handed. If the claim's answer never reaches the agent, the run's lease expires unheard and the
-    reaper requeues it, as for an agent gone mid-run."""
+    """The claim's acknowledgement is the start: each run an agent says it now holds (its next
+    claim's `ack`) moves assigned -> running, started now, its lease counted from now (agent
+    protocol 2 has no start request; a protocol-1 agent's start on it is answered as a repeat). A
+    run that moved meanwhile (requeued, ended) is left as it is."""
     now = utcnow()
     handed = []
     for run in runs:
