@@ -12,22 +12,20 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from sme2farm.protocol import TASK_DISPATCH, ExperimentPage, ExperimentReport, ExperimentSpec, RunStatus
+from sme2farm.protocol import ExperimentPage, ExperimentReport, ExperimentSpec
 from sme2farm.server.api.deps import get_transaction
 from sme2farm.server.api.errors import NOT_FOUND
 from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
-from sme2farm.server.store.db import enqueue_after_commit, session_scope
+from sme2farm.server.store.db import session_scope
 from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
-from sme2farm.server.store.models import Model, Run
 from sme2farm.server.services.programs import InvalidProgram, llm_mode, llm_note, prepare, read_memory
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services.reports import RunsDetail
 from sme2farm.server.services import runs as run_service
+from sme2farm.server.services import submissions
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.web.uploads import EXPERIMENT_FORM_OPENAPI, receive_experiment
 
@@ -133,46 +131,15 @@ def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> byte
     first transaction rolled back, so the check reads in a fresh one)."""
     try:
         with tx() as session:
-            return _store_experiment(session, spec, upload, store, max_runs=settings.max_runs_per_experiment)
+            exp = submissions.store_experiment(session, spec=spec, upload=upload, store=store,
+                                                max_runs=settings.max_runs_per_experiment)
+            return reports.report_json(session, experiment_id=exp.id)
     except experiment_service.NoMatchingDevice as e:
         with session_scope(settings.sqlalchemy_url) as session:
             e.expected = device_service.expected(
                 session, expect_agent=settings.expect_agent, expect_agent_since=settings.expect_agent_since,
                 offline_s=settings.agent_offline_s)
         raise
-
-
-def _store_experiment(session: Session, spec: ExperimentSpec, upload, store, max_runs: int | None = None) -> bytes:
-    model = session.get(Model, upload.sha256)
-    if model is None:
-        model = Model(sha256=upload.sha256, size=upload.size, memory=upload.memory)
-        session.add(model)
-    elif model.memory is None:  # stored before its memory was recorded
-        model.memory = upload.memory
-    vs_model = None
-    if upload.vs_model_path is not None:
-        vs_model = model if upload.vs_sha256 == upload.sha256 else session.get(Model, upload.vs_sha256)
-        if vs_model is None:
-            vs_model = Model(sha256=upload.vs_sha256, size=upload.vs_size, memory=upload.vs_memory)
-            session.add(vs_model)
-        elif vs_model.memory is None:
-            vs_model.memory = upload.vs_memory
-    exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs, vs_model=vs_model)
-    if getattr(upload, "llm_note", None):  # how the method is driven (LLM mode), or why not
-        exp.warnings = [upload.llm_note, *(exp.warnings or [])]
-    exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
-    exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
-    run_service.runs_created(session, experiment_id=exp.id)  # nothing to run at all: complete now
-    # The files move into the store only once the rows exist; a failure above leaves nothing behind.
-    if upload.inputs_sha256:
-        store.keep_inputs(upload.inputs_path, upload.inputs_sha256)
-    store.keep_model(upload.model_path, upload.sha256)
-    if upload.vs_model_path is not None:
-        store.keep_model(upload.vs_model_path, upload.vs_sha256)
-    session.flush()
-    if session.scalar(select(Run.id).where(Run.experiment_id == exp.id, Run.status == RunStatus.queued.value).limit(1)):
-        enqueue_after_commit(session, TASK_DISPATCH)
-    return reports.report_json(session, experiment_id=exp.id)
 
 
 @router.get("/experiments", response_model=ExperimentPage)

@@ -15,23 +15,18 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import func, select
 
 from sme2farm import __version__
 from sme2farm.protocol import Health, Readiness
 from sme2farm.server.api.deps import Credentials, SettingsDep, current_user
 from sme2farm.server.api.errors import RETRY_AFTER_S, database_unavailable
-from sme2farm.server.services import devices as device_service
-from sme2farm.server.services import leases
-from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Agent, Device
+from sme2farm.server.services import health as health_service
 from sme2farm.server.web.metrics import broker_queue_depth, read_supervisor_status, render, store_check
 
 router = APIRouter(tags=["operations"])
@@ -47,29 +42,8 @@ def health() -> Health:
 
 
 def _database(settings) -> dict[str, Any]:
-    with session_scope(settings.sqlalchemy_url) as session:
-        session.execute(select(1))
-        beat = leases.state(session, leases.BEAT)
-        now = datetime.now(timezone.utc)
-        since = now.timestamp() - settings.agent_offline_s
-        seen = list(session.scalars(select(Agent.last_seen)))
-        devices = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
-        stalled = device_service.offline_with_queued_runs(session)
-    online = sum(1 for t in seen if (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp() >= since)
-    if beat is None:
-        beat_check = {"ok": False, "detail": "no beat has ever held the lease (is `celery beat` running?)"}
-    else:
-        age = beat.age_s(now)
-        ok = age < settings.beat_lease_s
-        beat_check = {"ok": ok, "holder": beat.holder, "heartbeat_age_s": round(age, 1),
-                      "detail": "alive" if ok else f"no heartbeat for {age:.0f} s (limit SME2_BEAT_LEASE_S={settings.beat_lease_s:g})"}
-    return {"database": {"ok": True},
-            "beat": beat_check,
-            # Informational: a farm without agents still accepts work (it queues, or waits for one).
-            "agents": {"ok": True, "online": online, "registered": len(seen), "devices": devices},
-            # Informational too: their queued runs end unschedulable once past SME2_DEVICE_LOST_S.
-            "devices_offline_with_work": {"ok": True, "devices": stalled, "detail": "; ".join(
-                d["detail"] for d in stalled) or "none"}}
+    return health_service.database_checks(sqlalchemy_url=settings.sqlalchemy_url, agent_offline_s=settings.agent_offline_s,
+                                          beat_lease_s=settings.beat_lease_s)
 
 
 def _broker(settings) -> dict[str, Any]:
