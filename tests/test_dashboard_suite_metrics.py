@@ -65,11 +65,11 @@ def suite_with_metric_changes(api):
                 night_point(s, suite, board, i, model_name="llm", memory=_memory(5600 if i >= 6 else 5000),
                             runner="r2" if i >= 6 else "r1",
                             llm=llm_phases(i, ttft_ms=22.0 if slow else 20.0, decode_tps=450.0 if slow else 500.0))
-                suites.detect_series(s, suite, (SHA, BOARD, "off", 1))
+                suites.detect_series(s, suite=suite, key=(SHA, BOARD, "off", 1))
             for i in range(4):  # the emulator: its points carry no phases; its memory change is flagged only
                 night_point(s, suite, qemu, i, model_name="llm", memory=_memory(6000 if i == 3 else 5000),
                             state=EMULATED)
-                assert suites.detect_series(s, suite, (SHA, QEMU, "off", 1)) == []
+                assert suites.detect_series(s, suite=suite, key=(SHA, QEMU, "off", 1)) == []
         for _task, change_id in sent:  # as worker/tasks.py deliver_alert does
             with session_scope(url) as s:
                 delivery = alerts.prepare(s, change_id, api.url)

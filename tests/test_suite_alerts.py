@@ -84,13 +84,13 @@ def test_a_memory_change_past_the_threshold_alerts_the_webhook_once(db_url, hook
         suite, device = _rows(s, webhook=hook.url)
         for i in range(6):
             night_point(s, suite, device, i, memory=_memory())
-            assert suites.detect_series(s, suite, KEY) == []  # the same program and runtime: nothing
+            assert suites.detect_series(s, suite=suite, key=KEY) == []  # the same program and runtime: nothing
     assert sent == []
     with tx() as s:  # a new runner build allocates 12% more: past the 5% threshold
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         p = night_point(s, suite, device, 6, memory=_memory(allocated=5600), runner="r2")
-        (alert,) = suites.detect_series(s, suite, KEY)
-        assert suites.detect_series(s, suite, KEY) == []  # the series judged again (an acknowledgement): once
+        (alert,) = suites.detect_series(s, suite=suite, key=KEY)
+        assert suites.detect_series(s, suite=suite, key=KEY) == []  # the series judged again (an acknowledgement): once
         point_id = p.id
     assert _deliver(db_url, sent) == ["delivered"]
     (body,) = hook.received
@@ -104,23 +104,23 @@ def test_a_memory_change_past_the_threshold_alerts_the_webhook_once(db_url, hook
     assert "runtime allocated memory +12.0% since 2026-11-06 03:00" in body["sentence"]
     assert "memory threshold (5%)" in body["sentence"] and "runner build changed too: r1 -> r2" in body["sentence"]
     with tx() as s:  # the next night keeps the new figure: the same change, no second alert
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         night_point(s, suite, device, 7, memory=_memory(allocated=5600), runner="r2")
-        assert suites.detect_series(s, suite, KEY) == []
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
         # and 2% more the night after: flagged in the series, under the threshold: no alert
         night_point(s, suite, device, 8, memory=_memory(allocated=5712), runner="r2")
-        assert suites.detect_series(s, suite, KEY) == []
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
         (reg,) = suites.regressions(s, include_candidates=True)
         assert (reg.id, reg.metric, reg.unit, reg.before, reg.after) == (alert, "runtime_allocated_bytes", "bytes",
                                                                          5000, 5600)
         assert reg.status == "confirmed" and reg.webhook.state == "delivered"
-        (ser,) = suites.series(s, suite).series
+        (ser,) = suites.series(s, suite=suite).series
         assert ser.changes == []  # latency did not move
         assert [(c.point_index, c.metric, c.id) for c in ser.metric_changes] == [(6, "runtime_allocated_bytes",
                                                                                   alert)]
         assert [(c.point_index, c.what) for c in ser.memory_changes] == [(6, "runtime_allocated_bytes"),
                                                                         (8, "runtime_allocated_bytes")]
-        text = series_text(suites.series(s, suite))  # sme2-client suite show
+        text = series_text(suites.series(s, suite=suite))  # sme2-client suite show
         assert f"  runtime_allocated_bytes change #{alert} [confirmed, model] net on Test Board" in text
     assert sent == [] and len(hook.received) == 1
 
@@ -138,19 +138,19 @@ def test_the_memory_threshold_is_the_suites_and_acknowledging_keeps_the_latency_
         for i in range(3):
             night_point(s, suite, device, i, memory=_memory())
         night_point(s, suite, device, 3, memory=_memory(planned=4480))  # +12%: under this suite's 20%
-        assert suites.detect_series(s, suite, KEY) == []
-        suites.update_suite(s, suite, {"thresholds": {"memory": 0.1}})
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
+        suites.update_suite(s, suite=suite, changes={"thresholds": {"memory": 0.1}})
         assert (suite.memory_threshold, suite.min_effect) == (0.1, 0.03)
         night_point(s, suite, device, 4, memory=_memory(planned=3920))  # -12.5%: an improvement, past the new 10%
-        (alert,) = suites.detect_series(s, suite, KEY)
+        (alert,) = suites.detect_series(s, suite=suite, key=KEY)
     assert _deliver(db_url, sent) == ["delivered"]
     (body,) = hook.received
     assert body["metric"] == "planned_bytes" and body["direction"] == "improvement"
     assert (body["before"], body["after"]) == (4480, 3920) and "memory threshold (10%)" in body["sentence"]
     with tx() as s:
-        out = suites.acknowledge(s, alert)
+        out = suites.acknowledge(s, change_id=alert)
         assert out.status == "acknowledged" and out.metric == "planned_bytes"
-        (ser,) = suites.series(s, suites.get(s, "nightly")).series
+        (ser,) = suites.series(s, suite=suites.get(s, name="nightly")).series
         assert not any(p.acknowledged for p in ser.points)  # the latency baseline is not reset by it
         assert [c.status for c in ser.metric_changes] == ["acknowledged"]
     assert sent == []
@@ -165,17 +165,17 @@ def test_a_peak_rss_step_alerts_once_the_next_point_confirms_it(db_url, hook):
         suite, device = _rows(s, webhook=hook.url)
         for i in range(10):  # peak RSS is measured: it moves about 1% night to night
             night_point(s, suite, device, i, memory=_memory(rss=int(40e6 * (1 + 0.01 * rng.standard_normal()))))
-            assert suites.detect_series(s, suite, KEY) == []
+            assert suites.detect_series(s, suite=suite, key=KEY) == []
         night_point(s, suite, device, 10, memory=_memory(rss=44_000_000))  # 10% more: a candidate, no alert yet
-        assert suites.detect_series(s, suite, KEY) == []
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
         (cand,) = suites.regressions(s, include_candidates=True)
         assert (cand.metric, cand.status) == ("peak_rss_bytes", "candidate") and suites.regressions(s) == []
     assert sent == []
     with tx() as s:
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         night_point(s, suite, device, 11, memory=_memory(rss=44_100_000))
-        (alert,) = suites.detect_series(s, suite, KEY)
-        assert suites.detect_series(s, suite, KEY) == []
+        (alert,) = suites.detect_series(s, suite=suite, key=KEY)
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
     assert alert == cand.id and _deliver(db_url, sent) == ["delivered"]
     (body,) = hook.received
     assert body["metric"] == "peak_rss_bytes" and body["metric_name"] == "peak RSS"
@@ -183,9 +183,9 @@ def test_a_peak_rss_step_alerts_once_the_next_point_confirms_it(db_url, hook):
     assert 39e6 < body["before"] < 41e6 and 43.9e6 < body["after"] < 44.2e6
     assert "peak RSS" in body["sentence"] and "confirmed by the next point" in body["sentence"]
     with tx() as s:  # the level holds: the same change, no second alert
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         night_point(s, suite, device, 12, memory=_memory(rss=43_950_000))
-        assert suites.detect_series(s, suite, KEY) == []
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
     assert sent == [] and len(hook.received) == 1
 
 
@@ -198,9 +198,9 @@ def test_an_emulated_series_flags_memory_but_alerts_nothing(db_url, hook):
         for i in range(3):
             night_point(s, suite, device, i, memory=_memory(), state=EMULATED)
         night_point(s, suite, device, 3, memory=_memory(allocated=6000), state=EMULATED)
-        assert suites.detect_series(s, suite, KEY) == []
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
         assert suites.regressions(s, include_candidates=True) == []
-        (ser,) = suites.series(s, suite).series
+        (ser,) = suites.series(s, suite=suite).series
         assert [c.what for c in ser.memory_changes] == ["runtime_allocated_bytes"] and ser.metric_changes == []
     assert sent == [] and hook.received == []
 
@@ -215,16 +215,16 @@ def test_llm_phase_series_alert_in_the_right_direction_once(db_url, hook):
         suite, device = _rows(s, webhook=hook.url)
         for i in range(8):
             night_point(s, suite, device, i, llm=llm_phases(i))
-            assert suites.detect_series(s, suite, KEY) == []
+            assert suites.detect_series(s, suite=suite, key=KEY) == []
         # decode 10% fewer tokens/s and time to first token 10% longer (so prefill 9% fewer tokens/s)
         night_point(s, suite, device, 8, llm=llm_phases(8, ttft_ms=22.0, decode_tps=450.0))
-        assert suites.detect_series(s, suite, KEY) == []  # candidates until the next point
+        assert suites.detect_series(s, suite=suite, key=KEY) == []  # candidates until the next point
     assert sent == []
     with tx() as s:
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         night_point(s, suite, device, 9, llm=llm_phases(9, ttft_ms=22.0, decode_tps=450.0))
-        alerts = suites.detect_series(s, suite, KEY)
-        assert len(alerts) == 2 and suites.detect_series(s, suite, KEY) == []  # once
+        alerts = suites.detect_series(s, suite=suite, key=KEY)
+        assert len(alerts) == 2 and suites.detect_series(s, suite=suite, key=KEY) == []  # once
     assert _deliver(db_url, sent) == ["delivered"] * 2
     by = {b["metric"]: b for b in hook.received}
     # prefill tokens/s is the prompt over TTFT: shown, not alerted a second time
@@ -237,10 +237,10 @@ def test_llm_phase_series_alert_in_the_right_direction_once(db_url, hook):
     assert "decode tokens/s 10" in by["decode_tokens_per_s"]["sentence"] and "lower" in \
         by["decode_tokens_per_s"]["sentence"]
     with tx() as s:  # the next point at the new level: the same changes, no second alert
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         night_point(s, suite, device, 10, llm=llm_phases(10, ttft_ms=22.0, decode_tps=450.0))
-        assert suites.detect_series(s, suite, KEY) == []
-        (ser,) = suites.series(s, suite).series
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
+        (ser,) = suites.series(s, suite=suite).series
         assert ser.changes == []  # latency steady
         assert sorted((c.metric, c.point_index, c.status) for c in ser.metric_changes) == [
             ("decode_tokens_per_s", 8, "confirmed"), ("ttft_ms", 8, "confirmed")]
@@ -248,7 +248,7 @@ def test_llm_phase_series_alert_in_the_right_direction_once(db_url, hook):
         assert (last.prompt, last.decode, last.generations) == (16, 8, 8)
         assert 21.5 < last.ttft_ms < 22.5 and 445 < last.decode_tokens_per_s < 455
         assert 16e3 / 22.5 < last.prefill_tokens_per_s < 16e3 / 21.5
-        text = series_text(suites.series(s, suite))
+        text = series_text(suites.series(s, suite=suite))
         assert "  LLM (latest, prompt 16, decode 8, 8 generation(s)): time to first token 22." in text
         assert "  decode_tokens_per_s change #" in text and "decode tokens/s 10." in text
     assert sent == [] and len(hook.received) == 2
@@ -266,12 +266,12 @@ def test_a_new_llm_workload_starts_the_phases_baseline_afresh(db_url, hook):
             night_point(s, suite, device, i, llm=llm_phases(i))
         for i in range(6, 12):   # prompt 32: twice the time to first token
             night_point(s, suite, device, i, llm=llm_phases(i, ttft_ms=40.0, prompt=32))
-            assert suites.detect_series(s, suite, KEY) == []
-        (ser,) = suites.series(s, suite).series
+            assert suites.detect_series(s, suite=suite, key=KEY) == []
+        (ser,) = suites.series(s, suite=suite).series
         assert ser.metric_changes == []
         for i in range(12, 14):  # and then decoding 10% slower at that workload
             night_point(s, suite, device, i, llm=llm_phases(i, ttft_ms=40.0, prompt=32, decode_tps=450.0))
-            alerts = suites.detect_series(s, suite, KEY)
+            alerts = suites.detect_series(s, suite=suite, key=KEY)
     assert len(alerts) == 1 and _deliver(db_url, sent) == ["delivered"]
     [body] = hook.received
     assert body["metric"] == "decode_tokens_per_s" and body["direction"] == "regression"
@@ -289,17 +289,17 @@ def test_faster_decoding_is_an_improvement_and_acknowledging_it_resets_only_its_
             night_point(s, suite, device, i, llm=llm_phases(i))
         for i in (8, 9):
             night_point(s, suite, device, i, llm=llm_phases(i, decode_tps=600.0))
-        (alert,) = suites.detect_series(s, suite, KEY)
+        (alert,) = suites.detect_series(s, suite=suite, key=KEY)
         (reg,) = suites.regressions(s)
         assert (reg.id, reg.metric, reg.direction) == (alert, "decode_tokens_per_s", "improvement")
         assert 1.17 < reg.ratio < 1.23 and reg.ci_low < reg.ratio < reg.ci_high
-        suites.acknowledge(s, alert)
+        suites.acknowledge(s, change_id=alert)
         # six more nights at the new speed: with its baseline reset there nothing new is flagged
         for i in range(10, 16):
             night_point(s, suite, device, i, llm=llm_phases(i, decode_tps=600.0))
-        assert suites.detect_series(s, suite, KEY) == []
+        assert suites.detect_series(s, suite=suite, key=KEY) == []
         assert [r.status for r in suites.regressions(s, include_candidates=True)] == ["acknowledged"]
-        assert not any(p.acknowledged for p in suites.series(s, suite).series[0].points)
+        assert not any(p.acknowledged for p in suites.series(s, suite=suite).series[0].points)
     assert sent == [(TASK_ALERT_WEBHOOK, alert)]
     with session_scope(db_url) as s:  # acknowledged before its delivery: nothing is POSTed
         assert alerts.prepare(s, alert, None) is None
@@ -343,8 +343,8 @@ def test_the_points_of_a_suite_run_carry_phases_except_emulated_ones(db_url, hoo
         s.flush()
         srun_id = srun.id
     with tx() as s:
-        assert suites.analyze(s, srun_id) == []
-        read = suites.series(s, suites.get(s, "nightly"))
+        assert suites.analyze(s, suite_run_id=srun_id) == []
+        read = suites.series(s, suite=suites.get(s, name="nightly"))
         by = {ser.key.device_model: ser for ser in read.series}
         assert set(by) == {"Test Board", "QEMU board"}
         (hw,) = by["Test Board"].points

@@ -58,13 +58,13 @@ def test_a_runtime_allocation_change_is_flagged_exactly_and_rss_noise_is_not(db_
         suite, device = _farm(s)
         _points(s, suite, device, [_m(rss=40_000_000), _m(rss=41_500_000), None, _m(allocated=5600, rss=39_000_000),
                                    _m(allocated=5600)], sha="a" * 64)
-        (series,) = suites.series(s, suite).series
+        (series,) = suites.series(s, suite=suite).series
         assert [p.memory.peak_rss_bytes if p.memory else None for p in series.points][:2] == [40_000_000, 41_500_000]
         (change,) = series.memory_changes  # the RSS moved every night; only the allocation changed
         assert (change.point_index, change.since_index, change.what) == (3, 1, "runtime_allocated_bytes")
         assert (change.before, change.after) == (5000, 5600) and change.change == pytest.approx(0.12)
         assert change.sentence == "runtime allocated memory +12.0% since 2026-11-02 03:00: 5.0 kB -> 5.6 kB"
-        text = series_text(suites.series(s, suite))  # sme2-client suite show
+        text = series_text(suites.series(s, suite=suite))  # sme2-client suite show
         assert "memory (latest): planned 4.0 kB, weights 1.0 MB, runtime allocated 5.6 kB, peak RSS 40.0 MB" in text
         assert f"memory change: {change.sentence}" in text
 
@@ -78,7 +78,7 @@ def test_a_model_replaced_under_its_name_flags_its_planned_memory(db_url):
         _points(s, suite, device, [_m(), _m()], sha="a" * 64)
         _points(s, suite, device, [_m(planned=4480), _m(planned=4480)], sha="c" * 64,
                 start=datetime(2026, 11, 14, 3, tzinfo=timezone.utc))
-        old, new = suites.series(s, suite).series
+        old, new = suites.series(s, suite=suite).series
         assert old.key.model_sha256 == "a" * 64 and old.memory_changes == []
         (change,) = new.memory_changes
         assert change.what == "planned_bytes" and change.since_index is None and change.point_index == 0

@@ -92,31 +92,31 @@ def test_detection_confirms_then_alerts_and_acknowledge_resets_the_baseline(db_u
         suite = _suite(s, webhook="http://127.0.0.1:9/hook")
         key = ("a" * 64, "Test Board", "off", 1)
         _inject(s, suite, dev, [10.0] * 10 + [10.8])  # 8% slower on the last night: a candidate only
-        assert suites.detect_series(s, suite, key) == []
+        assert suites.detect_series(s, suite=suite, key=key) == []
         (cand,) = suites.regressions(s, include_candidates=True)
         assert cand.status == "candidate" and cand.direction == "regression"
         assert suites.regressions(s) == []  # candidates are not alerts
     assert sent == []
     with tx() as s:
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         _inject(s, suite, dev, [10.8], start=datetime(2026, 11, 12, 3, tzinfo=timezone.utc), seed=1)
-        alerts = suites.detect_series(s, suite, key)
+        alerts = suites.detect_series(s, suite=suite, key=key)
         (reg,) = suites.regressions(s)
         assert alerts == [reg.id] and reg.status == "confirmed" and reg.blamed == "model"
         assert 1.06 < reg.ratio < 1.10 and reg.ci_low < reg.ratio < reg.ci_high
         assert reg.webhook.state == "pending" and "% slower" in reg.sentence
-        ser = suites.series(s, suite).series[0]
+        ser = suites.series(s, suite=suite).series[0]
         assert len(ser.points) == 12 and ser.changes[0].point_index == 10
     assert sent == [(TASK_ALERT_WEBHOOK, reg.id)]  # after the commit, once
     sent.clear()
     with tx() as s:
-        out = suites.acknowledge(s, reg.id)
+        out = suites.acknowledge(s, change_id=reg.id)
         assert out.status == "acknowledged" and out.webhook.state == "cancelled"
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         # the new level continues: with the baseline reset there, nothing new is flagged
         _inject(s, suite, dev, [10.8] * 6, start=datetime(2026, 11, 13, 3, tzinfo=timezone.utc), seed=2)
-        assert suites.detect_series(s, suite, key) == []
-        ser = suites.series(s, suite).series[0]
+        assert suites.detect_series(s, suite=suite, key=key) == []
+        ser = suites.series(s, suite=suite).series[0]
         assert [c.status for c in ser.changes] == ["acknowledged"]
         assert ser.points[10].acknowledged
     assert sent == []
@@ -133,14 +133,14 @@ def test_an_emulated_series_is_recorded_but_never_judged_on_time(db_url):
         steps = [10.0] * 10 + [13.0] * 3  # 30% slower for three nights: confirmed on hardware
         _inject(s, suite, dev, steps)
         _inject(s, emulated, dev, steps, sha="c" * 64, state={"emulated": "qemu-aarch64 11.1.3 -cpu max"})
-        suites.detect_series(s, suite, ("a" * 64, "Test Board", "off", 1))
-        assert suites.detect_series(s, emulated, ("c" * 64, "Test Board", "off", 1)) == []
+        suites.detect_series(s, suite=suite, key=("a" * 64, "Test Board", "off", 1))
+        assert suites.detect_series(s, suite=emulated, key=("c" * 64, "Test Board", "off", 1)) == []
         assert [r.suite for r in suites.regressions(s)] == ["nightly"]
         assert suites.regressions(s, suite="emulated", include_candidates=True) == []
-        (ser,) = suites.series(s, emulated).series
+        (ser,) = suites.series(s, suite=emulated).series
         assert ser.emulated == "qemu-aarch64 11.1.3 -cpu max" and len(ser.points) == 13
         assert ser.changes == [] and ser.detectable is None
-        assert suites.series(s, suite).series[0].emulated is None
+        assert suites.series(s, suite=suite).series[0].emulated is None
 
 
 def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):
@@ -153,7 +153,7 @@ def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):
         suite = _suite(s)
         key = ("a" * 64, "Test Board", "off", 1)
         _inject(s, suite, dev, [10.0] * 14)
-        assert suites.detect_series(s, suite, key) == []
+        assert suites.detect_series(s, suite=suite, key=key) == []
         assert suites.regressions(s, include_candidates=True) == []
         # a second suite whose model steps 6% on the same nights its device's canary steps 6%
         moved = _suite(s, name="moved", models=[{"sha256": "c" * 64, "name": "other"}], webhook="https://x.invalid/h")
@@ -162,7 +162,7 @@ def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):
         levels = [10.0] * 10 + [10.6] * 2
         _inject(s, moved, dev, levels, sha="c" * 64, name="other", seed=3)
         _inject(s, canary, dev, [5.0] * 10 + [5.3] * 2, seed=4)
-        assert suites.detect_series(s, moved, ("c" * 64, "Test Board", "off", 1)) == []
+        assert suites.detect_series(s, suite=moved, key=("c" * 64, "Test Board", "off", 1)) == []
         (reg,) = suites.regressions(s, suite="moved")
         assert reg.status == "confirmed" and reg.blamed == "device" and "device drift" in reg.sentence
         assert reg.webhook.state == "none"  # device drift is not the model's: no alert
@@ -186,34 +186,34 @@ def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_u
     assert (TASK_DISPATCH,) in sent
     with tx() as s:
         assert suites.start_due(s) == []  # claimed: next_run_at moved on
-        d = suites.detail(s, suites.get(s, "nightly"))
+        d = suites.detail(s, suite=suites.get(s, name="nightly"))
         assert d.next_run_at > datetime.now(timezone.utc)
         (run,) = d.runs
         assert run.trigger == "schedule" and run.status == "running" and len(run.experiment_ids) == 1
-        assert suites.analyze(s, srun_id) == []  # its runs have not ended: nothing yet
+        assert suites.analyze(s, suite_run_id=srun_id) == []  # its runs have not ended: nothing yet
     sent.clear()
     with tx() as s:  # the run ends (here: cancelled) through the one way runs end
         (r,) = s.query(Run).filter(Run.experiment_id == run.experiment_ids[0]).all()
         run_service.end_run(s, r, RunStatus.cancelled, "cancelled by the test")
     assert sent == [(TASK_SUITE_ANALYZE, srun_id)]
     with tx() as s:
-        assert suites.analyze(s, srun_id) == []
-        assert suites.analyze(s, srun_id) == []  # once
-        (ser,) = suites.series(s, suites.get(s, "nightly")).series
+        assert suites.analyze(s, suite_run_id=srun_id) == []
+        assert suites.analyze(s, suite_run_id=srun_id) == []  # once
+        (ser,) = suites.series(s, suite=suites.get(s, name="nightly")).series
         (p,) = ser.points
         assert p.n_iterations == 0 and p.median_ms is None and p.device_state["suspect"] is True
         assert "cancelled by the test" in p.device_state["reason"] and ser.changes == []
         # nothing measured: the suite run failed, and says why
-        done = suites.detail(s, suites.get(s, "nightly")).runs[0]
+        done = suites.detail(s, suite=suites.get(s, name="nightly")).runs[0]
         assert done.status == "failed" and "1 of 1 point(s) without samples" in done.reason
         assert "cancelled by the test" in done.reason
     with tx() as s:  # its device is gone when it is next due: a failed suite run says why
         s.delete(s.get(type(dev), dev.id))
-        suite = suites.get(s, "nightly")
+        suite = suites.get(s, name="nightly")
         suite.next_run_at = datetime.now(timezone.utc) - timedelta(seconds=1)
         s.flush()
         assert suites.start_due(s) == []
-        last = suites.detail(s, suite).runs[0]
+        last = suites.detail(s, suite=suite).runs[0]
         assert last.status == "failed" and "no device matches" in last.reason
 
 
@@ -298,40 +298,41 @@ def test_pause_resume_edit_and_delete(db_url):
     with tx() as s:
         (dev,) = _farm_rows(s)
         suite = _suite(s, schedule="*/10 * * * *")
-        paused = suites.update_suite(s, suite, {"paused": True})
+        paused = suites.update_suite(s, suite=suite, changes={"paused": True})
         assert suites.suite_read(paused).paused is True and paused.next_run_at is None
         assert suites.start_due(s) == []  # the tick starts nothing while paused
-        suites.update_suite(s, suite, {"schedule": "0 4 * * *", "thresholds": {"min_effect": 0.05}})
+        suites.update_suite(s, suite=suite, changes={"schedule": "0 4 * * *", "thresholds": {"min_effect": 0.05}})
         assert suite.next_run_at is None and suite.schedule == "0 4 * * *"  # still paused
         assert (suite.min_effect, suite.alpha) == (0.05, 0.0005)  # alpha kept
-        resumed = suites.suite_read(suites.update_suite(s, suite, {"paused": False})).model_dump(mode="json")
+        resumed = suites.suite_read(suites.update_suite(s, suite=suite, changes={"paused": False}))
+        resumed = resumed.model_dump(mode="json")
         assert resumed["paused"] is False and resumed["next_run_at"].endswith("04:00:00+00:00")
         with pytest.raises(Invalid, match="has 6 field"):
-            suites.update_suite(s, suite, {"schedule": "0 0 4 * * *"})
+            suites.update_suite(s, suite=suite, changes={"schedule": "0 0 4 * * *"})
         with pytest.raises(Invalid, match="http:// or https://"):
-            suites.update_suite(s, suite, {"webhook": "gopher://x"})
-        assert suites.update_suite(s, suite, {"webhook": "http://h/x"}).webhook == "http://h/x"
-        assert suites.update_suite(s, suite, {"webhook": None}).webhook is None
+            suites.update_suite(s, suite=suite, changes={"webhook": "gopher://x"})
+        assert suites.update_suite(s, suite=suite, changes={"webhook": "http://h/x"}).webhook == "http://h/x"
+        assert suites.update_suite(s, suite=suite, changes={"webhook": None}).webhook is None
         # a series with a flagged change, then deleted with everything of its own
         _inject(s, suite, dev, [10.0] * 10 + [10.8] * 2)
-        suites.detect_series(s, suite, ("a" * 64, "Test Board", "off", 1))
+        suites.detect_series(s, suite=suite, key=("a" * 64, "Test Board", "off", 1))
         assert suites.regressions(s, include_candidates=True)
     with tx() as s:
         from sme2farm.server.store.models import Agent
 
         agent = s.query(Agent).first()
         agent.runners = [{"id": "r", "platform": "linux-x86_64", "sme2": "off", "flavour": "timing"}]
-        suite = suites.get(s, "nightly")
-        srun = suites.start_run(s, suite, trigger="manual")  # a run in flight: its run is queued
+        suite = suites.get(s, name="nightly")
+        srun = suites.start_run(s, suite=suite, trigger="manual")  # a run in flight: its run is queued
         with pytest.raises(Conflict, match="run in flight"):
-            suites.delete(s, suite)
+            suites.delete(s, suite=suite)
         from sme2farm.protocol import RunStatus
         from sme2farm.server.store.models import Run
         from sme2farm.server.services import runs as run_service
 
         for r in s.query(Run).filter(Run.experiment_id == srun.experiments[0].experiment_id):
             run_service.end_run(s, r, RunStatus.cancelled, "cancelled by the test")
-        out = suites.delete(s, suite)
+        out = suites.delete(s, suite=suite)
         assert out.model_dump() == {"deleted": "nightly", "runs": 13, "points": 12, "changes": 1}
         assert s.query(SuiteRun).count() == s.query(SuitePoint).count() == s.query(SuiteChange).count() == 0
         assert suites.get_all(s) == [] and suites.regressions(s, include_candidates=True) == []
@@ -346,16 +347,16 @@ def test_the_detectable_step_follows_the_noise(db_url):
         (dev,) = _farm_rows(s)
         suite = _suite(s)
         _inject(s, suite, dev, [10.0] * 3)
-        (ser,) = suites.series(s, suite).series
+        (ser,) = suites.series(s, suite=suite).series
         assert ser.detectable.step is None and "3 of the 6 valid nights" in ser.detectable.note
         _inject(s, suite, dev, [10.0] * 9, start=datetime(2026, 11, 4, 3, tzinfo=timezone.utc))
-        quiet = suites.series(s, suite).series[0].detectable
+        quiet = suites.series(s, suite=suite).series[0].detectable
         # tight nights: the floor is min_effect (3%)
         assert quiet.step == pytest.approx(0.03) and quiet.nights == 12 and "estimate" in quiet.note
         noisy = _suite(s, name="noisy", models=[{"sha256": "c" * 64, "name": "other"}])
         levels = (10.0 * np.exp(np.random.default_rng(7).normal(0, 0.10, 12))).tolist()  # 10% night to night
         _inject(s, noisy, dev, levels, sha="c" * 64, name="other")
-        loud = suites.series(s, noisy).series[0].detectable
+        loud = suites.series(s, suite=noisy).series[0].detectable
         assert 0.05 < loud.sigma_between < 0.2 and loud.step > 2.5 * loud.sigma_between, loud
         print("detectable step, 10% noisy series:", loud)
         assert loud.noise == "the series' history"
@@ -535,7 +536,7 @@ def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(sui
         with _farm_session(suite_farm, enqueue=lambda task, *a: sent.append(celery.send_task(task, args=a))) as s:
             from sme2farm.server.store.models import Device
 
-            suite = suites.get(s, "hooked")
+            suite = suites.get(s, name="hooked")
             device = s.query(Device).first()
             pts = _inject(s, suite, device, [10.0] * 10 + [10.8] * 2)
             for i, p in enumerate(pts):
@@ -543,7 +544,7 @@ def test_webhook_down_is_retried_without_holding_the_pipeline_then_delivered(sui
                 # this busy host) is rightly too wide to confirm an 8% step within two nights
                 p.experiment_id, p.device_id = exps[i % 2], None
             s.flush()
-            alerts = suites.detect_series(s, suite, ("a" * 64, "Test Board", "off", 1))
+            alerts = suites.detect_series(s, suite=suite, key=("a" * 64, "Test Board", "off", 1))
         (alert,) = alerts
         assert len(sent) == 1  # the webhook task, sent to the farm's broker after the commit
 

@@ -220,7 +220,7 @@ def suites_tick(self) -> list[int]:
 @app.task(name=TASK_SUITE_ANALYZE, bind=True, max_retries=MAX_RETRIES)
 def suite_analyze(self, suite_run_id: int) -> list[int]:
     """A suite run's experiments ended: its series points, detection, alerts (sent after commit)."""
-    alerts = _in_transaction(self, lambda session, _s: suite_service.analyze(session, suite_run_id))
+    alerts = _in_transaction(self, lambda session, _s: suite_service.analyze(session, suite_run_id=suite_run_id))
     if alerts:
         log.info("suite run %s: alerts %s", suite_run_id, alerts)
     return alerts

@@ -77,8 +77,8 @@ def series_chart(name: SuiteName, session: SessionDep, _user: UserDep,
     """One series of GET /suites/{name}/series (picked by its key) as a line over time: each
     point's median with the 95% interval of that median (order statistics of its iterations:
     meaningful for 10 iterations, where p10..p90 is the worst sample) and the changes detected."""
-    suite = suite_service.get(session, name)
-    data = suite_service.series(session, suite)
+    suite = suite_service.get(session, name=name)
+    data = suite_service.series(session, suite=suite)
     key = (model_sha256, device_model, sme2, threads)
     for s in data.series:
         if (s.key.model_sha256, s.key.device_model, s.key.sme2, s.key.threads) == key:

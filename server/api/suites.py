@@ -65,7 +65,7 @@ def list_suites(session: SessionDep, _user: UserDep) -> list[SuiteRead]:
 @router.get("/suites/{name}", response_model=SuiteDetail, response_model_exclude_unset=True, responses=NOT_FOUND)
 def get_suite(name: SuiteName, session: SessionDep, _user: UserDep) -> SuiteDetail:
     """The suite and its runs, newest first."""
-    return suite_service.detail(session, suite_service.get(session, name))
+    return suite_service.detail(session, suite=suite_service.get(session, name=name))
 
 
 @router.patch("/suites/{name}", response_model=SuiteRead, response_model_exclude_unset=True,
@@ -83,9 +83,9 @@ def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep) ->
     if "webhook" in changes:
         _webhook_needs_admin(user)
     with tx() as session:
-        suite = suite_service.get(session, name)
+        suite = suite_service.get(session, name=name)
         _alerting_needs_admin(suite, user, "change")
-        return suite_service.suite_read(suite_service.update_suite(session, suite, changes))
+        return suite_service.suite_read(suite_service.update_suite(session, suite=suite, changes=changes))
 
 
 @router.delete("/suites/{name}", response_model=SuiteDeleted, responses={**NOT_FOUND, **CONFLICT})
@@ -94,9 +94,9 @@ def delete_suite(name: SuiteName, tx: TxDep, user: UserDep) -> SuiteDeleted:
     409 while one of its runs is in flight: cancel that experiment or wait. A suite that alerts a
     webhook (an admin set it up) needs an admin token to delete or change (403)."""
     with tx() as session:
-        suite = suite_service.get(session, name)
+        suite = suite_service.get(session, name=name)
         _alerting_needs_admin(suite, user, "delete")
-        return suite_service.delete(session, suite)
+        return suite_service.delete(session, suite=suite)
 
 
 @router.post("/suites/{name}/run", status_code=201, response_model=SuiteRunStarted,
@@ -104,8 +104,9 @@ def delete_suite(name: SuiteName, tx: TxDep, user: UserDep) -> SuiteDeleted:
 def run_suite(name: SuiteName, tx: TxDep, settings: SettingsDep, _user: UserDep) -> SuiteRunStarted:
     """Start the suite now (one experiment per model); its schedule is unchanged."""
     with tx() as session:
-        suite = suite_service.get(session, name)
-        srun = suite_service.start_run(session, suite, trigger="manual", max_runs=settings.max_runs_per_experiment)
+        suite = suite_service.get(session, name=name)
+        srun = suite_service.start_run(session, suite=suite, trigger="manual",
+                                       max_runs=settings.max_runs_per_experiment)
         return suite_service.run_started(suite, srun)
 
 
@@ -113,7 +114,7 @@ def run_suite(name: SuiteName, tx: TxDep, settings: SettingsDep, _user: UserDep)
 def get_series(name: SuiteName, session: SessionDep, _user: UserDep) -> SeriesRead:
     """One series per model x device model x sme2 x threads: points (median and p10-p90 of the
     iterations, run ids, runner, ExecuTorch version, device state) and the changes flagged."""
-    return suite_service.series(session, suite_service.get(session, name))
+    return suite_service.series(session, suite=suite_service.get(session, name=name))
 
 
 @router.get("/regressions", response_model=list[RegressionRead])
@@ -123,7 +124,7 @@ def list_regressions(session: SessionDep, _user: UserDep,
                      ) -> list[RegressionRead]:
     """Confirmed and acknowledged changes (regressions and improvements), newest first."""
     if suite is not None:
-        suite_service.get(session, suite)  # 404 naming an unknown suite
+        suite_service.get(session, name=suite)  # 404 naming an unknown suite
     return suite_service.regressions(session, include_candidates=candidates, suite=suite)
 
 
@@ -131,4 +132,4 @@ def list_regressions(session: SessionDep, _user: UserDep,
 def acknowledge(change_id: ChangeId, tx: TxDep, _user: UserDep) -> RegressionRead:
     """Accept the change: its first point becomes the series' baseline, and it no longer alerts."""
     with tx() as session:
-        return suite_service.acknowledge(session, change_id)
+        return suite_service.acknowledge(session, change_id=change_id)

@@ -160,7 +160,8 @@ def series_chart_points(session: Session, suite, key: SeriesKey, points: list[Se
     """The series' points (as JSON) with low_ms/high_ms replaced by each point's 95% interval of
     the median (from its stored samples), for the chart; a point without one keeps no spread."""
     dumped = [p.model_dump(mode="json") for p in points]
-    stored = suite_service.series_points(session, suite.id, (key.model_sha256, key.device_model, key.sme2, key.threads))
+    stored = suite_service.series_points(session, suite_id=suite.id,
+                                         key=(key.model_sha256, key.device_model, key.sme2, key.threads))
     if len(stored) != len(points):  # written while we read: draw what the JSON says
         return dumped
     out = []

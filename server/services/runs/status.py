@@ -115,7 +115,7 @@ def complete(session: Session, experiment_ids: Iterable[int]) -> None:
     session.flush()
     for experiment_id in sorted(set(experiment_ids)):
         comparisons.refresh(session, experiment_id=experiment_id)
-        suites.experiment_ended(session, experiment_id)  # a suite's: its analysis is sent after commit
+        suites.experiment_ended(session, experiment_id=experiment_id)  # a suite's: its analysis is sent after commit
 
 
 def end_run(session: Session, run: Run, status: RunStatus, reason: str | None = None, *,

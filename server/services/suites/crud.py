@@ -19,12 +19,12 @@ from sme2farm.server.store.models import (Agent, Model, Run, Suite, SuiteChange,
                                           utcnow)
 
 
-def name_taken(session: Session, name: str) -> str | None:
+def name_taken(session: Session, *, name: str) -> str | None:
     """The stored name equal to `name` ignoring case ("Nightly" next to "nightly" is a mistake)."""
     return session.scalar(select(Suite.name).where(func.lower(Suite.name) == name.lower()).limit(1))
 
 
-def sme2_warnings(session: Session, sme2: str, selector: DeviceSelector | None) -> list[str]:
+def sme2_warnings(session: Session, *, sme2: str, selector: DeviceSelector | None) -> list[str]:
     """An SME2 on arm that no matching device can run: Invalid for `on` (the suite would measure
     nothing), a warning for `both` (only its off series will have points). Names the devices."""
     if sme2 not in ("on", "both"):
@@ -48,7 +48,7 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
     now = now or utcnow()
     schedule = check_schedule(spec.schedule)
     webhook = check_webhook(spec.webhook)
-    taken = name_taken(session, spec.name)
+    taken = name_taken(session, name=spec.name)
     if taken is not None:
         same = "" if taken == spec.name else f" ({taken!r}: names are unique ignoring case)"
         raise Conflict("duplicate", f"a suite named {spec.name!r} exists already{same}")
@@ -62,7 +62,7 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
         what = spec.device.model_dump(exclude_none=True, exclude_defaults=True) if spec.device else {}
         known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
         raise Invalid(f"device: no device matches selector {what or '{}'}; devices: {known}")
-    warnings = sme2_warnings(session, spec.sme2, spec.device)
+    warnings = sme2_warnings(session, sme2=spec.sme2, selector=spec.device)
     device = spec.device.model_dump(mode="json", exclude_none=True) if spec.device else {}
     suite = Suite(name=spec.name, models=models, device=device,
                   sme2=spec.sme2, threads=list(spec.threads), iterations=spec.iterations, warmup=spec.warmup,
@@ -80,7 +80,7 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
     return suite
 
 
-def update_suite(session: Session, suite: Suite, changes: dict[str, Any], *, now: datetime | None = None) -> Suite:
+def update_suite(session: Session, *, suite: Suite, changes: dict[str, Any], now: datetime | None = None) -> Suite:
     """PATCH: `changes` holds only the fields given: schedule, paused, webhook (None or '' removes
     it), thresholds {min_effect, alpha, memory}. Paused = no next run (the tick starts nothing; a manual
     run still works); resuming, or a new schedule while not paused, sets the next fire time."""
@@ -104,7 +104,7 @@ def update_suite(session: Session, suite: Suite, changes: dict[str, Any], *, now
     return suite
 
 
-def delete(session: Session, suite: Suite) -> SuiteDeleted:
+def delete(session: Session, *, suite: Suite) -> SuiteDeleted:
     """The suite with its runs, series points and changes (the experiments it made stay:
     they are ordinary experiments). Refused (409) while one of its runs has runs not ended:
     cancel those experiments or wait for them."""
@@ -129,7 +129,7 @@ def delete(session: Session, suite: Suite) -> SuiteDeleted:
     return gone
 
 
-def get(session: Session, name: str) -> Suite:
+def get(session: Session, *, name: str) -> Suite:
     suite = session.scalar(select(Suite).where(Suite.name == name))
     if suite is None:
         raise NotFound(f"suite {name!r} not found")

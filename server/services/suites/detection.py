@@ -37,7 +37,7 @@ def device_model_of(device: Device | None, snapshot: dict | None = None) -> str:
                                        device.platform if device is not None else "")
 
 
-def _point_rows(session: Session, srun: SuiteRun, suite: Suite) -> list[SuitePoint]:
+def _point_rows(session: Session, *, srun: SuiteRun, suite: Suite) -> list[SuitePoint]:
     """One point per model x device model x sme2 x threads of this suite run (timing runs of the
     experiment's own model). A key whose runs all failed still gets a point without samples:
     the detector skips it and says so."""
@@ -91,12 +91,12 @@ def _point_rows(session: Session, srun: SuiteRun, suite: Suite) -> list[SuitePoi
     return out
 
 
-def analyze(session: Session, suite_run_id: int) -> list[int]:
+def analyze(session: Session, *, suite_run_id: int) -> list[int]:
     """Once every experiment of the suite run has ended: its points, then detection on each
     series they extend. Returns the changes whose webhook alert was asked for. Runs once per
     suite run (a conditional UPDATE running -> analyzing claims it)."""
     srun = session.get(SuiteRun, suite_run_id)
-    if srun is None or srun.status != "running" or not all_ended(session, suite_run_id):
+    if srun is None or srun.status != "running" or not all_ended(session, suite_run_id=suite_run_id):
         return []
     took = session.execute(update(SuiteRun).where(SuiteRun.id == suite_run_id, SuiteRun.status == "running")
                            .values(status="analyzing").execution_options(synchronize_session=False)).rowcount
@@ -104,14 +104,14 @@ def analyze(session: Session, suite_run_id: int) -> list[int]:
         return []
     suite = session.get(Suite, srun.suite_id)
     session.refresh(srun)
-    points = _point_rows(session, srun, suite)
+    points = _point_rows(session, srun=srun, suite=suite)
     session.add_all(points)
     session.flush()
     alerts: list[int] = []
     for p in points:
-        alerts += detect_series(session, suite, key_of(p))
+        alerts += detect_series(session, suite=suite, key=key_of(p))
         if suite.canary:  # after detection: a step the detector is judging must not become noise first
-            _learn_noise(session, suite, p)
+            _learn_noise(session, suite=suite, p=p)
     # Empty points (every run failed, was cancelled or could not run) make the run incomplete:
     # said in its reason; none with samples is a failed suite run (`suite run --wait` exits 1).
     empty = [p for p in points if not p.n_iterations]
@@ -130,20 +130,21 @@ def key_of(p: SuitePoint | SuiteChange) -> tuple[str, str, str, int]:
     return (p.model_sha256, p.device_model, p.sme2, p.threads)
 
 
-def series_points(session: Session, suite_id: int, key: tuple) -> list[SuitePoint]:
+def series_points(session: Session, *, suite_id: int, key: tuple) -> list[SuitePoint]:
     sha, device_model, sme2, threads = key
     return list(session.scalars(select(SuitePoint).where(
         SuitePoint.suite_id == suite_id, SuitePoint.model_sha256 == sha, SuitePoint.device_model == device_model,
         SuitePoint.sme2 == sme2, SuitePoint.threads == threads).order_by(SuitePoint.at, SuitePoint.id)))
 
 
-def _learn_noise(session: Session, suite: Suite, p: SuitePoint) -> None:
+def _learn_noise(session: Session, *, suite: Suite, p: SuitePoint) -> None:
     """Consecutive canary points on one device are identical work: an A/A group for its noise
     model. Disjoint pairs only (nights 1-2, 3-4, ...: each night counted once), never a pair the
     detector flagged a change in (that is a step, not noise), and only this device's runs."""
     if (p.device_state or {}).get("emulated"):
         return  # an emulator's spread is not the device noise the model is for
-    pts = [q for q in series_points(session, suite.id, key_of(p)) if q.device_id == p.device_id and q.samples]
+    pts = [q for q in series_points(session, suite_id=suite.id, key=key_of(p))
+           if q.device_id == p.device_id and q.samples]
     if len(pts) < 2 or pts[-1].id != p.id or len(pts) % 2:
         return
     if session.scalar(select(SuiteChange.id).where(SuiteChange.suite_id == suite.id, SuiteChange.point_id == p.id)
@@ -163,7 +164,7 @@ def regression_point(p: SuitePoint) -> regression.Point:
                             device_state=p.device_state or {}, acknowledged=p.acknowledged)
 
 
-def _canary_for(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint]) -> list[regression.Point] | None:
+def _canary_for(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePoint]) -> list[regression.Point] | None:
     """The device's canary series aligned with the model's points: for each model point, the
     canary point of the same device model / sme2 / threads nearest in time (within 36 h), else
     an empty (skipped) night. None without a canary suite, or for a canary suite itself."""
@@ -202,10 +203,10 @@ def sentence_for(c: regression.Change, key: tuple, model_name: str, exp_id: int 
             + metrics.status_words(c) + ".")
 
 
-def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
+def detect_series(session: Session, *, suite: Suite, key: tuple) -> list[int]:
     """Run the detector over one series and store what it flags (upsert by the change's first
     point). Returns changes newly turned into alerts with a webhook to call (sent after commit)."""
-    pts = series_points(session, suite.id, key)
+    pts = series_points(session, suite_id=suite.id, key=key)
     if not pts:
         return []
     if any((p.device_state or {}).get("emulated") for p in pts):
@@ -220,8 +221,8 @@ def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
     noise = noise_service.for_device(session, device_id)
     noise = noise if noise.source != "default" else None
     params = metrics.params_for(suite, suite.min_effect)
-    canary = _canary_for(session, suite, key, pts)
-    existing = metrics.existing_changes(session, pts)
+    canary = _canary_for(session, suite=suite, key=key, pts=pts)
+    existing = metrics.existing_changes(session, pts=pts)
     alerts: list[int] = []
     try:
         det = regression.detect([regression_point(p) for p in pts], canary=canary, noise=noise, params=params)
@@ -229,18 +230,19 @@ def detect_series(session: Session, suite: Suite, key: tuple) -> list[int]:
         log.exception("suite %s: detection failed on series %s", suite.name, key)
     else:
         alerts += metrics.store_detected(
-            session, suite, key, pts, det.changes, existing, metric=metrics.LATENCY, newest_only=False,
+            session, suite=suite, key=key, pts=pts, changes=det.changes, existing=existing, metric=metrics.LATENCY,
+            newest_only=False,
             sentence=lambda c, p, base, *_: sentence_for(c, key, p.model_name, p.experiment_id, base.experiment_id))
     # the other metrics of the series: memory past the suite's threshold, an LLM's phases (metrics.py)
-    alerts += metrics.detect_memory(session, suite, key, pts, existing)
-    alerts += metrics.detect_phases(session, suite, key, pts, existing)
+    alerts += metrics.detect_memory(session, suite=suite, key=key, pts=pts, existing=existing)
+    alerts += metrics.detect_phases(session, suite=suite, key=key, pts=pts, existing=existing)
     return alerts
 
 
 # ---- reading series and changes --------------------------------------------------------------
 
 
-def detectable_step(session: Session, suite: Suite, pts: list[SuitePoint]) -> DetectableStep:
+def detectable_step(session: Session, *, suite: Suite, pts: list[SuitePoint]) -> DetectableStep:
     """An estimate of the smallest step the detector would confirm on this series now: the
     strict two-night test of analysis/regression.py (baseline of up to `window` valid nights
     since the last acknowledgement, between-night sigma pooled from the device's learned noise

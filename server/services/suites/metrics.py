@@ -106,7 +106,7 @@ def jsonable(x: Any) -> Any:
     return x
 
 
-def existing_changes(session: Session, pts: list[SuitePoint]) -> dict[tuple[int, str], SuiteChange]:
+def existing_changes(session: Session, *, pts: list[SuitePoint]) -> dict[tuple[int, str], SuiteChange]:
     """The series' stored changes by (point id, metric)."""
     return {(c.point_id, c.metric): c for c in session.scalars(select(SuiteChange).where(
         SuiteChange.point_id.in_([p.id for p in pts])))}
@@ -118,7 +118,7 @@ def acknowledged_points(existing: dict[tuple[int, str], SuiteChange], metric: st
     return {pid for (pid, m), c in existing.items() if m == metric and c.status == "acknowledged"}
 
 
-def _row(session: Session, suite: Suite, p: SuitePoint, metric: str,
+def _row(session: Session, *, suite: Suite, p: SuitePoint, metric: str,
          existing: dict[tuple[int, str], SuiteChange], now) -> SuiteChange:
     row = existing.get((p.id, metric))
     if row is None:
@@ -130,7 +130,7 @@ def _row(session: Session, suite: Suite, p: SuitePoint, metric: str,
     return row
 
 
-def _alert(session: Session, suite: Suite, row: SuiteChange) -> bool:
+def _alert(session: Session, *, suite: Suite, row: SuiteChange) -> bool:
     """Ask for the webhook alert of a confirmed change, once: a change that alerted (or was
     acknowledged, or found no webhook) is never asked for again."""
     if row.status == "confirmed" and row.webhook_state == "none" and suite.webhook:
@@ -140,8 +140,8 @@ def _alert(session: Session, suite: Suite, row: SuiteChange) -> bool:
     return False
 
 
-def store_detected(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint], changes: list,
-                   existing: dict[tuple[int, str], SuiteChange], *, metric: str,
+def store_detected(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePoint], changes: list,
+                   existing: dict[tuple[int, str], SuiteChange], metric: str,
                    sentence: Callable[..., str], newest_only: bool) -> list[int]:
     """Upsert the detector's changes of one metric (by the change's first point) and ask for the
     alerts now due. The detector ran on time-like values (tokens/s as ms per token): ratios and
@@ -151,7 +151,7 @@ def store_detected(session: Session, suite: Suite, key: tuple, pts: list[SuitePo
     alerts, now = [], utcnow()
     for c in changes:
         p, base = pts[c.index], pts[c.baseline["end"]]
-        row = _row(session, suite, p, metric, existing, now)
+        row = _row(session, suite=suite, p=p, metric=metric, existing=existing, now=now)
         was_confirmed = row.status in ("confirmed", "acknowledged") and row.confirmed_at is not None
         lo, hi = c.ratio_ci
         ratio, before, after = float(c.ratio), c.baseline["median"], c.after["median"]
@@ -172,7 +172,7 @@ def store_detected(session: Session, suite: Suite, key: tuple, pts: list[SuitePo
             row.confirmed_at = now
         session.flush()
         due = not newest_only or c.confirmed_at == len(pts) - 1
-        if c.is_alert and due and _alert(session, suite, row):
+        if c.is_alert and due and _alert(session, suite=suite, row=row):
             alerts.append(row.id)
     return alerts
 
@@ -216,7 +216,7 @@ def _workload(p: SuitePoint) -> tuple:
     return (p.llm or {}).get("prompt"), (p.llm or {}).get("decode")
 
 
-def detect_phases(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint],
+def detect_phases(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePoint],
                   existing: dict[tuple[int, str], SuiteChange]) -> list[int]:
     """An LLM series: the latency detector on each phase's samples (None: not an LLM)."""
     if not any(p.llm for p in pts):
@@ -242,12 +242,12 @@ def detect_phases(session: Session, suite: Suite, key: tuple, pts: list[SuitePoi
         except ValueError:  # as latency: keep the points, flag nothing, say so
             log.exception("suite %s: %s detection failed on series %s", suite.name, metric, key)
             continue
-        alerts += store_detected(session, suite, key, pts, det.changes, existing, metric=metric,
-                                 sentence=_detector_sentence(key, metric), newest_only=True)
+        alerts += store_detected(session, suite=suite, key=key, pts=pts, changes=det.changes, existing=existing,
+                                 metric=metric, sentence=_detector_sentence(key, metric), newest_only=True)
     return alerts
 
 
-def detect_memory(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint],
+def detect_memory(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePoint],
                   existing: dict[tuple[int, str], SuiteChange]) -> list[int]:
     """Memory changes past the suite's memory threshold: the exact figures at the newest point,
     peak RSS through the detector."""
@@ -264,7 +264,7 @@ def detect_memory(session: Session, suite: Suite, key: tuple, pts: list[SuitePoi
         metric = mc["what"]
         if (p.id, metric) in existing:
             continue
-        row = _row(session, suite, p, metric, existing, now)
+        row = _row(session, suite=suite, p=p, metric=metric, existing=existing, now=now)
         before, after = mc["before"], mc["after"]
         row.direction = "regression" if after > before else "improvement"
         row.ratio, row.ci_low, row.ci_high = after / before, None, None
@@ -278,13 +278,13 @@ def detect_memory(session: Session, suite: Suite, key: tuple, pts: list[SuitePoi
         row.sentence = (f"{series_words(key, p.model_name)}: {mc['sentence']}, in experiment {p.experiment_id}; "
                         f"past the suite's memory threshold ({threshold:.0%}){builds}.")
         session.flush()
-        if _alert(session, suite, row):
+        if _alert(session, suite=suite, row=row):
             alerts.append(row.id)
-    alerts += _detect_rss(session, suite, key, pts, existing, threshold)
+    alerts += _detect_rss(session, suite=suite, key=key, pts=pts, existing=existing, threshold=threshold)
     return alerts
 
 
-def _detect_rss(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint],
+def _detect_rss(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePoint],
                 existing: dict[tuple[int, str], SuiteChange], threshold: float) -> list[int]:
     """Peak RSS is measured, one value per point (the median over its runs): its log is the
     night's level with no sampling variance of its own; the between-night sigma is the series'
@@ -299,5 +299,5 @@ def _detect_rss(session: Session, suite: Suite, key: tuple, pts: list[SuitePoint
     y = np.array([math.log(v) if v and v > 0 and not b else math.nan for v, b in zip(rss, bad)])
     lv = regression.Levels.from_arrays(y, np.zeros(y.size), acknowledged=[p.id in acked for p in pts])
     changes = regression.detect_levels(lv, params=params, points=points)
-    return store_detected(session, suite, key, pts, changes, existing, metric="peak_rss_bytes",
-                          sentence=_detector_sentence(key, "peak_rss_bytes"), newest_only=True)
+    return store_detected(session, suite=suite, key=key, pts=pts, changes=changes, existing=existing,
+                          metric="peak_rss_bytes", sentence=_detector_sentence(key, "peak_rss_bytes"), newest_only=True)

@@ -45,7 +45,7 @@ def suite_read(suite: Suite) -> SuiteRead:
         **({"warnings": warnings} if warnings else {}))
 
 
-def runs_of(session: Session, suite: Suite, limit: int = 100) -> list[SuiteRunRead]:
+def runs_of(session: Session, *, suite: Suite, limit: int = 100) -> list[SuiteRunRead]:
     rows = session.scalars(select(SuiteRun).where(SuiteRun.suite_id == suite.id).order_by(SuiteRun.id.desc())
                            .limit(limit).options(selectinload(SuiteRun.experiments)))
     return [SuiteRunRead(id=r.id, experiment_ids=[e.experiment_id for e in r.experiments],
@@ -54,9 +54,9 @@ def runs_of(session: Session, suite: Suite, limit: int = 100) -> list[SuiteRunRe
             for r in rows]
 
 
-def detail(session: Session, suite: Suite) -> SuiteDetail:
+def detail(session: Session, *, suite: Suite) -> SuiteDetail:
     read = suite_read(suite)
-    return SuiteDetail(**{k: getattr(read, k) for k in read.model_fields_set}, runs=runs_of(session, suite))
+    return SuiteDetail(**{k: getattr(read, k) for k in read.model_fields_set}, runs=runs_of(session, suite=suite))
 
 
 def run_started(suite: Suite, srun: SuiteRun) -> SuiteRunStarted:
@@ -81,7 +81,7 @@ def _point_read(p: SuitePoint) -> SeriesPoint:
                        llm=SeriesLlm(**llm) if (llm := phase_medians(p.llm)) else None)
 
 
-def series(session: Session, suite: Suite) -> SeriesRead:
+def series(session: Session, *, suite: Suite) -> SeriesRead:
     pts = list(session.scalars(select(SuitePoint).where(SuitePoint.suite_id == suite.id)
                                .order_by(SuitePoint.at, SuitePoint.id)))
     by_key: dict[tuple, list[SuitePoint]] = defaultdict(list)
@@ -106,7 +106,7 @@ def series(session: Session, suite: Suite) -> SeriesRead:
             spread=SPREAD,
             points=[_point_read(p) for p in ps],
             changes=[_change_read(changes[p.id], index[p.id]) for p in ps if p.id in changes],
-            detectable=None if emulated else detectable_step(session, suite, ps),
+            detectable=None if emulated else detectable_step(session, suite=suite, pts=ps),
             memory_changes=memory_changes([p.memory for p in ps], [_point_label(p) for p in ps]),
             metric_changes=[_change_read(c, index[p.id]) for p in ps for c in others.get(p.id, [])],
         ))
@@ -166,7 +166,7 @@ def regression_read(c: SuiteChange, suite_name: str) -> RegressionRead:
         sentence=c.sentence)
 
 
-def acknowledge(session: Session, change_id: int) -> RegressionRead:
+def acknowledge(session: Session, *, change_id: int) -> RegressionRead:
     """Accept the change's level: its first point becomes the new baseline of that metric's series
     (nothing before it is compared again) and the change stops alerting. A latency change marks the
     point; another metric's acknowledged row is its own baseline mark (metrics.acknowledged_points)."""
@@ -181,5 +181,5 @@ def acknowledge(session: Session, change_id: int) -> RegressionRead:
         point.acknowledged = True
     session.flush()
     suite = session.get(Suite, row.suite_id)
-    detect_series(session, suite, key_of(row))
+    detect_series(session, suite=suite, key=key_of(row))
     return regression_read(row, suite.name)

@@ -23,7 +23,7 @@ SUITE_LABEL = "sme2farm.suite"  # experiment labels: which suite and suite run m
 SUITE_RUN_LABEL = "sme2farm.suite_run"
 
 
-def start_run(session: Session, suite: Suite, *, trigger: str, max_runs: int | None = None,
+def start_run(session: Session, *, suite: Suite, trigger: str, max_runs: int | None = None,
               now: datetime | None = None) -> SuiteRun:
     """One experiment per model, now. Invalid (nothing created) when a model is gone or no device
     matches any more."""
@@ -40,7 +40,7 @@ def start_run(session: Session, suite: Suite, *, trigger: str, max_runs: int | N
         spec = ExperimentSpec(sme2=suite.sme2, threads=suite.threads, iterations=suite.iterations, warmup=suite.warmup,
                               sessions=suite.sessions, device=selector, name=f"suite {suite.name}: {m['name']}",
                               labels={SUITE_LABEL: suite.name, SUITE_RUN_LABEL: str(srun.id)},
-                              llm=llm_of(session, model.sha256))
+                              llm=llm_of(session, sha256=model.sha256))
         try:
             exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs)
         except (experiment_service.NoMatchingDevice, experiment_service.TooManyRuns) as e:
@@ -59,7 +59,7 @@ def start_run(session: Session, suite: Suite, *, trigger: str, max_runs: int | N
     return srun
 
 
-def llm_of(session: Session, sha256: str) -> dict | None:
+def llm_of(session: Session, *, sha256: str) -> dict | None:
     """The LLM mode (prompt, decode) the model was last submitted with (detected from its signature
     or asked for: api/experiments.py), so a suite runs an LLM through prefill and decode as its
     upload did; None for any other model. Every stored model came with an experiment."""
@@ -84,7 +84,7 @@ def start_due(session: Session, *, now: datetime | None = None, max_runs: int | 
         session.refresh(suite)
         try:
             with session.begin_nested():
-                srun = start_run(session, suite, trigger="schedule", max_runs=max_runs, now=now)
+                srun = start_run(session, suite=suite, trigger="schedule", max_runs=max_runs, now=now)
             started.append(srun.id)
         except Invalid as e:
             log.warning("suite %s could not start: %s", suite.name, e.message)
@@ -94,13 +94,13 @@ def start_due(session: Session, *, now: datetime | None = None, max_runs: int | 
     # The net under experiment_ended: suite runs whose experiments all ended but were never analysed.
     for srun_id in session.scalars(select(SuiteRun.id).where(SuiteRun.status == "running",
                                                              SuiteRun.triggered_at < now - timedelta(minutes=2))):
-        if all_ended(session, srun_id):
+        if all_ended(session, suite_run_id=srun_id):
             enqueue_after_commit(session, TASK_SUITE_ANALYZE, srun_id)
     session.flush()
     return started
 
 
-def experiment_ended(session: Session, experiment_id: int) -> None:
+def experiment_ended(session: Session, *, experiment_id: int) -> None:
     """Called by the run service each time a run ends (services/runs/status.py complete). For
     experiments a suite did not make this reads only the experiment row already in the session;
     for suite ones, once every run has ended, the analysis is asked for after the commit."""
@@ -116,7 +116,7 @@ def experiment_ended(session: Session, experiment_id: int) -> None:
     enqueue_after_commit(session, TASK_SUITE_ANALYZE, link.suite_run_id)
 
 
-def all_ended(session: Session, suite_run_id: int) -> bool:
+def all_ended(session: Session, *, suite_run_id: int) -> bool:
     exp_ids = select(SuiteExperiment.experiment_id).where(SuiteExperiment.suite_run_id == suite_run_id)
     return session.scalar(select(Run.id).where(Run.experiment_id.in_(exp_ids),
                                                Run.status.not_in(status_values(TERMINAL))).limit(1)) is None
