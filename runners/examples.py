@@ -80,7 +80,8 @@ def _executorch_llama(out: Path, static: bool = False) -> Path:
         config.model.use_kv_cache = True
         config.model.enable_dynamic_shape = not static
         config.export.max_seq_length, config.export.max_context_length = EXECUTORCH_LLAMA_SEQ, EXECUTORCH_LLAMA_CONTEXT
-        config.export.output_dir, config.export.output_name = tmp, "model.pte"
+        # an absolute name: export_llama writes a bare one into the working directory
+        config.export.output_dir, config.export.output_name = tmp, str(Path(tmp) / "model.pte")
         config.backend.xnnpack.enabled = True
         out.write_bytes(Path(export_llama(config)).read_bytes())
     return out
