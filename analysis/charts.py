@@ -43,12 +43,12 @@ CHANGE_COLOURS = {"regression": "#b4232c", "improvement": "#1f8a4c"}
 
 # --- helpers -------------------------------------------------------------------------------
 
-def _t(s) -> str:
+def _esc(s) -> str:
     """Text for an element body or an attribute value: &, <, >, " and ' escaped."""
     return escape(str(s), quote=True)
 
 
-def _n(x: float) -> str:
+def _coord(x: float) -> str:
     """A coordinate: two decimals, no trailing zeros (small files, stable output)."""
     s = f"{x:.2f}".rstrip("0").rstrip(".")
     return "0" if s in ("-0", "") else s
@@ -109,12 +109,12 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 
 def _open(width: int, height: int, title: str, desc: str, kind: str) -> list[str]:
-    return [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart chart-{_t(kind)}" data-chart="{_t(kind)}" '
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart chart-{_esc(kind)}" data-chart="{_esc(kind)}" '
             f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-            f'font-family="{_t(FONT)}" font-size="12" fill="{INK}">',
-            f"<title>{_t(title)}</title>", f"<desc>{_t(desc)}</desc>",
+            f'font-family="{_esc(FONT)}" font-size="12" fill="{INK}">',
+            f"<title>{_esc(title)}</title>", f"<desc>{_esc(desc)}</desc>",
             f'<rect class="bg" x="0" y="0" width="{width}" height="{height}" fill="{BG}"/>',
-            f'<text x="12" y="20" font-size="14" font-weight="600">{_t(title)}</text>']
+            f'<text x="12" y="20" font-size="14" font-weight="600">{_esc(title)}</text>']
 
 
 def _close(parts: list[str]) -> str:
@@ -124,7 +124,7 @@ def _close(parts: list[str]) -> str:
 
 def _text(x: float, y: float, s, *, anchor: str = "start", size: int | None = None, fill: str | None = None,
           weight: str | None = None, cls: str | None = None, rotate: float | None = None) -> str:
-    attrs = [f'x="{_n(x)}"', f'y="{_n(y)}"']
+    attrs = [f'x="{_coord(x)}"', f'y="{_coord(y)}"']
     if anchor != "start":
         attrs.append(f'text-anchor="{anchor}"')
     if size:
@@ -134,10 +134,10 @@ def _text(x: float, y: float, s, *, anchor: str = "start", size: int | None = No
     if weight:
         attrs.append(f'font-weight="{weight}"')
     if cls:
-        attrs.append(f'class="{_t(cls)}"')
+        attrs.append(f'class="{_esc(cls)}"')
     if rotate is not None:
-        attrs.append(f'transform="rotate({_n(rotate)} {_n(x)} {_n(y)})"')
-    return f"<text {' '.join(attrs)}>{_t(s)}</text>"
+        attrs.append(f'transform="rotate({_coord(rotate)} {_coord(x)} {_coord(y)})"')
+    return f"<text {' '.join(attrs)}>{_esc(s)}</text>"
 
 
 def _fit(s, max_px: float, px_per_char: float = 7.2) -> str:
@@ -154,7 +154,7 @@ def _label(x: float, y: float, s, max_px: float, **kw) -> str:
     if short == str(s):
         return _text(x, y, s, **kw)
     el = _text(x, y, short, **kw)
-    return el.replace("<text ", f'<text data-full="{_t(s)}" ', 1).replace("</text>", f"<title>{_t(s)}</title></text>")
+    return el.replace("<text ", f'<text data-full="{_esc(s)}" ', 1).replace("</text>", f"<title>{_esc(s)}</title></text>")
 
 
 def _empty(parts: list[str], width: int, height: int, message: str) -> str:
@@ -166,7 +166,7 @@ def _y_axis(parts: list[str], ticks: Sequence[float], y_of, x0: float, x1: float
             bottom: float, fmt_tick=lambda t: f"{t:g}") -> None:
     for t in ticks:
         y = y_of(t)
-        parts.append(f'<line x1="{_n(x0)}" y1="{_n(y)}" x2="{_n(x1)}" y2="{_n(y)}" stroke="{GRID}"/>')
+        parts.append(f'<line x1="{_coord(x0)}" y1="{_coord(y)}" x2="{_coord(x1)}" y2="{_coord(y)}" stroke="{GRID}"/>')
         parts.append(_text(x0 - 6, y + 4, fmt_tick(t), anchor="end", size=11, fill=MUTED))
     if label:
         # The rotated title sits left of the widest tick label (6.2 px a character at size 11, as
@@ -190,7 +190,7 @@ def _kde(x: np.ndarray, grid: np.ndarray) -> np.ndarray:
     (100,000 iterations x 20 sessions) is binned first: grid x bins, not grid x samples."""
     n = x.size
     sd = float(x.std(ddof=1)) if n > 1 else 0.0
-    q75, q25 = _q(x, 75), _q(x, 25)
+    q75, q25 = _sorted_percentile(x, 75), _sorted_percentile(x, 25)
     spread = min(sd, float(q75 - q25) / 1.34) if q75 > q25 else sd
     bw = 0.9 * spread * n ** -0.2 if spread > 0 else 0.0
     if bw <= 0:
@@ -204,7 +204,7 @@ def _kde(x: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return (np.exp(-0.5 * z * z) * weights[None, :]).sum(axis=1) / (n * bw * math.sqrt(2 * math.pi))
 
 
-def _q(s: np.ndarray, p: float, method: str = "linear") -> float:
+def _sorted_percentile(s: np.ndarray, p: float, method: str = "linear") -> float:
     """The p-th percentile of a SORTED array, as numpy's percentile with that method."""
     pos = p / 100.0 * (s.size - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
@@ -219,12 +219,12 @@ def _fences(x: np.ndarray) -> tuple[float, float]:
     """(x sorted) The range a violin's axis must show: Tukey's far-out fences (quartiles -/+ 3 IQR), widened
     to the p10..p90 box the chart draws, so a few 30x first-iteration outliers (10 of 200, or 1 of 10)
     do not flatten every violin into a line; what lies beyond is counted at the axis edge."""
-    q1, q3 = _q(x, 25), _q(x, 75)
+    q1, q3 = _sorted_percentile(x, 25), _sorted_percentile(x, 75)
     # sample values, not interpolations: with 10 samples an interpolated p90 lands near the outlier
-    p10, p90 = _q(x, 10, "higher"), _q(x, 90, "lower")
+    p10, p90 = _sorted_percentile(x, 10, "higher"), _sorted_percentile(x, 90, "lower")
     iqr = q3 - q1
     if iqr <= 0:
-        iqr = abs(_q(x, 50)) * 0.05
+        iqr = abs(_sorted_percentile(x, 50)) * 0.05
     return min(q1 - 3 * iqr, p10), max(q3 + 3 * iqr, p90)
 
 
@@ -234,8 +234,8 @@ def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: st
     box, the median as a white bar and n under each; samples beyond the far-out fences are
     counted at the axis edge (the statistics include them). ``arms``: ``[(label, samples), ...]``."""
     data = [(str(label), np.sort(_finite(samples))) for label, samples in arms]  # sorted once: every quantile is O(1)
-    desc = "; ".join(f"{lab}: n={x.size}" + (f", median {fmt(_q(x, 50))} {unit}, p10 "
-                                             f"{fmt(_q(x, 10))}, p90 {fmt(_q(x, 90))}"
+    desc = "; ".join(f"{lab}: n={x.size}" + (f", median {fmt(_sorted_percentile(x, 50))} {unit}, p10 "
+                                             f"{fmt(_sorted_percentile(x, 10))}, p90 {fmt(_sorted_percentile(x, 90))}"
                                              if x.size else "")
                      for lab, x in data) or "no arms"
     parts = _open(width, height, title, f"Violin plot of per-iteration latency in {unit}. {desc}.", "distribution")
@@ -260,14 +260,14 @@ def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: st
     for i, (label, x) in enumerate(data):
         cx = left + slot * (i + 0.5)
         colour = ARM_COLOURS[i % len(ARM_COLOURS)]
-        parts.append(f'<g class="arm" data-label="{_t(label)}" data-n="{x.size}">')
+        parts.append(f'<g class="arm" data-label="{_esc(label)}" data-n="{x.size}">')
         parts.append(_label(cx, bottom + 16, label, slot - 10, anchor="middle", weight="600"))
         parts.append(_text(cx, bottom + 30, f"n={x.size}", anchor="middle", size=11, fill=MUTED))
         if not x.size:
             parts.append(_text(cx, (top + bottom) / 2, "no samples", anchor="middle", fill=MUTED))
             parts.append("</g>")
             continue
-        med, p10, p90 = _q(x, 50), _q(x, 10), _q(x, 90)
+        med, p10, p90 = _sorted_percentile(x, 50), _sorted_percentile(x, 10), _sorted_percentile(x, 90)
         tip = f"{label}: median {fmt(med)} {unit}, p10 {fmt(p10)}, p90 {fmt(p90)}, min {fmt(float(x.min()))}, " \
               f"max {fmt(float(x.max()))}, n={x.size}"
         keep = (x >= lo_ax) & (x <= hi_ax)
@@ -277,8 +277,8 @@ def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: st
                 extreme = float(out.max() if side == "above" else out.min())
                 d = -1 if side == "above" else 1
                 parts.append(f'<path class="outliers" data-side="{side}" data-count="{out.size}" '
-                             f'd="M{_n(cx - 5)},{_n(y_edge - d * 6)} L{_n(cx + 5)},{_n(y_edge - d * 6)} L{_n(cx)},{_n(y_edge)} Z" '
-                             f'fill="{colour}"><title>{_t(f"{out.size} sample(s) {side} the axis, most extreme {fmt(extreme)} {unit}")}</title></path>')
+                             f'd="M{_coord(cx - 5)},{_coord(y_edge - d * 6)} L{_coord(cx + 5)},{_coord(y_edge - d * 6)} L{_coord(cx)},{_coord(y_edge)} Z" '
+                             f'fill="{colour}"><title>{_esc(f"{out.size} sample(s) {side} the axis, most extreme {fmt(extreme)} {unit}")}</title></path>')
                 parts.append(_text(cx + 8, y_edge - d * 1 + (4 if side == "above" else 0), f"{out.size} {side}, to {fmt(extreme)}",
                                    size=10, fill=MUTED))
         inside = grid[(grid >= xin.min()) & (grid <= xin.max())] if xin.size else grid[:0]
@@ -287,20 +287,20 @@ def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: st
         if drew_violin:
             dens = _kde(xin, inside)
             w = dens / dens.max() * half
-            pts_r = [f"{_n(cx + wi)},{_n(y_of(v))}" for v, wi in zip(inside, w)]
-            pts_l = [f"{_n(cx - wi)},{_n(y_of(v))}" for v, wi in zip(inside[::-1], w[::-1])]
+            pts_r = [f"{_coord(cx + wi)},{_coord(y_of(v))}" for v, wi in zip(inside, w)]
+            pts_l = [f"{_coord(cx - wi)},{_coord(y_of(v))}" for v, wi in zip(inside[::-1], w[::-1])]
             parts.append(f'<polygon class="violin" points="{" ".join(pts_r + pts_l)}" fill="{colour}" '
-                         f'fill-opacity="0.35" stroke="{colour}" stroke-width="1.2"><title>{_t(tip)}</title></polygon>')
+                         f'fill-opacity="0.35" stroke="{colour}" stroke-width="1.2"><title>{_esc(tip)}</title></polygon>')
         else:  # too few (or identical) samples for a density: the samples themselves
             for v in xin.tolist():
-                parts.append(f'<circle class="sample" cx="{_n(cx)}" cy="{_n(y_of(v))}" r="3" fill="{colour}">'
-                             f"<title>{_t(f'{label}: {fmt(v)} {unit}')}</title></circle>")
+                parts.append(f'<circle class="sample" cx="{_coord(cx)}" cy="{_coord(y_of(v))}" r="3" fill="{colour}">'
+                             f"<title>{_esc(f'{label}: {fmt(v)} {unit}')}</title></circle>")
         bw = max(4.0, min(14.0, half * 0.25))
         b_hi, b_lo = min(p90, hi_ax), max(p10, lo_ax)
-        parts.append(f'<rect class="p10-p90" x="{_n(cx - bw / 2)}" y="{_n(y_of(b_hi))}" width="{_n(bw)}" '
-                     f'height="{_n(max(y_of(b_lo) - y_of(b_hi), 1))}" fill="{colour}" rx="2"><title>{_t(tip)}</title></rect>')
-        parts.append(f'<line class="median" x1="{_n(cx - bw)}" y1="{_n(y_of(med))}" x2="{_n(cx + bw)}" '
-                     f'y2="{_n(y_of(med))}" stroke="#fff" stroke-width="2.5"><title>{_t(tip)}</title></line>')
+        parts.append(f'<rect class="p10-p90" x="{_coord(cx - bw / 2)}" y="{_coord(y_of(b_hi))}" width="{_coord(bw)}" '
+                     f'height="{_coord(max(y_of(b_lo) - y_of(b_hi), 1))}" fill="{colour}" rx="2"><title>{_esc(tip)}</title></rect>')
+        parts.append(f'<line class="median" x1="{_coord(cx - bw)}" y1="{_coord(y_of(med))}" x2="{_coord(cx + bw)}" '
+                     f'y2="{_coord(y_of(med))}" stroke="#fff" stroke-width="2.5"><title>{_esc(tip)}</title></line>')
         w_med = float(np.interp(med, inside, w)) if drew_violin else 3.0
         lx = cx + max(w_med, bw / 2) + 6  # beside the violin at the median's height, not on it
         parts.append(_text(lx, y_of(med) + 4, fmt(med), size=11, cls="median-label").replace(
@@ -334,16 +334,16 @@ def category_bars(arms: Sequence[tuple[str, Mapping[str, float]]], *, title: str
     scale = (x1 - x0) / biggest
     y = 34.0
     for label, vals, total in rows:
-        parts.append(f'<g class="bar" data-label="{_t(label)}" data-total="{total!r}">')
+        parts.append(f'<g class="bar" data-label="{_esc(label)}" data-total="{total!r}">')
         parts.append(_label(x0 - 8, y + bar_h / 2 + 4, label, x0 - 16, anchor="end", weight="600"))
         x = x0
         for c in CATEGORIES:
             w = vals[c] * scale
             share = vals[c] / total if total > 0 else 0.0
             if w > 0:
-                parts.append(f'<rect class="segment" data-category="{_t(c)}" data-ms="{vals[c]!r}" x="{_n(x)}" '
-                             f'y="{_n(y)}" width="{_n(max(w, 0.5))}" height="{bar_h}" fill="{CATEGORY_COLOURS[c]}">'
-                             f"<title>{_t(f'{label} · {c}: {fmt(vals[c])} {unit} ({100 * share:.1f}%)')}</title></rect>")
+                parts.append(f'<rect class="segment" data-category="{_esc(c)}" data-ms="{vals[c]!r}" x="{_coord(x)}" '
+                             f'y="{_coord(y)}" width="{_coord(max(w, 0.5))}" height="{bar_h}" fill="{CATEGORY_COLOURS[c]}">'
+                             f"<title>{_esc(f'{label} · {c}: {fmt(vals[c])} {unit} ({100 * share:.1f}%)')}</title></rect>")
                 if w > 44:
                     parts.append(_text(x + w / 2, y + bar_h / 2 + 4, f"{100 * share:.0f}%", anchor="middle", size=11,
                                        fill="#fff"))
@@ -353,7 +353,7 @@ def category_bars(arms: Sequence[tuple[str, Mapping[str, float]]], *, title: str
         y += bar_h + gap
     lx, ly = 12.0, height - 16
     for c in CATEGORIES:
-        parts.append(f'<rect class="legend-swatch" x="{_n(lx)}" y="{_n(ly - 10)}" width="10" height="10" rx="2" '
+        parts.append(f'<rect class="legend-swatch" x="{_coord(lx)}" y="{_coord(ly - 10)}" width="10" height="10" rx="2" '
                      f'fill="{CATEGORY_COLOURS[c]}"/>')
         parts.append(_text(lx + 14, ly, c, size=11))
         lx += 14 + 7 * len(c) + 18
@@ -396,8 +396,8 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
 
     bottom = top + len(rows) * row_h
     if band:
-        parts.append(f'<rect class="min-effect" x="{_n(x_of(band[0]))}" y="{top}" width="{_n(x_of(band[1]) - x_of(band[0]))}" '
-                     f'height="{bottom - top}" fill="#eceef2"><title>{_t(f"minimum effect {100 * min_effect:g}%: differences inside are not claimed")}</title></rect>')
+        parts.append(f'<rect class="min-effect" x="{_coord(x_of(band[0]))}" y="{top}" width="{_coord(x_of(band[1]) - x_of(band[0]))}" '
+                     f'height="{bottom - top}" fill="#eceef2"><title>{_esc(f"minimum effect {100 * min_effect:g}%: differences inside are not claimed")}</title></rect>')
     candidates = [0.1, 0.2, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 5, 10, 20, 50]
     ticks = [t for t in candidates if lo <= math.log(t) <= hi]
     min_px = 34.0  # drop ticks that would overlap, keeping 1
@@ -407,7 +407,7 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
             kept.append(t)
     for t in sorted(kept):
         x = x_of(t)
-        parts.append(f'<line x1="{_n(x)}" y1="{top}" x2="{_n(x)}" y2="{bottom}" stroke="{INK if t == 1.0 else GRID}"'
+        parts.append(f'<line x1="{_coord(x)}" y1="{top}" x2="{_coord(x)}" y2="{bottom}" stroke="{INK if t == 1.0 else GRID}"'
                      + (' stroke-dasharray="3 3"' if t == 1.0 else "") + "/>")
         parts.append(_text(x, bottom + 14, f"{t:g}", anchor="middle", size=11, fill=MUTED))
     parts.append(_text((x0 + x1) / 2, bottom + 28, "ratio baseline / candidate (log scale; > 1: candidate faster)",
@@ -418,19 +418,19 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
         ratio, lo_v, hi_v = _num(r.get("ratio")), _num(r.get("ci_low")), _num(r.get("ci_high"))
         colour = VERDICT_COLOURS.get(verdict, MUTED)
         tip = r.get("sentence") or f"{label}: {verdict}"
-        parts.append(f'<g class="row" data-label="{_t(label)}" data-verdict="{_t(verdict)}"><title>{_t(tip)}</title>')
+        parts.append(f'<g class="row" data-label="{_esc(label)}" data-verdict="{_esc(verdict)}"><title>{_esc(tip)}</title>')
         parts.append(_label(x0 - 8, y + 4, label, x0 - 16, anchor="end", weight="600"))
         if ratio is not None and ratio > 0:
             if lo_v is not None and hi_v is not None and 0 < lo_v <= hi_v:
-                parts.append(f'<line class="interval" x1="{_n(x_of(lo_v))}" y1="{_n(y)}" x2="{_n(x_of(hi_v))}" '
-                             f'y2="{_n(y)}" stroke="{colour}" stroke-width="2.5"/>')
+                parts.append(f'<line class="interval" x1="{_coord(x_of(lo_v))}" y1="{_coord(y)}" x2="{_coord(x_of(hi_v))}" '
+                             f'y2="{_coord(y)}" stroke="{colour}" stroke-width="2.5"/>')
                 for v in (lo_v, hi_v):
-                    parts.append(f'<line x1="{_n(x_of(v))}" y1="{_n(y - 6)}" x2="{_n(x_of(v))}" y2="{_n(y + 6)}" '
+                    parts.append(f'<line x1="{_coord(x_of(v))}" y1="{_coord(y - 6)}" x2="{_coord(x_of(v))}" y2="{_coord(y + 6)}" '
                                  f'stroke="{colour}" stroke-width="2"/>')
                 ci = f"[{lo_v:.3f}, {hi_v:.3f}]"
             else:
                 ci = "no interval"
-            parts.append(f'<rect class="point" x="{_n(x_of(ratio) - 5)}" y="{_n(y - 5)}" width="10" height="10" '
+            parts.append(f'<rect class="point" x="{_coord(x_of(ratio) - 5)}" y="{_coord(y - 5)}" width="10" height="10" '
                          f'fill="{colour}"/>')
             parts.append(_text(x1 + 10, y + 4, f"{ratio:.3f} {ci}", size=11))
         else:
@@ -499,8 +499,8 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
             runs.append([])
     for run in runs:
         if len(run) >= 2:
-            upper = [f"{_n(x_of(q[0]))},{_n(y_of(clip(q[3])))}" for q in run]
-            lower = [f"{_n(x_of(q[0]))},{_n(y_of(clip(q[2])))}" for q in reversed(run)]
+            upper = [f"{_coord(x_of(q[0]))},{_coord(y_of(clip(q[3])))}" for q in run]
+            lower = [f"{_coord(x_of(q[0]))},{_coord(y_of(clip(q[2])))}" for q in reversed(run)]
             parts.append(f'<polygon class="spread" points="{" ".join(upper + lower)}" fill="{ARM_COLOURS[0]}" '
                          f'fill-opacity="0.15" stroke="none"/>')
     # change marks under the line
@@ -514,11 +514,11 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
         ratio = _num(c.get("ratio"))
         tip = f"{direction} ({status})" + (f", ratio {ratio:.3f}" if ratio is not None else "") + \
               (f", experiment {c.get('experiment_id')} vs {c.get('baseline_experiment_id')}" if c.get("experiment_id") else "")
-        parts.append(f'<g class="change" data-direction="{_t(direction)}" data-status="{_t(status)}" '
-                     f'data-point-index="{idx}"><title>{_t(tip)}</title>'
-                     f'<line x1="{_n(x)}" y1="{top}" x2="{_n(x)}" y2="{bottom}" stroke="{colour}" stroke-width="2"'
+        parts.append(f'<g class="change" data-direction="{_esc(direction)}" data-status="{_esc(status)}" '
+                     f'data-point-index="{idx}"><title>{_esc(tip)}</title>'
+                     f'<line x1="{_coord(x)}" y1="{top}" x2="{_coord(x)}" y2="{bottom}" stroke="{colour}" stroke-width="2"'
                      + (' stroke-dasharray="5 4"' if status == "candidate" else "") + "/>"
-                     f'<path d="M{_n(x - 6)},{top} L{_n(x + 6)},{top} L{_n(x)},{top + 9} Z" fill="{colour}"/></g>')
+                     f'<path d="M{_coord(x - 6)},{top} L{_coord(x + 6)},{top} L{_coord(x)},{top + 9} Z" fill="{colour}"/></g>')
     # the line, broken at gaps
     segs: list[list[str]] = [[]]
     for q in pts:
@@ -526,7 +526,7 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
             if segs[-1]:
                 segs.append([])
             continue
-        segs[-1].append(f"{_n(x_of(q[0]))},{_n(y_of(q[1]))}")
+        segs[-1].append(f"{_coord(x_of(q[0]))},{_coord(y_of(q[1]))}")
     for seg in segs:
         if len(seg) >= 2:
             parts.append(f'<polyline class="line" points="{" ".join(seg)}" fill="none" stroke="{ARM_COLOURS[0]}" '
@@ -537,23 +537,23 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
         x = x_of(i)
         tip = (f"{_date(p.get('at'))}: median {fmt(med)}" + (f" ({fmt(low)}..{fmt(high)})" if low is not None and high is not None else "")
                + (f", experiment {p.get('experiment_id')}" if p.get("experiment_id") is not None else ""))
-        parts.append(f'<g class="point" data-index="{i}"><title>{_t(tip)}</title>')
+        parts.append(f'<g class="point" data-index="{i}"><title>{_esc(tip)}</title>')
         if low is not None and high is not None:
-            parts.append(f'<line class="whisker" x1="{_n(x)}" y1="{_n(y_of(clip(low)))}" x2="{_n(x)}" y2="{_n(y_of(clip(high)))}" '
+            parts.append(f'<line class="whisker" x1="{_coord(x)}" y1="{_coord(y_of(clip(low)))}" x2="{_coord(x)}" y2="{_coord(y_of(clip(high)))}" '
                          f'stroke="{ARM_COLOURS[0]}" stroke-width="1.2"/>')
             for side, v, edge in (("above", high, hi_ax), ("below", low, lo_ax)):
                 if (v > edge) if side == "above" else (v < edge):  # beyond the axis: an arrowhead at the edge
                     d = -1 if side == "above" else 1
                     ye = y_of(edge)
                     clip_tip = f"{spread or 'spread'} reaches {fmt(v)}, beyond the axis"
-                    parts.append(f'<path class="clipped" data-side="{side}" d="M{_n(x - 4)},{_n(ye - d * 7)} '
-                                 f'L{_n(x + 4)},{_n(ye - d * 7)} L{_n(x)},{_n(ye)} Z" fill="{ARM_COLOURS[0]}">'
-                                 f"<title>{_t(clip_tip)}</title></path>")
-        parts.append(f'<circle cx="{_n(x)}" cy="{_n(y_of(med))}" r="3.5" fill="{ARM_COLOURS[0]}"/></g>')
+                    parts.append(f'<path class="clipped" data-side="{side}" d="M{_coord(x - 4)},{_coord(ye - d * 7)} '
+                                 f'L{_coord(x + 4)},{_coord(ye - d * 7)} L{_coord(x)},{_coord(ye)} Z" fill="{ARM_COLOURS[0]}">'
+                                 f"<title>{_esc(clip_tip)}</title></path>")
+        parts.append(f'<circle cx="{_coord(x)}" cy="{_coord(y_of(med))}" r="3.5" fill="{ARM_COLOURS[0]}"/></g>')
     if spread:  # say what the band and whiskers are, under the x labels (a long title keeps the top)
         ly = height - 6
-        parts.append(f'<g class="legend" data-spread="{_t(spread)}">'
-                     f'<rect x="{left}" y="{_n(ly - 9)}" width="14" height="10" fill="{ARM_COLOURS[0]}" '
+        parts.append(f'<g class="legend" data-spread="{_esc(spread)}">'
+                     f'<rect x="{left}" y="{_coord(ly - 9)}" width="14" height="10" fill="{ARM_COLOURS[0]}" '
                      f'fill-opacity="0.15" stroke="{ARM_COLOURS[0]}" stroke-width="0.8"/>'
                      + _text(left + 20, ly, f"band and whiskers: {spread}", size=11, fill=MUTED) + "</g>")
     # x labels: at most ~8, evenly picked, the last always shown
@@ -626,7 +626,7 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
         return bottom - (v - lo_ax) / (hi_ax - lo_ax) * (bottom - top)
 
     _y_axis(parts, ticks, y_of, left, width - right, "speedup (x)", top, bottom, fmt_tick=lambda t: f"{t:g}")
-    line = " ".join(f"{_n(x_of(t))},{_n(y_of(v))}" for t, v in zip(threads, ideal) if lo_ax <= v <= hi_ax)
+    line = " ".join(f"{_coord(x_of(t))},{_coord(y_of(v))}" for t, v in zip(threads, ideal) if lo_ax <= v <= hi_ax)
     if line.count(",") >= 2:
         parts.append(f'<polyline class="ideal" points="{line}" fill="none" stroke="{MUTED}" stroke-width="1" '
                      f'stroke-dasharray="5 4"><title>linear speedup</title></polyline>')
@@ -634,11 +634,11 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
         colour = ARM_COLOURS[i % len(ARM_COLOURS)]
         dash = ("", ' stroke-dasharray="7 3"', ' stroke-dasharray="2 3"')[i // len(ARM_COLOURS) % 3]
         name = str(arm.get("name") or f"arm {i + 1}")
-        data = "".join(f' data-{key.replace("_", "-")}="{_t(arm[key])}"' for key in ("device", "core_mask", "sme2")
+        data = "".join(f' data-{key.replace("_", "-")}="{_esc(arm[key])}"' for key in ("device", "core_mask", "sme2")
                        if arm.get(key) is not None)
-        parts.append(f'<g class="arm" data-arm="{_t(name)}"{data}>')
+        parts.append(f'<g class="arm" data-arm="{_esc(name)}"{data}>')
         pts = sorted(pts, key=lambda p: int(p["threads"]))
-        path = " ".join(f"{_n(x_of(int(p['threads'])))},{_n(y_of(p['speedup']['estimate']))}" for p in pts)
+        path = " ".join(f"{_coord(x_of(int(p['threads'])))},{_coord(y_of(p['speedup']['estimate']))}" for p in pts)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
         for p in pts:
             t, sp = int(p["threads"]), p["speedup"]
@@ -648,25 +648,25 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
             tip = (f"{name}, {t} threads: {sp['estimate']:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low and high else "")
                    + (f", efficiency {100 * eff:.0f}%" if _num(eff) is not None else "")
                    + (f", {fmt(p.get('median_ms'))} ms" if _num(p.get("median_ms")) is not None else ""))
-            parts.append(f'<g class="point" data-threads="{t}"><title>{_t(tip)}</title>')
+            parts.append(f'<g class="point" data-threads="{t}"><title>{_esc(tip)}</title>')
             if low is not None and high is not None:
-                parts.append(f'<line class="whisker" x1="{_n(x)}" y1="{_n(y_of(low))}" x2="{_n(x)}" '
-                             f'y2="{_n(y_of(high))}" stroke="{colour}" stroke-width="1.4"/>')
-            parts.append(f'<circle cx="{_n(x)}" cy="{_n(y_of(sp["estimate"]))}" r="3.5" fill="{colour}"/>')
+                parts.append(f'<line class="whisker" x1="{_coord(x)}" y1="{_coord(y_of(low))}" x2="{_coord(x)}" '
+                             f'y2="{_coord(y_of(high))}" stroke="{colour}" stroke-width="1.4"/>')
+            parts.append(f'<circle cx="{_coord(x)}" cy="{_coord(y_of(sp["estimate"]))}" r="3.5" fill="{colour}"/>')
             if t == arm.get("enough_threads") and len(pts) > 1:
-                parts.append(f'<circle class="enough" cx="{_n(x)}" cy="{_n(y_of(sp["estimate"]))}" r="7.5" '
+                parts.append(f'<circle class="enough" cx="{_coord(x)}" cy="{_coord(y_of(sp["estimate"]))}" r="7.5" '
                              f'fill="none" stroke="{colour}" stroke-width="1.5"/>')
             parts.append("</g>")
         parts.append("</g>")
         ly = legend_top + 18 * i
-        parts.append(f'<g class="legend-entry" data-series="{_t(name)}">')
-        parts.append(f'<line x1="12" y1="{_n(ly - 4)}" x2="32" y2="{_n(ly - 4)}" stroke="{colour}" '
+        parts.append(f'<g class="legend-entry" data-series="{_esc(name)}">')
+        parts.append(f'<line x1="12" y1="{_coord(ly - 4)}" x2="32" y2="{_coord(ly - 4)}" stroke="{colour}" '
                      f'stroke-width="2"{dash}/>')
-        parts.append(f'<circle cx="22" cy="{_n(ly - 4)}" r="3.5" fill="{colour}"/>')
+        parts.append(f'<circle cx="22" cy="{_coord(ly - 4)}" r="3.5" fill="{colour}"/>')
         parts.append(_label(40, ly, name, width - 52, size=11))
         parts.append("</g>")
     ly = legend_top + 18 * len(drawn)
-    parts.append(f'<line x1="12" y1="{_n(ly - 4)}" x2="32" y2="{_n(ly - 4)}" stroke="{MUTED}" '
+    parts.append(f'<line x1="12" y1="{_coord(ly - 4)}" x2="32" y2="{_coord(ly - 4)}" stroke="{MUTED}" '
                  f'stroke-dasharray="3 2"/>')
     parts.append(_text(40, ly, "linear speedup · ring: more threads stop helping", size=11, fill=MUTED))
     notes(ly + 18)

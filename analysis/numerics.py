@@ -91,7 +91,7 @@ def _shape(dtype: str, shape: Sequence[int]) -> str:
     return f"{dtype} [{', '.join(str(int(s)) for s in shape)}]"
 
 
-def _g(x: float | None) -> str:
+def _two_digits(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2g}"
 
 
@@ -158,9 +158,9 @@ def _one(index: int, dtype: str, b: np.ndarray, c: np.ndarray) -> dict:
 
 
 def _describe(o: dict) -> str:
-    parts = [f"max abs {_g(o['max_abs'])}"]
+    parts = [f"max abs {_two_digits(o['max_abs'])}"]
     if o["max_rel"] is not None and o["tolerance"]["kind"] == "relative to peak":
-        parts.append(f"max rel {_g(o['max_rel'])} of the peak {_g(o['peak'])}")
+        parts.append(f"max rel {_two_digits(o['max_rel'])} of the peak {_two_digits(o['peak'])}")
     if o["snr_db"] is not None:
         parts.append(f"SNR {_db(o['snr_db'])}")
     if o["nonfinite_mismatch"]:
@@ -174,7 +174,7 @@ def _sentence(outputs: list[dict], changed: list[dict], lb: str, lc: str) -> str
         heads = []
         for o in changed:
             heads.append(f"output {o['index']} ({_shape(o['dtype'], o['shape'])}): {_describe(o)}, beyond the "
-                         f"{o['tolerance']['describe']}" + (f" = {_g(o['tolerance']['max_abs_allowed'])}"
+                         f"{o['tolerance']['describe']}" + (f" = {_two_digits(o['tolerance']['max_abs_allowed'])}"
                                                             if o["tolerance"]["kind"] == "relative to peak" else ""))
         rest = n - len(changed)
         tail = f"; the other {rest} output(s) are within tolerance" if rest else ""

@@ -10,7 +10,7 @@ STAT_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max"
              "cv", "mad", "outliers", "n")
 
 
-def _f(x) -> float | None:
+def _finite_or_none(x) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None
 
@@ -48,11 +48,11 @@ def latency_stats(samples) -> dict:
     outliers = int(((x < q1 - 1.5 * iqr) | (x > q3 + 1.5 * iqr)).sum())
     std = x.std(ddof=1) if x.size > 1 else 0.0
     return {
-        "median": _f(med), "mean": _f(mean), "trimmed_mean": _f(trimmed_mean(x)),
-        "p10": _f(p10), "p90": _f(p90), "p99": _f(p99),
-        "min": _f(x.min()), "max": _f(x.max()),
-        "cv": _f(std / mean) if mean > 0 else None,
-        "mad": _f(np.median(np.abs(x - med))),
+        "median": _finite_or_none(med), "mean": _finite_or_none(mean), "trimmed_mean": _finite_or_none(trimmed_mean(x)),
+        "p10": _finite_or_none(p10), "p90": _finite_or_none(p90), "p99": _finite_or_none(p99),
+        "min": _finite_or_none(x.min()), "max": _finite_or_none(x.max()),
+        "cv": _finite_or_none(std / mean) if mean > 0 else None,
+        "mad": _finite_or_none(np.median(np.abs(x - med))),
         "outliers": outliers, "n": int(x.size),
     }
 
@@ -131,7 +131,7 @@ def bootstrap_ratio(base, cand, *, stat: str = "median", n_boot: int = 10_000, s
     ratios = ratios[np.isfinite(ratios)]
     alpha = (1 - level) / 2
     lo, hi = (np.quantile(ratios, [alpha, 1 - alpha]) if ratios.size else (np.nan, np.nan))
-    return {"estimate": _f(f(b) / sc), "ci_low": _f(lo), "ci_high": _f(hi),
+    return {"estimate": _finite_or_none(f(b) / sc), "ci_low": _finite_or_none(lo), "ci_high": _finite_or_none(hi),
             "level": level, "n_boot": n_boot}
 
 
@@ -149,5 +149,5 @@ def bootstrap_ci(samples, *, stat: str = "median", n_boot: int = 2000, seed: int
     reps = _boot_stat(x, rng, n_boot, stat, max(1, min(n_boot, 4_000_000 // x.size)))
     alpha = (1 - level) / 2
     lo, hi = np.quantile(reps, [alpha, 1 - alpha])
-    out.update(estimate=_f(f(x)), ci_low=_f(lo), ci_high=_f(hi))
+    out.update(estimate=_finite_or_none(f(x)), ci_low=_finite_or_none(lo), ci_high=_finite_or_none(hi))
     return out

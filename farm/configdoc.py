@@ -61,11 +61,11 @@ OTHER_VARIABLES: tuple[Variable, ...] = (
     Variable("SME2_LOG_FORMAT", "`json` off a terminal, else `text`", "every process (`sme2farm/logs.py`)",
              "`json` (one object a line) or `text`."),
     Variable("PROMETHEUS_MULTIPROC_DIR", "unset (`sme2-farm up`: `<data dir>/metrics`)",
-             "the server and the worker (`server/web/metrics.py`)",
+             "the server and the worker (`server/web/prometheus.py`)",
              "A directory server and worker both write, so `/metrics` counts the worker's tasks and ingest "
              "times too."),
     Variable("SME2_METRICS_SLOT", "unset (`sme2-farm up` and compose set one per child)",
-             "the server and the worker (`server/web/metrics.py`)",
+             "the server and the worker (`server/web/prometheus.py`)",
              "Names this process's metrics files, so a restarted child reopens its own instead of adding "
              "files."),
     Variable("SME2_RUNNER_MANIFEST", "`runners/build/manifest.json`", "`sme2-agent`, `sme2-farm runners`",

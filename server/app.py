@@ -22,7 +22,7 @@ from sme2farm.server.api import tokens as token_routes
 from sme2farm.server.api import suites as suite_routes
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.web.limits import AgentGate, AgentGateMiddleware, BodyLimits, RateLimiter, request_validation_error
-from sme2farm.server.web.metrics import HttpMetrics
+from sme2farm.server.web.prometheus import HttpMetrics
 from sme2farm.server.services import liveness
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.artifacts import Store
@@ -93,7 +93,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     for module in (experiments, runs, comparisons, charts, devices, agents, ops, scaling):
         app.include_router(module.router)
     app.include_router(token_routes.router)
-    app.include_router(suite_routes.router)  # suites, series, regressions (issue 9)
+    app.include_router(suite_routes.router)  # suites, series, regressions
     app.add_middleware(HttpMetrics)  # latency by route template, structured access lines
 
     @app.get("/", include_in_schema=False)

@@ -135,7 +135,7 @@ class Settings(BaseSettings):
                              "(e.g. `openssl rand -hex 32`): a short token could be guessed")
         return token
 
-    # Suites (services/suites.py): the beat's tick, and alerts POSTed to a suite's webhook.
+    # Suites (services/suites/): the beat's tick, and alerts POSTed to a suite's webhook.
     public_url: str | None = Field(default=None, description="This farm's URL as people reach it: links in alerts (sme2-farm up sets it to its own)")
     suite_tick_s: float = Field(default=60.0, gt=0, description="How often the beat starts the suites that are due")
     webhook_attempts: int = Field(default=6, ge=1, le=20, description="Deliveries tried per alert before it is marked failed")

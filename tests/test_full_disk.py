@@ -4,7 +4,7 @@ server processes under `sme2-farm up`, a real supervisor restarting a child that
 - the cause of the SIGBUS (issue 15, D1): prometheus_client's multiprocess store creates each
   file sparse (truncate to 64 KiB) and writes through mmap; on a full tmpfs the first write to
   the mapping faults, and the kernel sends SIGBUS. Reproduced with prometheus_client alone, and
-  the farm's store (server/web/metrics.py) on the same disk lives and says it is degraded;
+  the farm's store (server/web/prometheus.py) on the same disk lives and says it is degraded;
 - the farm with its data dir on a full tmpfs: reads answer 200, a submission gets 507 naming the
   full disk, the server is not restarted, and the metrics dir does not grow across a forced
   restart (kill -9 of the server: the supervisor starts it again on the same slot file);
@@ -94,7 +94,7 @@ def test_the_sigbus_is_prometheus_clients_sparse_mmap_and_the_farms_store_surviv
     # The farm's store: the same observation lives, says why it is degraded, and leaves no file
     # (an empty .db would break the next scrape).
     farm = observe_in_child(metrics, """
-        from sme2farm.server.web import metrics as m
+        from sme2farm.server.web import prometheus as m
         m.HTTP_LATENCY.labels("GET", "/suites", "200").observe(0.01)
         m.TASKS.labels("ingest", "success").inc()
         print(m.store_check()["detail"])
@@ -110,7 +110,7 @@ def test_the_store_is_named_by_slot_counts_on_across_restarts_and_a_fork_gets_it
     code = """
         import os
         from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-        from sme2farm.server.web import metrics as m
+        from sme2farm.server.web import prometheus as m
         m.HTTP_LATENCY.labels("GET", "/suites", "200").observe(0.01)
         if os.fork() == 0:   # a second live process on the slot: its own file, not the parent's
             m.HTTP_LATENCY.labels("GET", "/forked", "200").observe(0.01)

@@ -23,8 +23,6 @@ from sme2farm.server.services.errors import NotFound
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.services.ingest import Ingester
 
-S = RunStatus
-
 
 @pytest.fixture(scope="module")
 def etdump() -> bytes:
@@ -41,7 +39,7 @@ def test_the_transition_table_covers_every_status_and_every_run_can_end():
     assert set(run_service.ALLOWED) == set(RunStatus)
     assert all(not run_service.ALLOWED[t] for t in TERMINAL)
     # decided at submission, or for a queued run whose device is lost (SME2_DEVICE_LOST_S) only
-    assert [st for st, targets in run_service.ALLOWED.items() if S.unschedulable in targets] == [S.queued]
+    assert [st for st, targets in run_service.ALLOWED.items() if RunStatus.unschedulable in targets] == [RunStatus.queued]
     for start in NON_TERMINAL:  # every non-terminal status has a path to an end
         seen, todo = set(), [start]
         while todo:
@@ -49,8 +47,8 @@ def test_the_transition_table_covers_every_status_and_every_run_can_end():
             seen.add(st)
             todo += [t for t in run_service.ALLOWED[st] if t not in seen]
         assert seen & TERMINAL, start
-    assert set(NON_TERMINAL) | TERMINAL == set(RunStatus) and ACTIVE == (S.assigned, S.running, S.uploading)
-    assert "failed" in TERMINAL and f"{S.failed}" == "failed"  # plain strings from the database match
+    assert set(NON_TERMINAL) | TERMINAL == set(RunStatus) and ACTIVE == (RunStatus.assigned, RunStatus.running, RunStatus.uploading)
+    assert "failed" in TERMINAL and f"{RunStatus.failed}" == "failed"  # plain strings from the database match
 
 
 def test_every_pair_of_statuses_is_allowed_or_refused_as_the_table_says(service_farm):
@@ -77,11 +75,11 @@ def test_a_write_from_a_stale_read_is_refused_not_lost(service_farm):
     [rid] = service_farm.submit()
     with session_scope(service_farm.url) as s1:
         stale = s1.get(Run, rid)
-        assert stale.status == S.queued
+        assert stale.status == RunStatus.queued
         service_farm.cancel(rid)  # another transaction, committed meanwhile
         with pytest.raises(run_service.StateChanged):
-            run_service.move(s1, stale, S.assigned)
-    assert service_farm.run(rid).status == S.cancelled
+            run_service.move(s1, stale, RunStatus.assigned)
+    assert service_farm.run(rid).status == RunStatus.cancelled
 
 
 # ---- the path a run takes, through the functions that move it ------------------------------
@@ -90,13 +88,13 @@ def test_a_write_from_a_stale_read_is_refused_not_lost(service_farm):
 def test_queued_to_succeeded_through_the_services(service_farm, etdump):
     [rid] = service_farm.submit()
     assert service_farm.dispatch() == [rid]
-    assert service_farm.run(rid).status == S.assigned and service_farm.run(rid).attempt == 1
+    assert service_farm.run(rid).status == RunStatus.assigned and service_farm.run(rid).attempt == 1
     assert service_farm.device().current_run_id == rid and service_farm.device().state == "busy"
-    assert service_farm.start(rid).status == S.running and service_farm.run(rid).started_at is not None
-    assert service_farm.heartbeat(rid, "uploading").status == S.uploading
-    assert service_farm.heartbeat(rid, "running").status == S.uploading  # heartbeats never move a run back
+    assert service_farm.start(rid).status == RunStatus.running and service_farm.run(rid).started_at is not None
+    assert service_farm.heartbeat(rid, "uploading").status == RunStatus.uploading
+    assert service_farm.heartbeat(rid, "running").status == RunStatus.uploading  # heartbeats never move a run back
     service_farm.sent.clear()
-    assert service_farm.finish(rid, trace=etdump).status == S.analyzing
+    assert service_farm.finish(rid, trace=etdump).status == RunStatus.analyzing
     run = service_farm.run(rid)
     assert run.ingest_attempts == 0 and run.ingest_started_at is None  # sent, not begun: no attempt yet
     assert run.lease_expires_at is not None  # the ingest deadline
@@ -104,13 +102,13 @@ def test_queued_to_succeeded_through_the_services(service_farm, etdump):
     assert service_farm.device().state == "idle" and service_farm.device().current_run_id is None
     assert service_farm.sent == [(TASK_INGEST, rid, run.experiment_id), (TASK_DISPATCH,)]  # sent after the commit, once each (the experiment id for the logs)
     # a repeated finish is answered, changes nothing
-    assert service_farm.finish(rid, trace=etdump).status == S.analyzing
-    assert service_farm.ingest(rid) == S.succeeded
+    assert service_farm.finish(rid, trace=etdump).status == RunStatus.analyzing
+    assert service_farm.ingest(rid) == RunStatus.succeeded
     run = service_farm.run(rid)
     assert run.finished_at is not None and run.lease_expires_at is None and run.reason == ""
     with session_scope(service_farm.url) as s:
         assert s.get(RunResult, rid).n == 6
-    assert service_farm.ingest(rid) == S.succeeded  # a repeated ingest stores nothing twice
+    assert service_farm.ingest(rid) == RunStatus.succeeded  # a repeated ingest stores nothing twice
     with session_scope(service_farm.url) as s:
         assert len(s.scalars(select(RunResult).where(RunResult.run_id == rid)).all()) == 1
 
@@ -120,7 +118,7 @@ def test_calls_out_of_turn_are_refused_with_the_state(service_farm):
     with session_scope(service_farm.url) as s, pytest.raises(run_service.LeaseConflict) as e:
         run_service.start(s, run_id=rid, lease_id="none", agent_id=service_farm.agent_id, lease_s=60)
     assert e.value.reason == "not_owner" and e.value.previous_state == "queued"
-    service_farm.to(rid, S.analyzing)
+    service_farm.to(rid, RunStatus.analyzing)
     with pytest.raises(run_service.LeaseConflict) as e:
         service_farm.heartbeat(rid)
     assert (e.value.reason, e.value.previous_state) == ("invalid_state", "analyzing")
@@ -131,18 +129,18 @@ def test_calls_out_of_turn_are_refused_with_the_state(service_farm):
         run_service.start(s, run_id=rid + 1000, lease_id="x", agent_id=service_farm.agent_id, lease_s=60)
 
 
-@pytest.mark.parametrize("status", [S.assigned, S.running, S.uploading])
+@pytest.mark.parametrize("status", [RunStatus.assigned, RunStatus.running, RunStatus.uploading])
 def test_a_failed_finish_ends_the_run_from_any_leased_state(service_farm, status):
     [rid] = service_farm.submit()
     service_farm.to(rid, status)
-    assert service_farm.finish(rid, status="failed", trace=None, reason="runner crashed: SIGSEGV").status == S.failed
+    assert service_farm.finish(rid, status="failed", trace=None, reason="runner crashed: SIGSEGV").status == RunStatus.failed
     assert service_farm.run(rid).reason == "runner crashed: SIGSEGV" and service_farm.device().state == "idle"
 
 
 def test_success_without_a_trace_is_a_failure(service_farm):
     [rid] = service_farm.submit()
-    service_farm.to(rid, S.running)
-    assert service_farm.finish(rid, trace=None).status == S.failed
+    service_farm.to(rid, RunStatus.running)
+    assert service_farm.finish(rid, trace=None).status == RunStatus.failed
     assert "no ETDump" in service_farm.run(rid).reason
 
 
@@ -157,9 +155,9 @@ def test_ending_the_last_run_completes_the_comparisons_whoever_ends_it(service_f
     service_farm.start(off)
     service_farm.finish(off, status="failed", trace=None, reason="the device rebooted")
     assert service_farm.comparisons(off) == []  # a run is left: nothing to compare yet
-    service_farm.to(on, S.analyzing, trace=etdump)
+    service_farm.to(on, RunStatus.analyzing, trace=etdump)
     assert service_farm.comparisons(on) == []
-    assert service_farm.ingest(on) == S.succeeded
+    assert service_farm.ingest(on) == RunStatus.succeeded
     [cmp] = service_farm.comparisons(on)
     assert cmp["status"] == "incomplete" and f"run {off} failed (the device rebooted)" in cmp["reason"]
 
@@ -171,10 +169,10 @@ def test_an_experiment_with_nothing_to_run_is_complete_at_submission(db_url, tmp
                             devices=[DeviceInfo(serial="vm", platform="linux", runner_platform="linux-x86_64")])
     service_farm = ServiceFarm(db_url, Store(tmp_path / "d"), agent.id, [])
     [rid] = service_farm.submit(sme2="on")
-    assert service_farm.run(rid).status == S.unschedulable
+    assert service_farm.run(rid).status == RunStatus.unschedulable
     assert service_farm.comparisons(rid) == []  # one arm: nothing to compare, but refresh ran (no error)
     off, on = service_farm.submit(sme2="both")
-    assert service_farm.run(on).status == S.unschedulable and service_farm.run(off).status == S.queued
+    assert service_farm.run(on).status == RunStatus.unschedulable and service_farm.run(off).status == RunStatus.queued
 
 
 # ---- cancel in every state -----------------------------------------------------------------
@@ -184,43 +182,43 @@ def test_cancel_queued_ends_it_at_once(service_farm):
     [rid] = service_farm.submit()
     service_farm.cancel(rid)
     run = service_farm.run(rid)
-    assert run.status == S.cancelled and run.reason == "cancelled by user" and run.finished_at is not None
+    assert run.status == RunStatus.cancelled and run.reason == "cancelled by user" and run.finished_at is not None
     assert service_farm.dispatch() == []  # nothing left to dispatch; the device was never taken
     assert service_farm.device().state == "idle"
 
 
-@pytest.mark.parametrize("status", [S.assigned, S.running, S.uploading])
+@pytest.mark.parametrize("status", [RunStatus.assigned, RunStatus.running, RunStatus.uploading])
 def test_cancel_while_the_agent_holds_it_travels_to_the_agent(service_farm, status):
     [rid] = service_farm.submit()
     service_farm.to(rid, status)
     service_farm.cancel(rid)
     run = service_farm.run(rid)
     assert run.status == status and run.cancel_requested  # the agent hears it in its next answer
-    if status == S.assigned:
+    if status == RunStatus.assigned:
         assert service_farm.start(rid).cancel_requested
     else:
         assert service_farm.heartbeat(rid, status.value).cancel_requested
     # the agent kills the runner and finishes: whatever it reports, the run ends cancelled
-    assert service_farm.finish(rid, status="succeeded", trace=b"half a trace").status == S.cancelled
+    assert service_farm.finish(rid, status="succeeded", trace=b"half a trace").status == RunStatus.cancelled
     assert service_farm.device().state == "idle" and service_farm.run(rid).reason == "cancelled by user"
 
 
-@pytest.mark.parametrize("status", [S.assigned, S.running, S.uploading])
+@pytest.mark.parametrize("status", [RunStatus.assigned, RunStatus.running, RunStatus.uploading])
 def test_cancel_of_a_run_whose_agent_died_ends_cancelled_at_the_lease(service_farm, status):
     [rid] = service_farm.submit()
     service_farm.to(rid, status)
     service_farm.cancel(rid)
     service_farm.expire(rid)
     assert service_farm.reap() == [rid]
-    assert service_farm.run(rid).status == S.cancelled and service_farm.device().state == "idle"  # not requeued
+    assert service_farm.run(rid).status == RunStatus.cancelled and service_farm.device().state == "idle"  # not requeued
 
 
 def test_cancel_analyzing_ends_it_and_a_late_ingest_stores_nothing(service_farm, etdump):
     [rid] = service_farm.submit()
-    service_farm.to(rid, S.analyzing, trace=etdump)
+    service_farm.to(rid, RunStatus.analyzing, trace=etdump)
     service_farm.cancel(rid)
-    assert service_farm.run(rid).status == S.cancelled
-    assert service_farm.ingest(rid) == S.cancelled
+    assert service_farm.run(rid).status == RunStatus.cancelled
+    assert service_farm.ingest(rid) == RunStatus.cancelled
     with session_scope(service_farm.url) as s:
         assert s.get(RunResult, rid) is None
 
@@ -228,7 +226,7 @@ def test_cancel_analyzing_ends_it_and_a_late_ingest_stores_nothing(service_farm,
 def test_cancel_during_analysis_wins_over_the_ingest_in_flight(service_farm, etdump):
     """The ingest analysed the trace (no lock held) and is about to store it when the user cancels."""
     [rid] = service_farm.submit()
-    service_farm.to(rid, S.analyzing, trace=etdump)
+    service_farm.to(rid, RunStatus.analyzing, trace=etdump)
 
     class CancelledMeanwhile(Ingester):
         def analyze(self, run):
@@ -236,21 +234,21 @@ def test_cancel_during_analysis_wins_over_the_ingest_in_flight(service_farm, etd
             service_farm.cancel(rid)  # another transaction commits the cancel here
             return result
 
-    assert service_farm.ingest(rid, CancelledMeanwhile(service_farm.store)) == S.cancelled
+    assert service_farm.ingest(rid, CancelledMeanwhile(service_farm.store)) == RunStatus.cancelled
     with session_scope(service_farm.url) as s:
         assert s.get(RunResult, rid) is None
 
 
-@pytest.mark.parametrize("status", sorted(TERMINAL - {S.unschedulable}))
+@pytest.mark.parametrize("status", sorted(TERMINAL - {RunStatus.unschedulable}))
 def test_cancel_of_an_ended_run_changes_nothing(service_farm, etdump, status):
     [rid] = service_farm.submit()
-    if status == S.cancelled:
+    if status == RunStatus.cancelled:
         service_farm.cancel(rid)
-    elif status == S.failed:
-        service_farm.to(rid, S.running)
+    elif status == RunStatus.failed:
+        service_farm.to(rid, RunStatus.running)
         service_farm.finish(rid, status="failed", trace=None, reason="boom")
     else:
-        service_farm.to(rid, S.analyzing, trace=etdump)
+        service_farm.to(rid, RunStatus.analyzing, trace=etdump)
         service_farm.ingest(rid)
     before = service_farm.run(rid)
     service_farm.cancel(rid)
@@ -261,7 +259,7 @@ def test_cancel_of_an_ended_run_changes_nothing(service_farm, etdump, status):
 # ---- the reaper: every state with a deadline -------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [S.assigned, S.running, S.uploading])
+@pytest.mark.parametrize("status", [RunStatus.assigned, RunStatus.running, RunStatus.uploading])
 def test_an_expired_lease_requeues_then_fails(service_farm, status):
     [rid] = service_farm.submit()
     for attempt in (1, 2, 3):
@@ -272,9 +270,9 @@ def test_an_expired_lease_requeues_then_fails(service_farm, status):
         assert service_farm.reap() == [rid]
         assert service_farm.device().state == "idle" and (TASK_DISPATCH,) in service_farm.sent
         if attempt < 3:
-            assert service_farm.run(rid).status == S.queued and service_farm.run(rid).lease_id is None
+            assert service_farm.run(rid).status == RunStatus.queued and service_farm.run(rid).lease_id is None
     run = service_farm.run(rid)
-    assert run.status == S.failed and "lease expired" in run.reason and "3 attempts" in run.reason
+    assert run.status == RunStatus.failed and "lease expired" in run.reason and "3 attempts" in run.reason
 
 
 def test_analyzing_past_its_deadline_gets_ingest_again_then_fails_with_a_reason(service_farm):
@@ -283,21 +281,21 @@ def test_analyzing_past_its_deadline_gets_ingest_again_then_fails_with_a_reason(
     service_farm.dispatch()
     service_farm.start(off)
     service_farm.finish(off, status="failed", trace=None, reason="x")
-    service_farm.to(on, S.analyzing)
+    service_farm.to(on, RunStatus.analyzing)
     for attempt in (1, 2):
         service_farm.ingest_begins(on)  # the task began, then its worker died: the attempt counts
         service_farm.expire(on)
         service_farm.sent.clear()
         assert service_farm.reap(ingest_deadline_s=30, max_ingest_attempts=3) == [on]
         run = service_farm.run(on)
-        assert run.status == S.analyzing and run.ingest_attempts == attempt and run.ingest_started_at is None
+        assert run.status == RunStatus.analyzing and run.ingest_attempts == attempt and run.ingest_started_at is None
         assert service_farm.sent == [(TASK_INGEST, on, run.experiment_id)]
         assert service_farm.reap(ingest_deadline_s=30, max_ingest_attempts=3) == []  # not before the new deadline
     service_farm.ingest_begins(on)
     service_farm.expire(on)
     assert service_farm.reap(ingest_deadline_s=30, max_ingest_attempts=3) == [on]
     run = service_farm.run(on)
-    assert run.status == S.failed and "ingest did not finish" in run.reason and "started 3 time(s)" in run.reason
+    assert run.status == RunStatus.failed and "ingest did not finish" in run.reason and "started 3 time(s)" in run.reason
     assert service_farm.comparisons(on)[0]["status"] == "incomplete"  # the reaper's end completes them too
 
 
@@ -306,20 +304,20 @@ def test_an_ingest_waiting_in_the_queue_is_re_sent_but_never_counted_nor_failed(
     that wait is not an attempt, so however long it lasts the run is not failed, and once the
     task begins it has the whole deadline from then."""
     [rid] = service_farm.submit()
-    service_farm.to(rid, S.analyzing, trace=etdump)
+    service_farm.to(rid, RunStatus.analyzing, trace=etdump)
     for _ in range(5):  # more deadlines than max_ingest_attempts, none of them begun
         service_farm.expire(rid)
         service_farm.sent.clear()
         assert service_farm.reap(ingest_deadline_s=30, max_ingest_attempts=2) == [rid]
         run = service_farm.run(rid)
-        assert run.status == S.analyzing and run.ingest_attempts == 0
+        assert run.status == RunStatus.analyzing and run.ingest_attempts == 0
         assert service_farm.sent == [(TASK_INGEST, rid, run.experiment_id)]  # in case the broker lost it
     service_farm.expire(rid)  # the task finally begins after its deadline passed: the deadline restarts
     service_farm.ingest_begins(rid, ingest_deadline_s=30)
     run = service_farm.run(rid)
     assert run.ingest_attempts == 1 and run.ingest_started_at is not None
     assert service_farm.reap(ingest_deadline_s=30, max_ingest_attempts=2) == []  # its deadline is 30 s from its start
-    assert service_farm.ingest(rid) == S.succeeded
+    assert service_farm.ingest(rid) == RunStatus.succeeded
     service_farm.ingest_begins(rid)  # a late duplicate of the task changes nothing
     assert service_farm.run(rid).ingest_attempts == 1
 
@@ -338,10 +336,10 @@ def test_concurrent_ingests_of_one_experiment_all_succeed_and_complete_it_once(s
         [rid] = service_farm.dispatch()
         service_farm.start(rid)
         service_farm.finish(rid, trace=etdump)
-    assert {service_farm.run(r).status for r in rids} == {S.analyzing}
+    assert {service_farm.run(r).status for r in rids} == {RunStatus.analyzing}
     with ThreadPoolExecutor(len(rids)) as pool:
         ended = list(pool.map(service_farm.ingest, rids))
-    assert ended == [S.succeeded] * len(rids)
+    assert ended == [RunStatus.succeeded] * len(rids)
     comparisons = service_farm.comparisons(rids[0])
     assert len(comparisons) == 4 and {c["status"] for c in comparisons} == {"complete"}
     assert sorted(c["threads"] for c in comparisons) == [1, 2, 3, 4]
@@ -349,10 +347,10 @@ def test_concurrent_ingests_of_one_experiment_all_succeed_and_complete_it_once(s
 
 def test_a_re_sent_ingest_succeeds(service_farm, etdump):
     [rid] = service_farm.submit()
-    service_farm.to(rid, S.analyzing, trace=etdump)
+    service_farm.to(rid, RunStatus.analyzing, trace=etdump)
     service_farm.expire(rid)
     service_farm.reap()
-    assert service_farm.ingest(rid) == S.succeeded
+    assert service_farm.ingest(rid) == RunStatus.succeeded
 
 
 # ---- ingest failures of any kind end the run failed, with a reason -------------------------
@@ -369,14 +367,14 @@ def _ingest_trace(service_farm: ServiceFarm, trace: bytes, warmup_in_trace: int 
 
 def test_a_trace_that_is_all_warm_up_fails_naming_it(service_farm, etdump):
     run = _ingest_trace(service_farm, etdump, warmup_in_trace=10)
-    assert run.status == S.failed
+    assert run.status == RunStatus.failed
     assert "no timed iteration" in run.reason and "6 Execute block(s)" in run.reason and "10" in run.reason
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.9, 0.999])
 def test_a_truncated_trace_fails_with_a_reason(service_farm, etdump, cut):
     run = _ingest_trace(service_farm, etdump[:int(len(etdump) * cut)])
-    assert run.status == S.failed and run.reason.startswith("the ETDump could not be analysed: ")
+    assert run.status == RunStatus.failed and run.reason.startswith("the ETDump could not be analysed: ")
     assert service_farm.device().state == "idle"
 
 
@@ -384,7 +382,7 @@ def test_rows_that_cannot_be_stored_fail_the_run_and_leave_the_session_usable(se
     """A database error while storing (here a duplicate primary key) rolls back to the savepoint;
     the same transaction then ends the run failed, naming the error."""
     [rid] = service_farm.submit()
-    service_farm.to(rid, S.analyzing, trace=etdump)
+    service_farm.to(rid, RunStatus.analyzing, trace=etdump)
 
     class Twice(Ingester):
         def store(self, session, run, analysis):
@@ -392,7 +390,7 @@ def test_rows_that_cannot_be_stored_fail_the_run_and_leave_the_session_usable(se
                                   e2e_cv=0, n=0, categories_ms={}, analysis={}))
             super().store(session, run, analysis)  # its RunResult for the same run: the flush fails
 
-    assert service_farm.ingest(rid, Twice(service_farm.store)) == S.failed
+    assert service_farm.ingest(rid, Twice(service_farm.store)) == RunStatus.failed
     assert "could not be stored: IntegrityError" in service_farm.run(rid).reason
     with session_scope(service_farm.url) as s:
         assert s.get(RunResult, rid) is None  # nothing of the half-stored results remains
@@ -430,8 +428,8 @@ def test_fuzzed_traces_end_succeeded_or_failed_with_a_reason(service_farm, etdum
     outcomes = {"succeeded": 0, "failed": 0}
     for label, trace in _mutations(etdump, n, seed=8):
         run = _ingest_trace(service_farm, trace)
-        assert run.status in (S.succeeded, S.failed), (label, run.status)
-        if run.status == S.failed:
+        assert run.status in (RunStatus.succeeded, RunStatus.failed), (label, run.status)
+        if run.status == RunStatus.failed:
             assert run.reason.startswith(("the ETDump could not be analysed: ", "the analysis of the ETDump")), label
             assert len(run.reason) > len("the ETDump could not be analysed: ") + 3, (label, run.reason)
         outcomes[run.status] += 1

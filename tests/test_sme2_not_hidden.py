@@ -25,8 +25,6 @@ from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Model, OperatorStat, Run, RunResult
 
-S = RunStatus
-
 
 def test_not_hidden_lists_only_operators_without_a_neon_kernel():
     ops = [{"name": n, "category": c, "total_ms": ms, "delegated": True, "kernel_path": "SME"}
@@ -168,7 +166,7 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
                                body=RunFinish(lease_id=lease, status="succeeded", warmup_in_trace=1, runner=runner))
         with session_scope(db_url, enqueue=lambda *a: None) as s:
             ends[label] = run_service.ingest(s, run_id=rid, ingester=Ingester(store))
-    assert ends == {"not hidden": S.failed, "hidden": S.succeeded}
+    assert ends == {"not hidden": RunStatus.failed, "hidden": RunStatus.succeeded}
     with session_scope(db_url) as s:
         bad, good = s.get(Run, rids[0]), s.get(Run, rids[1])
         reason = bad.reason

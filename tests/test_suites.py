@@ -223,7 +223,7 @@ def test_two_creates_racing_on_one_name_ignoring_case_store_one_suite(db_url, mo
     from sme2farm.protocol import SuiteSpec
     from sme2farm.server.store.models import Suite
     from sme2farm.server.services import suites
-    from sme2farm.server.services.errors import Conflict
+    from sme2farm.server.services.errors import StateConflict
 
     _, tx = _tx(db_url)
     with tx() as s:
@@ -233,7 +233,7 @@ def test_two_creates_racing_on_one_name_ignoring_case_store_one_suite(db_url, mo
 
     monkeypatch.setattr(crud, "name_taken", lambda session, name: None)
     with tx() as s:
-        with pytest.raises(Conflict, match="unique ignoring case"):
+        with pytest.raises(StateConflict, match="unique ignoring case"):
             suites.create(s, spec=SuiteSpec.model_validate({"name": "NIGHTLY", "models": [{"sha256": "a" * 64}]}))
         from sqlalchemy import select
 
@@ -243,7 +243,7 @@ def test_two_creates_racing_on_one_name_ignoring_case_store_one_suite(db_url, mo
 def test_bad_suites_are_refused_naming_the_problem(db_url):
     from sme2farm.protocol import SuiteSpec
     from sme2farm.server.services import suites
-    from sme2farm.server.services.errors import Conflict, Invalid
+    from sme2farm.server.services.errors import StateConflict, Invalid
 
     _, tx = _tx(db_url)
     with tx() as s:
@@ -253,12 +253,12 @@ def test_bad_suites_are_refused_naming_the_problem(db_url):
                  ({"schedule": "every night"}, Invalid, "has 2 field"),
                  ({"schedule": "0 0 3 * * *"}, Invalid, "has 6 field.*exactly 5 cron fields: minute hour day"),
                  ({"schedule": "* * * *"}, Invalid, "has 4 field"),
-                 ({"name": "NIGHTLY"}, Conflict, "'nightly': names are unique ignoring case"),
+                 ({"name": "NIGHTLY"}, StateConflict, "'nightly': names are unique ignoring case"),
                  ({"sme2": "on"}, Invalid, "sme2: 'on' needs a device with SME2.*dev0"),
                  ({"webhook": "ftp://h/x"}, Invalid, "http:// or https://"),
                  ({"models": [{"sha256": "b" * 64}]}, Invalid, "no stored model has sha256 " + "b" * 64),
                  ({"device": {"platform": "android"}}, Invalid, "no device matches"),
-                 ({"name": "nightly"}, Conflict, "exists already")]
+                 ({"name": "nightly"}, StateConflict, "exists already")]
         for extra, err, words in cases:
             spec = {"name": "x", "models": [{"sha256": "a" * 64}], **extra}
             with pytest.raises(err, match=words):
@@ -292,7 +292,7 @@ def test_sme2_both_without_an_sme2_device_is_accepted_with_a_warning(db_url):
 def test_pause_resume_edit_and_delete(db_url):
     from sme2farm.server.store.models import SuiteChange, SuitePoint, SuiteRun
     from sme2farm.server.services import suites
-    from sme2farm.server.services.errors import Conflict, Invalid
+    from sme2farm.server.services.errors import StateConflict, Invalid
 
     _, tx = _tx(db_url)
     with tx() as s:
@@ -324,7 +324,7 @@ def test_pause_resume_edit_and_delete(db_url):
         agent.runners = [{"id": "r", "platform": "linux-x86_64", "sme2": "off", "flavour": "timing"}]
         suite = suites.get(s, name="nightly")
         srun = suites.start_run(s, suite=suite, trigger="manual")  # a run in flight: its run is queued
-        with pytest.raises(Conflict, match="run in flight"):
+        with pytest.raises(StateConflict, match="run in flight"):
             suites.delete(s, suite=suite)
         from sme2farm.protocol import RunStatus
         from sme2farm.server.store.models import Run

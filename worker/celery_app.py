@@ -16,7 +16,7 @@ from sme2farm.server import queue
 from sme2farm.server.config import Settings, get_settings
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Run
-from sme2farm.server.web import metrics
+from sme2farm.server.web import prometheus
 
 
 def beat_schedule(settings: Settings) -> dict:
@@ -27,7 +27,7 @@ def beat_schedule(settings: Settings) -> dict:
         # At least every 5 s (ingest_start_s / 2 by default): a lost ingest is looked for in seconds.
         "reap-leases": {"task": TASK_REAP,
                         "schedule": max(1.0, min(settings.lease_s / 4, settings.ingest_start_s / 2))},
-        # Suites whose cron schedule is due (services/suites.py start_due).
+        # Suites whose cron schedule is due (services/suites/runs.py start_due).
         "suites-tick": {"task": TASK_SUITES_TICK, "schedule": settings.suite_tick_s},
     }
 
@@ -79,5 +79,5 @@ def _experiment_of(run_id: int) -> int | None:
 def _task_finished(task_id=None, task=None, state=None, **_) -> None:
     began = _started.pop(task_id, None)
     if task is not None and began is not None:
-        metrics.observe_task(task.name, state or "unknown", time.perf_counter() - began)
+        prometheus.observe_task(task.name, state or "unknown", time.perf_counter() - began)
     logs.clear()

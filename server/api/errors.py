@@ -19,7 +19,7 @@ from sqlalchemy import exc as sa_exc
 
 from sme2farm.protocol import Conflict as ConflictBody
 from sme2farm.protocol import Detail
-from sme2farm.server.services.errors import Conflict, Invalid, NotFound
+from sme2farm.server.services.errors import Invalid, NotFound, StateConflict
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # a database restart or a failover usually takes seconds
@@ -32,7 +32,7 @@ NOT_FOUND = {404: {"model": Detail, "description": "No such run (or experiment)"
 INVALID = {422: {"model": Detail, "description": "The request cannot be done as asked: `detail` says why"}}
 
 
-async def _conflict(_request: Request, e: Conflict) -> JSONResponse:
+async def _conflict(_request: Request, e: StateConflict) -> JSONResponse:
     body = ConflictBody(reason=e.reason, message=e.message, previous_state=e.previous_state)
     return JSONResponse(status_code=409, content=body.model_dump())
 
@@ -107,7 +107,7 @@ async def _os_error(request: Request, e: OSError) -> JSONResponse:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(Invalid, _invalid)
-    app.add_exception_handler(Conflict, _conflict)
+    app.add_exception_handler(StateConflict, _conflict)
     app.add_exception_handler(NotFound, _not_found)
     app.add_exception_handler(sa_exc.SQLAlchemyError, _database_error)
     app.add_exception_handler(OSError, _os_error)

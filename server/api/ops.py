@@ -27,7 +27,7 @@ from sme2farm.protocol import Health, Readiness
 from sme2farm.server.api.deps import Credentials, SettingsDep, current_user
 from sme2farm.server.api.errors import RETRY_AFTER_S, database_unavailable
 from sme2farm.server.services import health as health_service
-from sme2farm.server.web.metrics import broker_queue_depth, read_supervisor_status, render, store_check
+from sme2farm.server.web.prometheus import broker_queue_depth, read_supervisor_status, render, store_check
 
 router = APIRouter(tags=["operations"])
 

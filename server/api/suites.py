@@ -1,4 +1,4 @@
-"""Suites, their series and the regressions found in them: thin routes over services/suites.py."""
+"""Suites, their series and the regressions found in them: thin routes over services/suites/."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ class Invalid(DomainError, ValueError):
     experiments with nothing comparable (422, the message says what does not fit)."""
 
 
-class Conflict(DomainError):
+class StateConflict(DomainError):
     """The request does not fit the current state (409 `{reason, message, previous_state}`)."""
 
     def __init__(self, reason: str, message: str, previous_state: str | None = None):

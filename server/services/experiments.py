@@ -198,14 +198,13 @@ def get_page(session: Session, *, page: int, page_size: int) -> tuple[list[tuple
 def status_of(states: Iterable[str]) -> str:
     """An experiment's status from the statuses its runs are in (each once is enough)."""
     states = list(states)
-    S = RunStatus
     if any(s not in TERMINAL for s in states):
-        waiting = all(s in (S.queued, S.unschedulable) for s in states) and S.queued in states
-        return S.queued.value if waiting else S.running.value
-    if all(s == S.succeeded for s in states):
-        return S.succeeded.value
-    if any(s == S.succeeded for s in states):
+        waiting = all(s in (RunStatus.queued, RunStatus.unschedulable) for s in states) and RunStatus.queued in states
+        return RunStatus.queued.value if waiting else RunStatus.running.value
+    if all(s == RunStatus.succeeded for s in states):
+        return RunStatus.succeeded.value
+    if any(s == RunStatus.succeeded for s in states):
         return "partial"
-    if all(s == S.cancelled for s in states):
-        return S.cancelled.value
-    return S.failed.value
+    if all(s == RunStatus.cancelled for s in states):
+        return RunStatus.cancelled.value
+    return RunStatus.failed.value

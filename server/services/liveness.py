@@ -1,5 +1,5 @@
 """The farm's own liveness: when the API server was up and answering, so that the time it was
-down, restarting or cut off from its database never counts against a device (issue 23).
+down, restarting or cut off from its database never counts against a device.
 
 Every API process records it in two rows of the `leases` table (no lock: any process writes them):
 

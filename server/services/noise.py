@@ -5,7 +5,7 @@ Learned from (callers):
 - the sessions of one arm of an experiment with --sessions >= 2 (identical runs, interleaved
   A B B A, close in time), when the experiment ends (services/comparisons.py);
 - a model against itself (`submit A.pte --vs A.pte`): the A and B runs of one SME2 arm;
-- consecutive points of a device's canary series (services/suites.py).
+- consecutive points of a device's canary series (services/suites/).
 Stored as JSON on the device row; a device without any uses the conservative default prior.
 """
 

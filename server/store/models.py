@@ -199,7 +199,7 @@ class Lease(Base):
     renewed_at: Mapped[datetime] = mapped_column()
 
 
-# ---- suites: nightly regression (services/suites.py) ------------------------------------------
+# ---- suites: nightly regression (services/suites/) --------------------------------------------
 
 
 class Suite(Base):

@@ -27,7 +27,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sme2farm.protocol import TERMINAL, RunStatus
 from sme2farm.server.services import comparisons, suites
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services.errors import Conflict, NotFound
+from sme2farm.server.services.errors import StateConflict, NotFound
 from sme2farm.server.store.models import Run, utcnow
 
 S = RunStatus
@@ -44,7 +44,7 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
 }
 
 
-class LeaseConflict(Conflict):
+class LeaseConflict(StateConflict):
     """The caller does not own this run (anymore), or the run is past what it asks: 409."""
 
 

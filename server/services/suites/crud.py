@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from sme2farm.protocol import TERMINAL, DeviceSelector, SuiteDeleted, SuiteSpec, status_values
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
-from sme2farm.server.services.errors import Conflict, Invalid, NotFound
+from sme2farm.server.services.errors import StateConflict, Invalid, NotFound
 from sme2farm.server.services.suites.schedule import check_schedule, check_webhook, next_fire
 from sme2farm.server.store.models import (Agent, Model, Run, Suite, SuiteChange, SuiteExperiment, SuitePoint, SuiteRun,
                                           utcnow)
@@ -51,7 +51,7 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
     taken = name_taken(session, name=spec.name)
     if taken is not None:
         same = "" if taken == spec.name else f" ({taken!r}: names are unique ignoring case)"
-        raise Conflict("duplicate", f"a suite named {spec.name!r} exists already{same}")
+        raise StateConflict("duplicate", f"a suite named {spec.name!r} exists already{same}")
     models = []
     for i, m in enumerate(spec.models):
         if session.get(Model, m.sha256) is None:
@@ -75,7 +75,7 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
             session.add(suite)
             session.flush()
     except IntegrityError:  # another create of this name (ignoring case) committed meanwhile
-        raise Conflict("duplicate", f"a suite named {spec.name!r} exists already (names are unique ignoring case)")
+        raise StateConflict("duplicate", f"a suite named {spec.name!r} exists already (names are unique ignoring case)")
     suite.warnings = warnings
     return suite
 
@@ -113,7 +113,7 @@ def delete(session: Session, *, suite: Suite) -> SuiteDeleted:
     busy = session.scalar(select(Run.experiment_id).where(Run.experiment_id.in_(exp_ids),
                                                           Run.status.not_in(status_values(TERMINAL))).limit(1))
     if busy is not None:
-        raise Conflict("in_flight", f"suite {suite.name!r} has a run in flight (experiment {busy} has runs not "
+        raise StateConflict("in_flight", f"suite {suite.name!r} has a run in flight (experiment {busy} has runs not "
                                     f"ended): cancel it (sme2-client cancel {busy}) or wait, then delete")
     gone = SuiteDeleted(
         deleted=suite.name, runs=session.scalar(select(func.count()).select_from(run_ids.subquery())) or 0,
