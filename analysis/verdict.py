@@ -71,6 +71,7 @@ from sme2farm.analysis.sessions import MIN_ITERATIONS, N_BOOT, STATS, stats_of, 
 from sme2farm.analysis.special import t_quantile
 
 DEFAULT_MIN_EFFECT = 0.02
+HALF_WIDTH_LOG_CAP = 50.0  # an interval's ends at most e^50 from its ratio (verdict())
 VERDICTS = ("speedup", "slowdown", "no significant difference", "insufficient data")
 MAX_SESSIONS_ADVICE = 10_000
 
@@ -219,7 +220,11 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
         tail_factor = 1.0 + max(f_tail - 1.0, 0.0) / math.sqrt(k_min)
         q *= tail_factor
     hw = q * math.sqrt(var)
-    ratio, lo, hi = math.exp(L), math.exp(L - hw), math.exp(L + hw)
+    # A handful of iterations with one wild outlier (a first call 2,800x the rest) leaves a few df and an
+    # astronomically wide interval: its ends are taken at most e^50 from the ratio, far past any margin (so
+    # the verdict is the same), and stay finite numbers in JSON instead of overflowing math.exp.
+    span = min(hw, HALF_WIDTH_LOG_CAP)
+    ratio, lo, hi = math.exp(L), math.exp(L - span), math.exp(L + span)
     noise_info.update(sigma_between=math.sqrt(sigma2), df=df0 + d, session_spread_df=d)
     components = {"log_ratio": L, "se_log": math.sqrt(var), "within_var": within, "between_var": between,
                   "quantile": q, "df": df, "tail_factor": tail_factor, "half_width_log": hw, "within_var_per_session": w_mean}

@@ -380,3 +380,22 @@ def test_one_preempted_iteration_does_not_make_a_category_verdict_and_tiny_categ
     out = compare(cand, faster, labels=("A", "B"), noise=NoiseModel(0.01, 50))
     assert out["categories"]["GEMM"]["verdict"] == "speedup" and out["categories"]["GEMM"]["speedup"] == pytest.approx(3, rel=0.05)
     assert any(line.startswith("GEMM gained most") for line in out["narrative"])
+
+
+def test_a_nearly_zero_part_over_five_iterations_gives_a_finite_interval_and_no_verdict():
+    """Elementwise per iteration of a real 5-iteration mobilenet_blocks trace: 7 us in the first call, then
+    0-1 us. Its trimmed-mean interval's log half-width is past exp()'s range (which raised OverflowError in
+    compare()); the verdict stays 'insufficient data', with interval ends that are finite (JSON has no
+    infinity)."""
+    from sme2farm.analysis.compare import N_BOOT_PARTS, _part_verdict
+    from sme2farm.analysis.sessions import summarize
+    from sme2farm.analysis.verdict import HALF_WIDTH_LOG_CAP
+    series = [[0.007, 0.001, 0.0, 0.0, 0.001]]
+    kw = dict(labels=("SME2 off", "SME2 on"), min_effect=0.02, level=0.95)
+    out = _part_verdict(series, [list(series[0])], "Elementwise", None, 4, kw)
+    assert out["verdict"] == "insufficient data"
+    v = verdict(summarize(series, stat="trimmed", n_boot=N_BOOT_PARTS, seed=4),
+                summarize(series, stat="trimmed", n_boot=N_BOOT_PARTS, seed=104), stat="trimmed", **kw)
+    assert v.components["half_width_log"] > 709 > HALF_WIDTH_LOG_CAP  # past math.exp's range, so capped
+    assert math.isfinite(v.ci_low) and math.isfinite(v.ci_high) and v.ci_low < 1 < v.ci_high
+    json.dumps(out, allow_nan=False)
