@@ -65,6 +65,7 @@ EXPECTED = {
     ("POST", "/agent/runs/{run_id}/heartbeat"): AGENT,
     ("PUT", "/agent/runs/{run_id}/artifacts/{name}"): AGENT,
     ("POST", "/agent/runs/{run_id}/finish"): AGENT,
+    ("POST", "/agent/runs/{run_id}/deliver"): AGENT,
     ("GET", "/agent/models/{sha256}"): AGENT,
     ("GET", "/agent/inputs/{sha256}"): AGENT,
 }
