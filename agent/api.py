@@ -72,7 +72,7 @@ class AgentApi:
         # The agent protocol both sides speak (sme2farm/protocol/agents.py AGENT_PROTOCOL), known
         # once registered: 2 delivers a run in one request (deliver), 1 starts, uploads, finishes.
         self.protocol = 1
-        self._ack: list[int] = []   # runs the last claim answer handed over, acknowledged by the next claim
+        self._ack: list[str] = []   # leases the last claim answer handed over, acknowledged by the next claim
 
     def _request(self, method: str, url: str, *, timeout: float | None = None, until: float | None = None,
                  **kw) -> httpx.Response:
@@ -129,7 +129,7 @@ class AgentApi:
         (`ack`: the server moves them to running; the claim is the start); an older server ignores it."""
         r = self._request("POST", "/agent/claim", params={"wait": wait, "ack": self._ack}, timeout=wait + 30.0)
         runs = [RunAssignment.model_validate(x) for x in r.json()]
-        self._ack = [a.run_id for a in runs]
+        self._ack = [a.lease_id for a in runs]   # leases: a requeued run's new lease is not acknowledged
         return runs
 
     def start(self, run_id: int, lease_id: str) -> HeartbeatAnswer:

@@ -106,3 +106,27 @@ def test_a_delivery_over_the_artifact_limit_is_a_413_and_leaves_nothing(api, age
     assert r.status_code == 413 and f"artifact {TRACE} exceeds the 1 MiB limit" in r.json()["detail"], r.text
     assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}
     assert not any(Store(api.settings.data_dir).tmp.iterdir())
+
+
+def test_an_old_lease_acknowledged_does_not_start_the_run_requeued_under_a_new_one(api, agent, example_pte):
+    """The claim acknowledges leases, not run ids: a run requeued and handed again under a new lease
+    is not taken as started by the acknowledgement of its old one."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from sme2farm.server.services import runs as run_service
+    from sme2farm.server.store.models import utcnow
+
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)                        # handed; the agent then goes quiet
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        assert run_service.reap_expired(s, max_attempts=3) == [rid]
+    assert dispatch(api) == [rid]
+    [b] = agent.api.claim(wait=0)                        # acknowledges a's lease, which is gone
+    assert b.run_id == rid and b.lease_id != a.lease_id and _run(api, rid).status == "assigned"
+    agent.api.claim(wait=0)                              # acknowledges b's
+    assert _run(api, rid).status == "running"

@@ -157,7 +157,7 @@ def agent_main(idx: int, cfg: dict, stop, ready) -> None:
                 active.discard(a["run_id"])
 
     last_sync = time.monotonic()
-    ack: list[int] = []
+    ack: list[str] = []
     with ThreadPoolExecutor(max_workers=cfg["devices"] + 1) as pool:
         while not stop.is_set() and time.time() < cfg["deadline"]:
             if time.monotonic() - last_sync > 30.0:  # agent/loop.py re-syncs its devices every 30 s
@@ -171,7 +171,7 @@ def agent_main(idx: int, cfg: dict, stop, ready) -> None:
             try:
                 got = http.call("POST", "/agent/claim", params={"wait": min(poll, cfg["claim_wait"]), "ack": ack},
                                 timeout=poll + 30.0).json()
-                ack = [a["run_id"] for a in got]  # the next claim acknowledges them: they are running
+                ack = [a["lease_id"] for a in got]  # the next claim acknowledges them: they are running
             except Exception as e:
                 counts["claim_errors"] = counts.get("claim_errors", 0) + 1
                 counts["last_claim_error"] = str(e)[:200]

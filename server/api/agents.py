@@ -80,17 +80,17 @@ def sync_devices(body: AgentDevices, tx: TxDep, settings: SettingsDep, agent_id:
 
 
 def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float, lease_s: float,
-                 ack: list[int]) -> list[RunAssignment]:
+                 ack: list[str]) -> list[RunAssignment]:
     """The runs assigned to this agent's devices that it has not been handed yet (waiter), as
-    assignments. `ack`: the runs the agent's previous claim answer handed it, which it now holds:
-    they move to running (run_service.hand_over: the claim's acknowledgement is the start; a run
+    assignments. `ack`: the leases of the runs the agent's previous claim answer handed it, which
+    it now holds: those runs move to running (run_service.hand_over: the claim's acknowledgement is the start; a run
     whose answer was lost is not acknowledged and is handed again after REDELIVER_S). Looking costs
     one indexed SELECT; the agent's last_seen is written at most every SEEN_EVERY_S (it was an
     UPDATE on every look, 20 times a second per waiting agent)."""
     with tx() as session:
         device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=offline_s)
         if ack:
-            run_service.hand_over(session, run_service.assigned_to_agent(session, agent_id=agent_id, run_ids=ack),
+            run_service.hand_over(session, run_service.assigned_to_agent(session, agent_id=agent_id, lease_ids=ack),
                                   lease_s=lease_s)
         new = waiter.undelivered(agent_id, run_service.assigned_leases(session, agent_id=agent_id))
         if not new:
@@ -131,9 +131,11 @@ def claim_waiter(request: Request) -> ClaimWaiter:
 
 @router.post("/claim", response_model=list[RunAssignment])
 async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: AgentIdDep, wait: WaitS = 0.0,
-                ack: Annotated[list[int], Query(max_length=1024, description="Runs the previous claim answer handed "
-                                                "this agent, now in its hands: they move to running (agent "
-                                                "protocol 2; the claim is the start)")] = []) -> list[RunAssignment]:
+                ack: Annotated[list[str], Query(max_length=1024, description="The leases of the runs the previous "
+                                                "claim answer handed this agent, now in its hands: they move to "
+                                                "running (agent protocol 2; a lease, not a run id: a requeued run's "
+                                                "new lease is not acknowledged by the old one)")] = []
+                ) -> list[RunAssignment]:
     """Long-poll: answer as soon as a run is assigned to one of this agent's devices, or after
     `wait` seconds (capped by the server's poll timeout) with an empty list. A run is handed to
     its agent once (again only if it is still assigned REDELIVER_S later, or after the agent

@@ -104,9 +104,10 @@ def assigned_leases(session: Session, *, agent_id: int) -> list[tuple[int, str]]
     return [(rid, lease) for rid, lease in session.execute(_assigned(agent_id, Run.id, Run.lease_id))]
 
 
-def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | None = None) -> list[Run]:
-    """The runs assigned to this agent's devices (of `run_ids` if given), with what an
-    assignment needs (experiment, its models, the device) loaded in the same query."""
+def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | None = None,
+                      lease_ids: list[str] | None = None) -> list[Run]:
+    """The runs assigned to this agent's devices (of `run_ids`, or under `lease_ids`, if given), with
+    what an assignment needs (experiment, its models, the device) loaded in the same query."""
     query = (
         _assigned(agent_id, Run)
         .options(joinedload(Run.experiment).defer(Experiment.comparisons),
@@ -116,6 +117,8 @@ def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | N
     )
     if run_ids is not None:
         query = query.where(Run.id.in_(run_ids))
+    if lease_ids is not None:
+        query = query.where(Run.lease_id.in_(lease_ids))
     return list(session.scalars(query))
 
 
