@@ -16,7 +16,7 @@ import httpx
 
 from sme2farm.client.api import FarmClient, Patience, note
 from sme2farm.client.config import client_settings
-from sme2farm.client.render import experiment_text, progress_line
+from sme2farm.client.render import experiment_text, progress_line, status_counts
 from sme2farm.protocol import TERMINAL, DeviceSelector, RunStatus
 
 
@@ -82,7 +82,8 @@ def wait_for(client, experiment_id: int, *, quiet: bool, interval: float = 0.1, 
         if check is not None:
             check()
         rep = patience.call(client.experiment, experiment_id)
-        done = all(r.status in TERMINAL for r in rep.runs)
+        counts = status_counts(rep)  # a summary report lists no runs: all([]) would say done
+        done = all(s in TERMINAL for s in counts) and (rep.runs_total is None or sum(counts.values()) >= rep.runs_total)
         line = progress_line(rep)
         patience.seen = f"it was last {line}"
         if not quiet and line != last:
@@ -133,7 +134,7 @@ EXIT_CODES_HELP = (f"Exit codes with --wait: {EXIT_OK} when every run that could
 def outcome_code(reports) -> int:
     """The exit code for finished experiments: a failed or cancelled run is a failure; runs that
     could not be placed are told apart (3), so a script on an x86 host can accept them."""
-    statuses = {r.status for rep in reports for r in rep.runs}
+    statuses = {s for rep in reports for s in status_counts(rep)}
     if statuses & {RunStatus.failed, RunStatus.cancelled}:
         return EXIT_FAILED
     return EXIT_UNSCHEDULABLE if RunStatus.unschedulable in statuses else EXIT_OK

@@ -29,10 +29,23 @@ def _f(x: float | None, digits: int = 3) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
-def progress_line(rep: ExperimentReport) -> str:
+def status_counts(rep: ExperimentReport) -> dict[str, int]:
+    """How many of the experiment's runs are in each status. A summary report (runs_detail
+    "summary", an experiment above the server's full-report size) lists no runs: its run_groups
+    count them."""
     counts: dict[str, int] = {}
+    if rep.runs_detail == "summary":
+        for g in rep.run_groups or []:
+            for status, n in g.runs_by_status.items():
+                counts[status] = counts.get(status, 0) + n
+        return counts
     for r in rep.runs:
         counts[r.status] = counts.get(r.status, 0) + 1
+    return counts
+
+
+def progress_line(rep: ExperimentReport) -> str:
+    counts = status_counts(rep)
     waits = list(dict.fromkeys(r.waiting_for for r in rep.runs if r.waiting_for))  # each device once
     waiting = f"; queued: waits for {'; '.join(waits[:3])}{f' (+{len(waits) - 3} more)' if len(waits) > 3 else ''}" if waits else ""
     return f"experiment {rep.id}: {rep.status} — " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + waiting
