@@ -4,16 +4,33 @@ from it (analysis/llm.phase_kernel_paths), on synthetic traces: no model, no emu
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from sme2farm.analysis import analyze
-from sme2farm.analysis.gemm_sme2 import GEMM_DATATYPES, XNNPACK_COMMIT, advice, datatypes_of, lookup
+from sme2farm.analysis.gemm_sme2 import GEMM_DATATYPES, SOURCE, XNNPACK_COMMIT, advice, datatypes_of, lookup
 from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
 
 
-def test_the_table_says_which_gemm_datatypes_have_sme2_kernels_in_this_build():
-    # the five gemm configs that install *__neonsme2 microkernels at XNNPACK 92a7ad50
-    with_sme2 = sorted(e.config for e in GEMM_DATATYPES.values() if e.sme2)
-    assert with_sme2 == ["pf16", "pf32", "pqs8_qc8w", "qp8_f32_qc4w", "qp8_f32_qc8w"]
-    assert XNNPACK_COMMIT.startswith("92a7ad50")
+@pytest.mark.arm64
+def test_the_table_has_sme2_for_exactly_the_gemm_configs_whose_sme2_ukernels_the_wheel_carries(arm64_runners):
+    """The wheel's own XNNPACK, not the table's source, decides: the configs with SME2 microkernels are
+    those whose xnn_<config>_gemm_..._ukernel_...__neonsme2 functions the aarch64 library exports (an
+    igemm's name carries its output type too, xnn_pf16_f16_igemm_...: the gemm's name is the config's)."""
+    from sme2farm.runners.elf import function_symbols
+    folder = arm64_runners.resolve(arm64_runners.find("linux-arm64", "on")).parent
+    names = [s.name for s in function_symbols(folder / "libexecutorch_backend_xnnpack.so")]
+    in_wheel = {m.group(1) for n in names
+                if (m := re.match(r"xnn_(\w+?)_gemm_minmax_\w*ukernel_\w+__neonsme2", n))}
+    assert in_wheel, "the wheel's XNNPACK exports no SME2 GEMM microkernel"
+    assert {e.config for e in GEMM_DATATYPES.values() if e.sme2} == in_wheel
+    # and a config the table says has none has no SME2 microkernel there
+    assert not {e.config for e in GEMM_DATATYPES.values() if not e.sme2} & in_wheel
+    assert XNNPACK_COMMIT in SOURCE
+
+
+def test_the_table_reads_xnnpack_operator_names_and_says_what_would_reach_sme2():
     assert datatypes_of("Fully Connected (NC, QP8, F32, QB4W) GEMM #4") == ("QP8", "F32", "QB4W")
     assert lookup("Fully Connected (NC, QP8, F32, QC8W) GEMM").sme2
     qb4w = lookup("Fully Connected (NC, QP8, F32, QB4W) GEMM")
