@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["local_runner", "example_pte", "toy_pte", "pte", "arm64_runners"]
+__all__ = ["local_runner", "example_pte", "toy_pte", "pte", "arm64_runners", "resolved_runner"]
 
 
 @pytest.fixture(scope="session")
@@ -134,3 +134,9 @@ def bundle(program, suites: dict[str, list[tuple]], *, pte_path=None) -> bytes:
     ts = [MethodTestSuite(name, [MethodTestCase(inputs=list(c)) for c in cases]) for name, cases in suites.items()]
     bp = BundledProgram(None, ts, pte_file_path=str(pte_path)) if pte_path else BundledProgram(program, ts)
     return serialize_from_bundled_program_to_flatbuffer(bp)
+
+
+def resolved_runner(local_runner) -> str:
+    """The path of local_runner's executor_runner (the catalog resolves the build)."""
+    catalog, build = local_runner
+    return str(catalog.resolve(build))

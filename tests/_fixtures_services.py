@@ -19,9 +19,36 @@ from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Device, Experiment, Model, Run, utcnow
 
-__all__ = ["service_farm"]
+__all__ = ["service_farm"]  # the helpers below are imported by name
 
-S = RunStatus
+
+def register_agent(url: str, *, name: str, devices: list[DeviceInfo], runners: list[RunnerInfo],
+                   hostname: str | None = None) -> int:
+    """An agent registered and its devices synced through the services (no HTTP); its id."""
+    with session_scope(url) as s:
+        agent = device_service.register_agent(s, name=name, hostname=hostname or name, version="test")
+        device_service.sync(s, agent=agent, runners=runners, devices=devices)
+        return agent.id
+
+
+@dataclass
+class Submitted:
+    """An experiment submit_experiment stored: its id, its runs' ids and its warnings."""
+
+    id: int
+    run_ids: list[int]
+    warnings: list[str]
+
+
+def submit_experiment(url: str, *, device_lost_s: float | None = None, **spec) -> Submitted:
+    """An experiment of the placeholder model ("ab" * 32) with `spec`, stored through the services
+    as a submission is (create, then runs_created)."""
+    with session_scope(url) as s:
+        model = s.get(Model, "ab" * 32) or Model(sha256="ab" * 32, size=1)
+        s.add(model)
+        exp = experiment_service.create(s, spec=ExperimentSpec(**spec), model=model, device_lost_s=device_lost_s)
+        run_service.runs_created(s, experiment_id=exp.id)
+        return Submitted(exp.id, [r.id for r in exp.runs], list(exp.warnings or []))
 
 
 @dataclass
@@ -107,9 +134,9 @@ class ServiceFarm:
 
     def to(self, rid: int, status: RunStatus, trace: bytes = b"trace") -> None:
         """Drive run `rid` (queued, the only one on its device) to `status` the way the farm does."""
-        order = [S.queued, S.assigned, S.running, S.uploading, S.analyzing]
-        steps = {S.assigned: lambda: self.dispatch(), S.running: lambda: self.start(rid),
-                 S.uploading: lambda: self.heartbeat(rid, "uploading"), S.analyzing: lambda: self.finish(rid, trace=trace)}
+        order = [RunStatus.queued, RunStatus.assigned, RunStatus.running, RunStatus.uploading, RunStatus.analyzing]
+        steps = {RunStatus.assigned: lambda: self.dispatch(), RunStatus.running: lambda: self.start(rid),
+                 RunStatus.uploading: lambda: self.heartbeat(rid, "uploading"), RunStatus.analyzing: lambda: self.finish(rid, trace=trace)}
         for st in order[1:order.index(status) + 1]:
             steps[st]()
         assert self.run(rid).status == status

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-__all__ = ["WebhookReceiver", "llm_phases", "night_point", "T0"]
+__all__ = ["WebhookReceiver", "llm_phases", "night_point", "recording_tx", "T0"]
 
 T0 = datetime(2026, 11, 1, 3, tzinfo=timezone.utc)   # night 0
 
@@ -68,3 +68,11 @@ def night_point(session, suite, device, i, *, model_name="net", memory=None, llm
     session.add(p)
     session.flush()
     return p
+
+
+def recording_tx(db_url: str):
+    """(sent, tx): tx() opens a transaction whose after-commit tasks are appended to `sent`."""
+    from sme2farm.server.store.db import session_scope
+
+    sent: list = []
+    return sent, (lambda: session_scope(db_url, enqueue=lambda *a: sent.append(a)))

@@ -14,13 +14,14 @@ from sqlalchemy import select, update
 
 from sme2farm.protocol import DeviceInfo, ExperimentReport, ExperimentSpec, RunnerInfo, RunStatus
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Agent, Device, Model, Run, utcnow
+from sme2farm.server.store.models import Agent, Device, Run, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 
-S = RunStatus
+from _fixtures_services import register_agent, submit_experiment
+
 LOST_S = 300.0
 RUNNERS = [RunnerInfo(id="r-off", platform="linux-arm64", sme2="off")]
 
@@ -30,20 +31,12 @@ def _device(serial: str) -> DeviceInfo:
 
 
 def _register(url: str, name: str, serials: list[str]) -> int:
-    with session_scope(url) as s:
-        agent = device_service.register_agent(s, name=name, hostname=name, version="test")
-        device_service.sync(s, agent=agent, runners=RUNNERS, devices=[_device(x) for x in serials])
-        return agent.id
+    return register_agent(url, name=name, runners=RUNNERS, devices=[_device(x) for x in serials])
 
 
 def _submit(url: str, **spec) -> tuple[int, list[str]]:
-    with session_scope(url) as s:
-        model = s.get(Model, "ab" * 32) or Model(sha256="ab" * 32, size=1)
-        s.add(model)
-        exp = experiment_service.create(s, spec=ExperimentSpec(**{"sme2": "off", "sessions": 2, **spec}), model=model,
-                                        device_lost_s=LOST_S)
-        run_service.runs_created(s, experiment_id=exp.id)
-        return exp.id, list(exp.warnings or [])
+    exp = submit_experiment(url, device_lost_s=LOST_S, **{"sme2": "off", "sessions": 2, **spec})
+    return exp.id, exp.warnings
 
 
 def _offline_since(url: str, serial: str, ago_s: float) -> None:
@@ -94,13 +87,13 @@ def test_queued_runs_of_a_device_offline_past_the_bound_end_unschedulable_naming
     runs = _runs(db_url, exp_id)
     assert sorted(ended) == sorted(r.id for r in runs["gone"]) and len(ended) == 2
     for r in runs["gone"]:
-        assert r.status == S.unschedulable and r.finished_at is not None
+        assert r.status == RunStatus.unschedulable and r.finished_at is not None
         assert r.reason.startswith("device gone (Board X) offline since ") and "(6 min): its queued runs cannot run" in r.reason
         assert "SME2_DEVICE_LOST_S=300" in r.reason
-    assert all(r.status == S.queued for r in runs["near"] + runs["fine"])
+    assert all(r.status == RunStatus.queued for r in runs["near"] + runs["fine"])
     assert _reap(db_url) == []  # nothing twice
     rep = _report(db_url, exp_id)
-    assert rep.status == "queued" and all(r.waiting_for is None for r in rep.runs if r.status == S.unschedulable)
+    assert rep.status == "queued" and all(r.waiting_for is None for r in rep.runs if r.status == RunStatus.unschedulable)
 
 
 def test_a_device_that_comes_back_before_the_bound_is_served(db_url):
@@ -246,7 +239,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
         def running_on_second():  # mid-experiment: one of its runs running, another still queued
             rep = client.experiment(exp.id)
             mine = [r.status for r in rep.runs if r.id in ours]
-            return rep if S.running in mine and S.queued in mine else None
+            return rep if RunStatus.running in mine and RunStatus.queued in mine else None
 
         # Its runner frozen, the second device stays mid-experiment however long the CLI below takes to
         # start on a loaded machine (its runs take under a second there); the kill below ends it.
@@ -269,7 +262,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
         out = farm.cli("status", str(exp.id))
         assert out.returncode == 0, out.stderr
         assert "queued: waits for device host-sme2-second (" in out.stdout and "busy with run " in out.stdout, out.stdout
-        assert any(r.status == S.queued for r in client.experiment(exp.id).runs if r.id in ours)  # still mid-experiment
+        assert any(r.status == RunStatus.queued for r in client.experiment(exp.id).runs if r.id in ours)  # still mid-experiment
 
         os.kill(second.pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -284,13 +277,13 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
 
         def ended():
             rep = client.experiment(exp.id)
-            return rep if all(r.status in (S.succeeded, S.failed, S.cancelled, S.unschedulable) for r in rep.runs
+            return rep if all(r.status in (RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled, RunStatus.unschedulable) for r in rep.runs
                               if r.id in ours) else None
 
         rep = wait_for("the killed agent's runs to end", ended, FARM_LOST_S + FARM_LEASE_S + 40, every=0.2)
         took = time.monotonic() - killed
         mine = [r for r in rep.runs if r.id in ours]
-        lost = [r for r in mine if r.status == S.unschedulable]
+        lost = [r for r in mine if r.status == RunStatus.unschedulable]
         assert lost, [(r.status, r.reason) for r in mine]
         for r in lost:
             assert r.reason.startswith("device host-sme2-second (") and " offline since " in r.reason, r.reason
@@ -303,7 +296,7 @@ def test_a_killed_agent_s_device_ends_its_queued_runs_within_the_bound_and_statu
         # The farm's own device serves its share; the experiment ends partial, not stuck.
         rep = wait_for("the farm's own runs", lambda: (r := client.experiment(exp.id)).status in ("partial", "succeeded", "failed")
                     and r, 180, every=0.5)
-        assert rep.status == "partial" and all(r.status == S.succeeded for r in rep.runs if r.id not in ours), \
+        assert rep.status == "partial" and all(r.status == RunStatus.succeeded for r in rep.runs if r.id not in ours), \
             [(r.id, r.status, r.reason) for r in rep.runs]
         out = farm.cli("status", str(exp.id))
         assert "reason: device host-sme2-second (" in out.stdout and "queued: waits for" not in out.stdout, out.stdout

@@ -18,14 +18,16 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from sme2farm.agent import jitter
-from sme2farm.protocol import DeviceInfo, ExperimentSpec, RunnerInfo
+from sme2farm.protocol import DeviceInfo, RunnerInfo
 from sme2farm.server.config import Settings
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import liveness
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Agent, Device, Lease, Model, Run, utcnow
+from sme2farm.server.store.models import Agent, Device, Lease, Run, utcnow
+
+from _fixtures_services import register_agent, submit_experiment
+
 
 LOST_S, OFFLINE_S, SETTLE_S = 300.0, 90.0, 15.0
 RUNNERS = [RunnerInfo(id="r-off", platform="linux-arm64", sme2="off")]
@@ -36,20 +38,11 @@ def _device(serial: str) -> DeviceInfo:
 
 
 def _register(url: str, name: str, serials: list[str]) -> int:
-    with session_scope(url) as s:
-        agent = device_service.register_agent(s, name=name, hostname=name, version="test")
-        device_service.sync(s, agent=agent, runners=RUNNERS, devices=[_device(x) for x in serials])
-        return agent.id
+    return register_agent(url, name=name, runners=RUNNERS, devices=[_device(x) for x in serials])
 
 
 def _submit(url: str, serial: str) -> list[int]:
-    with session_scope(url) as s:
-        model = s.get(Model, "ab" * 32) or Model(sha256="ab" * 32, size=1)
-        s.add(model)
-        exp = experiment_service.create(s, spec=ExperimentSpec(sme2="off", device={"serial": serial}), model=model,
-                                        device_lost_s=LOST_S)
-        run_service.runs_created(s, experiment_id=exp.id)
-        return [r.id for r in exp.runs]
+    return submit_experiment(url, device_lost_s=LOST_S, sme2="off", device={"serial": serial}).run_ids
 
 
 def _farm(url: str, *, up_for_s: float | None, down: bool = False) -> None:

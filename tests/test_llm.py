@@ -23,17 +23,15 @@ from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
 from sme2farm.runners import inputs as containers
 
 from _fixtures_farm import post_experiment
+from _fixtures_runtime import resolved_runner
 
 pytestmark = pytest.mark.models
 
 
-def _runner(local_runner) -> str:
-    catalog, build = local_runner
-    return str(catalog.resolve(build))
 
 
 def _run(local_runner, pte: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([_runner(local_runner), f"--model_path={pte}", *flags], capture_output=True, text=True,
+    return subprocess.run([resolved_runner(local_runner), f"--model_path={pte}", *flags], capture_output=True, text=True,
                           cwd=tmp_path, timeout=300)
 
 

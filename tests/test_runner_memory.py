@@ -19,11 +19,10 @@ import pytest
 from sme2farm.agent.drivers.base import MEMORY_NAME, Job
 from sme2farm.analysis.runner_memory import MemoryFileError, read_memory
 
+from _fixtures_runtime import resolved_runner
+
 pytestmark = pytest.mark.models
 
-def _runner(local_runner) -> str:
-    catalog, build = local_runner
-    return str(catalog.resolve(build))
 
 
 def _vm_hwm(pid: int) -> int | None:
@@ -46,7 +45,7 @@ def test_peak_rss_is_the_runners_own_and_matches_proc_from_outside(local_runner,
     ballast = b"\x01" * (300 << 20)  # resident in this process
     pte = example_pte("cnn_blocks", blocks=8)
     out = tmp_path / "memory.json"
-    proc = subprocess.Popen([_runner(local_runner), f"--model_path={pte}", "--num_executions=3000",
+    proc = subprocess.Popen([resolved_runner(local_runner), f"--model_path={pte}", "--num_executions=3000",
                              f"--memory_file={out}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     readings = []
     while proc.poll() is None:
@@ -79,7 +78,7 @@ def test_a_bigger_model_takes_more_memory(local_runner, example_pte, tmp_path):
     figures, sizes = [], []
     for name, kw in (("small", {"blocks": 2}), ("big", {"blocks": 20, "channels": 64, "size": 32})):
         out, pte = tmp_path / f"{name}.json", example_pte("cnn_blocks", **kw)
-        subprocess.run([_runner(local_runner), f"--model_path={pte}", f"--memory_file={out}"],
+        subprocess.run([resolved_runner(local_runner), f"--model_path={pte}", f"--memory_file={out}"],
                        capture_output=True, check=True)
         figures.append(read_memory(out.read_bytes()))
         sizes.append(pte.stat().st_size)

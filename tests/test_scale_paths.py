@@ -22,13 +22,16 @@ from sqlalchemy import select, update
 from sme2farm.protocol import TRACE, DeviceInfo, ExperimentSpec, RunFinish, RunnerInfo, RunStatus
 from sme2farm.server.services import wakeup
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Agent, ApiToken, Model, Run, RunResult
+from sme2farm.server.store.models import Agent, ApiToken, Run, RunResult
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.services.ingest import Ingester
+
+from _fixtures_services import register_agent, submit_experiment
+
 
 RUNNERS = [RunnerInfo(id=f"r-{arm}", platform="linux-arm64", sme2=arm) for arm in ("on", "off")]
 
@@ -38,19 +41,12 @@ def _device(i: int) -> DeviceInfo:
 
 
 def _agent(url: str, name: str = "a1", devices: int = 2) -> int:
-    with session_scope(url) as s:
-        agent = device_service.register_agent(s, name=name, hostname=f"{name}-host", version="test")
-        device_service.sync(s, agent=agent, runners=RUNNERS, devices=[_device(i) for i in range(devices)])
-        return agent.id
+    return register_agent(url, name=name, hostname=f"{name}-host", runners=RUNNERS,
+                          devices=[_device(i) for i in range(devices)])
 
 
 def _submit(url: str, **spec) -> int:
-    with session_scope(url) as s:
-        model = s.get(Model, "ab" * 32) or Model(sha256="ab" * 32, size=1)
-        s.add(model)
-        exp = experiment_service.create(s, spec=ExperimentSpec(**{"sme2": "both", **spec}), model=model)
-        run_service.runs_created(s, experiment_id=exp.id)
-        return exp.id
+    return submit_experiment(url, **{"sme2": "both", **spec}).id
 
 
 def _dispatch(url: str) -> list[int]:

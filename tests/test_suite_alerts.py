@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from _fixtures_suites import T0, WebhookReceiver, llm_phases, night_point
+from _fixtures_suites import T0, WebhookReceiver, llm_phases, night_point, recording_tx
 from sme2farm.client.suites_cmd import series_text
 
 KEY = ("a" * 64, "Test Board", "off", 1)
@@ -22,13 +22,6 @@ def hook():
     r = WebhookReceiver()
     yield r
     r.close()
-
-
-def _tx(db_url):
-    from sme2farm.server.store.db import session_scope
-
-    sent: list = []
-    return sent, (lambda: session_scope(db_url, enqueue=lambda *a: sent.append(a)))
 
 
 def _deliver(db_url, sent) -> list[str]:
@@ -79,7 +72,7 @@ def _memory(allocated=5000, rss=40_000_000, planned=4000):
 def test_a_memory_change_past_the_threshold_alerts_the_webhook_once(db_url, hook):
     from sme2farm.server.services import suites
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(6):
@@ -131,7 +124,7 @@ def test_the_memory_threshold_is_the_suites_and_acknowledging_keeps_the_latency_
 
     with pytest.raises(ValueError, match="memory"):
         SuiteSpec.model_validate({"name": "x", "models": [{"sha256": "a" * 64}], "thresholds": {"memory": 1.0}})
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url, thresholds={"memory": 0.2})
         assert suites.suite_read(suite).thresholds.memory == 0.2
@@ -160,7 +153,7 @@ def test_a_peak_rss_step_alerts_once_the_next_point_confirms_it(db_url, hook):
     from sme2farm.server.services import suites
 
     rng = np.random.default_rng(7)
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(10):  # peak RSS is measured: it moves about 1% night to night
@@ -192,7 +185,7 @@ def test_a_peak_rss_step_alerts_once_the_next_point_confirms_it(db_url, hook):
 def test_an_emulated_series_flags_memory_but_alerts_nothing(db_url, hook):
     from sme2farm.server.services import suites
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(3):
@@ -210,7 +203,7 @@ def test_an_emulated_series_flags_memory_but_alerts_nothing(db_url, hook):
 def test_llm_phase_series_alert_in_the_right_direction_once(db_url, hook):
     from sme2farm.server.services import suites
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(8):
@@ -259,7 +252,7 @@ def test_a_new_llm_workload_starts_the_phases_baseline_afresh(db_url, hook):
     workload, not a regression; a later step at the new workload still alerts."""
     from sme2farm.server.services import suites
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(6):
@@ -282,7 +275,7 @@ def test_faster_decoding_is_an_improvement_and_acknowledging_it_resets_only_its_
     from sme2farm.server.services import alerts, suites
     from sme2farm.server.store.db import session_scope
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         for i in range(8):
@@ -312,7 +305,7 @@ def test_the_points_of_a_suite_run_carry_phases_except_emulated_ones(db_url, hoo
     from sme2farm.server.services import suites
     from sme2farm.server.store.models import Device, Experiment, Run, RunResult, SuiteExperiment, SuiteRun
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         suite, device = _rows(s, webhook=hook.url)
         emu = Device(agent_id=device.agent_id, serial="emu0", platform="linux", sme2=True,

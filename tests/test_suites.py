@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from _fixtures_farm import free_port, start_farm, stop_farm, wait_for
+from _fixtures_suites import recording_tx
 
 
 # ---- service level ---------------------------------------------------------------------------
@@ -75,18 +76,11 @@ def _inject(session, suite, device, levels, *, sha="a" * 64, name="net", start=N
     return points
 
 
-def _tx(db_url):
-    from sme2farm.server.store.db import session_scope
-
-    sent: list = []
-    return sent, (lambda: session_scope(db_url, enqueue=lambda *a: sent.append(a)))
-
-
 def test_detection_confirms_then_alerts_and_acknowledge_resets_the_baseline(db_url):
     from sme2farm.protocol import TASK_ALERT_WEBHOOK
     from sme2farm.server.services import suites
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         (dev,) = _farm_rows(s)
         suite = _suite(s, webhook="http://127.0.0.1:9/hook")
@@ -125,7 +119,7 @@ def test_detection_confirms_then_alerts_and_acknowledge_resets_the_baseline(db_u
 def test_an_emulated_series_is_recorded_but_never_judged_on_time(db_url):
     from sme2farm.server.services import suites
 
-    _, tx = _tx(db_url)
+    _, tx = recording_tx(db_url)
     with tx() as s:
         (dev,) = _farm_rows(s)
         suite = _suite(s)
@@ -147,7 +141,7 @@ def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):
     from sme2farm.protocol import SuiteSpec
     from sme2farm.server.services import suites
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         (dev,) = _farm_rows(s)
         suite = _suite(s)
@@ -175,7 +169,7 @@ def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_u
     from sme2farm.server.services import runs as run_service
     from sme2farm.server.services import suites
 
-    sent, tx = _tx(db_url)
+    sent, tx = recording_tx(db_url)
     with tx() as s:
         (dev,) = _farm_rows(s)
         s.get(Agent, dev.agent_id).runners = [{"id": "r", "platform": "linux-x86_64", "sme2": "off", "flavour": "timing"}]
@@ -225,7 +219,7 @@ def test_two_creates_racing_on_one_name_ignoring_case_store_one_suite(db_url, mo
     from sme2farm.server.services import suites
     from sme2farm.server.services.errors import StateConflict
 
-    _, tx = _tx(db_url)
+    _, tx = recording_tx(db_url)
     with tx() as s:
         _farm_rows(s)
         _suite(s)
@@ -245,7 +239,7 @@ def test_bad_suites_are_refused_naming_the_problem(db_url):
     from sme2farm.server.services import suites
     from sme2farm.server.services.errors import StateConflict, Invalid
 
-    _, tx = _tx(db_url)
+    _, tx = recording_tx(db_url)
     with tx() as s:
         _farm_rows(s)
         _suite(s)
@@ -274,7 +268,7 @@ def test_sme2_both_without_an_sme2_device_is_accepted_with_a_warning(db_url):
     from sme2farm.server.services import suites
     from sme2farm.server.services.errors import Invalid
 
-    _, tx = _tx(db_url)
+    _, tx = recording_tx(db_url)
     with tx() as s:
         devs = _farm_rows(s, n_devices=2)
         both = suites.suite_read(_suite(s, name="both", sme2="both"))
@@ -294,7 +288,7 @@ def test_pause_resume_edit_and_delete(db_url):
     from sme2farm.server.services import suites
     from sme2farm.server.services.errors import StateConflict, Invalid
 
-    _, tx = _tx(db_url)
+    _, tx = recording_tx(db_url)
     with tx() as s:
         (dev,) = _farm_rows(s)
         suite = _suite(s, schedule="*/10 * * * *")
@@ -342,7 +336,7 @@ def test_the_detectable_step_follows_the_noise(db_url):
     from sme2farm.server.store.models import SuitePoint
     from sme2farm.server.services import suites
 
-    _, tx = _tx(db_url)
+    _, tx = recording_tx(db_url)
     with tx() as s:
         (dev,) = _farm_rows(s)
         suite = _suite(s)
