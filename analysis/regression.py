@@ -246,21 +246,6 @@ def noise_sigma(noise) -> float | None:
     return s
 
 
-# --- Student's t (special.py's incomplete beta: no scipy in the light core) ----------------
-
-def t_two_sided(t: float, dof: float) -> float:
-    """Two-sided p-value of Student's t (normal beyond 1000 degrees of freedom)."""
-    t = abs(t)
-    if dof >= 1000:
-        return math.erfc(t / math.sqrt(2))
-    return special.betainc(dof / 2, 0.5, dof / (dof + t * t))
-
-
-def t_quantile(p: float, dof: float) -> float:
-    """x with two-sided p-value p (used only for reported intervals)."""
-    return special.t_quantile(1.0 - p / 2.0, min(dof, 1e6))
-
-
 # --- the core ----------------------------------------------------------------------------
 
 @dataclass
@@ -390,7 +375,7 @@ class _Tester:
         big = abs(eff) >= self.log_min or not strict
         if full or (big and guard_ok):
             r.z = eff / se
-            r.p = t_two_sided(r.z, dof)
+            r.p = special.t_two_sided_p(r.z, dof)
             r.flagged = big and guard_ok and r.p <= alpha
         return r
 
@@ -551,7 +536,7 @@ def _attribute(r: _Test, canary: _Tester | None, canary_starts: list[int],
                        "reason": "the canary has too few valid nights around this split"}
     (moved, _), rc = best
     excess = r.effect - rc.effect
-    p_x = t_two_sided(excess / math.hypot(r.se, rc.se), min(r.dof, rc.dof))
+    p_x = special.t_two_sided_p(excess / math.hypot(r.se, rc.se), min(r.dof, rc.dof))
     own = sgn * excess >= log_min and p_x <= params.alpha
     info = {"tested": True, "index": rc.k, "ratio": math.exp(rc.effect), "statistic": rc.z,
             "p_value": rc.p, "moved": bool(moved), "excess_ratio": math.exp(excess),
@@ -598,7 +583,7 @@ def detect_levels(lv: Levels, *, canary: Levels | None = None, noise=None,
         confirmed = f.confirmed_at is not None
         r = f.last if confirmed else f.first
         kind, cinfo = _attribute(r, ctester, cstarts, params)
-        q = t_quantile(0.05, r.dof)
+        q = special.t_critical(0.05, r.dof)
         out.append(Change(
             index=r.k, direction=f.first.direction, kind=kind,
             status=CONFIRMED if confirmed else CANDIDATE,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-__all__ = ["betainc", "gammainc", "norm_quantile", "t_quantile", "chi2_quantile"]
+__all__ = ["betainc", "gammainc", "norm_quantile", "t_quantile", "t_critical", "t_two_sided_p", "chi2_quantile"]
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -130,6 +130,19 @@ def t_quantile(p: float, df: float) -> float:
                 + z * ((((79 * z2 + 776) * z2 + 1482) * z2 - 1920) * z2 - 945) / (92160 * df ** 4))
     # P(T > t) = I_{df/(df+t^2)}(df/2, 1/2) / 2
     return _bisect(lambda t: (1.0 - 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))) - p, 0.0, 16.0)
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """Two-sided p-value of Student's t with df degrees of freedom (normal from 1000 on)."""
+    t = abs(t)
+    if df >= 1000:
+        return math.erfc(t / math.sqrt(2))
+    return betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def t_critical(p: float, df: float) -> float:
+    """The t whose two-sided p-value is p (t_two_sided_p's inverse; df capped at 1e6)."""
+    return t_quantile(1.0 - p / 2.0, min(df, 1e6))
 
 
 @lru_cache(maxsize=4096)

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from sme2farm.agent import emulator
+    from sme2farm.runners.emulator import manual_steps
     from sme2farm.agent.drivers.base import Job
     from sme2farm.agent.drivers.qemu import QemuArm64Driver
     from sme2farm.analysis import parse_kernel_log
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     qemu = emulator.installed()
     if qemu is None:
-        print(f"no SME2 emulator installed: run `sme2-farm emulator install` first\n{emulator.manual_steps(emulator.cache_dir())}",
+        print(f"no SME2 emulator installed: run `sme2-farm emulator install` first\n{manual_steps(emulator.cache_dir())}",
               file=sys.stderr)
         return 1
     driver = QemuArm64Driver(str(qemu))

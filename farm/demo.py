@@ -2,7 +2,7 @@
 child process) and profiled with SME2 off and on through the client, its report printed.
 
 On a host without SME2 the host's SME2-on arm is unschedulable: it is measured with SME2 off
-only. Where the SME2 emulator (`sme2-farm emulator install`, agent/emulator.py) and the arm64
+only. Where the SME2 emulator (`sme2-farm emulator install`, runners/emulator.py) and the arm64
 cross-build (runners/cross.py) can be had, both seconds from a warm cache, the demo also serves
 the emulated SME2 device (the qemu-arm64 driver) and runs the same model there with both arms, in
 trace mode, and prints what emulation honestly shows: which operators took SME2 kernels, the
@@ -44,15 +44,16 @@ def prepare_emulated(manifest: Path | None, say=print) -> str:
     """Get the SME2 emulator and the arm64 runner (both idempotent); "" when the emulated SME2
     device can be served, else the reason it cannot, in one line."""
     from sme2farm.agent import emulator
+    from sme2farm.runners import emulator as installer
     from sme2farm.runners.cross import build_platform
     from sme2farm.runners.tools import BuildError
 
     say("preparing the emulated SME2 device (the SME2 emulator and the arm64 runner) …")
     try:
-        emulator.install()
+        installer.install(emulator.cache_dir())
         path = emulator.installed()
-        cpu = emulator.probe(str(path)) if path is not None else None
-    except emulator.EmulatorError as e:
+        cpu = installer.probe(str(path)) if path is not None else None
+    except installer.EmulatorError as e:
         return f"the SME2 emulator could not be had: {str(e).split('. ')[0]} (`sme2-farm emulator install` says more)"
     if cpu is None or not cpu.sme2:
         return "the installed emulator's CPU has no SME2 (`sme2-farm emulator status` says more)"

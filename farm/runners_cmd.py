@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sme2farm.agent import emulator
+from sme2farm.runners import emulator as installer
 from sme2farm.farm.preflight import compiler
 from sme2farm.runners.build import BuildError, build_host, dry_run, host_platform
 from sme2farm.runners.catalog import Catalog
@@ -84,18 +85,19 @@ def cmd_runners(args) -> int:
 
 
 def cmd_emulator(args) -> int:
-    """`emulator install|status`: the SME2-capable qemu-aarch64 in the farm's cache (agent/emulator.py)."""
+    """`emulator install|status`: the SME2-capable qemu-aarch64 (runners/emulator.py) in the agent's
+    emulator directory (agent/emulator.py cache_dir)."""
     if args.emulator_cmd == "install":
         try:
-            manifest, new = emulator.install(say=lambda msg: print(msg, flush=True))
-        except emulator.EmulatorError as e:
+            manifest, new = installer.install(emulator.cache_dir(), say=lambda msg: print(msg, flush=True))
+        except installer.EmulatorError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        where = emulator.cache_dir() / emulator.BINARY
+        where = emulator.cache_dir() / installer.BINARY
         print(f"{'installed' if new else 'already installed (sha256 matches its manifest): nothing to do'}: "
               f"{where} ({manifest['package']} {manifest['package_version']} from {manifest['suite']}, "
               f"HWCAP2 {manifest['hwcap2']}, SME2 {'yes' if manifest['sme2'] else 'no'})")
         return 0
-    st = emulator.status()
-    print(json.dumps(st, indent=2) if args.json else emulator.render_status(st))
+    st = installer.status(emulator.cache_dir())
+    print(json.dumps(st, indent=2) if args.json else installer.render_status(st))
     return 0 if st["sme2"] else 1

@@ -1,4 +1,4 @@
-"""The SME2-capable emulator for tests (agent/emulator.py): installed once per session into the
+"""The SME2-capable emulator for tests (runners/emulator.py): installed once per session into the
 farm's cache (SME2_EMULATOR_DIR, else ~/.cache/sme2farm/emulator; `.ci/run` installs it there
 first, so this is usually a no-op that checks the binary's sha256), then probed.
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sme2farm.agent import emulator
+from sme2farm.runners import emulator as installer
 
 __all__ = ["Sme2Emulator", "sme2_emulator", "without_sme2_emulator"]
 
@@ -25,7 +26,7 @@ REQUIRE_SERVICES = os.environ.get("SME2_REQUIRE_SERVICES") == "1"
 class Sme2Emulator:
     path: Path                  # the installed, sha256-verified qemu-aarch64
     directory: Path             # the cache it is installed in
-    cpu: emulator.CpuProbe      # what its -cpu max hands a program
+    cpu: installer.CpuProbe      # what its -cpu max hands a program
 
     @property
     def env(self) -> dict[str, str]:
@@ -41,12 +42,12 @@ def _unavailable(msg: str):
 def sme2_emulator() -> Sme2Emulator:
     directory = emulator.cache_dir()
     try:
-        emulator.install(directory)
-        path = emulator.installed(directory)
+        installer.install(directory)
+        path = installer.installed(directory)
         if path is None:
-            _unavailable(f"{directory / emulator.BINARY} does not match its manifest after install")
-        cpu = emulator.probe(str(path))
-    except emulator.EmulatorError as e:
+            _unavailable(f"{directory / installer.BINARY} does not match its manifest after install")
+        cpu = installer.probe(str(path))
+    except installer.EmulatorError as e:
         _unavailable(str(e))
     if not cpu.sme2:
         _unavailable(f"{cpu.describe()} has HWCAP2 {cpu.hwcap2:#x}: no SME2")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sme2farm.agent import emulator
+from sme2farm.runners import emulator as installer
 
 A_SYNC, A_CNXN, A_OPEN, A_OKAY, A_CLSE, A_WRTE, A_AUTH = (
     0x434E5953, 0x4E584E43, 0x4E45504F, 0x59414B4F, 0x45534C43, 0x45545257, 0x48545541)
@@ -88,7 +89,7 @@ def sme2_phone() -> DeviceProfile:
         cpuinfo=cpuinfo_text(8, sme2=True, sme2_cores={4, 5, 6, 7}))
 
 
-def emulated_cpuinfo(cpu: emulator.CpuProbe, cores: int) -> str:
+def emulated_cpuinfo(cpu: installer.CpuProbe, cores: int) -> str:
     """/proc/cpuinfo as arm64 Linux prints it (arch/arm64/kernel/cpuinfo.c) for the emulated CPU:
     the Features line from its HWCAP/HWCAP2 words. The MIDR fields are those of QEMU's `-cpu max`
     (implementer 0, "reserved for software use", part 0x51 'Q'), which no HWCAP carries."""
@@ -103,7 +104,7 @@ def emulated_arm64_phone(qemu: str | None = None) -> DeviceProfile:
     use). Its cpuinfo comes from asking that CPU, so it lists sme2 exactly when the emulator has
     SME2. Like a real Android emulator it sets ro.kernel.qemu / ro.boot.qemu."""
     qemu = qemu or emulator.choose_qemu()
-    cpu = emulator.probe(shutil.which(qemu) or qemu)   # absolute: the device's shell has its own PATH
+    cpu = installer.probe(shutil.which(qemu) or qemu)   # absolute: the device's shell has its own PATH
     return DeviceProfile(
         props={"ro.product.model": "QEMU arm64", "ro.product.name": "loop_qemu", "ro.product.device": "qemu",
                "ro.soc.manufacturer": "QEMU", "ro.soc.model": "max", "ro.board.platform": "qemu",

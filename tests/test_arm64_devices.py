@@ -19,7 +19,7 @@ import pytest
 from adb_loopback import emulated_arm64_phone
 
 from _fixtures_farm import start_farm, stop_farm
-from sme2farm.agent import emulator
+from sme2farm.runners import emulator
 from sme2farm.agent.drivers.android import AndroidDriver
 from sme2farm.agent.drivers.base import Job
 from sme2farm.agent.drivers.qemu import QemuArm64Driver

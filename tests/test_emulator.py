@@ -1,4 +1,4 @@
-"""The farm's SME2 emulator (agent/emulator.py, `sme2-farm emulator install|status`): a real
+"""The farm's SME2 emulator (runners/emulator.py, `sme2-farm emulator install|status`): a real
 install through apt-get with private directories from the mirror this machine's apt uses (fast
 here: one 70 MB .deb), its manifest and idempotence, status, the failures and their message, and
 the emulated CPU's feature names against QEMU's own /proc/cpuinfo."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sme2farm.agent import emulator
+from sme2farm.runners import emulator
 
 FARM = [sys.executable, "-m", "sme2farm.farm.cli"]
 

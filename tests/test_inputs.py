@@ -18,6 +18,7 @@ import pytest
 from _fixtures_farm import post_experiment, register
 from _fixtures_runtime import bundle, export_methods, multi_method_modules
 from sme2farm.analysis import pte
+from sme2farm.runners import bpte, input_check, npz
 from sme2farm.runners import inputs as I
 
 # ---- the container ---------------------------------------------------------------------------
@@ -136,7 +137,7 @@ def test_bundled_program_yields_its_program_and_the_first_test_case(programs):
     import torch
 
     for method in ("forward", "encode"):
-        b = I.read_bundled(programs["multi_bpte"], method)
+        b = bpte.read_bundled(programs["multi_bpte"], method)
         assert programs["multi_bpte"][b.program_offset:b.program_offset + b.program_size] == programs["multi"].buffer
         assert b.test_case == 0 and b.method == method and sorted(b.suites) == ["encode", "forward"]
         first = programs["multi_cases"][method][0]
@@ -146,7 +147,7 @@ def test_bundled_program_yields_its_program_and_the_first_test_case(programs):
                 np.testing.assert_array_equal(got.numpy(), want.numpy())  # the first case, not the second
             else:
                 assert got == want and type(got) is type(want)
-    b = I.read_bundled(programs["multi_bpte"], "forward")
+    b = bpte.read_bundled(programs["multi_bpte"], "forward")
     assert b.description == "bundled program: method forward, test case 0, 3 inputs (Float[2, 3], int 3, bool true)"
     assert I.read(I.write(b.inputs)) == b.inputs
 
@@ -154,7 +155,7 @@ def test_bundled_program_yields_its_program_and_the_first_test_case(programs):
 def test_bundled_dtypes_and_channels_last_match_the_torch_tensors(programs):
     import torch
 
-    b = I.read_bundled(programs["mixed_bpte"])
+    b = bpte.read_bundled(programs["mixed_bpte"])
     a, i64, flags, u8, cl = programs["mixed_in"]
     assert [str(v) for v in b.inputs] == ["BFloat16[2, 2]", "Long[2, 2]", "Bool[1, 2]", "Byte[3]", "Float[1, 2, 3, 4]"]
     np.testing.assert_array_equal(b.inputs[0].numpy(), a.view(torch.int16).numpy().view(np.uint16))
@@ -171,8 +172,8 @@ def test_program_methods_agree_with_executorchs_deserializer(programs, example_p
 
     examples = [example_pte(name).read_bytes() for name in ("toy_cnn", "portable_mix", "mlp")]
     for prog in (programs["multi"].buffer, programs["multi_bpte"], programs["mixed_bpte"], *examples):
-        if I.is_bundled_program(prog[:8]):
-            b = I.read_bundled(prog)
+        if bpte.is_bundled_program(prog[:8]):
+            b = bpte.read_bundled(prog)
             prog = prog[b.program_offset:b.program_offset + b.program_size]
         ours = pte.program_methods(prog, end=pte.program_end(prog))
         ref = deserialize_pte_binary(prog).program
@@ -194,8 +195,8 @@ def test_check_names_the_input_the_method_would_refuse(programs):
     methods = pte.program_methods(programs["multi"].buffer)
     fwd, enc = methods["forward"], methods["encode"]
     f32 = I.TensorInput.from_numpy(np.ones((2, 3), np.float32))
-    I.check(fwd, [f32, 3, True])
-    I.check(fwd, [None, None, None])  # none: the program's own values
+    input_check.check(fwd, [f32, 3, True])
+    input_check.check(fwd, [None, None, None])  # none: the program's own values
     cases = [
         (fwd, [f32, 3], "takes 3 inputs"),
         (fwd, [I.TensorInput.from_numpy(np.ones((2, 3), np.float16)), 3, True], "input 0 of method forward takes Float[2, 3], got Half[2, 3]"),
@@ -209,29 +210,29 @@ def test_check_names_the_input_the_method_would_refuse(programs):
     ]
     for sig, vals, needle in cases:
         with pytest.raises(I.InputsError) as e:
-            I.check(sig, vals)
+            input_check.check(sig, vals)
         assert needle in str(e.value)
 
 
 def test_dynamic_shapes_are_checked_against_their_upper_bounds():
     sig = pte.MethodSignature("forward", (pte.InputSpec("tensor", 6, (4, 8), pte.DYNAMIC_BOUND),))
-    I.check(sig, [I.TensorInput.from_numpy(np.ones((2, 8), np.float32))])
+    input_check.check(sig, [I.TensorInput.from_numpy(np.ones((2, 8), np.float32))])
     with pytest.raises(I.InputsError, match="upper bound"):
-        I.check(sig, [I.TensorInput.from_numpy(np.ones((5, 8), np.float32))])
+        input_check.check(sig, [I.TensorInput.from_numpy(np.ones((5, 8), np.float32))])
 
 
 def test_bundled_program_problems_are_named():
     with pytest.raises(I.InputsError, match="BP08"):
-        I.read_bundled(b"\0\0\0\0ET12" + b"\0" * 40)
+        bpte.read_bundled(b"\0\0\0\0ET12" + b"\0" * 40)
 
 
 def test_bundled_program_without_the_methods_suite(programs):
     with pytest.raises(I.InputsError, match="no test suite for method 'decode'; it has suites for: encode, forward"):
-        I.read_bundled(programs["multi_bpte"], "decode")
-    bpte = programs["multi_bpte"]
-    for cut in (9, 64, len(bpte) // 3, len(bpte) - 40):  # truncated: a clear error, never a crash
+        bpte.read_bundled(programs["multi_bpte"], "decode")
+    data = programs["multi_bpte"]
+    for cut in (9, 64, len(data) // 3, len(data) - 40):  # truncated: a clear error, never a crash
         with pytest.raises(I.InputsError):
-            I.read_bundled(bpte[:cut])
+            bpte.read_bundled(data[:cut])
 
 
 # ---- .npz ------------------------------------------------------------------------------------
@@ -249,15 +250,15 @@ def test_npz_positional_and_named_keys_in_numeric_order():
     f = io.BytesIO()
     np.savez(f, *arrays)  # arr_0 .. arr_11: arr_10 must come after arr_9
     f.seek(0)
-    got = I.read_npz(f)
+    got = npz.read_npz(f)
     assert [int(t.numpy()[0]) for t in got] == list(range(12))
-    got = I.read_npz(_npz(**{str(i): a for i, a in reversed(list(enumerate(arrays)))}))
+    got = npz.read_npz(_npz(**{str(i): a for i, a in reversed(list(enumerate(arrays)))}))
     assert [int(t.numpy()[0]) for t in got] == list(range(12))
 
 
 def test_npz_dtypes_bfloat16_and_scalars(tmp_path):
     bits = np.array([[0x3F80, 0x4000]], dtype=np.uint16)
-    got = I.read_npz(_npz(**{"0": np.ones((1, 3), np.float16), "1.bfloat16": bits, "2": np.int64(7),
+    got = npz.read_npz(_npz(**{"0": np.ones((1, 3), np.float16), "1.bfloat16": bits, "2": np.int64(7),
                              "3": np.array(0.5), "4": np.array(True), "5": np.zeros(2, np.uint8)}))
     assert str(got[0]) == "Half[1, 3]" and str(got[1]) == "BFloat16[1, 2]"
     np.testing.assert_array_equal(got[1].numpy(), bits)
@@ -265,11 +266,11 @@ def test_npz_dtypes_bfloat16_and_scalars(tmp_path):
     assert got[5].scalar_type == 0
     # a 0-d array where the method takes a tensor is a 0-d tensor
     sig = pte.MethodSignature("forward", (pte.InputSpec("tensor", 6, ()),))
-    [t] = I.read_npz(_npz(**{"0": np.float32(2.0)}), signature=sig)
+    [t] = npz.read_npz(_npz(**{"0": np.float32(2.0)}), signature=sig)
     assert isinstance(t, I.TensorInput) and t.sizes == () and t.numpy() == 2.0
     path = tmp_path / "in.npz"
     np.savez_compressed(path, np.arange(4, dtype=np.float32))
-    assert str(I.read_npz(path)[0]) == "Float[4]"
+    assert str(npz.read_npz(path)[0]) == "Float[4]"
 
 
 @pytest.mark.parametrize("make, needle", [
@@ -286,7 +287,7 @@ def test_npz_dtypes_bfloat16_and_scalars(tmp_path):
 ])
 def test_bad_npz_is_refused_naming_the_problem(make, needle):
     with pytest.raises(I.InputsError) as e:
-        I.read_npz(make())
+        npz.read_npz(make())
     assert needle in str(e.value)
 
 
@@ -295,7 +296,7 @@ def test_npz_object_arrays_are_refused_without_unpickling():
     np.savez(f, np.array([{"a": 1}], dtype=object))
     f.seek(0)
     with pytest.raises(I.InputsError, match="object arrays"):
-        I.read_npz(f)
+        npz.read_npz(f)
 
 
 def test_npz_declared_size_is_checked_before_numpy_allocates():
@@ -308,10 +309,10 @@ def test_npz_declared_size_is_checked_before_numpy_allocates():
         z.writestr("0.npy", hdr.getvalue())  # the header alone: np.load would allocate 4 TiB first
     f.seek(0)
     with pytest.raises(I.InputsError, match="past the inputs limit"):
-        I.read_npz(f, max_bytes=1 << 20)
+        npz.read_npz(f, max_bytes=1 << 20)
     # and the budget covers the sum of members
     with pytest.raises(I.InputsError, match="input 1"):
-        I.read_npz(_npz(**{"0": np.ones(100, np.float32), "1": np.ones(100, np.float32)}), max_bytes=600)
+        npz.read_npz(_npz(**{"0": np.ones(100, np.float32), "1": np.ones(100, np.float32)}), max_bytes=600)
 
 
 # ---- the API: submissions with inputs --------------------------------------------------------

@@ -22,6 +22,7 @@ from sme2farm.analysis.pte import program_methods
 from sme2farm.protocol import OUTPUTS, RunStatus
 from sme2farm.runners import inputs as containers
 from sme2farm.runners.catalog import Catalog, RunnerBuild
+from sme2farm.runners.input_check import check_outputs
 from sme2farm.runners.inputs import TensorInput
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Artifact, Run, RunResult
@@ -118,7 +119,7 @@ def test_runner_outputs_equal_the_python_bindings_outputs(local_runner, multi, t
     assert [str(v) for v in got] == ["Float[1, 6, 6, 8]", "Float[1, 4]", "Long[1, 4]", "Bool[1, 16]"]
     assert got == want  # dtype, shape and every byte, in logical row-major order
     # the file is what the method declares
-    containers.check_outputs(program_methods(pte.read_bytes())["forward"], got)
+    check_outputs(program_methods(pte.read_bytes())["forward"], got)
 
 
 def test_runner_fp16_outputs_equal_the_bindings_and_all_ones_is_the_default(local_runner, tmp_path):

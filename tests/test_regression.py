@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from sme2farm.analysis.regression import (CANDIDATE, CONFIRMED, DEVICE_DRIFT, IMPROVEMENT, MODEL,
-                                          REGRESSION, DetectorParams, Point, detect, summarize,
-                                          t_quantile, t_two_sided)
+                                          REGRESSION, DetectorParams, Point, detect, summarize)
+from sme2farm.analysis.special import t_critical, t_two_sided_p
 
 NOISE = 0.005          # the device's between-night sigma (log), as a noise model would give it
 
@@ -235,7 +235,7 @@ def test_bad_noise_params_and_canary_lengths_are_refused():
 
 
 def test_student_t_matches_tables():
-    assert t_two_sided(2.228, 10) == pytest.approx(0.05, abs=2e-4)
-    assert t_two_sided(3.2905, 1e6) == pytest.approx(0.001, rel=1e-3)
-    assert t_quantile(0.05, 30) == pytest.approx(2.042, abs=1e-3)
-    assert t_quantile(0.001, 5) == pytest.approx(6.869, abs=1e-3)
+    assert t_two_sided_p(2.228, 10) == pytest.approx(0.05, abs=2e-4)
+    assert t_two_sided_p(3.2905, 1e6) == pytest.approx(0.001, rel=1e-3)
+    assert t_critical(0.05, 30) == pytest.approx(2.042, abs=1e-3)
+    assert t_critical(0.001, 5) == pytest.approx(6.869, abs=1e-3)

@@ -142,7 +142,7 @@ def test_system_qemu_7_2_cpu_is_sme_not_sme2(without_sme2_emulator):
     emulated CPU of the kind a Snapdragon 8 Elite Gen 5 is, asked for real."""
     import shutil
 
-    from sme2farm.agent import emulator
+    from sme2farm.runners import emulator
     from sme2farm.agent.drivers.qemu import QemuArm64Driver
 
     if not shutil.which(emulator.SYSTEM_QEMU):

@@ -27,9 +27,10 @@ from sme2farm.agent.drivers.base import KERNEL_LOG_NAME, DriverError, Job
 from sme2farm.agent.drivers.local import LocalDriver
 from sme2farm.protocol import DeviceInfo
 from sme2farm.runners import cpuinfo
+from sme2farm.runners import emulator as installer
 
-SYSROOT = emulator.SYSROOT   # Debian's aarch64 glibc (libc6-arm64-cross)
-LOADER = emulator.LOADER
+SYSROOT = installer.SYSROOT   # Debian's aarch64 glibc (libc6-arm64-cross)
+LOADER = installer.LOADER
 
 
 class QemuArm64Driver(LocalDriver):
@@ -41,13 +42,13 @@ class QemuArm64Driver(LocalDriver):
         super().__init__()
         self._explicit = qemu
         self.qemu, self.cpu, self.sysroot = qemu or emulator.choose_qemu(), cpu, Path(sysroot)
-        self._probe: emulator.CpuProbe | None = None
+        self._probe: installer.CpuProbe | None = None
         self._stamp = self._manifest_stamp()
 
     @staticmethod
     def _manifest_stamp() -> tuple[int, int] | None:
         try:
-            st = (emulator.cache_dir() / emulator.MANIFEST).stat()
+            st = (emulator.cache_dir() / installer.MANIFEST).stat()
         except OSError:
             return None
         return st.st_mtime_ns, st.st_size
@@ -141,12 +142,12 @@ class QemuArm64Driver(LocalDriver):
         self._remove_trace_files(job)   # a run stopped at the bound never reached collect
         return super().cleanup(serial, job)
 
-    def _cpu(self) -> emulator.CpuProbe | None:
+    def _cpu(self) -> installer.CpuProbe | None:
         """The emulated CPU's HWCAPs and the qemu version, asked of it once; None without qemu/sysroot."""
         if self._probe is None:
             try:
-                self._probe = emulator.probe(self.qemu, self.cpu, self.sysroot)
-            except emulator.EmulatorError:
+                self._probe = installer.probe(self.qemu, self.cpu, self.sysroot)
+            except installer.EmulatorError:
                 return None
         return self._probe
 

@@ -22,6 +22,7 @@ from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence,
 from sme2farm.protocol import (DEFAULT_METHOD, KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON,
                                REPORT_MD, RUNNER_LOG, TRACE)
 from sme2farm.runners import inputs as containers
+from sme2farm.runners.input_check import check_outputs
 from sme2farm.server.services.devices import device_model, emulator_of
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
@@ -125,7 +126,7 @@ class Ingester:
                 sig = pte.program_methods(buf, end=pte.program_end(buf)).get(method)
             if sig is None:
                 raise containers.InputsError(f"the program has no method {method}")
-            containers.check_outputs(sig, values)
+            check_outputs(sig, values)
         except (containers.InputsError, pte.PteError, OSError) as e:
             return invalid(str(e))
         return {"status": "recorded", "reason": "", "outputs": [_digest(i, v) for i, v in enumerate(values)]}

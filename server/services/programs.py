@@ -21,6 +21,7 @@ from pathlib import Path
 from sme2farm.analysis import pte
 from sme2farm.analysis.llm import CONVENTION_WORDS, LLM_SHAPE_WORDS, llm_cache_len, llm_signature, not_llm_reason
 from sme2farm.protocol import LlmSpec
+from sme2farm.runners import bpte, input_check, npz
 from sme2farm.runners import inputs as inp
 
 MIN_SIZE = 16
@@ -74,7 +75,7 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
     with open(upload.model_path, "rb") as f:
         head = f.read(8)
     inputs = None
-    if inp.is_bundled_program(head):
+    if bpte.is_bundled_program(head):
         if upload.inputs_path is not None:
             raise InvalidInputs("a .bpte carries its own inputs; send either a .bpte, or a .pte with an 'inputs' .npz")
         _unbundle(upload, method, tmp_dir)
@@ -86,7 +87,7 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
     vs_sig = _vs_signature(upload, method) if upload.vs_model_path is not None else None
     if upload.inputs_path is not None:
         try:
-            inputs = inp.read_npz(upload.inputs_path, signature=sig, max_bytes=max_inputs_bytes)
+            inputs = npz.read_npz(upload.inputs_path, signature=sig, max_bytes=max_inputs_bytes)
         except inp.InputsError as e:
             raise InvalidInputs(str(e)) from None
         name = upload.inputs_filename or "inputs.npz"
@@ -95,12 +96,12 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
         return
     if vs_sig is not None:
         try:
-            inp.check(vs_sig, inputs)
+            input_check.check(vs_sig, inputs)
         except inp.InputsError as e:
             raise InvalidInputs(f"the inputs fit the model but not the vs_model (both are fed the same inputs): {e}",
                                 "inputs" if upload.inputs_path is not None else "vs_model") from None
     try:
-        inp.check(sig, inputs)
+        input_check.check(sig, inputs)
         blob = inp.write(inputs)
     except inp.InputsError as e:
         # a .bpte's inputs are part of the model the user sent
@@ -124,7 +125,7 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
 def _vs_signature(upload, method: str):
     """The vs_model's signature of `method` (a .pte: the inputs, if any, come with `model`)."""
     with open(upload.vs_model_path, "rb") as f:
-        if inp.is_bundled_program(f.read(8)):
+        if bpte.is_bundled_program(f.read(8)):
             raise _blaming(InvalidProgram("send a .pte as the vs_model (a .bpte's inputs would differ from the model's)"),
                            "vs_model")
     methods = _read_methods(upload.vs_model_path, "vs_model")
@@ -156,7 +157,7 @@ def _unbundle(upload, method: str, tmp_dir: Path) -> None:
     """Replace the .bpte temp file by its embedded program (hashed as it is copied)."""
     with pte.mapped(upload.model_path) as m:
         try:
-            bundled = inp.read_bundled(m, method)
+            bundled = bpte.read_bundled(m, method)
         except inp.InputsError as e:
             raise InvalidInputs(str(e), "model") from None
         fd, name = tempfile.mkstemp(dir=tmp_dir, suffix=".pte")

@@ -46,7 +46,7 @@ class Upload:
     # Set by server/pte.prepare: the SME2IN01 container that replaced the .npz (or came from a .bpte)
     inputs_sha256: str | None = None
     inputs_description: str = "all ones (default)"
-    bundled: object = None  # runners.inputs.BundledInputs when the model part was a .bpte
+    bundled: object = None  # runners.bpte.BundledInputs when the model part was a .bpte
     # `submit A.pte --vs B.pte`: the second model (a .pte), run interleaved with the first
     vs_model_path: Path | None = None
     vs_sha256: str = ""

@@ -14,7 +14,7 @@ import numpy as np
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, selectinload
 
-from sme2farm.analysis import regression
+from sme2farm.analysis import regression, special
 from sme2farm.analysis.llm import point_phases
 from sme2farm.analysis.memory import point_memory
 from sme2farm.protocol import DEFAULT_METHOD, DetectableStep, RunStatus
@@ -276,7 +276,7 @@ def detectable_step_levels(lv: regression.Levels, prior: float | None, params: r
     idx, _, var_b, var_c, dof = base
     s2 = float(np.mean(lv.s2[idx]))
     var_a = regression.median_var(2) * (var_b + s2) / 2  # the two nights after the split
-    z = regression.t_quantile(params.alpha, dof) * math.sqrt(var_c + var_a)
+    z = special.t_critical(params.alpha, dof) * math.sqrt(var_c + var_a)
     guard = params.guard_z * math.sqrt(var_b + s2 + var_c)
     step = max(math.log1p(params.min_effect), z, guard)
     return {"step": math.expm1(step), "sigma_between": math.expm1(math.sqrt(var_b)), "nights": len(idx)}
