@@ -1,4 +1,4 @@
-"""Agent protocol 2 (issue 23): a run is a claim and a delivery (POST /agent/runs/{id}/deliver: the
+"""Agent protocol 2: a run is a claim and a delivery (POST /agent/runs/{id}/deliver: the
 finish and every artifact in one multipart request); a protocol-1 agent (start, PUT per artifact,
 finish) is still served. The real agent, runner and app; SQLite and PostgreSQL (db_url)."""
 

@@ -205,7 +205,7 @@ def test_agents_download_only_their_own_runs_models(api, example_pte):
 def test_failed_authentication_is_limited_for_the_guilty_only(api):
     """Failures count against the token presented and, for requests with no valid token, the
     address: the bad token is refused with Retry-After, a valid token from the same address is
-    never, and the agent protocol has its own budget (issue 15, D4)."""
+    never, and the agent protocol has its own budget."""
     api.settings.rate_auth_failures_per_min = 3
     for _ in range(3):
         assert api.client.get("/devices", headers=api.auth("sme2_guess")).status_code == 401

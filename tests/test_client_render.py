@@ -130,7 +130,7 @@ def test_report_into_a_missing_directory_names_it(tmp_path, capsys):
     assert f"the directory {tmp_path / 'md'}/ does not exist" in err and "Errno" not in err
 
 
-# --- issue 13: kernel paths, emulated runs and comparisons, numerics ---------------------------
+# --- kernel paths, emulated runs and comparisons, numerics ------------------------------------
 
 EMULATOR = "qemu-aarch64 11.1.3 -cpu max"
 # a speed claim in any form: words, "1.63×", an interval ("device × 1 thread(s)" is no claim)

@@ -1,4 +1,4 @@
-"""The SME2-on arm's flag (issue 20): an on run on an SME2 device whose Convolution/GEMM used no
+"""The SME2-on arm's flag: an on run on an SME2 device whose Convolution/GEMM used no
 SME2 kernel, though its model has SME2-eligible operators (F32 fully connected and convolution,
 which XNNPACK runs as PF32 with SME2 visible), is flagged in the dashboard, the CLI report and the
 report document alike, from one experiment ingested through the run service into the real app

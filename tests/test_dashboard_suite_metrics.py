@@ -1,5 +1,5 @@
 """The dashboard's suite page shows a series' memory and LLM-phase changes and an LLM series'
-latest phases (issue 16), in a real headless Chromium against the real app (uvicorn, SQLite).
+latest phases, in a real headless Chromium against the real app (uvicorn, SQLite).
 
 The series are built with the suite services, as tests/test_suite_alerts.py does: nightly points
 of an LLM on a board (a runtime allocation step past the memory threshold, then time to first

@@ -1,4 +1,4 @@
-"""First contact on a host without SME2 (issue 20): `sme2-farm demo` measures the host (SME2 off;
+"""First contact on a host without SME2: `sme2-farm demo` measures the host (SME2 off;
 the on arm unschedulable) and, where the SME2 emulator and the arm64 cross-build can be had, also
 runs the emulated SME2 device with both arms and shows what emulation honestly shows: the
 operators on SME2 kernels, the coverage, the numerics, the kernel proof, labelled emulated, with

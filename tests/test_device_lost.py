@@ -1,4 +1,4 @@
-"""Devices that leave (issue 15, D2): a queued run whose device has been offline longer than
+"""Devices that leave: a queued run whose device has been offline longer than
 SME2_DEVICE_LOST_S ends unschedulable, naming the device and since when; new submissions leave
 such a device out and say so; reports say what a queued run waits for; /ready and /metrics show
 devices offline with work queued. Service level on SQLite and PostgreSQL, and a real farm whose

@@ -1,4 +1,4 @@
-"""No device is lost to the farm's own absence (issue 23), below the process level: the API's
+"""No device is lost to the farm's own absence, below the process level: the API's
 liveness record (services/liveness.py), the lost clock and the silent-agent marking that read it,
 leases kept through an outage, an agent heard again (even through a 409) bringing its devices
 back, the settings that refuse bounds which break each other, and the agents' jittered intervals.

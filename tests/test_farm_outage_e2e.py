@@ -1,4 +1,4 @@
-"""No device is lost to the farm's own absence (issue 23), on real processes: `sme2-farm up` on
+"""No device is lost to the farm's own absence, on real processes: `sme2-farm up` on
 the embedded default and a second agent on "another host" (its own UTS namespace, so its local
 device has its own serial), with bounds short enough for a test and respecting each other
 (docs/operations.md, "Outages and bounds").

@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 15): what stops a farm from starting is one plain line from
+"""A new user's first hour: what stops a farm from starting is one plain line from
 `sme2-farm up`/`demo` (a taken port, an unusable data dir), `make demo` takes PORT= and
 DATA_DIR=, and experiments are named after their model file. Real processes throughout."""
 

@@ -1,7 +1,7 @@
 """A full disk and a crash loop, for real: a small tmpfs mounted by the test (needs root), real
 server processes under `sme2-farm up`, a real supervisor restarting a child that exits at once.
 
-- the cause of the SIGBUS (issue 15, D1): prometheus_client's multiprocess store creates each
+- the cause of the SIGBUS: prometheus_client's multiprocess store creates each
   file sparse (truncate to 64 KiB) and writes through mmap; on a full tmpfs the first write to
   the mapping faults, and the kernel sends SIGBUS. Reproduced with prometheus_client alone, and
   the farm's store (server/web/prometheus.py) on the same disk lives and says it is degraded;

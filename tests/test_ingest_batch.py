@@ -1,4 +1,4 @@
-"""Batched ingest (issue 23): one ingest task takes the runs waiting for their ingest, analyses
+"""Batched ingest: one ingest task takes the runs waiting for their ingest, analyses
 each with no transaction open and stores them in one transaction; every run is stored once, a
 bad trace fails only its own run, and the tasks sent for the runs a batch took do nothing.
 On SQLite and on PostgreSQL (db_url), with the real agent and runner."""

@@ -1,4 +1,4 @@
-"""Faster recovery of a lost ingest (issue 15, D6), with real processes and the farm's DEFAULT
+"""Faster recovery of a lost ingest, with real processes and the farm's DEFAULT
 ingest deadline (180 s): before, a worker killed during ingest left the run `analyzing` until
 that deadline passed and the reaper (every 15 s) sent the task again: ~194 s. Now the reaper
 notices in seconds (services/runs/reaper.py reap_expired): a task taken and never begun (no message

@@ -1,4 +1,4 @@
-"""Kit users (issue 7): the SME2 learning-path kit's JSON config runs on the farm as one
+"""Kit users: the SME2 learning-path kit's JSON config runs on the farm as one
 experiment, bad configs are refused before anything is uploaded, and `--kit-json` writes the
 kit's analysis_summary.json from the farm's analysis.
 

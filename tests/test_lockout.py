@@ -1,4 +1,4 @@
-"""Lockout that locks out only the guilty (issue 15, D4), with real processes: a farm started by
+"""Lockout that locks out only the guilty, with real processes: a farm started by
 `sme2-farm up` (server, worker, beat, local agent) on the embedded default and on PostgreSQL +
 a private Redis (where the rate-limit buckets live in Redis). A bad-token flood from 127.0.0.1,
 the address every farm process and the test share, must leave the valid admin token and the

@@ -1,4 +1,4 @@
-"""An experiment's report is built once its runs have ended and served from storage (issue 23):
+"""An experiment's report is built once its runs have ended and served from storage:
 services/reports.py report_json(cache_dir=...). Built again when what it is built from changes (a
 run's status or finish time); never stored while a run has not ended. SQLite and PostgreSQL."""
 

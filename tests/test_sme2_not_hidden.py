@@ -1,4 +1,4 @@
-"""No SME2-off run that used SME2 (issue 20): an off arm whose ETDump shows operators only SME/SME2
+"""No SME2-off run that used SME2: an off arm whose ETDump shows operators only SME/SME2
 kernels run (XNNPACK's packed-LHS types) did not hide SME2, and ends failed at ingest, naming the
 operators and the device, with its trace kept.
 

@@ -1,4 +1,4 @@
-"""A device with SME but not SME2 is described as such (issue 20): Snapdragon 8 Elite Gen 5 phones
+"""A device with SME but not SME2 is described as such: Snapdragon 8 Elite Gen 5 phones
 list `sme` in /proc/cpuinfo but not `sme2`, and XNNPACK's SME2 kernels do not run there.
 
 For real: a loopback phone at the adb wire protocol whose /proc/cpuinfo says so (the only fake:

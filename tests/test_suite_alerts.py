@@ -1,4 +1,4 @@
-"""Suite alerts beyond latency (issue 16): a memory change past the suite's memory threshold, and an
+"""Suite alerts beyond latency: a memory change past the suite's memory threshold, and an
 LLM's phases (time to first token, prefill and decode tokens/s), stored as changes with their metric
 and POSTed to the suite's webhook as latency regressions are: once per change, to a real HTTP
 receiver, on SQLite and PostgreSQL. An emulated series alerts nothing and records no phase speeds."""

@@ -1,4 +1,4 @@
-"""Suites, series, nightly regression detection and alerts (issue 9).
+"""Suites, series, nightly regression detection and alerts.
 
 Service level (SQLite and PostgreSQL): detection over injected series stored as points,
 confirmation before alerting, the canary taking the blame for device drift, acknowledgement
