@@ -517,38 +517,78 @@ class StartChecks:
     """The agent's side (loop.py): every device is checked when the agent first sees it, and one
     that fails is reported unhealthy with the reason (DeviceInfo.state_reason), so the server hands
     it no work. A device is checked again when its state changes (an 'unauthorized' phone whose
-    prompt was accepted) and, while failing, every `retry_s` (a runner built meanwhile)."""
+    prompt was accepted) and, while failing, every `retry_s` (a runner built meanwhile).
+
+    At registration the checks run before the agent answers (`wait=True`): it has no work yet. In
+    the claim loop (`wait=False`) they run on a thread of their own, one device at a time, so a phone
+    plugged in later never stalls the claims of the devices already serving; until its check has
+    passed it is reported unhealthy, 'being checked', and `changed` tells the loop to report it
+    again as soon as the verdict is in."""
+
+    CHECKING = ("being checked (sme2-agent check: the bundled example through both arms); it takes work "
+                "once that passes")
 
     def __init__(self, catalog: Catalog, work_dir: Path, *, retry_s: float = 300.0, clock=None):
+        import threading
         import time
 
         self.catalog, self.work_dir, self.retry_s = catalog, work_dir, retry_s
         self.clock = clock or time.monotonic
         self.results: dict[str, tuple[str, float, DeviceCheck]] = {}   # serial -> (state seen, when, result)
+        self.pending: set[str] = set()        # serials whose check runs on the checks' thread now
+        self.changed = threading.Event()      # a background check has finished
+        self._lock = threading.Lock()
+        self._pool = None
 
-    def apply(self, found: dict[str, tuple[Driver, DeviceInfo]]) -> None:
+    def _check(self, serial: str, state: str, driver: Driver, info: DeviceInfo) -> None:
         import logging
 
-        log = logging.getLogger(__name__)
-        for serial in set(self.results) - set(found):
-            del self.results[serial]   # gone: checked afresh when it comes back
-        for serial, (driver, info) in found.items():
-            if info.state in ("busy", "offline"):
-                # busy: it passed (it took a run), never checked under a run; offline: the server's
-                # lost-device handling is what follows, not a health verdict
-                continue
-            seen = self.results.get(serial)
-            stale = seen is None or seen[0] != info.state or (not seen[2].ok and self.clock() - seen[1] > self.retry_s)
-            if stale:
-                state = info.state
-                result = guarded_check(driver, info, self.catalog, self.work_dir)
-                self.results[serial] = seen = (state, self.clock(), result)
-                if result.ok:
-                    log.info("device %s passed its checks", serial)
-                else:
-                    log.warning("device %s failed its checks and is reported unhealthy: %s", serial, result.reason)
-            if not seen[2].ok:
-                info.state, info.state_reason = "unhealthy", seen[2].reason[:1000]
+        result = guarded_check(driver, info, self.catalog, self.work_dir)
+        with self._lock:
+            self.results[serial] = (state, self.clock(), result)
+            self.pending.discard(serial)
+        if result.ok:
+            logging.getLogger(__name__).info("device %s passed its checks", serial)
+        else:
+            logging.getLogger(__name__).warning("device %s failed its checks and is reported unhealthy: %s",
+                                                serial, result.reason)
+        self.changed.set()
+
+    def _submit(self, serial: str, state: str, driver: Driver, info: DeviceInfo) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="check")
+        self.pending.add(serial)
+        self._pool.submit(self._check, serial, state, driver, info.model_copy())
+
+    def _stale(self, serial: str, state: str) -> bool:
+        seen = self.results.get(serial)
+        return seen is None or seen[0] != state or (not seen[2].ok and self.clock() - seen[1] > self.retry_s)
+
+    def apply(self, found: dict[str, tuple[Driver, DeviceInfo]], *, wait: bool = True) -> None:
+        # busy: it passed (it took a run), never checked under a run; offline: the server's lost-device
+        # handling is what follows, not a health verdict
+        serving = {serial: (driver, info) for serial, (driver, info) in found.items()
+                   if info.state not in ("busy", "offline")}
+        with self._lock:
+            for serial in set(self.results) - set(found):
+                del self.results[serial]   # gone: checked afresh when it comes back
+            due = [(serial, driver, info) for serial, (driver, info) in serving.items()
+                   if serial not in self.pending and self._stale(serial, info.state)]
+            if not wait:
+                for serial, driver, info in due:
+                    self._submit(serial, info.state, driver, info)
+        if wait:
+            for serial, driver, info in due:
+                self._check(serial, info.state, driver, info)
+        with self._lock:
+            for serial, (_, info) in serving.items():
+                seen = self.results.get(serial)
+                if serial in self.pending:
+                    info.state, info.state_reason = "unhealthy", self.CHECKING
+                elif seen is not None and not seen[2].ok:
+                    info.state, info.state_reason = "unhealthy", seen[2].reason[:1000]
 
 
 def render(devices: list[DeviceCheck]) -> str:

@@ -51,7 +51,7 @@ class Agent:
         self.poll_s = 20.0
 
     # ---- inventory ----------------------------------------------------------------------
-    def discover(self) -> list[DeviceInfo]:
+    def discover(self, *, wait_for_checks: bool = True) -> list[DeviceInfo]:
         found: dict[str, tuple[Driver, DeviceInfo]] = {}
         for driver in self.drivers:
             try:
@@ -66,7 +66,7 @@ class Agent:
             except Exception:  # one broken driver must not hide the others' devices
                 log.exception("device discovery failed in %s", type(driver).__name__)
         if self.checks is not None:
-            self.checks.apply(found)
+            self.checks.apply(found, wait=wait_for_checks)
         self.devices = found
         return [info for _, info in found.values()]
 
@@ -99,8 +99,11 @@ class Agent:
         with ThreadPoolExecutor(max_workers=max(4, len(self.devices) + 1), thread_name_prefix="run") as pool:
             while not self.stop.is_set():
                 try:
-                    if time.monotonic() >= next_sync:
-                        self.api.sync_devices(self.discover(), self.runners())
+                    checked = self.checks is not None and self.checks.changed.is_set()
+                    if checked or time.monotonic() >= next_sync:
+                        if checked:
+                            self.checks.changed.clear()   # a device's verdict is in: report it now
+                        self.api.sync_devices(self.discover(wait_for_checks=False), self.runners())
                         next_sync = time.monotonic() + jittered(self.device_sync_s)
                     assignments = self.api.claim(wait=jittered(min(self.poll_s, self.device_sync_s)))
                 except Unauthorized:

@@ -371,6 +371,40 @@ def test_start_checks_leave_offline_devices_alone_and_check_again_on_a_change_or
     assert checks.results == {}
 
 
+def test_start_checks_in_the_claim_loop_run_on_their_own_thread_and_report_the_device_as_being_checked(tmp_path):
+    """wait=False (the agent's loop after registration): the check runs on the checks' thread, the device
+    is 'being checked' (unhealthy: no work) meanwhile, and `changed` says when its verdict is in."""
+    import threading
+
+    from sme2farm.agent.check import StartChecks
+    from sme2farm.agent.drivers.local import LocalDriver
+
+    driver = LocalDriver()
+    [info] = driver.discover()
+    checks = StartChecks(Catalog(tmp_path / "none.json", []), tmp_path / "check")
+    release = threading.Event()
+    real_check = checks._check
+
+    def held_check(*args):   # the real check, started only once the test has looked at the loop's answer
+        release.wait(30)
+        real_check(*args)
+
+    checks._check = held_check
+    first = {info.serial: (driver, info.model_copy(update={"state": "idle"}))}
+    checks.apply(first, wait=False)
+    assert first[info.serial][1].state == "unhealthy" and first[info.serial][1].state_reason == StartChecks.CHECKING
+    assert info.serial in checks.pending and not checks.changed.is_set()
+    again = {info.serial: (driver, info.model_copy(update={"state": "idle"}))}
+    checks.apply(again, wait=False)   # in flight: not submitted twice, still being checked
+    assert again[info.serial][1].state_reason == StartChecks.CHECKING
+    release.set()
+    assert checks.changed.wait(30)
+    done = {info.serial: (driver, info.model_copy(update={"state": "idle"}))}
+    checks.apply(done, wait=False)
+    assert not checks.pending
+    assert done[info.serial][1].state == "unhealthy" and "sme2-farm build-runner" in done[info.serial][1].state_reason
+
+
 # ---- a Mac (none here: its probes answered from captured macOS outputs, as test_macos_driver does) ----
 
 _M4 = {   # what an M4 MacBook on battery answers (captured macOS 15 outputs)
