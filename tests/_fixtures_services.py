@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select, update
 
 from sme2farm.protocol import TRACE, DeviceInfo, ExperimentSpec, RunFinish, RunnerInfo, RunStatus
+from sme2farm.server.config import get_settings
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import runs as run_service
@@ -20,6 +21,13 @@ from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Device, Experiment, Model, Run, utcnow
 
 __all__ = ["service_farm"]  # the helpers below are imported by name
+
+
+def lost_clock() -> dict[str, float]:
+    """The configured device_lost_s and settle_s, as keywords: what experiments.create and the
+    suite starts take (the routes and the worker pass their settings')."""
+    settings = get_settings()
+    return {"device_lost_s": settings.device_lost_s, "settle_s": settings.settle_s}
 
 
 def register_agent(url: str, *, name: str, devices: list[DeviceInfo], runners: list[RunnerInfo],
@@ -46,7 +54,8 @@ def submit_experiment(url: str, *, device_lost_s: float | None = None, **spec) -
     with session_scope(url) as s:
         model = s.get(Model, "ab" * 32) or Model(sha256="ab" * 32, size=1)
         s.add(model)
-        exp = experiment_service.create(s, spec=ExperimentSpec(**spec), model=model, device_lost_s=device_lost_s)
+        exp = experiment_service.create(s, spec=ExperimentSpec(**spec), model=model,
+                                        **{**lost_clock(), **({} if device_lost_s is None else {"device_lost_s": device_lost_s})})
         run_service.runs_created(s, experiment_id=exp.id)
         return Submitted(exp.id, [r.id for r in exp.runs], list(exp.warnings or []))
 
@@ -69,7 +78,7 @@ class ServiceFarm:
         with self.tx() as s:
             model = s.get(Model, "ab" * 32) or Model(sha256="ab" * 32, size=1)
             s.add(model)
-            exp = experiment_service.create(s, spec=ExperimentSpec(**{"sme2": "off", **spec}), model=model)
+            exp = experiment_service.create(s, spec=ExperimentSpec(**{"sme2": "off", **spec}), model=model, **lost_clock())
             run_service.runs_created(s, experiment_id=exp.id)
             return [r.id for r in exp.runs]
 

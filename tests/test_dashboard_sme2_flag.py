@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from _fixtures_browser import wait
+from _fixtures_services import lost_clock
 from sme2farm.protocol import TRACE, DeviceInfo, ExperimentReport, ExperimentSpec, RunFinish, RunnerInfo, RunStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
@@ -46,7 +47,7 @@ def flagged_experiment(api, etdump_builder) -> dict:
         agent_id = agent.id
         model = Model(sha256="ef" * 32, size=1)
         s.add(model)
-        exp = experiment_service.create(s, spec=ExperimentSpec(sme2="both", name="flagged"), model=model)
+        exp = experiment_service.create(s, spec=ExperimentSpec(sme2="both", name="flagged"), model=model, **lost_clock())
         run_service.runs_created(s, experiment_id=exp.id)
         exp_id, rids = exp.id, [r.id for r in exp.runs]
     for rid in rids:

@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 from sqlalchemy import select
 
+from _fixtures_services import lost_clock
 from sme2farm.analysis import analyze, arch_of, to_terminal
 from sme2farm.analysis.kernel_paths import backends, not_hidden_sentence, summary
 from sme2farm.protocol import REPORT_JSON, TRACE, ExperimentSpec, RunFinish, RunnerInfo, RunStatus
@@ -146,7 +147,7 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
         agent_id = agent.id
         model = Model(sha256="cd" * 32, size=1)
         s.add(model)
-        exp = experiment_service.create(s, spec=ExperimentSpec(sme2="off", sessions=2), model=model)
+        exp = experiment_service.create(s, spec=ExperimentSpec(sme2="off", sessions=2), model=model, **lost_clock())
         run_service.runs_created(s, experiment_id=exp.id)
         rids = [r.id for r in exp.runs]
     assert len(rids) == 2

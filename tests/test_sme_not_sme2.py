@@ -14,6 +14,7 @@ import pytest
 from adb_loopback import DeviceProfile, cpuinfo_text
 
 from _fixtures_browser import wait
+from _fixtures_services import lost_clock
 from sme2farm.protocol import ExperimentSpec, sme_text
 
 SME_FEATURES = "sme smei16i64 smef64f64 smei8i32 smef16f32 smeb16f32 smef32f32 smefa64"
@@ -73,7 +74,7 @@ def test_sme_not_sme2_phone_in_detection_device_list_reasons_and_dashboard(andro
     with session_scope(api.settings.database_url, enqueue=lambda *a: None) as s:
         model = Model(sha256="12" * 32, size=1)
         s.add(model)
-        exp = experiment_service.create(s, spec=ExperimentSpec(sme2="both"), model=model)
+        exp = experiment_service.create(s, spec=ExperimentSpec(sme2="both"), model=model, **lost_clock())
         reasons = {(r.device.serial, r.sme2): r.reason for r in exp.runs if r.status == "unschedulable"}
         warnings = exp.warnings
     assert reasons[(dev.serial, "on")] == (

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from _fixtures_farm import free_port, start_farm, stop_farm, wait_for
+from _fixtures_services import lost_clock
 from _fixtures_suites import recording_tx
 
 
@@ -176,10 +177,10 @@ def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_u
         suite = _suite(s, schedule="*/10 * * * *")
         suite.next_run_at = datetime.now(timezone.utc) - timedelta(seconds=5)
     with tx() as s:
-        (srun_id,) = suites.start_due(s)
+        (srun_id,) = suites.start_due(s, **lost_clock())
     assert (TASK_DISPATCH,) in sent
     with tx() as s:
-        assert suites.start_due(s) == []  # claimed: next_run_at moved on
+        assert suites.start_due(s, **lost_clock()) == []  # claimed: next_run_at moved on
         d = suites.detail(s, suite=suites.get(s, name="nightly"))
         assert d.next_run_at > datetime.now(timezone.utc)
         (run,) = d.runs
@@ -206,7 +207,7 @@ def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_u
         suite = suites.get(s, name="nightly")
         suite.next_run_at = datetime.now(timezone.utc) - timedelta(seconds=1)
         s.flush()
-        assert suites.start_due(s) == []
+        assert suites.start_due(s, **lost_clock()) == []
         last = suites.detail(s, suite=suite).runs[0]
         assert last.status == "failed" and "no device matches" in last.reason
 
@@ -294,7 +295,7 @@ def test_pause_resume_edit_and_delete(db_url):
         suite = _suite(s, schedule="*/10 * * * *")
         paused = suites.update_suite(s, suite=suite, changes={"paused": True})
         assert suites.suite_read(paused).paused is True and paused.next_run_at is None
-        assert suites.start_due(s) == []  # the tick starts nothing while paused
+        assert suites.start_due(s, **lost_clock()) == []  # the tick starts nothing while paused
         suites.update_suite(s, suite=suite, changes={"schedule": "0 4 * * *", "thresholds": {"min_effect": 0.05}})
         assert suite.next_run_at is None and suite.schedule == "0 4 * * *"  # still paused
         assert (suite.min_effect, suite.alpha) == (0.05, 0.0005)  # alpha kept
@@ -317,7 +318,7 @@ def test_pause_resume_edit_and_delete(db_url):
         agent = s.query(Agent).first()
         agent.runners = [{"id": "r", "platform": "linux-x86_64", "sme2": "off", "flavour": "timing"}]
         suite = suites.get(s, name="nightly")
-        srun = suites.start_run(s, suite=suite, trigger="manual")  # a run in flight: its run is queued
+        srun = suites.start_run(s, suite=suite, trigger="manual", **lost_clock())  # a run in flight: its run is queued
         with pytest.raises(StateConflict, match="run in flight"):
             suites.delete(s, suite=suite)
         from sme2farm.protocol import RunStatus

@@ -211,7 +211,8 @@ def reap(self) -> list[int]:
 @app.task(name=TASK_SUITES_TICK, bind=True, max_retries=MAX_RETRIES)
 def suites_tick(self) -> list[int]:
     """The beat, every SME2_SUITE_TICK_S: start the suites whose schedule is due."""
-    started = _in_transaction(self, lambda session, s: suite_service.start_due(session, max_runs=s.max_runs_per_experiment))
+    started = _in_transaction(self, lambda session, s: suite_service.start_due(
+        session, max_runs=s.max_runs_per_experiment, device_lost_s=s.device_lost_s, settle_s=s.settle_s))
     if started:
         log.info("started suite runs %s", started)
     return started

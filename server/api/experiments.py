@@ -132,7 +132,8 @@ def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> byte
     try:
         with tx() as session:
             exp = submissions.store_experiment(session, spec=spec, upload=upload, store=store,
-                                                max_runs=settings.max_runs_per_experiment)
+                                                max_runs=settings.max_runs_per_experiment,
+                                                device_lost_s=settings.device_lost_s, settle_s=settings.settle_s)
             return reports.report_json(session, experiment_id=exp.id)
     except experiment_service.NoMatchingDevice as e:
         with session_scope(settings.sqlalchemy_url) as session:

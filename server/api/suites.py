@@ -106,7 +106,8 @@ def run_suite(name: SuiteName, tx: TxDep, settings: SettingsDep, _user: UserDep)
     with tx() as session:
         suite = suite_service.get(session, name=name)
         srun = suite_service.start_run(session, suite=suite, trigger="manual",
-                                       max_runs=settings.max_runs_per_experiment)
+                                       max_runs=settings.max_runs_per_experiment,
+                                       device_lost_s=settings.device_lost_s, settle_s=settings.settle_s)
         return suite_service.run_started(suite, srun)
 
 

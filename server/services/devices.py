@@ -253,18 +253,14 @@ def mark_silent_agents_offline(session: Session, *, silent_for_s: float, settle_
     return res.rowcount or 0
 
 
-def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float | None = None,
+def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float,
                 now: datetime | None = None) -> datetime | None:
     """A device offline since before this is lost; None while no device can be. A device's lost
     clock runs from max(offline_since, the farm's return + settle_s), to now (to the last beat
     once a beat is late): the time the farm was down and the agents' backoff after it never
     count (services/liveness.py).
     So none is lost while the farm is down, nor until it has been back for settle_s + device_lost_s.
-    settle_s: SME2_AGENT_BACKOFF_CAP_S plus a connect timeout (Settings.settle_s) when None."""
-    if settle_s is None:
-        from sme2farm.server.config import get_settings
-
-        settle_s = get_settings().settle_s
+    settle_s: SME2_AGENT_BACKOFF_CAP_S plus a connect timeout (Settings.settle_s)."""
     return liveness.clock(session).silent_before(device_lost_s, settle_s, now)
 
 

@@ -8,7 +8,6 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, load_only, selectinload
 
 from sme2farm.protocol import TERMINAL, ExperimentSpec, RunStatus
-from sme2farm.server.config import get_settings
 from sme2farm.server.store.models import Agent, Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
 
@@ -105,15 +104,15 @@ def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str
 _BUILD_PLATFORM = {"linux-arm64": "linux-arm64", "android-arm64-v9a": "android-arm64"}
 
 
-def create(session: Session, *, spec: ExperimentSpec, model: Model, max_runs: int | None = None,
-           vs_model: Model | None = None, device_lost_s: float | None = None) -> Experiment:
+def create(session: Session, *, spec: ExperimentSpec, model: Model, device_lost_s: float, settle_s: float,
+           max_runs: int | None = None, vs_model: Model | None = None) -> Experiment:
     """One Run per device x threads x session x SME2 arm (x model: A = `model`, B = `vs_model`).
-    A matching device offline longer than device_lost_s (default SME2_DEVICE_LOST_S) gets no runs:
-    the experiment's warnings say so, or the 422 when no other device matches."""
-    if device_lost_s is None:
-        device_lost_s = get_settings().device_lost_s
+    A matching device offline longer than device_lost_s (SME2_DEVICE_LOST_S; settle_s: see
+    devices.lost_cutoff) gets no runs: the experiment's warnings say so, or the 422 when no other
+    device matches."""
     matched = device_service.matching(session, selector=spec.device)
-    cutoff = device_service.lost_cutoff(session, device_lost_s=device_lost_s)  # the farm's own outages never count
+    # the farm's own outages never count
+    cutoff = device_service.lost_cutoff(session, device_lost_s=device_lost_s, settle_s=settle_s)
     devices = [d for d in matched if not device_service.is_lost(d, cutoff=cutoff)]
     left_out = [f"{device_service.offline_text(d)} was left out: offline longer than SME2_DEVICE_LOST_S="
                 f"{device_lost_s:g} s" for d in matched if d not in devices]

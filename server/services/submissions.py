@@ -16,7 +16,8 @@ from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Experiment, Model, Run
 
 
-def store_experiment(session: Session, *, spec: ExperimentSpec, upload, store, max_runs: int | None = None) -> Experiment:
+def store_experiment(session: Session, *, spec: ExperimentSpec, upload, store, device_lost_s: float, settle_s: float,
+                     max_runs: int | None = None) -> Experiment:
     """Store a received submission (web/uploads.py's upload): its model rows (A and, for an A/B
     experiment, B), the experiment and its runs, then the files into the data dir's `store`. The
     files move only once the rows exist, so a failure before leaves nothing behind. Runs queued:
@@ -35,7 +36,8 @@ def store_experiment(session: Session, *, spec: ExperimentSpec, upload, store, m
             session.add(vs_model)
         elif vs_model.memory is None:
             vs_model.memory = upload.vs_memory
-    exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs, vs_model=vs_model)
+    exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs, vs_model=vs_model,
+                                    device_lost_s=device_lost_s, settle_s=settle_s)
     if getattr(upload, "llm_note", None):  # how the method is driven (LLM mode), or why not
         exp.warnings = [upload.llm_note, *(exp.warnings or [])]
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description

@@ -23,8 +23,8 @@ SUITE_LABEL = "sme2farm.suite"  # experiment labels: which suite and suite run m
 SUITE_RUN_LABEL = "sme2farm.suite_run"
 
 
-def start_run(session: Session, *, suite: Suite, trigger: str, max_runs: int | None = None,
-              now: datetime | None = None) -> SuiteRun:
+def start_run(session: Session, *, suite: Suite, trigger: str, device_lost_s: float, settle_s: float,
+              max_runs: int | None = None, now: datetime | None = None) -> SuiteRun:
     """One experiment per model, now. Invalid (nothing created) when a model is gone or no device
     matches any more."""
     now = now or utcnow()
@@ -42,7 +42,8 @@ def start_run(session: Session, *, suite: Suite, trigger: str, max_runs: int | N
                               labels={SUITE_LABEL: suite.name, SUITE_RUN_LABEL: str(srun.id)},
                               llm=llm_of(session, sha256=model.sha256))
         try:
-            exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs)
+            exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs,
+                                            device_lost_s=device_lost_s, settle_s=settle_s)
         except (experiment_service.NoMatchingDevice, experiment_service.TooManyRuns) as e:
             raise Invalid(f"suite {suite.name!r}: {e}") from None
         session.add(SuiteExperiment(experiment_id=exp.id, suite_run_id=srun.id, model_sha256=model.sha256,
@@ -68,7 +69,8 @@ def llm_of(session: Session, *, sha256: str) -> dict | None:
     return (spec or {}).get("llm")
 
 
-def start_due(session: Session, *, now: datetime | None = None, max_runs: int | None = None) -> list[int]:
+def start_due(session: Session, *, device_lost_s: float, settle_s: float, now: datetime | None = None,
+              max_runs: int | None = None) -> list[int]:
     """The beat's tick: start every suite whose next_run_at has passed, and move next_run_at to
     the schedule's next fire time after now (a farm that was down does not replay missed nights).
     A suite claimed by a conditional UPDATE on the next_run_at read, so two ticks start it once.
@@ -84,7 +86,8 @@ def start_due(session: Session, *, now: datetime | None = None, max_runs: int | 
         session.refresh(suite)
         try:
             with session.begin_nested():
-                srun = start_run(session, suite=suite, trigger="schedule", max_runs=max_runs, now=now)
+                srun = start_run(session, suite=suite, trigger="schedule", max_runs=max_runs, now=now,
+                                 device_lost_s=device_lost_s, settle_s=settle_s)
             started.append(srun.id)
         except Invalid as e:
             log.warning("suite %s could not start: %s", suite.name, e.message)
