@@ -27,7 +27,7 @@ def _report(farm, eid: int, cache, **kw) -> dict:
         return json.loads(reports.report_json(s, experiment_id=eid, cache_dir=cache, read_only=True, **kw))
 
 
-def test_an_ended_experiments_report_is_built_once_and_served_from_storage(service_farm, etdump, tmp_path):
+def test_an_ended_experiments_report_is_built_once_and_served_from_storage(service_farm, etdump, tmp_path, monkeypatch):
     farm, cache = service_farm, tmp_path / "reports"
     [rid] = farm.submit()
     eid = farm.run(rid).experiment_id
@@ -53,3 +53,19 @@ def test_an_ended_experiments_report_is_built_once_and_served_from_storage(servi
     again = _report(farm, eid, cache)
     assert again["name"] != "served from storage"
     assert again["runs"][0]["finished_at"] != built["runs"][0]["finished_at"]
+    # The rebuild replaced the default answer's older file (one file per answer), and pages are never stored.
+    names = sorted(p.name.split("-", 1)[0] for p in (cache / str(eid)).glob("*.json"))
+    assert names == ["default", "summary"]
+    for page in range(1, 30):
+        assert _report(farm, eid, cache, runs="page", page=page, page_size=1)["runs_detail"] == "page"
+    assert len(list((cache / str(eid)).glob("*.json"))) == 2
+    # A stored report of another farm version or report contract is not served.
+    [default] = (cache / str(eid)).glob("default-*.json")
+    default.write_text(json.dumps({**again, "name": "served from storage"}))
+    assert _report(farm, eid, cache)["name"] == "served from storage"
+    monkeypatch.setattr(reports, "__version__", reports.__version__ + "+upgraded")
+    reports.report_cache_version.cache_clear()
+    try:
+        assert _report(farm, eid, cache)["name"] != "served from storage"
+    finally:
+        reports.report_cache_version.cache_clear()

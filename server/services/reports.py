@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -17,6 +18,7 @@ from sqlalchemy import Text, cast, func, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, defer, joinedload
 
+from sme2farm import __version__
 from sme2farm.protocol import (
     DEFAULT_METHOD, TERMINAL, DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary, LatencyStats,
     RunnerInfo, RunReport, RunStatus,
@@ -29,7 +31,14 @@ from sme2farm.server.services.programs import memory_for
 
 log = logging.getLogger(__name__)
 TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
-REPORT_CACHE_VERSION = 1  # bumped when a stored report's shape changes: older ones are not served
+
+
+@functools.cache
+def report_cache_version() -> str:
+    """What a stored report was built by: the farm's version and the report's wire schema. A stored
+    report of another version, or of a contract that has changed since, is never served."""
+    schema = json.dumps(ExperimentReport.model_json_schema(), sort_keys=True)
+    return f"{__version__}:{hashlib.sha256(schema.encode()).hexdigest()[:16]}"
 
 E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max", "cv", "mad", "outliers", "n")
 
@@ -97,17 +106,19 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
     17.9 MB, 2.1 s); "page": `page_size` runs in full, page `page` in run id order. runs_detail,
     runs_total and runs_page say which was answered.
 
-    cache_dir: an experiment whose runs have all ended has a report that no longer changes: it is
-    built once (per runs/page/page_size) and kept there, served as stored while the runs' statuses
-    and finish times are what they were (a run requeued, cancelled or re-ended changes them; the
-    comparisons are completed in the transaction that ends the last run)."""
+    cache_dir: an experiment whose runs have all ended has a report that no longer changes: its
+    default, full and summary answers are built once and kept there (pages are not: a page is
+    cheap, and any reader could ask for a million of them), served as stored while the runs'
+    statuses and finish times and the report's contract (report_cache_version) are what they were
+    (a run requeued, cancelled or re-ended changes them; the comparisons are completed in the
+    transaction that ends the last run). One file per answer and experiment: a rebuild replaces it."""
     ended = session.execute(select(Run.status, func.count(), func.max(Run.finished_at))
                             .where(Run.experiment_id == experiment_id).group_by(Run.status)).all()
     cached = None
-    if cache_dir is not None and ended and all(st in TERMINAL_VALUES for st, *_ in ended):
-        key = json.dumps([REPORT_CACHE_VERSION, runs, page, page_size,
-                          sorted((st, n, str(t)) for st, n, t in ended)])
-        cached = cache_dir / str(int(experiment_id)) / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    if cache_dir is not None and runs != "page" and ended and all(st in TERMINAL_VALUES for st, *_ in ended):
+        key = json.dumps([report_cache_version(), sorted((st, n, str(t)) for st, n, t in ended)])
+        folder = cache_dir / str(int(experiment_id))
+        cached = folder / f"{runs or 'default'}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
         try:
             body = cached.read_bytes()
         except OSError:
@@ -117,26 +128,30 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
                 session.commit()
             return body
     body = _build(session, experiment_id=experiment_id, runs=runs, page=page, page_size=page_size,
-                  read_only=read_only)
+                  read_only=read_only, statuses={st: n for st, n, _ in ended})
     if cached is not None and body is not None:
         _keep(cached, body)
     return body
 
 
 def _keep(path: Path, body: bytes) -> None:
-    """Store a built report (atomically: a reader sees the whole of it or none); a failure to keep
-    it costs the next reader a build, never an answer."""
+    """Store a built report (atomically: a reader sees the whole of it or none) in place of the same
+    answer's older build; a failure to keep it costs the next reader a build, never an answer."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(body)
         os.replace(tmp, path)
+        answer = path.name.split("-", 1)[0]
+        for older in path.parent.glob(f"{answer}-*.json"):
+            if older != path:
+                older.unlink(missing_ok=True)
     except OSError as e:
         log.warning("report %s not kept: %s", path, e)
 
 
 def _build(session: Session, *, experiment_id: int, runs: RunsDetail | None, page: int, page_size: int,
-           read_only: bool) -> bytes | None:
+           read_only: bool, statuses: dict[str, int]) -> bytes | None:
     exp = session.scalar(
         select(Experiment).where(Experiment.id == experiment_id)
         .options(joinedload(Experiment.model), joinedload(Experiment.vs_model), defer(Experiment.comparisons))
@@ -146,8 +161,6 @@ def _build(session: Session, *, experiment_id: int, runs: RunsDetail | None, pag
     # The comparisons (a finished 200-device experiment's are ~2 MB) go into the answer as the
     # text the database holds, like the runs' operators: not parsed, checked and serialised again.
     comparisons = session.scalar(select(cast(Experiment.comparisons, Text)).where(Experiment.id == experiment_id))
-    statuses = dict(session.execute(
-        select(Run.status, func.count()).where(Run.experiment_id == experiment_id).group_by(Run.status)).all())
     total = sum(statuses.values())
     detail: RunsDetail = runs or ("full" if total <= FULL_REPORT_MAX_RUNS else "summary")
     groups = _run_groups(session, experiment_id) if detail == "summary" else None
