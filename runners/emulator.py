@@ -22,7 +22,6 @@ The binary is used only while its sha256 matches the manifest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pwd
@@ -36,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sme2farm.runners.catalog import sha256_file
 from sme2farm.runners.cpuinfo import HWCAP2_SME2
 
 # Suites tried in order. trixie-backports carries 11.1.3 (SME2) today; testing and unstable
@@ -144,14 +144,6 @@ def probe(qemu: str, cpu: str = "max", sysroot: Path = SYSROOT) -> CpuProbe:
 
 
 # ---- what is installed -----------------------------------------------------------------------
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _manifest(directory: Path) -> dict | None:
     try:
