@@ -56,6 +56,17 @@ def _retry_after(r: httpx.Response) -> float:
         return 0.0
 
 
+def _refused(e: httpx.HTTPStatusError | httpx.TransportError, what: str, doing: str, start: float) -> UploadRefused:
+    """An upload's or a delivery's last answer, once its retries are spent, as one sentence."""
+    waited = f"{time.monotonic() - start:.0f} s"
+    if isinstance(e, httpx.TransportError):
+        return UploadRefused(f"the server could not be reached to {doing} for {waited}: {e or type(e).__name__}")
+    r = e.response
+    said = f"the server refused {what}" + (f" for {waited}" if r.status_code >= 500 or r.status_code == 429 else "")
+    why = f"{said} with {r.status_code}: {_detail(r)}"
+    return UploadRefused(f"the farm's disk is full: {why}" if r.status_code == 507 else why)
+
+
 class AgentApi:
     def __init__(self, server: str, token: str, *, retries: int = 8, transport: httpx.BaseTransport | None = None,
                  upload_retry_s: float | None = None, backoff_cap_s: float | None = None):
@@ -151,16 +162,8 @@ class AgentApi:
             r = self._request("PUT", f"/agent/runs/{run_id}/artifacts/{name}", content=data, headers=headers,
                               until=start + self.upload_retry_s)
             return ArtifactStored.model_validate(r.json())
-        except httpx.HTTPStatusError as e:
-            r = e.response
-            what = f"the server refused {name} ({len(data)} bytes)"
-            if r.status_code >= 500 or r.status_code == 429:
-                what += f" for {time.monotonic() - start:.0f} s"
-            why = f"{what} with {r.status_code}: {_detail(r)}"
-            raise UploadRefused(f"the farm's disk is full: {why}" if r.status_code == 507 else why) from e
-        except httpx.TransportError as e:
-            raise UploadRefused(f"the server could not be reached to upload {name} for "
-                                f"{time.monotonic() - start:.0f} s: {e or type(e).__name__}") from e
+        except (httpx.HTTPStatusError, httpx.TransportError) as e:
+            raise _refused(e, f"{name} ({len(data)} bytes)", f"upload {name}", start) from e
 
     def deliver(self, run_id: int, body: RunFinish, files: dict[str, Path], started_s_ago: float | None = None
                 ) -> FinishAnswer:
@@ -184,16 +187,9 @@ class AgentApi:
             parts += [(name, (name, f, "application/octet-stream")) for name, f in opened.items()]
             r = self._request("POST", f"/agent/runs/{run_id}/deliver", files=parts, until=start + self.upload_retry_s)
             return FinishAnswer.model_validate(r.json())
-        except httpx.HTTPStatusError as e:
-            r = e.response
-            what = f"the server refused the run's delivery ({sum(d.size for d in digests.values())} bytes)"
-            if r.status_code >= 500 or r.status_code == 429:
-                what += f" for {time.monotonic() - start:.0f} s"
-            why = f"{what} with {r.status_code}: {_detail(r)}"
-            raise UploadRefused(f"the farm's disk is full: {why}" if r.status_code == 507 else why) from e
-        except httpx.TransportError as e:
-            raise UploadRefused(f"the server could not be reached to deliver the run for "
-                                f"{time.monotonic() - start:.0f} s: {e or type(e).__name__}") from e
+        except (httpx.HTTPStatusError, httpx.TransportError) as e:
+            size = sum(d.size for d in digests.values())
+            raise _refused(e, f"the run's delivery ({size} bytes)", "deliver the run", start) from e
         finally:
             for f in opened.values():
                 f.close()

@@ -196,15 +196,16 @@ def test_an_upload_refused_by_a_full_disk_ends_the_run_failed_once_with_the_serv
 
 @on_the_farm
 def test_a_503_during_an_upload_is_retried_and_the_run_succeeds(patient_farm, example_pte):
-    """The database goes away while the runner runs (cut at the proxy): the agent's upload meets
-    503 (the bytes are received, the transaction cannot run) and is retried; the database comes
-    back after the agent logged the 503, and the run succeeds on its first attempt."""
+    """The database goes away while the runner runs (cut at the proxy): the agent's delivery (the finish
+    with its artifacts in one request, agent protocol 2) meets 503 (the bytes are received, the transaction
+    cannot run) and is retried; the database comes back after the agent logged the 503, and the run
+    succeeds on its first attempt."""
     farm = patient_farm
     exp = farm.submit(example_pte("toy_cnn"), **SLOW)
     farm.wait_status(exp["id"], {"running"}, 60)
     before = len(farm.f.log("agent"))
     with database_away(farm.proxy):
-        wait_for("the agent's upload met a 503", lambda: "/artifacts/" in (new := farm.f.log("agent")[before:])
+        wait_for("the agent's delivery met a 503", lambda: "/deliver" in (new := farm.f.log("agent")[before:])
                  and " 503 " in new, 60, every=0.1, log=farm.logs)
     [(_, status, attempt, reason)] = farm.wait_done(exp["id"], 120)
     assert (status, attempt) == ("succeeded", 1), (status, attempt, reason)
