@@ -72,6 +72,16 @@ def experiment_text(rep: ExperimentReport) -> str:
     if rep.vs_model_sha256:
         same = " (the same model: an A/A check)" if rep.vs_model_sha256 == rep.model_sha256 else ""
         out[2:2] = [f"  vs model B sha256 {rep.vs_model_sha256[:16]}… ({rep.vs_model_size} bytes){same}, interleaved with model A"]
+    if rep.runs_detail == "summary":   # above the full report's bound: the runs' aggregates, each run a page away
+        out.append(f"{rep.runs_total} runs, summarised per {'model, ' if rep.vs_model_sha256 else ''}SME2 arm, device, "
+                   f"threads and mode (each run: GET /experiments/{rep.id}?runs=page&run_page=N)")
+        for g in rep.run_groups or []:
+            ended = ", ".join(f"{n} {st}" for st, n in sorted(g.runs_by_status.items()))
+            e2e = (f"; E2E median {_f(g.e2e_median_ms)} ms (runs {_f(g.e2e_min_ms)}-{_f(g.e2e_max_ms)})"
+                   if g.e2e_median_ms is not None else "")
+            model = f"model {g.variant}, " if rep.vs_model_sha256 else ""
+            out.append(f"  {model}SME2 {g.sme2}, {g.threads} thread(s), {g.mode} on {g.device or 'no device yet'}: "
+                       f"{g.runs} run(s): {ended}{e2e}")
     for r in rep.runs:
         dev = r.device
         dev_s = f"{dev.serial} ({dev.platform}, {dev.model or dev.abi}){device_suffix(dev.model_dump())}" if dev else "no device"

@@ -10,7 +10,7 @@ import pytest
 from _fixtures_farm import dispatch, ingest_all, submit
 from sme2farm.client.api import FarmClient, GaveUp
 from sme2farm.client.common import EXIT_OK, outcome_code, wait_for
-from sme2farm.client.render import progress_line, status_counts
+from sme2farm.client.render import experiment_text, progress_line, status_counts
 from sme2farm.server.services import reports
 
 
@@ -32,3 +32,10 @@ def test_wait_and_the_exit_code_read_a_summary_reports_run_groups(api, agent, ex
     done = wait_for(client, exp["id"], quiet=True, timeout=30)
     assert done.runs == [] and status_counts(done) == {"succeeded": 1}
     assert outcome_code([done]) == EXIT_OK
+    # The report text lists the run groups in place of runs, and says where each run is.
+    text = experiment_text(done)
+    [head] = [line for line in text.splitlines() if "summarised per SME2 arm" in line]
+    assert head.startswith("1 runs, summarised") and f"GET /experiments/{exp['id']}?runs=page" in head
+    [group] = [line for line in text.splitlines() if line.startswith("  SME2 off, 1 thread(s), timing on ")]
+    [g] = done.run_groups
+    assert f"on {g.device}: 1 run(s): 1 succeeded; E2E median {g.e2e_median_ms:.3f} ms" in group
