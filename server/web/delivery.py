@@ -23,9 +23,9 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from sme2farm.protocol import AGENT_ARTIFACTS
 from sme2farm.protocol.agents import DELIVERY_PART
+from sme2farm.server.web.uploads import PartHeaders
 
 MAX_FINISH_BYTES = 64 * 1024
-MAX_HEADER_BYTES = 8 * 1024
 OVERHEAD_BYTES = 64 * 1024  # boundaries, part headers, a preamble
 
 
@@ -46,13 +46,11 @@ class Delivery:
             r.path.unlink(missing_ok=True)
 
 
-class _Collector:
+class _Collector(PartHeaders):
     def __init__(self, tmp_dir: Path, limit: int):
+        super().__init__()
         self.tmp_dir, self.limit = tmp_dir, limit
         self.delivery = Delivery()
-        self.error: tuple[int, str] | None = None
-        self._field = self._value = b""
-        self._headers: dict[bytes, bytes] = {}
         self._name = ""
         self._seen: set[str] = set()
         self._buf = bytearray()
@@ -62,27 +60,10 @@ class _Collector:
     def on_part_begin(self) -> None:
         self._headers, self._name, self._buf, self._size = {}, "", bytearray(), 0
 
-    def on_header_field(self, data: bytes, start: int, end: int) -> None:
-        self._field += data[start:end]
-        self._check_header()
-
-    def on_header_value(self, data: bytes, start: int, end: int) -> None:
-        self._value += data[start:end]
-        self._check_header()
-
-    def _check_header(self) -> None:
-        if not self.error and len(self._field) + len(self._value) > MAX_HEADER_BYTES:
-            self.error = (413, f"a multipart part header exceeds {MAX_HEADER_BYTES} bytes")
-
-    def on_header_end(self) -> None:
-        self._headers[self._field.lower()] = self._value
-        self._field = self._value = b""
-
     def on_headers_finished(self) -> None:
         if self.error:
             return
-        _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
-        name = params.get(b"name", b"").decode("utf-8", "replace")
+        name = self.part_name()
         if name != DELIVERY_PART and name not in AGENT_ARTIFACTS:
             self.error = (422, f"unknown part {name[:64]!r}; a delivery takes '{DELIVERY_PART}' and the artifacts "
                                f"{sorted(AGENT_ARTIFACTS)}")

@@ -61,14 +61,45 @@ class Upload:
                 p.unlink()
 
 
-class _Collector:
+class PartHeaders:
+    """The part-header callbacks of a python-multipart push parser, shared by both collectors (this one and
+    server/web/delivery.py's): each part's headers gathered, bounded at MAX_HEADER_BYTES (a 413 in
+    `error`), and the part's form name read from its Content-Disposition."""
+
+    def __init__(self) -> None:
+        self.error: tuple[int, str] | None = None
+        self._field = self._value = b""
+        self._headers: dict[bytes, bytes] = {}
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._field += data[start:end]
+        self._check_header()
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+        self._check_header()
+
+    def _check_header(self) -> None:
+        if not self.error and len(self._field) + len(self._value) > MAX_HEADER_BYTES:
+            self.error = (413, f"a multipart part header exceeds {MAX_HEADER_BYTES} bytes")
+
+    def on_header_end(self) -> None:
+        self._headers[self._field.lower()] = self._value
+        self._field = self._value = b""
+
+    def disposition(self) -> dict[bytes, bytes]:
+        """The part's Content-Disposition parameters (name, filename)."""
+        return parse_options_header(self._headers.get(b"content-disposition", b""))[1]
+
+    def part_name(self) -> str:
+        return self.disposition().get(b"name", b"").decode("utf-8", "replace")
+
+
+class _Collector(PartHeaders):
     def __init__(self, tmp_dir: Path, limit: int, inputs_limit: int = 0):
+        super().__init__()
         self.tmp_dir, self.limit, self.inputs_limit = tmp_dir, limit, inputs_limit
         self.upload = Upload()
-        self.error: tuple[int, str] | None = None
-        self._header_field = b""
-        self._header_value = b""
-        self._headers: dict[bytes, bytes] = {}
         self._name = ""
         self._is_file = False
         self._buf = bytearray()
@@ -80,25 +111,8 @@ class _Collector:
     def on_part_begin(self) -> None:
         self._headers, self._name, self._is_file, self._buf = {}, "", False, bytearray()
 
-    def on_header_field(self, data: bytes, start: int, end: int) -> None:
-        self._header_field += data[start:end]
-        self._check_header()
-
-    def on_header_value(self, data: bytes, start: int, end: int) -> None:
-        self._header_value += data[start:end]
-        self._check_header()
-
-    def _check_header(self) -> None:
-        if not self.error and len(self._header_field) + len(self._header_value) > MAX_HEADER_BYTES:
-            self.error = (413, f"a multipart part header exceeds {MAX_HEADER_BYTES} bytes")
-
-    def on_header_end(self) -> None:
-        self._headers[self._header_field.lower()] = self._header_value
-        self._header_field, self._header_value = b"", b""
-
     def on_headers_finished(self) -> None:
-        _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
-        self._name = params.get(b"name", b"").decode("utf-8", "replace")
+        self._name = self.part_name()
         if self.error:
             return
         if self._name not in FILE_PARTS + FIELD_PARTS:
@@ -118,7 +132,7 @@ class _Collector:
             self._file, self._hash = os.fdopen(fd, "wb"), hashlib.sha256()
             setattr(self.upload, attr, Path(name))
             if self._name == "inputs":
-                raw = params.get(b"filename", b"").decode("utf-8", "replace")
+                raw = self.disposition().get(b"filename", b"").decode("utf-8", "replace")
                 self.upload.inputs_filename = _PLAIN_NAME.sub("_", raw.replace("\\", "/").rsplit("/", 1)[-1])[:64]
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
