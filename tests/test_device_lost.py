@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 
 from sme2farm.protocol import DeviceInfo, ExperimentReport, ExperimentSpec, RunnerInfo, RunStatus
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Agent, Device, Run, utcnow
+from sme2farm.server.store.models import Agent, Device, Run, as_utc, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
@@ -132,7 +132,7 @@ def test_silent_agents_devices_are_offline_since_it_was_last_heard(db_url):
         assert device_service.mark_silent_agents_offline(s, silent_for_s=90) == 1
     with session_scope(db_url) as s:
         d = s.scalars(select(Device)).one()
-        assert d.state == "offline" and abs((device_service._aware(d.offline_since) - heard).total_seconds()) < 1
+        assert d.state == "offline" and abs((as_utc(d.offline_since) - heard).total_seconds()) < 1
         [row] = device_service.offline_with_queued_runs(s)
         assert (row["serial"], row["queued"]) == ("quiet", 2) and row["offline_s"] >= LOST_S
     # Every agent silent for the whole bound: more likely this side (the API server down, a farm

@@ -24,7 +24,7 @@ from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import liveness
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Agent, Device, Lease, Run, utcnow
+from sme2farm.server.store.models import Agent, Device, Lease, Run, as_utc, utcnow
 
 from _fixtures_services import register_agent, submit_experiment
 
@@ -101,7 +101,7 @@ def test_the_farm_clock_follows_the_api_beats(db_url):
         assert liveness.api_alive(s, holder="p2", alive_s=2) is True    # the next beat finds the gap
     with session_scope(db_url) as s:
         clock = liveness.clock(s)
-        assert not clock.down() and liveness._aware(clock.up_since) > liveness._aware(up)
+        assert not clock.down() and as_utc(clock.up_since) > as_utc(up)
         assert not clock.settled(SETTLE_S)
 
 
@@ -198,7 +198,7 @@ def test_a_heartbeat_answered_409_is_the_agent_heard(api, pte):
     row = _device_row(url, X86_HOST.serial)
     assert (row.state, row.offline_since) == ("idle", None)
     with session_scope(url) as s:
-        assert (utcnow() - liveness._aware(s.get(Agent, agent_id).last_seen)).total_seconds() < 30
+        assert (utcnow() - as_utc(s.get(Agent, agent_id).last_seen)).total_seconds() < 30
 
 
 # ---- leases through an outage --------------------------------------------------------------------

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from sme2farm import __version__
 from sme2farm.server.services.suites.metrics import metric_of, values_of
-from sme2farm.server.services.suites.schedule import aware
+from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, utcnow
 
 DELIVERABLE = ("pending", "retrying")
@@ -44,7 +44,7 @@ def _point(p: SuitePoint | None) -> dict[str, Any] | None:
     """Where a change was measured: the point (suite run, time, experiment) and what it ran."""
     if p is None:
         return None
-    at = aware(p.at)
+    at = as_utc(p.at)
     return {"id": p.id, "suite_run_id": p.suite_run_id, "at": at.isoformat() if at else None,
             "experiment_id": p.experiment_id, "runner": p.runner, "executorch_version": p.et_version}
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import TASK_DISPATCH, DeviceInfo, DeviceSelector, RunnerInfo, RunStatus
 from sme2farm.server.store.db import enqueue_after_commit
-from sme2farm.server.store.models import Agent, ApiToken, Device, Run, utcnow
+from sme2farm.server.store.models import Agent, ApiToken, Device, Run, as_utc, utcnow
 from sme2farm.server.services import liveness
 from sme2farm.server.services import tokens as token_service
 
@@ -191,7 +191,7 @@ def agent_seen_since(session: Session, *, name: str, since: datetime | None) -> 
     devices are known."""
     query = select(Agent).where(Agent.name == name)
     if since is not None:
-        query = query.where(Agent.last_seen >= _aware(since))
+        query = query.where(Agent.last_seen >= as_utc(since))
     return session.scalars(query.order_by(Agent.last_seen.desc())).first()
 
 
@@ -215,7 +215,7 @@ def expected(session: Session, *, expect_agent: str | None, expect_agent_since: 
     """
     now = now or utcnow()
     if expect_agent:
-        since = _aware(expect_agent_since) if expect_agent_since else None
+        since = as_utc(expect_agent_since) if expect_agent_since else None
         fresh = since is None or now - since < timedelta(seconds=offline_s)
         if fresh and agent_seen_since(session, name=expect_agent, since=since) is None:
             return f"agent {expect_agent!r}, starting with this farm, to register its devices"
@@ -228,11 +228,6 @@ def expected(session: Session, *, expect_agent: str | None, expect_agent_since: 
     if newcomer is not None:
         return f"agent {newcomer!r}, registered just now without devices, to report one"
     return ""
-
-
-def _aware(t: datetime) -> datetime:
-    """Timestamps are UTC throughout; a naive one (SQLite hands them back so) is read as UTC."""
-    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
 def mark_silent_agents_offline(session: Session, *, silent_for_s: float, settle_s: float = 0.0,
@@ -267,12 +262,12 @@ def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float,
 def is_lost(device: Device, *, cutoff: datetime | None) -> bool:
     """Offline since before `cutoff` (lost_cutoff; None: nothing is lost now)."""
     return (cutoff is not None and device.state == "offline" and device.offline_since is not None
-            and _aware(device.offline_since) < cutoff)
+            and as_utc(device.offline_since) < cutoff)
 
 
 def offline_text(device: Device, now: datetime | None = None) -> str:
     """'device X (model) offline since 2026-11-25T19:02:11Z (6 min)'."""
-    since = _aware(device.offline_since) if device.offline_since else None
+    since = as_utc(device.offline_since) if device.offline_since else None
     when = f" since {since.strftime('%Y-%m-%dT%H:%M:%SZ')} ({_duration(((now or utcnow()) - since).total_seconds())})" \
         if since else ""
     return f"device {device.serial} ({device_model(device.info, device.platform)}) offline{when}"
@@ -312,7 +307,7 @@ def offline_with_queued_runs(session: Session, now: datetime | None = None) -> l
     ).all()
     out = []
     for device, queued in rows:
-        since = _aware(device.offline_since) if device.offline_since else None
+        since = as_utc(device.offline_since) if device.offline_since else None
         out.append({"serial": device.serial, "model": device_model(device.info, device.platform),
                     "since": since.isoformat() if since else None,
                     "offline_s": round((now - since).total_seconds(), 1) if since else None, "queued": queued,

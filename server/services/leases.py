@@ -9,13 +9,13 @@ to well under the lease's TTL (NTP does).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sme2farm.server.store.models import Lease, utcnow
+from sme2farm.server.store.models import Lease, as_utc, utcnow
 
 BEAT = "beat"
 
@@ -55,14 +55,10 @@ class LeaseState:
     expires_at: datetime
 
     def age_s(self, now: datetime | None = None) -> float:
-        return ((now or utcnow()) - _aware(self.renewed_at)).total_seconds()
+        return ((now or utcnow()) - as_utc(self.renewed_at)).total_seconds()
 
     def live(self, now: datetime | None = None) -> bool:
-        return _aware(self.expires_at) > (now or utcnow())
-
-
-def _aware(t: datetime) -> datetime:
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite hands naive UTC back
+        return as_utc(self.expires_at) > (now or utcnow())
 
 
 def state(session: Session, name: str) -> LeaseState | None:

@@ -35,17 +35,13 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sme2farm.server.store.models import Lease, utcnow
+from sme2farm.server.store.models import Lease, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 
 API = "api"
 API_UP = "api-up"
 GAP_BEATS = 3   # beats missed before the farm counts as having been down
-
-
-def _aware(t: datetime) -> datetime:
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite hands naive UTC back
 
 
 def _put(session: Session, name: str, *, holder: str, now: datetime, ttl_s: float) -> None:
@@ -74,7 +70,7 @@ def api_alive(session: Session, *, holder: str, alive_s: float) -> bool:
     GAP_BEATS beats): then the farm is back now."""
     now = utcnow()
     row = session.scalar(select(Lease.expires_at).where(Lease.name == API))
-    back = row is None or _aware(row) < now
+    back = row is None or as_utc(row) < now
     if back:
         _put(session, API_UP, holder=holder, now=now, ttl_s=GAP_BEATS * alive_s)
     _put(session, API, holder=holder, now=now, ttl_s=GAP_BEATS * alive_s)
@@ -93,7 +89,7 @@ class FarmClock:
         return self.alive_at is not None and self.alive_until is not None and self.up_since is not None
 
     def down(self, now: datetime | None = None) -> bool:
-        return self.recorded and _aware(self.alive_until) < (now or utcnow())
+        return self.recorded and as_utc(self.alive_until) < (now or utcnow())
 
     def window(self, settle_s: float, now: datetime | None = None) -> tuple[datetime, datetime] | None:
         """(start, end): the stretch in which an agent's silence counts. It starts at the farm's
@@ -107,9 +103,9 @@ class FarmClock:
             return datetime.min.replace(tzinfo=timezone.utc), now
         if self.down(now):
             return None
-        alive_at, until = _aware(self.alive_at), _aware(self.alive_until)
+        alive_at, until = as_utc(self.alive_at), as_utc(self.alive_until)
         on_time = now <= alive_at + (until - alive_at) * (2 / GAP_BEATS)
-        start = _aware(self.up_since) + timedelta(seconds=settle_s)
+        start = as_utc(self.up_since) + timedelta(seconds=settle_s)
         end = now if on_time else min(now, alive_at)
         return (start, end) if start <= end else None
 

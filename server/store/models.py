@@ -13,6 +13,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def as_utc(t: datetime | None) -> datetime | None:
+    """A stored time, timezone-aware: every one is UTC, and SQLite hands them back naive."""
+    return t if t is None or t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
 

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 from sme2farm.analysis import EtdumpError
 from sme2farm.protocol import RunStatus
 from sme2farm.server.services.errors import DomainError
-from sme2farm.server.services.runs.status import StateChanged, aware, end, end_run, move
-from sme2farm.server.store.models import Run, utcnow
+from sme2farm.server.services.runs.status import StateChanged, end, end_run, move
+from sme2farm.server.store.models import Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 S = RunStatus
@@ -103,7 +103,7 @@ def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ing
     analysis still ends). False once the attempt is no longer the run's (ended, re-sent)."""
     now = utcnow()
     deadline = min(now + timedelta(seconds=INGEST_SILENT_BEATS * heartbeat_s),
-                   aware(started_at) + timedelta(seconds=ingest_deadline_s))
+                   as_utc(started_at) + timedelta(seconds=ingest_deadline_s))
     return session.execute(
         update(Run).where(Run.id == run_id, Run.status == S.analyzing.value, Run.ingest_started_at == started_at)
         .values(lease_expires_at=deadline).execution_options(synchronize_session=False)

@@ -12,9 +12,9 @@ from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunF
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.services.runs.assignment import assign_next
-from sme2farm.server.services.runs.status import CANCELLED_BY_USER, LeaseConflict, aware, end_run, locked, move
+from sme2farm.server.services.runs.status import CANCELLED_BY_USER, LeaseConflict, end_run, locked, move
 from sme2farm.server.store.db import enqueue_after_commit
-from sme2farm.server.store.models import Device, Run, utcnow
+from sme2farm.server.store.models import Device, Run, as_utc, utcnow
 
 S = RunStatus
 
@@ -79,7 +79,7 @@ def deliver(session: Session, run: Run, *, body: RunFinish, has_trace: bool, sta
     clock's interval, so no skew), or now if the agent did not say."""
     if run.status == S.assigned:
         started = utcnow() - timedelta(seconds=started_s_ago or 0.0)
-        move(session, run, S.running, started_at=max(started, aware(run.created_at)))
+        move(session, run, S.running, started_at=max(started, as_utc(run.created_at)))
     return _finish(session, run, body=body, has_trace=has_trace, ingest_deadline_s=ingest_deadline_s, lease_s=lease_s)
 
 

@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, RunStatus, status_values
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import liveness
-from sme2farm.server.services.runs.status import CANCELLED_BY_USER, StateChanged, aware, complete, end, move
+from sme2farm.server.services.runs.status import CANCELLED_BY_USER, StateChanged, complete, end, move
 from sme2farm.server.store.db import enqueue_after_commit
-from sme2farm.server.store.models import Agent, Device, Run, utcnow
+from sme2farm.server.store.models import Agent, Device, Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 S = RunStatus
@@ -76,7 +76,7 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
         try:
             if run.status == S.analyzing:
                 began = run.ingest_started_at is not None
-                if not began and aware(run.lease_expires_at) >= now:  # early: only if its message is gone
+                if not began and as_utc(run.lease_expires_at) >= now:  # early: only if its message is gone
                     if not waiting:
                         waiting.append(_ask(ingest_waiting))
                     if waiting[0] != 0:
@@ -150,7 +150,7 @@ def end_lost_device_runs(session: Session, *, device_lost_s: float, settle_s: fl
     # nothing is ended until some agent is heard again. A device that left while its agent
     # talks on (a phone unplugged, one agent of several killed) is ended as above.
     heard = session.scalar(select(func.max(Agent.last_seen)))
-    if heard is None or aware(heard) < cutoff:
+    if heard is None or as_utc(heard) < cutoff:
         log.info("no agent heard for %g s: lost devices' queued runs are left queued until one is", device_lost_s)
         return []
     queued = session.scalars(

@@ -17,7 +17,6 @@ and completes each experiment once (cancel here, the reaper); everything else ca
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import select, update
@@ -158,6 +157,3 @@ def cancel(session: Session, runs: Iterable[Run]) -> None:
     complete(session, ended)
 
 
-def aware(t: datetime) -> datetime:
-    """A run's stored time, timezone-aware."""
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite reads its UTC times back naive

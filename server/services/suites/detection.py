@@ -23,7 +23,7 @@ from sme2farm.server.services import noise as noise_service
 from sme2farm.server.services.programs import memory_for
 from sme2farm.server.services.suites import metrics
 from sme2farm.server.services.suites.runs import all_ended
-from sme2farm.server.services.suites.schedule import aware
+from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.models import (Device, Experiment, Model, Run, Suite, SuiteChange, SuitePoint, SuiteRun,
                                           utcnow)
 
@@ -74,12 +74,12 @@ def _point_rows(session: Session, *, srun: SuiteRun, suite: Suite) -> list[Suite
                 state["suspect"] = True
                 state["reason"] = "; ".join(f"run {r.id} {r.status}" + (f" ({r.reason})" if r.reason else "")
                                             for r in rs)[:500]
-            ended = [aware(r.finished_at) for r in rs if r.finished_at is not None]
+            ended = [as_utc(r.finished_at) for r in rs if r.finished_at is not None]
             out.append(SuitePoint(
                 suite_id=suite.id, suite_run_id=srun.id, experiment_id=link.experiment_id,
                 model_sha256=link.model_sha256, model_name=link.model_name, device_model=device_model[:256],
                 device_id=(ok or rs)[0].device_id, sme2=sme2, threads=threads, run_ids=[r.id for r in rs],
-                at=max(ended) if ended else aware(srun.triggered_at), samples=samples,
+                at=max(ended) if ended else as_utc(srun.triggered_at), samples=samples,
                 median_ms=float(np.median(flat)) if flat.size else None,
                 low_ms=float(np.percentile(flat, 10)) if flat.size else None,
                 high_ms=float(np.percentile(flat, 90)) if flat.size else None,
@@ -179,11 +179,11 @@ def _canary_for(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePo
         return None
     first = min((c.suite_id, c.model_sha256) for c in cands)  # one canary series: the oldest canary suite's first model
     cands = [c for c in cands if (c.suite_id, c.model_sha256) == first]
-    times = np.array([aware(c.at).timestamp() for c in cands])
+    times = np.array([as_utc(c.at).timestamp() for c in cands])
     out, used = [], set()
     for p in pts:
-        i = int(np.argmin(np.abs(times - aware(p.at).timestamp())))
-        if abs(times[i] - aware(p.at).timestamp()) <= CANARY_MAX_GAP.total_seconds() and i not in used:
+        i = int(np.argmin(np.abs(times - as_utc(p.at).timestamp())))
+        if abs(times[i] - as_utc(p.at).timestamp()) <= CANARY_MAX_GAP.total_seconds() and i not in used:
             used.add(i)
             out.append(regression_point(cands[i]))
         else:

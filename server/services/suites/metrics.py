@@ -35,7 +35,7 @@ from sme2farm.analysis import regression
 from sme2farm.analysis.memory import fmt_bytes, memory_changes
 from sme2farm.protocol import TASK_ALERT_WEBHOOK
 from sme2farm.server.services import noise as noise_service
-from sme2farm.server.services.suites.schedule import aware
+from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, utcnow
 
@@ -253,7 +253,7 @@ def detect_memory(session: Session, *, suite: Suite, key: tuple, pts: list[Suite
     peak RSS through the detector."""
     threshold = float(suite.memory_threshold if suite.memory_threshold is not None else 0.05)
     alerts: list[int] = []
-    labels = [f"{aware(p.at):%Y-%m-%d %H:%M}" + (f" (experiment {p.experiment_id})" if p.experiment_id else "")
+    labels = [f"{as_utc(p.at):%Y-%m-%d %H:%M}" + (f" (experiment {p.experiment_id})" if p.experiment_id else "")
               for p in pts]
     now = utcnow()
     for mc in memory_changes([p.memory for p in pts], labels):

@@ -17,7 +17,7 @@ from sme2farm.protocol import (MemoryChange, RegressionRead, RegressionWebhook, 
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.services.suites.detection import detect_series, detectable_step, key_of
 from sme2farm.server.services.suites.metrics import LATENCY, metric_of, values_of
-from sme2farm.server.services.suites.schedule import aware
+from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, SuiteRun, utcnow
 
 SPREAD = "p10-p90"  # what a point's low_ms/high_ms are: the 10th and 90th percentile of its iterations
@@ -41,7 +41,7 @@ def suite_read(suite: Suite) -> SuiteRead:
         schedule=suite.schedule, thresholds=SuiteThresholds(min_effect=suite.min_effect, alpha=suite.alpha,
                                                              memory=suite.memory_threshold),
         canary=suite.canary, webhook=redact(suite.webhook), paused=suite.next_run_at is None,
-        next_run_at=aware(suite.next_run_at), last_run_at=aware(suite.last_run_at), created_at=aware(suite.created_at),
+        next_run_at=as_utc(suite.next_run_at), last_run_at=as_utc(suite.last_run_at), created_at=as_utc(suite.created_at),
         **({"warnings": warnings} if warnings else {}))
 
 
@@ -49,8 +49,8 @@ def runs_of(session: Session, *, suite: Suite, limit: int = 100) -> list[SuiteRu
     rows = session.scalars(select(SuiteRun).where(SuiteRun.suite_id == suite.id).order_by(SuiteRun.id.desc())
                            .limit(limit).options(selectinload(SuiteRun.experiments)))
     return [SuiteRunRead(id=r.id, experiment_ids=[e.experiment_id for e in r.experiments],
-                         triggered_at=aware(r.triggered_at), trigger=r.trigger, status=r.status, reason=r.reason,
-                         finished_at=aware(r.finished_at))
+                         triggered_at=as_utc(r.triggered_at), trigger=r.trigger, status=r.status, reason=r.reason,
+                         finished_at=as_utc(r.finished_at))
             for r in rows]
 
 
@@ -61,7 +61,7 @@ def detail(session: Session, *, suite: Suite) -> SuiteDetail:
 
 def run_started(suite: Suite, srun: SuiteRun) -> SuiteRunStarted:
     return SuiteRunStarted(suite=suite.name, id=srun.id, trigger=srun.trigger, status=srun.status,
-                           triggered_at=aware(srun.triggered_at),
+                           triggered_at=as_utc(srun.triggered_at),
                            experiment_ids=[e.experiment_id for e in srun.experiments])
 
 
@@ -74,7 +74,7 @@ def _change_read(c: SuiteChange, index: int | None = None) -> SeriesChange:
 
 
 def _point_read(p: SuitePoint) -> SeriesPoint:
-    return SeriesPoint(experiment_id=p.experiment_id, run_ids=p.run_ids, at=aware(p.at), median_ms=p.median_ms,
+    return SeriesPoint(experiment_id=p.experiment_id, run_ids=p.run_ids, at=as_utc(p.at), median_ms=p.median_ms,
                        low_ms=p.low_ms, high_ms=p.high_ms, n_iterations=p.n_iterations, sessions=p.sessions,
                        runner=p.runner, et_version=p.et_version, device_state=p.device_state,
                        acknowledged=p.acknowledged, memory=p.memory,
@@ -115,7 +115,7 @@ def series(session: Session, *, suite: Suite) -> SeriesRead:
 
 
 def _point_label(p: SuitePoint) -> str:
-    return f"{aware(p.at):%Y-%m-%d %H:%M}" + (f" (experiment {p.experiment_id})" if p.experiment_id else "")
+    return f"{as_utc(p.at):%Y-%m-%d %H:%M}" + (f" (experiment {p.experiment_id})" if p.experiment_id else "")
 
 
 def _replaced_models(out: list[Series], by_key: dict[tuple, list[SuitePoint]]) -> None:
@@ -128,7 +128,7 @@ def _replaced_models(out: list[Series], by_key: dict[tuple, list[SuitePoint]]) -
     for (name, *_), chain in lines.items():
         if not name or len(chain) < 2:
             continue
-        chain.sort(key=lambda sp: (aware(sp[1][0].at), sp[1][0].id))
+        chain.sort(key=lambda sp: (as_utc(sp[1][0].at), sp[1][0].id))
         for (_, before), (s, after) in zip(chain, chain[1:]):
             old, new = before[-1], after[0]
             flagged = [c for c in memory_changes([old.memory, new.memory], [_point_label(old), _point_label(new)])
@@ -159,8 +159,8 @@ def regression_read(c: SuiteChange, suite_name: str) -> RegressionRead:
                       sme2=c.sme2, threads=c.threads),
         metric=c.metric or LATENCY, unit=metric_of(c).unit, before=values[0], after=values[1],
         direction=c.direction, ratio=c.ratio, ci_low=c.ci_low, ci_high=c.ci_high,
-        status=c.status, blamed=c.blamed, detected_at=aware(c.detected_at),
-        confirmed_at=aware(c.confirmed_at), baseline_experiment_id=c.baseline_experiment_id,
+        status=c.status, blamed=c.blamed, detected_at=as_utc(c.detected_at),
+        confirmed_at=as_utc(c.confirmed_at), baseline_experiment_id=c.baseline_experiment_id,
         experiment_id=c.experiment_id, acknowledged=c.status == "acknowledged",
         webhook=RegressionWebhook(state=c.webhook_state, attempts=c.webhook_attempts, last_error=c.webhook_last_error),
         sentence=c.sentence)

@@ -8,17 +8,12 @@ from urllib.parse import urlsplit
 from cronsim import CronSim, CronSimError
 
 from sme2farm.server.services.errors import Invalid
-from sme2farm.server.store.models import utcnow
-
-
-def aware(t: datetime | None) -> datetime | None:
-    """SQLite hands timestamps back naive; every one stored here is UTC."""
-    return t.replace(tzinfo=timezone.utc) if t is not None and t.tzinfo is None else t
+from sme2farm.server.store.models import as_utc, utcnow
 
 
 def next_fire(schedule: str, after: datetime) -> datetime:
     """The first time strictly after `after` the cron schedule (UTC) fires."""
-    it = CronSim(schedule, aware(after).astimezone(timezone.utc).replace(second=0, microsecond=0))
+    it = CronSim(schedule, as_utc(after).astimezone(timezone.utc).replace(second=0, microsecond=0))
     t = next(it)
     while t <= after:
         t = next(it)
