@@ -169,7 +169,8 @@ def test_health_ready_metrics_and_structured_logs(sup_farm, example_pte):
     ingest = sum(v for (name, _), v in samples.items() if name == "sme2farm_ingest_duration_seconds_count")
     assert ingest >= 1  # counted in the worker, joined through the multiprocess directory
     routes = {dict(labels).get("route") for (name, labels) in samples if name == "sme2farm_http_request_duration_seconds_count"}
-    assert "/experiments/{experiment_id}" in routes and "/agent/runs/{run_id}/finish" in routes
+    # agent protocol 2: a run's finish and artifacts arrive in one delivery
+    assert "/experiments/{experiment_id}" in routes and "/agent/runs/{run_id}/deliver" in routes
     assert not any(r and re.search(r"/\d+", r) for r in routes)  # templates, never ids
     assert samples[("sme2farm_child_up", (("child", "agent"),))] == 1
     assert ("sme2farm_queue_depth", ()) in samples and ("sme2farm_devices", (("state", "idle"),)) in samples
