@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _fixtures_farm import (REQUIRE_SERVICES, TERMINAL, PrivateRedis, TcpProxy, create_database, start_farm, stop_farm,
+from _fixtures_farm import (REQUIRE_SERVICES, TERMINAL, PrivateRedis, TcpProxy, create_database, runners_under, start_farm, stop_farm,
                             submit, wait_for)
 from sme2farm.client.common import server_healthy
 
@@ -201,8 +201,11 @@ def test_a_503_during_an_upload_is_retried_and_the_run_succeeds(patient_farm, ex
     cannot run) and is retried; the database comes back after the agent logged the 503, and the run
     succeeds on its first attempt."""
     farm = patient_farm
-    exp = farm.submit(example_pte("toy_cnn"), **SLOW)
+    exp = farm.submit(example_pte("toy_cnn"), **{**SLOW, "warmup": 10000})
     farm.wait_status(exp["id"], {"running"}, 60)
+    # A run is running from its claim's acknowledgement (protocol 2), which can come before the agent has
+    # fetched the model: the database goes away once the runner itself runs (its 10,000 warm-up calls).
+    wait_for("the runner runs", lambda: runners_under(farm.f.data_dir / "agent"), 60, every=0.01, log=farm.logs)
     before = len(farm.f.log("agent"))
     with database_away(farm.proxy):
         wait_for("the agent's delivery met a 503", lambda: "/deliver" in (new := farm.f.log("agent")[before:])
