@@ -23,39 +23,15 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sme2farm.runners.tiny_llama import TinyLlamaConfig, hf_model
 
 NEEDS = ("torch", "executorch", "transformers", "optimum.exporters.executorch")
 
 
-@dataclass(frozen=True)
-class HfLlamaConfig:
-    vocab: int = 256
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 128
-    max_seq_len: int = 64  # the cache the export declares (get_max_seq_len)
-
-
-def hf_model(cfg: HfLlamaConfig = HfLlamaConfig(), seed: int = 0) -> Any:
-    """transformers' LlamaForCausalLM with random (seeded) weights, in eval mode: the model the
-    export is made from, and the eager reference for its tokens."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
-                         num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
-                         num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_seq_len,
-                         tie_word_embeddings=False)
-    return LlamaForCausalLM(config).eval()
-
-
-def greedy_tokens(prompt: list[int], n: int, cfg: HfLlamaConfig = HfLlamaConfig(), seed: int = 0) -> list[int]:
+def greedy_tokens(prompt: list[int], n: int, cfg: TinyLlamaConfig = TinyLlamaConfig(), seed: int = 0) -> list[int]:
     """The eager model's own greedy (temperature-0) generation of `n` tokens after `prompt`."""
     import torch
 
@@ -67,7 +43,7 @@ def greedy_tokens(prompt: list[int], n: int, cfg: HfLlamaConfig = HfLlamaConfig(
 
 
 def export_hf_llama(out: Path, *, dynamic: bool = True, qlinear: str | None = None,
-                    cfg: HfLlamaConfig = HfLlamaConfig(), seed: int = 0) -> Path:
+                    cfg: TinyLlamaConfig = TinyLlamaConfig(), seed: int = 0) -> Path:
     """Export hf_model(cfg, seed) with optimum-executorch's xnnpack recipe to `out`."""
     from optimum.exporters.executorch import main_export
 
