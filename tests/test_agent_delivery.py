@@ -130,3 +130,25 @@ def test_an_old_lease_acknowledged_does_not_start_the_run_requeued_under_a_new_o
     assert b.run_id == rid and b.lease_id != a.lease_id and _run(api, rid).status == "assigned"
     agent.api.claim(wait=0)                              # acknowledges b's
     assert _run(api, rid).status == "running"
+
+
+def test_a_lease_is_acknowledged_only_by_the_agent_of_its_device(api, agent, example_pte):
+    """hand_over moves assigned -> running in one conditional UPDATE: only the runs under the
+    acknowledged leases, on the acknowledging agent's devices, still assigned."""
+    from sme2farm.server.services import runs as run_service
+    from sme2farm.server.store.models import Device
+
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        own = s.scalar(select(Device.agent_id).join(Run, Run.device_id == Device.id).where(Run.id == rid))
+        assert run_service.hand_over(s, agent_id=own + 1000, lease_ids=[a.lease_id], lease_s=60) == []
+        assert run_service.hand_over(s, agent_id=own, lease_ids=["not-a-lease"], lease_s=60) == []
+    assert _run(api, rid).status == "assigned"
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        assert run_service.hand_over(s, agent_id=own, lease_ids=[a.lease_id], lease_s=60) == [rid]
+    with session_scope(api.settings.sqlalchemy_url) as s:   # a repeat moves nothing
+        assert run_service.hand_over(s, agent_id=own, lease_ids=[a.lease_id], lease_s=60) == []
+    run = _run(api, rid)
+    assert run.status == "running" and run.started_at is not None and run.lease_expires_at is not None

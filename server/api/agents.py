@@ -90,8 +90,7 @@ def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float, lease
     with tx() as session:
         device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=offline_s)
         if ack:
-            run_service.hand_over(session, run_service.assigned_to_agent(session, agent_id=agent_id, lease_ids=ack),
-                                  lease_s=lease_s)
+            run_service.hand_over(session, agent_id=agent_id, lease_ids=ack, lease_s=lease_s)
         new = waiter.undelivered(agent_id, run_service.assigned_leases(session, agent_id=agent_id))
         if not new:
             return []

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, joinedload
 
 from sme2farm.protocol import RunStatus
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services.runs.status import StateChanged, move
+from sme2farm.server.services.runs.status import StateChanged, move, move_where
 from sme2farm.server.store.models import Device, Experiment, Run, utcnow
 
 S = RunStatus
@@ -104,9 +104,8 @@ def assigned_leases(session: Session, *, agent_id: int) -> list[tuple[int, str]]
     return [(rid, lease) for rid, lease in session.execute(_assigned(agent_id, Run.id, Run.lease_id))]
 
 
-def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | None = None,
-                      lease_ids: list[str] | None = None) -> list[Run]:
-    """The runs assigned to this agent's devices (of `run_ids`, or under `lease_ids`, if given), with
+def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | None = None) -> list[Run]:
+    """The runs assigned to this agent's devices (of `run_ids`, if given), with
     what an assignment needs (experiment, its models, the device) loaded in the same query."""
     query = (
         _assigned(agent_id, Run)
@@ -117,22 +116,20 @@ def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | N
     )
     if run_ids is not None:
         query = query.where(Run.id.in_(run_ids))
-    if lease_ids is not None:
-        query = query.where(Run.lease_id.in_(lease_ids))
     return list(session.scalars(query))
 
 
-def hand_over(session: Session, runs: list[Run], *, lease_s: float) -> list[Run]:
+def hand_over(session: Session, *, agent_id: int, lease_ids: list[str], lease_s: float) -> list[int]:
     """The claim's acknowledgement is the start: each run an agent says it now holds (its next
-    claim's `ack`) moves assigned -> running, started now, its lease counted from now (agent
-    protocol 2 has no start request; a protocol-1 agent's start on it is answered as a repeat). A
-    run that moved meanwhile (requeued, ended) is left as it is."""
+    claim's `ack`, by lease) moves assigned -> running, started now, its lease counted from now
+    (agent protocol 2 has no start request; a protocol-1 agent's start on it is answered as a
+    repeat). A run that moved meanwhile (requeued under a new lease, ended) is left as it is.
+
+    One conditional UPDATE (status still assigned, under that lease, on one of this agent's
+    devices: status.move_where), without loading the runs. Returns the ids of the runs handed over."""
+    if not lease_ids:
+        return []
     now = utcnow()
-    handed = []
-    for run in runs:
-        try:
-            move(session, run, S.running, started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
-        except StateChanged:
-            continue
-        handed.append(run)
-    return handed
+    agents_devices = select(Device.id).where(Device.agent_id == agent_id).scalar_subquery()
+    return move_where(session, S.assigned, S.running, Run.lease_id.in_(lease_ids), Run.device_id.in_(agents_devices),
+                      started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
