@@ -23,8 +23,10 @@ def etdump() -> bytes:
 
 
 def _report(farm, eid: int, cache, **kw) -> dict:
+    """As GET /experiments/{id} answers: read in a transaction, built after it has ended."""
     with session_scope(farm.url) as s:
-        return json.loads(reports.report_json(s, experiment_id=eid, cache_dir=cache, read_only=True, **kw))
+        rows = reports.read_report(s, experiment_id=eid, cache_dir=cache, **kw)
+    return json.loads(reports.build_report(rows=rows))
 
 
 def test_an_ended_experiments_report_is_built_once_and_served_from_storage(service_farm, etdump, tmp_path, monkeypatch):
@@ -69,3 +71,33 @@ def test_an_ended_experiments_report_is_built_once_and_served_from_storage(servi
         assert _report(farm, eid, cache)["name"] != "served from storage"
     finally:
         reports.report_cache_version.cache_clear()
+
+
+def test_reading_a_report_leaves_the_callers_transaction_to_the_caller(service_farm, etdump):
+    """read_report neither commits nor ends the transaction it was given (a service never commits
+    one it did not open): a change made before it is still the caller's to roll back. What it read
+    builds, with no session, the answer report_json builds in one transaction."""
+    farm = service_farm
+    [rid] = farm.submit()
+    eid = farm.run(rid).experiment_id
+    farm.to(rid, "analyzing", trace=etdump)
+    assert farm.ingest(rid) == "succeeded"
+    with session_scope(farm.url) as s:
+        whole = json.loads(reports.report_json(s, experiment_id=eid))
+
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), session_scope(farm.url) as s:
+        s.execute(update(Run).where(Run.id == rid).values(reason="not to be kept"))
+        rows = reports.read_report(s, experiment_id=eid)
+        assert s.in_transaction()
+        raise Undo
+    with session_scope(farm.url) as s:
+        assert s.get(Run, rid).reason != "not to be kept"
+    built = json.loads(reports.build_report(rows=rows))          # the session is closed: built from what was read
+    assert built["runs"][0]["reason"] == "not to be kept"         # what that transaction saw
+    assert {**built, "runs": []} == {**whole, "runs": []}
+    assert [{**r, "reason": ""} for r in built["runs"]] == [{**r, "reason": ""} for r in whole["runs"]]
+    with session_scope(farm.url) as s:
+        assert reports.read_report(s, experiment_id=eid + 1000) is None

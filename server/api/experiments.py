@@ -151,18 +151,21 @@ def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_s
 
 
 @router.get("/experiments/{experiment_id}", response_model=ExperimentReport)
-def get_experiment(experiment_id: ExperimentId, session: SessionDep, _user: UserDep, store: StoreDep,
+def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store: StoreDep,
                    runs: RunsDetail | None = None, run_page: Page = 1, run_page_size: RunPageSize = 200) -> Response:
     """The experiment's report. `runs`: full (the default up to 2,000 runs: every run with its
     operators and kernels), summary (the default above: no runs, their aggregates per variant, SME2
     arm, device, threads and mode in run_groups), or page (`run_page_size` runs in full, page
     `run_page`); runs_detail/runs_total say which. Once every run has ended the report is built
-    once and served from the data dir (reports.report_json cache_dir)."""
-    body = reports.report_json(session, experiment_id=experiment_id, runs=runs, page=run_page, page_size=run_page_size,
-                               read_only=True, cache_dir=store.root / "reports")
-    if body is None:
+    once and served from the data dir (reports.read_report cache_dir)."""
+    # A read in its own transaction, ended before the answer is built (a large report takes a
+    # while in Python): the connection goes back to the pool meanwhile, not "idle in transaction".
+    with tx() as session:
+        rows = reports.read_report(session, experiment_id=experiment_id, runs=runs, page=run_page,
+                                   page_size=run_page_size, cache_dir=store.root / "reports")
+    if rows is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")
-    return Response(body, media_type="application/json")  # built as JSON by reports.report_json
+    return Response(reports.build_report(rows=rows), media_type="application/json")  # built as JSON by reports
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)

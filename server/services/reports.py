@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import statistics
+from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
 from typing import Literal
@@ -88,17 +89,46 @@ _RUN_COLUMNS = (Run.id, Run.experiment_id, Run.device_id, Run.sme2, Run.threads,
                 Run.runner_wall_s, Run.created_at, Run.started_at, Run.finished_at)
 
 
+@dataclass(frozen=True)
+class ReportRows:
+    """What an experiment's report is built from, read by read_report in one transaction and built
+    into JSON by build_report, which needs no session: a reader (GET) ends its transaction between
+    the two, so its connection goes back to the pool instead of sitting "idle in transaction"
+    while a large answer is built in Python.
+
+    stored: the answer as kept in cache_dir (nothing else is read then); keep_at: where a built
+    answer is kept (None: not kept)."""
+    stored: bytes | None = None
+    keep_at: Path | None = None
+    head: ExperimentReport | None = None
+    comparisons: str | None = None
+    rows: list = field(default_factory=list)
+    results: dict[int, tuple] = field(default_factory=dict)
+    artifacts: dict[int, list[str]] = field(default_factory=dict)
+    waiting: dict[int, str] = field(default_factory=dict)
+
+
 def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
-                page_size: int = 200, read_only: bool = False, cache_dir: Path | None = None) -> bytes | None:
-    """GET /experiments/{id}: the ExperimentReport as JSON bytes (None: no such experiment).
+                page_size: int = 200, cache_dir: Path | None = None) -> bytes | None:
+    """The ExperimentReport as JSON bytes (None: no such experiment), read and built in the
+    caller's transaction (a route that has just changed the experiment answers its report).
+    read_report and build_report are its two steps, for a caller that ends its transaction
+    between them (GET /experiments/{id})."""
+    rows = read_report(session, experiment_id=experiment_id, runs=runs, page=page, page_size=page_size,
+                       cache_dir=cache_dir)
+    return None if rows is None else build_report(rows=rows)
+
+
+def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
+                page_size: int = 200, cache_dir: Path | None = None) -> ReportRows | None:
+    """GET /experiments/{id}, its reading step: what the ExperimentReport is built from (None: no
+    such experiment). build_report turns it into JSON bytes, with no session.
 
     The report an ORM walk (run_report of every run) would build, read as columns instead: each
     run's e2e, load, operator and kernel parts are taken out of its stored analysis by the
     database (the raw per-iteration samples, most of that JSON, never leave it), and operators
     and kernels go into the answer as the JSON text the database hands over, never parsed into
     Python objects and serialised again (that was most of a large report's time: bench/scale.py).
-
-    read_only: the caller's transaction only reads (GET): it is ended once the rows are read.
 
     runs: "full" (the default up to FULL_REPORT_MAX_RUNS runs): every run with its operators and
     kernels; "summary" (the default above it): no runs, their aggregates per variant, SME2 arm,
@@ -111,7 +141,9 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
     cheap, and any reader could ask for a million of them), served as stored while the runs'
     statuses and finish times and the report's contract (report_cache_version) are what they were
     (a run requeued, cancelled or re-ended changes them; the comparisons are completed in the
-    transaction that ends the last run). One file per answer and experiment: a rebuild replaces it."""
+    transaction that ends the last run). One file per answer and experiment: a rebuild replaces it.
+    The stored answer is read here, in the transaction that read its key, so it is the answer of
+    the rows that transaction saw."""
     ended = session.execute(select(Run.status, func.count(), func.max(Run.finished_at))
                             .where(Run.experiment_id == experiment_id).group_by(Run.status)).all()
     cached = None
@@ -120,18 +152,11 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
         folder = cache_dir / str(int(experiment_id))
         cached = folder / f"{runs or 'default'}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
         try:
-            body = cached.read_bytes()
+            return ReportRows(stored=cached.read_bytes())
         except OSError:
             pass
-        else:
-            if read_only:
-                session.commit()
-            return body
-    body = _build(session, experiment_id=experiment_id, runs=runs, page=page, page_size=page_size,
-                  read_only=read_only, statuses={st: n for st, n, _ in ended})
-    if cached is not None and body is not None:
-        _keep(cached, body)
-    return body
+    return _read(session, experiment_id=experiment_id, runs=runs, page=page, page_size=page_size,
+                 statuses={st: n for st, n, _ in ended}, keep_at=cached)
 
 
 def _keep(path: Path, body: bytes) -> None:
@@ -150,8 +175,8 @@ def _keep(path: Path, body: bytes) -> None:
         log.warning("report %s not kept: %s", path, e)
 
 
-def _build(session: Session, *, experiment_id: int, runs: RunsDetail | None, page: int, page_size: int,
-           read_only: bool, statuses: dict[str, int]) -> bytes | None:
+def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page: int, page_size: int,
+          statuses: dict[str, int], keep_at: Path | None) -> ReportRows | None:
     exp = session.scalar(
         select(Experiment).where(Experiment.id == experiment_id)
         .options(joinedload(Experiment.model), joinedload(Experiment.vs_model), defer(Experiment.comparisons))
@@ -180,21 +205,47 @@ def _build(session: Session, *, experiment_id: int, runs: RunsDetail | None, pag
         ):
             artifacts.setdefault(run_id, []).append(name)
     # What each queued run waits for: the state of its device now (one row per device), put in
-    # words before a read-only transaction ends.
+    # words while the transaction that read it is open.
     waiting_on = {r.device_id for r in rows if r.status == RunStatus.queued and r.device_id is not None}
     now = utcnow()
     waiting = {d.id: device_service.waiting_for(d, now)
                for d in session.scalars(select(Device).where(Device.id.in_(waiting_on)))} if waiting_on else {}
-    if read_only:
-        # Everything is read: end the transaction before the answer is built in Python, so its
-        # connection goes back to the pool instead of sitting "idle in transaction" meanwhile.
-        session.commit()
+    head = ExperimentReport(
+        id=exp.id, name=exp.name, status=experiment_service.status_of(statuses), spec=ExperimentSpec(**exp.spec),
+        model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
+        vs_model_sha256=exp.vs_model_sha256, vs_model_size=exp.vs_model.size if exp.vs_model_sha256 else None,
+        inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
+        created_at=exp.created_at, runs=[], comparisons=[], warnings=exp.warnings or [],
+        runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
+        runs_page_size=page_size if detail == "page" else None,
+        run_groups=groups,
+        program_memory=memory_for(exp.model.memory, exp.spec.get("method", DEFAULT_METHOD)),
+        vs_program_memory=memory_for(exp.vs_model.memory, exp.spec.get("method", DEFAULT_METHOD))
+        if exp.vs_model_sha256 else None,
+    )
+    return ReportRows(keep_at=keep_at, head=head, comparisons=comparisons, rows=rows, results=results,
+                      artifacts=artifacts, waiting=waiting)
+
+
+def build_report(*, rows: ReportRows) -> bytes:
+    """GET /experiments/{id}, its building step: the JSON bytes of what read_report read, with no
+    session (the stored answer as it is; a built one is kept where read_report said)."""
+    if rows.stored is not None:
+        return rows.stored
+    body = _build(rows)
+    if rows.keep_at is not None:
+        _keep(rows.keep_at, body)
+    return body
+
+
+def _build(got: ReportRows) -> bytes:
+    results, artifacts, waiting = got.results, got.artifacts, got.waiting
     # Snapshots and runner builds repeat (one per device, a few builds): read as text, each
     # distinct one checked once. Device state and categories go in as the stored text.
     devices: dict[str, DeviceInfo] = {}
     runners: dict[str, RunnerInfo] = {}
     out, raw = [], []
-    for r in rows:
+    for r in got.rows:
         res = results.get(r.id)
         device = runner = None
         if r.device_snapshot and r.device_snapshot != "null":
@@ -222,19 +273,7 @@ def _build(session: Session, *, experiment_id: int, runs: RunsDetail | None, pag
             waiting_for=(waiting.get(r.device_id) or device_service.waiting_for(None))
             if r.status == RunStatus.queued else None,
         ))
-    head = ExperimentReport(
-        id=exp.id, name=exp.name, status=experiment_service.status_of(statuses), spec=ExperimentSpec(**exp.spec),
-        model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
-        vs_model_sha256=exp.vs_model_sha256, vs_model_size=exp.vs_model.size if exp.vs_model_sha256 else None,
-        inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
-        created_at=exp.created_at, runs=[], comparisons=[], warnings=exp.warnings or [],
-        runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
-        runs_page_size=page_size if detail == "page" else None,
-        run_groups=groups,
-        program_memory=memory_for(exp.model.memory, exp.spec.get("method", DEFAULT_METHOD)),
-        vs_program_memory=memory_for(exp.vs_model.memory, exp.spec.get("method", DEFAULT_METHOD))
-        if exp.vs_model_sha256 else None,
-    ).model_dump_json(exclude={"runs", "comparisons"}).encode()
+    head = got.head.model_dump_json(exclude={"runs", "comparisons"}).encode()
     # Every run serialises its (empty) device state and its (None) categories, operators and
     # kernels as these holes, once each, in field order; the stored JSON text goes in their
     # place. A string value cannot contain a hole: its quotes are escaped.
@@ -251,7 +290,7 @@ def _build(session: Session, *, experiment_id: int, runs: RunsDetail | None, pag
             raise AssertionError("report: a run's categories/operators/kernels placeholder was not found")
         body += [b'"device_state":', state, before, b'"categories_ms":', cats, b',"operators":', ops,
                  b',"kernels":', kernels, after]
-    comparisons = _raw(comparisons)
+    comparisons = _raw(got.comparisons)
     body += [b',"comparisons":', (comparisons if comparisons != "null" else "[]").encode(), b",", head[1:]]
     return b"".join(body)
 
