@@ -477,9 +477,11 @@ class RunningFarm:
         return subprocess.run([sys.executable, "-m", "sme2farm.client.cli", *args], env=env,
                               capture_output=True, text=True, timeout=timeout)
 
-    def log(self, name: str) -> str:
+    def log(self, name: str, tail: int | None = 4000) -> str:
+        """The component's log: its last `tail` characters (a failure's context), or all of it (None)."""
         p = self.data_dir / "logs" / f"{name}.log"
-        return p.read_text(errors="replace")[-4000:] if p.exists() else ""
+        text = p.read_text(errors="replace") if p.exists() else ""
+        return text if tail is None else text[-tail:]
 
 
 def start_farm(data_dir: Path, manifest: Path, extra_env: dict | None = None, drivers: str = "local",

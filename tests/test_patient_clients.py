@@ -206,9 +206,9 @@ def test_a_503_during_an_upload_is_retried_and_the_run_succeeds(patient_farm, ex
     # A run is running from its claim's acknowledgement (protocol 2), which can come before the agent has
     # fetched the model: the database goes away once the runner itself runs (its 10,000 warm-up calls).
     wait_for("the runner runs", lambda: runners_under(farm.f.data_dir / "agent"), 60, every=0.01, log=farm.logs)
-    before = len(farm.f.log("agent"))
+    before = len(farm.f.log("agent", tail=None))   # the whole log: what comes after it is new
     with database_away(farm.proxy):
-        wait_for("the agent's delivery met a 503", lambda: "/deliver" in (new := farm.f.log("agent")[before:])
+        wait_for("the agent's delivery met a 503", lambda: "/deliver" in (new := farm.f.log("agent", tail=None)[before:])
                  and " 503 " in new, 60, every=0.1, log=farm.logs)
     [(_, status, attempt, reason)] = farm.wait_done(exp["id"], 120)
     assert (status, attempt) == ("succeeded", 1), (status, attempt, reason)
