@@ -70,6 +70,9 @@ from sme2farm.analysis.noise import NoiseModel, as_noise_model
 from sme2farm.analysis.sessions import MIN_ITERATIONS, N_BOOT, STATS, stats_of, within_df
 from sme2farm.analysis.special import t_quantile
 
+# The smallest relative difference claimed. The wire contract's default (protocol
+# DEFAULT_MIN_EFFECT, ExperimentSpec.min_effect) is the same number, defined there (the analysis
+# does not import the contract): tests/test_protocol_imports.py holds the two equal.
 DEFAULT_MIN_EFFECT = 0.02
 HALF_WIDTH_LOG_CAP = 50.0  # an interval's ends at most e^50 from its ratio (verdict())
 VERDICTS = ("speedup", "slowdown", "no significant difference", "insufficient data")

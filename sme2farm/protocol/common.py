@@ -12,10 +12,6 @@ from typing import Annotated, Any, Iterable, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainSerializer, field_validator
 
-from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
-
-__all__ = ["DEFAULT_MIN_EFFECT"]  # re-exported: the verdict's default is the contract's (ExperimentSpec.min_effect)
-
 Sme2Setting = Literal["on", "off"]
 Sme2Request = Literal["on", "off", "both"]
 Platform = Literal["linux", "macos", "android"]
@@ -103,6 +99,11 @@ DEFAULT_WARMUP = 2
 DEFAULT_TIMEOUT_S = 600
 DEFAULT_METHOD = "forward"
 DEFAULT_POWER_PROFILE = "none"
+# The smallest relative difference a verdict claims (ExperimentSpec.min_effect, GET /comparisons'
+# min_effect). analysis/verdict.py, below the contract, keeps the same number as its own default
+# (tests/test_protocol_imports.py holds the two equal): the contract does not import the analysis,
+# which would load numpy into every agent and client.
+DEFAULT_MIN_EFFECT = 0.02
 
 
 # Every timestamp on the wire is UTC with its offset (RFC 3339, as the schema's date-time says);

@@ -1,0 +1,22 @@
+"""The wire contract (sme2farm.protocol) is light: the agent and the client import it, and neither
+needs the analysis or numpy for it. Its defaults that the analysis also uses are kept equal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_importing_the_protocol_loads_neither_the_analysis_nor_numpy():
+    code = ("import json, sys; import sme2farm.protocol; "
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'numpy' or m.startswith(('numpy.', 'sme2farm.analysis')))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_the_verdicts_default_min_effect_is_the_contracts():
+    from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT as VERDICT_DEFAULT
+    from sme2farm.protocol import DEFAULT_MIN_EFFECT, ExperimentSpec
+
+    assert VERDICT_DEFAULT == DEFAULT_MIN_EFFECT == ExperimentSpec().min_effect
