@@ -3,7 +3,7 @@
 They read the typed answer (sme2farm.protocol: RunReport's operators, kernels, kernel paths,
 memory and LLM phases; Comparison's verdicts). The sentences shared with the offline analysis
 CLI and the Markdown report come from analysis/render.py, which sits below the wire contract in
-the layers and takes plain data: those calls get the model as the JSON the server sent (_plain)."""
+the layers and takes plain data: those calls get the model as the JSON the server sent (plain())."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from sme2farm.protocol import (Comparison, ComparisonRead, ComparisonSide, Exper
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 
 
-def _plain(model: BaseModel | None) -> dict | None:
+def plain(model: BaseModel | None) -> dict | None:
     """A model as the JSON the server sent (the keys it gave, none added), for analysis/render.py."""
     return None if model is None else model.model_dump(mode="json", exclude_unset=True)
 
@@ -58,7 +58,7 @@ def experiment_text(rep: ExperimentReport) -> str:
            f"  method {rep.spec.method}, inputs: {rep.inputs}", *(f"  note: {w}" for w in rep.warnings)]
     out[3:3] = [f"  planned memory{label}: {line}"
                 for label, pm in (("", rep.program_memory), (" (model B)", rep.vs_program_memory))
-                if (line := program_memory_line(_plain(pm))) is not None]
+                if (line := program_memory_line(plain(pm))) is not None]
     if len(rep.spec.threads) > 1:
         out.insert(3, f"  thread scaling: sme2-client scaling {rep.id}")
     # Runs that could not be placed usually share one long reason (every SME2-on run on a farm
@@ -101,10 +101,10 @@ def experiment_text(rep: ExperimentReport) -> str:
             e = r.e2e_ms
             out.append(f"  E2E ms{emulated}: median {_f(e.median)}  mean {_f(e.mean)}  p10 {_f(e.p10)}  p90 {_f(e.p90)}  "
                        f"CV {100 * e.cv:.1f}%  n={e.n}")
-        if line := memory_line(_plain(r.memory)):
+        if line := memory_line(plain(r.memory)):
             out.append(f"  memory: {line}")
         if r.llm:
-            out += [f"  LLM{emulated}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(llm_lines(_plain(r.llm)))]
+            out += [f"  LLM{emulated}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(llm_lines(plain(r.llm)))]
         if r.categories_ms:
             total = sum(r.categories_ms.values()) or 1.0
             out.append("  " + "  ".join(f"{c} {_f(r.categories_ms.get(c))} ({100 * r.categories_ms.get(c, 0) / total:.0f}%)"
@@ -114,7 +114,7 @@ def experiment_text(rep: ExperimentReport) -> str:
             out.append("  top operators: " + "; ".join(
                 f"{o.name} {o.total_ms:.3f} ms{f' [{o.kernel_path}]' if o.kernel_path else ''}"
                 f"{'' if o.delegated else ' (PORTABLE)'}" for o in top))
-            out += [f"  {line}" for line in kernel_path_lines(_plain(run_kernel_paths(r)))]
+            out += [f"  {line}" for line in kernel_path_lines(plain(run_kernel_paths(r)))]
         if r.kernels and r.kernels.status == "ok":
             out.append(f"  {microkernels_line(r.kernels)}")
         out.append("")
@@ -205,15 +205,15 @@ def _comparison_head(c: Comparison) -> str:
 
 def _facts(c: Comparison) -> list[str]:
     """Per-arm SME2 coverage, the outputs compared (one line per output), the narrative."""
-    plain = _plain(c)
-    lines = [f"  {s}" for s in comparison_fact_lines(plain)]
+    data = plain(c)
+    lines = [f"  {s}" for s in comparison_fact_lines(data)]
     lines += [f"    output {row[0]} {row[1]} [{row[2]}]: max abs {row[3]}, max rel {row[4]}, SNR {row[5]} dB, "
-              f"within tolerance: {row[6]}" for row in numerics_rows(plain)]
-    return lines + [f"  {s}" for s in narrative_lines(plain)]
+              f"within tolerance: {row[6]}" for row in numerics_rows(data)]
+    return lines + [f"  {s}" for s in narrative_lines(data)]
 
 
 def _emulated(c: Comparison) -> bool:
-    return is_emulated(_plain(c))
+    return is_emulated(plain(c))
 
 
 def _comparison(c: Comparison) -> str:
@@ -221,7 +221,7 @@ def _comparison(c: Comparison) -> str:
     if c.status != "complete":
         return f"{head}: no comparison — {c.reason or 'incomplete'}\n"
     if _emulated(c):  # an emulator's timings: no ratio, interval or category speedups, whatever the entry holds
-        return "\n".join([f"{head}: {emulated_headline(_plain(c))}"] + _facts(c)) + "\n"
+        return "\n".join([f"{head}: {emulated_headline(plain(c))}"] + _facts(c)) + "\n"
     lines = [f"{head}: ratio {_verdict(c)}",
              "  (ratio = baseline/candidate, > 1: the candidate is faster; categories in ms per iteration, 10% trimmed mean)"]
     for cat, v in (c.categories or {}).items():
@@ -252,7 +252,7 @@ def comparison_text(result: ComparisonRead) -> str:
             out.append(f"{head}: no comparison — {entry.reason or 'incomplete'}")
             continue
         if _emulated(entry):
-            out += [f"{head}: {emulated_headline(_plain(entry))}"] + _facts(entry)
+            out += [f"{head}: {emulated_headline(plain(entry))}"] + _facts(entry)
             continue
         out.append(f"{head}: ratio {_verdict(entry)}")
         for cat, v in (entry.categories or {}).items():
