@@ -199,15 +199,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     if args.kit_json is not None:
-        from sme2farm.client import kit  # the kit's configs need the wire schemas; a plain analyze does not
+        from sme2farm.client import kit_json  # plain data: no HTTP client or wire schemas (client/kit.py's)
         try:
-            dest = kit.summary_path(args.kit_json, Path(args.trace).resolve().parent)
-        except kit.KitConfigError as exc:
+            dest = kit_json.summary_path(args.kit_json, Path(args.trace).resolve().parent)
+        except kit_json.KitError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         traces = [(args.trace, report)] + ([(args.compare, other)] if other is not None else [])
         run_dir = str(dest.parent) if dest is not None else str(Path(args.trace).resolve().parent)
-        kit.write_summary(kit.kit_summary(traces, run_dir=run_dir), dest)
+        kit_json.write_summary(kit_json.kit_summary(traces, run_dir=run_dir), dest)
         if dest is None:
             return 0
     if args.json:

@@ -275,6 +275,25 @@ def test_analyze_kit_json_over_two_traces_sums_like_the_kit(portable_trace, tmp_
         assert summary["category_totals_ms"][c] == pytest.approx(a["categories_ms"][c] + b["categories_ms"][c])
 
 
+def test_analyze_kit_json_loads_no_http_client_or_wire_schemas(portable_trace, tmp_path):
+    """`sme2-client analyze TRACE --kit-json` writes the kit's file from the analysis' plain data
+    (client/kit_json.py): like a plain analyze, it starts without httpx, pydantic or the protocol."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "analysis_summary.json"
+    probe = ("import sys\nfrom sme2farm.client.main import main\n"
+             f"rc = main(['analyze', {str(portable_trace)!r}, '--kit-json', {str(out)!r}])\n"
+             "print(rc, ' '.join(sorted(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rc, mods = r.stdout.splitlines()[-1].split(" ", 1)
+    mods = set(mods.split())
+    assert rc == "0" and set(json.loads(out.read_text())) == KIT_KEYS
+    assert "sme2farm.client.kit_json" in mods and "sme2farm.client.kit" not in mods
+    assert not {m for m in mods if m.split(".")[0] in ("httpx", "pydantic") or m.startswith("sme2farm.protocol")}
+
+
 def test_analyze_kit_json_will_not_overwrite_a_trace(portable_trace, tmp_path, capsys):
     victim = tmp_path / "other.etdump"
     victim.write_bytes(b"keep me")
@@ -285,10 +304,15 @@ def test_analyze_kit_json_will_not_overwrite_a_trace(portable_trace, tmp_path, c
 
 def test_an_emulated_run_in_the_kit_summary_says_its_times_are_the_emulators():
     from sme2farm.client.kit import summary_from_experiment
+    from sme2farm.protocol import ExperimentReport
 
-    run = {"id": 3, "status": "succeeded", "sme2": "on", "threads": 1, "categories_ms": {}, "operators": []}
-    rep = {"model_sha256": "ab", "runs": [{**run, "device": {"emulator": "qemu-aarch64 11.1.3 -cpu max"}},
-                                          {**run, "id": 4, "device": {"serial": "pixel"}}]}
+    run = {"id": 3, "experiment_id": 1, "status": "succeeded", "sme2": "on", "threads": 1, "mode": "timing",
+           "categories_ms": {}, "operators": []}
+    rep = ExperimentReport.model_validate(
+        {"id": 1, "status": "succeeded", "spec": {"sme2": "on"}, "model_sha256": "ab", "model_size": 1,
+         "created_at": "2026-11-28T10:00:00Z",
+         "runs": [{**run, "device": {"serial": "qemu", "platform": "linux", "emulator": "qemu-aarch64 11.1.3 -cpu max"}},
+                  {**run, "id": 4, "device": {"serial": "pixel", "platform": "android"}}]})
     (emulated, _), (hardware, _) = summary_from_experiment(rep)[0]
     assert "emulated by qemu-aarch64 11.1.3 -cpu max" in emulated
     assert "emulated" not in hardware
