@@ -48,7 +48,7 @@ def flagged_experiment(api, etdump_builder) -> dict:
         model = Model(sha256="ef" * 32, size=1)
         s.add(model)
         exp = experiment_service.create(s, spec=ExperimentSpec(sme2="both", name="flagged"), model=model, **lost_clock())
-        run_service.runs_created(s, experiment_id=exp.id)
+        run_service.runs_created(s, experiment_id=exp.id, store=store)
         exp_id, rids = exp.id, [r.id for r in exp.runs]
     for rid in rids:
         with session_scope(url, **quiet) as s:
@@ -61,15 +61,16 @@ def flagged_experiment(api, etdump_builder) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
         with session_scope(url, **quiet) as s:
-            run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60,
+            run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60, store=store,
                                body=RunFinish(lease_id=lease, status="succeeded"))
         with session_scope(url, **quiet) as s:
-            assert run_service.ingest(s, run_id=rid, ingester=Ingester(store)) == RunStatus.succeeded
+            assert run_service.ingest(s, run_id=rid, ingester=Ingester(store), store=store) == RunStatus.succeeded
     return api.client.get(f"/experiments/{exp_id}", headers=api.auth()).json()
 
 
 def test_the_on_arms_flag_shows_in_the_dashboard_the_cli_and_the_report(api, browser, flagged_experiment):
-    from sme2farm.client import document
+    from sme2farm.client import document_blocks
+    from sme2farm.client.document_writers import to_markdown
     from sme2farm.client.render import experiment_text
 
     exp = flagged_experiment
@@ -84,7 +85,7 @@ def test_the_on_arms_flag_shows_in_the_dashboard_the_cli_and_the_report(api, bro
     # the CLI report (sme2-client status/report's text) and the report document
     text = experiment_text(ExperimentReport.model_validate(exp))
     assert text.count(f"FLAG: {flag}") == 1
-    md = document.to_markdown(document._blocks(exp, {}, {}, api.url))
+    md = to_markdown(document_blocks.blocks(ExperimentReport.model_validate(exp), {}, {}, api.url))
     assert f"- Run {runs['on']['id']}: {flag}" in md and f"Run {runs['off']['id']}: SME2 was on" not in md
 
     # the dashboard's experiment page: the on run's card carries the flag as an alert, the off run's none

@@ -78,7 +78,8 @@ def test_an_llm_report_gives_sme2_coverage_per_phase_and_what_would_reach_sme2(e
 
     # the terminal lines (sme2-client, the analysis CLI) and the report document's table say it too
     from sme2farm.analysis.render import llm_lines
-    from sme2farm.client.document import _llm_blocks
+    from sme2farm.client.document_blocks import _llm_blocks
+    from sme2farm.protocol import RunReport
 
     lines = llm_lines(rep["llm"])
     assert "prefill SME2 coverage 100% (0.030 of 0.030 ms Convolution/GEMM)" in lines
@@ -86,7 +87,9 @@ def test_an_llm_report_gives_sme2_coverage_per_phase_and_what_would_reach_sme2(e
             "QB4W) GEMM)") in lines
     assert any(x.startswith("int4 block-quantized weights, dynamically quantized int8 activations (8da4w) (QP8, F32, "
                             "QB4W) ran off SME2: int4 block-quantized weights (QB4W) have no SME2 kernel") for x in lines)
-    blocks = _llm_blocks([{"id": 5, "status": "succeeded", "sme2": "on", "llm": rep["llm"], "device": {}}], [], [])
+    run = RunReport.model_validate({"id": 5, "experiment_id": 1, "status": "succeeded", "sme2": "on", "threads": 1,
+                                    "mode": "timing", "llm": rep["llm"]})
+    blocks = _llm_blocks([run], [], [])
     [table] = [b for b in blocks if b[0] == "table" and b[1][:3] == ["Run", "SME2", "Phase"]]
     assert table[2] == [["5", "on", "prefill", "100%", "Fully Connected (NC, QP8, F32, QC8W) GEMM", "—"],
                         ["5", "on", "decode", "50%", "Fully Connected (NC, QP8, F32, QC8W) GEMM",

@@ -14,7 +14,9 @@ import re
 import pytest
 
 from _fixtures_farm import QUICK_SPEC, dispatch, http_of, ingest_all
-from sme2farm.client import cli, document, kit
+from sme2farm.client import cli, document, kit_json
+from sme2farm.client.document_fetch import Fetched
+from sme2farm.protocol import ExperimentReport
 
 pytestmark = pytest.mark.models
 
@@ -131,7 +133,8 @@ def test_an_emulated_llm_document_states_no_speed_figure(llm_experiment, monkeyp
         run["device"]["emulator"] = "qemu-aarch64 (SME2)"
     for c in exp["comparisons"]:
         c.update({"emulated": True, "verdict": "emulated", "speedup": None, "ci_low": None, "ci_high": None})
-    monkeypatch.setattr(document, "fetch", lambda client, experiment_id, joined=None: (exp, {}, {}))
+    monkeypatch.setattr(document, "fetch", lambda client, experiment_id, joined=None:
+                        Fetched(ExperimentReport.model_validate(exp), {}, {}))
     assert cli.main(["report", str(exp["id"]), "--markdown"]) == 0
     md = capsys.readouterr().out
     section = _section(md, "## LLM: prefill and decode")
@@ -154,7 +157,7 @@ def test_an_emulated_llm_kit_entry_has_no_speed_figure():
            "categories": {"prefill": {"ms": {"GEMM": 0.5}}, "decode": {"ms": {"GEMM": 0.1}}}}
     host = {"categories_ms": {}, "operators": [], "llm": llm, "device": {"emulator": None}}
     emulated = {**host, "device": {"emulator": "qemu-aarch64 11.1.3 -cpu max (user mode)"}}
-    summary = kit.kit_summary([("host", host), ("emulated", emulated)], run_dir="r")
+    summary = kit_json.kit_summary([("host", host), ("emulated", emulated)], run_dir="r")
     on_host, on_emulator = (e["llm"] for e in summary["per_etdump"])
     assert on_host["decode_tokens_per_s"]["median"] == 900.0 and on_host["ttft_ms"]["median"] == 1.0
     assert [on_emulator[k] for k in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s")] == [None] * 3

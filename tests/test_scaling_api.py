@@ -123,9 +123,9 @@ def test_the_chart_route_and_the_client_draw_every_device_and_the_joined_experim
     assert r.status_code == 422 and "only the scaling chart joins other experiments" in r.json()["detail"]
 
     client = FarmClient(api.url, api.token)
-    exp, svgs, missing = document.fetch(client, little, [big])
-    assert exp["scaling"]["joined"] == [big] and missing == {}
-    assert scaling_svg(svgs["scaling"])["legend"] == want
+    got = document.fetch(client, little, [big])
+    assert got.scaling.joined == [big] and got.missing == {}
+    assert scaling_svg(got.svgs["scaling"])["legend"] == want
     report = argparse.Namespace(server=api.url, token=api.token, id=little, joined=[big], markdown=True, html=False,
                                 output=None, svg_files=False)
     assert document.cmd_report(report) == 0
