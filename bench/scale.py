@@ -21,6 +21,8 @@ times the experiment list and reports, with a per-query breakdown of the slowest
 
     .venv/bin/python bench/scale.py --quick          # smoke: 4 agents, 20 devices, 80 runs, 5,000 bulk
     .venv/bin/python bench/scale.py                  # 20 agents, 200 devices, 2,000 runs, 100,000 bulk
+    .venv/bin/python bench/scale.py --before c0878e1 --skip-100k   # the same load on an earlier commit's
+                                                     # farm first, then this one's: both side by side
 
 Goals on the 2-core VM: 0 lost, 0 duplicated, >= 50 runs/s, API p99 < 100 ms, 100k list/report < 300 ms.
 Not part of the test suite (timings are not assertions).
@@ -41,6 +43,7 @@ from pathlib import Path
 import httpx
 
 from scale_bench.bulk import bulk_phase
+from scale_bench.code import FarmCode
 from scale_bench.common import PY, free_port
 from scale_bench.load import load_phase, report_load
 from scale_bench.procs import Procs
@@ -75,6 +78,13 @@ def main() -> int:
     p.add_argument("--trace-dir", help="keep the built model and trace here and reuse them next time (saves ~30 s)")
     p.add_argument("--py-spy", metavar="PATH", help="py-spy binary: profile the server and worker during the load")
     p.add_argument("--keep", action="store_true", help="keep the database and work dir for inspection")
+    p.add_argument("--before", metavar="REV",
+                   help="first run the same load on the farm code of git revision REV (a worktree in the work dir), "
+                        "then on this checkout's, and print both side by side (e.g. c0878e1: the last landed head "
+                        "before agent protocol 2, batched ingest and stored reports)")
+    p.add_argument("--after", metavar="REV",
+                   help="the farm code measured after (and in the 100k phase): git revision REV instead of this "
+                        "checkout's working tree (which other work may be changing meanwhile)")
     args = p.parse_args()
     if args.quick:
         args.agents, args.devices, args.runs = 4, 20, 80
@@ -87,9 +97,7 @@ def main() -> int:
         if host not in ("127.0.0.1", "localhost", "::1"):
             p.error(f"{url}: loopback only")
 
-    import psycopg
     import redis
-    import sqlalchemy as sa
 
     rds = redis.Redis.from_url(args.redis_url)
     if rds.dbsize():
@@ -107,6 +115,34 @@ def main() -> int:
     print(f"  real trace: toy_cnn, 20 iterations, {len(trace)} B ETDump "
           f"({time.monotonic() - t_start:.0f} s to build, export, run)")
 
+    codes = [FarmCode(work, args.before)] if args.before else []
+    try:
+        figures = [(code.label, one_farm(args, work, code, trace, log, bulk=False)) for code in codes]
+        codes.append(FarmCode(work, args.after))
+        figures.append((codes[-1].label, one_farm(args, work, codes[-1], trace, log, bulk=not args.skip_100k)))
+        if len(figures) > 1:
+            side_by_side(figures)
+        print(f"\ntotal bench time {time.monotonic() - t_start:.0f} s")
+        return 0
+    finally:
+        for code in codes:
+            code.close()
+        if args.keep:
+            print(f"kept: work dir {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+        rds.flushdb()  # it was empty when we started: everything in it is ours
+
+
+def one_farm(args, work: Path, code: FarmCode, trace: bytes, log: bytes, *, bulk: bool) -> dict:
+    """A farm on a fresh database, running `code`, under the load; its figures; then, if bulk, the
+    100k phase (its database read through this checkout's code: the after side's schema)."""
+    import psycopg
+    import redis
+    import sqlalchemy as sa
+
+    print(f"\n=== farm code: {code.label} ===")
+    redis.Redis.from_url(args.redis_url).flushdb()   # the previous farm's queues and beats
     db_name = f"sme2_scale_{uuid.uuid4().hex[:10]}"
     admin_db = sa.create_engine(args.postgres_url, isolation_level="AUTOCOMMIT")
     with admin_db.connect() as c:
@@ -114,42 +150,38 @@ def main() -> int:
     db_url = args.postgres_url.rsplit("/", 1)[0] + f"/{db_name}"
     procs = None
     pg = None
+    farm = work / f"farm-{db_name}"
     try:
-        from sme2farm.server.store.db import migrate, session_scope
-        from sme2farm.server.services import tokens as token_service
-
-        migrate(db_url)
         admin = f"sme2_{secrets.token_urlsafe(32)}"
-        with session_scope(db_url) as s:
-            token_service.create(s, name="admin", scope="admin", token=admin)
-            register = token_service.create(s, name="scale-bench", scope="register")
+        data = farm / "data"
+        data.mkdir(mode=0o700, parents=True)
+        shutil.copytree(work / "trace", farm / "trace")
+        shutil.copy(work / "model.pte", farm / "model.pte")
+        env = code.env({**os.environ, "SME2_DATA_DIR": str(data), "SME2_DATABASE_URL": db_url,
+                        "SME2_BROKER_URL": args.redis_url, "SME2_ADMIN_TOKEN": admin})
+        register = code.set_up(db_url, admin, env)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        data = work / "data"
-        data.mkdir(mode=0o700)
-        env = {**os.environ, "SME2_DATA_DIR": str(data), "SME2_DATABASE_URL": db_url, "SME2_BROKER_URL": args.redis_url,
-               "SME2_ADMIN_TOKEN": admin}
-        procs = Procs(work / "logs", env)
+        procs = Procs(farm / "logs", env)
         procs.spawn("server", [PY, "-m", "uvicorn", "sme2farm.server.main:app", "--host", "127.0.0.1",
                                "--port", str(port), "--log-level", "warning", "--no-access-log",
                                "--workers", str(args.server_workers)])
         procs.spawn("worker", [PY, "-m", "celery", "-A", "sme2farm.worker.celery_app", "worker",
                                "--loglevel", "WARNING", "--concurrency", str(args.worker_concurrency)])
         procs.spawn("beat", [PY, "-m", "celery", "-A", "sme2farm.worker.celery_app", "beat", "--loglevel", "WARNING",
-                             "--schedule", str(work / "celerybeat-schedule")])
+                             "--schedule", str(farm / "celerybeat-schedule")])
         if not wait_healthy(url, 60, every=0.2, check=procs.check):
             raise RuntimeError("the server did not come up within 60 s")
         print(f"  farm: uvicorn ({args.server_workers} process(es)), "
               f"celery worker (--concurrency {args.worker_concurrency}), celery beat; "
               f"PostgreSQL database {db_name}, Redis {args.redis_url}")
         pg = psycopg.connect(db_url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
-        res = load_phase(args, url, admin, register, work, db_name, pg, procs)
-        report_load(args, res, work, pg)
-        if not args.skip_100k:
+        res = load_phase(args, url, admin, register, farm, db_name, pg, procs)
+        figures = report_load(args, res, farm, pg)
+        if bulk:
             pg.autocommit = False
             bulk_phase(args, url, admin, db_url, pg, res["exp_ids"], trace, log)
-        print(f"\ntotal bench time {time.monotonic() - t_start:.0f} s")
-        return 0
+        return figures
     finally:
         if procs is not None:
             procs.stop()
@@ -162,13 +194,32 @@ def main() -> int:
         except Exception:
             pass
         if args.keep:
-            print(f"kept: database {db_url}, work dir {work}")
+            print(f"kept: database {db_url}, farm dir {farm}")
         else:
             with admin_db.connect() as c:
                 c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
-            shutil.rmtree(work, ignore_errors=True)
         admin_db.dispose()
-        rds.flushdb()  # it was empty when we started: everything in it is ours
+
+
+def side_by_side(figures: list[tuple[str, dict]]) -> None:
+    """The load figures of each farm in columns, the goals beside them."""
+    rows = [("dispatch throughput (runs/s)", "rate", "{:.1f}", ">= 50"),
+            ("end to end, ingested (runs/s)", "e2e_rate", "{:.1f}", ""),
+            ("farm CPU per run (ms)", "cpu_per_run", "{:.0f}", ""),
+            ("claim -> running, p50 (ms)", "claim_to_start_p50", "{:.0f}", ""),
+            ("GET /experiments during load, p99 (ms)", "list_p99", "{:.0f}", "< 100"),
+            ("GET /experiments/{id} during load, p99 (ms)", "report_p99", "{:.0f}", "< 100"),
+            ("lost", "lost", "{}", "0"), ("duplicated", "dup", "{}", "0")]
+    scale = {"cpu_per_run": 1000, "claim_to_start_p50": 1000, "list_p99": 1000, "report_p99": 1000}
+    names = [name for name, _ in figures]
+    width = max(12, *(len(n) for n in names))
+    print("\nbefore and after, this machine, one bench run (the farms ran one after the other):")
+    print(f"  {'':44s}" + "".join(f"{n:>{width + 2}s}" for n in names) + "   goal")
+    for label, key, fmt, goal in rows:
+        cells = [fmt.format(f[key] * scale.get(key, 1)) for _, f in figures]
+        print(f"  {label:44s}" + "".join(f"{c:>{width + 2}s}" for c in cells) + f"   {goal}")
+    loads = ["{:.1f} / {:.1f}".format(*f["load"]) for _, f in figures]
+    print(f"  {'host load average at start / end':44s}" + "".join(f"{x:>{width + 2}s}" for x in loads))
 
 
 if __name__ == "__main__":

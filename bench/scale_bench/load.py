@@ -294,7 +294,11 @@ def report_load(args, res: dict, work: Path, pg) -> dict:
     goals = [("0 lost", lost == 0), ("0 duplicated", dup == 0), (">= 50 runs/s", dispatch_rate >= 50),
              ("API p99 < 100 ms", all(v[1] < 0.1 for v in api.values()))]
     print("  goals: " + ", ".join(f"{g} {'met' if ok else 'NOT met'}" for g, ok in goals))
-    return {"lost": lost, "dup": dup, "rate": dispatch_rate}
+    farm_cpu = sum(v for k, v in res["cpu"].items() if k in ("server", "worker", "beat", "postgres"))
+    return {"lost": lost, "dup": dup, "rate": dispatch_rate, "e2e_rate": e2e_rate,
+            "cpu_per_run": farm_cpu / len(runs) if runs else float("nan"),
+            "claim_to_start_p50": pct(claim_to_start, 50), "list_p99": api["list"][1], "report_p99": api["report"][1],
+            "load": res["load"]}
 
 
 def print_profile(name: str, raw: Path) -> None:
