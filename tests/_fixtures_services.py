@@ -22,6 +22,10 @@ from sme2farm.server.store.models import Device, Experiment, Model, Run, utcnow
 
 __all__ = ["service_farm"]  # the helpers below are imported by name
 
+# The data dir given to the services (`store`: where the comparisons' numerics read the runs'
+# outputs files) by tests whose runs store no outputs: an empty one, as a farm with none has.
+NO_OUTPUTS = Store(Path("/nonexistent/sme2farm-test-data"))
+
 
 def lost_clock() -> dict[str, float]:
     """The configured device_lost_s and settle_s, as keywords: what experiments.create and the
@@ -48,7 +52,7 @@ class Submitted:
     warnings: list[str]
 
 
-def submit_experiment(url: str, *, device_lost_s: float | None = None, **spec) -> Submitted:
+def submit_experiment(url: str, *, device_lost_s: float | None = None, store: Store = NO_OUTPUTS, **spec) -> Submitted:
     """An experiment of the placeholder model ("ab" * 32) with `spec`, stored through the services
     as a submission is (create, then runs_created)."""
     with session_scope(url) as s:
@@ -56,7 +60,7 @@ def submit_experiment(url: str, *, device_lost_s: float | None = None, **spec) -
         s.add(model)
         exp = experiment_service.create(s, spec=ExperimentSpec(**spec), model=model,
                                         **{**lost_clock(), **({} if device_lost_s is None else {"device_lost_s": device_lost_s})})
-        run_service.runs_created(s, experiment_id=exp.id)
+        run_service.runs_created(s, experiment_id=exp.id, store=store)
         return Submitted(exp.id, [r.id for r in exp.runs], list(exp.warnings or []))
 
 
@@ -79,7 +83,7 @@ class ServiceFarm:
             model = s.get(Model, "ab" * 32) or Model(sha256="ab" * 32, size=1)
             s.add(model)
             exp = experiment_service.create(s, spec=ExperimentSpec(**{"sme2": "off", **spec}), model=model, **lost_clock())
-            run_service.runs_created(s, experiment_id=exp.id)
+            run_service.runs_created(s, experiment_id=exp.id, store=self.store)
             return [r.id for r in exp.runs]
 
     def run(self, rid: int) -> Run:
@@ -115,11 +119,11 @@ class ServiceFarm:
         with self.tx() as s:
             body = RunFinish(lease_id=self.lease(rid), status=status, reason=reason, warmup_in_trace=warmup_in_trace)
             return run_service.finish(s, run_id=rid, agent_id=self.agent_id, body=body, has_trace=bool(trace),
-                                      ingest_deadline_s=60)
+                                      ingest_deadline_s=60, store=self.store)
 
     def ingest(self, rid: int, ingester=None) -> str:
         with self.tx() as s:
-            return run_service.ingest(s, run_id=rid, ingester=ingester or Ingester(self.store))
+            return run_service.ingest(s, run_id=rid, ingester=ingester or Ingester(self.store), store=self.store)
 
     def ingest_begins(self, rid: int, ingest_deadline_s: float = 60) -> None:
         with self.tx() as s:
@@ -127,7 +131,7 @@ class ServiceFarm:
 
     def cancel(self, rid: int) -> None:
         with self.tx() as s:
-            run_service.cancel(s, [s.get(Run, rid)])
+            run_service.cancel(s, runs=[s.get(Run, rid)], store=self.store)
 
     def expire(self, rid: int) -> None:
         with session_scope(self.url) as s:
@@ -135,7 +139,7 @@ class ServiceFarm:
 
     def reap(self, **kw) -> list[int]:
         with self.tx() as s:
-            return run_service.reap_expired(s, **{"max_attempts": 3, **kw})
+            return run_service.reap_expired(s, **{"max_attempts": 3, "store": self.store, **kw})
 
     def comparisons(self, rid: int) -> list:
         with session_scope(self.url) as s:

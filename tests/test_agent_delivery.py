@@ -124,7 +124,7 @@ def test_an_old_lease_acknowledged_does_not_start_the_run_requeued_under_a_new_o
     with session_scope(api.settings.sqlalchemy_url) as s:
         s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
     with session_scope(api.settings.sqlalchemy_url) as s:
-        assert run_service.reap_expired(s, max_attempts=3) == [rid]
+        assert run_service.reap_expired(s, max_attempts=3, store=Store(api.settings.data_dir)) == [rid]
     assert dispatch(api) == [rid]
     [b] = agent.api.claim(wait=0)                        # acknowledges a's lease, which is gone
     assert b.run_id == rid and b.lease_id != a.lease_id and _run(api, rid).status == "assigned"

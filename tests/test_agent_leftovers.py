@@ -26,6 +26,7 @@ from sqlalchemy import update
 from _fixtures_farm import dispatch, runners_under, submit, wait_for
 from sme2farm.agent.drivers.leftovers import PidRecords, process_identity
 from sme2farm.agent.drivers.local import LocalDriver
+from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Run, utcnow
 from sme2farm.server.services import runs as run_service
@@ -87,7 +88,8 @@ def test_a_killed_agents_local_runner_dies_with_it_and_the_run_completes_after_r
         with session_scope(url) as s:
             s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
         with session_scope(url) as s:
-            assert rid in run_service.reap_expired(s, max_attempts=api.settings.max_attempts)
+            assert rid in run_service.reap_expired(s, max_attempts=api.settings.max_attempts,
+                                                   store=Store(api.settings.data_dir))
         assert run_status(api, rid)["status"] == "queued"
 
         agent = start_agent(api, work, catalog.manifest, log, "--drivers", "local")

@@ -162,16 +162,16 @@ def test_a_young_device_noise_model_starts_from_the_default_prior(tmp_path):
         s.add(Agent(id=1, name="a"))
         s.add(Device(id=1, agent_id=1, serial="host", platform="linux"))
         s.flush()
-        assert noise.for_device(s, 1).source == "default"
+        assert noise.for_device(s, device_id=1).source == "default"
         calm = [[report(1.0), report(1.0)] for _ in range(3)]
-        m = noise.learn(s, 1, calm)
+        m = noise.learn(s, device_id=1, groups=calm)
         assert m.source == "learned" and m.n_pairs == 3 and m.df == DEFAULT_DF + 3
         assert 0.07 < m.sigma_between < DEFAULT_SIGMA_BETWEEN  # mostly the prior, a little less
-        assert noise.for_device(s, 1).to_dict() == m.to_dict()  # stored on the device
-        m2 = noise.learn(s, 1, [[report(1.0), report(1.0)] for _ in range(20)])
+        assert noise.for_device(s, device_id=1).to_dict() == m.to_dict()  # stored on the device
+        m2 = noise.learn(s, device_id=1, groups=[[report(1.0), report(1.0)] for _ in range(20)])
         assert m2.df == DEFAULT_DF + 23 and m2.sigma_between < m.sigma_between
-        assert noise.learn(s, 1, [[report(1.0)]]) is None  # a lone run teaches nothing
-        assert noise.for_devices(s, {1}).to_dict() == m2.to_dict()
+        assert noise.learn(s, device_id=1, groups=[[report(1.0)]]) is None  # a lone run teaches nothing
+        assert noise.for_devices(s, device_ids={1}).to_dict() == m2.to_dict()
 
 
 def test_a_device_learns_a_metric_it_has_not_seen_from_the_prior_and_keeps_the_others(tmp_path):
@@ -194,12 +194,12 @@ def test_a_device_learns_a_metric_it_has_not_seen_from_the_prior_and_keeps_the_o
         s.add(Agent(id=1, name="a"))
         s.add(Device(id=1, agent_id=1, serial="host", platform="linux"))
         s.flush()
-        first = noise.learn(s, 1, [[report("conv_x"), report("conv_x")] for _ in range(10)])
+        first = noise.learn(s, device_id=1, groups=[[report("conv_x"), report("conv_x")] for _ in range(10)])
         assert first.metrics["conv_x"]["df"] == DEFAULT_DF + 10        # a new metric starts from the prior
-        later = noise.learn(s, 1, [[report("gemm_y"), report("gemm_y")] for _ in range(10)])
+        later = noise.learn(s, device_id=1, groups=[[report("gemm_y"), report("gemm_y")] for _ in range(10)])
         assert later.metrics["conv_x"] == first.metrics["conv_x"]    # another model's runs leave it alone
         assert later.metrics["gemm_y"]["df"] == DEFAULT_DF + 10
         # runs on two different devices: the default prior, not a pool of the two
         s.add(Device(id=2, agent_id=1, serial="host2", platform="linux"))
         s.flush()
-        assert noise.for_devices(s, {1, 2}).source == "default"
+        assert noise.for_devices(s, device_ids={1, 2}).source == "default"

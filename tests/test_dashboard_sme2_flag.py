@@ -48,7 +48,7 @@ def flagged_experiment(api, etdump_builder) -> dict:
         model = Model(sha256="ef" * 32, size=1)
         s.add(model)
         exp = experiment_service.create(s, spec=ExperimentSpec(sme2="both", name="flagged"), model=model, **lost_clock())
-        run_service.runs_created(s, experiment_id=exp.id)
+        run_service.runs_created(s, experiment_id=exp.id, store=store)
         exp_id, rids = exp.id, [r.id for r in exp.runs]
     for rid in rids:
         with session_scope(url, **quiet) as s:
@@ -61,10 +61,10 @@ def flagged_experiment(api, etdump_builder) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
         with session_scope(url, **quiet) as s:
-            run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60,
+            run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60, store=store,
                                body=RunFinish(lease_id=lease, status="succeeded"))
         with session_scope(url, **quiet) as s:
-            assert run_service.ingest(s, run_id=rid, ingester=Ingester(store)) == RunStatus.succeeded
+            assert run_service.ingest(s, run_id=rid, ingester=Ingester(store), store=store) == RunStatus.succeeded
     return api.client.get(f"/experiments/{exp_id}", headers=api.auth()).json()
 
 

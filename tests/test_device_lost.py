@@ -20,7 +20,7 @@ from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 
-from _fixtures_services import register_agent, submit_experiment
+from _fixtures_services import NO_OUTPUTS, register_agent, submit_experiment
 
 LOST_S = 300.0
 RUNNERS = [RunnerInfo(id="r-off", platform="linux-arm64", sme2="off")]
@@ -57,7 +57,7 @@ def _runs(url: str, exp_id: int) -> dict[str, list[Run]]:
 
 def _reap(url: str) -> list[int]:
     with session_scope(url) as s:
-        return run_service.end_lost_device_runs(s, device_lost_s=LOST_S)
+        return run_service.end_lost_device_runs(s, device_lost_s=LOST_S, store=NO_OUTPUTS)
 
 
 def _report(url: str, exp_id: int) -> ExperimentReport:

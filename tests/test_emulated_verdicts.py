@@ -11,6 +11,13 @@ import pytest
 from sme2farm.analysis import analyze
 from sme2farm.server.services.comparisons import compare_runs
 
+from _fixtures_services import NO_OUTPUTS
+
+
+def _compare(base, cand, **kw) -> dict:
+    """compare_runs without a noise model; these runs store no outputs (the numerics say so)."""
+    return compare_runs(base=base, cand=cand, noise=None, store=NO_OUTPUTS, **kw)
+
 VERDICTS = {"speedup", "slowdown", "no significant difference", "insufficient data"}
 QEMU = {"serial": "qemu-arm64-h", "platform": "linux", "sme2": True, "emulator": "qemu-aarch64 11.1.3 -cpu max",
         "tags": ["emulated", "arm64"]}
@@ -39,7 +46,7 @@ def arms(etdump_builder):
 
 def test_the_same_arms_on_hardware_get_a_speed_verdict(arms):
     off, on = arms
-    c = compare_runs([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("SME2 off", "SME2 on"), noise=None)
+    c = _compare([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("SME2 off", "SME2 on"))
     assert c["status"] == "complete" and c["emulated"] is False
     assert c["verdict"] in VERDICTS and c["speedup"] > 1.5 and c["categories"]
 
@@ -47,7 +54,7 @@ def test_the_same_arms_on_hardware_get_a_speed_verdict(arms):
 @pytest.mark.parametrize("off_snap,on_snap", [(QEMU, QEMU), (BOARD, QEMU), (QEMU, BOARD)])
 def test_an_emulated_side_yields_no_speed_figure_and_says_what_emulation_shows(arms, off_snap, on_snap):
     off, on = arms
-    c = compare_runs([_run(1, off, off_snap)], [_run(2, on, on_snap)], labels=("SME2 off", "SME2 on"), noise=None)
+    c = _compare([_run(1, off, off_snap)], [_run(2, on, on_snap)], labels=("SME2 off", "SME2 on"))
     assert c["status"] == "complete" and c["emulated"] is True and c["verdict"] == "emulated"
     assert c["emulator"] == "qemu-aarch64 11.1.3 -cpu max"
     for key in ("speedup", "ci_low", "ci_high", "baseline_median_ms", "candidate_median_ms"):
@@ -62,7 +69,7 @@ def test_an_emulated_side_yields_no_speed_figure_and_says_what_emulation_shows(a
 def test_a_snapshot_from_before_the_emulator_field_is_known_by_its_tag(arms):
     off, on = arms
     old = {k: v for k, v in QEMU.items() if k != "emulator"}
-    c = compare_runs([_run(1, off, old)], [_run(2, on, old)], labels=("SME2 off", "SME2 on"), noise=None)
+    c = _compare([_run(1, off, old)], [_run(2, on, old)], labels=("SME2 off", "SME2 on"))
     assert c["verdict"] == "emulated" and c["speedup"] is None
 
 
@@ -101,8 +108,8 @@ def test_no_verdict_chart_plots_an_emulated_comparison(arms):
     from sme2farm.server.services.charts import forest_rows
 
     off, on = arms
-    board = compare_runs([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("SME2 off", "SME2 on"), noise=None)
-    emulated = compare_runs([_run(3, off, QEMU)], [_run(4, on, QEMU)], labels=("SME2 off", "SME2 on"), noise=None)
+    board = _compare([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("SME2 off", "SME2 on"))
+    emulated = _compare([_run(3, off, QEMU)], [_run(4, on, QEMU)], labels=("SME2 off", "SME2 on"))
     rows, _ = forest_rows([{**board, "device": "board"}, {**emulated, "device": "qemu"}])
     assert [r["verdict"] for r in rows] == [board["verdict"]]
     rows, _ = forest_rows([emulated])
@@ -111,9 +118,8 @@ def test_no_verdict_chart_plots_an_emulated_comparison(arms):
 
 def test_numerics_left_out_of_an_answer_say_how_to_get_them(arms):
     off, on = arms
-    c = compare_runs([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("baseline", "candidate"), noise=None,
-                     numerics=False)
+    c = _compare([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("baseline", "candidate"), numerics=False)
     assert c["numerics"]["status"] == "not compared" and c["numerics"]["outputs"] == []
     assert "R1 R2" in c["numerics"]["sentence"]
-    kept = compare_runs([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("baseline", "candidate"), noise=None)
+    kept = _compare([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("baseline", "candidate"))
     assert kept["numerics"]["status"] == "not recorded"  # these runs stored no outputs: said, not skipped

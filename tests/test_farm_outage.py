@@ -26,7 +26,7 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, Device, Lease, Run, as_utc, utcnow
 
-from _fixtures_services import register_agent, submit_experiment
+from _fixtures_services import NO_OUTPUTS, register_agent, submit_experiment
 
 
 LOST_S, OFFLINE_S, SETTLE_S = 300.0, 90.0, 15.0
@@ -73,7 +73,7 @@ def _mark_silent(url: str) -> int:
 
 def _end_lost(url: str) -> list[int]:
     with session_scope(url) as s:
-        return run_service.end_lost_device_runs(s, device_lost_s=LOST_S, settle_s=SETTLE_S)
+        return run_service.end_lost_device_runs(s, device_lost_s=LOST_S, store=NO_OUTPUTS, settle_s=SETTLE_S)
 
 
 def _statuses(url: str, ids: list[int]) -> list[str]:

@@ -19,6 +19,7 @@ from sqlalchemy import update
 
 from _fixtures_farm import (FarmProbe, dispatch, farm_on, ingest_all, kill_worker_holding_the_ingest, submit,
                             wait_for)
+from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Run, utcnow
 from sme2farm.server.services import runs as run_service
@@ -153,7 +154,7 @@ def test_a_run_that_succeeds_after_a_requeue_has_no_reason_left(api, agent, exam
     with session_scope(api.settings.sqlalchemy_url) as s:  # the agent dies: its lease runs out
         s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
     with session_scope(api.settings.sqlalchemy_url) as s:
-        assert run_service.reap_expired(s, max_attempts=3) == [rid]
+        assert run_service.reap_expired(s, max_attempts=3, store=Store(api.settings.data_dir)) == [rid]
     queued = api.client.get(f"/runs/{rid}", headers=api.auth()).json()
     assert queued["status"] == "queued" and queued["reason"].startswith("requeued after attempt 1")
     assert dispatch(api) == [rid]
@@ -188,8 +189,8 @@ def test_a_long_analysis_is_kept_alive_by_its_heartbeats_and_a_silent_one_is_re_
 
     api.settings.ingest_heartbeat_s = 0.2
     monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
-    reap = dict(max_attempts=3, ingest_deadline_s=api.settings.ingest_deadline_s, ingest_start_s=10,
-                ingest_waiting=lambda: 0)
+    reap = dict(max_attempts=3, store=Store(api.settings.data_dir), ingest_deadline_s=api.settings.ingest_deadline_s,
+                ingest_start_s=10, ingest_waiting=lambda: 0)
     submit(api, example_pte("toy_cnn").read_bytes())
     [rid] = dispatch(api)
     [a] = agent.api.claim(wait=0)

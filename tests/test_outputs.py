@@ -211,11 +211,11 @@ def test_farm_records_outputs_and_compares_model_a_with_model_b(farm, tmp_path):
     base = [r for r in runs if r.variant == "A"]
     cand = [r for r in runs if r.variant == "B"]
     # the signature the lead calls from comparisons.compare_runs
-    result = numerics_service.between(base, cand, ("model A", "model B"), store=store)
+    result = numerics_service.between(base_runs=base, cand_runs=cand, labels=("model A", "model B"), store=store)
     assert result["status"] == "compared" and result["verdict"] == "numerics change"
     assert result["sentence"].startswith("model B changes output 0 (Float [1, 10])")
     assert result["runs"] == [base[0].id, cand[0].id]
-    same = numerics_service.between(base, base, ("model A", "model A"), store=store)
+    same = numerics_service.between(base_runs=base, cand_runs=base, labels=("model A", "model A"), store=store)
     assert same["verdict"] == "same within tolerance" and same["outputs"][0]["identical"]
 
 
@@ -244,25 +244,25 @@ def test_between_says_not_recorded_and_too_large(farm, tmp_path, monkeypatch):
     rep = _wait(farm, str(_linear(tmp_path / "a.pte", 1)))
     [run] = _runs(farm, rep["id"])
     store = Store(farm.data_dir)
-    none = numerics_service.between([], [run], ("SME2 off", "SME2 on"), store=store)
+    none = numerics_service.between(base_runs=[], cand_runs=[run], labels=("SME2 off", "SME2 on"), store=store)
     assert none == {"status": "not recorded", "sentence": "numerics not recorded: SME2 off has no succeeded run",
                     "verdict": None, "outputs": []}
     # a run analysed from a build that cannot write outputs
     run.result.analysis = {**run.result.analysis, "outputs": {
         "status": "not recorded", "reason": "numerics not recorded: runner upstream-x cannot write outputs", "outputs": []}}
-    r = numerics_service.between([run], [run], ("SME2 off", "SME2 on"), store=store)
+    r = numerics_service.between(base_runs=[run], cand_runs=[run], labels=("SME2 off", "SME2 on"), store=store)
     assert r["status"] == "not recorded"
     assert r["sentence"] == f"numerics not recorded: runner upstream-x cannot write outputs (SME2 off, run {run.id})"
     run.result.analysis = {**run.result.analysis, "outputs": {
         "status": "invalid", "reason": "numerics not comparable: the outputs file holds 2 outputs, method forward "
                                        "declares 1 (Float[1, 10])", "outputs": []}}
-    r = numerics_service.between([run], [run], ("SME2 off", "SME2 on"), store=store)
+    r = numerics_service.between(base_runs=[run], cand_runs=[run], labels=("SME2 off", "SME2 on"), store=store)
     assert r["status"] == "mismatch" and r["sentence"] == (
         "numerics not comparable: the outputs file holds 2 outputs, method forward declares 1 (Float[1, 10]) "
         f"(SME2 off, run {run.id})")
     [run] = _runs(farm, rep["id"])
     monkeypatch.setattr(numerics_service, "MAX_OUTPUTS_BYTES", 16)
-    r = numerics_service.between([run], [run], ("SME2 off", "SME2 on"), store=store)
+    r = numerics_service.between(base_runs=[run], cand_runs=[run], labels=("SME2 off", "SME2 on"), store=store)
     assert r["status"] == "too large" and r["sentence"].startswith(f"numerics not compared: SME2 off run {run.id}'s outputs are ")
 
 

@@ -99,7 +99,8 @@ def test_expired_lease_is_requeued_then_failed_after_max_attempts(api, agent, ex
         with session_scope(url) as s:  # the agent dies: its lease runs out
             s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
         with session_scope(url) as s:
-            assert run_service.reap_expired(s, max_attempts=api.settings.max_attempts) == [rid]
+            assert run_service.reap_expired(s, max_attempts=api.settings.max_attempts,
+                                            store=Store(api.settings.data_dir)) == [rid]
         with pytest.raises(LeaseLost):  # the old owner is told to stop; nothing is stored twice
             agent.api.heartbeat(a.run_id, a.lease_id)
         with session_scope(url) as s:

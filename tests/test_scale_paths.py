@@ -220,10 +220,10 @@ def test_the_report_from_columns_is_the_orm_report_and_summary_and_page_say_what
                     runner=RUNNERS[0],
                     # an agent's device state shaped like the report's splice points must not move them
                     device_state={"governor": "performance"} if ok else
-                    {"device_state": {}, "categories_ms": None, "operators": None, "kernels": None}))
+                    {"device_state": {}, "categories_ms": None, "operators": None, "kernels": None}), store=store)
             if ok:
                 with session_scope(db_url) as s:
-                    assert run_service.ingest(s, run_id=rid, ingester=Ingester(store)) == RunStatus.succeeded
+                    assert run_service.ingest(s, run_id=rid, ingester=Ingester(store), store=store) == RunStatus.succeeded
     with session_scope(db_url) as s:
         orm = json.loads(_orm_report(experiment_service.get(s, experiment_id=eid)).model_dump_json())
         full = json.loads(reports.report_json(s, experiment_id=eid))
@@ -298,13 +298,13 @@ def test_an_ingest_analysed_before_its_transaction_ends_the_run_as_the_plain_one
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
         with session_scope(db_url) as s:
-            run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60,
+            run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60, store=store,
                                body=RunFinish(lease_id=lease, status="succeeded"))
         with session_scope(db_url) as s:
             run = s.get(Run, rid)
         prepared = Prepared(Ingester(store), run)  # no transaction open here
         with session_scope(db_url) as s:
-            outcomes[rid] = (run_service.ingest(s, run_id=rid, ingester=prepared), s.get(Run, rid).reason)
+            outcomes[rid] = (run_service.ingest(s, run_id=rid, ingester=prepared, store=store), s.get(Run, rid).reason)
     (good, _), (bad, reason) = outcomes.values()
     assert good == RunStatus.succeeded and bad == RunStatus.failed
     assert reason.startswith("the ETDump could not be analysed")

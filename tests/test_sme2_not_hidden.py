@@ -148,7 +148,7 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
         model = Model(sha256="cd" * 32, size=1)
         s.add(model)
         exp = experiment_service.create(s, spec=ExperimentSpec(sme2="off", sessions=2), model=model, **lost_clock())
-        run_service.runs_created(s, experiment_id=exp.id)
+        run_service.runs_created(s, experiment_id=exp.id, store=store)
         rids = [r.id for r in exp.runs]
     assert len(rids) == 2
     ends = {}
@@ -163,10 +163,10 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(traces[label])
         with session_scope(db_url, enqueue=lambda *a: None) as s:
-            run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60,
+            run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60, store=store,
                                body=RunFinish(lease_id=lease, status="succeeded", warmup_in_trace=1, runner=runner))
         with session_scope(db_url, enqueue=lambda *a: None) as s:
-            ends[label] = run_service.ingest(s, run_id=rid, ingester=Ingester(store))
+            ends[label] = run_service.ingest(s, run_id=rid, ingester=Ingester(store), store=store)
     assert ends == {"not hidden": RunStatus.failed, "hidden": RunStatus.succeeded}
     with session_scope(db_url) as s:
         bad, good = s.get(Run, rids[0]), s.get(Run, rids[1])

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from _fixtures_farm import free_port, start_farm, stop_farm, wait_for
-from _fixtures_services import lost_clock
+from _fixtures_services import NO_OUTPUTS, lost_clock
 from _fixtures_suites import recording_tx
 
 
@@ -189,7 +189,7 @@ def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_u
     sent.clear()
     with tx() as s:  # the run ends (here: cancelled) through the one way runs end
         (r,) = s.query(Run).filter(Run.experiment_id == run.experiment_ids[0]).all()
-        run_service.end_run(s, r, RunStatus.cancelled, "cancelled by the test")
+        run_service.end_run(s, run=r, status=RunStatus.cancelled, reason="cancelled by the test", store=NO_OUTPUTS)
     assert sent == [(TASK_SUITE_ANALYZE, srun_id)]
     with tx() as s:
         assert suites.analyze(s, suite_run_id=srun_id) == []
@@ -326,7 +326,7 @@ def test_pause_resume_edit_and_delete(db_url):
         from sme2farm.server.services import runs as run_service
 
         for r in s.query(Run).filter(Run.experiment_id == srun.experiments[0].experiment_id):
-            run_service.end_run(s, r, RunStatus.cancelled, "cancelled by the test")
+            run_service.end_run(s, run=r, status=RunStatus.cancelled, reason="cancelled by the test", store=NO_OUTPUTS)
         out = suites.delete(s, suite=suite)
         assert out.model_dump() == {"deleted": "nightly", "runs": 13, "points": 12, "changes": 1}
         assert s.query(SuiteRun).count() == s.query(SuitePoint).count() == s.query(SuiteChange).count() == 0

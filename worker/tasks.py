@@ -117,7 +117,8 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
             # Gone, or not analyzing (ingested already, cancelled, failed by the reaper): the run
             # service says so and stores nothing.
             with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
-                return str(run_service.ingest(session, run_id=run_id, ingester=ingest.Ingester(Store(s.data_dir))))
+                store = Store(s.data_dir)
+                return str(run_service.ingest(session, run_id=run_id, ingester=ingest.Ingester(store), store=store))
         return "in progress"
     except DBAPIError as e:
         _retry_later(self, e)
@@ -131,15 +132,16 @@ def _store_batch(task: Any, s: Any, ingesters: dict[int, Any]) -> dict[int, str]
     this task would know only its own run. {run id: its status}."""
     if not ingesters:
         return {}
+    store = Store(s.data_dir)
     for attempt in range(MAX_RETRIES + 1):
         try:
             with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
                 runs = session.scalars(select(Run).where(Run.id.in_(list(ingesters)))).all()  # one SELECT, not one each
                 out, ended = {}, []
                 for rid, ingester in sorted(ingesters.items()):
-                    out[rid] = str(run_service.ingest(session, run_id=rid, ingester=ingester, complete=False))
+                    out[rid] = str(run_service.ingest(session, run_id=rid, ingester=ingester, store=store, complete=False))
                     ended.append(next((r.experiment_id for r in runs if r.id == rid), None))
-                run_service.complete(session, [e for e in ended if e is not None])
+                run_service.complete(session, experiment_ids=[e for e in ended if e is not None], store=store)
                 return out
         except DBAPIError as e:
             if not _retryable(e) or attempt == MAX_RETRIES:
@@ -196,11 +198,14 @@ def reap(self) -> list[int]:
     is counted only while the farm's API was up, from its return plus the settle time
     (services/liveness.py): the farm's own outage never loses a device or a lease."""
     def work(session, s):
-        touched = run_service.reap_expired(session, max_attempts=s.max_attempts, ingest_deadline_s=s.ingest_deadline_s,
+        store = Store(s.data_dir)
+        touched = run_service.reap_expired(session, max_attempts=s.max_attempts, store=store,
+                                           ingest_deadline_s=s.ingest_deadline_s,
                                            max_ingest_attempts=s.max_ingest_attempts, ingest_start_s=s.ingest_start_s,
                                            ingest_waiting=ingest_waiting, settle_s=s.settle_s)
         device_service.mark_silent_agents_offline(session, silent_for_s=s.agent_offline_s, settle_s=s.settle_s)
-        return touched + run_service.end_lost_device_runs(session, device_lost_s=s.device_lost_s, settle_s=s.settle_s)
+        return touched + run_service.end_lost_device_runs(session, device_lost_s=s.device_lost_s, store=store,
+                                                          settle_s=s.settle_s)
 
     touched = _in_transaction(self, work)
     if touched:

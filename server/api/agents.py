@@ -244,7 +244,7 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
     has_trace = store.artifact_path(run_id, TRACE).exists()
     with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
         run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
-                                 ingest_deadline_s=settings.ingest_deadline_s, lease_s=settings.lease_s)
+                                 ingest_deadline_s=settings.ingest_deadline_s, store=store, lease_s=settings.lease_s)
         status = RunStatus(run.status)
         woken = session.info.get(run_service.ASSIGNED_AGENTS, ())
     if woken:
@@ -290,9 +290,9 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
                     session.execute(insert(Artifact), [dict(run_id=run_id, name=n, size=r.size, sha256=r.sha256)
                                                        for n, r in got.artifacts.items()])
                 has_trace = TRACE in got.artifacts or store.artifact_path(run_id, TRACE).exists()
-                run = run_service.deliver(session, run, body=body, has_trace=has_trace,
+                run = run_service.deliver(session, run=run, body=body, has_trace=has_trace,
                                           started_s_ago=body.started_s_ago, ingest_deadline_s=settings.ingest_deadline_s,
-                                          lease_s=settings.lease_s)
+                                          store=store, lease_s=settings.lease_s)
                 for name, r in got.artifacts.items():  # last: nothing is kept for a run this agent does not hold
                     store.keep_artifact(r.path, run_id, name)
                 return RunStatus(run.status), tuple(session.info.get(run_service.ASSIGNED_AGENTS, ()))

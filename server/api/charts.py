@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from sme2farm.analysis import charts
 from sme2farm.protocol import DEFAULT_MIN_EFFECT
-from sme2farm.server.api.deps import ExperimentId, SessionDep, SuiteName, UserDep
+from sme2farm.server.api.deps import ExperimentId, SessionDep, StoreDep, SuiteName, UserDep
 from sme2farm.server.api.errors import INVALID, NOT_FOUND
 from sme2farm.server.api.scaling import Joined, joined_ids
 from sme2farm.server.services import charts as chart_service
@@ -51,12 +51,13 @@ Ref = Annotated[str, Query(min_length=1, max_length=40, description="as for GET 
 
 
 @router.get("/comparisons/chart.svg", response_class=Response, responses={**SVG_RESPONSE, **NOT_FOUND, **INVALID})
-def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, _user: UserDep,
+def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, _user: UserDep, store: StoreDep,
                      min_effect: Annotated[float, Query(ge=0.0, le=0.5,
                                                         description="as for GET /comparisons")] = DEFAULT_MIN_EFFECT,
                      ) -> Response:
     """GET /comparisons drawn: one forest-plot row per matched device model x SME2 x threads x mode."""
-    result = comparison_service.between(session, baseline, candidate, min_effect=min_effect)
+    result = comparison_service.between(session, baseline=baseline, candidate=candidate, store=store,
+                                        min_effect=min_effect)
     label = (lambda c: f"{c.get('device_model')} · SME2 {c.get('sme2')} · {c.get('threads')} thr"
              + ("" if c.get("mode") == "timing" else f" · {c.get('mode')}"))
     comparisons = [c.model_dump(mode="json", exclude_unset=True) for c in result.comparisons]  # plain, for the chart

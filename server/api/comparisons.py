@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from sme2farm.protocol import DEFAULT_MIN_EFFECT, ComparisonRead
-from sme2farm.server.api.deps import SessionDep, UserDep
+from sme2farm.server.api.deps import SessionDep, StoreDep, UserDep
 from sme2farm.server.api.errors import INVALID, NOT_FOUND
 from sme2farm.server.services import comparisons as comparison_service
 
@@ -17,7 +17,7 @@ Ref = Annotated[str, Query(min_length=1, max_length=40, description=comparison_s
 
 
 @router.get("/comparisons", response_model=ComparisonRead, responses={**NOT_FOUND, **INVALID})
-def compare(baseline: Ref, candidate: Ref, session: SessionDep, _user: UserDep,
+def compare(baseline: Ref, candidate: Ref, session: SessionDep, _user: UserDep, store: StoreDep,
             min_effect: Annotated[float, Query(ge=0.0, le=0.5,
                                                description="smallest difference to claim")] = DEFAULT_MIN_EFFECT,
             ) -> ComparisonRead:
@@ -25,4 +25,5 @@ def compare(baseline: Ref, candidate: Ref, session: SessionDep, _user: UserDep,
     devices' noise models) for every device model x SME2 arm x threads x mode both sides ran;
     `unmatched` says what one side ran that the other did not, `notes` what differs (ExecuTorch
     version, runner build, device)."""
-    return comparison_service.between(session, baseline, candidate, min_effect=min_effect)
+    return comparison_service.between(session, baseline=baseline, candidate=candidate, store=store,
+                                      min_effect=min_effect)

@@ -169,12 +169,12 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
-def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep) -> Response:
+def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store: StoreDep) -> Response:
     """Cancel every run of the experiment (services/runs/status.py cancel: what that does in each state)."""
     with tx() as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:
             raise NotFound(f"experiment {experiment_id} not found")
-        run_service.cancel(session, exp.runs)
+        run_service.cancel(session, runs=exp.runs, store=store)
         session.flush()
         return Response(reports.report_json(session, experiment_id=experiment_id), media_type="application/json")

@@ -47,10 +47,10 @@ def get_artifact(run_id: RunId, name: str, session: SessionDep, store: StoreDep,
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunReport, responses=NOT_FOUND)
-def cancel_run(run_id: RunId, tx: TxDep, _user: UserDep) -> RunReport:
+def cancel_run(run_id: RunId, tx: TxDep, _user: UserDep, store: StoreDep) -> RunReport:
     """Cancel one run; what that does in each state: services/runs/status.py cancel. Cancelling an
     ended run changes nothing."""
     with tx() as session:
         run = run_service.require(session, run_id=run_id)
-        run_service.cancel(session, [run])
+        run_service.cancel(session, runs=[run], store=store)
         return reports.run_report(run)

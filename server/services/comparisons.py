@@ -22,6 +22,7 @@ from sme2farm import analysis
 from sme2farm.analysis.memory import planned_compared
 from sme2farm.analysis.numerics import not_compared
 from sme2farm.protocol import DEFAULT_METHOD, DEFAULT_MIN_EFFECT, TERMINAL, ComparisonRead, RunStatus, status_values
+from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.models import Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import noise as noise_service
@@ -34,9 +35,10 @@ def _runs_text(runs: list[Run]) -> str:
     return "; ".join(f"run {r.id} {r.status}" + (f" ({r.reason})" if r.reason else "") for r in runs)
 
 
-def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], noise,
+def compare_runs(*, base: list[Run], cand: list[Run], labels: tuple[str, str], noise, store: Store,
                  min_effect: float = DEFAULT_MIN_EFFECT, numerics: bool = True) -> dict:
-    """One comparison entry of two arms (lists of runs): complete, or incomplete naming why."""
+    """One comparison entry of two arms (lists of runs): complete, or incomplete naming why.
+    `store`: where the runs' outputs files are (numerics)."""
     ok_b = [r for r in base if r.status == RunStatus.succeeded and r.result]
     ok_c = [r for r in cand if r.status == RunStatus.succeeded and r.result]
     if not ok_b or not ok_c:
@@ -50,7 +52,8 @@ def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], n
         result = analysis.compare([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
                                   labels=labels, noise=noise, min_effect=min_effect)
     # What the arms computed, beside how fast: on an emulator the only difference there is to see.
-    result["numerics"] = (numerics_service.between(ok_b, ok_c, labels) if numerics else not_compared(
+    result["numerics"] = (numerics_service.between(base_runs=ok_b, cand_runs=ok_c, labels=labels, store=store)
+                          if numerics else not_compared(
         "not compared", "numerics not compared in this answer: it compares the outputs of its first "
         f"{MAX_NUMERICS_PAIRS} pairs; compare runs {ok_b[0].id} and {ok_c[0].id} alone (R{ok_b[0].id} R{ok_c[0].id})"))
     if result.get("emulated") and result["numerics"].get("sentence"):
@@ -58,8 +61,9 @@ def compare_runs(base: list[Run], cand: list[Run], *, labels: tuple[str, str], n
     return {"status": "complete", "baseline_runs": [r.id for r in ok_b], "candidate_runs": [r.id for r in ok_c], **result}
 
 
-def refresh(session: Session, *, experiment_id: int) -> None:
-    """Once every run is terminal, compare the experiment's arms per device x threads x mode."""
+def refresh(session: Session, *, experiment_id: int, store: Store) -> None:
+    """Once every run is terminal, compare the experiment's arms per device x threads x mode
+    (`store`: where the runs' outputs files are, for the numerics)."""
     # The row lock serialises the transactions finishing this experiment's runs: the last one
     # to take it sees every other run's committed state. FOR NO KEY UPDATE, not FOR UPDATE: two
     # transactions ending runs of one experiment may both hold a KEY SHARE lock on its row
@@ -85,17 +89,19 @@ def refresh(session: Session, *, experiment_id: int) -> None:
         device = session.get(Device, device_id) if device_id else None
         entry = {"device": device.serial if device else None,
                  "device_model": (device.info or {}).get("model") if device else None, "threads": threads, "mode": mode}
-        noise = noise_service.for_device(session, device_id)
+        noise = noise_service.for_device(session, device_id=device_id)
         variants = sorted({v for v, _ in arms})
         for v in variants:
             if (v, "off") in arms and (v, "on") in arms:
                 comparisons.append({**entry, "kind": "sme2", "variant": v, **compare_runs(
-                    arms[(v, "off")], arms[(v, "on")], labels=("SME2 off", "SME2 on"), noise=noise, min_effect=min_effect)})
+                    base=arms[(v, "off")], cand=arms[(v, "on")], labels=("SME2 off", "SME2 on"), noise=noise,
+                    store=store, min_effect=min_effect)})
         if len(variants) == 2:
             for sme2 in ("off", "on"):
                 if ("A", sme2) in arms and ("B", sme2) in arms:
                     comparisons.append({**entry, "kind": "model", "sme2": sme2, "a_a": a_a, **compare_runs(
-                        arms[("A", sme2)], arms[("B", sme2)], labels=("model A", "model B"), noise=noise, min_effect=min_effect)})
+                        base=arms[("A", sme2)], cand=arms[("B", sme2)], labels=("model A", "model B"), noise=noise,
+                        store=store, min_effect=min_effect)})
         # identical work: an arm's sessions; with A/A, both models' runs of one SME2 arm
         same: dict[tuple, list[dict]] = defaultdict(list)
         for (v, sme2), rs in arms.items():
@@ -107,7 +113,7 @@ def refresh(session: Session, *, experiment_id: int) -> None:
     exp.comparisons = comparisons
     for device_id, learn_groups in learning:
         if learn_groups:
-            noise_service.learn(session, device_id, learn_groups)
+            noise_service.learn(session, device_id=device_id, groups=learn_groups)
 
 
 # ---- any two experiments or runs (GET /comparisons) -------------------------------------------
@@ -159,7 +165,7 @@ def _side(session: Session, ref: tuple[str, int, str], which: str) -> tuple[dict
     return info, runs
 
 
-def between(session: Session, baseline: str, candidate: str,
+def between(session: Session, *, baseline: str, candidate: str, store: Store,
             min_effect: float = DEFAULT_MIN_EFFECT) -> ComparisonRead:
     """Compare any two experiments or runs, matched by device model, SME2 arm, threads and mode.
     Raises NotFound for an unknown id, Invalid when nothing on one side matches the other."""
@@ -188,11 +194,11 @@ def between(session: Session, baseline: str, candidate: str,
     for key in sorted(set(bk) & set(ck), key=str):
         device_model, sme2, threads, mode = key
         b, c = bk[key], ck[key]
-        noise = noise_service.for_devices(session, {r.device_id for r in b + c})
+        noise = noise_service.for_devices(session, device_ids={r.device_id for r in b + c})
         entry = {"device_model": device_model, "baseline_device": serials(b), "candidate_device": serials(c),
                  "sme2": sme2, "threads": threads, "mode": mode}
-        comparisons.append({**entry, **compare_runs(b, c, labels=("baseline", "candidate"), noise=noise,
-                                                    min_effect=min_effect, numerics=budget > 0)})
+        comparisons.append({**entry, **compare_runs(base=b, cand=c, labels=("baseline", "candidate"), noise=noise,
+                                                    store=store, min_effect=min_effect, numerics=budget > 0)})
         budget -= 1
     for side, mine, other in (("baseline", bk, ck), ("candidate", ck, bk)):
         for key in sorted(set(mine) - set(other), key=str):

@@ -22,7 +22,7 @@ from sme2farm.server.store.models import Device
 log = logging.getLogger(__name__)
 
 
-def for_device(session: Session, device_id: int | None) -> NoiseModel:
+def for_device(session: Session, *, device_id: int | None) -> NoiseModel:
     """The device's learned model, or the default prior (never None: verdicts always say which)."""
     device = session.get(Device, device_id) if device_id else None
     if device is None:
@@ -35,18 +35,18 @@ def for_device(session: Session, device_id: int | None) -> NoiseModel:
     return NoiseModel.default(device.serial)
 
 
-def for_devices(session: Session, device_ids: set[int | None]) -> NoiseModel:
+def for_devices(session: Session, *, device_ids: set[int | None]) -> NoiseModel:
     """The noise of a comparison whose runs ran on these devices. One device: its model.
     Several (of one device model): the default prior, whatever each has learned. A device's
     model knows how its own sessions differ, not how far two boards sit apart (thermal design,
     binning, firmware), which nothing here has measured: pooling the devices' models would claim
     a board offset as a model change."""
     if len(device_ids) == 1:
-        return for_device(session, next(iter(device_ids)))
+        return for_device(session, device_id=next(iter(device_ids)))
     return NoiseModel.default()
 
 
-def learn(session: Session, device_id: int | None, groups: list[list[dict]]) -> NoiseModel | None:
+def learn(session: Session, *, device_id: int | None, groups: list[list[dict]]) -> NoiseModel | None:
     """Fold groups of identical runs' analysis reports (each group: >= 2 runs of the same model,
     runner and settings, close in time) into the device's stored model. Returns the new model,
     or None when the groups carry no usable pair (too few iterations, a single run)."""

@@ -11,7 +11,6 @@ from typing import Sequence
 from sme2farm.analysis import numerics
 from sme2farm.protocol import OUTPUTS, RunStatus
 from sme2farm.runners import inputs as containers
-from sme2farm.server.config import get_settings
 from sme2farm.server.store.models import Run
 from sme2farm.server.store.artifacts import Store
 
@@ -19,10 +18,6 @@ from sme2farm.server.store.artifacts import Store
 # a segmentation map a few MiB; past this, holding two files and their float64 copies in a request
 # costs more memory than a comparison is worth, and the answer says "too large" instead.
 MAX_OUTPUTS_BYTES = 64 << 20
-
-
-def _store() -> Store:
-    return Store(get_settings().data_dir)
 
 
 def _first_succeeded(runs: Sequence[Run]) -> Run | None:
@@ -59,13 +54,11 @@ def _side(runs: Sequence[Run], label: str, store: Store) -> list | dict:
     return containers.named_values(values)
 
 
-def between(base_runs: Sequence[Run], cand_runs: Sequence[Run], labels: tuple[str, str],
-            store: Store | None = None) -> dict:
+def between(*, base_runs: Sequence[Run], cand_runs: Sequence[Run], labels: tuple[str, str], store: Store) -> dict:
     """analysis.numerics' answer for two arms (lists of runs; the first succeeded run of each side
     is compared), with the compared run ids under "runs" when both sides had outputs.
     labels = (baseline's, candidate's), e.g. ("SME2 off", "SME2 on") or ("model A", "model B").
-    `store` defaults to the configured data dir's."""
-    store = store or _store()
+    `store`: where the runs' outputs files are (the caller's: the route's or the worker's data dir)."""
     base = _side(base_runs, labels[0], store)
     if isinstance(base, dict):
         return base

@@ -15,6 +15,7 @@ from sme2farm.analysis import EtdumpError
 from sme2farm.protocol import RunStatus
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.runs.status import StateChanged, end, end_run, move
+from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.models import Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
@@ -110,12 +111,13 @@ def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ing
     ).rowcount == 1
 
 
-def ingest(session: Session, *, run_id: int, ingester: Ingester, complete: bool = True) -> str:
+def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, complete: bool = True) -> str:
     """analyzing -> succeeded, or failed with a reason naming the problem, whatever goes wrong
     with the trace or with storing its results. A run no longer analyzing (ingested already,
     cancelled, failed by the reaper) is left alone, so a repeated or late ingest stores nothing.
     complete=False: the run is ended without completing its experiment's comparisons; the
-    caller (a batch) completes each experiment once (status.complete), in this transaction."""
+    caller (a batch) completes each experiment once (status.complete), in this transaction.
+    `store`: where the runs' outputs files are (the comparisons' numerics read them)."""
     run = session.get(Run, run_id)
     if run is None:
         return "missing"
@@ -142,11 +144,12 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, complete: bool 
         except Exception as e:
             log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
             failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
-    ending = end_run if complete else end
-    if failure is None:
-        ending(session, run, S.succeeded, "")  # what an earlier attempt went through is no reason now
+    # A success's reason is "": what an earlier attempt went through is no reason now.
+    status, reason = (S.succeeded, "") if failure is None else (S.failed, failure)
+    if complete:
+        end_run(session, run=run, status=status, reason=reason, store=store)
     else:
-        ending(session, run, S.failed, failure)
+        end(session, run=run, status=status, reason=reason)
     return run.status
 
 

@@ -13,6 +13,7 @@ from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.services.runs.assignment import assign_next
 from sme2farm.server.services.runs.status import CANCELLED_BY_USER, LeaseConflict, end_run, locked, move
+from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Device, Run, as_utc, utcnow
 
@@ -54,13 +55,14 @@ def heartbeat(session: Session, *, run_id: int, lease_id: str, agent_id: int, st
 
 
 def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has_trace: bool,
-           ingest_deadline_s: float, lease_s: float | None = None) -> Run:
+           ingest_deadline_s: float, store: Store, lease_s: float | None = None) -> Run:
     """The agent is done with the device. A succeeded run goes to analysis (ingest is sent once
     this commits, with a deadline the reaper holds it to); the device is freed now, so the next
     run can start while this one is ingested. Given lease_s, the device's next queued run is
-    assigned here (assign_next); dispatch is sent only when it got none."""
+    assigned here (assign_next); dispatch is sent only when it got none. `store`: where the runs'
+    outputs files are (a run that ends here may complete its experiment's comparisons)."""
     return _finish(session, _owned(session, run_id, body.lease_id, agent_id), body=body, has_trace=has_trace,
-                   ingest_deadline_s=ingest_deadline_s, lease_s=lease_s)
+                   ingest_deadline_s=ingest_deadline_s, store=store, lease_s=lease_s)
 
 
 def delivered(session: Session, *, run_id: int, lease_id: str, agent_id: int) -> Run | None:
@@ -71,8 +73,8 @@ def delivered(session: Session, *, run_id: int, lease_id: str, agent_id: int) ->
     return None if run.status == S.analyzing or run.status in TERMINAL else run
 
 
-def deliver(session: Session, run: Run, *, body: RunFinish, has_trace: bool, started_s_ago: float | None,
-            ingest_deadline_s: float, lease_s: float | None = None) -> Run:
+def deliver(session: Session, *, run: Run, body: RunFinish, has_trace: bool, started_s_ago: float | None,
+            ingest_deadline_s: float, store: Store, lease_s: float | None = None) -> Run:
     """Protocol 2's finish (POST /agent/runs/{id}/deliver), its artifacts recorded by the caller in
     this same transaction, on the run `delivered` handed back. A run still assigned (no heartbeat
     came: a short run) is stamped started `started_s_ago` seconds before now (the agent's own
@@ -80,11 +82,12 @@ def deliver(session: Session, run: Run, *, body: RunFinish, has_trace: bool, sta
     if run.status == S.assigned:
         started = utcnow() - timedelta(seconds=started_s_ago or 0.0)
         move(session, run, S.running, started_at=max(started, as_utc(run.created_at)))
-    return _finish(session, run, body=body, has_trace=has_trace, ingest_deadline_s=ingest_deadline_s, lease_s=lease_s)
+    return _finish(session, run, body=body, has_trace=has_trace, ingest_deadline_s=ingest_deadline_s, store=store,
+                   lease_s=lease_s)
 
 
 def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ingest_deadline_s: float,
-            lease_s: float | None) -> Run:
+            store: Store, lease_s: float | None) -> Run:
     if run.status == S.analyzing or run.status in TERMINAL:
         return run  # a repeat of the same finish
     run.runner = body.runner.model_dump() if body.runner else None
@@ -92,16 +95,18 @@ def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ing
     run.warmup_in_trace = body.warmup_in_trace
     lost = bool(body.device_state.get("device_lost"))
     if run.cancel_requested:
-        end_run(session, run, S.cancelled, CANCELLED_BY_USER, device_lost=lost)
+        end_run(session, run=run, status=S.cancelled, reason=CANCELLED_BY_USER, store=store, device_lost=lost)
     elif body.status == S.succeeded and not has_trace:
-        end_run(session, run, S.failed, "the agent reported success but uploaded no ETDump", device_lost=lost)
+        end_run(session, run=run, status=S.failed, reason="the agent reported success but uploaded no ETDump",
+                store=store, device_lost=lost)
     elif body.status == S.succeeded:
         move(session, run, S.analyzing, ingest_attempts=0, ingest_started_at=None,
              lease_expires_at=utcnow() + timedelta(seconds=ingest_deadline_s))
         device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
         enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
     else:
-        end_run(session, run, S.failed, body.reason or "the run failed (no reason given)", device_lost=lost)
+        end_run(session, run=run, status=S.failed, reason=body.reason or "the run failed (no reason given)",
+                store=store, device_lost=lost)
     if lease_s is None or assign_next(session, device_id=run.device_id, lease_s=lease_s) is None:
         enqueue_after_commit(session, TASK_DISPATCH)  # its device (or another) can take the next run
     return run

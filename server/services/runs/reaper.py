@@ -17,6 +17,7 @@ from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, RunStatus, sta
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import liveness
 from sme2farm.server.services.runs.status import CANCELLED_BY_USER, StateChanged, complete, end, move
+from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Agent, Device, Run, as_utc, utcnow
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 S = RunStatus
 
 
-def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: float = 180.0,
+def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_deadline_s: float = 180.0,
                  max_ingest_attempts: int = 3, ingest_start_s: float | None = None,
                  ingest_waiting: Callable[[], int | None] | None = None, settle_s: float = 0.0) -> list[int]:
     """Act on every non-terminal run past its deadline, so none stays non-terminal forever:
@@ -52,7 +53,8 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
     again within its backoff cap; its next heartbeat renews the lease and the run goes on.
 
     queued has no deadline of its own: it waits for its device (cancel ends it). Returns the ids
-    of the runs acted on."""
+    of the runs acted on. `store`: where the runs' outputs files are (the ended experiments'
+    comparisons read them)."""
     now = utcnow()
     # A lease counts only while the farm was up and settled (FarmClock.window); ingest
     # deadlines are the worker's own, not the agents'.
@@ -84,7 +86,7 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
                     log.warning("run %s: its ingest task did not begin within %g s and none waits in the broker; "
                                 "sending it again", run.id, ingest_start_s)
                 if began and run.ingest_attempts >= max_ingest_attempts:
-                    end(session, run, S.failed, (
+                    end(session, run=run, status=S.failed, reason=(
                         f"ingest did not finish: started {run.ingest_attempts} time(s); each time the worker died "
                         f"(stopped heartbeating) or the analysis outran SME2_INGEST_DEADLINE_S={ingest_deadline_s:g} s "
                         f"(see the worker's log)"))
@@ -96,11 +98,11 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
                 touched.append(run.id)
                 continue
             if run.cancel_requested:
-                end(session, run, S.cancelled, CANCELLED_BY_USER)
+                end(session, run=run, status=S.cancelled, reason=CANCELLED_BY_USER)
                 ended.append(run.experiment_id)
             elif run.attempt >= max_attempts:
-                end(session, run, S.failed,
-                    f"the agent stopped answering (lease expired) on all {run.attempt} attempts")
+                end(session, run=run, status=S.failed,
+                    reason=f"the agent stopped answering (lease expired) on all {run.attempt} attempts")
                 ended.append(run.experiment_id)
             else:
                 move(session, run, S.queued, reason=f"requeued after attempt {run.attempt}: the agent's lease expired",
@@ -113,7 +115,7 @@ def reap_expired(session: Session, *, max_attempts: int, ingest_deadline_s: floa
             continue
     if freed:
         enqueue_after_commit(session, TASK_DISPATCH)
-    complete(session, ended)
+    complete(session, experiment_ids=ended, store=store)
     return touched
 
 
@@ -125,7 +127,7 @@ def _ask(ingest_waiting: Callable[[], int | None]) -> int | None:
         return None
 
 
-def end_lost_device_runs(session: Session, *, device_lost_s: float, settle_s: float = 0.0) -> list[int]:
+def end_lost_device_runs(session: Session, *, device_lost_s: float, store: Store, settle_s: float = 0.0) -> list[int]:
     """End unschedulable the queued runs of every device offline longer than device_lost_s
     (SME2_DEVICE_LOST_S), saying which device and since when: a device that left (its agent
     killed, the phone unplugged) would otherwise hold them queued forever. Runs the device is
@@ -133,7 +135,7 @@ def end_lost_device_runs(session: Session, *, device_lost_s: float, settle_s: fl
 
     A device's lost clock runs only while the farm was up: from max(offline_since, the farm's
     return + settle_s), never while the API is down (devices.lost_cutoff, services/liveness.py).
-    Returns the ids of the runs ended."""
+    Returns the ids of the runs ended. `store`: as reap_expired's."""
     now = utcnow()
     # Offline without a stamp (a path that set the state alone): lost counts from now.
     session.execute(update(Device).where(Device.state == "offline", Device.offline_since.is_(None))
@@ -162,7 +164,7 @@ def end_lost_device_runs(session: Session, *, device_lost_s: float, settle_s: fl
         reason = (f"{device_service.offline_text(lost[run.device_id], now)}: its queued runs cannot run "
                   f"(offline longer than SME2_DEVICE_LOST_S={device_lost_s:g} s)")
         try:
-            end(session, run, S.unschedulable, reason)
+            end(session, run=run, status=S.unschedulable, reason=reason)
         except StateChanged:  # dispatched or cancelled meanwhile: not queued anymore
             continue
         ended.append(run.id)
@@ -170,5 +172,5 @@ def end_lost_device_runs(session: Session, *, device_lost_s: float, settle_s: fl
         serials.add(lost[run.device_id].serial)
     if ended:
         log.warning("ended %d queued run(s) of lost device(s) %s unschedulable", len(ended), ", ".join(sorted(serials)))
-    complete(session, experiments)
+    complete(session, experiment_ids=experiments, store=store)
     return ended

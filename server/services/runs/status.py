@@ -24,9 +24,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from sme2farm.protocol import TERMINAL, RunStatus
-from sme2farm.server.services import comparisons, suites
+from sme2farm.server.services import comparisons, reports, suites
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.errors import StateConflict, NotFound
+from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.models import Run, utcnow
 
 S = RunStatus
@@ -108,7 +109,7 @@ def move_where(session: Session, frm: RunStatus, to: RunStatus, *criteria: Any, 
     return sorted(moved.scalars())
 
 
-def end(session: Session, run: Run, status: RunStatus, reason: str | None, *, device_lost: bool = False) -> None:
+def end(session: Session, *, run: Run, status: RunStatus, reason: str | None, device_lost: bool = False) -> None:
     """End a run without completing comparisons (its caller does that once per experiment, with
     `complete`). reason None keeps the current one; a success passes "" (a requeued run that then
     succeeded kept "requeued after attempt 1: ..." as if something were still wrong)."""
@@ -121,29 +122,31 @@ def end(session: Session, run: Run, status: RunStatus, reason: str | None, *, de
     device_service.free(session, device_id=run.device_id, run_id=run.id, lost=device_lost)
 
 
-def complete(session: Session, experiment_ids: Iterable[int]) -> None:
+def complete(session: Session, *, experiment_ids: Iterable[int], store: Store) -> None:
     """Complete the comparisons of experiments whose runs have all ended. In id order, so two
-    transactions ending runs of the same experiments lock them in the same order."""
+    transactions ending runs of the same experiments lock them in the same order. `store`: where
+    the runs' outputs files are (the comparisons' numerics read them)."""
     session.flush()
     for experiment_id in sorted(set(experiment_ids)):
-        comparisons.refresh(session, experiment_id=experiment_id)
+        comparisons.refresh(session, experiment_id=experiment_id, store=store)
         suites.experiment_ended(session, experiment_id=experiment_id)  # a suite's: its analysis is sent after commit
+        reports.experiment_ended(session, experiment_id=experiment_id)  # ended: its report is built after commit
 
 
-def end_run(session: Session, run: Run, status: RunStatus, reason: str | None = None, *,
+def end_run(session: Session, *, run: Run, status: RunStatus, reason: str | None = None, store: Store,
             device_lost: bool = False) -> None:
     """The one way a run ends: stamped, its device freed (offline if the device was lost), and
     its experiment's comparisons completed if it was the last, in this same transaction."""
-    end(session, run, status, reason, device_lost=device_lost)
-    complete(session, [run.experiment_id])
+    end(session, run=run, status=status, reason=reason, device_lost=device_lost)
+    complete(session, experiment_ids=[run.experiment_id], store=store)
 
 
-def runs_created(session: Session, *, experiment_id: int) -> None:
+def runs_created(session: Session, *, experiment_id: int, store: Store) -> None:
     """A new experiment all of whose runs are unschedulable is complete at once."""
-    complete(session, [experiment_id])
+    complete(session, experiment_ids=[experiment_id], store=store)
 
 
-def cancel(session: Session, runs: Iterable[Run]) -> None:
+def cancel(session: Session, *, runs: Iterable[Run], store: Store) -> None:
     """Cancel, in each state:
 
     - queued, analyzing: cancelled at once. An ingest in flight finds the run no longer
@@ -160,13 +163,13 @@ def cancel(session: Session, runs: Iterable[Run]) -> None:
                 break
             if run.status in (S.queued, S.analyzing):
                 try:
-                    end(session, run, S.cancelled, CANCELLED_BY_USER)
+                    end(session, run=run, status=S.cancelled, reason=CANCELLED_BY_USER)
                 except StateChanged:
                     continue
                 ended.append(run.experiment_id)
             else:
                 run.cancel_requested = True  # travels to the agent in its next answer
             break
-    complete(session, ended)
+    complete(session, experiment_ids=ended, store=store)
 
 

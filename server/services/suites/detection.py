@@ -156,7 +156,7 @@ def _learn_noise(session: Session, *, suite: Suite, p: SuitePoint) -> None:
         .options(selectinload(Run.result)))
         if r.result is not None]
     if len(reports) >= 2:
-        noise_service.learn(session, p.device_id, [reports])
+        noise_service.learn(session, device_id=p.device_id, groups=[reports])
 
 
 def regression_point(p: SuitePoint) -> regression.Point:
@@ -218,7 +218,7 @@ def detect_series(session: Session, *, suite: Suite, key: tuple) -> list[int]:
     # A learned model only: the default prior (10% between sessions, for verdicts on a device
     # never measured) weighted as 20 nights would hide every step; without one the detector
     # pools the series' own history (cautious by itself: Student's t on its degrees of freedom).
-    noise = noise_service.for_device(session, device_id)
+    noise = noise_service.for_device(session, device_id=device_id)
     noise = noise if noise.source != "default" else None
     params = metrics.params_for(suite, suite.min_effect)
     canary = _canary_for(session, suite=suite, key=key, pts=pts)
@@ -253,7 +253,7 @@ def detectable_step(session: Session, *, suite: Suite, pts: list[SuitePoint]) ->
     params = metrics.params_for(suite, suite.min_effect)
     lv, _ = regression.levels([regression_point(p) for p in pts], params)
     device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
-    noise = noise_service.for_device(session, device_id)
+    noise = noise_service.for_device(session, device_id=device_id)
     prior = regression.noise_sigma(noise) if noise.source != "default" else None
     seg = max((i for i, p in enumerate(pts) if p.acknowledged), default=0)
     source = "the device's learned noise and the series' history" if prior is not None else "the series' history"

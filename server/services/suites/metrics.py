@@ -222,7 +222,7 @@ def detect_phases(session: Session, *, suite: Suite, key: tuple, pts: list[Suite
     if not any(p.llm for p in pts):
         return []
     device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
-    device_noise = noise_service.for_device(session, device_id)
+    device_noise = noise_service.for_device(session, device_id=device_id)
     alerts: list[int] = []
     for metric in PHASES:
         m = METRICS[metric]
