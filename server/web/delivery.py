@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import HTTPException, Request
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import parse_options_header
 
 from sme2farm.protocol import AGENT_ARTIFACTS
 from sme2farm.protocol.agents import DELIVERY_PART
-from sme2farm.server.web.uploads import PartHeaders
+from sme2farm.server.web.multipart import StreamedParts
 
 MAX_FINISH_BYTES = 64 * 1024
 OVERHEAD_BYTES = 64 * 1024  # boundaries, part headers, a preamble
@@ -46,7 +46,7 @@ class Delivery:
             r.path.unlink(missing_ok=True)
 
 
-class _Collector(PartHeaders):
+class _Collector(StreamedParts):
     def __init__(self, tmp_dir: Path, limit: int):
         super().__init__()
         self.tmp_dir, self.limit = tmp_dir, limit
@@ -108,13 +108,8 @@ class _Collector(PartHeaders):
             except UnicodeDecodeError as e:
                 self.error = (422, f"the {DELIVERY_PART!r} part is not UTF-8 (byte offset {e.start})")
 
-    def close(self) -> None:
-        if self._file is not None:
-            f, self._file = self._file, None
-            try:
-                f.close()
-            except OSError:
-                pass
+    def discard(self) -> None:
+        self.delivery.discard()
 
 
 async def receive_delivery(request: Request, tmp_dir: Path, limit: int) -> Delivery:
@@ -129,40 +124,10 @@ async def receive_delivery(request: Request, tmp_dir: Path, limit: int) -> Deliv
         raise HTTPException(413, f"request body of {int(length)} bytes exceeds {total_limit} bytes "
                                  f"({len(AGENT_ARTIFACTS)} artifacts of {limit >> 20} MiB at most, and framing)")
     c = _Collector(tmp_dir, limit)
-    parser = MultipartParser(params[b"boundary"], callbacks={
-        name: getattr(c, name) for name in ("on_part_begin", "on_part_data", "on_part_end", "on_header_field",
-                                            "on_header_value", "on_header_end", "on_headers_finished")})
-    received = 0
-    try:
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > total_limit:
-                c.error = (413, f"request body exceeds {total_limit} bytes")
-                break
-            parser.write(chunk)
-            if c.error:
-                break
-        if not c.error:
-            parser.finalize()
-            if c._file is not None:
-                c.error = (400, f"malformed multipart body: the {c._name!r} part never ended (no closing boundary)")
-    except OSError:  # the server's own I/O (a full disk): answered as every other write's (api/errors.py)
-        c.close()
+    await c.read(request, params[b"boundary"], total_limit, f"request body exceeds {total_limit} bytes")
+    if not c.delivery.finish:
         c.delivery.discard()
-        raise
-    except Exception as e:  # malformed framing, or the agent went away
-        c.error = (400, f"malformed multipart body: {e}")
-    except BaseException:  # cancelled: nothing answers, and nothing may stay behind
-        c.close()
-        c.delivery.discard()
-        raise
-    finally:
-        c.close()
-    if not c.error and not c.delivery.finish:
-        c.error = (422, f"missing the '{DELIVERY_PART}' part")
-    if c.error:
-        c.delivery.discard()
-        raise HTTPException(*c.error)
+        raise HTTPException(422, f"missing the '{DELIVERY_PART}' part")
     return c.delivery
 
 

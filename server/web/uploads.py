@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import HTTPException, Request
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import parse_options_header
+
+from sme2farm.server.web.multipart import StreamedParts
 
 MAX_FIELD_BYTES = 64 * 1024  # the JSON spec
-MAX_HEADER_BYTES = 8 * 1024  # one part's headers
 FILE_PARTS = ("model", "vs_model", "inputs")
 _PATH_ATTR = {"model": "model_path", "vs_model": "vs_model_path", "inputs": "inputs_path"}
 FIELD_PARTS = ("spec",)
@@ -61,41 +62,7 @@ class Upload:
                 p.unlink()
 
 
-class PartHeaders:
-    """The part-header callbacks of a python-multipart push parser, shared by both collectors (this one and
-    server/web/delivery.py's): each part's headers gathered, bounded at MAX_HEADER_BYTES (a 413 in
-    `error`), and the part's form name read from its Content-Disposition."""
-
-    def __init__(self) -> None:
-        self.error: tuple[int, str] | None = None
-        self._field = self._value = b""
-        self._headers: dict[bytes, bytes] = {}
-
-    def on_header_field(self, data: bytes, start: int, end: int) -> None:
-        self._field += data[start:end]
-        self._check_header()
-
-    def on_header_value(self, data: bytes, start: int, end: int) -> None:
-        self._value += data[start:end]
-        self._check_header()
-
-    def _check_header(self) -> None:
-        if not self.error and len(self._field) + len(self._value) > MAX_HEADER_BYTES:
-            self.error = (413, f"a multipart part header exceeds {MAX_HEADER_BYTES} bytes")
-
-    def on_header_end(self) -> None:
-        self._headers[self._field.lower()] = self._value
-        self._field = self._value = b""
-
-    def disposition(self) -> dict[bytes, bytes]:
-        """The part's Content-Disposition parameters (name, filename)."""
-        return parse_options_header(self._headers.get(b"content-disposition", b""))[1]
-
-    def part_name(self) -> str:
-        return self.disposition().get(b"name", b"").decode("utf-8", "replace")
-
-
-class _Collector(PartHeaders):
+class _Collector(StreamedParts):
     def __init__(self, tmp_dir: Path, limit: int, inputs_limit: int = 0):
         super().__init__()
         self.tmp_dir, self.limit, self.inputs_limit = tmp_dir, limit, inputs_limit
@@ -176,15 +143,8 @@ class _Collector(PartHeaders):
                 self.error = (422, f"form field {self._name!r} is not UTF-8: byte 0x{e.object[e.start]:02x} at "
                                    f"offset {e.start} ({e.reason}); send the JSON spec as UTF-8")
 
-    def close(self) -> None:
-        """Only ever open here on a way out that discards the file, so a failing flush (the disk
-        filled up) must not stop the discard."""
-        if self._file:
-            f, self._file = self._file, None
-            try:
-                f.close()
-            except OSError:
-                pass
+    def discard(self) -> None:
+        self.upload.discard()
 
 
 async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs_limit: int = 0) -> Upload:
@@ -197,45 +157,9 @@ async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs
     if length and length.isdigit() and int(length) > total_limit:
         raise HTTPException(413, f"request body of {int(length)} bytes exceeds the {limit // (1 << 20)} MiB model limit")
     c = _Collector(tmp_dir, limit, inputs_limit)
-    parser = MultipartParser(params[b"boundary"], callbacks={
-        name: getattr(c, name) for name in (
-            "on_part_begin", "on_part_data", "on_part_end", "on_header_field",
-            "on_header_value", "on_header_end", "on_headers_finished")
-    })
-    received = 0
-    try:
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > total_limit:  # counted as it streams: chunked bodies declare no length
-                c.error = (413, f"request body exceeds {total_limit} bytes (two {limit // (1 << 20)} MiB models "
-                                f"and {inputs_limit // (1 << 20)} MiB inputs limits, a {MAX_FIELD_BYTES // 1024} KiB spec and framing)")
-                break
-            parser.write(chunk)
-            if c.error:
-                break
-        if not c.error:
-            parser.finalize()
-            if c._file is not None:  # the body stopped inside a file part: what arrived is not the file
-                c.error = (400, f"malformed multipart body: the {c._name!r} part never ended (no closing boundary)")
-    except HTTPException:
-        raise
-    except OSError:
-        # The server's own I/O failed, not the client's body: a full disk is answered 507 with
-        # the same body as every other write's (api/errors.py), anything else is a 500.
-        c.close()
-        c.upload.discard()
-        raise
-    except Exception as e:  # malformed multipart framing, or the client went away
-        c.error = (400, f"malformed multipart body: {e}")
-    except BaseException:  # cancelled: nothing answers, but nothing may stay behind either
-        c.close()
-        c.upload.discard()
-        raise
-    finally:
-        c.close()
-    if c.error:
-        c.upload.discard()
-        raise HTTPException(*c.error)
+    await c.read(request, params[b"boundary"], total_limit,
+                 f"request body exceeds {total_limit} bytes (two {limit // (1 << 20)} MiB models and "
+                 f"{inputs_limit // (1 << 20)} MiB inputs limits, a {MAX_FIELD_BYTES // 1024} KiB spec and framing)")
     if c.upload.model_path is None:
         c.upload.discard()
         raise HTTPException(422, "missing the 'model' file part (the .pte or .bpte)")
