@@ -101,3 +101,57 @@ def test_reading_a_report_leaves_the_callers_transaction_to_the_caller(service_f
     assert [{**r, "reason": ""} for r in built["runs"]] == [{**r, "reason": ""} for r in whole["runs"]]
     with session_scope(farm.url) as s:
         assert reports.read_report(s, experiment_id=eid + 1000) is None
+
+
+def test_the_report_is_built_by_the_worker_when_the_last_run_ends_and_the_first_read_is_served_stored(
+        service_farm, etdump, monkeypatch):
+    """The transaction that ends an experiment's last run asks for TASK_REPORT after its commit
+    (reports.experiment_ended, from runs/status.py complete); the worker's task builds and keeps
+    the default report, which the first GET then serves as stored. Nothing is asked while a run
+    has not ended; a report already stored is not built again; one whose rows changed after it was
+    kept is not served (the key is what the reader reads), and the task keeps the new one."""
+    from types import SimpleNamespace
+
+    from sme2farm.protocol import TASK_REPORT
+    from sme2farm.worker import tasks
+
+    farm = service_farm
+    cache = reports.reports_dir(farm.store.root)
+    monkeypatch.setattr(tasks, "get_settings", lambda: SimpleNamespace(sqlalchemy_url=farm.url,
+                                                                       data_dir=farm.store.root))
+    first, second = farm.submit(threads=[1, 2])
+    eid = farm.run(first).experiment_id
+    farm.to(first, "analyzing", trace=etdump)
+    assert farm.ingest(first) == "succeeded"
+    assert (TASK_REPORT, eid) not in farm.sent                  # a run left: no report yet
+    assert tasks.build_report(eid) == "nothing to build"        # (a stray ask builds nothing either)
+    assert not cache.exists() or not any(cache.rglob("*.json"))
+
+    farm.to(second, "analyzing", trace=etdump)
+    assert farm.ingest(second) == "succeeded"
+    assert farm.sent.count((TASK_REPORT, eid)) == 1             # the last run ended: asked once, after the commit
+    assert tasks.build_report(eid) == "built"
+    [stored] = list((cache / str(eid)).glob("default-*.json"))
+    built = json.loads(stored.read_bytes())
+    assert [r["status"] for r in built["runs"]] == ["succeeded", "succeeded"]
+    stored.write_text(json.dumps({**built, "name": "built by the worker"}))
+    assert _report(farm, eid, cache)["name"] == "built by the worker"   # the first read: from storage
+    assert tasks.build_report(eid) == "nothing to build"                # stored already: left as it is
+
+    with session_scope(farm.url) as s:                          # what it is built from changes
+        run = s.get(Run, second)
+        s.execute(update(Run).where(Run.id == second).values(finished_at=run.finished_at + timedelta(seconds=1)))
+    assert _report(farm, eid, cache)["name"] != "built by the worker"   # not served stale (the reader rebuilt it)
+    stored_now = list((cache / str(eid)).glob("default-*.json"))
+    assert len(stored_now) == 1 and stored_now[0] != stored
+
+
+def test_an_experiment_ended_by_a_cancel_asks_for_its_report_too(service_farm):
+    from sme2farm.protocol import TASK_REPORT
+
+    farm = service_farm
+    [rid] = farm.submit()
+    eid = farm.run(rid).experiment_id
+    farm.sent.clear()
+    farm.cancel(rid)                                            # queued: cancelled at once, the experiment ended
+    assert farm.sent.count((TASK_REPORT, eid)) == 1

@@ -165,7 +165,7 @@ def test_flat_series_flags_nothing_and_the_canary_takes_device_drift(db_url):
 
 
 def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_url):
-    from sme2farm.protocol import TASK_DISPATCH, TASK_SUITE_ANALYZE, RunStatus
+    from sme2farm.protocol import TASK_DISPATCH, TASK_REPORT, TASK_SUITE_ANALYZE, RunStatus
     from sme2farm.server.store.models import Agent, Run
     from sme2farm.server.services import runs as run_service
     from sme2farm.server.services import suites
@@ -190,7 +190,8 @@ def test_the_tick_starts_a_due_suite_once_and_end_run_asks_for_its_analysis(db_u
     with tx() as s:  # the run ends (here: cancelled) through the one way runs end
         (r,) = s.query(Run).filter(Run.experiment_id == run.experiment_ids[0]).all()
         run_service.end_run(s, run=r, status=RunStatus.cancelled, reason="cancelled by the test", store=NO_OUTPUTS)
-    assert sent == [(TASK_SUITE_ANALYZE, srun_id)]
+    # the suite's analysis, and the ended experiment's report (built by the worker: test_report_cache)
+    assert sent == [(TASK_SUITE_ANALYZE, srun_id), (TASK_REPORT, run.experiment_ids[0])]
     with tx() as s:
         assert suites.analyze(s, suite_run_id=srun_id) == []
         assert suites.analyze(s, suite_run_id=srun_id) == []  # once

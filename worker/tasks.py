@@ -13,19 +13,19 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import joinedload
 
-from sme2farm.protocol import (TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_SUITE_ANALYZE,
-                               TASK_SUITES_TICK, RunStatus)
+from sme2farm.protocol import (TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_REPORT,
+                               TASK_SUITE_ANALYZE, TASK_SUITES_TICK, RunStatus)
 from sme2farm.server import queue
 from sme2farm.server.config import get_settings
 from sme2farm.server.services import alerts as alert_service
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services import ingest
+from sme2farm.server.services import ingest, reports
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services import wakeup
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Run
+from sme2farm.server.store.models import Experiment, Run
 from sme2farm.worker.celery_app import app, ingest_waiting
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,11 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
                                                      heartbeat_s=s.ingest_heartbeat_s, own=self.request.retries == 0)
             # With their experiments: the analysis below runs after this session closes and needs
             # the program each run executed (its declared outputs).
+            # Not its comparisons: an ended experiment's are megabytes of JSON (200 devices), and the
+            # tasks sent for runs another task's batch took read their (ended) experiment here.
             runs = {r.id: r for r in session.scalars(
-                select(Run).where(Run.id.in_({run_id, *began})).options(joinedload(Run.experiment)))}
+                select(Run).where(Run.id.in_({run_id, *began}))
+                .options(joinedload(Run.experiment).defer(Experiment.comparisons)))}
             run = runs.get(run_id)
             if run is not None and self.request.retries:
                 began[run_id] = run.ingest_started_at  # this attempt's, begun before the retry
@@ -211,6 +214,22 @@ def reap(self) -> list[int]:
     if touched:
         log.info("reaped runs %s", touched)
     return touched
+
+
+@app.task(name=TASK_REPORT, bind=True, max_retries=MAX_RETRIES)
+def build_report(self, experiment_id: int) -> str:
+    """An experiment's runs have all ended (reports.experiment_ended asked for this after the commit
+    that ended the last one): its report is built and kept now, in the worker, so its first reader
+    is served from storage instead of building it in the API. Read in one transaction, built after
+    it (no connection held while building); a report already stored (a reader came first) is left
+    as it is, and one that has changed since (a run re-ended) is keyed by what was read here, as
+    a reader keys it, so nothing stale is ever served."""
+    rows = _in_transaction(self, lambda session, s: reports.keep_ended(
+        session, experiment_id=experiment_id, cache_dir=reports.reports_dir(Store(s.data_dir).root)))
+    if rows is None:
+        return "nothing to build"
+    reports.build_report(rows=rows)
+    return "built"
 
 
 @app.task(name=TASK_SUITES_TICK, bind=True, max_retries=MAX_RETRIES)

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import statistics
+import threading
 from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
@@ -21,10 +22,11 @@ from sqlalchemy.orm import Session, defer, joinedload
 
 from sme2farm import __version__
 from sme2farm.protocol import (
-    DEFAULT_METHOD, TERMINAL, DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary, LatencyStats,
-    RunnerInfo, RunReport, RunStatus,
+    DEFAULT_METHOD, TASK_REPORT, TERMINAL, DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary,
+    LatencyStats, RunnerInfo, RunReport, RunStatus,
 )
 from sme2farm.protocol.experiments import RunGroup
+from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
@@ -40,6 +42,32 @@ def report_cache_version() -> str:
     report of another version, or of a contract that has changed since, is never served."""
     schema = json.dumps(ExperimentReport.model_json_schema(), sort_keys=True)
     return f"{__version__}:{hashlib.sha256(schema.encode()).hexdigest()[:16]}"
+
+
+def reports_dir(data_root: Path) -> Path:
+    """Where the stored reports are kept under the farm's data dir: the API serves them (GET
+    /experiments/{id}), the worker builds them when an experiment ends (TASK_REPORT)."""
+    return data_root / "reports"
+
+
+def experiment_ended(session: Session, *, experiment_id: int) -> None:
+    """Called by the run service each time runs of this experiment end (runs/status.py complete):
+    once every run has ended, its report is asked for after the commit (TASK_REPORT), so that the
+    worker builds and keeps it (keep_ended) and the first reader is served from storage instead
+    of building it. A scope with no task queue drops the ask: the first read builds it then."""
+    if session.scalar(select(Run.id).where(Run.experiment_id == experiment_id,
+                                           Run.status.not_in(TERMINAL_VALUES)).limit(1)) is None:
+        enqueue_after_commit(session, TASK_REPORT, experiment_id)
+
+
+def keep_ended(session: Session, *, experiment_id: int, cache_dir: Path) -> ReportRows | None:
+    """TASK_REPORT, its reading step (in the worker's transaction): what the default report of an
+    ended experiment is built from, if it is not stored yet; None if it is (a reader came first),
+    or if the experiment is gone or no longer ended (nothing would be kept). build_report, after
+    the transaction, builds and keeps it under the key read here, the one a reader computes."""
+    rows = read_report(session, experiment_id=experiment_id, cache_dir=cache_dir)
+    return rows if rows is not None and rows.stored is None and rows.keep_at is not None else None
+
 
 E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max", "cv", "mad", "outliers", "n")
 
@@ -164,7 +192,7 @@ def _keep(path: Path, body: bytes) -> None:
     answer's older build; a failure to keep it costs the next reader a build, never an answer."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # two builders in one process too
         tmp.write_bytes(body)
         os.replace(tmp, path)
         answer = path.name.split("-", 1)[0]

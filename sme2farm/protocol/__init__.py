@@ -23,9 +23,10 @@ from .common import (ACTIVE, AGENT_ARTIFACTS, ARTIFACT_MEDIA, ARTIFACT_NAMES, DE
                      DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_POWER_PROFILE, DEFAULT_SERVER_URL, DEFAULT_TIMEOUT_S,
                      DEFAULT_WARMUP, DERIVED_ARTIFACTS, KERNEL_LOG, LATENCIES_CSV, MEMORY, NON_TERMINAL, OUTPUTS,
                      PERFETTO_JSON, REPORT_JSON, REPORT_MD, RUNNER_LOG, TASK_ALERT_WEBHOOK, TASK_DISPATCH, TASK_INGEST,
-                     TASK_REAP, TASK_SUITES_TICK, TASK_SUITE_ANALYZE, TERMINAL, TRACE, Conflict, Detail, DeviceState,
-                     Flavour, IsoTimestamp, Platform, PowerProfile, RelayedJson, RelayedText, RunnerPlatform, RunStatus,
-                     Sme2Request, Sme2Setting, status_values, Timestamp, Unprocessable, ValidationIssue)
+                     TASK_REAP, TASK_REPORT, TASK_SUITES_TICK, TASK_SUITE_ANALYZE, TERMINAL, TRACE, Conflict, Detail,
+                     DeviceState, Flavour, IsoTimestamp, Platform, PowerProfile, RelayedJson, RelayedText,
+                     RunnerPlatform, RunStatus, Sme2Request, Sme2Setting, status_values, Timestamp, Unprocessable,
+                     ValidationIssue)
 from .devices import CoreCluster, DeviceInfo, DeviceRead, DeviceSelector, RunnerInfo, sme_text
 from .runs import (Allocations, AnalysisReport, Coverage, KernelEntry, KernelPaths, Kernels, LatencyStats,
                    LlmCategories, LlmKernelPaths, LlmReport, LlmSamples, NotHidden, OffSme2, OperatorInstance,
@@ -53,8 +54,9 @@ __all__ = [
     "DEFAULT_METHOD", "DEFAULT_MIN_EFFECT", "DEFAULT_POWER_PROFILE", "DEFAULT_SERVER_URL", "DEFAULT_TIMEOUT_S",
     "DEFAULT_WARMUP", "DERIVED_ARTIFACTS", "KERNEL_LOG", "LATENCIES_CSV", "MEMORY", "NON_TERMINAL", "OUTPUTS",
     "PERFETTO_JSON", "REPORT_JSON", "REPORT_MD", "RUNNER_LOG", "TASK_ALERT_WEBHOOK", "TASK_DISPATCH", "TASK_INGEST",
-    "TASK_REAP", "TASK_SUITES_TICK", "TASK_SUITE_ANALYZE", "TERMINAL", "TRACE", "Conflict", "Detail", "DeviceState",
-    "Flavour", "IsoTimestamp", "Platform", "PowerProfile", "RelayedJson", "RelayedText", "RunnerPlatform", "RunStatus",
+    "TASK_REAP", "TASK_REPORT", "TASK_SUITES_TICK", "TASK_SUITE_ANALYZE", "TERMINAL", "TRACE", "Conflict", "Detail",
+    "DeviceState", "Flavour", "IsoTimestamp", "Platform", "PowerProfile", "RelayedJson", "RelayedText",
+    "RunnerPlatform", "RunStatus",
     "Sme2Request", "Sme2Setting", "status_values", "Timestamp", "Unprocessable", "ValidationIssue", "CoreCluster",
     "DeviceInfo", "DeviceRead", "DeviceSelector", "RunnerInfo", "sme_text", "Allocations", "AnalysisReport", "Coverage",
     "KernelEntry", "KernelPaths", "Kernels", "LatencyStats", "LlmCategories", "LlmKernelPaths", "LlmReport",

@@ -89,6 +89,7 @@ TASK_REAP = "sme2farm.reap"
 TASK_SUITES_TICK = "sme2farm.suites.tick"          # the beat, every minute: start the suites that are due
 TASK_SUITE_ANALYZE = "sme2farm.suites.analyze"     # a suite run's experiments ended: points, detection
 TASK_ALERT_WEBHOOK = "sme2farm.suites.webhook"     # POST one confirmed change to its suite's webhook
+TASK_REPORT = "sme2farm.report"                   # an experiment's runs all ended: build and keep its report
 
 DEFAULT_INPUTS = "all ones (default)"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8000"  # where the client and the agent find the farm, unless told
