@@ -157,12 +157,13 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store
     operators and kernels), summary (the default above: no runs, their aggregates per variant, SME2
     arm, device, threads and mode in run_groups), or page (`run_page_size` runs in full, page
     `run_page`); runs_detail/runs_total say which. Once every run has ended the report is built
-    once and served from the data dir (reports.read_report cache_dir)."""
+    once, by the worker when the last run ends (TASK_REPORT), and served from the data dir
+    (reports.read_report cache_dir); a reader that finds none stored builds and keeps it."""
     # A read in its own transaction, ended before the answer is built (a large report takes a
     # while in Python): the connection goes back to the pool meanwhile, not "idle in transaction".
     with tx() as session:
         rows = reports.read_report(session, experiment_id=experiment_id, runs=runs, page=run_page,
-                                   page_size=run_page_size, cache_dir=store.root / "reports")
+                                   page_size=run_page_size, cache_dir=reports.reports_dir(store.root))
     if rows is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")
     return Response(reports.build_report(rows=rows), media_type="application/json")  # built as JSON by reports
