@@ -112,7 +112,8 @@ class Settings(BaseSettings):
                     "countdown (a webhook retry waits at most 600 s) and the ingest deadline; ingest itself does "
                     "not wait for it (ingest_start_s, ingest_heartbeat_s)",
     )
-    broker_poll_s: float = Field(default=0.05, description="Embedded broker polling interval (the farm's latency floor)")
+    broker_poll_s: float = Field(default=0.05, description="Embedded broker: how often the worker looks for tasks when no doorbell rings "
+                                 "(server/doorbell.py: a task sent wakes it at once)")
     device_wait_s: float = Field(
         default=30.0, ge=0,
         description="How long a submission that matches no device waits for an expected one (an agent starting "

@@ -7,13 +7,19 @@ runs: its tasks and the beat's schedule."""
 from __future__ import annotations
 
 import logging
+import socket
+from queue import Empty
+from time import monotonic
 from typing import Any, Callable
 
+import kombu.transport
 from celery import Celery
 from kombu import Queue
 from kombu.transport import sqlalchemy as kombu_sqla
+from sqlalchemy import event
 
 from sme2farm.protocol import TASK_DISPATCH, TASK_REAP, TASK_SUITES_TICK
+from sme2farm.server import doorbell
 from sme2farm.server.config import Settings
 
 log = logging.getLogger(__name__)
@@ -24,13 +30,76 @@ DEFAULT_QUEUE = "celery"  # ingest (Celery's default name, so messages already q
 WEBHOOK_MAX_COUNTDOWN_S = 600.0
 
 
+class _RungChannel(kombu_sqla.Channel):
+    """kombu's SQLAlchemy channel that rings the broker's doorbells once a message is stored, on
+    a SQLite file in WAL mode with synchronous=NORMAL, as the farm's own database (store/db.py):
+    kombu's default (a rollback journal, fsynced in full on every commit) made each task sent or
+    taken cost several fsyncs, and a task is sent inside the request that asked for it (a
+    submission, a run's delivery). A power cut may then lose the last tasks sent, as it may the
+    farm database's last commits; the beat's dispatch and the reaper's re-sent ingests cover them."""
+
+    def _engine_from_config(self):
+        engine = super()._engine_from_config()
+        if engine.dialect.name == "sqlite":
+            @event.listens_for(engine, "connect")
+            def _pragmas(dbapi_conn, _record):
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.close()
+        return engine
+
+    def _put(self, queue, payload, **kwargs):
+        super()._put(queue, payload, **kwargs)  # committed: a worker woken now finds it
+        doorbell.ring(doorbell.folder_of(self.connection.client.hostname, "broker"))
+
+
+class EmbeddedTransport(kombu_sqla.Transport):
+    """The embedded broker (`sqla+sqlite://`): kombu's SQLAlchemy transport, whose consumer
+    (the worker) waits between its looks at the table on a doorbell (server/doorbell.py) that
+    every message sent rings, instead of sleeping: a task is taken as soon as it is sent, not up
+    to SME2_BROKER_POLL_S later. Without a bell (it could not be bound) it polls, as kombu's."""
+
+    Channel = _RungChannel
+    _bell: doorbell.Doorbell | None = None
+
+    def drain_events(self, connection, timeout=None):
+        if self._bell is None:
+            self._bell = doorbell.Doorbell(doorbell.folder_of(self.client.hostname, "broker"))
+        if not self._bell.bound:
+            return super().drain_events(connection, timeout=timeout)
+        # kombu's loop (virtual.Transport.drain_events), its sleep turned into a wait on the bell:
+        # bound before the first look, so a message sent between a look and the wait rings it
+        began, interval = monotonic(), self.polling_interval
+        if timeout and interval and interval > timeout:
+            interval = timeout
+        while True:
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                if timeout is not None and monotonic() - began >= timeout:
+                    raise socket.timeout()
+                self._bell.wait(interval if interval is not None else 1.0)
+
+    def close_connection(self, connection):
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
+        super().close_connection(connection)
+
+
 def make_celery(settings: Settings, include: tuple[str, ...] = ()) -> Celery:
     """The farm's Celery app; `include`: the modules whose tasks this process runs (none to send only)."""
     if settings.celery_broker_url.startswith("sqla+"):
-        # The embedded transport polls its table, so this interval is the farm's latency floor per
-        # hop. kombu 5.7 forwards a `polling_interval` transport option to create_engine (which
-        # rejects it), so the class default is set instead.
+        # The embedded transport polls its table, so this interval bounds the wait per hop when
+        # no doorbell rings (EmbeddedTransport). kombu 5.7 forwards a `polling_interval` transport
+        # option to create_engine (which rejects it), so the class default is set instead.
         kombu_sqla.Transport.polling_interval = settings.broker_poll_s
+        # `sqla+` URLs reach EmbeddedTransport (kombu takes the transport from the URL's prefix,
+        # and refuses a module path there)
+        kombu.transport.TRANSPORT_ALIASES["sqla"] = f"{__name__}:EmbeddedTransport"
+        kombu.transport._transport_cache.pop("sqla", None)
     app = Celery("sme2farm", broker=settings.celery_broker_url, include=list(include))
     app.conf.update(
         # Dispatch and reap have their own queue: on the one FIFO they waited behind every ingest

@@ -5,7 +5,10 @@ processes: with a Redis broker the worker publishes the ids of the agents it ass
 one Redis channel once its transaction has committed (`publish`), and each server process keeps
 one subscription (`ClaimWaiter`) that wakes the claims of those agents. A claim still looks at
 the database every SAFETY_POLL_S (a lost message, a dispatch that could not publish); without
-Redis (the embedded SQLite broker) or while the subscription is down, every POLL_S.
+Redis (the embedded SQLite broker) or while the subscription is down, every POLL_S. On the
+embedded farm the same ids ring a doorbell (server/doorbell.py: a Unix datagram socket each
+server process binds beside the broker's database) instead, which cuts the claim's wait short;
+the claim still looks every POLL_S, as it did before there were bells.
 
 The finish of a run assigns its device's next run in the same transaction
 (services/runs/assignment.py assign_next) and wakes the agent's claim itself (`wake_threadsafe`, plus the
@@ -30,12 +33,15 @@ from functools import lru_cache
 import redis
 import redis.asyncio as aioredis
 
+from sme2farm.server import doorbell
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "sme2farm.assigned"
 POLL_S = 0.05  # no subscription: how often a waiting claim looks at the database
 SAFETY_POLL_S = 5.0  # subscribed: how often anyway (a lost message, a dispatch that could not publish)
 REDELIVER_S = 10.0  # a run handed to its agent is handed again after this, if it is still assigned
+CLAIMS_BELLS = "claims"  # the embedded farm's doorbells of waiting claims (server/doorbell.py folder_of)
 
 
 def _is_redis(url: str | None) -> bool:
@@ -51,9 +57,13 @@ def _client(url: str):
 
 def publish(broker_url: str | None, agent_ids: Iterable[int]) -> None:
     """Tell every server process that these agents have new runs (after the commit that assigned
-    them). Never raises: the claims' safety poll picks the runs up anyway."""
+    them): on Redis's channel, or on the embedded farm the server processes' doorbells. Never
+    raises: the claims' safety poll picks the runs up anyway."""
     ids = sorted({int(a) for a in agent_ids if a is not None})
-    if not ids or not _is_redis(broker_url):
+    if not ids:
+        return
+    if not _is_redis(broker_url):
+        doorbell.ring(doorbell.folder_of(broker_url, CLAIMS_BELLS), json.dumps(ids).encode())
         return
     try:
         _client(broker_url).publish(CHANNEL, json.dumps(ids))
@@ -68,6 +78,10 @@ class ClaimWaiter:
     def __init__(self, broker_url: str | None):
         self.url = broker_url if _is_redis(broker_url) else None
         self.connected = False
+        # the embedded farm: a doorbell that publish() rings, bound on the event loop's first claim
+        self._bells = None if self.url else doorbell.folder_of(broker_url, CLAIMS_BELLS)
+        self._bell: doorbell.Doorbell | None = None
+        self._bell_loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[int, set[asyncio.Event]] = {}
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -119,10 +133,51 @@ class ClaimWaiter:
 
     def _listen_soon(self) -> None:
         if self.url is None:
+            self._ring_soon()
             return
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._task = loop.create_task(self._listen())
+
+    def _ring_soon(self) -> None:
+        """The embedded farm: listen on a doorbell from this event loop (once per loop)."""
+        loop = asyncio.get_running_loop()
+        if self._bells is None or self._bell_loop is loop:
+            return
+        self.close()
+        bell = doorbell.Doorbell(self._bells)
+        self._bell_loop = loop
+        if not bell.bound:
+            return
+        try:
+            loop.add_reader(bell.fileno(), self._rung)
+        except (NotImplementedError, RuntimeError, OSError):  # a loop without readers: the claims poll
+            bell.close()
+            return
+        self._bell = bell
+
+    def _rung(self) -> None:
+        bell = self._bell
+        if bell is None:
+            return
+        for payload in bell.read():
+            try:
+                ids = [int(a) for a in json.loads(payload)]
+            except (ValueError, TypeError):
+                continue
+            self.wake(ids)
+
+    def close(self) -> None:
+        """Stop listening on the doorbell (the embedded farm), removing its socket."""
+        bell, loop, self._bell, self._bell_loop = self._bell, self._bell_loop, None, None
+        if bell is None:
+            return
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.remove_reader(bell.fileno())
+            except (RuntimeError, OSError, ValueError):
+                pass
+        bell.close()
 
     async def _listen(self) -> None:
         backoff = 0.5

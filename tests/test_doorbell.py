@@ -1,0 +1,137 @@
+"""The embedded farm's doorbells (server/doorbell.py): a task sent rings the broker's bells (the
+worker's wait, server/queue.py EmbeddedTransport), runs assigned ring the server's claim bells
+(services/wakeup.py), and the client's wait polls often at first (client/common.py poll_pause)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from sme2farm.client.common import FIRST_POLL_S, MAX_POLL_S, poll_pause
+from sme2farm.server import doorbell, queue
+from sme2farm.server.config import Settings
+from sme2farm.server.services import wakeup
+
+pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="doorbells are Unix sockets")
+
+
+def test_folder_of_the_embedded_broker_only():
+    assert doorbell.folder_of("sqla+sqlite:////data/broker.db", "claims") == Path("/data/broker.db.bells/claims")
+    assert doorbell.folder_of("sqlite:////data/broker.db", "broker") == Path("/data/broker.db.bells/broker")
+    assert doorbell.folder_of("redis://127.0.0.1:6379/0", "claims") is None
+    assert doorbell.folder_of(None, "claims") is None
+    assert doorbell.folder_of("sqla+sqlite:///:memory:", "claims") is None
+
+
+def test_a_ring_reaches_every_bell_with_its_payload(tmp_path):
+    folder = tmp_path / "bells"
+    a, b = doorbell.Doorbell(folder), doorbell.Doorbell(folder)
+    try:
+        assert a.bound and b.bound
+        assert doorbell.ring(folder, b"[1, 2]") == 2
+        assert a.wait(5) == [b"[1, 2]"]
+        assert b.read() == [b"[1, 2]"]
+        assert a.read() == []  # each ring is read once
+    finally:
+        a.close(), b.close()
+    assert list(folder.iterdir()) == []  # a closed bell leaves no socket behind
+    assert doorbell.ring(folder) == 0
+    assert doorbell.ring(None) == 0
+
+
+def test_a_dead_processes_socket_is_removed_by_the_next_ring(tmp_path):
+    folder = tmp_path / "bells"
+    folder.mkdir()
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(str(folder / "4242.1"))
+    dead.close()  # the file stays, as a killed process leaves it
+    live = doorbell.Doorbell(folder)
+    try:
+        assert doorbell.ring(folder) == 1
+        assert [p.name for p in folder.iterdir()] == [live.path.name]
+    finally:
+        live.close()
+
+
+def test_a_bell_that_cannot_be_bound_polls(tmp_path):
+    bell = doorbell.Doorbell(tmp_path / ("x" * 120))  # longer than a Unix socket's path
+    assert not bell.bound
+    assert bell.wait(0) == [] and bell.read() == []
+    bell.close()
+
+
+def test_a_task_sent_on_the_embedded_broker_rings_and_reaches_the_consumer(tmp_path):
+    """The worker's side of the broker (EmbeddedTransport): a message sent through the farm's
+    Celery app rings the broker's bells, and a consumer draining the queue gets it."""
+    settings = Settings(data_dir=tmp_path, broker_poll_s=0.05)
+    app = queue.make_celery(settings)
+    listener = doorbell.Doorbell(doorbell.folder_of(settings.celery_broker_url, "broker"))
+    got: list = []
+    try:
+        from kombu import Consumer
+        from kombu import Queue as KombuQueue
+
+        with app.connection_for_read() as conn:
+            assert isinstance(conn.transport, queue.EmbeddedTransport)
+            consumer = Consumer(conn, queues=[KombuQueue(queue.DEFAULT_QUEUE)],
+                                callbacks=[lambda body, message: (got.append(body), message.ack())])
+            consumer.consume()
+            queue.sender(app)("sme2farm.test_task", 7)
+            assert listener.wait(10), "sending a task rang no bell"
+            for _ in range(20):
+                if got:
+                    break
+                try:
+                    conn.drain_events(timeout=1)
+                except socket.timeout:
+                    pass
+            consumer.cancel()
+    finally:
+        listener.close()
+    assert got and got[0][0] == [7]  # celery's message body: (args, kwargs, embed)
+
+
+def test_runs_assigned_on_the_embedded_farm_wake_the_claim_of_their_agent(tmp_path):
+    """publish() (dispatch in the worker, a finish in another server process) rings the server
+    processes' claim bells: the waiting claim of the agent named is woken, another agent's is not."""
+    url = f"sqla+sqlite:///{tmp_path / 'broker.db'}"
+    waiter = wakeup.ClaimWaiter(url)
+
+    async def claims() -> tuple[bool, bool]:
+        mine, other = waiter.register(7), waiter.register(8)
+        try:
+            assert waiter.poll_s == wakeup.POLL_S  # no Redis: the claim still looks every POLL_S
+            threading.Thread(target=wakeup.publish, args=(url, [7])).start()
+            await asyncio.wait_for(mine.wait(), 10)
+            await asyncio.sleep(0.05)  # what else the ring would have woken
+            return mine.is_set(), other.is_set()
+        finally:
+            waiter.unregister(7, mine), waiter.unregister(8, other)
+
+    try:
+        assert asyncio.run(claims()) == (True, False)
+    finally:
+        waiter.close()
+    assert list((tmp_path / "broker.db.bells" / wakeup.CLAIMS_BELLS).iterdir()) == []
+
+
+def test_publish_on_redis_rings_no_bell(tmp_path, monkeypatch):
+    rung = []
+    monkeypatch.setattr(doorbell, "ring", lambda folder, payload=b"": rung.append((folder, payload)))
+    monkeypatch.setattr(wakeup, "_client", lambda url: type("R", (), {"publish": lambda self, ch, msg: None})())
+    wakeup.publish("redis://127.0.0.1:6379/15", [3])
+    assert rung == []
+    wakeup.publish(f"sqla+sqlite:///{tmp_path / 'broker.db'}", [3, 1])
+    assert rung == [(tmp_path / "broker.db.bells" / "claims", json.dumps([1, 3]).encode())]
+
+
+def test_the_clients_wait_looks_often_at_first_and_less_as_it_goes():
+    pauses = [poll_pause(t) for t in (0.0, 0.1, 0.5, 1.0, 5.0, 60.0, 3600.0)]
+    assert pauses[0] == FIRST_POLL_S
+    assert pauses == sorted(pauses)
+    assert pauses[-1] == MAX_POLL_S
