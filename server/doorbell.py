@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import select
 import socket
 import time
 from pathlib import Path
@@ -99,11 +98,20 @@ class Doorbell:
         if self.sock is None:
             time.sleep(max(timeout, 0.0))
             return []
-        try:
-            ready, _, _ = select.select([self.sock], [], [], max(timeout, 0.0))
-        except (OSError, ValueError):  # closed meanwhile
+        sock = self.sock
+        try:  # a socket timeout (poll(2) underneath: no select() limit on the descriptor's number)
+            sock.settimeout(max(timeout, 0.0))
+            first = sock.recv(65536)
+        except (TimeoutError, BlockingIOError, InterruptedError):
             return []
-        return self.read() if ready else []
+        except OSError:  # closed meanwhile
+            return []
+        finally:
+            try:
+                sock.setblocking(False)
+            except OSError:
+                pass
+        return [first, *self.read()]
 
     def close(self) -> None:
         sock, path, self.sock, self.path = self.sock, self.path, None, None
