@@ -7,7 +7,8 @@ by the worker. Public API:
   verdict, narrative), :class:`EtdumpError`;
 - :func:`verdict` (calibrated verdict on two arms of sessions) and :class:`NoiseModel` (a
   device's between-session noise, learned from A/A runs; JSON);
-- renderers :func:`to_markdown`, :func:`to_csv`, :func:`to_perfetto`, :func:`to_terminal`;
+- renderers :func:`to_markdown`, :func:`to_csv`, :func:`to_terminal` (render_text.py) and
+  :func:`to_perfetto` (perfetto.py); the sentences they share with the client live in wording.py;
 - :func:`parse_kernel_log`, :func:`read_etdump` (the raw event arrays), :func:`category_of`;
 - :func:`kernel_path` (an XNNPACK operator name -> SME2 / NEON / portable ...), :func:`arch_of`
   (runner platform -> arm64 / x86_64), :func:`coverage_sentence` (a run's SME2 coverage in words).
@@ -18,7 +19,8 @@ from .compare import compare, compare_emulated
 from .etdump import EtdumpError, Events, read_etdump
 from .kernel_paths import arch_of, coverage_sentence, kernel_path
 from .kernels import classify_kernel, parse_kernel_log
-from .render import to_csv, to_markdown, to_perfetto, to_terminal
+from .perfetto import to_perfetto
+from .render_text import to_csv, to_markdown, to_terminal
 from .report import analyze
 from .stats import bootstrap_ratio, latency_stats
 from .noise import NoiseModel

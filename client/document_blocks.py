@@ -9,7 +9,7 @@ The tables read the contract's fields: the verdicts (ratio, 95% interval, verdic
 iterations, the sentence and what would decide an open one), latency per run, the categories per
 arm, each comparison's per-category verdicts and its narrative; for an LLM run its prefill and
 decode figures, each phase's categories and the comparison's verdict per phase. The sentences
-shared with the terminal report and the analysis CLI come from analysis/render.py, which sits below
+shared with the terminal report and the analysis CLI come from analysis/wording.py, which sits below
 the wire contract and takes plain data: those calls get the model as the JSON the server sent.
 """
 
@@ -19,9 +19,9 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
-from sme2farm.analysis.render import (NUMERICS_HEADERS, bytes_text, comparison_fact_lines, device_suffix,
-                                      emulated_headline, is_emulated, narrative_lines, numerics_rows,
-                                      program_memory_line)
+from sme2farm.analysis.wording import (NUMERICS_HEADERS, bytes_text, comparison_fact_lines, device_suffix,
+                                       emulated_headline, is_emulated, narrative_lines, numerics_rows,
+                                       program_memory_line)
 from sme2farm.analysis.scaling import rows as scaling_rows
 from sme2farm.client.render import plain
 from sme2farm.protocol import (DEFAULT_INPUTS, TERMINAL, Comparison, ExperimentReport, PartVerdict, PhaseInterval,

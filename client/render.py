@@ -2,7 +2,7 @@
 
 They read the typed answer (sme2farm.protocol: RunReport's operators, kernels, kernel paths,
 memory and LLM phases; Comparison's verdicts). The sentences shared with the offline analysis
-CLI and the Markdown report come from analysis/render.py, which sits below the wire contract in
+CLI and the Markdown report come from analysis/wording.py, which sits below the wire contract in
 the layers and takes plain data: those calls get the model as the JSON the server sent (plain())."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sme2farm.analysis.render import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
-                                      kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
-                                      program_memory_line)
+from sme2farm.analysis.wording import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
+                                       kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
+                                       program_memory_line)
 from sme2farm.protocol import (Comparison, ComparisonRead, ComparisonSide, ExperimentReport, Kernels, KernelPaths,
                                RunReport, RunStatus)
 
@@ -21,7 +21,7 @@ CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 
 
 def plain(model: BaseModel | None) -> dict | None:
-    """A model as the JSON the server sent (the keys it gave, none added), for analysis/render.py."""
+    """A model as the JSON the server sent (the keys it gave, none added), for analysis/wording.py."""
     return None if model is None else model.model_dump(mode="json", exclude_unset=True)
 
 

@@ -70,7 +70,7 @@ def _names(ops: list[str], n: int = 4) -> str:
 
 
 def _plain(value):
-    """A report section as plain JSON data (what analysis/render.py reads), whether the client
+    """A report section as plain JSON data (what analysis/wording.py reads), whether the client
     hands it over typed (a pydantic model) or as the dict the analysis wrote."""
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json", exclude_unset=True)
@@ -81,7 +81,7 @@ def _plain(value):
 
 def emulated_text(exp) -> str:
     """What the emulated SME2 device showed, per arm, without a speed figure."""
-    from sme2farm.analysis.render import emulated_headline, numerics_line
+    from sme2farm.analysis.wording import emulated_headline, numerics_line
 
     runs = {r.sme2: r for r in exp.runs}
     dev = next((r.device for r in exp.runs if r.device is not None), None)

@@ -77,7 +77,7 @@ def test_an_llm_report_gives_sme2_coverage_per_phase_and_what_would_reach_sme2(e
     assert off["decode"]["share"] == 0 and off["decode"]["what_would_reach_sme2"] == []
 
     # the terminal lines (sme2-client, the analysis CLI) and the report document's table say it too
-    from sme2farm.analysis.render import llm_lines
+    from sme2farm.analysis.wording import llm_lines
     from sme2farm.client.document_blocks import _llm_blocks
     from sme2farm.protocol import RunReport
 

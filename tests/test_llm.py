@@ -443,7 +443,7 @@ def test_compare_gives_each_phase_its_own_verdict():
     """The candidate prefills twice as fast and decodes at the same speed: the prefill verdict is a
     2x speedup with its interval, the decode one claims nothing, and the comparison's text says both."""
     from sme2farm.analysis import compare
-    from sme2farm.analysis.render import comparison_fact_lines
+    from sme2farm.analysis.wording import comparison_fact_lines
 
     rng = np.random.default_rng(3)
     base = [_llm_report(rng, 1.0, 1000) for _ in range(3)]

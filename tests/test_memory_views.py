@@ -10,7 +10,7 @@ from _fixtures_farm import register, submit
 
 from sme2farm.analysis import compare, compare_emulated
 from sme2farm.analysis.memory import arm_memory, planned_compared, runs_compared
-from sme2farm.analysis.render import comparison_fact_lines
+from sme2farm.analysis.wording import comparison_fact_lines
 
 
 def _report(ms: float, rss: int | None, allocated: int | None = 1000) -> dict:

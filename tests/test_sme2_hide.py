@@ -215,7 +215,7 @@ def test_emulated_sme2_hide_first_in_dt_needed_runs_too_late_and_the_getauxval_l
 
 def test_sme2_hide_runner_line_is_read_for_the_report():
     from sme2farm.analysis.kernel_paths import runner_hiding
-    from sme2farm.analysis.render import kernel_path_lines
+    from sme2farm.analysis.wording import kernel_path_lines
 
     assert runner_hiding(f"sme2farm runner\nHWCAP2: SME 1 SME2 1; ...\n{HIDDEN}\nThreads: 1\n") == (
         "SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw SME 0 SME2 0 (SME length 0)")
