@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(a.series):
             pts = [_night(rng, v) for v in rng.normal(0, sigma, 12)]
             lv, _ = R.levels(pts, params)
-            step = math.log1p(detectable_step_levels(lv, None, params)["step"])
+            step = math.log1p(detectable_step_levels(lv, prior=None, params=params)["step"])
             ests.append(math.expm1(step))
             for m in hits:
                 after = [_night(rng, m * step + rng.normal(0, sigma)) for _ in range(2)]

@@ -80,7 +80,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
                   description="Profile ExecuTorch models with SME2 on and off on real devices.",
                   dependencies=[Depends(_log_ids)],
                   # while it serves, the process records that the farm is up (services/liveness.py)
-                  lifespan=liveness.lifespan(settings.sqlalchemy_url, settings.api_alive_s))
+                  lifespan=liveness.lifespan(db_url=settings.sqlalchemy_url, alive_s=settings.api_alive_s))
     app.state.settings = settings
     app.state.store = Store(settings.data_dir)
     app.state.enqueue = enqueue or queue.sender(queue.make_celery(settings))  # tasks by name

@@ -72,10 +72,10 @@ def suite_with_metric_changes(api):
                 assert suites.detect_series(s, suite=suite, key=(SHA, QEMU, "off", 1)) == []
         for _task, change_id in sent:  # as worker/tasks.py deliver_alert does
             with session_scope(url) as s:
-                delivery = alerts.prepare(s, change_id, api.url)
-            error = alerts.post(delivery, 5.0)
+                delivery = alerts.prepare(s, change_id=change_id, public_url=api.url)
+            error = alerts.post(delivery, timeout_s=5.0)
             with session_scope(url) as s:
-                alerts.record(s, change_id, error, max_attempts=3)
+                alerts.record(s, change_id=change_id, error=error, max_attempts=3)
         assert len(hook.received) == len(sent) == 3   # memory, TTFT, decode (prefill tokens/s is shown, not alerted)
     finally:
         hook.close()

@@ -35,10 +35,10 @@ def _deliver(db_url, sent) -> list[str]:
     for task, change_id in sent:
         assert task == TASK_ALERT_WEBHOOK
         with session_scope(db_url) as s:
-            delivery = alerts.prepare(s, change_id, "http://farm.example")
-        error = alerts.post(delivery, 5.0)
+            delivery = alerts.prepare(s, change_id=change_id, public_url="http://farm.example")
+        error = alerts.post(delivery, timeout_s=5.0)
         with session_scope(db_url) as s:
-            states.append(alerts.record(s, change_id, error, max_attempts=3))
+            states.append(alerts.record(s, change_id=change_id, error=error, max_attempts=3))
     sent.clear()
     return states
 
@@ -295,7 +295,7 @@ def test_faster_decoding_is_an_improvement_and_acknowledging_it_resets_only_its_
         assert not any(p.acknowledged for p in suites.series(s, suite=suite).series[0].points)
     assert sent == [(TASK_ALERT_WEBHOOK, alert)]
     with session_scope(db_url) as s:  # acknowledged before its delivery: nothing is POSTed
-        assert alerts.prepare(s, alert, None) is None
+        assert alerts.prepare(s, change_id=alert, public_url=None) is None
     assert hook.received == []
 
 

@@ -416,5 +416,5 @@ def test_sigterm_inside_the_lease_renewal_stops_the_beat_and_releases_the_lease(
     assert not thread.is_alive(), "the close waited on the lease row its own transaction held"
     assert ended and not scheduler.held
     with session_scope(postgres_url) as session:
-        state = leases.state(session, leases.BEAT)
+        state = leases.state(session, name=leases.BEAT)
         assert state.holder == scheduler.holder and not state.live()   # released, not left to expire

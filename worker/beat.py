@@ -52,7 +52,7 @@ class LeasedScheduler(Scheduler):
         try:
             with session_scope(self.db_url) as session:
                 ok = leases.acquire(session, name=leases.BEAT, holder=self.holder, ttl_s=self.ttl_s)
-                current = None if ok else leases.state(session, leases.BEAT)
+                current = None if ok else leases.state(session, name=leases.BEAT)
         except Exception:  # database unreachable: send nothing (dispatch and reap need it anyway)
             log.exception("beat: cannot reach the database to renew the lease; standing by")
             ok, current = False, None

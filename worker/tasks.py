@@ -257,12 +257,12 @@ def deliver_alert(self, change_id: int) -> str:
     at most SME2_WEBHOOK_ATTEMPTS deliveries. No transaction is open during the POST."""
     s = get_settings()
     with session_scope(s.sqlalchemy_url) as session:
-        delivery = alert_service.prepare(session, change_id, s.public_url)
+        delivery = alert_service.prepare(session, change_id=change_id, public_url=s.public_url)
     if delivery is None:
         return "nothing to deliver"
-    error = alert_service.post(delivery, s.webhook_timeout_s)
+    error = alert_service.post(delivery, timeout_s=s.webhook_timeout_s)
     with session_scope(s.sqlalchemy_url) as session:
-        state = alert_service.record(session, change_id, error, max_attempts=s.webhook_attempts)
+        state = alert_service.record(session, change_id=change_id, error=error, max_attempts=s.webhook_attempts)
     if state == "retrying":
         log.warning("alert %s: webhook failed (%s); retrying", change_id, error)
         raise self.retry(countdown=min(s.webhook_backoff_s * (2 ** self.request.retries), queue.WEBHOOK_MAX_COUNTDOWN_S),

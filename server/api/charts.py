@@ -84,7 +84,7 @@ def series_chart(name: SuiteName, session: SessionDep, _user: UserDep,
     for s in data.series:
         if (s.key.model_sha256, s.key.device_model, s.key.sme2, s.key.threads) == key:
             title = f"{s.key.model_name or model_sha256[:12]} · {device_model} · SME2 {sme2} · {threads} thr"
-            points = chart_service.series_chart_points(session, suite, s.key, s.points)
+            points = chart_service.series_chart_points(session, suite=suite, key=s.key, points=s.points)
             return svg(charts.line_chart(points, changes=[c.model_dump(mode="json") for c in s.changes], title=title,
                                          spread=chart_service.SERIES_SPREAD, y_label="median ms"))
     raise NotFound(f"suite {name} has no series for model {model_sha256[:12]}…, {device_model}, SME2 {sme2}, "

@@ -49,7 +49,7 @@ def _point(p: SuitePoint | None) -> dict[str, Any] | None:
             "experiment_id": p.experiment_id, "runner": p.runner, "executorch_version": p.et_version}
 
 
-def payload(change: SuiteChange, suite: Suite, public_url: str | None, point: SuitePoint | None = None,
+def payload(*, change: SuiteChange, suite: Suite, public_url: str | None, point: SuitePoint | None = None,
             baseline_point: SuitePoint | None = None) -> dict[str, Any]:
     base = (public_url or "").rstrip("/")
     metric = metric_of(change)
@@ -71,7 +71,7 @@ def payload(change: SuiteChange, suite: Suite, public_url: str | None, point: Su
     }
 
 
-def prepare(session: Session, change_id: int, public_url: str | None) -> Delivery | None:
+def prepare(session: Session, *, change_id: int, public_url: str | None) -> Delivery | None:
     """What to POST, or None when there is nothing to deliver (delivered already, acknowledged
     meanwhile, the suite lost its webhook, the change is gone)."""
     change = session.get(SuiteChange, change_id)
@@ -82,11 +82,12 @@ def prepare(session: Session, change_id: int, public_url: str | None) -> Deliver
         change.webhook_state = "none"
         return None
     base_id = (change.detail or {}).get("baseline_point_id")
-    return Delivery(suite.webhook, payload(change, suite, public_url, session.get(SuitePoint, change.point_id),
-                                           session.get(SuitePoint, base_id) if base_id else None))
+    return Delivery(suite.webhook, payload(change=change, suite=suite, public_url=public_url,
+                                           point=session.get(SuitePoint, change.point_id),
+                                           baseline_point=session.get(SuitePoint, base_id) if base_id else None))
 
 
-def post(delivery: Delivery, timeout_s: float) -> str | None:
+def post(delivery: Delivery, *, timeout_s: float) -> str | None:
     """One POST. None when the webhook took it (2xx), else the error, named. No redirects are
     followed (the payload goes to the URL configured, nowhere else)."""
     try:
@@ -101,7 +102,7 @@ def post(delivery: Delivery, timeout_s: float) -> str | None:
     return f"HTTP {r.status_code} {r.reason_phrase}"[:100]
 
 
-def record(session: Session, change_id: int, error: str | None, *, max_attempts: int) -> str:
+def record(session: Session, *, change_id: int, error: str | None, max_attempts: int) -> str:
     """Store one attempt's outcome; returns the new state: delivered | retrying | failed (or the
     state it was moved to meanwhile, e.g. cancelled by an acknowledgement)."""
     change = session.get(SuiteChange, change_id)

@@ -156,7 +156,7 @@ def median_interval(samples, level: float = 0.95) -> tuple[float, float] | None:
     return float(x[k - 1]), float(x[n - k])
 
 
-def series_chart_points(session: Session, suite, key: SeriesKey, points: list[SeriesPoint]) -> list[dict]:
+def series_chart_points(session: Session, *, suite, key: SeriesKey, points: list[SeriesPoint]) -> list[dict]:
     """The series' points (as JSON) with low_ms/high_ms replaced by each point's 95% interval of
     the median (from its stored samples), for the chart; a point without one keeps no spread."""
     dumped = [p.model_dump(mode="json") for p in points]

@@ -297,7 +297,7 @@ def waiting_for(device: Device | None, now: datetime | None = None) -> str:
     return f"{name}, idle: the next dispatch gives it a run"
 
 
-def offline_with_queued_runs(session: Session, now: datetime | None = None) -> list[dict]:
+def offline_with_queued_runs(session: Session, *, now: datetime | None = None) -> list[dict]:
     """Devices offline with queued runs waiting on them (for /ready and /metrics): serial, model,
     since (ISO), offline_s, queued, and the sentence saying so."""
     now = now or utcnow()

@@ -30,7 +30,7 @@ def _cores_text(n: int) -> str:
     return f"{n} core{'s' if n != 1 else ''} (0-{n - 1})" if n > 1 else f"{n} core (0)"
 
 
-def beyond_device(device: Device, spec: ExperimentSpec) -> tuple[str, str] | None:
+def beyond_device(device: Device, *, spec: ExperimentSpec) -> tuple[str, str] | None:
     """(spec field, why) when `device` cannot honour the spec's thread counts or core mask; None
     when it can, or when it did not report its core count."""
     cores = int((device.info or {}).get("cpu_cores") or 0)
@@ -60,7 +60,7 @@ class TooManyRuns(ValueError):
     """A submission that would fan out past SME2_MAX_RUNS_PER_EXPERIMENT (a 422 naming the count)."""
 
 
-def fan_out(n_devices: int, spec: ExperimentSpec, max_runs: int | None, variants: int = 1) -> int:
+def fan_out(*, n_devices: int, spec: ExperimentSpec, max_runs: int | None, variants: int = 1) -> int:
     """How many runs the spec makes on n_devices; TooManyRuns past max_runs, before any row is written."""
     arms, threads, sessions = len(spec.sme2_settings()), len(spec.threads), spec.sessions
     total = n_devices * arms * threads * sessions * variants
@@ -73,14 +73,14 @@ def fan_out(n_devices: int, spec: ExperimentSpec, max_runs: int | None, variants
     return total
 
 
-def session_order(sme2_settings: list[str], variants: list[str], session: int) -> list[tuple[str, str]]:
+def session_order(*, sme2_settings: list[str], variants: list[str], session: int) -> list[tuple[str, str]]:
     """The (sme2, variant) runs of one session on one device, in the order they run: every SME2
     arm x model, reversed on odd sessions (A B B A), so drift and warm-up hit both sides alike."""
     order = [(sme2, v) for sme2 in sme2_settings for v in variants]
     return order if session % 2 == 0 else order[::-1]
 
 
-def why_unschedulable(device: Device, agent: Agent, sme2: str, mode: str) -> str:
+def why_unschedulable(device: Device, *, agent: Agent, sme2: str, mode: str) -> str:
     """'' when the device can serve this arm; otherwise the reason, naming what is missing."""
     info = device.info
     if sme2 == "on" and not device.sme2:
@@ -122,7 +122,7 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, device_lost_
             raise NoMatchingDevice(f"no device that can run matches selector {what or '{}'}: " + "; ".join(left_out))
         known = ", ".join(f"{d.serial} ({d.platform})" for d in device_service.get_all(session)) or "none registered"
         raise NoMatchingDevice(f"no device matches selector {what or '{}'}; devices: {known}")
-    beyond = {d.id: why for d in devices if (why := beyond_device(d, spec))}
+    beyond = {d.id: why for d in devices if (why := beyond_device(d, spec=spec))}
     if beyond and len(beyond) == len(devices):
         fields = sorted({field for field, _ in beyond.values()})
         raise BeyondDevice("; ".join(why for _, why in beyond.values()), fields[-1])
@@ -137,7 +137,7 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, device_lost_
                "not SME2)" if sme else ""
         left_out.append(f"no device here has SME2{said}: the SME2-on arm will be unschedulable")
     variants = ["A", "B"] if vs_model is not None else ["A"]
-    fan_out(len(devices), spec, max_runs, len(variants))
+    fan_out(n_devices=len(devices), spec=spec, max_runs=max_runs, variants=len(variants))
     exp = Experiment(name=spec.name, model_sha256=model.sha256, vs_model_sha256=vs_model.sha256 if vs_model else None,
                      spec=spec.model_dump(mode="json"), labels=spec.labels, warnings=left_out or None)
     session.add(exp)
@@ -151,8 +151,8 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, device_lost_
         seq = 0
         for threads in spec.threads:
             for s in range(spec.sessions):
-                for sme2, variant in session_order(spec.sme2_settings(), variants, s):
-                    reason = why_unschedulable(device, agent, sme2, spec.mode)
+                for sme2, variant in session_order(sme2_settings=spec.sme2_settings(), variants=variants, session=s):
+                    reason = why_unschedulable(device, agent=agent, sme2=sme2, mode=spec.mode)
                     rows.append(dict(
                         experiment_id=exp.id, device_id=device.id, sme2=sme2, threads=threads, mode=spec.mode,
                         session=s, sequence=seq, variant=variant, status=(RunStatus.unschedulable if reason else RunStatus.queued).value, reason=reason,

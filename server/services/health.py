@@ -19,7 +19,7 @@ def database_checks(*, sqlalchemy_url: str, agent_offline_s: float, beat_lease_s
     closes) its own session: readiness runs outside any request's transaction."""
     with session_scope(sqlalchemy_url) as session:
         session.execute(select(1))
-        beat = leases.state(session, leases.BEAT)
+        beat = leases.state(session, name=leases.BEAT)
         now = datetime.now(timezone.utc)
         since = now.timestamp() - agent_offline_s
         seen = list(session.scalars(select(Agent.last_seen)))

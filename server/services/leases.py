@@ -61,6 +61,6 @@ class LeaseState:
         return as_utc(self.expires_at) > (now or utcnow())
 
 
-def state(session: Session, name: str) -> LeaseState | None:
+def state(session: Session, *, name: str) -> LeaseState | None:
     row = session.scalar(select(Lease).where(Lease.name == name))
     return None if row is None else LeaseState(row.holder, row.renewed_at, row.expires_at)

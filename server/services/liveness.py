@@ -176,7 +176,7 @@ class Beat:
         self.thread.join(timeout=5)
 
 
-def lifespan(db_url: str, alive_s: float):
+def lifespan(*, db_url: str, alive_s: float):
     """A FastAPI lifespan that beats while the app serves."""
     @asynccontextmanager
     async def run(app):

@@ -241,7 +241,7 @@ class StateCollector:
             by_state = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
             since = datetime.now(timezone.utc).timestamp() - s.agent_offline_s
             agents = [a for a in session.scalars(select(Agent.last_seen))]
-            beat = leases.state(session, leases.BEAT)
+            beat = leases.state(session, name=leases.BEAT)
             stalled = device_service.offline_with_queued_runs(session)
         for status in sorted(set(RUN_STATUSES) | set(by_status)):
             runs.add_metric([status], by_status.get(status, 0))

@@ -21,7 +21,7 @@ S = RunStatus
 
 
 def _owned(session: Session, run_id: int, lease_id: str, agent_id: int) -> Run:
-    run = locked(session, run_id)
+    run = locked(session, run_id=run_id)
     if run is None:
         raise NotFound(f"run {run_id} not found")
     device = session.get(Device, run.device_id) if run.device_id else None

@@ -72,7 +72,7 @@ def require(session: Session, *, run_id: int) -> Run:
     return run
 
 
-def locked(session: Session, run_id: int) -> Run | None:
+def locked(session: Session, *, run_id: int) -> Run | None:
     # FOR UPDATE on PostgreSQL; SQLite ignores it (the conditional UPDATEs in move guard it).
     return session.scalar(select(Run).where(Run.id == run_id).with_for_update())
 

@@ -33,7 +33,7 @@ def sme2_warnings(session: Session, *, sme2: str, selector: DeviceSelector | Non
     if not devices or any(d.sme2 for d in devices):
         return []
     agents = {a.id: a for a in session.scalars(select(Agent).where(Agent.id.in_({d.agent_id for d in devices})))}
-    why = "; ".join(experiment_service.why_unschedulable(d, agents.get(d.agent_id), "on", "timing")
+    why = "; ".join(experiment_service.why_unschedulable(d, agent=agents.get(d.agent_id), sme2="on", mode="timing")
                     for d in devices[:10]) + ("; ..." if len(devices) > 10 else "")
     if sme2 == "on":
         raise Invalid(f"sme2: 'on' needs a device with SME2 and no matching device has it: {why}. "

@@ -195,7 +195,7 @@ def _pct(r: float) -> str:
     return f"{abs(r - 1):.1%}"
 
 
-def sentence_for(c: regression.Change, key: tuple, model_name: str, exp_id: int | None, base_id: int | None) -> str:
+def sentence_for(c: regression.Change, *, key: tuple, model_name: str, exp_id: int | None, base_id: int | None) -> str:
     lo, hi = c.ratio_ci
     speed = "slower" if c.direction == regression.REGRESSION else "faster"
     return (f"{metrics.series_words(key, model_name)}: {_pct(c.ratio)} {speed} (ratio {c.ratio:.3f}, 95% interval "
@@ -220,7 +220,7 @@ def detect_series(session: Session, *, suite: Suite, key: tuple) -> list[int]:
     # pools the series' own history (cautious by itself: Student's t on its degrees of freedom).
     noise = noise_service.for_device(session, device_id=device_id)
     noise = noise if noise.source != "default" else None
-    params = metrics.params_for(suite, suite.min_effect)
+    params = metrics.params_for(suite, min_effect=suite.min_effect)
     canary = _canary_for(session, suite=suite, key=key, pts=pts)
     existing = metrics.existing_changes(session, pts=pts)
     alerts: list[int] = []
@@ -232,7 +232,8 @@ def detect_series(session: Session, *, suite: Suite, key: tuple) -> list[int]:
         alerts += metrics.store_detected(
             session, suite=suite, key=key, pts=pts, changes=det.changes, existing=existing, metric=metrics.LATENCY,
             newest_only=False,
-            sentence=lambda c, p, base, *_: sentence_for(c, key, p.model_name, p.experiment_id, base.experiment_id))
+            sentence=lambda c, p, base, *_: sentence_for(c, key=key, model_name=p.model_name, exp_id=p.experiment_id,
+                                                         base_id=base.experiment_id))
     # the other metrics of the series: memory past the suite's threshold, an LLM's phases (metrics.py)
     alerts += metrics.detect_memory(session, suite=suite, key=key, pts=pts, existing=existing)
     alerts += metrics.detect_phases(session, suite=suite, key=key, pts=pts, existing=existing)
@@ -250,14 +251,14 @@ def detectable_step(session: Session, *, suite: Suite, pts: list[SuitePoint]) ->
     per-night guard, min_effect) solved for the step whose expected statistic reaches the
     critical value: confirmed about half the time within two nights. None until the baseline
     has min_history valid nights."""
-    params = metrics.params_for(suite, suite.min_effect)
+    params = metrics.params_for(suite, min_effect=suite.min_effect)
     lv, _ = regression.levels([regression_point(p) for p in pts], params)
     device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
     noise = noise_service.for_device(session, device_id=device_id)
     prior = regression.noise_sigma(noise) if noise.source != "default" else None
     seg = max((i for i, p in enumerate(pts) if p.acknowledged), default=0)
     source = "the device's learned noise and the series' history" if prior is not None else "the series' history"
-    est = detectable_step_levels(lv, prior, params, seg)
+    est = detectable_step_levels(lv, prior=prior, params=params, seg=seg)
     if est is None:
         have = int(lv.valid[seg:].sum())
         return DetectableStep(step=None, sigma_between=None, nights=have, noise=source, note=(
@@ -266,7 +267,7 @@ def detectable_step(session: Session, *, suite: Suite, pts: list[SuitePoint]) ->
                           note="estimate: a step this size is confirmed about half the time within two nights")
 
 
-def detectable_step_levels(lv: regression.Levels, prior: float | None, params: regression.DetectorParams,
+def detectable_step_levels(lv: regression.Levels, *, prior: float | None, params: regression.DetectorParams,
                            seg: int = 0) -> dict[str, Any] | None:
     """detectable_step on per-night levels (bench/detectable_step.py checks it against the
     detector): {step, sigma_between (both ratios - 1), nights}, None without a baseline."""

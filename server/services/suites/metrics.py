@@ -203,7 +203,7 @@ def _detector_sentence(key: tuple, metric: str) -> Callable[..., str]:
     return sentence
 
 
-def params_for(suite: Suite, min_effect: float) -> regression.DetectorParams:
+def params_for(suite: Suite, *, min_effect: float) -> regression.DetectorParams:
     return regression.DetectorParams(min_effect=min_effect, alpha=suite.alpha, flag_alpha=max(0.05, suite.alpha))
 
 
@@ -238,7 +238,7 @@ def detect_phases(session: Session, *, suite: Suite, key: tuple, pts: list[Suite
         noise = device_noise.for_metric(m.noise)
         noise = noise if noise.source != "default" else None
         try:
-            det = regression.detect(points, noise=noise, params=params_for(suite, suite.min_effect))
+            det = regression.detect(points, noise=noise, params=params_for(suite, min_effect=suite.min_effect))
         except ValueError:  # as latency: keep the points, flag nothing, say so
             log.exception("suite %s: %s detection failed on series %s", suite.name, metric, key)
             continue
@@ -292,7 +292,7 @@ def _detect_rss(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePo
     rss = [(p.memory or {}).get("peak_rss_bytes") for p in pts]
     if sum(1 for v in rss if v) < 2:
         return []
-    params = params_for(suite, min(threshold, 0.99))
+    params = params_for(suite, min_effect=min(threshold, 0.99))
     acked = acknowledged_points(existing, "peak_rss_bytes")
     points = [_context_point(p, [], acked) for p in pts]
     bad = [any(p.device_state and p.device_state.get(f) for f in params.suspect_flags) for p in pts]
