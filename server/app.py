@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 from typing import Callable
@@ -13,6 +14,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from sme2farm import __version__
+from sme2farm.protocol import TASK_DISPATCH
 from sme2farm import logs
 from sme2farm.server import queue
 from sme2farm.server.api import agents, charts, comparisons, devices, experiments, ops, runs, scaling
@@ -24,8 +26,12 @@ from sme2farm.server.store.db import session_scope
 from sme2farm.server.web.limits import AgentGate, AgentGateMiddleware, BodyLimits, RateLimiter, request_validation_error
 from sme2farm.server.web.prometheus import HttpMetrics
 from sme2farm.server.services import liveness
+from sme2farm.server.services import runs as run_service
+from sme2farm.server.services import wakeup
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.artifacts import Store
+
+log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -74,6 +80,36 @@ def _int(value):
         return None
 
 
+def dispatching_here(app: FastAPI, settings: Settings, send: Callable[..., None]) -> Callable[..., None]:
+    """The API's task sender (`send(task, *args)`, tasks by name). On the embedded farm a dispatch
+    that a request asks for (a submission, an agent's registration or device sync, a run ended
+    with nothing queued behind it) is first made here, for the agents whose claims wait in this
+    process, which are woken at once: a submitted run reaches its agent without a trip through
+    the broker and the worker. The task is still sent, for every other device (the worker's pass
+    finds what is left; two dispatchers are safe: services/runs/assignment.py). Production (Redis)
+    only sends: its dispatch stays in the worker, off the API processes, and wakes the claims
+    through Redis."""
+    if wakeup.is_redis(settings.celery_broker_url):
+        return send
+
+    def enqueue(task: str, *args) -> None:
+        waiter = getattr(app.state, "claim_waiter", None)
+        agents = waiter.waiting_agents() if task == TASK_DISPATCH and waiter is not None else []
+        if agents:
+            try:
+                with session_scope(settings.sqlalchemy_url) as session:
+                    if run_service.dispatch(session, lease_s=settings.lease_s, agent_ids=agents):
+                        woken = set(session.info.get(run_service.ASSIGNED_AGENTS, ()))
+                    else:
+                        woken = set()
+                waiter.wake_threadsafe(woken)  # committed
+            except Exception:  # the task sent below does it
+                log.warning("dispatch in the API process failed; left to the worker", exc_info=True)
+        send(task, *args)
+
+    return enqueue
+
+
 def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="SME2 device farm", version=__version__,
@@ -83,7 +119,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
                   lifespan=liveness.lifespan(db_url=settings.sqlalchemy_url, alive_s=settings.api_alive_s))
     app.state.settings = settings
     app.state.store = Store(settings.data_dir)
-    app.state.enqueue = enqueue or queue.sender(queue.make_celery(settings))  # tasks by name
+    app.state.enqueue = enqueue or dispatching_here(app, settings, queue.sender(queue.make_celery(settings)))
     install_error_handlers(app)  # domain errors -> 404/409, once for every route
     app.state.limiter = make_limiter(settings)
     app.state.agent_gate = AgentGate(settings.agent_concurrency)

@@ -135,3 +135,51 @@ def test_the_clients_wait_looks_often_at_first_and_less_as_it_goes():
     assert pauses[0] == FIRST_POLL_S
     assert pauses == sorted(pauses)
     assert pauses[-1] == MAX_POLL_S
+
+
+def test_a_submission_on_the_embedded_farm_reaches_the_waiting_claim_without_the_worker(tmp_path, pte):
+    """server/app.py dispatching_here: the API process, with its real task sender (the embedded
+    broker, no worker running to take the dispatch task), assigns a submitted run to the agent
+    whose claim waits in it and wakes that claim: the claim answers with the run."""
+    import httpx
+    import uvicorn
+
+    from _fixtures_farm import free_port, register, submit, wait_for
+    from sme2farm.server.app import create_app, ensure_admin_token
+
+    settings = Settings(data_dir=tmp_path / "data")
+    settings.data_dir.mkdir()
+    from sme2farm.server.store.db import migrate
+
+    migrate(settings.sqlalchemy_url)
+    token = ensure_admin_token(settings)
+    port = free_port()
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for("uvicorn started", lambda: server.started, 10, every=0.01)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                          headers={"Authorization": f"Bearer {token}"}) as http:
+            agent = register(http)
+            agent_http = httpx.Client(base_url=http.base_url, timeout=60,
+                                      headers={"Authorization": f"Bearer {agent['access_token']}"})
+            answers: list = []
+            claim = threading.Thread(target=lambda: answers.append(agent_http.post("/agent/claim",
+                                                                                   params={"wait": 15})))
+            claim.start()
+            wait_for("the claim waits in the server", lambda: _waiting(app), 10, every=0.01)
+            exp = submit(http, pte)
+            claim.join(30)
+            agent_http.close()
+        assert answers and answers[0].status_code == 200, answers
+        assert [a["run_id"] for a in answers[0].json()] == [r["id"] for r in exp["runs"]]
+    finally:
+        server.should_exit = server.force_exit = True
+        thread.join(timeout=10)
+
+
+def _waiting(app) -> bool:
+    waiter = getattr(app.state, "claim_waiter", None)
+    return bool(waiter and waiter.waiting_agents())

@@ -44,7 +44,7 @@ REDELIVER_S = 10.0  # a run handed to its agent is handed again after this, if i
 CLAIMS_BELLS = "claims"  # the embedded farm's doorbells of waiting claims (server/doorbell.py folder_of)
 
 
-def _is_redis(url: str | None) -> bool:
+def is_redis(url: str | None) -> bool:
     return bool(url) and url.startswith(("redis://", "rediss://", "unix://"))
 
 
@@ -62,7 +62,7 @@ def publish(broker_url: str | None, agent_ids: Iterable[int]) -> None:
     ids = sorted({int(a) for a in agent_ids if a is not None})
     if not ids:
         return
-    if not _is_redis(broker_url):
+    if not is_redis(broker_url):
         doorbell.ring(doorbell.folder_of(broker_url, CLAIMS_BELLS), json.dumps(ids).encode())
         return
     try:
@@ -76,7 +76,7 @@ class ClaimWaiter:
     subscription that wakes them, and the runs already handed out."""
 
     def __init__(self, broker_url: str | None):
-        self.url = broker_url if _is_redis(broker_url) else None
+        self.url = broker_url if is_redis(broker_url) else None
         self.connected = False
         # the embedded farm: a doorbell that publish() rings, bound on the event loop's first claim
         self._bells = None if self.url else doorbell.folder_of(broker_url, CLAIMS_BELLS)
@@ -101,6 +101,15 @@ class ClaimWaiter:
         event = asyncio.Event()
         self._waiting.setdefault(agent_id, set()).add(event)
         return event
+
+    def waiting_agents(self) -> list[int]:
+        """The agents with a claim waiting in this process now (read from any thread)."""
+        for _ in range(3):
+            try:
+                return list(self._waiting)
+            except RuntimeError:  # changed size under the read (the loop's thread): read again
+                continue
+        return []
 
     def unregister(self, agent_id: int, event: asyncio.Event) -> None:
         events = self._waiting.get(agent_id)

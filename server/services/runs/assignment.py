@@ -5,6 +5,7 @@ every idle device or by an agent's finish for its own device, and what an agent'
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 from datetime import timedelta
 
 from sqlalchemy import func, select, update
@@ -22,17 +23,18 @@ ASSIGNED_AGENTS = "sme2farm.assigned_agents"  # session.info: agents dispatch ga
 QUEUE_ORDER = (Run.experiment_id, Run.sequence, Run.id)  # which of a device's queued runs goes first
 
 
-def dispatch(session: Session, *, lease_s: float) -> list[int]:
-    """Give each idle device its next queued run (one run per device at a time). Returns run ids;
-    the agents that got runs are left in session.info[ASSIGNED_AGENTS] (the dispatch task wakes
-    their claims once this commits: server/services/wakeup.py).
+def dispatch(session: Session, *, lease_s: float, agent_ids: Iterable[int] | None = None) -> list[int]:
+    """Give each idle device its next queued run (one run per device at a time); given
+    `agent_ids`, only those agents' devices. Returns run ids; the agents that got runs are left
+    in session.info[ASSIGNED_AGENTS] (the dispatch task wakes their claims once this commits:
+    server/services/wakeup.py).
 
     One query finds every idle device's next queued run (DISTINCT ON the device on PostgreSQL,
     the smallest (experiment, sequence, id) per device elsewhere), instead of one query per
     idle device."""
     assigned = []
     agents: set[int] = session.info.setdefault(ASSIGNED_AGENTS, set())
-    for device_id, agent_id, run in _next_runs(session):
+    for device_id, agent_id, run in _next_runs(session, agent_ids):
         if _assign(session, device_id, run, lease_s):
             assigned.append(run.id)
             agents.add(agent_id)
@@ -76,9 +78,11 @@ def assign_next(session: Session, *, device_id: int | None, lease_s: float) -> i
     return run.id
 
 
-def _next_runs(session: Session) -> list[tuple[int, int, Run]]:
-    """(device id, agent id, its next queued run) for every idle device that has one."""
+def _next_runs(session: Session, agent_ids: Iterable[int] | None = None) -> list[tuple[int, int, Run]]:
+    """(device id, agent id, its next queued run) for every idle device (of these agents) that has one."""
     idle = select(Device.id, Device.agent_id).where(Device.state == "idle", Device.current_run_id.is_(None))
+    if agent_ids is not None:
+        idle = idle.where(Device.agent_id.in_(list(agent_ids)))
     devices = {device_id: agent_id for device_id, agent_id in session.execute(idle)}
     if not devices:
         return []
