@@ -106,7 +106,7 @@ def test_runs_assigned_on_the_embedded_farm_wake_the_claim_of_their_agent(tmp_pa
         mine, other = waiter.register(7), waiter.register(8)
         try:
             assert waiter.poll_s == wakeup.POLL_S  # no Redis: the claim still looks every POLL_S
-            threading.Thread(target=wakeup.publish, args=(url, [7])).start()
+            threading.Thread(target=wakeup.publish, args=(url,), kwargs={"agent_ids": [7]}).start()
             await asyncio.wait_for(mine.wait(), 10)
             await asyncio.sleep(0.05)  # what else the ring would have woken
             return mine.is_set(), other.is_set()
@@ -124,9 +124,9 @@ def test_publish_on_redis_rings_no_bell(tmp_path, monkeypatch):
     rung = []
     monkeypatch.setattr(doorbell, "ring", lambda folder, payload=b"": rung.append((folder, payload)))
     monkeypatch.setattr(wakeup, "_client", lambda url: type("R", (), {"publish": lambda self, ch, msg: None})())
-    wakeup.publish("redis://127.0.0.1:6379/15", [3])
+    wakeup.publish("redis://127.0.0.1:6379/15", agent_ids=[3])
     assert rung == []
-    wakeup.publish(f"sqla+sqlite:///{tmp_path / 'broker.db'}", [3, 1])
+    wakeup.publish(f"sqla+sqlite:///{tmp_path / 'broker.db'}", agent_ids=[3, 1])
     assert rung == [(tmp_path / "broker.db.bells" / "claims", json.dumps([1, 3]).encode())]
 
 

@@ -134,7 +134,7 @@ def test_a_waiting_claim_is_woken_by_the_dispatch_message(redis_url):
             await asyncio.sleep(0.01)
         assert waiter.poll_s == wakeup.SAFETY_POLL_S
         t0 = time.monotonic()
-        wakeup.publish(redis_url, [7, 9])  # what the dispatch task does after its commit
+        wakeup.publish(redis_url, agent_ids=[7, 9])  # what the dispatch task does after its commit
         await waiter.wait(mine, wakeup.SAFETY_POLL_S * 3)
         return time.monotonic() - t0, mine.is_set(), other.is_set()
 

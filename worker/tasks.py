@@ -73,7 +73,7 @@ def dispatch(self) -> list[int]:
     assigned, agents = _in_transaction(self, lambda session, s: (
         run_service.dispatch(session, lease_s=s.lease_s), session.info.get(run_service.ASSIGNED_AGENTS, ())))
     if assigned:
-        wakeup.publish(s.celery_broker_url, agents)  # committed: wake those agents' claims
+        wakeup.publish(s.celery_broker_url, agent_ids=agents)  # committed: wake those agents' claims
         log.info("dispatched runs %s", assigned)
     return assigned
 

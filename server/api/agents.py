@@ -249,7 +249,7 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
         woken = session.info.get(run_service.ASSIGNED_AGENTS, ())
     if woken:
         claim_waiter(request).wake_threadsafe(woken)  # this process's claims
-        wakeup.publish(settings.celery_broker_url, woken)  # and any other server process's
+        wakeup.publish(settings.celery_broker_url, agent_ids=woken)  # and any other server process's
     return FinishAnswer(status=status)
 
 
@@ -303,7 +303,7 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
         got.discard()  # moved already, or refused
     if woken:
         claim_waiter(request).wake_threadsafe(woken)
-        wakeup.publish(settings.celery_broker_url, woken)
+        wakeup.publish(settings.celery_broker_url, agent_ids=woken)
     return FinishAnswer(status=status)
 
 

@@ -55,7 +55,7 @@ def _client(url: str):
     return redis.Redis.from_url(url, socket_timeout=0.25, socket_connect_timeout=0.25)
 
 
-def publish(broker_url: str | None, agent_ids: Iterable[int]) -> None:
+def publish(broker_url: str | None, *, agent_ids: Iterable[int]) -> None:
     """Tell every server process that these agents have new runs (after the commit that assigned
     them): on Redis's channel, or on the embedded farm the server processes' doorbells. Never
     raises: the claims' safety poll picks the runs up anyway."""
