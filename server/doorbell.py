@@ -9,13 +9,15 @@ once instead of at their next poll (server/queue.py: a task sent; services/wakeu
 assigned to an agent).
 
 A bell only makes a wait shorter: every wait still ends at its poll interval, so a bell that
-cannot be bound (no Unix sockets, a data dir whose path is too long for one), a ring that is lost
+cannot be bound (no Unix sockets; a data dir whose path is too long for one, on macOS: Linux
+names a deep folder through /proc/self/fd), a ring that is lost
 or a process that does not ring costs the poll, as before. Production (PostgreSQL + Redis) rings
 none: its news goes through Redis.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 # sockaddr_un.sun_path holds 108 bytes on Linux, 104 on macOS (with its terminating NUL)
 MAX_PATH_BYTES = 100
+_PROC_FD = Path("/proc/self/fd")
 _SEQ = itertools.count(1)
 _SQLITE = "sqlite:///"
 
@@ -46,6 +49,21 @@ def folder_of(broker_url: str | None, topic: str) -> Path | None:
     return Path(path + ".bells") / topic
 
 
+@contextlib.contextmanager
+def _addressed(folder: Path):
+    """The folder as a socket's address names it: its own path, or where that is too long for
+    sockaddr_un (a deep data dir, a test's temporary folder), on Linux /proc/self/fd/N of a
+    descriptor opened on it, which the kernel resolves to the folder."""
+    if len(os.fsencode(folder)) + 24 <= MAX_PATH_BYTES or not _PROC_FD.is_dir():
+        yield str(folder)
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"{_PROC_FD}/{fd}"
+    finally:
+        os.close(fd)
+
+
 class Doorbell:
     """A socket bound in `folder` that `ring(folder, ...)` reaches; `bound` is False when it
     could not be (the waits then poll, as without it)."""
@@ -55,15 +73,17 @@ class Doorbell:
         self.sock: socket.socket | None = None
         if folder is None:
             return
-        path = folder / f"{os.getpid()}.{next(_SEQ)}"
+        name = f"{os.getpid()}.{next(_SEQ)}"
+        path = folder / name
         try:
-            if len(os.fsencode(path)) > MAX_PATH_BYTES:
-                raise OSError(f"the path is longer than a Unix socket's {MAX_PATH_BYTES} bytes")
             folder.mkdir(parents=True, exist_ok=True)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
                 path.unlink(missing_ok=True)  # a dead process's with this pid
-                sock.bind(str(path))
+                with _addressed(folder) as where:
+                    if len(os.fsencode(f"{where}/{name}")) > MAX_PATH_BYTES:
+                        raise OSError(f"the path is longer than a Unix socket's {MAX_PATH_BYTES} bytes")
+                    sock.bind(f"{where}/{name}")
                 sock.setblocking(False)
             except OSError:
                 sock.close()
@@ -136,12 +156,12 @@ def ring(folder: Path | None, payload: bytes = b"") -> int:
         return 0
     rung = 0
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s, _addressed(folder) as where:
             s.setblocking(False)
             for name in names:
                 path = folder / name
                 try:
-                    s.sendto(payload, str(path))
+                    s.sendto(payload, f"{where}/{name}")
                     rung += 1
                 except (BlockingIOError, InterruptedError):
                     rung += 1  # its queue is full of rings it has not read yet

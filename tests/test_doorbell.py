@@ -44,6 +44,22 @@ def test_a_ring_reaches_every_bell_with_its_payload(tmp_path):
     assert doorbell.ring(None) == 0
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux names a deep folder through /proc/self/fd")
+def test_a_folder_too_deep_for_a_socket_address_still_rings(tmp_path):
+    """sockaddr_un holds ~100 bytes: a deep data dir's bells are named through /proc/self/fd (a
+    pytest-xdist worker's temporary folder was deep enough to leave the farm polling)."""
+    folder = tmp_path / ("d" * 60) / ("e" * 60) / "bells"
+    assert len(str(folder)) > doorbell.MAX_PATH_BYTES
+    bell = doorbell.Doorbell(folder)
+    try:
+        assert bell.bound and bell.path.parent == folder
+        assert doorbell.ring(folder, b"deep") == 1
+        assert bell.wait(5) == [b"deep"]
+    finally:
+        bell.close()
+    assert list(folder.iterdir()) == []
+
+
 def test_a_dead_processes_socket_is_removed_by_the_next_ring(tmp_path):
     folder = tmp_path / "bells"
     folder.mkdir()
@@ -59,7 +75,8 @@ def test_a_dead_processes_socket_is_removed_by_the_next_ring(tmp_path):
 
 
 def test_a_bell_that_cannot_be_bound_polls(tmp_path):
-    bell = doorbell.Doorbell(tmp_path / ("x" * 120))  # longer than a Unix socket's path
+    (tmp_path / "file").write_text("")
+    bell = doorbell.Doorbell(tmp_path / "file" / "bells")  # no folder can be made there
     assert not bell.bound
     assert bell.wait(0) == [] and bell.read() == []
     bell.close()
