@@ -32,10 +32,24 @@ def example_pte(tmp_path_factory):
     others wait for it). SME2_TEST_EXAMPLES_DIR, set by `make test` for its two pytest runs, shares
     them between runs too."""
     pytest.importorskip("torch")
-    from filelock import FileLock
-
     from sme2farm.runners.examples import export_example
 
+    out_dir = shared_exports_dir(tmp_path_factory)
+    cache: dict[tuple, Path] = {}
+
+    def make(name: str, **kw) -> Path:
+        key = (name, tuple(sorted(kw.items())))
+        if key not in cache:
+            out = out_dir / f"{name}{''.join(f'-{k}{v}' for k, v in key[1])}.pte"
+            cache[key] = export_once(out, lambda partial: export_example(name, partial, **kw))
+        return cache[key]
+
+    return make
+
+
+def shared_exports_dir(tmp_path_factory) -> Path:
+    """Where a run's exported models are kept for every pytest-xdist worker of the run and, under
+    `make test` (SME2_TEST_EXAMPLES_DIR), for both of its pytest runs."""
     if os.environ.get("SME2_TEST_EXAMPLES_DIR"):
         out_dir = Path(os.environ["SME2_TEST_EXAMPLES_DIR"])
     elif os.environ.get("PYTEST_XDIST_WORKER"):   # the run's base temp, above each worker's own
@@ -43,21 +57,20 @@ def example_pte(tmp_path_factory):
     else:
         out_dir = tmp_path_factory.getbasetemp() / "examples"
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache: dict[tuple, Path] = {}
+    return out_dir
 
-    def make(name: str, **kw) -> Path:
-        key = (name, tuple(sorted(kw.items())))
-        if key not in cache:
-            out = out_dir / f"{name}{''.join(f'-{k}{v}' for k, v in key[1])}.pte"
-            with FileLock(str(out) + ".lock"):
-                if not out.exists():
-                    partial = out.with_suffix(f".{os.getpid()}.partial")
-                    export_example(name, partial, **kw)
-                    os.replace(partial, out)
-            cache[key] = out
-        return cache[key]
 
-    return make
+def export_once(out: Path, export) -> Path:
+    """`out`, made by export(partial_path) unless it exists: the first process to ask exports
+    under a file lock, the others wait for it and reuse the file."""
+    from filelock import FileLock
+
+    with FileLock(str(out) + ".lock"):
+        if not out.exists():
+            partial = out.with_suffix(f".{os.getpid()}.partial")
+            export(partial)
+            os.replace(partial, out)
+    return out
 
 
 @pytest.fixture(scope="session")

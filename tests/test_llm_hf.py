@@ -19,6 +19,7 @@ from sme2farm.analysis.llm import CACHE_POSITIONS, START_POS, llm_signature, not
 from sme2farm.analysis.pte import DYNAMIC_BOUND, InputSpec, MethodSignature
 
 from _fixtures_farm import post_experiment
+from _fixtures_runtime import export_once, shared_exports_dir
 
 HELD_OUT_SEED = 7   # the examples use seed 0
 PROMPT, DECODE = 8, 6
@@ -29,16 +30,17 @@ KINDS = {"dynamic": {"dynamic": True}, "static": {"dynamic": False},
 
 @pytest.fixture(scope="session")
 def hf_export(tmp_path_factory):
-    """hf_export(kind) -> Path: a held-out optimum-executorch export, made once per session."""
+    """hf_export(kind) -> Path: a held-out optimum-executorch export, made once per run."""
     pytest.importorskip("optimum.exporters.executorch")
     from sme2farm.runners.hf_llama import export_hf_llama
 
-    out_dir = tmp_path_factory.mktemp("hf_exports")
+    out_dir = shared_exports_dir(tmp_path_factory)   # shared by the run's workers and make test's two runs
     made: dict[str, Path] = {}
 
     def make(kind: str) -> Path:
         if kind not in made:
-            made[kind] = export_hf_llama(out_dir / f"{kind}.pte", seed=HELD_OUT_SEED, **KINDS[kind])
+            made[kind] = export_once(out_dir / f"hf-{kind}-seed{HELD_OUT_SEED}.pte", lambda partial: export_hf_llama(
+                partial, seed=HELD_OUT_SEED, **KINDS[kind]))
         return made[kind]
 
     return make
