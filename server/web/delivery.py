@@ -51,10 +51,9 @@ class _Collector(StreamedParts):
         super().__init__()
         self.tmp_dir, self.limit = tmp_dir, limit
         self.delivery = Delivery()
-        self._name = ""
         self._seen: set[str] = set()
         self._buf = bytearray()
-        self._file = self._hash = None
+        self._hash = None
         self._size = 0
 
     def on_part_begin(self) -> None:

@@ -67,10 +67,8 @@ class _Collector(StreamedParts):
         super().__init__()
         self.tmp_dir, self.limit, self.inputs_limit = tmp_dir, limit, inputs_limit
         self.upload = Upload()
-        self._name = ""
         self._is_file = False
         self._buf = bytearray()
-        self._file = None
         self._hash = None
         self._seen: set[str] = set()
 
