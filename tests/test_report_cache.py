@@ -155,3 +155,64 @@ def test_an_experiment_ended_by_a_cancel_asks_for_its_report_too(service_farm):
     farm.sent.clear()
     farm.cancel(rid)                                            # queued: cancelled at once, the experiment ended
     assert farm.sent.count((TASK_REPORT, eid)) == 1
+
+
+def test_a_running_experiments_report_builds_only_the_runs_that_changed_since_the_last_read(service_farm, etdump):
+    """reports.RunPieces: an ended run's JSON is kept by the process that built it (the API) and
+    spliced into the next build of its running experiment's report, keyed by what changes with it
+    (status, attempt, finish time): a run that changed is built again, one not ended is never kept,
+    and the answer is the one a build from scratch gives."""
+    farm = service_farm
+    pieces = reports.RunPieces()
+    first, second, third = farm.submit(threads=[1, 2, 4])
+    eid = farm.run(first).experiment_id
+    farm.to(first, "analyzing", trace=etdump)
+    assert farm.ingest(first) == "succeeded"
+
+    def read(**kw) -> dict:
+        return _report(farm, eid, None, pieces=pieces, **kw)
+
+    built = read()
+    assert built == _report(farm, eid, None)                     # the same answer as a build from scratch
+    assert [r["status"] for r in built["runs"]] == ["succeeded", "queued", "queued"]
+    assert len(pieces) == 1                                       # only the ended run is kept
+    [key] = list(pieces._pieces)
+    assert key[0] == first
+
+    # The kept JSON is what the next build uses for that run (marked here to tell it from a rebuild),
+    # while the runs that have not ended are read and built again (here: a queued run now running).
+    kept = json.loads(pieces.get(key))
+    pieces.put(key, json.dumps({**kept, "reason": "kept, not rebuilt"}).encode())
+    farm.to(second, "running")
+    again = read()
+    assert again["runs"][0]["reason"] == "kept, not rebuilt"
+    assert [r["status"] for r in again["runs"]] == ["succeeded", "running", "queued"]
+    assert [r["id"] for r in again["runs"]] == [first, second, third]
+    paged = read(runs="page", page=2, page_size=1)               # a page takes kept runs too, in its place
+    assert [r["id"] for r in paged["runs"]] == [second]
+
+    # The ended run changes (requeued and ended again: here its finish time): built again, not served stale.
+    with session_scope(farm.url) as s:
+        run = s.get(Run, first)
+        s.execute(update(Run).where(Run.id == first).values(finished_at=run.finished_at + timedelta(seconds=1)))
+    rebuilt = read()
+    assert rebuilt["runs"][0]["reason"] != "kept, not rebuilt"
+    assert rebuilt == _report(farm, eid, None)
+    farm.to(second, "analyzing", trace=etdump)
+    assert farm.ingest(second) == "succeeded"
+    assert read() == _report(farm, eid, None) and len(pieces) == 3   # the old key of `first` stays until pushed out
+
+
+def test_the_kept_runs_are_bounded_by_bytes_least_recently_used_first():
+    pieces = reports.RunPieces(max_bytes=100)
+    keys = [reports.RunPieces.key(i, "succeeded", 1, None) for i in range(4)]
+    assert reports.RunPieces.key(9, "queued", 1, None) is None        # a run not ended has no key
+    pieces.put(None, b"x" * 10)
+    assert len(pieces) == 0
+    for k in keys[:3]:
+        pieces.put(k, b"x" * 40)                                      # the third pushes out the first
+    assert pieces.get(keys[0]) is None and pieces.get(keys[1]) is not None
+    pieces.put(keys[3], b"y" * 40)                                    # keys[1] was just used: keys[2] goes
+    assert pieces.get(keys[2]) is None and pieces.get(keys[1]) == b"x" * 40 and pieces.get(keys[3]) == b"y" * 40
+    pieces.put(keys[0], b"z" * 101)                                   # larger than the whole budget: not kept
+    assert pieces.get(keys[0]) is None and len(pieces) == 2

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
-from sme2farm.protocol import ExperimentPage, ExperimentReport, ExperimentSpec
+from sme2farm.protocol import ComparisonPage, ExperimentPage, ExperimentReport, ExperimentSpec
 from sme2farm.server.api.deps import get_transaction
 from sme2farm.server.api.errors import NOT_FOUND
 from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
@@ -22,7 +22,7 @@ from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.services.programs import InvalidProgram, llm_mode, llm_note, prepare, read_memory
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
-from sme2farm.server.services import reports
+from sme2farm.server.services import report_comparisons, reports
 from sme2farm.server.services.reports import RunsDetail
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import submissions
@@ -32,6 +32,7 @@ from sme2farm.server.web.uploads import EXPERIMENT_FORM_OPENAPI, receive_experim
 router = APIRouter(tags=["experiments"])
 log = logging.getLogger(__name__)
 RunPageSize = Annotated[int, Query(ge=1, le=1000, description="runs per page with runs=page")]
+ComparisonPageSize = Annotated[int, Query(ge=1, le=200, description="comparisons per page (each ~10 kB in full)")]
 DEVICE_RECHECK_S = 0.25  # how often a submission waiting for an expected device looks again
 
 
@@ -158,15 +159,33 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store
     arm, device, threads and mode in run_groups), or page (`run_page_size` runs in full, page
     `run_page`); runs_detail/runs_total say which. Once every run has ended the report is built
     once, by the worker when the last run ends (TASK_REPORT), and served from the data dir
-    (reports.read_report cache_dir); a reader that finds none stored builds and keeps it."""
+    (reports.read_report cache_dir); a reader that finds none stored builds and keeps it. A running
+    experiment's report builds only the runs that changed since the last read (reports.RunPieces)."""
     # A read in its own transaction, ended before the answer is built (a large report takes a
     # while in Python): the connection goes back to the pool meanwhile, not "idle in transaction".
     with tx() as session:
         rows = reports.read_report(session, experiment_id=experiment_id, runs=runs, page=run_page,
-                                   page_size=run_page_size, cache_dir=reports.reports_dir(store.root))
+                                   page_size=run_page_size, cache_dir=reports.reports_dir(store.root),
+                                   pieces=reports.RUN_PIECES)
     if rows is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")
     return Response(reports.build_report(rows=rows), media_type="application/json")  # built as JSON by reports
+
+
+@router.get("/experiments/{experiment_id}/comparisons", response_model=ComparisonPage, responses=NOT_FOUND)
+def get_experiment_comparisons(experiment_id: ExperimentId, session: SessionDep, _user: UserDep, page: Page = 1,
+                               page_size: ComparisonPageSize = 20,
+                               device: Annotated[str | None, Query(max_length=200, description="a device serial")] = None,
+                               threads: Annotated[int | None, Query(ge=1, le=1024)] = None) -> Response:
+    """The experiment's comparisons in full (operators, narrative, noise, numerics per output,
+    memory), `page_size` at a time, in the report's order; `device` and `threads` keep those of
+    one device or thread count. The report's summary answer carries only their headlines
+    (comparisons_detail headline). A page past the last has no items."""
+    body = report_comparisons.comparisons_page(session, experiment_id=experiment_id, page=page, page_size=page_size,
+                                               device=device, threads=threads)
+    if body is None:
+        raise HTTPException(404, f"experiment {experiment_id} not found")
+    return Response(body, media_type="application/json")  # the stored comparisons as JSON text
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)

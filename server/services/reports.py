@@ -10,6 +10,7 @@ import math
 import os
 import statistics
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
@@ -30,6 +31,7 @@ from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
+from sme2farm.server.services import report_comparisons
 from sme2farm.server.services.programs import memory_for
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,58 @@ _RUN_COLUMNS = (Run.id, Run.experiment_id, Run.device_id, Run.sme2, Run.threads,
                 Run.runner_wall_s, Run.created_at, Run.started_at, Run.finished_at)
 
 
+class RunPieces:
+    """The JSON of ended runs as a report answers them, kept in the process that serves reports
+    (the API), so that a running experiment's report, which is read again and again while its runs
+    end (a dashboard, `submit --wait`, bench/scale.py's poller), builds only the runs that changed
+    since the last read instead of every run (bench/scale.py: ~10 ms of the API's CPU per run).
+
+    A run's piece is keyed by what changes when anything in it can: (run id, status, attempt,
+    finish time). An ended run's results, artifacts, device state and reason are written in the
+    transaction that ends it, and a run requeued or ended again changes its status, attempt or
+    finish time: the same reasoning as the stored reports' key (read_report), at the grain of one
+    run. Runs that have not ended (a queued run's waiting_for is the device's state now) are never
+    kept. Least recently used pieces go first past `max_bytes`; thread-safe."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._pieces: OrderedDict[tuple, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(run_id: int, status: str, attempt: int, finished_at) -> tuple | None:
+        """None for a run that has not ended (never kept)."""
+        return (run_id, status, attempt, finished_at, report_cache_version()) if status in TERMINAL_VALUES else None
+
+    def get(self, key: tuple | None) -> bytes | None:
+        if key is None:
+            return None
+        with self._lock:
+            piece = self._pieces.get(key)
+            if piece is not None:
+                self._pieces.move_to_end(key)
+            return piece
+
+    def put(self, key: tuple | None, piece: bytes) -> None:
+        if key is None or len(piece) > self.max_bytes:
+            return
+        with self._lock:
+            old = self._pieces.pop(key, None)
+            self._bytes += len(piece) - (len(old) if old is not None else 0)
+            self._pieces[key] = piece
+            while self._bytes > self.max_bytes:
+                _, gone = self._pieces.popitem(last=False)
+                self._bytes -= len(gone)
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+
+# The API process's cache (server/api/experiments.py); the worker builds ended reports once and keeps none.
+RUN_PIECES = RunPieces()
+
+
 @dataclass(frozen=True)
 class ReportRows:
     """What an experiment's report is built from, read by read_report in one transaction and built
@@ -134,6 +188,11 @@ class ReportRows:
     results: dict[int, tuple] = field(default_factory=dict)
     artifacts: dict[int, list[str]] = field(default_factory=dict)
     waiting: dict[int, str] = field(default_factory=dict)
+    # The runs' JSON taken from a RunPieces cache (run id -> bytes), `order` every run's id in the
+    # answer's order (empty: the order of `rows`); `cache` where the runs built here are kept.
+    pieces: dict[int, bytes] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)
+    cache: RunPieces | None = None
 
 
 def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
@@ -148,7 +207,8 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
 
 
 def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
-                page_size: int = 200, cache_dir: Path | None = None) -> ReportRows | None:
+                page_size: int = 200, cache_dir: Path | None = None,
+                pieces: RunPieces | None = None) -> ReportRows | None:
     """GET /experiments/{id}, its reading step: what the ExperimentReport is built from (None: no
     such experiment). build_report turns it into JSON bytes, with no session.
 
@@ -171,7 +231,10 @@ def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None
     (a run requeued, cancelled or re-ended changes them; the comparisons are completed in the
     transaction that ends the last run). One file per answer and experiment: a rebuild replaces it.
     The stored answer is read here, in the transaction that read its key, so it is the answer of
-    the rows that transaction saw."""
+    the rows that transaction saw.
+
+    pieces: the ended runs' JSON kept from earlier builds (RunPieces): a report that is not stored
+    (a running experiment's, a page) reads and builds only the runs it does not hold."""
     ended = session.execute(select(Run.status, func.count(), func.max(Run.finished_at))
                             .where(Run.experiment_id == experiment_id).group_by(Run.status)).all()
     cached = None
@@ -184,7 +247,7 @@ def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None
         except OSError:
             pass
     return _read(session, experiment_id=experiment_id, runs=runs, page=page, page_size=page_size,
-                 statuses={st: n for st, n, _ in ended}, keep_at=cached)
+                 statuses={st: n for st, n, _ in ended}, keep_at=cached, pieces=pieces)
 
 
 def _keep(path: Path, body: bytes) -> None:
@@ -204,7 +267,7 @@ def _keep(path: Path, body: bytes) -> None:
 
 
 def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page: int, page_size: int,
-          statuses: dict[str, int], keep_at: Path | None) -> ReportRows | None:
+          statuses: dict[str, int], keep_at: Path | None, pieces: RunPieces | None) -> ReportRows | None:
     exp = session.scalar(
         select(Experiment).where(Experiment.id == experiment_id)
         .options(joinedload(Experiment.model), joinedload(Experiment.vs_model), defer(Experiment.comparisons))
@@ -220,16 +283,33 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
     query = select(*_RUN_COLUMNS).where(Run.experiment_id == experiment_id).order_by(Run.id)
     if detail == "page":
         query = query.offset((page - 1) * page_size).limit(page_size)
-    rows = session.execute(query).all() if detail != "summary" else []
+    # With a RunPieces cache: the runs' keys first (four narrow columns), then only the runs whose
+    # JSON is not kept are read in full.
+    kept: dict[int, bytes] = {}
+    order: list[int] = []
+    if pieces is not None and detail != "summary":
+        keys = session.execute(query.with_only_columns(Run.id, Run.status, Run.attempt, Run.finished_at)).all()
+        kept = {k.id: p for k in keys if (p := pieces.get(RunPieces.key(*k))) is not None}
+        if kept:
+            order = [k.id for k in keys]
+    if detail == "summary":
+        rows = []
+    elif kept:
+        missing = [i for i in order if i not in kept]
+        rows = [r for chunk in _chunks(missing, 5000)
+                for r in session.execute(select(*_RUN_COLUMNS).where(Run.id.in_(chunk)).order_by(Run.id))]
+    else:
+        rows = session.execute(query).all()
     results: dict[int, tuple] = {}
     artifacts: dict[int, list[str]] = {}
     # The runs' ids as a sub-select (an IN list of 10,000 parameters cost more to send and plan
-    # than the rows it found), or, for a page, the page's own ids.
-    ids = [r.id for r in rows] if detail == "page" else select(Run.id).where(Run.experiment_id == experiment_id)
-    if rows:
-        results.update((r[0], r) for r in _result_parts(session, ids, with_operators=detail != "summary"))
+    # than the rows it found), or, for a page or the runs a cache did not hold, their own ids.
+    by_id = detail == "page" or bool(kept)
+    ids = [r.id for r in rows] if by_id else select(Run.id).where(Run.experiment_id == experiment_id)
+    for chunk in (_chunks(ids, 5000) if by_id else [ids]) if rows else []:
+        results.update((r[0], r) for r in _result_parts(session, chunk, with_operators=detail != "summary"))
         for run_id, name in session.execute(
-            select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(ids)).order_by(Artifact.run_id, Artifact.name)
+            select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(chunk)).order_by(Artifact.run_id, Artifact.name)
         ):
             artifacts.setdefault(run_id, []).append(name)
     # What each queued run waits for: the state of its device now (one row per device), put in
@@ -244,6 +324,7 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
         vs_model_sha256=exp.vs_model_sha256, vs_model_size=exp.vs_model.size if exp.vs_model_sha256 else None,
         inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
         created_at=exp.created_at, runs=[], comparisons=[], warnings=exp.warnings or [],
+        comparisons_detail="headline" if detail == "summary" else "full",
         runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
         runs_page_size=page_size if detail == "page" else None,
         run_groups=groups,
@@ -252,7 +333,7 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
         if exp.vs_model_sha256 else None,
     )
     return ReportRows(keep_at=keep_at, head=head, comparisons=comparisons, rows=rows, results=results,
-                      artifacts=artifacts, waiting=waiting)
+                      artifacts=artifacts, waiting=waiting, pieces=kept, order=order, cache=pieces)
 
 
 def build_report(*, rows: ReportRows) -> bytes:
@@ -307,19 +388,27 @@ def _build(got: ReportRows) -> bytes:
     # place. A string value cannot contain a hole: its quotes are escaped.
     # The runs are built with model_construct, their stored kernel paths, memory and llm left as the
     # dicts ingest wrote (their shape is the contract's: tests/test_report_contract.py): serialised
-    # as they are, without a warning per run.
-    pieces = _RUNS.dump_json(out, warnings=False).split(_STATE_HOLE)
-    if len(pieces) != len(out) + 1:
-        raise AssertionError("report: a run's device state placeholder was not found once per run")
-    body = [b'{"runs":', pieces[0]]
-    for (state, cats, ops, kernels), piece in zip(raw, pieces[1:]):
-        before, hole, after = piece.partition(_HOLE)
-        if not hole:
-            raise AssertionError("report: a run's categories/operators/kernels placeholder was not found")
-        body += [b'"device_state":', state, before, b'"categories_ms":', cats, b',"operators":', ops,
-                 b',"kernels":', kernels, after]
+    # as they are, without a warning per run. Each run is serialised on its own, so that an ended
+    # run's JSON can be kept (RunPieces) for the next build of a running experiment's report.
+    built: dict[int, bytes] = {}
+    for r, run, (state, cats, ops, kernels) in zip(got.rows, out, raw):
+        first, hole, rest = _RUN.dump_json(run, warnings=False).partition(_STATE_HOLE)
+        before, hole2, after = rest.partition(_HOLE)
+        if not hole or not hole2:
+            raise AssertionError("report: a run's device state or categories/operators/kernels placeholder was not found")
+        piece = b"".join((first, b'"device_state":', state, before, b'"categories_ms":', cats, b',"operators":', ops,
+                          b',"kernels":', kernels, after))
+        built[r.id] = piece
+        if got.cache is not None:
+            got.cache.put(RunPieces.key(r.id, r.status, r.attempt, r.finished_at), piece)
+    kept = got.pieces
+    order = got.order or [r.id for r in got.rows]
+    body = [b'{"runs":[', b",".join(kept.get(i) or built[i] for i in order), b"]"]
     comparisons = _raw(got.comparisons)
-    body += [b',"comparisons":', (comparisons if comparisons != "null" else "[]").encode(), b",", head[1:]]
+    comparisons = comparisons if comparisons != "null" else "[]"
+    if got.head.comparisons_detail == "headline":  # a summary: each comparison's headline, the full ones a page away
+        comparisons = report_comparisons.headlines(comparisons)
+    body += [b',"comparisons":', comparisons.encode(), b",", head[1:]]
     return b"".join(body)
 
 
@@ -354,7 +443,7 @@ def _run_groups(session: Session, experiment_id: int) -> list[RunGroup]:
 
 _STATE_HOLE = b'"device_state":{}'
 _HOLE = b'"categories_ms":null,"operators":null,"kernels":null'
-_RUNS = TypeAdapter(list[RunReport])
+_RUN = TypeAdapter(RunReport)
 
 
 def report_parts(report: dict) -> dict[str, str]:
