@@ -38,7 +38,7 @@ from .experiments import (ClusterMask, DeviceScaling, ExperimentPage, Experiment
 from .agents import (AGENT_PROTOCOL, DELIVERY_PART, AgentDevices, AgentRegister, AgentRegistered, ArtifactDigest,
                      ArtifactStored, DeviceRefused, DevicesSynced, FinishAnswer, Heartbeat, HeartbeatAnswer,
                      LeaseRequest, RunAssignment, RunDelivery, RunFinish)
-from .comparisons import (ArmMemory, CategoryShare, Comparison, ComparisonRead, ComparisonSide, CoverageCompared,
+from .comparisons import (ArmMemory, CategoryShare, Comparison, ComparisonPage, ComparisonRead, ComparisonSide, CoverageCompared,
                           KernelPathsCompared, LlmCompared, MemoryCompared, Numerics, OutputNumerics, OutputTolerance,
                           PartVerdict, PhaseVerdict, ProgramMemoryCompared, Unmatched)
 from .suites import (SUITE_METRICS, SUITE_NAME_PATTERN, DetectableStep, MemoryChange, PointMemory, RegressionRead,
@@ -66,7 +66,7 @@ __all__ = [
     "ScalingFastest", "ScalingInterval", "ScalingPoint", "ScalingRatio", "ScalingRead", "AGENT_PROTOCOL",
     "DELIVERY_PART", "AgentDevices", "AgentRegister", "AgentRegistered", "ArtifactDigest", "ArtifactStored",
     "DeviceRefused", "DevicesSynced", "FinishAnswer", "Heartbeat", "HeartbeatAnswer", "LeaseRequest", "RunAssignment",
-    "RunDelivery", "RunFinish", "ArmMemory", "CategoryShare", "Comparison", "ComparisonRead", "ComparisonSide",
+    "RunDelivery", "RunFinish", "ArmMemory", "CategoryShare", "Comparison", "ComparisonPage", "ComparisonRead", "ComparisonSide",
     "CoverageCompared", "KernelPathsCompared", "LlmCompared", "MemoryCompared", "Numerics", "OutputNumerics",
     "OutputTolerance", "PartVerdict", "PhaseVerdict", "ProgramMemoryCompared", "Unmatched", "SUITE_METRICS",
     "SUITE_NAME_PATTERN", "DetectableStep", "MemoryChange", "PointMemory", "RegressionRead", "RegressionWebhook",

@@ -198,6 +198,19 @@ class Unmatched(Read):
     why: str
 
 
+class ComparisonPage(Read):
+    """GET /experiments/{id}/comparisons: an experiment's comparisons in full, a page of them (the
+    report's summary answer carries only their headlines: ExperimentReport.comparisons_detail)."""
+
+    experiment_id: int
+    items: list[Comparison] = Field(description="The comparisons in the report's order (device, threads, mode, "
+                                                "kind), each in full: operators, narrative, noise, numerics "
+                                                "per output, memory")
+    total: int = Field(description="How many comparisons match the filters (all of them without filters)")
+    page: int
+    page_size: int
+
+
 class ComparisonRead(Read):
     """GET /comparisons."""
 

@@ -117,7 +117,17 @@ class ExperimentReport(Read):
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: Timestamp
     runs: list[RunReport]
-    comparisons: list[Comparison] = Field(default_factory=list)
+    comparisons: list[Comparison] = Field(
+        default_factory=list, description="Per device x threads x mode, the arms' comparison: in full, or their "
+                                          "headlines (comparisons_detail)")
+    comparisons_detail: Literal["full", "headline"] = Field(
+        default="full", description="full: each comparison complete; headline (runs_detail summary): each with what "
+                                    "identifies it and its verdict (E2E ratio, interval, verdict, sentence, each "
+                                    "category's verdict and share without its sentence, SME2 coverage, LLM phases, numerics' and memory's "
+                                    "verdict in a sentence), without operators, narrative, noise/needed/components, "
+                                    "run ids, per-session counts, numerics per output (numerics.outputs is []) or "
+                                    "per-arm memory (memory.baseline/candidate are null): the full ones are GET "
+                                    "/experiments/{id}/comparisons, a page at a time")
     warnings: list[str] = Field(default_factory=list, description="What the submission left out and why, e.g. a "
                                                                   "device offline longer than SME2_DEVICE_LOST_S")
     runs_detail: Literal["full", "summary", "page"] = Field(
