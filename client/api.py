@@ -14,9 +14,9 @@ import httpx
 
 from pydantic import BaseModel
 
-from sme2farm.protocol import (DEFAULT_MIN_EFFECT, ComparisonRead, DeviceRead, ExperimentPage, ExperimentReport,
-                               ExperimentSpec, RegressionRead, RunReport, ScalingRead, SeriesRead, SuiteDeleted,
-                               SuiteDetail, SuitePatch, SuiteRead, SuiteRunStarted, SuiteSpec)
+from sme2farm.protocol import (DEFAULT_MIN_EFFECT, Comparison, ComparisonPage, ComparisonRead, DeviceRead,
+                               ExperimentPage, ExperimentReport, ExperimentSpec, RegressionRead, RunReport, ScalingRead,
+                               SeriesRead, SuiteDeleted, SuiteDetail, SuitePatch, SuiteRead, SuiteRunStarted, SuiteSpec)
 
 
 _BOUNDS = {"less_than_equal": "<=", "less_than": "<", "greater_than_equal": ">=", "greater_than": ">"}
@@ -222,6 +222,25 @@ class FarmClient:
 
     def experiment(self, experiment_id: int) -> ExperimentReport:
         return ExperimentReport.model_validate(self._check(self.http.get(f"/experiments/{experiment_id}")).json())
+
+    def experiment_comparisons(self, experiment_id: int, page_size: int = 100) -> list[Comparison]:
+        """GET /experiments/{id}/comparisons, every page: the experiment's comparisons in full (a
+        summary report, comparisons_detail headline, carries only their headlines)."""
+        out: list[Comparison] = []
+        page = 1
+        while True:
+            r = self.http.get(f"/experiments/{experiment_id}/comparisons", params={"page": page, "page_size": page_size})
+            got = ComparisonPage.model_validate(self._check(r).json())
+            out += got.items
+            if not got.items or len(out) >= got.total:
+                return out
+            page += 1
+
+    def with_full_comparisons(self, rep: ExperimentReport) -> ExperimentReport:
+        """The report with its comparisons in full: as it is, or a summary's headlines replaced."""
+        if rep.comparisons_detail != "headline":
+            return rep
+        return rep.model_copy(update={"comparisons": self.experiment_comparisons(rep.id), "comparisons_detail": "full"})
 
     def experiment_json(self, experiment_id: int) -> dict[str, Any]:
         return self._check(self.http.get(f"/experiments/{experiment_id}")).json()

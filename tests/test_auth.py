@@ -37,6 +37,7 @@ EXPECTED = {
     ("POST", "/experiments"): SUBMIT,
     ("GET", "/experiments/{experiment_id}"): READ,
     ("GET", "/experiments/{experiment_id}/scaling"): READ,
+    ("GET", "/experiments/{experiment_id}/comparisons"): READ,
     ("POST", "/experiments/{experiment_id}/cancel"): SUBMIT,
     ("GET", "/experiments/{experiment_id}/charts/{name}.svg"): READ,
     ("GET", "/comparisons"): READ,

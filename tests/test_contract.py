@@ -196,6 +196,12 @@ def test_the_report_schema_reaches_operator_rows_kernel_paths_memory_and_llm_pha
     assert {"verdict", "speedup", "ci_low", "numerics", "categories"} <= set(_props(doc, schema, "comparisons"))
     assert {"max_abs", "within_tolerance", "tolerance"} <= set(_props(doc, schema, "comparisons", "numerics", "outputs"))
     assert {"verdict", "speedup"} <= set(_props(doc, schema, "comparisons", "categories"))
+    assert "comparisons_detail" in _props(doc, schema)  # full, or headlines with the full ones a page away:
+    page = doc["paths"]["/experiments/{experiment_id}/comparisons"]["get"]["responses"]["200"]["content"]
+    page = page["application/json"]["schema"]
+    assert {"items", "total", "page", "page_size"} <= set(_props(doc, page))
+    assert {"verdict", "operators", "narrative", "noise", "numerics"} <= set(_props(doc, page, "items"))
+    assert {"max_abs", "within_tolerance"} <= set(_props(doc, page, "items", "numerics", "outputs"))
 
 
 def test_file_routes_declare_their_media_types_and_no_json(tmp_path):

@@ -110,6 +110,31 @@ def test_a_summary_carries_headlines_and_the_full_comparisons_are_a_page_away(ap
     assert api.client.get(f"/experiments/{eid}/comparisons", headers=api.auth("not-a-token")).status_code == 401
 
 
+def test_the_client_says_a_summarys_comparisons_are_headlines_and_its_document_fetches_the_full_ones(
+        api, etdump, monkeypatch):
+    from sme2farm.client.api import FarmClient
+    from sme2farm.client.document_fetch import fetch
+    from sme2farm.client.render import experiment_text
+
+    eid = _ended_experiment(api.settings.sqlalchemy_url, Store(api.settings.data_dir), etdump)
+    client = FarmClient(api.url, api.token)
+    monkeypatch.setattr(reports, "FULL_REPORT_MAX_RUNS", 0)  # the default answer of a 2,000-run experiment
+    summary = client.experiment(eid)
+    full = ExperimentReport.model_validate(client.http.get(f"/experiments/{eid}", params={"runs": "full"}).json())
+    assert (full.comparisons_detail, summary.comparisons_detail) == ("full", "headline")
+    assert all(c.operators is None and c.narrative is None for c in summary.comparisons)
+    assert f"2 comparison(s), their headlines (per-operator verdicts, narrative and outputs compared: GET " \
+           f"/experiments/{eid}/comparisons" in experiment_text(summary)
+    assert "their headlines" not in experiment_text(full)
+    # every page, in order; a full report is left as it is
+    assert client.experiment_comparisons(eid, page_size=1) == full.comparisons
+    assert client.with_full_comparisons(summary).comparisons == full.comparisons
+    assert client.with_full_comparisons(full) is full
+    # `sme2-client report`'s document shows the operators and narrative a summary leaves out
+    got = fetch(client, eid).report
+    assert got.comparisons == full.comparisons and all(c.operators and c.narrative for c in got.comparisons)
+
+
 def test_a_200_device_summarys_comparisons_are_headlines_a_fraction_of_the_full_ones(db_url, tmp_path, etdump, capsys):
     """Issue 23's experiment: 200 devices' comparisons (the real ones, one per device), its summary
     measured before (the comparisons as stored, what the summary carried) and after (headlines)."""

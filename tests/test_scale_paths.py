@@ -26,6 +26,7 @@ from sme2farm.server.store.models import Agent, ApiToken, Run, RunResult
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
+from sme2farm.server.services.report_comparisons import headline
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.services.ingest import Ingester
@@ -252,7 +253,10 @@ def test_the_report_from_columns_is_the_orm_report_and_summary_and_page_say_what
             assert g["e2e_cv"] == o_run["e2e_ms"]["cv"]
         else:
             assert g["e2e_median_ms"] is None and o_run["id"] == failed
-    assert full["run_groups"] is None and _typed(summary)["comparisons"] == orm["comparisons"]
+    # and each comparison's headline (report_comparisons.headline), the full ones a page away
+    assert full["run_groups"] is None and (full["comparisons_detail"], summary["comparisons_detail"]) == ("full", "headline")
+    assert summary["comparisons"] == [headline(c) for c in full["comparisons"]] and not any(
+        "operators" in c for c in summary["comparisons"])
     # a page: those runs in full, and how many there are in all
     assert (page["runs_detail"], page["runs_total"], page["runs_page"], page["runs_page_size"]) == ("page", 4, 2, 3)
     assert _typed(page)["runs"] == orm["runs"][3:] and page["status"] == orm["status"]

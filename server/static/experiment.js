@@ -283,6 +283,42 @@ function neededBlock(needed) {
     h("b", {}, "To decide: "), needed.why || (parts.length ? `about ${parts.join(", or ")}` : "no amount of data on this device would"), ".");
 }
 
+// The verdicts: the chart and a card per comparison. A summary report (above 2,000 runs) carries
+// each comparison's headline (comparisons_detail "headline": no operators, narrative or outputs
+// compared); "Show in full" pages the full ones in from GET /experiments/{id}/comparisons.
+function verdictsSection(exp, verdicts, card) {
+  const cards = h("div", { class: "comparison-cards" }, exp.comparisons.map(card));
+  let note = null;
+  if (exp.comparisons_detail === "headline") {
+    const msg = h("span", { class: "muted small", role: "status" });
+    const button = h("button", {
+      type: "button", class: "ghost",
+      onclick: async (e) => {
+        e.target.disabled = true;
+        msg.textContent = " loading…";
+        try {
+          const full = [];
+          for (let page = 1; ; page++) {
+            const got = await getJSON(`/experiments/${encodeURIComponent(exp.id)}/comparisons?page=${page}&page_size=200`);
+            full.push(...got.items);
+            if (!got.items.length || full.length >= got.total) break;
+          }
+          cards.replaceChildren(...full.map(card));
+          note.remove();
+        } catch (err) {
+          msg.textContent = ` ${err.message}`;
+          e.target.disabled = false;
+        }
+      },
+    }, "Show in full");
+    note = h("p", { class: "note small headline-note" },
+      `${exp.comparisons.length} comparisons as headlines (the verdict, its interval and the categories'): `
+      + "per-operator verdicts, the narrative and the outputs compared are in the full ones. ", button, msg);
+  }
+  return h("section", { class: "verdicts", id: "verdicts" },
+    h("div", { class: "card" }, h("h3", {}, "Verdicts"), verdicts, note), cards);
+}
+
 // One verdict: SME2 off→on (kind "sme2", per model variant) or model A→B (kind "model", per
 // SME2 arm) of an experiment, or a matched pair of GET /comparisons (`where` chips given).
 export function comparisonCard(c, { where } = {}) {
@@ -472,11 +508,9 @@ export async function experimentView({ id, with: joined }) {
       measured && h("div", { class: "card charts" }, h("h3", {}, "Latency and where the time goes, per arm"),
         h("div", { class: "cols" }, distribution, categories)),
       scales && scalingCard(exp, join, scaling, scalingChart, scalingError),
-      exp.comparisons.length > 0 && h("section", { class: "verdicts", id: "verdicts" },
-        h("div", { class: "card" }, h("h3", {}, "Verdicts"), verdicts),
-        exp.comparisons.map((c) => comparisonCard(grouped.size && c.reason
-          ? { ...c, reason: [...grouped.keys()].reduce((text, r) => text.split(r).join("unschedulable (under “Could not run” above)"), c.reason) }
-          : c))),
+      exp.comparisons.length > 0 && verdictsSection(exp, verdicts, (c) => comparisonCard(grouped.size && c.reason
+        ? { ...c, reason: [...grouped.keys()].reduce((text, r) => text.split(r).join("unschedulable (under “Could not run” above)"), c.reason) }
+        : c)),
       exp.runs.map((r) => runCard(r, Boolean(exp.vs_model_sha256), grouped))),
   };
 }
