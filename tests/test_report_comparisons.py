@@ -155,3 +155,27 @@ def test_a_200_device_summarys_comparisons_are_headlines_a_fraction_of_the_full_
     with capsys.disabled():
         print(f"\n200-device summary ({db_url.split(':')[0]}): before {before} B "
               f"({len(stored) // 200} B per comparison), after {len(after)} B ({len(headlines) // 200} B per headline)")
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_dashboard_shows_a_summarys_headlines_and_pages_the_full_ones_in(api, browser, etdump, monkeypatch):
+    from _fixtures_browser import wait
+
+    eid = _ended_experiment(api.settings.sqlalchemy_url, Store(api.settings.data_dir), etdump)
+    monkeypatch.setattr(reports, "FULL_REPORT_MAX_RUNS", 0)  # the dashboard reads the default answer: a summary
+    d = browser
+    d.get(api.url + "/")
+    d.execute_script("localStorage.setItem('sme2farm.token', arguments[0])", api.token)
+    d.get(f"{api.url}/#/experiments/{eid}")
+    wait(d, f'#experiment[data-id="{eid}"]')
+    note = wait(d, "#verdicts .headline-note")
+    assert "2 comparisons as headlines" in note.text
+    assert len(d.find_elements("css selector", "#verdicts .comparison")) == 2
+    # a headline has no `needed` (what would decide an "insufficient data" verdict): no "To decide" line
+    assert not d.find_elements("css selector", "#verdicts .comparison .needed")
+    assert len(d.find_elements("css selector", "#verdicts .comparison tr[data-category]")) == 10  # its categories
+    note.find_element("css selector", "button").click()
+    wait(d, "#verdicts .comparison .needed", text="To decide")  # the full ones, from GET /experiments/{id}/comparisons
+    assert not d.find_elements("css selector", "#verdicts .headline-note")
+    assert len(d.find_elements("css selector", "#verdicts .comparison")) == 2
