@@ -229,7 +229,8 @@ class FarmClient:
         out: list[Comparison] = []
         page = 1
         while True:
-            r = self.http.get(f"/experiments/{experiment_id}/comparisons", params={"page": page, "page_size": page_size})
+            r = self.http.get(f"/experiments/{experiment_id}/comparisons",
+                              params={"page": page, "page_size": page_size})
             got = ComparisonPage.model_validate(self._check(r).json())
             out += got.items
             if not got.items or len(out) >= got.total:

@@ -91,7 +91,8 @@ def test_a_summary_carries_headlines_and_the_full_comparisons_are_a_page_away(ap
     for p in (first, second, past):
         ComparisonPage.model_validate(p.json())
     assert first.json()["items"] + second.json()["items"] == full["comparisons"]
-    assert (first.json()["total"], first.json()["page"], first.json()["page_size"], first.json()["experiment_id"]) == (2, 1, 1, eid)
+    head = first.json()
+    assert (head["total"], head["page"], head["page_size"], head["experiment_id"]) == (2, 1, 1, eid)
     assert past.json()["items"] == [] and past.json()["total"] == 2
     assert page().json()["items"] == full["comparisons"]                 # the default page holds 20
     one = page(device=full["comparisons"][1]["device"]).json()

@@ -33,6 +33,8 @@ router = APIRouter(tags=["experiments"])
 log = logging.getLogger(__name__)
 RunPageSize = Annotated[int, Query(ge=1, le=1000, description="runs per page with runs=page")]
 ComparisonPageSize = Annotated[int, Query(ge=1, le=200, description="comparisons per page (each ~10 kB in full)")]
+DeviceSerial = Annotated[str | None, Query(max_length=200, description="only this device's (its serial)")]
+ThreadCount = Annotated[int | None, Query(ge=1, le=1024, description="only those of this thread count")]
 DEVICE_RECHECK_S = 0.25  # how often a submission waiting for an expected device looks again
 
 
@@ -174,9 +176,8 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store
 
 @router.get("/experiments/{experiment_id}/comparisons", response_model=ComparisonPage, responses=NOT_FOUND)
 def get_experiment_comparisons(experiment_id: ExperimentId, session: SessionDep, _user: UserDep, page: Page = 1,
-                               page_size: ComparisonPageSize = 20,
-                               device: Annotated[str | None, Query(max_length=200, description="a device serial")] = None,
-                               threads: Annotated[int | None, Query(ge=1, le=1024)] = None) -> Response:
+                               page_size: ComparisonPageSize = 20, device: DeviceSerial = None,
+                               threads: ThreadCount = None) -> Response:
     """The experiment's comparisons in full (operators, narrative, noise, numerics per output,
     memory), `page_size` at a time, in the report's order; `device` and `threads` keep those of
     one device or thread count. The report's summary answer carries only their headlines

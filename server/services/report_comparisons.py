@@ -52,9 +52,10 @@ def headlines(text: str | None) -> str:
 
 def headline(c: dict) -> dict:
     """One comparison (a stored dict, shaped as Comparison) reduced to its headline: HEADLINE_KEYS,
-    the per-category verdicts (numbers and verdict, no sentence), category shares, the arms' SME2 coverage and LLM phase verdicts
-    (their contract's keys only), numerics as status/verdict/sentence (`outputs` []: the contract
-    requires the list) and memory as its sentence and peak RSS change (no per-arm figures)."""
+    the per-category verdicts (numbers and verdict, no sentence), category shares, the arms' SME2
+    coverage and LLM phase verdicts (their contract's keys only), numerics as status/verdict/sentence
+    (`outputs` []: the contract requires the list) and memory as its sentence and peak RSS change
+    (no per-arm figures)."""
     out = {k: c[k] for k in HEADLINE_KEYS if k in c}
     if isinstance(cats := c.get("categories"), dict):
         out["categories"] = {k: _pick(v, _PART_KEYS) for k, v in cats.items()}

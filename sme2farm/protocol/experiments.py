@@ -123,8 +123,9 @@ class ExperimentReport(Read):
     comparisons_detail: Literal["full", "headline"] = Field(
         default="full", description="full: each comparison complete; headline (runs_detail summary): each with what "
                                     "identifies it and its verdict (E2E ratio, interval, verdict, sentence, each "
-                                    "category's verdict and share without its sentence, SME2 coverage, LLM phases, numerics' and memory's "
-                                    "verdict in a sentence), without operators, narrative, noise/needed/components, "
+                                    "category's verdict and share without its sentence, SME2 coverage, LLM phases, "
+                                    "numerics' and memory's verdict in a sentence), without operators, narrative, "
+                                    "noise/needed/components, "
                                     "run ids, per-session counts, numerics per output (numerics.outputs is []) or "
                                     "per-arm memory (memory.baseline/candidate are null): the full ones are GET "
                                     "/experiments/{id}/comparisons, a page at a time")
