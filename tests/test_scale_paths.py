@@ -260,6 +260,8 @@ def test_the_report_from_columns_is_the_orm_report_and_summary_and_page_say_what
     # a page: those runs in full, and how many there are in all
     assert (page["runs_detail"], page["runs_total"], page["runs_page"], page["runs_page_size"]) == ("page", 4, 2, 3)
     assert _typed(page)["runs"] == orm["runs"][3:] and page["status"] == orm["status"]
+    # with the comparisons' headlines too: a reader paging through runs is not sent every comparison in full again
+    assert page["comparisons_detail"] == "headline" and page["comparisons"] == summary["comparisons"]
     # rows stored before migration 0008 (no report parts of their own): read from the analysis, same answer
     with session_scope(db_url) as s:
         some = s.scalars(select(RunResult.run_id).order_by(RunResult.run_id).limit(2)).all()

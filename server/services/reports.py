@@ -324,7 +324,7 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
         vs_model_sha256=exp.vs_model_sha256, vs_model_size=exp.vs_model.size if exp.vs_model_sha256 else None,
         inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
         created_at=exp.created_at, runs=[], comparisons=[], warnings=exp.warnings or [],
-        comparisons_detail="headline" if detail == "summary" else "full",
+        comparisons_detail="full" if detail == "full" else "headline",  # a page of runs: not 200 devices' comparisons in full again
         runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
         runs_page_size=page_size if detail == "page" else None,
         run_groups=groups,
@@ -406,7 +406,7 @@ def _build(got: ReportRows) -> bytes:
     body = [b'{"runs":[', b",".join(kept.get(i) or built[i] for i in order), b"]"]
     comparisons = _raw(got.comparisons)
     comparisons = comparisons if comparisons != "null" else "[]"
-    if got.head.comparisons_detail == "headline":  # a summary: each comparison's headline, the full ones a page away
+    if got.head.comparisons_detail == "headline":  # a summary or a page: each comparison's headline, the full ones a page away
         comparisons = report_comparisons.headlines(comparisons)
     body += [b',"comparisons":', comparisons.encode(), b",", head[1:]]
     return b"".join(body)

@@ -121,7 +121,7 @@ class ExperimentReport(Read):
         default_factory=list, description="Per device x threads x mode, the arms' comparison: in full, or their "
                                           "headlines (comparisons_detail)")
     comparisons_detail: Literal["full", "headline"] = Field(
-        default="full", description="full: each comparison complete; headline (runs_detail summary): each with what "
+        default="full", description="full: each comparison complete; headline (runs_detail summary or page): each with what "
                                     "identifies it and its verdict (E2E ratio, interval, verdict, sentence, each "
                                     "category's verdict and share without its sentence, SME2 coverage, LLM phases, "
                                     "numerics' and memory's verdict in a sentence), without operators, narrative, "
