@@ -13,12 +13,12 @@ import, which keys a headline keeps."""
 from __future__ import annotations
 
 import json
-import math
 
 from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import Comparison, CoverageCompared, PartVerdict, PhaseVerdict
+from sme2farm.server.services.json_text import finite
 from sme2farm.server.store.models import Experiment
 
 # What a headline keeps of a comparison (every other key is dropped, extra keys ingest wrote too):
@@ -98,16 +98,6 @@ def comparisons_page(session: Session, *, experiment_id: int, page: int, page_si
     # SQLite keeps what Python's json wrote, which may hold NaN or Infinity: written as null, as
     # pydantic writes them (the report does the same: reports._raw).
     if "NaN" in text or "Infinity" in text:  # rare (and maybe only inside a string): the slow way
-        items = _finite(items)
+        items = finite(items)
     return json.dumps({"experiment_id": experiment_id, "items": items, "total": len(comps), "page": page,
                        "page_size": page_size}, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _finite(x):
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    return x

@@ -6,7 +6,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import statistics
 import threading
@@ -32,6 +31,7 @@ from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunR
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import report_comparisons
+from sme2farm.server.services.json_text import answered
 from sme2farm.server.services.programs import memory_for
 
 log = logging.getLogger(__name__)
@@ -368,8 +368,8 @@ def _build(got: ReportRows) -> bytes:
         if res is not None:
             e2e_raw, load, kernel_paths, extra = _loads(res[2]), _loads(res[3]), res[6], res[7]
             e2e = LatencyStats.model_validate({k: v for k, v in e2e_raw.items() if k in E2E_KEYS}) if e2e_raw else None
-            cats, ops, kernels = _raw(res[1]), _raw(res[4]), _raw(res[5])
-        state = _raw(r.device_state)
+            cats, ops, kernels = answered(res[1]), answered(res[4]), answered(res[5])
+        state = answered(r.device_state)
         raw.append(((state if state != "null" else "{}").encode(), cats.encode(), ops.encode(), kernels.encode()))
         out.append(RunReport.model_construct(
             id=r.id, experiment_id=r.experiment_id, sme2=r.sme2, threads=r.threads, mode=r.mode,
@@ -404,7 +404,7 @@ def _build(got: ReportRows) -> bytes:
     kept = got.pieces
     order = got.order or [r.id for r in got.rows]
     body = [b'{"runs":[', b",".join(kept.get(i) or built[i] for i in order), b"]"]
-    comparisons = _raw(got.comparisons)
+    comparisons = answered(got.comparisons)
     comparisons = comparisons if comparisons != "null" else "[]"
     if got.head.comparisons_detail == "headline":  # a summary or a page: each comparison's headline, the full ones a page away
         comparisons = report_comparisons.headlines(comparisons)
@@ -511,27 +511,6 @@ def _parts_from_analysis(session: Session, run_ids: list[int]) -> list[tuple]:
                            func.json_extract(a.c.analysis, "$.kernels"), func.json_extract(a.c.analysis, "$.kernel_paths"))
         out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5], _loads(r[6]), {}) for r in session.execute(query)]
     return out
-
-
-def _raw(text: str | None) -> str:
-    """Stored JSON text as it can go into an answer. SQLite keeps what Python's json wrote,
-    which may hold NaN or Infinity (PostgreSQL refuses them): those are written as null, as
-    pydantic writes them."""
-    if text is None:
-        return "null"
-    if "NaN" in text or "Infinity" in text:  # rare (and maybe only inside a string): the slow way
-        return json.dumps(_finite(json.loads(text)))
-    return text
-
-
-def _finite(x):
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    return x
 
 
 def _loads(value):
