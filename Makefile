@@ -39,10 +39,13 @@ PARALLEL := not e2e and not browser and not adb and not arm64 and not sme2emu
 # The loop while changing code: those without the model-export tests too (on 2 cores about 0.6 of the serial time).
 FAST := $(PARALLEL) and not models
 FAST_WORKERS ?= 2
+SERIAL_WORKERS ?= 2
 
-# The whole suite: PARALLEL in FAST_WORKERS processes, then the rest serially (each starts farms, browsers or
-# emulators of its own); both run, either fails it. The exported example models are shared by both runs
-# (SME2_TEST_EXAMPLES_DIR, removed after).
+# The whole suite: PARALLEL in FAST_WORKERS processes, then the rest (each starts farms, browsers or emulators
+# of its own) in SERIAL_WORKERS processes, a test module to a process (--dist loadfile: a module's tests run in
+# order, in one process, its module fixtures made once); both run, either fails it. Much of the second run waits
+# out real bounds (leases, lost and offline bounds, restarts), so two modules side by side fill the two cores.
+# The exported example models are shared by both runs (SME2_TEST_EXAMPLES_DIR, removed after).
 # Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on some CI
 # machines): without it every farm, agent and client process the tests start compiles the project again,
 # and each pytest run rewrites every test module's asserts (collection 10.7 -> 4.9 CPU s here).
@@ -50,9 +53,9 @@ FAST_WORKERS ?= 2
 test: setup emulator
 	export SME2_TEST_EXAMPLES_DIR=$$(mktemp -d) PYTHONDONTWRITEBYTECODE=; \
 	$(BIN)/python -m pytest -m "$(PARALLEL)" -n $(FAST_WORKERS) --durations=10; parallel=$$?; \
-	$(BIN)/python -m pytest -m "not ($(PARALLEL))" --durations=25; serial=$$?; \
+	$(BIN)/python -m pytest -m "not ($(PARALLEL))" -n $(SERIAL_WORKERS) --dist loadfile --durations=25; serial=$$?; \
 	rm -rf "$$SME2_TEST_EXAMPLES_DIR"; \
-	echo "in parallel: exit $$parallel; serially: exit $$serial"; [ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
+	echo "in parallel: exit $$parallel; farms, browsers, emulators: exit $$serial"; [ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
 
 test-fast: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "$(FAST)" -n $(FAST_WORKERS)
