@@ -70,7 +70,7 @@ def main() -> int:
                         "1: claim, start, a PUT per artifact, finish)")
     p.add_argument("--poll-think", type=float, default=0.25, help="poller pause between list+report pairs")
     p.add_argument("--worker-concurrency", type=int, default=4, help="Celery worker processes (docker-compose: 4)")
-    p.add_argument("--server-workers", type=int, default=1, help="uvicorn worker processes (docker-compose: 1)")
+    p.add_argument("--server-workers", type=int, default=2, help="uvicorn worker processes (docker-compose: 2)")
     p.add_argument("--postgres-url", default=os.environ.get("SME2_TEST_POSTGRES_URL",
                                                             "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/12",
