@@ -118,7 +118,7 @@ def experiment_text(rep: ExperimentReport) -> str:
         if r.kernels and r.kernels.status == "ok":
             out.append(f"  {microkernels_line(r.kernels)}")
         out.append("")
-    if rep.comparisons and rep.comparisons_detail == "headline":  # a summary: the full ones a page away
+    if rep.comparisons and rep.comparisons_detail == "headline":  # a summary or a page: the full ones a page away
         out.append(f"{len(rep.comparisons)} comparison(s), their headlines (per-operator verdicts, narrative and "
                    f"outputs compared: GET /experiments/{rep.id}/comparisons, or sme2-client report {rep.id})")
     for c in rep.comparisons:
