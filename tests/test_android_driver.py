@@ -84,7 +84,15 @@ def test_discover_returns_empty_when_adb_cannot_start(tmp_path):
 def test_discover_returns_empty_when_the_adb_port_is_taken():
     """Something that is not adb holds the port: adb cannot start there, discovery says 'none'."""
     squatter = socket.create_server(("127.0.0.1", 0))
-    threading.Thread(target=lambda: [squatter.accept()[0].close() for _ in iter(int, 1)], daemon=True).start()
+
+    def squat() -> None:  # answers every connection by closing it, until the test closes the socket
+        try:
+            while True:
+                squatter.accept()[0].close()
+        except OSError:
+            pass
+
+    threading.Thread(target=squat, daemon=True).start()
     t0 = time.monotonic()
     try:
         assert AndroidDriver(squatter.getsockname()[1]).discover() == []
