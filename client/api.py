@@ -220,8 +220,13 @@ class FarmClient:
             r = self.http.post("/experiments", files=files, data={"spec": spec_json})
         return ExperimentReport.model_validate(self._check(r).json())
 
-    def experiment(self, experiment_id: int) -> ExperimentReport:
-        return ExperimentReport.model_validate(self._check(self.http.get(f"/experiments/{experiment_id}")).json())
+    def experiment(self, experiment_id: int, runs: str | None = None) -> ExperimentReport:
+        """GET /experiments/{id}. runs: None, the server's default (every run up to 2,000, above that a
+        summary: run groups and comparison headlines); "full" for every run and comparison whatever the
+        size (what a command that reads the runs needs: the document, the kit summary, the artifacts)."""
+        params = {"runs": runs} if runs else {}
+        return ExperimentReport.model_validate(self._check(self.http.get(f"/experiments/{experiment_id}",
+                                                                         params=params)).json())
 
     def experiment_comparisons(self, experiment_id: int, page_size: int = 100) -> list[Comparison]:
         """GET /experiments/{id}/comparisons, every page: the experiment's comparisons in full (a
@@ -236,12 +241,6 @@ class FarmClient:
             if not got.items or len(out) >= got.total:
                 return out
             page += 1
-
-    def with_full_comparisons(self, rep: ExperimentReport) -> ExperimentReport:
-        """The report with its comparisons in full: as it is, or a summary's headlines replaced."""
-        if rep.comparisons_detail != "headline":
-            return rep
-        return rep.model_copy(update={"comparisons": self.experiment_comparisons(rep.id), "comparisons_detail": "full"})
 
     def experiment_json(self, experiment_id: int) -> dict[str, Any]:
         return self._check(self.http.get(f"/experiments/{experiment_id}")).json()

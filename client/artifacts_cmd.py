@@ -35,7 +35,7 @@ def run(args) -> int:
     client = connect(args)
     number = int(m.group(2))
     if m.group(1).upper() == "E":
-        runs = [(r.id, r.artifacts) for r in client.experiment(number).runs]
+        runs = [(r.id, r.artifacts) for r in client.experiment(number, runs="full").runs]  # not a summary
         many = True
     else:
         runs = [(number, client.run(number).artifacts)]

@@ -1,5 +1,5 @@
-"""What `sme2-client report` fetches for its document: the experiment's typed report (its
-comparisons in full, paged in where the report is a summary), the server's charts as SVG (GET
+"""What `sme2-client report` fetches for its document: the experiment's typed report (every run
+and comparison in full, whatever its size), the server's charts as SVG (GET
 /experiments/{id}/charts/{name}.svg, drawn by analysis/charts.py, so the document shows exactly
 what the dashboard shows) and, where the experiment scales, its thread scaling view."""
 
@@ -26,9 +26,10 @@ def fetch(client: FarmClient, experiment_id: int, joined: list[int] | None = Non
     """The report, its charts and its scaling view. `joined`: other experiments of the same model
     whose runs join the scaling view and chart (?with=); a list the server refuses (another model,
     an unknown id) is a FarmError, not a gap."""
-    # a summary report (comparisons_detail headline) carries its comparisons' headlines: the document
-    # shows them in full (numerics per output, narrative), fetched from GET /experiments/{id}/comparisons
-    rep = client.with_full_comparisons(client.experiment(experiment_id))
+    # every run and every comparison in full, whatever the experiment's size: the document's latency,
+    # categories and kernel-path sections are built from the runs (a summary, the default answer above
+    # 2,000 runs, has none) and its comparisons show operators, narrative and numerics per output
+    rep = client.experiment(experiment_id, runs="full")
     view = client.scaling(experiment_id, joined) if joined else None
     svgs: dict[str, str | None] = {}
     missing: dict[str, str] = {}

@@ -381,7 +381,7 @@ def cmd_status_kit_json(client, experiment_id: int, arg: str) -> int:
     except KitError as e:
         print(f"sme2-client: {e}", file=sys.stderr)
         return 2
-    rep = client.experiment(experiment_id)
+    rep = client.experiment(experiment_id, runs="full")  # the runs themselves, not a summary's run groups
     traces, model = summary_from_experiment(rep)
     if not traces:
         states = ", ".join(f"run {r.id} {r.status}" for r in rep.runs) or "no runs"

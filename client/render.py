@@ -78,6 +78,7 @@ def experiment_text(rep: ExperimentReport) -> str:
         for g in rep.run_groups or []:
             ended = ", ".join(f"{n} {st}" for st, n in sorted(g.runs_by_status.items()))
             e2e = (f"; E2E median {_f(g.e2e_median_ms)} ms (runs {_f(g.e2e_min_ms)}-{_f(g.e2e_max_ms)})"
+                   + (f" (emulated by {g.emulator}: the emulator's time, not a CPU's)" if g.emulator else "")
                    if g.e2e_median_ms is not None else "")
             model = f"model {g.variant}, " if rep.vs_model_sha256 else ""
             out.append(f"  {model}SME2 {g.sme2}, {g.threads} thread(s), {g.mode} on {g.device or 'no device yet'}: "

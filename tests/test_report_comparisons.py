@@ -112,7 +112,7 @@ def test_a_summary_carries_headlines_and_the_full_comparisons_are_a_page_away(ap
 
 
 def test_the_client_says_a_summarys_comparisons_are_headlines_and_its_document_fetches_the_full_ones(
-        api, etdump, monkeypatch):
+        api, etdump, monkeypatch, tmp_path):
     from sme2farm.client.api import FarmClient
     from sme2farm.client.document_fetch import fetch
     from sme2farm.client.render import experiment_text
@@ -127,13 +127,18 @@ def test_the_client_says_a_summarys_comparisons_are_headlines_and_its_document_f
     assert f"2 comparison(s), their headlines (per-operator verdicts, narrative and outputs compared: GET " \
            f"/experiments/{eid}/comparisons" in experiment_text(summary)
     assert "their headlines" not in experiment_text(full)
-    # every page, in order; a full report is left as it is
+    # every page, in order
     assert client.experiment_comparisons(eid, page_size=1) == full.comparisons
-    assert client.with_full_comparisons(summary).comparisons == full.comparisons
-    assert client.with_full_comparisons(full) is full
-    # `sme2-client report`'s document shows the operators and narrative a summary leaves out
+    # `sme2-client report`'s document shows the runs and the operators and narrative a summary leaves out
+    assert summary.runs == [] and len(full.runs) == 4
     got = fetch(client, eid).report
     assert got.comparisons == full.comparisons and all(c.operators and c.narrative for c in got.comparisons)
+    assert got.runs == full.runs
+    # as does the kit summary (`status --kit-json`), which reads the runs
+    from sme2farm.client.kit import cmd_status_kit_json
+
+    monkeypatch.chdir(tmp_path)
+    assert cmd_status_kit_json(client, eid, "kit.json") == 0 and json.loads((tmp_path / "kit.json").read_text())
 
 
 def test_a_200_device_summarys_comparisons_are_headlines_a_fraction_of_the_full_ones(db_url, tmp_path, etdump, capsys):
@@ -170,6 +175,12 @@ def test_the_dashboard_shows_a_summarys_headlines_and_pages_the_full_ones_in(api
     d.execute_script("localStorage.setItem('sme2farm.token', arguments[0])", api.token)
     d.get(f"{api.url}/#/experiments/{eid}")
     wait(d, f'#experiment[data-id="{eid}"]')
+    # the runs as their groups (a summary lists none), and the charts of the runs that succeeded
+    groups = wait(d, "#experiment .run-groups")
+    rows = groups.find_elements("css selector", "tbody tr")
+    assert "4 runs, summarised" in groups.text.lower() and len(rows) == 4 and all("1 succeeded" in tr.text for tr in rows)
+    assert d.find_elements("css selector", '#experiment figure[data-chart="distribution"]')
+    assert not d.find_elements("css selector", "#experiment .live")    # ended: no auto-refresh, no Cancel
     note = wait(d, "#verdicts .headline-note")
     assert "2 comparisons as headlines" in note.text
     assert len(d.find_elements("css selector", "#verdicts .comparison")) == 2
@@ -180,3 +191,8 @@ def test_the_dashboard_shows_a_summarys_headlines_and_pages_the_full_ones_in(api
     wait(d, "#verdicts .comparison .needed", text="To decide")  # the full ones, from GET /experiments/{id}/comparisons
     assert not d.find_elements("css selector", "#verdicts .headline-note")
     assert len(d.find_elements("css selector", "#verdicts .comparison")) == 2
+    # a running experiment's summary: its page refreshes itself and offers Cancel, as a full one does
+    running = submit_experiment(api.settings.sqlalchemy_url, sme2="both").id
+    d.get(f"{api.url}/#/experiments/{running}")
+    wait(d, f'#experiment[data-id="{running}"] .live', text="auto-refreshing")
+    assert [b.text for b in d.find_elements("css selector", "#experiment .title button")] == ["Cancel"]

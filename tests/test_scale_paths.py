@@ -406,3 +406,25 @@ def test_the_agent_gate_works_agent_requests_limit_at_a_time_and_lets_users_by()
         return most_before
 
     assert asyncio.run(main()) == 2
+
+
+def test_a_summarys_run_groups_say_which_ran_on_an_emulator(db_url):
+    """run_groups carry the emulator that executed an emulated device's runs, and sme2-client's text
+    labels their E2E as the emulator's time (an emulated CPU gives no speed figure); hardware's has none."""
+    from sme2farm.client.render import experiment_text
+
+    emulator = "qemu-aarch64 11.1.3 (-cpu max)"
+    register_agent(db_url, name="a-emu", hostname="a-emu-host", runners=RUNNERS, devices=[
+        DeviceInfo(serial="emu-1", platform="linux", sme2=True, runner_platform="linux-arm64", emulator=emulator),
+        DeviceInfo(serial="hw-1", platform="linux", sme2=True, runner_platform="linux-arm64")])
+    eid = submit_experiment(db_url, sme2="both").id
+    with session_scope(db_url) as s:
+        rep = ExperimentReport.model_validate_json(reports.report_json(s, experiment_id=eid, runs="summary"))
+    by_device = {g.device: g.emulator for g in rep.run_groups}
+    assert by_device == {"emu-1": emulator, "hw-1": None}, by_device
+    timed = rep.model_copy(update={"run_groups": [g.model_copy(update={"e2e_median_ms": 2.0, "e2e_min_ms": 1.5,
+                                                                       "e2e_max_ms": 2.5}) for g in rep.run_groups]})
+    lines = [line for line in experiment_text(timed).splitlines() if "E2E median" in line]
+    assert len(lines) == 4
+    assert all(("emulated by " + emulator) in line for line in lines if "emu-1" in line)
+    assert not any("emulated" in line for line in lines if "hw-1" in line)

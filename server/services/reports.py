@@ -420,8 +420,10 @@ def _run_groups(session: Session, experiment_id: int) -> list[RunGroup]:
         select(Run.variant, Run.sme2, Run.device_id, Run.threads, Run.mode, Run.status, RunResult.e2e_median_ms,
                RunResult.e2e_cv)
         .outerjoin(RunResult, RunResult.run_id == Run.id).where(Run.experiment_id == experiment_id)).all()
-    serials = dict(session.execute(select(Device.id, Device.serial).where(
-        Device.id.in_({r.device_id for r in rows if r.device_id is not None}))).all()) if rows else {}
+    devices = {i: (serial, device_service.emulator_of(info)) for i, serial, info in session.execute(
+        select(Device.id, Device.serial, Device.info).where(
+            Device.id.in_({r.device_id for r in rows if r.device_id is not None})))} if rows else {}
+    serials = {i: serial for i, (serial, _) in devices.items()}
     acc: dict[tuple, tuple[dict[str, int], list[float], list[float]]] = {}
     for variant, sme2, device_id, threads, mode, status, median, cv in rows:
         by, medians, cvs = acc.setdefault((variant or "A", sme2, device_id, threads, mode), ({}, [], []))
@@ -433,7 +435,8 @@ def _run_groups(session: Session, experiment_id: int) -> list[RunGroup]:
     out = []
     for (variant, sme2, device_id, threads, mode), (by, medians, cvs) in sorted(
             acc.items(), key=lambda kv: (kv[0][0], kv[0][1], serials.get(kv[0][2]) or "", kv[0][3], kv[0][4])):
-        out.append(RunGroup(variant=variant, sme2=sme2, device=serials.get(device_id), threads=threads, mode=mode,
+        out.append(RunGroup(variant=variant, sme2=sme2, device=serials.get(device_id),
+                            emulator=devices.get(device_id, (None, None))[1], threads=threads, mode=mode,
                             runs=sum(by.values()), runs_by_status=by,
                             e2e_median_ms=statistics.median(medians) if medians else None,
                             e2e_min_ms=min(medians, default=None), e2e_max_ms=max(medians, default=None),

@@ -448,10 +448,43 @@ function scalingCard(exp, joined, view, svg, error) {
     (view?.sentences || []).map((t) => h("p", { class: "muted small" }, t)));
 }
 
+// How many runs are in each status: from the runs, or from a summary's run groups (runs_detail
+// summary, the default above 2,000 runs: no runs in the answer, their aggregates instead).
+function statusCounts(exp) {
+  const counts = {};
+  if (exp.runs_detail === "summary") {
+    for (const g of exp.run_groups || []) {
+      for (const [st, n] of Object.entries(g.runs_by_status || {})) counts[st] = (counts[st] || 0) + n;
+    }
+  } else {
+    for (const r of exp.runs) counts[r.status] = (counts[r.status] || 0) + 1;
+  }
+  return counts;
+}
+
+// A summary's runs: one row per variant x SME2 arm x device x threads x mode, each run a page away.
+function runGroupsCard(exp) {
+  return h("div", { class: "card run-groups" },
+    h("h3", {}, `${exp.runs_total} runs, summarised`),  // (CSS upper-cases h3)
+    h("p", { class: "muted small" }, "Too many runs to list here: their aggregates per arm, device and thread count. "
+      + `Each run: GET /experiments/${exp.id}?runs=page&run_page=N (200 a page).`),
+    table(["Model", "SME2", "Device", "Threads", "Mode", "Runs", "By status", "E2E median ms (min–max)", "CV"],
+      (exp.run_groups || []).map((g) => h("tr", {},
+        h("td", {}, g.variant), h("td", {}, g.sme2),
+        h("td", {}, g.device || "—", g.emulator && h("span", { class: "chip emulated",
+          title: "an emulator executed these runs: their times are the emulator's, not a CPU's" }, `emulated (${g.emulator})`)),
+        h("td", { class: "num" }, g.threads),
+        h("td", {}, g.mode), h("td", { class: "num" }, g.runs),
+        h("td", {}, Object.entries(g.runs_by_status || {}).map(([st, n]) => `${n} ${st}`).join(", ")),
+        h("td", { class: "num" }, `${ms(g.e2e_median_ms)} (${ms(g.e2e_min_ms)}–${ms(g.e2e_max_ms)})`),
+        h("td", { class: "num" }, pct(g.e2e_cv))))));
+}
+
 export async function experimentView({ id, with: joined }) {
   const exp = await getJSON(`/experiments/${encodeURIComponent(id)}`);
   const s = exp.spec;
-  const running = exp.runs.some((r) => ACTIVE.has(r.status));
+  const counts = statusCounts(exp);
+  const running = Object.entries(counts).some(([st, n]) => n > 0 && ACTIVE.has(st));
   const cancelMsg = h("span", { class: "alert small", hidden: true });
   const cancel = running && h("button", {
     type: "button", class: "ghost",
@@ -463,7 +496,7 @@ export async function experimentView({ id, with: joined }) {
     },
   }, "Cancel");
   const base = `/experiments/${encodeURIComponent(exp.id)}/charts`;
-  const measured = exp.runs.some((r) => r.status === "succeeded");
+  const measured = (counts.succeeded || 0) > 0;
   const [distribution, categories, verdicts] = await Promise.all([
     measured && chart(`${base}/distribution.svg`, "distribution"),
     measured && chart(`${base}/categories.svg`, "categories"),
@@ -511,6 +544,7 @@ export async function experimentView({ id, with: joined }) {
       exp.comparisons.length > 0 && verdictsSection(exp, verdicts, (c) => comparisonCard(grouped.size && c.reason
         ? { ...c, reason: [...grouped.keys()].reduce((text, r) => text.split(r).join("unschedulable (under “Could not run” above)"), c.reason) }
         : c)),
+      exp.runs_detail === "summary" && runGroupsCard(exp),
       exp.runs.map((r) => runCard(r, Boolean(exp.vs_model_sha256), grouped))),
   };
 }

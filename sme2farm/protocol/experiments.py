@@ -92,6 +92,8 @@ class RunGroup(Read):
     variant: str
     sme2: str
     device: str | None = Field(description="The device's serial (None: a run not yet placed on one)")
+    emulator: str | None = Field(default=None, description="What executed the runs when the device is emulated: "
+                                                           "their times are the emulator's, not a CPU's")
     threads: int
     mode: str
     runs: int
