@@ -74,7 +74,7 @@ def experiment_text(rep: ExperimentReport) -> str:
         out[2:2] = [f"  vs model B sha256 {rep.vs_model_sha256[:16]}… ({rep.vs_model_size} bytes){same}, interleaved with model A"]
     if rep.runs_detail == "summary":   # above the full report's bound: the runs' aggregates, each run a page away
         out.append(f"{rep.runs_total} runs, summarised per {'model, ' if rep.vs_model_sha256 else ''}SME2 arm, device, "
-                   f"threads and mode (each run: GET /experiments/{rep.id}?runs=page&run_page=N)")
+                   f"threads and mode (the runs themselves: GET /experiments/{rep.id}?runs=page&run_page=N, 200 a page)")
         for g in rep.run_groups or []:
             ended = ", ".join(f"{n} {st}" for st, n in sorted(g.runs_by_status.items()))
             e2e = (f"; E2E median {_f(g.e2e_median_ms)} ms (runs {_f(g.e2e_min_ms)}-{_f(g.e2e_max_ms)})"

@@ -467,7 +467,7 @@ function runGroupsCard(exp) {
   return h("div", { class: "card run-groups" },
     h("h3", {}, `${exp.runs_total} runs, summarised`),  // (CSS upper-cases h3)
     h("p", { class: "muted small" }, "Too many runs to list here: their aggregates per arm, device and thread count. "
-      + `Each run: GET /experiments/${exp.id}?runs=page&run_page=N (200 a page).`),
+      + `The runs themselves: GET /experiments/${exp.id}?runs=page&run_page=N (200 a page).`),
     table(["Model", "SME2", "Device", "Threads", "Mode", "Runs", "By status", "E2E median ms (min–max)", "CV"],
       (exp.run_groups || []).map((g) => h("tr", {},
         h("td", {}, g.variant), h("td", {}, g.sme2),
