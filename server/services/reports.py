@@ -403,7 +403,8 @@ def _build(got: ReportRows) -> bytes:
             got.cache.put(RunPieces.key(r.id, r.status, r.attempt, r.finished_at), piece)
     kept = got.pieces
     order = got.order or [r.id for r in got.rows]
-    body = [b'{"runs":[', b",".join(kept.get(i) or built[i] for i in order), b"]"]
+    # (a run listed by the keys' read but gone by the rows' read, deleted in between, is left out)
+    body = [b'{"runs":[', b",".join(p for i in order if (p := kept.get(i) or built.get(i)) is not None), b"]"]
     comparisons = answered(got.comparisons)
     comparisons = comparisons if comparisons != "null" else "[]"
     if got.head.comparisons_detail == "headline":  # a summary or a page: each comparison's headline, the full ones a page away
