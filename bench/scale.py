@@ -68,6 +68,10 @@ def main() -> int:
     p.add_argument("--protocol", type=int, choices=(1, 2), default=2,
                    help="the agent protocol the simulated agents speak (2 if the server does: a claim and a delivery; "
                         "1: claim, start, a PUT per artifact, finish)")
+    p.add_argument("--run-s", type=float, default=0.0,
+                   help="seconds each simulated run keeps its device busy (0: instant devices, the farm's own ceiling; "
+                        "e.g. 10 with 200 devices: at most 20 runs/s, a load the farm keeps up with, for the API's "
+                        "latency at a sustainable load)")
     p.add_argument("--poll-think", type=float, default=0.25, help="poller pause between list+report pairs")
     p.add_argument("--worker-concurrency", type=int, default=4, help="Celery worker processes (docker-compose: 4)")
     p.add_argument("--server-workers", type=int, default=2, help="uvicorn worker processes (docker-compose: 2)")

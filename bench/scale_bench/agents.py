@@ -1,4 +1,5 @@
-"""A simulated agent (its own process): the agent's protocol over raw HTTP, with instant devices.
+"""A simulated agent (its own process): the agent's protocol over raw HTTP, with instant devices
+(or devices busy --run-s seconds a run).
 Protocol 2 (a claim and a delivery) when the server speaks it and --protocol allows; else 1 (claim,
 start, a PUT per artifact, finish).
 """
@@ -109,13 +110,15 @@ def agent_main(idx: int, cfg: dict, stop, ready) -> None:
         try:
             lease = {"lease_id": a["lease_id"]}
             runner = RUNNERS[0] if a["sme2"] == "on" else RUNNERS[1]
+            run_s = float(cfg.get("run_s") or 0.0)  # --run-s: how long the device is busy with the run
             done = {**lease, "status": "succeeded", "runner": runner, "device_state": {"simulated": True},
-                    "wall_s": 0.002, "exit_code": 0, "warmup_in_trace": 0}
+                    "wall_s": max(run_s, 0.002), "exit_code": 0, "warmup_in_trace": 0}
             if protocol >= 2:  # agent protocol 2: no start; the artifacts travel with the finish
                 rec["t_start"] = t_claim
                 step = "model"
                 model(a["model_sha256"])
                 rec["t_model"] = time.time()
+                stop.wait(run_s)
                 step = "deliver"
                 digests = {name: {"size": len(data), "sha256": sha} for name, data, sha in uploads}
                 parts = [("finish", (None, json.dumps({**done, "artifacts": digests,
@@ -137,6 +140,7 @@ def agent_main(idx: int, cfg: dict, stop, ready) -> None:
             step = "model"
             model(a["model_sha256"])
             rec["t_model"] = time.time()
+            stop.wait(run_s)
             for name, data, sha in uploads:
                 step = f"upload {name}"
                 http.call("PUT", f"/agent/runs/{a['run_id']}/artifacts/{name}", content=data,

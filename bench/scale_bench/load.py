@@ -28,7 +28,7 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
     deadline = time.time() + args.timeout
     cfg = {"url": url, "register_token": register, "trace": str(work / "trace" / "trace.etdump"),
            "log": str(work / "trace" / "runner.log"), "out": str(rec_dir), "deadline": deadline,
-           "claim_wait": args.claim_wait, "protocol": getattr(args, "protocol", 2)}
+           "claim_wait": args.claim_wait, "protocol": getattr(args, "protocol", 2), "run_s": getattr(args, "run_s", 0.0)}
     agents = [ctx.Process(target=agent_main, args=(i, {**cfg, "devices": n}, stop, ready), daemon=True)
               for i, n in enumerate(per_agent)]
     for p in agents:
