@@ -418,3 +418,42 @@ def test_sigterm_inside_the_lease_renewal_stops_the_beat_and_releases_the_lease(
     with session_scope(postgres_url) as session:
         state = leases.state(session, name=leases.BEAT)
         assert state.holder == scheduler.holder and not state.live()   # released, not left to expire
+
+
+def test_sigterm_whose_systemexit_the_driver_replaces_still_stops_the_beat(postgres_url, monkeypatch):
+    """SIGTERM inside the renewal's query: psycopg, resetting the interrupted connection, can raise a
+    database error in place of Celery's SystemExit ("can't change 'autocommit' now: connection in
+    transaction status ACTIVE", seen in a clean-clone CI run: the beat then ran on, ignoring the stop).
+    The renewal's 'database unreachable' handler must not swallow the stop: the beat stops, and its
+    lease is released by the close that follows."""
+    from sqlalchemy.exc import ProgrammingError
+
+    from sme2farm.server.services import leases
+    from sme2farm.server.store.db import migrate, session_scope
+    from sme2farm.worker import beat
+    from sme2farm.worker.celery_app import app
+
+    migrate(postgres_url)
+    scheduler = beat.LeasedScheduler(app=app, lazy=True)   # lazy, no schedule: nothing is sent
+    scheduler.db_url, scheduler.renew_s = postgres_url, 0   # every tick renews
+    scheduler.tick()
+    assert scheduler.held
+    renew = leases.acquire
+
+    def renew_then_sigterm_replaced(session, **kw):
+        assert renew(session, **kw)
+        scheduler.close()             # what Celery's SIGTERM handler does, on this same thread
+        raise ProgrammingError("SET autocommit", {}, Exception("can't change 'autocommit' now: connection in "
+                                                               "transaction status ACTIVE"))
+
+    monkeypatch.setattr(beat.leases, "acquire", renew_then_sigterm_replaced)
+    with pytest.raises(SystemExit):
+        scheduler.tick()
+    monkeypatch.setattr(beat.leases, "acquire", renew)
+    with pytest.raises(SystemExit):                             # and it never ticks again
+        scheduler.tick()
+    scheduler.close()                                           # Celery's `finally: self.sync()`
+    assert not scheduler.held
+    with session_scope(postgres_url) as session:
+        state = leases.state(session, name=leases.BEAT)
+        assert state.holder == scheduler.holder and not state.live()   # released, not left to expire

@@ -42,6 +42,7 @@ class LeasedScheduler(Scheduler):
         self.in_db = False   # inside _hold's transaction (see close)
         self.renewed = float("-inf")  # monotonic time of the last successful renewal
         self.announced = False
+        self.closing = False  # close() was called: a stop was asked for (Celery's SIGTERM handler)
         super().__init__(*args, **kwargs)
 
     def _hold(self) -> bool:
@@ -53,7 +54,14 @@ class LeasedScheduler(Scheduler):
             with session_scope(self.db_url) as session:
                 ok = leases.acquire(session, name=leases.BEAT, holder=self.holder, ttl_s=self.ttl_s)
                 current = None if ok else leases.state(session, name=leases.BEAT)
-        except Exception:  # database unreachable: send nothing (dispatch and reap need it anyway)
+        except Exception as e:  # database unreachable: send nothing (dispatch and reap need it anyway)
+            if self.closing:
+                # Celery's SIGTERM handler closed the scheduler and raised SystemExit inside this
+                # transaction's query, and the driver, resetting the interrupted connection, raised a
+                # database error in its place (PostgreSQL: "can't change 'autocommit' now: connection
+                # in transaction status ACTIVE"). Swallowed here, the stop was lost and the beat ran on
+                # (a clean-clone CI run: a beat ignored SIGTERM for 30 s). The stop goes on instead.
+                raise SystemExit() from e
             log.exception("beat: cannot reach the database to renew the lease; standing by")
             ok, current = False, None
         finally:
@@ -74,6 +82,8 @@ class LeasedScheduler(Scheduler):
         return ok
 
     def tick(self, *args, **kwargs) -> float:
+        if self.closing:  # stopped (a SystemExit lost on its way out must not leave the beat ticking)
+            raise SystemExit()
         if not self._hold():
             return self.renew_s
         return min(super().tick(*args, **kwargs), self.renew_s)
@@ -89,6 +99,7 @@ class LeasedScheduler(Scheduler):
         # doing. Inside _hold's transaction that thread holds the lease row's lock, and a release on
         # a second connection would wait for it forever (PostgreSQL). So it is left to the second
         # close(), which Celery makes once the SystemExit has rolled that transaction back.
+        self.closing = True
         if self.held and not self.in_db:
             try:
                 with session_scope(self.db_url) as session:
