@@ -375,15 +375,9 @@ def test_two_beats_send_each_periodic_task_once(tmp_path, database, request):
                 b.wait(timeout=30)
 
 
-def test_sigterm_inside_the_lease_renewal_stops_the_beat_and_releases_the_lease(postgres_url, monkeypatch):
-    """Celery's SIGTERM handler closes the scheduler in the middle of whatever the beat was doing.
-    Arriving inside the renewal's transaction (the lease row locked on one connection), the close
-    must not wait for that lock on a second one (PostgreSQL would wait forever); the close Celery
-    makes after the SystemExit unwound releases the lease."""
-    import threading
-
-    from sme2farm.server.services import leases
-    from sme2farm.server.store.db import migrate, session_scope
+def _holding_scheduler(postgres_url: str):
+    """A beat's scheduler on a migrated database, holding the beat lease and renewing it on every tick."""
+    from sme2farm.server.store.db import migrate
     from sme2farm.worker import beat
     from sme2farm.worker.celery_app import app
 
@@ -392,7 +386,29 @@ def test_sigterm_inside_the_lease_renewal_stops_the_beat_and_releases_the_lease(
     scheduler.db_url, scheduler.renew_s = postgres_url, 0   # every tick renews
     scheduler.tick()
     assert scheduler.held
+    return scheduler
 
+
+def _assert_released(postgres_url: str, scheduler) -> None:
+    from sme2farm.server.services import leases
+    from sme2farm.server.store.db import session_scope
+
+    with session_scope(postgres_url) as session:
+        state = leases.state(session, name=leases.BEAT)
+        assert state.holder == scheduler.holder and not state.live()   # released, not left to expire
+
+
+def test_sigterm_inside_the_lease_renewal_stops_the_beat_and_releases_the_lease(postgres_url, monkeypatch):
+    """Celery's SIGTERM handler closes the scheduler in the middle of whatever the beat was doing.
+    Arriving inside the renewal's transaction (the lease row locked on one connection), the close
+    must not wait for that lock on a second one (PostgreSQL would wait forever); the close Celery
+    makes after the SystemExit unwound releases the lease."""
+    import threading
+
+    from sme2farm.server.services import leases
+    from sme2farm.worker import beat
+
+    scheduler = _holding_scheduler(postgres_url)
     renew = leases.acquire
 
     def renew_then_sigterm(session, **kw):
@@ -415,9 +431,7 @@ def test_sigterm_inside_the_lease_renewal_stops_the_beat_and_releases_the_lease(
     thread.join(20)
     assert not thread.is_alive(), "the close waited on the lease row its own transaction held"
     assert ended and not scheduler.held
-    with session_scope(postgres_url) as session:
-        state = leases.state(session, name=leases.BEAT)
-        assert state.holder == scheduler.holder and not state.live()   # released, not left to expire
+    _assert_released(postgres_url, scheduler)
 
 
 def test_sigterm_whose_systemexit_the_driver_replaces_still_stops_the_beat(postgres_url, monkeypatch):
@@ -429,15 +443,9 @@ def test_sigterm_whose_systemexit_the_driver_replaces_still_stops_the_beat(postg
     from sqlalchemy.exc import ProgrammingError
 
     from sme2farm.server.services import leases
-    from sme2farm.server.store.db import migrate, session_scope
     from sme2farm.worker import beat
-    from sme2farm.worker.celery_app import app
 
-    migrate(postgres_url)
-    scheduler = beat.LeasedScheduler(app=app, lazy=True)   # lazy, no schedule: nothing is sent
-    scheduler.db_url, scheduler.renew_s = postgres_url, 0   # every tick renews
-    scheduler.tick()
-    assert scheduler.held
+    scheduler = _holding_scheduler(postgres_url)
     renew = leases.acquire
 
     def renew_then_sigterm_replaced(session, **kw):
@@ -454,6 +462,4 @@ def test_sigterm_whose_systemexit_the_driver_replaces_still_stops_the_beat(postg
         scheduler.tick()
     scheduler.close()                                           # Celery's `finally: self.sync()`
     assert not scheduler.held
-    with session_scope(postgres_url) as session:
-        state = leases.state(session, name=leases.BEAT)
-        assert state.holder == scheduler.holder and not state.live()   # released, not left to expire
+    _assert_released(postgres_url, scheduler)
