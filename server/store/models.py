@@ -22,6 +22,26 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
 
 
+class Team(Base):
+    """Users who share their experiments and suites (migration 0014)."""
+
+    __tablename__ = "teams"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class User(Base):
+    """Whom a token, an experiment and a suite belong to (migration 0014); "admin" owns what was
+    stored before owners existed."""
+
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class ApiToken(Base):
     """Bearer tokens, stored as sha256 only. scope: admin | user | agent."""
 
@@ -31,6 +51,7 @@ class ApiToken(Base):
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     scope: Mapped[str] = mapped_column(String(16))
     agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"))
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
 
@@ -100,6 +121,11 @@ class Experiment(Base):
     inputs_size: Mapped[int | None] = mapped_column(BigInteger)
     inputs_description: Mapped[str] = mapped_column(String(400), default="all ones (default)",
                                                     server_default="all ones (default)")
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
+    # The ETRecord submitted with the model, content-addressed in the store (attribution to modules).
+    etrecord_sha256: Mapped[str | None] = mapped_column(String(64))
+    # An experiment imported from a kit run directory: what its manifest said (None: the farm's own).
+    imported: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     runs: Mapped[list["Run"]] = relationship(back_populates="experiment", order_by="Run.id")
     model: Mapped[Model] = relationship(foreign_keys=[model_sha256])
@@ -231,6 +257,7 @@ class Suite(Base):
     memory_threshold: Mapped[float] = mapped_column(Float, default=0.05, server_default="0.05")
     canary: Mapped[bool] = mapped_column(Boolean, default=False)
     webhook: Mapped[str | None] = mapped_column(String(2000))
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     next_run_at: Mapped[datetime | None] = mapped_column(index=True)
     last_run_at: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
