@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .by_module import (category_detail, kernel_paths_line, module_series, module_verdict_line, no_module_line,
+                        operator_modules, shared_modules)
 from .categories import CATEGORIES
 from .llm import phases_compared
 from .memory import runs_compared
@@ -150,8 +152,10 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
                         "baseline_ms": bm, "candidate_ms": cm, "baseline_mean_ms": bm, "candidate_mean_ms": cm,
                         "speedup": None, "ci_low": None, "ci_high": None, "verdict": None, "significant": False,
                         **_part_verdict(b_s["operators"][name], c_s["operators"][name], name, model, seed + 201 + i, kw)}
+    _with_modules(per_op, b_view, c_view)
+    per_module = _module_verdicts(baseline, candidate, b_view, c_view, model, seed, kw)
 
-    narrative = _narrative(b_view, c_view, la, lb, v, per_cat)
+    narrative = _narrative(b_view, c_view, la, lb, v, per_cat, per_module)
     return {
         "emulated": False,
         "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
@@ -178,6 +182,8 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
         "components": v.components,
         "categories": per_cat,
         "operators": per_op,
+        "modules": per_module,
+        "modules_note": _modules_note(b_view, c_view),
         "category_share": {"before": dict(b_share), "after": dict(c_share)},
         "narrative": narrative,
         "memory": runs_compared(baseline, candidate, labels=(la, lb)),
@@ -237,7 +243,50 @@ def _top_op(report: dict, category: str) -> tuple[str, float] | None:
     return top["name"], top["total_ms"] / total
 
 
-def _narrative(baseline, candidate, la, lb, v, per_cat) -> list[str]:
+def _with_modules(per_op: dict, b_view: dict, c_view: dict) -> None:
+    """Each operator verdict names the module roles its time is in (the candidate's attribution,
+    else the baseline's; none without an ETRecord)."""
+    for name, entry in per_op.items():
+        groups = operator_modules(c_view, name) or operator_modules(b_view, name)
+        entry["modules"] = [g["module"] for g in groups[:3]]
+
+
+def _module_verdicts(baseline, candidate, b_view: dict, c_view: dict, model, seed: int, kw: dict) -> list[dict]:
+    """The module roles both arms attribute time to, heaviest first, each with a verdict where its
+    time per iteration is recorded in every session of both arms (by_module.module_series), as an
+    operator's."""
+    out = []
+    for i, m in enumerate(shared_modules(b_view, c_view)):
+        entry = {k: m[k] for k in ("module", "module_class", "category", "baseline_ms", "candidate_ms",
+                                   "baseline_types", "candidate_types")}
+        entry.update(speedup=None, ci_low=None, ci_high=None, verdict=None, significant=False)
+        bs, cs = _module_sessions(baseline, m["key"]), _module_sessions(candidate, m["key"])
+        if bs and cs:
+            entry.update(_part_verdict(bs, cs, m["module"], model, seed + 401 + i, kw))
+        else:
+            entry["sentence"] = (f"`{m['module']}`: no verdict: its operator types also run in other modules, so its "
+                                 "own time per iteration is not recorded")
+        out.append(entry)
+    return out
+
+
+def _module_sessions(arm, key: tuple) -> list[list[float]] | None:
+    """One module role's time per iteration, per session of an arm given as compare() takes it."""
+    reports = [r for r in arm if r] if isinstance(arm, (list, tuple)) else [arm or {}]
+    if len(reports) == 1:
+        r = reports[0]
+        lens = [len(x) for x in (r.get("session_iterations_ms") or [r.get("iterations_ms") or []])]
+        return _split(module_series(r, key), lens)
+    sessions = [module_series(r, key) for r in reports]
+    return None if any(x is None for x in sessions) else sessions
+
+
+def _modules_note(b_view: dict, c_view: dict) -> str | None:
+    """Why the comparison names no module, once for both arms (None where it names them)."""
+    return no_module_line(c_view) or no_module_line(b_view)
+
+
+def _narrative(baseline, candidate, la, lb, v, per_cat, per_module=()) -> list[str]:
     lines = [v.sentence]
     if v.ratio is None:
         return lines
@@ -250,7 +299,10 @@ def _narrative(baseline, candidate, la, lb, v, per_cat) -> list[str]:
             continue
         verb = "rose" if sa > sb else "fell"
         s = f"{c} {verb} from {_pct(sb)} to {_pct(sa)} of E2E"
-        if c in named:
+        detail = category_detail(candidate if sa > sb else baseline, c) if c in named else None
+        if detail:
+            s += f"; {detail}" + (f" in {la}" if sa <= sb else "")
+        elif c in named:
             top = _top_op(candidate if sa > sb else baseline, c)
             if top:
                 s += f"; {top[0]} is {_pct(top[1])} of it"
@@ -268,6 +320,9 @@ def _narrative(baseline, candidate, la, lb, v, per_cat) -> list[str]:
         worst = min(losses, key=lambda kv: kv[1]["baseline_ms"] - kv[1]["candidate_ms"])
         lines.append(f"{worst[0]} got slower: {worst[1]['baseline_ms']:.3f} -> "
                      f"{worst[1]['candidate_ms']:.3f} ms.")
+    changed = sorted((m for m in per_module if m.get("verdict") in ("speedup", "slowdown")),
+                     key=lambda m: -abs(m["baseline_ms"] - m["candidate_ms"]))
+    lines += [line for m in changed[:3] if (line := module_verdict_line(m, (la, lb)))]
     port = [o for o in candidate.get("portable_ops", [])]
     if port:
         lines.append(f"{len(port)} portable (non-delegated) op type(s) in {lb}: "
@@ -335,6 +390,8 @@ def compare_emulated(baseline, candidate, *, emulator: str,
         "sentence": sentence,
         "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
         "categories": {}, "operators": {},
-        "narrative": [sentence, _kernels_line(la, b_view) + ".", _kernels_line(lb, c_view) + "."],
+        "narrative": [sentence, _kernels_line(la, b_view) + ".", _kernels_line(lb, c_view) + "."]
+        + [line + "." for label, view in ((la, b_view), (lb, c_view)) if (line := kernel_paths_line(label, view))],
+        "modules_note": _modules_note(b_view, c_view),
         "memory": runs_compared(baseline, candidate, labels=(la, lb), emulator=emulator),
     }

@@ -27,6 +27,27 @@ class PartVerdict(Read):
     share_before: float | None = Field(default=None, description="A category's share of the baseline")
     share_after: float | None = None
     sentence: str | None = None
+    modules: list[str] | None = Field(default=None, description="An operator's module roles, heaviest first (from "
+                                                                 "the ETRecord's attribution; [] without one)")
+
+
+class ModuleVerdict(Read):
+    """A module role both arms attribute time to (analysis.compare: `blocks.*.norm` groups
+    blocks.0.norm, blocks.1.norm), with a verdict where its time per iteration is recorded."""
+
+    module: str
+    module_class: str | None = None
+    category: str | None = Field(default=None, description="The category of most of its time")
+    baseline_ms: float | None = None
+    candidate_ms: float | None = None
+    baseline_types: list[str] = Field(default_factory=list, description="Its operator types, heaviest first")
+    candidate_types: list[str] = Field(default_factory=list)
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str | None = None
+    significant: bool = False
+    sentence: str | None = None
 
 
 class CoverageCompared(Read):
@@ -162,6 +183,8 @@ class Comparison(Read):
     kernel_paths: KernelPathsCompared | None = None
     categories: dict[str, PartVerdict] | None = Field(default=None, description="category -> its verdict")
     operators: dict[str, PartVerdict] | None = Field(default=None, description="operator -> its verdict")
+    modules: list[ModuleVerdict] | None = Field(default=None, description="Module roles compared (attributed runs)")
+    modules_note: str | None = Field(default=None, description="Why no module is named (no ETRecord, a mismatch)")
     category_share: CategoryShare | None = None
     narrative: list[str] | None = None
     memory: MemoryCompared | None = None

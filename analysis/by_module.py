@@ -1,0 +1,331 @@
+"""Time by module: a report's ``by_module``, ``by_source`` and ``attribution`` sections (report.py,
+from the model's ETRecord) turned into what the surfaces show: the module tree cut at a depth,
+repeated modules grouped (``blocks.0.norm``, ``blocks.1.norm`` -> ``blocks.*.norm``), the modules
+behind a category or an operator type, and the kernel path per module.
+
+Modules are named only where the attribution is ``attributed`` or ``ambiguous`` (and then only
+rows that carry a module); otherwise one line says why none is named and how to export an
+ETRecord. Plain JSON data in, plain data and strings out (no numpy needed)."""
+
+from __future__ import annotations
+
+import re
+
+from .categories import operator_type
+
+SHOWN = ("attributed", "ambiguous")
+NOT_ATTRIBUTED = "not attributed"
+EXPORT_HINT = ("export one with to_edge_transform_and_lower(..., generate_etrecord=True), then "
+               "get_etrecord().save(\"<model>.pte.etrecord\"), and submit it beside the model")
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+
+
+def status(report: dict | None) -> str | None:
+    """The attribution's status, None for a report made before attribution existed."""
+    return ((report or {}).get("attribution") or {}).get("status")
+
+
+def shown(report: dict | None) -> bool:
+    """Whether a report's modules may be named."""
+    return status(report) in SHOWN
+
+
+def no_module_line(report: dict | None) -> str | None:
+    """Why a report names no module, in one line (None where it does, or where the report
+    predates attribution and so says nothing either way)."""
+    st = status(report)
+    if st is None or st in SHOWN:
+        return None
+    if st == "mismatch":
+        return ("Time by module: the ETRecord does not belong to this model (mismatch), so it was not used "
+                "and no module is named.")
+    return f"Time by module: no ETRecord, so no module is named; {EXPORT_HINT}."
+
+
+def ambiguous_note(report: dict | None) -> str | None:
+    if status(report) != "ambiguous":
+        return None
+    return "part of the alignment was not certain (ambiguous): those operators are counted as not attributed"
+
+
+def pattern(module: str) -> str:
+    """A module's role: its numeric path parts (Sequential/ModuleList indices) as ``*``."""
+    return _INDEX.sub("*", module)
+
+
+def _rows(report: dict, key: str) -> list[dict]:
+    return list((report or {}).get(key) or []) if shown(report) else []
+
+
+def _rest(row: dict) -> bool:
+    return row.get("module") in (NOT_ATTRIBUTED, None, "")
+
+
+def _parent(module: str, depth: int, by_depth: dict[int, set[str]]) -> str | None:
+    """The module one level up: the longest dotted prefix found at depth - 1."""
+    ups = by_depth.get(depth - 1) or set()
+    parts = module.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        if ".".join(parts[:i]) in ups:
+            return ".".join(parts[:i])
+    return None
+
+
+def tree(report: dict, depth: int) -> list[dict]:
+    """The module rows down to ``depth`` in tree order (each after its parent), each with
+    ``module``, ``depth``, ``ms``, ``share``, ``own_ms`` (its time outside its children shown at
+    the next depth; None at the last depth shown) and ``module_class`` where a by_source row
+    names it; then the "not attributed" rest. The depth-1 rows and the rest add up to E2E."""
+    rows = [r for r in _rows(report, "by_module") if not _rest(r) and 1 <= int(r.get("depth") or 0) <= depth]
+    rest = [r for r in _rows(report, "by_module") if _rest(r)]
+    classes = {r["module"]: r.get("module_class") for r in _rows(report, "by_source") if r.get("module")}
+    by_depth: dict[int, set[str]] = {}
+    for r in rows:
+        by_depth.setdefault(int(r["depth"]), set()).add(r["module"])
+    children: dict[str | None, list[dict]] = {}
+    for r in rows:
+        d = int(r["depth"])
+        children.setdefault(None if d == 1 else _parent(r["module"], d, by_depth), []).append(r)
+    out: list[dict] = []
+
+    def walk(parent: str | None) -> None:
+        for r in sorted(children.get(parent) or [], key=lambda x: -float(x.get("ms") or 0.0)):
+            kids = children.get(r["module"]) or []
+            d = int(r["depth"])
+            own = float(r["ms"]) - sum(float(k["ms"]) for k in kids) if d < depth else None
+            out.append({"module": r["module"], "depth": d, "ms": float(r["ms"]), "share": r.get("share"),
+                        "own_ms": None if own is None else max(own, 0.0), "module_class": classes.get(r["module"])})
+            walk(r["module"])
+
+    walk(None)
+    for r in rest:
+        out.append({"module": NOT_ATTRIBUTED, "depth": 0, "ms": float(r.get("ms") or 0.0), "share": r.get("share"),
+                    "own_ms": None, "module_class": None})
+    return out
+
+
+def split(report: dict, depth: int) -> list[tuple[str, float]]:
+    """E2E cut at ``depth``: (module, ms) for every module at that depth, every shallower module's
+    own time (``"<module> (own)"``) and the rest. It adds up to the E2E that by_module splits."""
+    out = []
+    for r in tree(report, depth):
+        if r["module"] == NOT_ATTRIBUTED:
+            out.append((NOT_ATTRIBUTED, r["ms"]))
+        elif r["own_ms"] is None:
+            out.append((r["module"], r["ms"]))
+        elif r["own_ms"] > 0:
+            out.append((f"{r['module']} (own)", r["own_ms"]))
+    return out
+
+
+def top_modules(report: dict, n: int = 3, depth: int = 1) -> list[dict]:
+    """The heaviest modules at one depth (the rest left out)."""
+    rows = [r for r in tree(report, depth) if r["depth"] == depth]
+    return sorted(rows, key=lambda r: -r["ms"])[:n]
+
+
+def top_modules_line(report: dict, n: int = 3) -> str | None:
+    """'time by module: blocks 0.620 ms (76%), stem 0.040 ms (5%); 96% of operator time attributed',
+    or the one line saying why no module is named."""
+    if not shown(report):
+        return no_module_line(report)
+    top = top_modules(report, n)
+    if not top:
+        return None
+    share = (report.get("attribution") or {}).get("attributed_share")
+    return ("time by module: " + ", ".join(f"{_name(r['module'])} {r['ms']:.3f} ms ({_pct(r['share'])})" for r in top)
+            + (f"; {_pct(share)} of operator time attributed" if share is not None else "")
+            + ("; " + ambiguous_note(report) if ambiguous_note(report) else ""))
+
+
+def _name(module: str) -> str:
+    return f"`{module}`"
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * float(x):.0f}%"
+
+
+# --- groups of by_source rows ------------------------------------------------------------------
+
+def _groups(rows: list[dict]) -> list[dict]:
+    """by_source rows grouped by (operator type, module role, module class), heaviest first:
+    {operator, module (the pattern), modules (the paths), module_class, ms, n, inserted}."""
+    acc: dict[tuple, dict] = {}
+    for r in rows:
+        if not r.get("module"):
+            continue
+        op = operator_type(str(r.get("operator") or ""))
+        key = (op, pattern(r["module"]), r.get("module_class"))
+        g = acc.setdefault(key, {"operator": op, "module": key[1], "modules": [], "module_class": key[2],
+                                 "ms": 0.0, "n": 0, "inserted": 0})
+        g["ms"] += float(r.get("ms") or 0.0)
+        g["n"] += 1
+        g["inserted"] += bool(r.get("inserted_by"))
+        if r["module"] not in g["modules"]:
+            g["modules"].append(r["module"])
+    return sorted(acc.values(), key=lambda g: -g["ms"])
+
+
+def _plural(op: str, n: int) -> str:
+    short = op.split(" (", 1)[0]
+    if short.startswith("native_call_"):
+        short = short[len("native_call_"):].split(".", 1)[0]
+        return short if n == 1 else f"{short} calls"
+    if n == 1:
+        return short
+    return f"{short}s" if " " not in short and not short.endswith("s") else f"{short} operators"
+
+
+def _served(report: dict, module_pattern: str, module_class: str | None) -> str:
+    """What a module role is, in a parenthesis's words: its class, whether XNNPACK took it (else
+    the portable kernel it ran) and the user's line: 'LayerNorm, not delegated: portable
+    native_layer_norm, models/net.py:31'."""
+    rows = [r for r in _rows(report, "by_source")
+            if r.get("module") and pattern(r["module"]) == module_pattern and r.get("module_class") == module_class]
+    parts = [module_class] if module_class else []
+    portable = [r for r in rows if not r.get("delegated") and not r.get("inserted_by")]
+    if portable:
+        kernel = str(portable[0].get("operator") or "")
+        kernel = kernel[len("native_call_"):].split(".", 1)[0] if kernel.startswith("native_call_") else kernel
+        parts.append(f"not delegated: portable {kernel}")
+    own = [r for r in rows if not r.get("inserted_by") and r.get("location")] or [r for r in rows if r.get("location")]
+    if own:
+        parts.append(str(own[0]["location"]))
+    return ", ".join(parts)
+
+
+def category_detail(report: dict, category: str) -> str | None:
+    """Which modules a category's time is in: '70% of it is 8 Transposes around `blocks.*.norm`
+    (LayerNorm, not delegated: portable native_layer_norm, models/net.py:31)'; None where the
+    report names no module or the category has no attributed time."""
+    total = float(((report or {}).get("categories_ms") or {}).get(category) or 0.0)
+    groups = _groups([r for r in _rows(report, "by_source") if r.get("category") == category])
+    if not groups or total <= 0:
+        return None
+    g = groups[0]
+    where = "around" if g["inserted"] == g["n"] else "in"
+    served = _served(report, g["module"], g["module_class"])
+    return (f"{_pct(min(g['ms'] / total, 1.0))} of it is {g['n']} {_plural(g['operator'], g['n'])} {where} "
+            f"{_name(g['module'])}" + (f" ({served})" if served else ""))
+
+
+def operator_modules(report: dict, op: str) -> list[dict]:
+    """The module groups one operator type's time is in (heaviest first)."""
+    return _groups([r for r in _rows(report, "by_source") if operator_type(str(r.get("operator") or "")) == op])
+
+
+# --- modules compared across two arms ----------------------------------------------------------
+
+def _module_groups(report: dict) -> dict[tuple, dict]:
+    """by_source rows grouped by (module role, class), whatever their operator type:
+    {module, module_class, ms, types: {operator type: ms}, category: the heaviest one's}."""
+    acc: dict[tuple, dict] = {}
+    for r in _rows(report, "by_source"):
+        if not r.get("module"):
+            continue
+        key = (pattern(r["module"]), r.get("module_class"))
+        g = acc.setdefault(key, {"module": key[0], "module_class": key[1], "ms": 0.0, "types": {}, "cats": {}})
+        ms = float(r.get("ms") or 0.0)
+        op = operator_type(str(r.get("operator") or ""))
+        g["ms"] += ms
+        g["types"][op] = g["types"].get(op, 0.0) + ms
+        cat = r.get("category") or "Other"
+        g["cats"][cat] = g["cats"].get(cat, 0.0) + ms
+    return acc
+
+
+def module_series(report: dict, key: tuple, groups: dict[tuple, dict] | None = None) -> list[float] | None:
+    """A module group's time per iteration, where the report records it: every operator type the
+    group runs must have its per-iteration series (operator_iterations_ms) and run nowhere else in
+    the model, so the series' sum is the group's own time. None otherwise (no verdict then)."""
+    groups = _module_groups(report) if groups is None else groups
+    g = groups.get(key)
+    series = (report or {}).get("operator_iterations_ms") or {}
+    if not g or not g["types"]:
+        return None
+    for op in g["types"]:
+        if op not in series or any(op in other["types"] for k, other in groups.items() if k != key):
+            return None
+        total = next((float(o.get("total_ms") or 0.0) for o in report.get("operators") or [] if o.get("name") == op), None)
+        # attribution that left part of this type unattributed: its series holds more than the group
+        if total is None or abs(total - g["types"][op]) > 1e-6 + 1e-3 * total:
+            return None
+    cols = [series[op] for op in g["types"]]
+    if len({len(c) for c in cols}) != 1:
+        return None
+    return [float(sum(v)) for v in zip(*cols)]
+
+
+def shared_modules(baseline: dict, candidate: dict, n: int = 8) -> list[dict]:
+    """Module groups present in both arms, heaviest in the baseline first (at most n):
+    {key, module, module_class, category, baseline_ms, candidate_ms, baseline_types,
+    candidate_types, baseline_series, candidate_series}."""
+    if not (shown(baseline) and shown(candidate)):
+        return []
+    gb, gc = _module_groups(baseline), _module_groups(candidate)
+    out = []
+    for key in sorted((k for k in gb if k in gc), key=lambda k: -gb[k]["ms"])[:n]:
+        b, c = gb[key], gc[key]
+        out.append({"key": key, "module": b["module"], "module_class": b["module_class"],
+                    "category": max(b["cats"], key=b["cats"].get),
+                    "baseline_ms": b["ms"], "candidate_ms": c["ms"],
+                    "baseline_types": sorted(b["types"], key=lambda t: -b["types"][t]),
+                    "candidate_types": sorted(c["types"], key=lambda t: -c["types"][t]),
+                    "baseline_series": module_series(baseline, key, gb),
+                    "candidate_series": module_series(candidate, key, gc)})
+    return out
+
+
+def module_verdict_line(entry: dict, labels: tuple[str, str]) -> str | None:
+    """'SME2 made `head.proj` 1.40x slower (Linear, a GEMM: Fully Connected (NC, F32) GEMM -> Fully
+    Connected (NC, PF32) GEMM)' for a module whose verdict claims a change; None otherwise."""
+    v = entry.get("verdict")
+    if v not in ("speedup", "slowdown") or not entry.get("speedup"):
+        return None
+    la, lb = labels
+    # "SME2 made X slower" for the SME2 arms; "model B made X slower (against model A)" otherwise
+    subject = "SME2" if (la, lb) == ("SME2 off", "SME2 on") else lb
+    against = "" if subject == "SME2" else f" against {la}"
+    what = "faster" if v == "speedup" else "slower"
+    ratio = float(entry["speedup"])
+    times = ratio if v == "speedup" else 1 / ratio
+    kind = {"GEMM": "a GEMM", "Convolution": "a convolution"}.get(entry.get("category") or "", entry.get("category"))
+    types, ctypes = entry.get("baseline_types") or [], entry.get("candidate_types") or []
+    ops = (types or ctypes or ["?"])[0] if types[:1] == ctypes[:1] or not ctypes else f"{types[0] if types else '?'} -> {ctypes[0]}"
+    desc = ", ".join(x for x in (entry.get("module_class"), kind) if x)
+    return f"{subject} made {_name(entry['module'])} {times:.2f}x {what}{against} ({desc}: {ops})."
+
+
+# --- kernel paths per module (emulated runs: which modules ran SME2 kernels, never timing) ------
+
+def kernel_paths_by_module(report: dict) -> dict[str, list[str]]:
+    """{module role: the kernel paths its Convolution/GEMM operators ran}, in the model's order."""
+    out: dict[str, list[str]] = {}
+    for r in _rows(report, "by_source"):
+        if not r.get("module") or r.get("category") not in ("Convolution", "GEMM"):
+            continue
+        paths = out.setdefault(pattern(r["module"]), [])
+        p = r.get("kernel_path") or "unknown"
+        if p not in paths:
+            paths.append(p)
+    return out
+
+
+def kernel_paths_line(label: str, report: dict, n: int = 6) -> str | None:
+    """'SME2 on: SME2 kernels in `stem`, `blocks.*.conv`; NEON in `head.proj`' (which modules' matrix
+    work ran which kernel path; no time), or the line saying why no module is named."""
+    if not shown(report):
+        return None
+    paths = kernel_paths_by_module(report)
+    if not paths:
+        return f"{label}: no Convolution/GEMM operator attributed to a module"
+    by_path: dict[str, list[str]] = {}
+    for module, ps in paths.items():
+        for p in ps:
+            by_path.setdefault(p, []).append(module)
+    order = sorted(by_path, key=lambda p: (p != "SME2", p))
+    parts = [f"{p} kernels in " + ", ".join(_name(m) for m in ms[:n]) + (f" and {len(ms) - n} more" if len(ms) > n else "")
+             for p, ms in ((p, by_path[p]) for p in order)]
+    return f"{label} by module (Convolution/GEMM): " + "; ".join(parts)
