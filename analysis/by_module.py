@@ -329,3 +329,41 @@ def kernel_paths_line(label: str, report: dict, n: int = 6) -> str | None:
     parts = [f"{p} kernels in " + ", ".join(_name(m) for m in ms[:n]) + (f" and {len(ms) - n} more" if len(ms) > n else "")
              for p, ms in ((p, by_path[p]) for p in order)]
     return f"{label} by module (Convolution/GEMM): " + "; ".join(parts)
+
+
+# --- the module tree as a table and as terminal lines ------------------------------------------
+
+MODULE_HEADERS = ["module", "class", "ms/iter", "share of E2E"]
+
+
+def module_rows(report: dict, depth: int) -> list[list[str]]:
+    """The tree down to ``depth`` as table rows (MODULE_HEADERS), children indented under their
+    parent, the "not attributed" rest last; [] where no module may be named."""
+    return [["  " * max(r["depth"] - 1, 0) + r["module"], r["module_class"] or "",
+             f"{r['ms']:.3f}", "—" if r["share"] is None else f"{100 * float(r['share']):.1f}%"]
+            for r in tree(report, depth)]
+
+
+def module_heading(report: dict, depth: int) -> str:
+    share = (report.get("attribution") or {}).get("attributed_share")
+    return (f"Time by module (depth {depth}; the top-level modules and the rest add up to E2E"
+            + (f"; {_pct(share)} of operator time attributed" if share is not None else "") + ")")
+
+
+def module_lines(report: dict, depth: int = 1, *, emulated: bool = False) -> list[str]:
+    """Time by module for a terminal: a heading and the tree's rows, or for an emulated run the
+    kernel path per module (its times are the emulator's), or the one line why none is named."""
+    if not shown(report):
+        return [line] if (line := no_module_line(report)) else []
+    if emulated:
+        return [line] if (line := kernel_paths_line("kernel paths", report)) else []
+    rows = module_rows(report, depth)
+    if not rows:
+        return []
+    width = max(len(r[0]) for r in rows)
+    cls = max(len(r[1]) for r in rows)
+    out = [module_heading(report, depth)]
+    out += [f"  {r[0]:<{width}}  {r[1]:<{cls}}  {r[2]:>9} ms  {r[3]:>6}" for r in rows]
+    if note := ambiguous_note(report):
+        out.append(f"  ({note})")
+    return out

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import io
 
+from .by_module import MODULE_HEADERS, module_heading, module_lines, module_rows, no_module_line
 from .categories import CATEGORIES
 from .wording import (NUMERICS_HEADERS, comparison_fact_lines, emulated_headline, emulated_run_line, is_emulated,
                       kernel_path_lines, llm_lines, memory_line, ms_text, narrative_lines, numerics_rows, pct_text)
 
 
-def to_markdown(report: dict, comparison: dict | None = None) -> str:
+def to_markdown(report: dict, comparison: dict | None = None, depth: int = 2) -> str:
     e = report["e2e_ms"]
     out = ["# ExecuTorch profile", ""]
     if report.get("emulator"):
@@ -34,6 +35,15 @@ def to_markdown(report: dict, comparison: dict | None = None) -> str:
     out += ["", "## Categories (mean per iteration)", "", "| category | ms | share of E2E |", "|---|---|---|"]
     for c in CATEGORIES:
         out.append(f"| {c} | {ms_text(report['categories_ms'][c])} | {pct_text(report['category_share'][c])} |")
+    if report.get("emulator") and module_lines(report, depth, emulated=True):
+        out += ["", "## Modules (emulated: kernel paths, no time)", ""]
+        out += [f"- {line}" for line in module_lines(report, depth, emulated=True)]
+    elif module_rows(report, depth):
+        out += ["", f"## {module_heading(report, depth)}", "", "| " + " | ".join(MODULE_HEADERS) + " |",
+                "|---|---|---|---|"]
+        out += ["| " + " | ".join([r[0].replace("  ", "&nbsp;&nbsp;"), *r[1:]]) + " |" for r in module_rows(report, depth)]
+    elif no_module_line(report):
+        out += ["", no_module_line(report)]
     out += ["", "## Top operators", "",
             "| operator | category | count/iter | total ms/iter | avg ms | p50 ms | p90 ms | share | delegated | kernel path | kernel |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -130,7 +140,7 @@ def _bar(frac: float, width: int = 30) -> str:
     return "█" * full + "·" * (width - full)
 
 
-def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> str:
+def to_terminal(report: dict, comparison: dict | None = None, top: int = 15, depth: int = 1) -> str:
     e = report["e2e_ms"]
     lines = [emulated_run_line(report["emulator"]), ""] if report.get("emulator") else []
     lines.append(f"E2E latency over {e['n']} iterations ({report['n_events']} events)")
@@ -151,6 +161,8 @@ def to_terminal(report: dict, comparison: dict | None = None, top: int = 15) -> 
     for c in CATEGORIES:
         s = report["category_share"][c]
         lines.append(f"  {c:<14} {_bar(s)} {report['categories_ms'][c]:9.3f} ms {100 * s:5.1f}%")
+    if by_module := module_lines(report, depth, emulated=bool(report.get("emulator"))):
+        lines += [""] + by_module
     lines.append("")
     lines.append(f"Top operators (of {len(report['operators'])})")
     lines.append(f"  {'operator':<42} {'category':<13} {'n':>4} {'ms/iter':>9} {'avg':>8} {'share':>6}  kernel path")

@@ -151,3 +151,23 @@ def test_emulated_comparison_gives_kernel_paths_by_module_and_no_time():
     assert line == "SME2 on by module (Convolution/GEMM): SME2 kernels in `stem`, `blocks.*.conv`; NEON kernels in `head.proj`."
     assert not any(ch.isdigit() and "ms" in x for x in c["narrative"][3:] for ch in x)
     assert kernel_paths_line("SME2 on", _report(on_rows, rest_ms=0.03, seed=9, status="no etrecord")) is None
+
+
+def test_text_reports_show_the_tree_or_why_not():
+    from sme2farm.analysis.render_text import to_markdown, to_terminal
+    base = {"n_events": 10, "n_iterations": N_IT, "load_ms": {}, "kernels": {"status": "no kernel log"}}
+    rep = {**base, **_report(_net(0.05, 0.1, 0.08), rest_ms=0.03, seed=11)}
+    rep["e2e_ms"].update({k: rep["e2e_ms"]["mean"] for k in ("trimmed_mean", "p10", "p90", "p99", "min", "max", "mad")},
+                         cv=0.01, outliers=0)
+    for o in rep["operators"]:
+        o.update(count=1, avg_ms=o["total_ms"], p50_ms=o["total_ms"], p90_ms=o["total_ms"], share=0.1)
+    text = to_terminal(rep, depth=2)
+    assert "Time by module (depth 2" in text and "\n    blocks.0 " in text and "\n  not attributed " in text
+    md = to_markdown(rep, depth=1)
+    assert "| head | " in md and "head.proj" not in md.split("## Top operators")[0]
+    none = {**rep, "attribution": {"status": "no etrecord"}, "by_source": [], "by_module": []}
+    assert "no ETRecord, so no module is named" in to_terminal(none) and "`" not in to_terminal(none)
+    emulated = {**rep, "emulator": "qemu-aarch64 11.1.3 -cpu max"}
+    text = to_terminal(emulated, depth=2)
+    assert "kernel paths by module (Convolution/GEMM): NEON kernels in `stem`" in text
+    assert "Time by module" not in text
