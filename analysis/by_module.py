@@ -367,3 +367,24 @@ def module_lines(report: dict, depth: int = 1, *, emulated: bool = False) -> lis
     if note := ambiguous_note(report):
         out.append(f"  ({note})")
     return out
+
+
+def merged(reports: list[dict]) -> dict:
+    """One arm's runs (sessions) as one report for time by module: by_module's ms and share the
+    mean over the runs that name modules, by_source and attribution from the first of them. The
+    runs without attribution are left out; none at all: the first run as it is."""
+    named = [r for r in reports if shown(r)]
+    if len(named) <= 1:
+        return named[0] if named else (reports[0] if reports else {})
+    rows: dict[tuple, list[dict]] = {}
+    for r in named:
+        for m in r.get("by_module") or []:
+            rows.setdefault((m.get("module"), m.get("depth")), []).append(m)
+    n = len(named)
+    by_module = [{"module": k[0], "depth": k[1], "ms": sum(float(x.get("ms") or 0.0) for x in v) / n,
+                  "share": sum(float(x.get("share") or 0.0) for x in v) / n} for k, v in rows.items()]
+    shares = [s for r in named if (s := (r.get("attribution") or {}).get("attributed_share")) is not None]
+    attribution = {**named[0]["attribution"], "attributed_share": sum(shares) / len(shares) if shares else None}
+    if any(status(r) == "ambiguous" for r in named):
+        attribution["status"] = "ambiguous"
+    return {**named[0], "by_module": by_module, "attribution": attribution}

@@ -1,5 +1,7 @@
-"""sme2-client report ID --markdown|--html [-o FILE] [--svg-files]: one experiment as a document
-to paste into a design review, with the charts embedded as SVG.
+"""sme2-client report ID --markdown|--html [-o FILE] [--svg-files] [--depth N]: one experiment as a
+document to paste into a design review, with the charts embedded as SVG. `report ID --by module
+[--depth N]` prints each arm's time by module in the terminal instead (from the model's ETRecord;
+an emulated arm: which kernel path each module ran, no time).
 
 The charts are the server's (GET /experiments/{id}/charts/{name}.svg, drawn by
 analysis/charts.py): the document shows exactly what the dashboard shows. Tables come from the
@@ -36,6 +38,22 @@ from sme2farm.client.scaling_cmd import experiment_ids
 
 
 def cmd_report(args) -> int:
+    depth, by = getattr(args, "depth", 2), getattr(args, "by", None)
+    if depth < 1:
+        print(f"sme2-client: --depth {depth}: the depth of the module tree starts at 1 (the top-level modules)",
+              file=sys.stderr)
+        return 2
+    if by == "module" and not (args.markdown or args.html):
+        if args.output or args.svg_files:
+            print("sme2-client: --by module alone prints to the terminal: -o and --svg-files need --markdown or --html",
+                  file=sys.stderr)
+            return 2
+        client = connect(args)
+        sys.stdout.write(document_blocks.modules_text(client.experiment(args.id, runs="full"), depth))
+        return 0
+    if not (args.markdown or args.html):
+        print("sme2-client: report needs --markdown or --html (or --by module, the terminal view)", file=sys.stderr)
+        return 2
     if args.svg_files and not (args.markdown and args.output):
         print("sme2-client: --svg-files writes the charts beside the document: it needs --markdown and -o FILE",
               file=sys.stderr)
@@ -47,7 +65,8 @@ def cmd_report(args) -> int:
     client = connect(args)
     got = fetch(client, args.id, getattr(args, "joined", None))
     svgs = got.svgs
-    blocks = document_blocks.blocks(got.report, svgs, got.missing, str(client.http.base_url), got.scaling)
+    blocks = document_blocks.blocks(got.report, svgs, got.missing, str(client.http.base_url), got.scaling,
+                                    depth=depth)
     out = Path(args.output) if args.output else None
     if args.html:
         text = to_html(blocks)
@@ -74,9 +93,13 @@ def add_parser(sub) -> None:
     rp = sub.add_parser("report", help="one experiment as a Markdown or HTML document with its charts (SVG)",
                         description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("id", type=int, help="experiment id")
-    fmt = rp.add_mutually_exclusive_group(required=True)
+    fmt = rp.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="Markdown, charts as inline <svg> (or files: --svg-files)")
     fmt.add_argument("--html", action="store_true", help="a standalone HTML page, charts inline")
+    rp.add_argument("--by", choices=["module"], default=None,
+                    help="module: each arm's time by module in the terminal (no --markdown/--html), from the ETRecord")
+    rp.add_argument("--depth", type=int, default=2, metavar="N",
+                    help="how deep the time by module goes (1: the top-level modules; default 2)")
     rp.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     rp.add_argument("--svg-files", action="store_true",
                     help="with --markdown -o FILE: write each chart as FILE-<chart>.svg beside it and link it "

@@ -19,6 +19,8 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
+from sme2farm.analysis.by_module import (MODULE_HEADERS, merged, module_heading, module_lines, module_rows,
+                                         no_module_line, shown)
 from sme2farm.analysis.wording import (NUMERICS_HEADERS, bytes_text, comparison_fact_lines, device_suffix,
                                        emulated_headline, is_emulated, narrative_lines, numerics_rows,
                                        program_memory_line)
@@ -128,10 +130,11 @@ def arm_rows(rep: ExperimentReport) -> list[Arm]:
 # --- the document -----------------------------------------------------------------------------
 
 def blocks(rep: ExperimentReport, svgs: dict[str, str | None], missing: dict[str, str], source: str,
-           scaling: ScalingRead | None = None) -> list[tuple]:
+           scaling: ScalingRead | None = None, depth: int = 2) -> list[tuple]:
     """The document as blocks. `svgs`: {chart name: SVG text or None}; `missing`: {chart name (or
     "scaling", the view): why it is missing}; `source`: the server's URL; `scaling`: the thread
-    scaling view (GET /experiments/{id}/scaling), None when the experiment has none or it failed."""
+    scaling view (GET /experiments/{id}/scaling), None when the experiment has none or it failed;
+    `depth`: how deep the time by module goes."""
     s = rep.spec
     runs = rep.runs
     builds = sorted({r.runner.id for r in runs if r.runner})
@@ -190,6 +193,7 @@ def blocks(rep: ExperimentReport, svgs: dict[str, str | None], missing: dict[str
                     [[c] + [f"{_f(cats[c])} ms ({100 * cats[c] / (sum(cats.values()) or 1):.1f}%)" for _, cats, _ in arms]
                      for c in CATEGORIES]
                     + [["Total (E2E mean)"] + [f"{_f(sum(cats.values()))} ms" for _, cats, _ in arms]]))
+    out += _module_blocks(arms, depth)
     out += _llm_blocks(runs, arms, comps)
     out += _kernel_path_blocks(runs)
     out += _scaling_blocks(rep, scaling, svgs, missing)
@@ -255,6 +259,52 @@ def _comparison_blocks(c: Comparison) -> list[tuple]:
     narrative = [line for line in narrative_lines(data) if line != c.sentence]
     if narrative:
         out.append(("list", narrative))
+    return out
+
+
+def arm_modules(arms: list[Arm]) -> list[tuple[str, dict, bool]]:
+    """(label, the arm's runs merged for time by module (analysis.by_module.merged), emulated)
+    per arm."""
+    return [(label, merged([plain(r) for r in runs]), any(r.device and r.device.emulator for r in runs))
+            for label, _, runs in arms]
+
+
+def modules_text(rep: ExperimentReport, depth: int) -> str:
+    """`sme2-client report ID --by module --depth N`: each arm's time by module as terminal lines
+    (an emulated arm: its kernel path per module, no time), or once why no module is named."""
+    out = [f"Experiment {rep.id}" + (f" {rep.name}" if rep.name else "") + f": time by module, depth {depth}"]
+    per_arm = arm_modules(arm_rows(rep))
+    if not per_arm:
+        return "\n".join(out + ["  no succeeded run yet"]) + "\n"
+    if not any(shown(m) for _, m, _ in per_arm):
+        why = next((line for _, m, _ in per_arm if (line := no_module_line(m))), "Time by module: not recorded.")
+        return "\n".join(out + [f"  {why}"]) + "\n"
+    for label, m, emulated in per_arm:
+        out += ["", f"{label}" + (" (emulated: kernel paths, no time)" if emulated else "")]
+        out += [f"  {line}" for line in module_lines(m, depth, emulated=emulated)]
+    return "\n".join(out) + "\n"
+
+
+def _module_blocks(arms: list[Arm], depth: int) -> list[tuple]:
+    """Time by module per arm, from the model's ETRecord: the module tree down to `depth` with the
+    rest not attributed (an emulated arm: the kernel path per module), or once why none is named."""
+    per_arm = arm_modules(arms)
+    if not per_arm:
+        return []
+    out: list[tuple] = [("h", 2, "Time by module")]
+    if not any(shown(m) for _, m, _ in per_arm):
+        why = next((line for _, m, _ in per_arm if (line := no_module_line(m))), None)
+        return out + [("p", why)] if why else []
+    for label, m, emulated in per_arm:
+        if emulated:
+            if lines := module_lines(m, depth, emulated=True):
+                out += [("h", 3, f"{label}: kernel paths by module (emulated, no time)"), ("list", lines)]
+        elif rows := module_rows(m, depth):
+            # leading spaces do not survive a Markdown or HTML table: no-break spaces indent a child
+            rows = [[r[0].replace("  ", "\u00a0\u00a0"), *r[1:]] for r in rows]
+            out += [("h", 3, f"{label}: {module_heading(m, depth)}"), ("table", MODULE_HEADERS, rows)]
+        elif line := no_module_line(m):
+            out += [("h", 3, label), ("p", line)]
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sme2farm.analysis.by_module import kernel_paths_line, no_module_line, shown, top_modules_line
 from sme2farm.analysis.wording import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
                                        kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
                                        program_memory_line)
@@ -68,6 +69,9 @@ def experiment_text(rep: ExperimentReport) -> str:
         if r.status == RunStatus.unschedulable and r.reason:
             unplaced.setdefault(r.reason, []).append(r.id)
     out += [f"  unschedulable {_ids(ids)}, reason: {reason}" for reason, ids in unplaced.items()]
+    # why no module is named (no ETRecord, a mismatch) is the experiment's: said once, not per run
+    why = [no_module_line(_analysis(r)) for r in rep.runs if r.status == RunStatus.succeeded]
+    out += [f"  note: {line}" for line in dict.fromkeys(why) if line]
     out.append("")
     if rep.vs_model_sha256:
         same = " (the same model: an A/A check)" if rep.vs_model_sha256 == rep.model_sha256 else ""
@@ -110,6 +114,10 @@ def experiment_text(rep: ExperimentReport) -> str:
             total = sum(r.categories_ms.values()) or 1.0
             out.append("  " + "  ".join(f"{c} {_f(r.categories_ms.get(c))} ({100 * r.categories_ms.get(c, 0) / total:.0f}%)"
                                         for c in CATEGORIES))
+        if shown(data := _analysis(r)):
+            line = kernel_paths_line("kernel paths", data) if dev and dev.emulator else top_modules_line(data)
+            if line:
+                out.append(f"  {line}")
         if r.operators:
             top = r.operators[:5]
             out.append("  top operators: " + "; ".join(
@@ -125,6 +133,11 @@ def experiment_text(rep: ExperimentReport) -> str:
     for c in rep.comparisons:
         out.append(_comparison(_unplaced_said(c, unplaced)))
     return "\n".join(out).rstrip() + "\n"
+
+
+def _analysis(r: RunReport) -> dict:
+    """A run's attribution sections as the JSON the server sent (analysis/by_module.py reads them)."""
+    return r.model_dump(mode="json", exclude_unset=True, include={"attribution", "by_module", "by_source", "categories_ms"})
 
 
 def _ids(ids: list[int]) -> str:
