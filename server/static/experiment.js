@@ -3,6 +3,7 @@
 
 import { ApiError, download, getJSON, post } from "./api.js";
 import { badge, bytes, chart, compareHref, h, kv, ms, num, pct, short, table, when } from "./dom.js";
+import { experimentArms, moduleCard } from "./modules.js";
 import { ACTIVE } from "./views.js";
 
 export const CATEGORIES = ["Convolution", "GEMM", "Data Movement", "Elementwise", "Other"];
@@ -540,6 +541,7 @@ export async function experimentView({ id, with: joined }) {
       unplacedCard(grouped),
       measured && h("div", { class: "card charts" }, h("h3", {}, "Latency and where the time goes, per arm"),
         h("div", { class: "cols" }, distribution, categories)),
+      measured && moduleCard(experimentArms(exp)),
       scales && scalingCard(exp, join, scaling, scalingChart, scalingError),
       exp.comparisons.length > 0 && verdictsSection(exp, verdicts, (c) => comparisonCard(grouped.size && c.reason
         ? { ...c, reason: [...grouped.keys()].reduce((text, r) => text.split(r).join("unschedulable (under “Could not run” above)"), c.reason) }
