@@ -204,9 +204,10 @@ class FarmClient:
         return r
 
     def submit(self, model: Path, spec: ExperimentSpec | dict[str, Any], inputs: Path | None = None,
-               vs_model: Path | None = None) -> ExperimentReport:
+               vs_model: Path | None = None, etrecord: Path | None = None) -> ExperimentReport:
         """Upload a .pte (with an optional inputs .npz) or a .bpte; the server tells them apart by content.
-        `vs_model`: a second .pte run interleaved with the first (A/B; the same file for A/A)."""
+        `vs_model`: a second .pte run interleaved with the first (A/B; the same file for A/A).
+        `etrecord`: the model's ETRecord (the server checks it against the model)."""
         spec_json = spec.model_dump_json(exclude_none=True) if isinstance(spec, ExperimentSpec) else json.dumps(spec)
         with contextlib.ExitStack() as stack:
             f = stack.enter_context(open(model, "rb"))
@@ -217,6 +218,8 @@ class FarmClient:
             if inputs is not None:
                 # only the base name travels: the report says which inputs file was used
                 files["inputs"] = (Path(inputs).name, stack.enter_context(open(inputs, "rb")), "application/octet-stream")
+            if etrecord is not None:
+                files["etrecord"] = ("model.etrecord", stack.enter_context(open(etrecord, "rb")), "application/octet-stream")
             r = self.http.post("/experiments", files=files, data={"spec": spec_json})
         return ExperimentReport.model_validate(self._check(r).json())
 

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from sme2farm.client import analyze_cmd, artifacts_cmd, document, examples_cmd, kit, scaling_cmd, suites_cmd
 from sme2farm.client.api import FarmError, Patience, error_sentences, note, transport_words, wire
-from sme2farm.client.common import EXIT_CODES_HELP, connect, parse_selector, print_when_done, submit_and_follow
+from sme2farm.client.common import (EXIT_CODES_HELP, connect, etrecord_beside, etrecord_note, parse_selector,
+                                    print_when_done, submit_and_follow)
 from sme2farm.client.config import client_settings
 from sme2farm.client.render import comparison_text, experiment_text, progress_line
 from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_POWER_PROFILE,
@@ -66,7 +67,8 @@ def cmd_submit(args) -> int:
         return 2
     inputs = Path(args.inputs) if args.inputs else None
     vs_model = Path(args.vs) if args.vs else None
-    for path in (inputs, vs_model):
+    etrecord = Path(args.etrecord) if args.etrecord else None
+    for path in (inputs, vs_model, etrecord):
         if path is not None and not path.is_file():
             print(f"sme2-client: {path} is not a file", file=sys.stderr)
             return 2
@@ -90,7 +92,10 @@ def cmd_submit(args) -> int:
     except ValueError as e:
         print(f"sme2-client: invalid spec: {e}", file=sys.stderr)
         return 2
-    return submit_and_follow(args, model, spec, inputs, vs_model=vs_model)
+    if etrecord is None:
+        etrecord = etrecord_beside(model)
+        print(etrecord_note(model, etrecord), file=sys.stderr)
+    return submit_and_follow(args, model, spec, inputs, vs_model=vs_model, etrecord=etrecord)
 
 
 def cmd_status(args) -> int:
@@ -191,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vs", metavar="B.pte",
                    help="a second model run interleaved with the first on the same devices, per SME2 arm: "
                         "the report gives the A->B verdict (the same file twice is an A/A check)")
+    s.add_argument("--etrecord", metavar="FILE",
+                   help="the model's ETRecord (its export's generate_etrecord=True): each operator is attributed to "
+                        "its module and source line (default: <model>.pte.etrecord or <stem>.etrecord beside the "
+                        "model, if there is one; with --vs, the ETRecord is the first model's)")
     s.add_argument("--wait", action="store_true", help="follow progress and print the report")
     s.add_argument("--timeout", type=float, default=None,
                    help="with --wait: give up after this many seconds (server restarts, database outages and 429s "

@@ -111,11 +111,12 @@ def wait_for(client, experiment_id: int, *, quiet: bool, timeout: float | None =
         time.sleep(min(poll_pause(time.monotonic() - began), patience.left()))
 
 
-def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str = "", vs_model: Path | None = None) -> int:
+def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str = "", vs_model: Path | None = None,
+                      etrecord: Path | None = None) -> int:
     """Upload, then print the experiment (--json), or wait for it (--wait) and print its report."""
     client = connect(args)
     if not args.wait:
-        rep = client.submit(model, spec, inputs=inputs, vs_model=vs_model)
+        rep = client.submit(model, spec, inputs=inputs, vs_model=vs_model, etrecord=etrecord)
         say_warnings(rep)
         if args.json:
             print(json.dumps(client.experiment_json(rep.id), indent=2))
@@ -125,10 +126,30 @@ def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str 
         return 0
     # --wait: one patience, one --timeout, from the upload to the report
     patience = Patience(client, "the server to take the submission", args.timeout, say=None if args.json else note)
-    rep = patience.call(client.submit, model, spec, inputs=inputs, vs_model=vs_model, idempotent=False)
+    rep = patience.call(client.submit, model, spec, inputs=inputs, vs_model=vs_model, etrecord=etrecord,
+                        idempotent=False)
     say_warnings(rep)
     patience.what = f"experiment {rep.id} to finish"
     return print_when_done(args, client, rep.id, patience)
+
+
+def etrecord_beside(model: Path) -> Path | None:
+    """The model's ETRecord where an export leaves it: `<model>.pte.etrecord` (the kit's name, and
+    `sme2-client examples`'), else `<stem>.etrecord`; None when neither is a file."""
+    for path in (model.with_name(model.name + ".etrecord"), model.with_suffix(".etrecord")):
+        if path.is_file():
+            return path
+    return None
+
+
+def etrecord_note(model: Path, found: Path | None) -> str:
+    """The one line submit says about the ETRecord it did not get with --etrecord: the sibling it took,
+    or how to export one."""
+    if found is not None:
+        return f"sme2-client: taking the ETRecord beside the model, {found} (--etrecord FILE to send another)"
+    return (f"sme2-client: no ETRecord beside {model.name}: operators will not be attributed to modules; export one "
+            f"with to_edge_transform_and_lower(..., generate_etrecord=True), then "
+            f"get_etrecord().save('{model.name}.etrecord') beside the .pte, or pass --etrecord FILE")
 
 
 def say_warnings(rep) -> None:

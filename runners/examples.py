@@ -9,7 +9,11 @@ ExecuTorch's own Llama code and LLM export; `hf_llama` (runners/hf_llama.py) is 
 of one (optimum-executorch), in each of the two position conventions. torch is imported inside functions only: this module is imported by
 light code (agent, client) that must not pull torch in at import time.
 
-CLI: python -m sme2farm.runners.examples NAME OUT.pte [--blocks N]
+Each model built here (not the LLMs, which have exports of their own) also writes its ETRecord,
+the export's record of which module and source line made each operator: OUT.pte.etrecord beside
+the .pte, the name `sme2-client submit` looks for. The .pte is the same bytes with or without it.
+
+CLI: python -m sme2farm.runners.examples NAME OUT.pte [--blocks N] [--no-etrecord]
 """
 
 from __future__ import annotations
@@ -195,8 +199,9 @@ EXAMPLES: dict[str, Example] = {
 }
 
 
-def export_example(name: str, out: Path, **kw: Any) -> Path:
-    """Export example `name` (builder kwargs in **kw, e.g. blocks=50) to `out` as an XNNPACK .pte."""
+def export_example(name: str, out: Path, etrecord: Path | None = None, **kw: Any) -> Path:
+    """Export example `name` (builder kwargs in **kw, e.g. blocks=50) to `out` as an XNNPACK .pte,
+    and its ETRecord to `etrecord` when given (an example with an export of its own has none)."""
     if name not in EXAMPLES:
         raise KeyError(f"unknown example {name!r}; choose from {', '.join(EXAMPLES)}")
     import torch
@@ -204,26 +209,38 @@ def export_example(name: str, out: Path, **kw: Any) -> Path:
     if EXAMPLES[name].export is not None:
         if kw:
             raise ValueError(f"example {name} takes no options")
+        if etrecord is not None:
+            raise ValueError(f"example {name} has an export of its own, which writes no ETRecord")
         return EXAMPLES[name].export(Path(out))
     # Fixed weights: the same example exports to the same bytes, so the farm stores it once and
     # results from different days compare like for like.
     torch.manual_seed(0)
     model, inputs = EXAMPLES[name].build(**kw)
-    return write_xnnpack_pte(model, inputs, out)
+    return write_xnnpack_pte(model, inputs, out, etrecord=etrecord)
 
 
-def write_xnnpack_pte(model: Any, inputs: tuple, out: Path) -> Path:
-    """Export `model` on `inputs`, lower to XNNPACK and write the .pte to `out`."""
+def has_etrecord(name: str) -> bool:
+    """Whether exporting example `name` can write its ETRecord (the models built here)."""
+    return EXAMPLES[name].export is None
+
+
+def write_xnnpack_pte(model: Any, inputs: tuple, out: Path, etrecord: Path | None = None) -> Path:
+    """Export `model` on `inputs`, lower to XNNPACK and write the .pte to `out`, and its ETRecord
+    to `etrecord` when given."""
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
     with torch.no_grad():
         exported = torch.export.export(model, inputs)
-    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
+    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()],
+                                          generate_etrecord=etrecord is not None).to_executorch()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(program.buffer)
+    if etrecord is not None:
+        Path(etrecord).parent.mkdir(parents=True, exist_ok=True)
+        program.get_etrecord().save(str(etrecord))
     return out
 
 
@@ -232,12 +249,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", choices=sorted(EXAMPLES))
     p.add_argument("out", type=Path)
     p.add_argument("--blocks", type=int, help="cnn_blocks only: number of blocks (default 50)")
+    p.add_argument("--no-etrecord", action="store_true", help="write the .pte only, not OUT.pte.etrecord beside it")
     a = p.parse_args(argv)
     kw = {"blocks": a.blocks} if a.blocks is not None else {}
     if kw and a.name != "cnn_blocks":
         p.error("--blocks applies to cnn_blocks only")
-    print(export_example(a.name, a.out, **kw))
+    etrecord = etrecord_path(a.out) if has_etrecord(a.name) and not a.no_etrecord else None
+    print(export_example(a.name, a.out, etrecord=etrecord, **kw))
+    if etrecord is not None:
+        print(etrecord)
     return 0
+
+
+def etrecord_path(pte: Path) -> Path:
+    """Where a .pte's ETRecord goes: `<name>.pte.etrecord` beside it (the kit's name)."""
+    return Path(pte).with_name(Path(pte).name + ".etrecord")
 
 
 if __name__ == "__main__":

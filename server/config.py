@@ -38,6 +38,11 @@ class Settings(BaseSettings):
         default=512, description="Largest accepted model upload, .pte or .bpte (streamed; 413 past it)",
     )
     max_inputs_mb: int = Field(default=64, description="Largest accepted inputs upload (.npz), and largest total size of its arrays once unpacked")
+    max_etrecord_mb: int = Field(
+        default=512, ge=1,
+        description="Largest accepted ETRecord upload (the `etrecord` part: streamed, 413 past it); it carries the "
+                    "model's weights twice (two state dicts), and the server and worker read it into memory",
+    )
     max_artifact_mb: int = Field(default=1024, description="Largest accepted ETDump/log upload from an agent")
     agent_concurrency: int = Field(default=2, ge=0, description="Agent-protocol requests (start, heartbeat, upload, finish, register) worked on at once per server process; the rest wait their turn, so users' requests are not queued behind a fleet's (bench/scale.py, 2,000 runs on 2 cores: no limit: list p99 2.2 s; 8: 236 ms; 3: 157 ms; 2: 82 ms, at the same throughput). 0: no limit")
     max_json_kb: int = Field(default=1024, ge=1, description="Largest request body of any route but the two uploads (JSON bodies also nest at most 32 levels)")

@@ -21,6 +21,7 @@ from sme2farm.server.store.db import session_scope
 from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.services.programs import InvalidProgram, llm_mode, llm_note, prepare, read_memory
 from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import etrecords
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import report_comparisons, reports
 from sme2farm.server.services.reports import RunsDetail
@@ -67,8 +68,10 @@ def parse_spec(raw: str | None) -> ExperimentSpec:
 async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, _user: UserDep) -> Response:
     """Upload a .pte (`model` part) with an optional `inputs` .npz, or a .bpte (its first test case
     of `spec.method` gives the inputs), and a JSON `spec`; one Run per device x sme2 x threads.
-    An optional `vs_model` .pte is run interleaved with `model` (A/B, per SME2 arm)."""
-    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20, settings.max_inputs_mb << 20)
+    An optional `vs_model` .pte is run interleaved with `model` (A/B, per SME2 arm). An optional
+    `etrecord` (the model's ETRecord) attributes its runs' operators to modules and source lines."""
+    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20, settings.max_inputs_mb << 20,
+                                      settings.max_etrecord_mb << 20)
     try:
         spec = parse_spec(upload.fields.get("spec"))
         # off the event loop: a .bpte's program is copied out, and an .npz unpacked
@@ -83,6 +86,7 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
         upload.llm_note = await run_in_threadpool(llm_note, upload.model_path, method=spec.method, llm=llm,
                                                   has_inputs=upload.inputs_path is not None)
         await run_in_threadpool(read_memory, upload)
+        await run_in_threadpool(etrecords.check, upload)  # of `model`; a mismatch stores nothing
     except InvalidProgram as e:
         upload.discard()
         raise HTTPException(422, f"{e.field}: {e}")

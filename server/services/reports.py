@@ -71,6 +71,8 @@ def keep_ended(session: Session, *, experiment_id: int, cache_dir: Path) -> Repo
     return rows if rows is not None and rows.stored is None and rows.keep_at is not None else None
 
 
+# The analysis's attribution to the model's modules (from its ETRecord), carried by each run's report
+ATTRIBUTION_KEYS = ("attribution", "by_module", "by_source")
 E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max", "cv", "mad", "outliers", "n")
 
 
@@ -91,6 +93,7 @@ def run_report(run: Run) -> RunReport:
         artifacts=[a.name for a in run.artifacts],
         memory=analysis.get("memory") if result else None,
         llm=analysis.get("llm") if result else None,
+        **{k: analysis.get(k) if result else None for k in ATTRIBUTION_KEYS},
         runner_wall_s=run.runner_wall_s,
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
         waiting_for=device_service.waiting_for(run.device) if run.status == RunStatus.queued else None,
@@ -322,7 +325,7 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
         id=exp.id, name=exp.name, status=experiment_service.status_of(statuses), spec=ExperimentSpec(**exp.spec),
         model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
         vs_model_sha256=exp.vs_model_sha256, vs_model_size=exp.vs_model.size if exp.vs_model_sha256 else None,
-        inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256,
+        inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256, etrecord_sha256=exp.etrecord_sha256,
         created_at=exp.created_at, runs=[], comparisons=[], warnings=exp.warnings or [],
         comparisons_detail="full" if detail == "full" else "headline",  # a page of runs: not 200 devices' comparisons in full again
         runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
@@ -388,7 +391,8 @@ def _build(got: ReportRows) -> bytes:
             variant=r.variant or "A", session=r.session or 0, status=RunStatus(r.status), reason=r.reason or "",
             attempt=r.attempt, device=device, runner=runner, device_state={},
             e2e_ms=e2e, load_ms=load, categories_ms=None, operators=None, kernels=None, kernel_paths=kernel_paths,
-            memory=extra.get("memory"), llm=extra.get("llm"), artifacts=artifacts.get(r.id, []),
+            memory=extra.get("memory"), llm=extra.get("llm"), **{k: extra.get(k) for k in ATTRIBUTION_KEYS},
+            artifacts=artifacts.get(r.id, []),
             runner_wall_s=r.runner_wall_s,
             created_at=_utc(r.created_at), started_at=_utc(r.started_at), finished_at=_utc(r.finished_at),
             waiting_for=(waiting.get(r.device_id) or device_service.waiting_for(None))
@@ -468,7 +472,7 @@ def report_parts(report: dict) -> dict[str, str]:
     as they are."""
     return {"report_head": json.dumps({"e2e_ms": report.get("e2e_ms"), "load_ms": report.get("load_ms"),
                                        "kernel_paths": report.get("kernel_paths"), "memory": report.get("memory"),
-                                       "llm": report.get("llm")}),
+                                       "llm": report.get("llm"), **{k: report.get(k) for k in ATTRIBUTION_KEYS}}),
             "operators_json": json.dumps(report.get("operators")), "kernels_json": json.dumps(report.get("kernels"))}
 
 
@@ -501,7 +505,8 @@ def _result_parts(session: Session, ids, *, with_operators: bool):
             continue
         head = json.loads(head)
         out.append((run_id, cats, head.get("e2e_ms"), head.get("load_ms"), ops, kernels, head.get("kernel_paths"),
-                    {"memory": head.get("memory"), "llm": head.get("llm")}))
+                    {"memory": head.get("memory"), "llm": head.get("llm"),
+                     **{k: head.get(k) for k in ATTRIBUTION_KEYS}}))
     if older:
         out += _parts_from_analysis(session, older)
     return out

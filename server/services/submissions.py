@@ -42,10 +42,13 @@ def store_experiment(session: Session, *, spec: ExperimentSpec, upload, store, d
         exp.warnings = [upload.llm_note, *(exp.warnings or [])]
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
     exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
+    exp.etrecord_sha256 = upload.etrecord_sha256 or None
     run_service.runs_created(session, experiment_id=exp.id, store=store)  # nothing to run at all: complete now
     if upload.inputs_sha256:
         store.keep_inputs(upload.inputs_path, upload.inputs_sha256)
     store.keep_model(upload.model_path, upload.sha256)
+    if upload.etrecord_path is not None:
+        store.keep_etrecord(upload.etrecord_path, upload.etrecord_sha256)
     if upload.vs_model_path is not None:
         store.keep_model(upload.vs_model_path, upload.vs_sha256)
     session.flush()

@@ -44,11 +44,17 @@ class Store:
         self.runs = root / "artifacts" / "runs"
         self.tmp = root / "tmp"
         self.inputs = root / "inputs"  # SME2IN01 containers (runners/inputs.py), by sha256
-        for d in (self.models, self.runs, self.tmp, self.inputs):
+        self.etrecords = root / "etrecords"  # the models' ETRecords, by their own sha256
+        for d in (self.models, self.runs, self.tmp, self.inputs, self.etrecords):
             d.mkdir(parents=True, exist_ok=True)
 
     def model_path(self, sha256: str) -> Path:
         return self.models / sha256[:2] / f"{sha256}.pte"
+
+    def etrecord_path(self, sha256: str) -> Path:
+        if not _SHA256.match(sha256):
+            raise ValueError(f"not a sha256 digest: {sha256!r}")
+        return self.etrecords / sha256[:2] / f"{sha256}.etrecord"
 
     def inputs_path(self, sha256: str) -> Path:
         if not _SHA256.match(sha256):  # it arrives in URLs: only a digest may become a path
@@ -90,6 +96,9 @@ class Store:
 
     def keep_model(self, tmp: Path, sha256: str) -> Path:
         return self._keep(tmp, self.model_path(sha256))
+
+    def keep_etrecord(self, tmp: Path, sha256: str) -> Path:
+        return self._keep(tmp, self.etrecord_path(sha256))
 
     def keep_inputs(self, tmp: Path, sha256: str) -> Path:
         return self._keep(tmp, self.inputs_path(sha256))

@@ -1,13 +1,13 @@
 """Streaming multipart parsing for POST /experiments.
 
 FastAPI's UploadFile would spool the whole body before we could refuse it; this parser hashes and
-writes the `model` part (and the optional `inputs` part, an .npz) to temp files as they arrive and
-stops at each one's size limit, so an oversized upload costs at most `limit` bytes of disk and
+writes the `model` part (and the optional `inputs` part, an .npz, and `etrecord`, the model's ETRecord)
+to temp files as they arrive and stops at each one's size limit, so an oversized upload costs at most `limit` bytes of disk and
 never reaches the store.
 
 Hostile bodies: the whole body is counted as it streams (a chunked body has no Content-Length to
 check up front, and bytes before the first boundary or after the last are bytes too), the form
-takes exactly the parts it knows (model, inputs, spec; each once), part headers are bounded, and
+takes exactly the parts it knows (model, vs_model, inputs, etrecord, spec; each once), part headers are bounded, and
 the temp files are removed on every way out but success (a refusal, a malformed body, a client
 that goes away, a cancelled request).
 """
@@ -27,8 +27,8 @@ from python_multipart.multipart import parse_options_header
 from sme2farm.server.web.multipart import StreamedParts
 
 MAX_FIELD_BYTES = 64 * 1024  # the JSON spec
-FILE_PARTS = ("model", "vs_model", "inputs")
-_PATH_ATTR = {"model": "model_path", "vs_model": "vs_model_path", "inputs": "inputs_path"}
+FILE_PARTS = ("model", "vs_model", "inputs", "etrecord")
+_PATH_ATTR = {"model": "model_path", "vs_model": "vs_model_path", "inputs": "inputs_path", "etrecord": "etrecord_path"}
 FIELD_PARTS = ("spec",)
 # Framing allowance beyond the parts' own limits: boundaries, part headers, a preamble.
 OVERHEAD_BYTES = 64 * 1024
@@ -55,17 +55,21 @@ class Upload:
     # services/programs.read_memory: each program's planned memory and data sizes
     memory: dict | None = None
     vs_memory: dict | None = None
+    # The model's ETRecord (the `etrecord` part), checked against it by services/etrecords.check
+    etrecord_path: Path | None = None
+    etrecord_sha256: str = ""
+    etrecord_size: int = 0
 
     def discard(self) -> None:
-        for p in (self.model_path, self.vs_model_path, self.inputs_path):
+        for p in (self.model_path, self.vs_model_path, self.inputs_path, self.etrecord_path):
             if p and p.exists():
                 p.unlink()
 
 
 class _Collector(StreamedParts):
-    def __init__(self, tmp_dir: Path, limit: int, inputs_limit: int = 0):
+    def __init__(self, tmp_dir: Path, limit: int, inputs_limit: int = 0, etrecord_limit: int = 0):
         super().__init__()
-        self.tmp_dir, self.limit, self.inputs_limit = tmp_dir, limit, inputs_limit
+        self.tmp_dir, self.limit, self.inputs_limit, self.etrecord_limit = tmp_dir, limit, inputs_limit, etrecord_limit
         self.upload = Upload()
         self._is_file = False
         self._buf = bytearray()
@@ -81,7 +85,8 @@ class _Collector(StreamedParts):
         if self.error:
             return
         if self._name not in FILE_PARTS + FIELD_PARTS:
-            self.error = (422, f"unknown form part {self._name[:64]!r}; POST /experiments takes 'model', 'vs_model', 'inputs' and 'spec'")
+            self.error = (422, f"unknown form part {self._name[:64]!r}; POST /experiments takes 'model', 'vs_model', 'inputs', "
+                                 f"'etrecord' and 'spec'")
             return
         if self._name in self.upload.fields or self._name in self._seen:
             self.error = (422, f"only one {self._name!r} part may be sent")
@@ -110,6 +115,14 @@ class _Collector(StreamedParts):
                 self.error = (413, f"inputs upload exceeds the {self.inputs_limit // (1 << 20)} MiB limit")
                 return
             self._file.write(chunk)
+        elif self._is_file and self._name == "etrecord":
+            self.upload.etrecord_size += len(chunk)
+            if self.upload.etrecord_size > self.etrecord_limit:
+                self.error = (413, f"etrecord upload exceeds the {self.etrecord_limit // (1 << 20)} MiB limit "
+                                   f"(SME2_MAX_ETRECORD_MB)")
+                return
+            self._hash.update(chunk)
+            self._file.write(chunk)
         elif self._is_file:
             size_attr = "size" if self._name == "model" else "vs_size"
             size = getattr(self.upload, size_attr) + len(chunk)
@@ -133,6 +146,8 @@ class _Collector(StreamedParts):
                 self.upload.sha256 = self._hash.hexdigest()
             elif self._name == "vs_model":
                 self.upload.vs_sha256 = self._hash.hexdigest()
+            elif self._name == "etrecord":
+                self.upload.etrecord_sha256 = self._hash.hexdigest()
             self._file = None
         elif self._name and not self.error:
             try:  # strict: bytes replaced by U+FFFD were stored as if the client had sent them
@@ -145,19 +160,21 @@ class _Collector(StreamedParts):
         self.upload.discard()
 
 
-async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs_limit: int = 0) -> Upload:
+async def receive_experiment(request: Request, tmp_dir: Path, limit: int, inputs_limit: int = 0,
+                             etrecord_limit: int = 0) -> Upload:
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise HTTPException(415, "POST /experiments takes multipart/form-data with a 'model' file and a 'spec' JSON field")
     length = request.headers.get("content-length")
     # two models at most (`--vs`), each within `limit`
-    total_limit = 2 * limit + inputs_limit + MAX_FIELD_BYTES + OVERHEAD_BYTES
+    total_limit = 2 * limit + inputs_limit + etrecord_limit + MAX_FIELD_BYTES + OVERHEAD_BYTES
     if length and length.isdigit() and int(length) > total_limit:
         raise HTTPException(413, f"request body of {int(length)} bytes exceeds the {limit // (1 << 20)} MiB model limit")
-    c = _Collector(tmp_dir, limit, inputs_limit)
+    c = _Collector(tmp_dir, limit, inputs_limit, etrecord_limit)
     await c.read(request, params[b"boundary"], total_limit,
-                 f"request body exceeds {total_limit} bytes (two {limit // (1 << 20)} MiB models and "
-                 f"{inputs_limit // (1 << 20)} MiB inputs limits, a {MAX_FIELD_BYTES // 1024} KiB spec and framing)")
+                 f"request body exceeds {total_limit} bytes (two {limit // (1 << 20)} MiB models, "
+                 f"{inputs_limit // (1 << 20)} MiB inputs and {etrecord_limit // (1 << 20)} MiB ETRecord limits, "
+                 f"a {MAX_FIELD_BYTES // 1024} KiB spec and framing)")
     if c.upload.model_path is None:
         c.upload.discard()
         raise HTTPException(422, "missing the 'model' file part (the .pte or .bpte)")
@@ -173,6 +190,9 @@ EXPERIMENT_FORM_OPENAPI = {"requestBody": {"required": True, "content": {"multip
         "vs_model": {"type": "string", "format": "binary",
                      "description": "optional second .pte run interleaved with `model` on the same devices (A/B; may be the same file: A/A)"},
         "inputs": {"type": "string", "format": "binary", "description": "optional .npz of input arrays (with a .pte)"},
+        "etrecord": {"type": "string", "format": "binary",
+                     "description": "optional ETRecord of `model` (a zip; checked against it, 422 on a mismatch): "
+                                    "its runs' operators are attributed to the model's modules and source lines"},
         "spec": {"type": "string", "description": "JSON ExperimentSpec (see the ExperimentReport schema's spec)"},
     }}}}}}
 ARTIFACT_BODY_OPENAPI = {

@@ -28,10 +28,10 @@ from .common import (ACTIVE, AGENT_ARTIFACTS, ARTIFACT_MEDIA, ARTIFACT_NAMES, DE
                      RunnerPlatform, RunStatus, Sme2Request, Sme2Setting, status_values, Timestamp, Unprocessable,
                      ValidationIssue)
 from .devices import CoreCluster, DeviceInfo, DeviceRead, DeviceSelector, RunnerInfo, sme_text
-from .runs import (Allocations, AnalysisReport, Coverage, KernelEntry, KernelPaths, Kernels, LatencyStats,
+from .runs import (Allocations, AnalysisReport, Attribution, Coverage, KernelEntry, KernelPaths, Kernels, LatencyStats,
                    LlmCategories, LlmKernelPaths, LlmReport, LlmSamples, NotHidden, OffSme2, OperatorInstance,
-                   OperatorRow, PhaseCategories, PhaseInterval, PhaseKernelPaths, ProgramMemory, RunnerMemory,
-                   RunReport, Sme2Advice)
+                   ModuleTime, OperatorRow, PhaseCategories, PhaseInterval, PhaseKernelPaths, ProgramMemory,
+                   RunnerMemory, RunReport, Sme2Advice, SourceRow)
 from .experiments import (ClusterMask, DeviceScaling, ExperimentPage, ExperimentReport, ExperimentSpec,
                           ExperimentSummary, LlmSpec, RunGroup, ScalingArm, ScalingFastest, ScalingInterval,
                           ScalingPoint, ScalingRatio, ScalingRead)
@@ -61,7 +61,8 @@ __all__ = [
     "DeviceInfo", "DeviceRead", "DeviceSelector", "RunnerInfo", "sme_text", "Allocations", "AnalysisReport", "Coverage",
     "KernelEntry", "KernelPaths", "Kernels", "LatencyStats", "LlmCategories", "LlmKernelPaths", "LlmReport",
     "LlmSamples", "NotHidden", "OffSme2", "OperatorInstance", "OperatorRow", "PhaseCategories", "PhaseInterval",
-    "PhaseKernelPaths", "ProgramMemory", "RunnerMemory", "RunReport", "Sme2Advice", "ClusterMask", "DeviceScaling",
+    "PhaseKernelPaths", "ProgramMemory", "RunnerMemory", "RunReport", "Sme2Advice", "Attribution", "ModuleTime",
+    "SourceRow", "ClusterMask", "DeviceScaling",
     "ExperimentPage", "ExperimentReport", "ExperimentSpec", "ExperimentSummary", "LlmSpec", "RunGroup", "ScalingArm",
     "ScalingFastest", "ScalingInterval", "ScalingPoint", "ScalingRatio", "ScalingRead", "AGENT_PROTOCOL",
     "DELIVERY_PART", "AgentDevices", "AgentRegister", "AgentRegistered", "ArtifactDigest", "ArtifactStored",

@@ -116,6 +116,8 @@ class ExperimentReport(Read):
     vs_model_size: int | None = None
     inputs: str = Field(default=DEFAULT_INPUTS, description="Which inputs the runs were fed")
     inputs_sha256: str | None = None
+    etrecord_sha256: str | None = Field(default=None, description="The model's ETRecord sent with it (its runs' "
+                                                                  "attribution to modules), if one was")
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: Timestamp
     runs: list[RunReport]

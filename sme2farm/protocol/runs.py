@@ -233,6 +233,43 @@ class ProgramMemory(Read):
     weights_bytes: int = Field(description="constant + delegate + named data: the weights the program carries")
 
 
+class SourceRow(Read):
+    """One call site of an iteration, delegated or portable, attributed through the model's ETRecord
+    (analysis.report's by_source); module, location and code are None where nothing is attributed."""
+
+    operator: str = Field(description="The XNNPACK operator type or the portable kernel")
+    instance: int | None = Field(default=None, description="The XNNPACK operator's '#k' within its delegate call")
+    category: str
+    ms: float = Field(description="ms per iteration")
+    kernel_path: str | None = None
+    delegated: bool
+    module: str | None = Field(default=None, description="Dotted module path, e.g. 'trunk.stages.2.attn.qkv'")
+    module_class: str | None = Field(default=None, description="The module's class, e.g. 'Linear'")
+    aten: list[str] = Field(default_factory=list, description="The edge operators the call runs")
+    location: str | None = Field(default=None, description="file:line of the user's innermost frame, not torch's")
+    code: str | None = Field(default=None, description="That line of the user's code")
+    inserted_by: str | None = Field(default=None, description="An operator XNNPACK inserted (a layout Transpose, a "
+                                                              "Convert): why; it is attributed to the node it serves")
+
+
+class ModuleTime(Read):
+    """E2E split over the module tree: one row per module at each depth (inclusive ms), and the rest,
+    "not attributed"."""
+
+    module: str
+    depth: int
+    ms: float = Field(description="ms per iteration, the module's and its children's")
+    share: float | None = Field(default=None, description="ms / mean E2E")
+
+
+class Attribution(Read):
+    """Whether the run's operators were attributed to the model's modules, and from which ETRecord."""
+
+    status: Literal["attributed", "no etrecord", "mismatch", "ambiguous"]
+    attributed_share: float | None = Field(default=None, description="Of operator time")
+    etrecord_sha256: str | None = None
+
+
 class AnalysisReport(Read):
     """report.json: analysis.analyze's report of one trace, with what ingest adds (outputs, memory,
     emulator)."""
@@ -260,6 +297,9 @@ class AnalysisReport(Read):
                                                                      "(open: the outputs container's summary)")
     memory: RunnerMemory | None = None
     emulator: str | None = None
+    by_source: list[SourceRow] | None = None
+    by_module: list[ModuleTime] | None = None
+    attribution: Attribution | None = None
 
 
 class RunReport(Read):
@@ -292,6 +332,12 @@ class RunReport(Read):
     llm: LlmReport | None = Field(
         default=None, description="LLM runs: prompt and decode lengths, prefill and decode tokens/s and time to first "
                                   "token with intervals, categories per phase (analysis/llm.py); None otherwise")
+    attribution: Attribution | None = Field(
+        default=None, description="Attribution to the model's modules from its ETRecord: status attributed, no "
+                                  "etrecord, mismatch or ambiguous (None for runs analysed before it)")
+    by_module: list[ModuleTime] | None = Field(default=None, description="E2E split over the module tree")
+    by_source: list[SourceRow] | None = Field(default=None, description="Per call site: its module, class, "
+                                                                        "edge operators and source line")
     artifacts: list[str] = Field(default_factory=list)
     runner_wall_s: float | None = None
     created_at: Timestamp | None = None
