@@ -223,6 +223,29 @@ class FarmClient:
             r = self.http.post("/experiments", files=files, data={"spec": spec_json})
         return ExperimentReport.model_validate(self._check(r).json())
 
+    def import_kit(self, manifest: dict[str, Any], model: Path, traces: list[Path],
+                   logs: dict[int, Path] | None = None) -> ExperimentReport:
+        """POST /experiments/import: a kit run directory's manifest, its model and each result's
+        trace (traces[i] is results[i]'s) and runner log, as numbered parts; only the bytes travel,
+        never a local path."""
+        with contextlib.ExitStack() as stack:
+            files: list[tuple[str, tuple]] = [("model", ("model.pte", stack.enter_context(open(model, "rb")),
+                                                         "application/octet-stream"))]
+            for i, trace in enumerate(traces):
+                files.append((f"etdump.{i}", (f"{i}.etdump", stack.enter_context(open(trace, "rb")),
+                                              "application/octet-stream")))
+            for i, log in sorted((logs or {}).items()):
+                files.append((f"log.{i}", (f"{i}.log", stack.enter_context(open(log, "rb")), "text/plain")))
+            r = self.http.post("/experiments/import", files=files, data={"manifest": json.dumps(manifest)})
+        return ExperimentReport.model_validate(self._check(r).json())
+
+    def experiment_file(self, experiment_id: int, name: str) -> bytes | None:
+        """An experiment's model.pte, vs_model.pte or model.pte.etrecord; None when it has none."""
+        r = self.http.get(f"/experiments/{experiment_id}/files/{name}")
+        if r.status_code == 404 and "has no" in r.text:
+            return None
+        return self._check(r).content
+
     def experiment(self, experiment_id: int, runs: str | None = None) -> ExperimentReport:
         """GET /experiments/{id}. runs: None, the server's default (every run up to 2,000, above that a
         summary: run groups and comparison headlines); "full" for every run and comparison whatever the

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from sme2farm.client import kit_dir
 from sme2farm.client.common import connect
 from sme2farm.protocol import ARTIFACT_NAMES
 
@@ -24,6 +25,10 @@ def add_parser(sub) -> None:
     a.add_argument("name", nargs="?", choices=sorted(ARTIFACT_NAMES), metavar="NAME",
                    help="one artifact to download (default with -o: all of them)")
     a.add_argument("-o", "--output", metavar="DIR", help="where to write (default: the current directory)")
+    a.add_argument("--kit", action="store_true",
+                   help="with E<id>: write the SME2 kit's run directory (DIR/runs/<platform>/ with manifest.json, "
+                        "metrics.json, analysis_summary.json, the traces and logs; DIR/artifacts/ the model), one per "
+                        "device, which the kit's own tools read")
     a.set_defaults(fn=run)
 
 
@@ -32,8 +37,13 @@ def run(args) -> int:
     if not m:
         print(f"sme2-client: {args.id!r} is not a run or experiment id: give 34, R34 or E12", file=sys.stderr)
         return 2
-    client = connect(args)
     number = int(m.group(2))
+    if args.kit:
+        if m.group(1).upper() != "E" or args.name:
+            print("sme2-client: --kit writes an experiment's runs: give E<id> and no artifact NAME", file=sys.stderr)
+            return 2
+        return kit_dir.cmd_export(args, number)
+    client = connect(args)
     if m.group(1).upper() == "E":
         runs = [(r.id, r.artifacts) for r in client.experiment(number, runs="full").runs]  # not a summary
         many = True

@@ -12,7 +12,7 @@ from typing import get_args
 import httpx
 from pydantic import ValidationError
 
-from sme2farm.client import analyze_cmd, artifacts_cmd, document, examples_cmd, kit, scaling_cmd, suites_cmd
+from sme2farm.client import analyze_cmd, artifacts_cmd, document, examples_cmd, kit, kit_dir, scaling_cmd, suites_cmd
 from sme2farm.client.api import FarmError, Patience, error_sentences, note, transport_words, wire
 from sme2farm.client.common import (EXIT_CODES_HELP, connect, etrecord_beside, etrecord_note, parse_selector,
                                     print_when_done, submit_and_follow)
@@ -248,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     suites_cmd.add_parsers(sub)  # suite create|list|run [--wait]|show|delete|pause|resume, regressions [--ack ID]
 
     examples_cmd.add_parser(sub)  # examples [NAME [OUT.pte]]
-    artifacts_cmd.add_parser(sub)  # artifacts ID [NAME] [-o DIR]
+    artifacts_cmd.add_parser(sub)  # artifacts ID [NAME] [-o DIR], artifacts E<id> --kit -o DIR
+    kit_dir.add_import_parser(sub)  # import DIR: a kit run directory measured outside the farm
     scaling_cmd.add_parser(sub)  # scaling ID [--json]
 
     document.add_parser(sub)  # report ID --markdown|--html [-o FILE] [--svg-files]

@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
 from pydantic import ValidationError
 
 from sme2farm.protocol import ComparisonPage, ExperimentPage, ExperimentReport, ExperimentSpec
@@ -18,16 +19,19 @@ from sme2farm.server.api.deps import get_transaction
 from sme2farm.server.api.errors import NOT_FOUND
 from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
 from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Experiment
 from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.services.programs import InvalidProgram, llm_mode, llm_note, prepare, read_memory
+from sme2farm.server.services.programs import validate as validate_program
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import etrecords
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import report_comparisons, reports
 from sme2farm.server.services.reports import RunsDetail
 from sme2farm.server.services import runs as run_service
-from sme2farm.server.services import submissions
+from sme2farm.server.services import imports, submissions
 from sme2farm.server.services.errors import NotFound
+from sme2farm.server.web.kit_upload import IMPORT_FORM_OPENAPI, receive_import
 from sme2farm.server.web.uploads import EXPERIMENT_FORM_OPENAPI, receive_experiment
 
 router = APIRouter(tags=["experiments"])
@@ -152,6 +156,38 @@ def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> byte
 
 @router.get("/experiments", response_model=ExperimentPage)
 def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_size: PageSize = 20) -> ExperimentPage:
+@router.post("/experiments/import", status_code=201, response_model=ExperimentReport, openapi_extra=IMPORT_FORM_OPENAPI)
+async def import_experiment(request: Request, settings: SettingsDep, store: StoreDep, user: UserDep) -> Response:
+    """A kit run directory measured outside the farm (a phone, a Mac), stored as an experiment
+    marked imported: `manifest` (its manifest.json, with the device), `model` (the .pte) and
+    `etdump.<i>` / `log.<i>` for results[i]. Every trace is analysed as the farm's own; one it
+    cannot use refuses the import (422 naming the run) and nothing is stored."""
+    upload = await receive_import(request, store.tmp, settings.max_upload_mb << 20, settings.max_artifact_mb << 20)
+    try:
+        try:
+            data = loads_bounded(upload.manifest)
+        except JsonTooDeep as e:
+            raise HTTPException(422, f"manifest: {e}")
+        except json.JSONDecodeError as e:
+            raise HTTPException(422, f"manifest is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+        manifest = imports.read_manifest(data, traces=set(upload.traces), logs=set(upload.logs))
+        await run_in_threadpool(validate_program, upload.model_path)
+        await run_in_threadpool(read_memory, upload)
+        await run_in_threadpool(imports.check_traces, manifest, upload.traces)
+
+        def keep() -> bytes:
+            with get_transaction(request)() as session:
+                exp = imports.store_import(session, manifest=manifest, upload=upload, store=store,
+                                           owner_id=user.user_id)
+                return reports.report_json(session, experiment_id=exp.id)
+        report = await run_in_threadpool(keep)
+    except InvalidProgram as e:
+        raise HTTPException(422, f"model: {e}")
+    finally:
+        upload.discard()  # what was kept has moved; the rest goes
+    return Response(report, status_code=201, media_type="application/json")
+
+
     """Experiments, newest first."""
     rows, total = experiment_service.get_page(session, page=page, page_size=page_size)
     return ExperimentPage(items=[reports.summary(e, by_status) for e, by_status in rows], total=total, page=page, page_size=page_size)
@@ -196,6 +232,29 @@ def get_experiment_comparisons(experiment_id: ExperimentId, session: SessionDep,
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
 def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store: StoreDep) -> Response:
     """Cancel every run of the experiment (services/runs/status.py cancel: what that does in each state)."""
+EXPERIMENT_FILES = ("model.pte", "vs_model.pte", "model.pte.etrecord")
+FILE_RESPONSES = {200: {"description": "The file's bytes", "content": {"application/octet-stream": {
+    "schema": {"type": "string", "format": "binary"}}}}, **NOT_FOUND}
+
+
+@router.get("/experiments/{experiment_id}/files/{name}", response_class=Response, responses=FILE_RESPONSES)
+def get_experiment_file(experiment_id: ExperimentId, name: str, session: SessionDep, store: StoreDep,
+                        _user: UserDep) -> FileResponse:
+    """The experiment's model (model.pte), its vs_model (vs_model.pte) or the model's ETRecord
+    (model.pte.etrecord), as submitted: what `sme2-client artifacts E<id> --kit` puts beside the runs."""
+    if name not in EXPERIMENT_FILES:
+        raise HTTPException(404, f"unknown file {name[:64]!r}; an experiment's files are {', '.join(EXPERIMENT_FILES)}")
+    exp = session.get(Experiment, experiment_id)  # the row alone, not its runs' results
+    if exp is None:
+        raise HTTPException(404, f"experiment {experiment_id} not found")
+    sha = {"model.pte": exp.model_sha256, "vs_model.pte": exp.vs_model_sha256,
+           "model.pte.etrecord": exp.etrecord_sha256}[name]
+    path = None if sha is None else store.etrecord_path(sha) if name.endswith(".etrecord") else store.model_path(sha)
+    if path is None or not path.exists():
+        raise HTTPException(404, f"experiment {experiment_id} has no {name}")
+    return FileResponse(path, media_type="application/octet-stream", filename=f"E{experiment_id}-{name}")
+
+
     with tx() as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:

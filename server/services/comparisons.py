@@ -87,8 +87,10 @@ def refresh(session: Session, *, experiment_id: int, store: Store) -> None:
     comparisons, learning = [], []
     for (device_id, threads, mode), arms in sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1], kv[0][2])):
         device = session.get(Device, device_id) if device_id else None
-        entry = {"device": device.serial if device else None,
-                 "device_model": (device.info or {}).get("model") if device else None, "threads": threads, "mode": mode}
+        # an imported run has no device row (services/imports.py): its snapshot names the device
+        info = device.info or {} if device else next(iter(arms.values()))[0].device_snapshot or {}
+        entry = {"device": device.serial if device else info.get("serial"),
+                 "device_model": info.get("model"), "threads": threads, "mode": mode}
         noise = noise_service.for_device(session, device_id=device_id)
         variants = sorted({v for v, _ in arms})
         for v in variants:

@@ -181,7 +181,7 @@ def get_page(session: Session, *, page: int, page_size: int) -> tuple[list[tuple
     total = session.scalar(select(func.count(Experiment.id))) or 0
     rows = list(session.scalars(  # only what a summary shows: comparisons (JSON) stay in the database
         select(Experiment).options(load_only(Experiment.id, Experiment.name, Experiment.model_sha256, Experiment.created_at,
-                                        Experiment.vs_model_sha256, Experiment.spec))
+                                        Experiment.vs_model_sha256, Experiment.spec, Experiment.imported))
         .order_by(Experiment.id.desc()).offset((page - 1) * page_size).limit(page_size)
     ))
     counts: dict[int, dict[str, int]] = {e.id: {} for e in rows}

@@ -111,6 +111,7 @@ def summary(exp: Experiment, by_status: dict[str, int]) -> ExperimentSummary:
 
 
 # ---- the report of GET /experiments/{id}, from columns (no ORM objects, no full analysis JSON) ----
+        imported=(exp.imported or {}).get("note"),
 
 RunsDetail = Literal["full", "summary", "page"]
 # An experiment with more runs than this is answered as a summary unless `runs` asks otherwise
@@ -346,6 +347,7 @@ def build_report(*, rows: ReportRows) -> bytes:
         return rows.stored
     body = _build(rows)
     if rows.keep_at is not None:
+        imported=exp.imported,
         _keep(rows.keep_at, body)
     return body
 

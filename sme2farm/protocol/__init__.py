@@ -32,7 +32,7 @@ from .runs import (Allocations, AnalysisReport, Attribution, Coverage, KernelEnt
                    LlmCategories, LlmKernelPaths, LlmReport, LlmSamples, NotHidden, OffSme2, OperatorInstance,
                    ModuleTime, OperatorRow, PhaseCategories, PhaseInterval, PhaseKernelPaths, ProgramMemory,
                    RunnerMemory, RunReport, Sme2Advice, SourceRow)
-from .experiments import (ClusterMask, DeviceScaling, ExperimentPage, ExperimentReport, ExperimentSpec,
+from .experiments import (ClusterMask, DeviceScaling, ExperimentPage, Imported, ExperimentReport, ExperimentSpec,
                           ExperimentSummary, LlmSpec, RunGroup, ScalingArm, ScalingFastest, ScalingInterval,
                           ScalingPoint, ScalingRatio, ScalingRead)
 from .agents import (AGENT_PROTOCOL, DELIVERY_PART, AgentDevices, AgentRegister, AgentRegistered, ArtifactDigest,
@@ -63,7 +63,7 @@ __all__ = [
     "LlmSamples", "NotHidden", "OffSme2", "OperatorInstance", "OperatorRow", "PhaseCategories", "PhaseInterval",
     "PhaseKernelPaths", "ProgramMemory", "RunnerMemory", "RunReport", "Sme2Advice", "Attribution", "ModuleTime",
     "SourceRow", "ClusterMask", "DeviceScaling",
-    "ExperimentPage", "ExperimentReport", "ExperimentSpec", "ExperimentSummary", "LlmSpec", "RunGroup", "ScalingArm",
+    "ExperimentPage", "Imported", "ExperimentReport", "ExperimentSpec", "ExperimentSummary", "LlmSpec", "RunGroup", "ScalingArm",
     "ScalingFastest", "ScalingInterval", "ScalingPoint", "ScalingRatio", "ScalingRead", "AGENT_PROTOCOL",
     "DELIVERY_PART", "AgentDevices", "AgentRegister", "AgentRegistered", "ArtifactDigest", "ArtifactStored",
     "DeviceRefused", "DevicesSynced", "FinishAnswer", "Heartbeat", "HeartbeatAnswer", "LeaseRequest", "RunAssignment",

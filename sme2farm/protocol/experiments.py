@@ -4,7 +4,7 @@ thread and core scaling view."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -105,6 +105,20 @@ class RunGroup(Read):
                                                            "variation")
 
 
+class Imported(Read):
+    """Where an imported experiment came from (POST /experiments/import): a kit run directory
+    measured outside the farm. Its runs are real measurements on the user's device, analysed by the
+    farm, not run by it."""
+
+    note: str = Field(description="'imported: measured outside the farm'")
+    source: str = Field(description="What was imported, e.g. 'kit run directory'")
+    device: str = Field(description="The serial of the device the manifest names")
+    model: str = Field(default="", description="The model's file name as the manifest gave it")
+    generated_at: str | None = Field(default=None, description="When the kit wrote the manifest, as it said")
+    executorch: dict[str, Any] = Field(default_factory=dict, description="The manifest's executorch: sha, dirty")
+    experiments: list[str] = Field(default_factory=list, description="The kit's experiment names, one per run")
+
+
 class ExperimentReport(Read):
     id: int
     name: str | None = None
@@ -149,6 +163,8 @@ class ExperimentReport(Read):
         default=None, description="The model's planned memory and weights, read from the .pte (None: stored before "
                                   "it was recorded)")
     vs_program_memory: ProgramMemory | None = Field(default=None, description="The same for the vs_model")
+    imported: Imported | None = Field(default=None, description="Set when the runs were measured outside the farm "
+                                                                "and imported (a kit run directory); None: the farm ran them")
 
 
 class ExperimentSummary(Read):
@@ -163,6 +179,7 @@ class ExperimentSummary(Read):
     sme2: str | None = None  # the spec's SME2 arm(s), threads and mode (the dashboard's "vs #N" matches on them)
     threads: list[int] = []
     mode: str | None = None
+    imported: str | None = None  # Imported.note when the runs were measured outside the farm
 
 
 class ExperimentPage(Read):

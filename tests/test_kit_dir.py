@@ -1,0 +1,238 @@
+"""The SME2 kit's run directory, both ways, on the real server with real runs: `sme2-client
+artifacts E<id> --kit -o DIR` writes what the kit's tools read, `sme2-client import DIR` stores it
+back (analysed again by the farm's own ingest), and a placeholder or truncated trace is refused in
+one sentence with nothing stored.
+
+The kit is github ArmDeveloperEcosystem/sme-executorch-profiling (Apache-2.0); the layout and keys
+below are written out from its files (model_profiling/...), not imported from the farm's module, so
+a change there cannot silently change what is checked. Where each comes from:
+- validate_results.py:27-41: `<run dir>/manifest.json` and `metrics.json` exist, at least one
+  `**/*.etdump`, the manifest has `model` and a `results` list;
+- generate_report.py:202-260: the manifest's `model`, `config`, `executorch.sha`; metrics.json's
+  `results[].experiment` and `metrics.latency_ms`; each experiment is the folder its traces are in, named
+  with sme2_on / sme2_off (line ~340);
+- analyze_results.py:184-192: the manifest's `model` + ".etrecord" is the ETRecord;
+- test-cases/fixtures/known_good_mac/runs/mac/manifest.json: `metrics` {runs, threads, latency_ms,
+  median_ms, min_ms, max_ms, etdump, log, etdump_rel, log_rel};
+- analyze_results.py:160-167 and the fixture's analysis_summary.json: run_dir, model, etrecord,
+  etdump_count, category_totals_ms, kernel_hints, per_etdump[] {etdump, categories_ms, rows}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from _fixtures_farm import dispatch, ingest_all, submit
+from sme2farm.client import cli
+
+MANIFEST_KEYS = {"model", "results", "executorch"}
+METRIC_KEYS = {"runs", "threads", "latency_ms", "median_ms", "min_ms", "max_ms", "etdump", "log", "etdump_rel",
+               "log_rel"}
+SUMMARY_KEYS = {"run_dir", "model", "etrecord", "etdump_count", "category_totals_ms", "kernel_hints", "per_etdump"}
+PER_ETDUMP_KEYS = {"etdump", "categories_ms", "rows"}
+# The kit's placeholder trace: test-cases/fixtures/known_good_mac/runs/mac/mac_sme2_on/mac_sme2_on_t1.etdump
+KIT_PLACEHOLDER = b"dummy-etdump\n"
+
+
+@pytest.fixture
+def as_user(api, monkeypatch):
+    """sme2-client in this process, pointed at the test's server."""
+    monkeypatch.setenv("SME2_SERVER", api.url)
+    monkeypatch.setenv("SME2_TOKEN", api.token)
+    return lambda *argv: cli.main([*argv])
+
+
+def _run_on_host(api, agent, monkeypatch, model: Path, **spec) -> dict:
+    exp = submit(api, model.read_bytes(), **spec)
+    ids = dispatch(api)
+    for a in agent.api.claim(wait=0):
+        agent.execute(a)
+    ingest_all(api, ids, monkeypatch)
+    return api.client.get(f"/experiments/{exp['id']}", headers=api.auth()).json()
+
+
+def _check_kit_dir(run_dir: Path, out: Path) -> tuple[dict, dict]:
+    """What the kit's tools read is there, and every path named exists."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    summary = json.loads((run_dir / "analysis_summary.json").read_text())
+    assert MANIFEST_KEYS <= set(manifest) and isinstance(manifest["results"], list) and manifest["results"]
+    assert metrics["results"] == manifest["results"]
+    assert Path(manifest["model"]).is_file() and Path(manifest["model"]).parent == (out / "artifacts").resolve()
+    assert list(run_dir.glob("**/*.etdump"))
+    for r in manifest["results"]:
+        m = r["metrics"]
+        assert METRIC_KEYS <= set(m), set(m)
+        assert "sme2_on" in r["experiment"] or "sme2_off" in r["experiment"]
+        assert Path(m["etdump"]).is_file() and (run_dir / m["etdump_rel"]).resolve() == Path(m["etdump"])
+        assert Path(m["etdump"]).parent.name == r["experiment"]  # the kit's <run dir>/<experiment>/ folder
+        assert Path(m["etdump"]).name == f"{Path(manifest['model']).stem}_{r['experiment']}_t{m['threads']}.etdump"
+        if m["log"] is not None:
+            assert Path(m["log"]).is_file() and (run_dir / m["log_rel"]).resolve() == Path(m["log"])
+    assert SUMMARY_KEYS <= set(summary)
+    assert Path(summary["run_dir"]) == run_dir.resolve() and Path(summary["model"]).is_file()
+    assert summary["etdump_count"] == len(summary["per_etdump"]) == len(manifest["results"])
+    for per in summary["per_etdump"]:
+        assert PER_ETDUMP_KEYS <= set(per) and Path(per["etdump"]).is_file()
+    return manifest, summary
+
+
+def test_export_writes_the_kits_layout_and_import_gets_the_same_analysis(api, agent, example_pte, as_user, monkeypatch,
+                                                                        tmp_path, capsys):
+    pte = example_pte("toy_cnn")
+    exp = _run_on_host(api, agent, monkeypatch, pte, sme2="off", iterations=5)
+    [run] = exp["runs"]
+    assert run["status"] == "succeeded", run["reason"]
+
+    out = tmp_path / "kit"
+    assert as_user("artifacts", f"E{exp['id']}", "--kit", "-o", str(out)) == 0, capsys.readouterr().err
+    run_dir = out / "runs" / "linux"  # one device: runs/<platform>/, as the kit writes it
+    manifest, summary = _check_kit_dir(run_dir, out)
+    assert (out / "artifacts" / Path(manifest["model"]).name).read_bytes() == pte.read_bytes()
+    [result] = manifest["results"]
+    m = result["metrics"]
+    assert result["experiment"] == "linux_sme2_off" and m["threads"] == 1 and m["sme2"] == "off"
+    assert m["runs"] == 5 == len(m["latency_ms"]) and m["median_ms"] == pytest.approx(run["e2e_ms"]["median"])
+    assert m["min_ms"] == min(m["latency_ms"]) and m["max_ms"] == max(m["latency_ms"])
+    assert manifest["device"]["serial"] == run["device"]["serial"] and manifest["device"]["sme2"] is False
+    assert manifest["executorch"]["sha"]  # what generate_report.py prints as the ExecuTorch SHA
+    assert summary["category_totals_ms"] == pytest.approx(run["categories_ms"])
+    assert summary["etrecord"] is None  # this experiment has none
+
+    # back in: one experiment, marked imported, the same figures from the farm's own analysis
+    before = api.client.get("/experiments", headers=api.auth()).json()["total"]
+    capsys.readouterr()
+    assert as_user("import", str(out)) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    assert "imported: measured outside the farm" in said
+    page = api.client.get("/experiments", headers=api.auth()).json()
+    assert page["total"] == before + 1
+    back = api.client.get(f"/experiments/{page['items'][0]['id']}", headers=api.auth()).json()
+    assert page["items"][0]["imported"] == "imported: measured outside the farm"
+    assert back["imported"]["note"] == "imported: measured outside the farm"
+    assert back["imported"]["device"] == run["device"]["serial"] and back["imported"]["experiments"] == ["linux_sme2_off"]
+    assert back["status"] == "succeeded" and back["model_sha256"] == exp["model_sha256"]
+    [again] = back["runs"]
+    assert again["status"] == "succeeded" and again["sme2"] == "off" and again["threads"] == 1
+    assert again["device"]["serial"] == run["device"]["serial"]
+    assert again["runner"]["origin"] == "imported"
+    assert again["e2e_ms"] == run["e2e_ms"] and again["categories_ms"] == run["categories_ms"]
+    assert [o["name"] for o in again["operators"]] == [o["name"] for o in run["operators"]]
+    # imported runs are never dispatched: nothing is queued or assigned
+    assert dispatch(api) == []
+
+
+def _kit_dir_by_hand(tmp_path: Path, pte: Path, traces: dict[str, bytes]) -> Path:
+    """A kit run directory as a user's Mac run leaves it (the known-good fixture's layout), with
+    no device in its manifest: the command line says what it ran on."""
+    out = tmp_path / "out_toy" / "runs" / "mac"
+    results = []
+    for name, data in traces.items():
+        (out / name).mkdir(parents=True)
+        (out / name / f"{name}_t1.etdump").write_bytes(data)
+        (out / name / f"{name}_t1.log").write_text("runner log\n")
+        results.append({"experiment": name, "metrics": {
+            "runs": 3, "threads": 1, "latency_ms": [1.0, 1.0, 1.0], "median_ms": 1.0, "min_ms": 1.0, "max_ms": 1.0,
+            "etdump": f"{name}/{name}_t1.etdump", "log": f"{name}/{name}_t1.log",
+            "etdump_rel": f"{name}/{name}_t1.etdump", "log_rel": f"{name}/{name}_t1.log"}})
+    (out.parent.parent / "artifacts").mkdir(parents=True)
+    model = out.parent.parent / "artifacts" / "toy.pte"
+    model.write_bytes(pte.read_bytes())
+    (out / "manifest.json").write_text(json.dumps({
+        "generated_at": "2026-11-30T00:00:00Z", "config": "configs/mac.json", "model": "out_toy/artifacts/toy.pte",
+        "executorch": {"present": True, "sha": "abc123", "dirty": False}, "results": results}))
+    (out / "metrics.json").write_text(json.dumps({"results": results}))
+    return out
+
+
+def _nothing_stored(api, before: int) -> None:
+    assert api.client.get("/experiments", headers=api.auth()).json()["total"] == before
+    data = Path(api.settings.data_dir)
+    left = [p for p in (data / "artifacts" / "runs").rglob("*") if p.is_file()] if (data / "artifacts").exists() else []
+    assert left == [], left
+    assert [p for p in (data / "tmp").iterdir() if p.is_file()] == []
+
+
+def test_a_placeholder_or_truncated_trace_is_refused_in_one_sentence_and_nothing_is_stored(
+        api, example_pte, portable_trace, as_user, tmp_path, capsys):
+    pte = example_pte("toy_cnn")
+    before = api.client.get("/experiments", headers=api.auth()).json()["total"]
+    real = portable_trace.read_bytes()
+    cases = {"placeholder": KIT_PLACEHOLDER, "truncated": real[: len(real) // 2]}
+    for case, bad in cases.items():
+        d = _kit_dir_by_hand(tmp_path / case, pte, {"mac_sme2_off": real, "mac_sme2_on": bad})
+        capsys.readouterr()
+        rc = as_user("import", str(d), "--sme2", "--device-model", "MacBook M4")
+        err = capsys.readouterr().err
+        assert rc == 1, err
+        [line] = [x for x in err.splitlines() if "server said 422" in x]
+        assert "manifest.results[1] (mac_sme2_on): its trace is not a usable ETDump" in line, line
+        assert line.count(". ") == 0  # one sentence
+        _nothing_stored(api, before)
+
+    # and the device must be said: a kit manifest names none, the farm assumes no SME2
+    d = _kit_dir_by_hand(tmp_path / "nodevice", pte, {"mac_sme2_off": real, "mac_sme2_on": real})
+    capsys.readouterr()
+    assert as_user("import", str(d)) == 2
+    assert "--sme2 or --no-sme2" in capsys.readouterr().err
+    _nothing_stored(api, before)
+
+
+def test_the_server_refuses_what_the_manifest_cannot_back(api, example_pte, portable_trace):
+    """The route's own checks (a client that is not sme2-client): a missing trace part, an SME2-on
+    run on a device said to have no SME2, a part past results[], bad JSON: each a 422 naming it."""
+    pte = example_pte("toy_cnn").read_bytes()
+    trace = portable_trace.read_bytes()
+    device = {"serial": "my-mac", "platform": "macos", "sme2": False}
+    on = {"experiment": "mac_sme2_on", "metrics": {"threads": 1}}
+    off = {"experiment": "mac_sme2_off", "metrics": {"threads": 1}}
+
+    def post(manifest, parts):
+        files = [("model", ("m.pte", pte)), *[(k, (k, v)) for k, v in parts.items()]]
+        data = {"manifest": manifest if isinstance(manifest, str) else json.dumps(manifest)}
+        return api.client.post("/experiments/import", files=files, data=data, headers=api.auth())
+
+    r = post({"model": "m.pte", "results": [off, on], "device": device}, {"etdump.0": trace, "etdump.1": trace})
+    assert r.status_code == 422 and "is SME2 on, but manifest.device says my-mac has no SME2" in r.text
+    r = post({"results": [off], "device": device}, {})
+    assert r.status_code == 422 and "no 'etdump.0' part" in r.text
+    r = post({"results": [off], "device": device}, {"etdump.0": trace, "etdump.3": trace})
+    assert r.status_code == 422 and "has no manifest.results[3]" in r.text
+    r = post({"results": [off]}, {"etdump.0": trace})
+    assert r.status_code == 422 and "manifest.device: missing" in r.text
+    r = post("{not json", {"etdump.0": trace})
+    assert r.status_code == 422 and "manifest is not valid JSON" in r.text
+    r = post({"results": [{"experiment": "mac_fast", "metrics": {"threads": 1}}], "device": device}, {"etdump.0": trace})
+    assert r.status_code == 422 and "does not say SME2 on or off" in r.text
+    r = api.client.post("/experiments/import", files=[("model", ("m.pte", pte)), ("../../etc/x", ("x", b"1"))],
+                        data={"manifest": "{}"}, headers=api.auth())
+    assert r.status_code == 422 and "unknown form part" in r.text
+    assert api.client.get("/experiments", headers=api.auth()).json()["total"] == 0
+
+
+def test_an_imported_pair_is_compared_and_says_where_it_came_from(api, example_pte, portable_trace, as_user, tmp_path,
+                                                                capsys):
+    """A user's Mac run, both arms: the farm's SME2 off -> on comparison of that device, the
+    experiment and the CLI saying the runs were measured outside the farm."""
+    pte = example_pte("toy_cnn")
+    real = portable_trace.read_bytes()
+    d = _kit_dir_by_hand(tmp_path, pte, {"mac_sme2_off": real, "mac_sme2_on": real})
+    assert as_user("import", str(d), "--sme2", "--device-model", "MacBook M4", "--serial", "my-mac") == 0, \
+        capsys.readouterr().err
+    [item] = api.client.get("/experiments", headers=api.auth()).json()["items"]
+    rep = api.client.get(f"/experiments/{item['id']}", headers=api.auth()).json()
+    assert rep["imported"]["note"] == "imported: measured outside the farm"
+    assert rep["imported"]["executorch"] == {"sha": "abc123", "dirty": False} and rep["imported"]["model"] == "toy.pte"
+    assert {(r["sme2"], r["status"]) for r in rep["runs"]} == {("off", "succeeded"), ("on", "succeeded")}
+    assert all(r["device"]["serial"] == "my-mac" and r["device"]["model"] == "MacBook M4" for r in rep["runs"])
+    [c] = rep["comparisons"]
+    assert c["kind"] == "sme2" and c["status"] == "complete" and c["device"] == "my-mac"
+    assert c["device_model"] == "MacBook M4" and c["verdict"]  # a real device's arms: a verdict, not "emulated"
+    assert not c.get("emulated")
+    assert rep["warnings"] and "imported: measured outside the farm" in rep["warnings"][0]
+    capsys.readouterr()
+    assert as_user("status", str(rep["id"])) == 0
+    assert "imported: measured outside the farm" in capsys.readouterr().out
