@@ -3,7 +3,8 @@
 Pure package (numpy only: no torch, pandas or executorch), imported by the laptop client and
 by the worker. Public API:
 
-- :func:`analyze` (ETDump bytes -> JSON report), :func:`compare` (two reports -> speedup, CI,
+- :func:`analyze` (ETDump bytes -> JSON report; with an ETRecord, :func:`read_etrecord`, and the
+  .pte, operators traced to modules: attribution.py), :func:`check_against_program`, :func:`compare` (two reports -> speedup, CI,
   verdict, narrative), :class:`EtdumpError`;
 - :func:`verdict` (calibrated verdict on two arms of sessions) and :class:`NoiseModel` (a
   device's between-session noise, learned from A/A runs; JSON);
@@ -17,6 +18,7 @@ by the worker. Public API:
 from .categories import CATEGORIES, category_of
 from .compare import compare, compare_emulated
 from .etdump import EtdumpError, Events, read_etdump
+from .etrecord import Etrecord, EtrecordError, check_against_program, read_etrecord
 from .kernel_paths import arch_of, coverage_sentence, kernel_path
 from .kernels import classify_kernel, parse_kernel_log
 from .perfetto import to_perfetto
@@ -30,5 +32,5 @@ __all__ = [
     "analyze", "compare", "compare_emulated", "EtdumpError", "to_markdown", "to_csv", "to_perfetto", "to_terminal",
     "parse_kernel_log", "classify_kernel", "read_etdump", "Events", "category_of", "CATEGORIES",
     "latency_stats", "bootstrap_ratio", "verdict", "Verdict", "NoiseModel", "kernel_path", "arch_of",
-    "coverage_sentence",
+    "coverage_sentence", "read_etrecord", "check_against_program", "Etrecord", "EtrecordError",
 ]

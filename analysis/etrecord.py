@@ -219,7 +219,7 @@ def _nodes(program, method, reader: _Members) -> dict[int, tuple[EtrecordNode, .
         handle = _int(meta["debug_handle"], "node debug_handle")
         stack = _module_stack(meta.get("nn_module_stack"))
         location, code = _user_frame(meta.get("stack_trace"))
-        module, cls = stack[-1] if stack else ("", "")
+        module, cls = stack[-1] if stack else ("", _root_class(meta.get("nn_module_stack")))
         out.setdefault(handle, []).append(EtrecordNode(
             str(n.get("name", "")), handle, short_target(str(n.get("target", ""))), module, cls,
             stack, location, code))
@@ -259,6 +259,14 @@ def _module_stack(raw) -> tuple[tuple[str, str], ...]:
         if path:
             out.append((path, cls.rsplit(".", 1)[-1]))
     return tuple(out)
+
+
+def _root_class(raw) -> str:
+    """The model's own class (the stack's first entry, whose path is empty)."""
+    if not isinstance(raw, str) or not raw:
+        return ""
+    first = raw.split(";", 1)[0]
+    return first[first.rfind(",") + 1:].rsplit(".", 1)[-1] if first.count(",") >= 2 else ""
 
 
 _FRAME = re.compile(r'File "([^"\n]*)", line (\d+), in [^\n]*(?:\n[ \t]+([^\n]*))?')

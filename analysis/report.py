@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .attribution import attribute
 from .categories import CATEGORIES, NAMED, OTHER, category_of, llm_custom_op, operator_type
 from .etdump import KIND_ALLOC, KIND_DEBUG, KIND_PROFILE, Events, EtdumpError, read_etdump
+from .etrecord import Etrecord
 from .kernel_paths import annotate, not_hidden_sentence, summary
 from .kernels import kernel_hint, parse_kernel_log
 from .llm import phase_blocks, phase_kernel_paths, summarize as llm_summary
@@ -247,14 +249,19 @@ def _operator_iterations(m: _Model, names: list[str]) -> dict[str, list[float]]:
 
 
 def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first: int = 0,
-            sme2: bool | None = None, arch: str | None = None) -> dict:
+            sme2: bool | None = None, arch: str | None = None, etrecord: Etrecord | None = None,
+            program: bytes | None = None, method: str | None = None) -> dict:
     """The JSON-ready report of one ETDump (its bytes, or the Events read_etdump made of them,
     so a caller that also renders the trace reads it once). See the module docstring for the
     event model.
 
     sme2: whether the run's arm let XNNPACK see SME2 (None: unknown, e.g. an offline trace);
     arch: ``arm64``, ``x86_64`` or None. They decide each operator's ``kernel_path`` and the
-    SME2 coverage in ``report["kernel_paths"]`` (see kernel_paths.py)."""
+    SME2 coverage in ``report["kernel_paths"]`` (see kernel_paths.py).
+
+    etrecord, program: the model's ETRecord (analysis.etrecord.read_etrecord) and its .pte bytes;
+    with both, ``by_source``, ``by_module`` and ``attribution`` trace operators to modules
+    (attribution.py); without an ETRecord they are empty lists and the status "no etrecord"."""
     ev = etdump if isinstance(etdump, Events) else read_etdump(etdump)
     phases = phase_blocks(ev, skip_first)
     llm = None
@@ -278,6 +285,8 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     # classified per operator type (operators are already one dict per type), never per event
     annotate(operators, sme2=sme2, arch=arch)
     kernel_paths = summary(operators, sme2)
+    traced = attribute(m, etrecord, program, operators=operators, method=method)
+    m.warnings.extend(traced["warnings"])
     if kernel_paths["coverage"]["flag"]:
         m.warnings.append(kernel_paths["coverage"]["flag"])
     if leaked := not_hidden_sentence(kernel_paths):
@@ -312,6 +321,9 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
                         "total_bytes": int(ev.alloc_size[alloc].sum(dtype=np.uint64))},
         "n_debug_events": int((ev.kind == KIND_DEBUG).sum()),
         "llm": llm,
+        "by_source": traced["by_source"],
+        "by_module": traced["by_module"],
+        "attribution": traced["attribution"],
         "time_unit": "ms (ETDump ticks taken as ns)",
         "warnings": m.warnings,
     }

@@ -1,0 +1,332 @@
+"""Operators traced to the user's modules and lines: an ETDump's operator events aligned with an
+ETRecord's edge graph through the .pte's XNNPACK payloads (docs/design.md, "Attribution").
+
+* A portable operator (``native_call_<op>``) carries its instruction id; the ETRecord's
+  debug_handle_map gives that instruction's one handle, hence its node.
+* An XNNPACK call's events come in the runtime's operator order. The payload lists the call's
+  XNodes in order, each with the debug handle of its edge node (65535: a node XNNPACK's own
+  passes added, such as a layout Transpose). The runtime fuses (a Clamp into the convolution
+  before it), runs 1x1 convolutions as Fully Connected, inserts Converts, and runs a
+  Concatenate as several Copies: so the two sequences are aligned (a dynamic programme over
+  type-compatible pairs), not zipped. An event is attributed only where every best alignment
+  gives it the same node; otherwise it is ``ambiguous`` and no module is named.
+* Inserted operators (no handle, or no XNode at all) get ``inserted_by`` and are attributed to
+  the node they serve: the next node of their call with a handle, else the previous one.
+* The alignment is made once per call on the first iteration and applied by position to every
+  iteration with the same sequence of events.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .categories import CATEGORIES
+from .etrecord import NO_HANDLE, Etrecord, EtrecordMethod, EtrecordNode, check_against_program, op_name
+from .pte import PteError
+from .xnnpack_payload import Call, XNode, program_calls
+
+__all__ = ["attribute", "EXPORT_HINT", "NOT_ATTRIBUTED", "STATUSES", "MAX_ALIGN_CELLS"]
+
+EXPORT_HINT = ("no ETRecord: operators are not traced to modules. Export one with the model: "
+               "to_edge_transform_and_lower(..., generate_etrecord=True), then after .to_executorch() "
+               'get_etrecord().save("<model>.pte.etrecord"), and pass it with the model')
+NOT_ATTRIBUTED = "not attributed"
+STATUSES = ("attributed", "no etrecord", "mismatch", "ambiguous")
+MAX_ALIGN_CELLS = 4_000_000  # ops x XNodes of one call: past this a call is left ambiguous
+
+# XNode kind -> the XNNPACK runtime operator base names (xnn_operator_type_to_string, lower-cased,
+# before " (") it can run as.
+_COMPAT: dict[str, frozenset[str]] = {k: frozenset(v.split("|")) for k, v in {
+    "Add": "add", "Multiply": "multiply", "Subtract": "subtract", "Div": "divide", "Minimum": "minimum",
+    "Maximum": "maximum", "FullyConnected": "fully connected|dynamic fully connected",
+    "Softmax": "softmax", "Sigmoid": "sigmoid", "StaticTranspose": "transpose", "Clamp": "clamp",
+    "Conv2d": "convolution|fully connected", "DepthwiseConv2d": "convolution", "ConvTranspose2d": "deconvolution",
+    "StaticResizeBilinear2D": "resize bilinear", "StaticConstantPad": "constant pad",
+    "AvgPooling2d": "average pooling", "MaxPooling2d": "max pooling", "ArgMaxPooling2d": "argmax pooling",
+    "GlobalAvgPooling2d": "global average pooling|average pooling|mean", "Floor": "floor|round down",
+    "Ceiling": "ceiling|round up", "Convert": "convert", "StaticReshape": "static reshape|reshape|copy",
+    "SquareRoot": "square root", "ReciprocalSquareRoot": "reciprocal square root",
+    "Hardswish": "hardswish|hard swish", "LeakyReLU": "leaky relu", "Negate": "negate", "Square": "square",
+    "ELU": "elu", "Abs": "abs|absolute value", "PReLU": "prelu", "Concatenate2": "concatenate|copy",
+    "Concatenate3": "concatenate|copy", "Concatenate4": "concatenate|copy", "Concatenate5": "concatenate|copy",
+    "StaticSlice": "slice", "BatchMatrixMultiply": "batch matrix multiply", "Log": "log",
+    "Gelu": "gelu|approxgelu|approximate gelu", "Tanh": "tanh", "Exp": "exp", "Sin": "sine", "Cos": "cosine",
+    "Copy": "copy", "ScaledDotProductAttention": "scaled dot product attention",
+}.items()}
+# XNodes that may run as several operators in a row
+_MULTI = {"Concatenate2", "Concatenate3", "Concatenate4", "Concatenate5", "ScaledDotProductAttention"}
+# XNodes the runtime may fuse into a neighbour or drop (no event of their own)
+_VANISH = {"Clamp", "StaticReshape", "Copy", "Convert"}
+# runtime operators XNNPACK may run without an XNode
+_INSERTABLE = {"convert", "transpose", "copy", "static reshape", "reshape"}
+_MATCH, _CONT, _SKIP, _SKIP_VANISH, _INS, _INS_ODD = 2, 1, -1, 0, 0, -3
+_NEG = -(1 << 28)
+_INSTANCE = re.compile(r"#(\d+)\s*$")
+
+
+def _base(type_name: str) -> str:
+    return type_name.split(" (", 1)[0].strip().lower()
+
+
+def _empty(status: str, sha: str | None, warnings: list[str]) -> dict:
+    return {"by_source": [], "by_module": [],
+            "attribution": {"status": status, "attributed_share": 0.0, "etrecord_sha256": sha},
+            "warnings": warnings}
+
+
+def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators: list[dict],
+              method: str | None = None) -> dict:
+    """``by_source``, ``by_module``, ``attribution`` and ``warnings`` for a report's _Model `m`.
+    `operators`: the report's operator rows (their ``kernel_path`` per type)."""
+    if etrecord is None:
+        return _empty("no etrecord", None, [EXPORT_HINT])
+    sha = etrecord.sha256
+    if program is None:
+        return _empty("mismatch", sha, ["the ETRecord was given without its model (.pte): it cannot be "
+                                        "checked against the program, so it is not used"])
+    problems = check_against_program(etrecord, program)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return _empty("mismatch", sha, [f"the ETRecord does not belong to this model, so it is not used: "
+                                        f"{problems[0]}{more}"])
+    if method is None:
+        method = "forward" if "forward" in etrecord.methods or not etrecord.methods else next(iter(etrecord.methods))
+    em = etrecord.methods.get(method)
+    if em is None:
+        return _empty("mismatch", sha, [f"the ETRecord has no method {method!r}, so it is not used"])
+    try:
+        calls = {c.instruction: c for c in program_calls(program).get(method, [])}
+    except PteError as e:  # check_against_program read it already; kept for a clear message
+        return _empty("mismatch", sha, [f"the model cannot be read: {e}"])
+    return _attribute(m, em, calls, sha, operators)
+
+
+def _call_of_events(m) -> np.ndarray:
+    """Per operator event of `m`, its call's instruction id: a portable kernel's own, and for a
+    delegate event that of the DELEGATE_CALL event after it in its block (events are written
+    when they end, so a call's operators precede it); -1 where there is none."""
+    ev = m.ev
+    op = m.op_idx
+    out = ev.instr[op].astype(np.int64)
+    if not m.delegated.any():
+        return out
+    dc_name = [i for i, s in enumerate(ev.strings) if s == "DELEGATE_CALL"]
+    dc = np.flatnonzero(np.isin(ev.name, dc_name)) if dc_name else np.zeros(0, np.int64)
+    d = np.flatnonzero(m.delegated)
+    pos = np.searchsorted(dc, op[d], side="right")
+    ok = pos < dc.size
+    nxt = dc[np.minimum(pos, max(dc.size - 1, 0))] if dc.size else np.zeros(d.size, np.int64)
+    ok &= (ev.run[nxt] == ev.run[op[d]]) if dc.size else ok
+    out[d] = np.where(ok, ev.instr[nxt] if dc.size else -1, -1)
+    return out
+
+
+def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], sha: str, operators: list[dict]) -> dict:
+    warnings: list[str] = []
+    n_it = m.n_it
+    if n_it == 0 or m.op_idx.size == 0:
+        return _empty("attributed", sha, warnings)
+    call_id = _call_of_events(m)
+    first = np.flatnonzero(m.op_it == 0)
+    n_pos = first.size
+    labels = m.label_id
+    counts = np.bincount(m.op_it, minlength=n_it)
+    same = counts == n_pos
+    if same.all() and (labels.reshape(n_it, n_pos) == labels[first]).all():
+        ms = m.op_ms.reshape(n_it, n_pos).mean(axis=0)
+        used = n_it
+    else:
+        # iterations whose events differ from the first (an LLM's prefill and decode calls) are
+        # left out of by_source: their time is in "not attributed"
+        keep = np.flatnonzero(same)
+        starts = np.concatenate([[0], np.cumsum(counts)])[keep]
+        idx = starts[:, None] + np.arange(n_pos)[None, :]
+        keep = keep[(labels[idx] == labels[first]).all(axis=1)]
+        idx = (np.concatenate([[0], np.cumsum(counts)])[keep])[:, None] + np.arange(n_pos)[None, :]
+        ms = m.op_ms[idx].sum(axis=0) / n_it
+        used = int(keep.size)
+        warnings.append(f"{n_it - used} of {n_it} iterations run other operators than the first: "
+                        "their operators are not attributed")
+    kernel_path = {o["name"]: o.get("kernel_path") for o in operators}
+    pos_call = call_id[first]
+    pos_deleg = m.delegated[first]
+    rows: list[dict] = []
+    p = 0
+    while p < n_pos:
+        if pos_deleg[p]:
+            q = p
+            while q < n_pos and pos_deleg[q] and pos_call[q] == pos_call[p]:
+                q += 1
+            rows += _delegate_rows(m, em, calls.get(int(pos_call[p])), int(pos_call[p]), first[p:q])
+            p = q
+        else:
+            rows.append(_portable_row(m, em, calls.get(int(pos_call[p])), int(pos_call[p]), int(first[p])))
+            p += 1
+    for row, k, t in zip(rows, range(n_pos), ms.tolist()):
+        row["ms"] = float(t)
+        row["kernel_path"] = kernel_path.get(row["operator"])
+    total = float(ms.sum())
+    attributed = float(sum(r["ms"] for r in rows if r["module"] is not None))
+    n_amb = sum(1 for r in rows if r["ambiguous"])
+    status = "ambiguous" if n_amb else "attributed"
+    if n_amb:
+        warnings.append(f"{n_amb} of {len(rows)} operators could not be aligned with the ETRecord for certain: "
+                        "they name no module (ambiguous)")
+    mean_e2e = float(m.e2e.mean())
+    by_module = _by_module(rows, mean_e2e)
+    for r in rows:
+        r.pop("stack", None)  # by_module holds the tree; the rows stay small in the stored report
+    return {"by_source": rows, "by_module": by_module,
+            "attribution": {"status": status, "attributed_share": attributed / total if total > 0 else 0.0,
+                            "etrecord_sha256": sha},
+            "warnings": warnings}
+
+
+def _row(m, event: int, *, delegated: bool, instruction: int, position: int | None) -> dict:
+    label = m.labels[int(m.label_id[event])]
+    type_name = m.types[int(m.type_id[event])]
+    inst = _INSTANCE.search(label)
+    return {"operator": type_name, "instance": int(inst.group(1)) if inst else None,
+            "category": CATEGORIES[int(m.cat[event])], "ms": 0.0, "kernel_path": None, "delegated": delegated,
+            "module": None, "module_class": None, "aten": [], "location": None, "code": None,
+            "inserted_by": None, "instruction": instruction, "position": position, "debug_handle": None,
+            "ambiguous": False}
+
+
+def _fill(row: dict, em: EtrecordMethod, handle: int) -> bool:
+    nodes = [n for n in em.nodes.get(handle, ()) if n.target]
+    if not nodes:
+        return False
+    node: EtrecordNode = nodes[0]
+    row.update(module=node.module, module_class=node.module_class or None,
+               aten=sorted({n.target for n in nodes}), location=node.location, code=node.code,
+               debug_handle=handle, stack=[list(s) for s in node.stack])
+    return True
+
+
+def _portable_row(m, em: EtrecordMethod, call: Call | None, instruction: int, event: int) -> dict:
+    row = _row(m, event, delegated=False, instruction=instruction, position=None)
+    handles = em.handle_map.get(instruction, ())
+    label = m.labels[int(m.label_id[event])]
+    if len(handles) == 1 and _fill(row, em, handles[0]):
+        if call is not None and call.kind == "kernel" and label.startswith("native_call_") \
+                and op_name(label) != op_name(row["aten"][0]):
+            _unattribute(row)
+    else:
+        _unattribute(row)
+    return row
+
+
+def _unattribute(row: dict) -> None:
+    row.update(module=None, module_class=None, aten=[], location=None, code=None, debug_handle=None,
+               ambiguous=True)
+    row.pop("stack", None)
+
+
+def _delegate_rows(m, em: EtrecordMethod, call: Call | None, instruction: int, events: np.ndarray) -> list[dict]:
+    rows = [_row(m, int(e), delegated=True, instruction=instruction, position=i) for i, e in enumerate(events)]
+    if call is None or call.kind != "delegate" or not call.xnodes:
+        for r in rows:
+            _unattribute(r)
+        return rows
+    types = [r["operator"] for r in rows]
+    match = _align(types, call.xnodes)
+    # the node each event stands for: its XNode's handle, or for an inserted event (no XNode,
+    # or an XNode without a handle) the next handled XNode of the call, else the previous one
+    xh = [x.debug_handle for x in call.xnodes]
+    own = [None if j is None or j < 0 or xh[j] == NO_HANDLE else xh[j] for j in match]
+    served: list[int | None] = list(own)
+    nxt = None
+    for i in range(len(rows) - 1, -1, -1):
+        if match[i] is not None and own[i] is None:
+            served[i] = nxt
+        if own[i] is not None:
+            nxt = own[i]
+    prev = None
+    for i in range(len(rows)):
+        if match[i] is not None and served[i] is None:
+            served[i] = prev
+        if own[i] is not None:
+            prev = own[i]
+    for i, r in enumerate(rows):
+        if match[i] is None or served[i] is None or not _fill(r, em, served[i]):
+            _unattribute(r)
+            continue
+        if own[i] is None:
+            r["inserted_by"] = ("XNNPACK's runtime" if match[i] < 0 else "XNNPACK's delegate passes (layout)"
+                                if call.xnodes[match[i]].kind == "StaticTranspose" else "XNNPACK's delegate passes")
+    return rows
+
+
+def _align(types: list[str], xnodes: tuple[XNode, ...]) -> list[int | None]:
+    """Per runtime operator: the index of its XNode, -1 when XNNPACK ran it without one, None
+    when the best alignments disagree about it."""
+    n_ops, n_x = len(types), len(xnodes)
+    if n_ops * n_x > MAX_ALIGN_CELLS:
+        return [None] * n_ops
+    bases = [_base(t) for t in types]
+    compat = np.array([[b in _COMPAT.get(x.kind, ()) for x in xnodes] for b in bases], dtype=bool).reshape(n_ops, n_x)
+    multi = np.array([x.kind in _MULTI for x in xnodes], dtype=bool)
+    skip = np.array([_SKIP_VANISH if x.kind in _VANISH else _SKIP for x in xnodes], dtype=np.int64)
+    ins = np.array([_INS if b in _INSERTABLE else _INS_ODD for b in bases], dtype=np.int64)
+    g_f, a_f = _forward(compat, multi, skip, ins)
+    g_r, a_r = _forward(compat[::-1, ::-1], multi[::-1], skip[::-1], ins[::-1])
+    best = a_f[n_ops, n_x]
+    out: list[int | None] = []
+    for i in range(n_ops):
+        # through "op i on XNode j": the prefix ending with it plus the suffix starting with it,
+        # op i counted in both (a run of ops on one XNode scores 2 + 1 per extra op either way)
+        through = g_f[i + 1, 1:] + g_r[n_ops - i, n_x - np.arange(n_x)] - _MATCH
+        through_ins = (a_f[i, :] + ins[i] + a_r[n_ops - i - 1, n_x - np.arange(n_x + 1)]).max()
+        on = np.flatnonzero(through == best)
+        if on.size == 1 and through_ins != best:
+            out.append(int(on[0]))
+        elif on.size == 0 and through_ins == best:
+            out.append(-1)
+        else:
+            out.append(None)
+    return out
+
+
+def _forward(compat: np.ndarray, multi: np.ndarray, skip: np.ndarray, ins: np.ndarray):
+    """G[i, j]: the best score of ops[:i] against xnodes[:j] with op i-1 on XNode j-1;
+    A[i, j]: the best score of ops[:i] against xnodes[:j]. Skipping XNodes is a running
+    maximum along a row (prefix sums of the skip scores), so each row is a few numpy calls."""
+    n_ops, n_x = compat.shape
+    s = np.concatenate([[0], np.cumsum(skip)])
+    g = np.full((n_ops + 1, n_x + 1), _NEG, dtype=np.int64)
+    a = np.full((n_ops + 1, n_x + 1), _NEG, dtype=np.int64)
+    a[0] = s
+    for i in range(1, n_ops + 1):
+        c = compat[i - 1]
+        new = a[i - 1, :-1] + _MATCH
+        cont = np.where(multi, g[i - 1, 1:] + _CONT, _NEG)
+        g[i, 1:] = np.where(c, np.maximum(new, cont), _NEG)
+        v = np.maximum(g[i], a[i - 1] + ins[i - 1])
+        a[i] = s + np.maximum.accumulate(v - s)
+    np.maximum(g, _NEG, out=g)
+    np.maximum(a, _NEG, out=a)
+    return g, a
+
+
+def _by_module(rows: list[dict], mean_e2e: float) -> list[dict]:
+    """The model (module "", depth 0) and every module on an attributed row's stack, inclusive
+    time, with "not attributed" (depth 0) the rest of E2E: the depth-0 rows add up to E2E."""
+    acc: dict[str, list] = {}
+    root = 0.0
+    for r in rows:
+        if r["module"] is None:
+            continue
+        root += r["ms"]
+        for depth, (path, cls) in enumerate(r.get("stack", []), start=1):
+            e = acc.setdefault(path, [depth, 0.0, cls])
+            e[1] += r["ms"]
+    share = (lambda x: x / mean_e2e if mean_e2e > 0 else 0.0)
+    out = [{"module": "", "depth": 0, "ms": root, "share": share(root), "module_class": None},
+           {"module": NOT_ATTRIBUTED, "depth": 0, "ms": max(mean_e2e - root, 0.0),
+            "share": share(max(mean_e2e - root, 0.0)), "module_class": None}]
+    for path, (depth, ms, cls) in sorted(acc.items(), key=lambda kv: (kv[1][0], -kv[1][1], kv[0])):
+        out.append({"module": path, "depth": depth, "ms": ms, "share": share(ms), "module_class": cls})
+    return out
