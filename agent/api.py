@@ -17,7 +17,7 @@ from sme2farm.protocol import (
     AgentDevices, AgentRegister, AgentRegistered, ArtifactStored, DeviceInfo, DevicesSynced, FinishAnswer,
     HeartbeatAnswer, RunAssignment, RunFinish, RunnerInfo,
 )
-from sme2farm.protocol.agents import AGENT_PROTOCOL, DELIVERY_PART, ArtifactDigest, RunDelivery
+from sme2farm.protocol.agents import AGENT_PROTOCOL, AGENT_TOKEN_HEADER, DELIVERY_PART, ArtifactDigest, RunDelivery
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +123,17 @@ class AgentApi:
         """No retry left: the count is used up, or `until` has passed."""
         return attempt >= self.retries if until is None else time.monotonic() >= until
 
-    def register(self, *, name: str, hostname: str, version: str, devices: list[DeviceInfo], runners: list[RunnerInfo]) -> AgentRegistered:
+    def register(self, *, name: str, hostname: str, version: str, devices: list[DeviceInfo], runners: list[RunnerInfo],
+                 presented: str | None = None) -> AgentRegistered:
+        """`presented`: this agent's access token (the one it holds, or proposes): a live agent of
+        this name and host is re-registered only with it. A refusal (409) is Unauthorized: retrying
+        cannot help."""
         body = AgentRegister(name=name, hostname=hostname, version=version, devices=devices, runners=runners)
-        r = self._request("POST", "/agent/register", json=body.model_dump(mode="json"))
+        headers = {AGENT_TOKEN_HEADER: presented} if presented else {}
+        try:
+            r = self._request("POST", "/agent/register", json=body.model_dump(mode="json"), headers=headers)
+        except LeaseLost as e:
+            raise Unauthorized(f"POST /agent/register: 409 {e}") from None
         reg = AgentRegistered.model_validate(r.json())
         self.client.headers["Authorization"] = f"Bearer {reg.access_token}"
         self.protocol = min(reg.protocol, AGENT_PROTOCOL)  # an older server's answer says none: 1

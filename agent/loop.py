@@ -4,7 +4,10 @@ device at a time). What happens to one run is job.py's."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import secrets
 import socket
 import tempfile
 import threading
@@ -24,6 +27,38 @@ from sme2farm.protocol import DeviceInfo, RunAssignment
 from sme2farm.runners.catalog import Catalog
 
 log = logging.getLogger(__name__)
+
+
+class AccessTokenFile:
+    """This agent's access token, kept in its work dir (0600) for its next start: a live agent is
+    re-registered only with it, so a restart (crash, upgrade) within SME2_AGENT_OFFLINE_S keeps
+    the agent's identity. Before the first registration a random token is proposed and written
+    first: a registration retried after a lost answer presents the same one. One file per server,
+    agent name and host name."""
+
+    def __init__(self, work_dir: Path, server: str, name: str, hostname: str):
+        key = hashlib.sha256(f"{server}\n{name}\n{hostname}".encode()).hexdigest()[:32]
+        self.path = work_dir / "identity" / f"{key}.token"
+
+    def read_or_propose(self) -> str:
+        try:
+            held = self.path.read_text().strip()
+        except FileNotFoundError:
+            held = ""
+        if not held:
+            held = f"sme2_{secrets.token_urlsafe(32)}"
+            self.write(held)
+        return held
+
+    def write(self, token: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
 
 class Agent:
@@ -74,8 +109,13 @@ class Agent:
         return [b.info() for b in self.catalog.builds]
 
     def register(self) -> None:
-        reg = self.api.register(name=self.name, hostname=socket.gethostname(), version=__version__,
-                                devices=self.discover(), runners=self.runners())
+        hostname = socket.gethostname()
+        identity = AccessTokenFile(self.work_dir, getattr(self.api, "server", ""), self.name, hostname)
+        held = identity.read_or_propose()
+        reg = self.api.register(name=self.name, hostname=hostname, version=__version__,
+                                devices=self.discover(), runners=self.runners(), presented=held)
+        if reg.access_token != held:
+            identity.write(reg.access_token)
         self.heartbeat_s = reg.heartbeat_interval_s
         self.poll_s = reg.poll_timeout_s
         cap = getattr(self.api, "backoff_cap_s", None)

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
         description="How often agents heartbeat a running run; unset: a third of the lease, at most 10 s (shorter "
                     "than the lease when set)")
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
+    agent_max_claims: int = Field(
+        default=4, ge=1,
+        description="Claims (long-polls) one agent may hold open at once in one server process; the next is answered "
+                    "429 with Retry-After. An agent holds one; the others cover a retry whose earlier connection the "
+                    "server has not yet seen close")
     agent_offline_s: float = Field(
         default=90.0, gt=SEEN_EVERY_S,
         description=f"An agent silent this long has its devices marked offline (above {SEEN_EVERY_S:g} s, how stale a "

@@ -24,7 +24,7 @@ from sme2farm.protocol import (
     RunAssignment, RunFinish, RunStatus, status_values,
 )
 from sme2farm.protocol import TASK_DISPATCH, TRACE
-from sme2farm.protocol.agents import AGENT_PROTOCOL, DELIVERY_PART, RunDelivery
+from sme2farm.protocol.agents import AGENT_PROTOCOL, AGENT_TOKEN_HEADER, DELIVERY_PART, RunDelivery
 from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
 from sme2farm.server.config import SEEN_EVERY_S
 from sme2farm.server.services.errors import DomainError
@@ -38,6 +38,7 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.artifacts import TooLarge
 from sme2farm.server.web.delivery import DELIVERY_BODY_OPENAPI, receive_delivery
+from sme2farm.server.web.limits import retry_after
 from sme2farm.server.web.uploads import ARTIFACT_BODY_OPENAPI
 from sme2farm.server.services import wakeup
 from sme2farm.server.services.wakeup import ClaimWaiter
@@ -47,18 +48,26 @@ from sme2farm.server.services.wakeup import ClaimWaiter
 
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 
+CLAIM_RETRY_S = 1.0  # a claim over SME2_AGENT_MAX_CLAIMS: the earlier ones end within a poll timeout
+
 # The model and inputs downloads are files, not JSON.
 BINARY = {200: {"description": "The file's bytes", "content": {"application/octet-stream": {
     "schema": {"type": "string", "format": "binary"}}}}, **NOT_FOUND}
 
 
-@router.post("/register", response_model=AgentRegistered)
+@router.post("/register", response_model=AgentRegistered, responses=CONFLICT)
 def register(body: AgentRegister, request: Request, settings: SettingsDep, _registrar: RegistrarDep, tx: TxDep) -> AgentRegistered:
-    """Exchange a registration (or admin) token for a per-agent access token. A device another
-    live agent drives is not handed to this one: `refused` names it and why."""
+    """Exchange a registration (or admin) token for a per-agent access token. An agent already
+    registered under this name and host and heard within SME2_AGENT_OFFLINE_S is re-registered
+    only with its current access token in X-Agent-Token (409 `agent_live` otherwise); a token
+    the agent proposes there (new to the farm, 32-256 characters) becomes its access token. A
+    device another live agent drives is not handed to this one: `refused` names it and why."""
+    presented = request.headers.get(AGENT_TOKEN_HEADER) or None
     with tx() as session:
-        agent = device_service.register_agent(session, name=body.name, hostname=body.hostname, version=body.version)
-        token = token_service.create(session, name=f"agent:{body.name}", scope="agent", agent_id=agent.id)
+        agent = device_service.register_agent(session, name=body.name, hostname=body.hostname, version=body.version,
+                                              presented=presented, live_s=settings.agent_offline_s)
+        token = token_service.agent_access_token(session, agent_id=agent.id, name=f"agent:{body.name}",
+                                                 presented=presented)
         refused = device_service.sync(session, agent=agent, devices=body.devices, runners=body.runners,
                                       offline_s=settings.agent_offline_s)
         agent_id = agent.id
@@ -141,18 +150,25 @@ async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: Ag
     registers anew); a waiting claim is woken by dispatch (server/services/wakeup.py)."""
     deadline = time.monotonic() + min(max(wait, 0.0), settings.poll_timeout_s)
     waiter = claim_waiter(request)
-    while True:
-        event = waiter.register(agent_id)
-        try:
-            runs = await run_in_threadpool(_assignments, tx, agent_id, waiter, settings.agent_offline_s,
-                                           settings.lease_s, ack)
-            ack = []  # acknowledged once
-            left = deadline - time.monotonic()
-            if runs or left <= 0 or await request.is_disconnected():
-                return runs
-            await waiter.wait(event, min(left, waiter.poll_s))
-        finally:
-            waiter.unregister(agent_id, event)
+    if not waiter.enter(agent_id, settings.agent_max_claims):
+        raise HTTPException(429, f"this agent holds {settings.agent_max_claims} claims open already "
+                                 f"(SME2_AGENT_MAX_CLAIMS); one at a time is enough",
+                            headers={"Retry-After": retry_after(CLAIM_RETRY_S)})
+    try:
+        while True:
+            event = waiter.register(agent_id)
+            try:
+                runs = await run_in_threadpool(_assignments, tx, agent_id, waiter, settings.agent_offline_s,
+                                               settings.lease_s, ack)
+                ack = []  # acknowledged once
+                left = deadline - time.monotonic()
+                if runs or left <= 0 or await request.is_disconnected():
+                    return runs
+                await waiter.wait(event, min(left, waiter.poll_s))
+            finally:
+                waiter.unregister(agent_id, event)
+    finally:
+        waiter.leave(agent_id)
 
 
 @contextmanager
@@ -201,6 +217,7 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     limit = settings.max_artifact_mb << 20
     if int(length) > limit:
         raise HTTPException(413, f"artifact of {length} bytes exceeds the {settings.max_artifact_mb} MiB limit")
+    await run_in_threadpool(_check_lease, tx, settings, run_id, lease_id, agent_id)  # before the body is stored
     try:
         tmp, sha, size = await store.receive(request.stream(), limit)
     except TooLarge as e:
@@ -209,13 +226,11 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
         tmp.unlink()
         raise HTTPException(422, f"artifact {name} arrived damaged: {size} bytes sha256 {sha}, expected {length} bytes sha256 {want_sha}")
 
-    # One transaction once the bytes are here: the lease is checked (and extended, the run moved
-    # to uploading) and the artifact recorded together. Checking the lease in a transaction of its
-    # own before the body streamed cost a second transaction per upload (bench/scale.py: a fifth
-    # of the server's CPU went to the two); what it bought, refusing a stale agent's body before
-    # reading it, is bounded by max_artifact_mb and the agent's token. The route is async (the
-    # body streams in without a thread per upload), so the blocking transaction runs in the
-    # threadpool: on the event loop it stalled every other request.
+    # The lease was read before the body streamed (a stale agent's gigabyte is never written); once
+    # the bytes are here one transaction checks it again under the row's lock (and extends it, the
+    # run moved to uploading) and records the artifact. The route is async (the body streams in
+    # without a thread per upload), so the blocking transactions run in the threadpool: on the
+    # event loop they stalled every other request.
     def keep() -> None:
         try:
             with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
@@ -263,13 +278,13 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
     is checked against the size and sha256 the 'finish' part declares for it; then one transaction
     checks the lease, records the artifacts, keeps their files and finishes the run (the device's
     next run assigned in it). A repeat of a delivery already taken stores nothing again."""
-    got = await receive_delivery(request, store.tmp, settings.max_artifact_mb << 20)
+
+    async def admit(finish: str) -> None:  # before any artifact byte is written: a live lease, or a refusal
+        await run_in_threadpool(_check_lease, tx, settings, run_id, _delivery(finish).lease_id, agent_id)
+
+    got = await receive_delivery(request, store.tmp, settings.max_artifact_mb << 20, admit)
     try:
-        try:
-            body = RunDelivery.model_validate_json(got.finish)
-        except ValidationError as e:
-            raise HTTPException(422, f"the '{DELIVERY_PART}' part is not a RunDelivery: "
-                                     f"{e.errors()[0]['msg']} at {'.'.join(map(str, e.errors()[0]['loc']))}")
+        body = _delivery(got.finish)
         if set(body.artifacts) != set(got.artifacts):
             raise HTTPException(422, f"the artifacts sent ({sorted(got.artifacts)}) are not the ones the "
                                      f"'{DELIVERY_PART}' part lists ({sorted(body.artifacts)})")
@@ -305,6 +320,21 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
         claim_waiter(request).wake_threadsafe(woken)
         wakeup.publish(settings.celery_broker_url, agent_ids=woken)
     return FinishAnswer(status=status)
+
+
+def _delivery(finish: str) -> RunDelivery:
+    try:
+        return RunDelivery.model_validate_json(finish)
+    except ValidationError as e:
+        raise HTTPException(422, f"the '{DELIVERY_PART}' part is not a RunDelivery: "
+                                 f"{e.errors()[0]['msg']} at {'.'.join(map(str, e.errors()[0]['loc']))}")
+
+
+def _check_lease(tx, settings, run_id: int, lease_id: str, agent_id: int) -> None:
+    """Before an artifact's body is stored: the run is this agent's under this lease (404, 409
+    otherwise). A read; the transaction that keeps the artifact checks again, under the row's lock."""
+    with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
+        run_service.check_lease(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id)
 
 
 @router.get("/models/{sha256}", response_class=Response, responses=BINARY)

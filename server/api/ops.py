@@ -3,8 +3,8 @@
 - GET /health: the process answers. No auth, no database: a load balancer's liveness probe.
 - GET /ready: can the farm do work? Database, broker, beat (its lease renewed within
   SME2_BEAT_LEASE_S), agents online, and under `sme2-farm up` each supervised child. 200 when
-  every part is ok, else 503 with `failing` naming the parts. No auth (readiness probes carry no
-  token); it shows states and counts, never a secret.
+  every part is ok, else 503. No auth (readiness probes carry no token): without a user token
+  the answer is the status only; with one, `failing` and each part's check.
 - GET /metrics: Prometheus text format. A bearer token like every other read (Prometheus:
   `authorization: {credentials_file: ...}`), or open with SME2_METRICS_PUBLIC=1 for a scraper on
   a trusted network.
@@ -17,7 +17,7 @@ import shutil
 import time
 from typing import Any, Callable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -121,7 +121,9 @@ async def _run(name: str, fn: Callable[[Any], dict], settings) -> dict[str, Any]
 
 @router.get("/ready", response_model=Readiness, response_model_exclude_unset=True,
             responses={503: {"model": Readiness, "description": "a part named in `failing` is not ready"}})
-async def ready(settings: SettingsDep, response: Response) -> Readiness:
+async def ready(settings: SettingsDep, response: Response, request: Request, creds: Credentials) -> Readiness:
+    """Ready or not (200 or 503) for anyone; each part's check only with a read, submit or admin
+    token (without one it would tell anyone the host, process ids and restart causes)."""
     checks: dict[str, Any] = {}
     parts = await asyncio.gather(_run("database", _database, settings), _run("broker", _broker, settings),
                                  _run("supervisor", _supervisor, settings), _run("disk", _disk, settings))
@@ -138,7 +140,21 @@ async def ready(settings: SettingsDep, response: Response) -> Readiness:
     if failing:
         response.status_code = 503
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    if not _may_see_detail(settings, creds, request):
+        return Readiness(status=body.status)
     return body
+
+
+def _may_see_detail(settings, creds, request: Request) -> bool:
+    """A user token sees the checks. A probe carries none, or may carry any: a token that is not a
+    user's gets the bare answer, not a 401, but its failure is counted like any other."""
+    if creds is None:
+        return False
+    try:
+        current_user(settings, creds, request)
+    except HTTPException:
+        return False
+    return True
 
 
 def _metrics_auth(request: Request, settings: SettingsDep, creds: Credentials) -> None:

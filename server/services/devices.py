@@ -9,27 +9,44 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
+from sme2farm.protocol.agents import AGENT_TOKEN_HEADER
 from sme2farm.protocol import TASK_DISPATCH, DeviceInfo, DeviceSelector, RunnerInfo, RunStatus
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Agent, ApiToken, Device, Run, as_utc, utcnow
 from sme2farm.server.services import liveness
+from sme2farm.server.services.errors import StateConflict
 from sme2farm.server.services import tokens as token_service
 
 log = logging.getLogger(__name__)
 
 
-def register_agent(session: Session, *, name: str, hostname: str, version: str) -> Agent:
-    """An agent re-registering under the same name and host (a restart, or a retried request)
-    keeps its row and devices; its older access tokens are revoked."""
-    agent = session.scalar(select(Agent).where(Agent.name == name, Agent.hostname == hostname))
+def register_agent(session: Session, *, name: str, hostname: str, version: str, presented: str | None = None,
+                   live_s: float | None = None) -> Agent:
+    """The agent registering under (name, hostname): a new one gets a new row. An existing one
+    keeps its row and devices, and its other access tokens are revoked, when it presents its
+    current token (`presented`), or when it was not heard within live_s (a dead agent's host
+    restarting it). A live agent re-registered without its token is refused (409): a register
+    token must not hand over another agent's runs. live_s None: no such check (service tests)."""
+    agent = session.scalar(select(Agent).where(Agent.name == name, Agent.hostname == hostname).order_by(Agent.id))
     if agent is None:
         agent = Agent(name=name, hostname=hostname, version=version)
         session.add(agent)
         session.flush()
-    else:
-        agent.version = version
-        session.execute(update(ApiToken).where(ApiToken.agent_id == agent.id).values(revoked=True))
-        token_service.forget_after_commit(session)
+        return agent
+    current = presented is not None and token_service.current_agent_token(session, agent_id=agent.id, token=presented)
+    if not current and live_s is not None and as_utc(agent.last_seen) >= utcnow() - timedelta(seconds=live_s):
+        # Names nothing of the agent already registered (its devices, its tokens): the caller only
+        # learns that this name and host are taken now, which it asked about itself.
+        raise StateConflict("agent_live", (
+            f"an agent registered under this name and host was heard in the last {live_s:g} s "
+            "(SME2_AGENT_OFFLINE_S): registering it again needs its current access token in the "
+            f"{AGENT_TOKEN_HEADER} header (sme2-agent keeps it in its work dir); another agent needs another name"))
+    agent.version = version
+    stale = update(ApiToken).where(ApiToken.agent_id == agent.id)
+    if current:
+        stale = stale.where(ApiToken.token_sha256 != token_service.digest(presented))
+    session.execute(stale.values(revoked=True))
+    token_service.forget_after_commit(session)
     return agent
 
 
@@ -75,8 +92,8 @@ def sync(session: Session, *, agent: Agent, devices: list[DeviceInfo], runners: 
         owner = live_owner(session, serial=info.serial, agent=agent, offline_s=offline_s)
         if owner is not None:
             refused.append({"serial": info.serial, "reason": (
-                f"device {info.serial} is driven by agent {owner.name!r} ({owner.hostname or 'unknown host'}), "
-                f"seen in the last {offline_s:g} s; one agent drives a device at a time")})
+                f"device {info.serial} is driven by another agent, heard in the last {offline_s:g} s; one agent "
+                "drives a device at a time")})  # which agent is not this one's business
             continue  # a row this agent had for it goes offline below, with the unreported ones
         session.execute(update(Device).where(Device.serial == info.serial, Device.agent_id != agent.id,
                                              Device.state != "offline").values(state="offline", offline_since=utcnow()))

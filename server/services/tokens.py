@@ -9,6 +9,9 @@ route with every kind):
 - agent:    minted at registration for one agent; the agent protocol (/agent/*) only, and only
             the models and inputs of runs on that agent's devices.
 "user" is the pre-scopes name of submit: rows minted by older versions keep working as submit.
+
+A read, submit or admin token belongs to a user (users may share a team; services/owners.py says
+what that allows); register and agent tokens belong to none.
 """
 
 from __future__ import annotations
@@ -21,12 +24,16 @@ import time
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from sme2farm.server.store.models import ApiToken
+from sme2farm.server.store.models import ApiToken, Team, User
 
 SCOPES = ("read", "submit", "admin", "register", "agent")
 LEGACY = {"user": "submit"}
 # What a user-API scope may do; register and agent tokens reach no user route at all.
 USER_LEVEL = {"read": 1, "submit": 2, "admin": 3}
+# An access token an agent proposes itself (services/devices.py register_agent): as unguessable as
+# the farm's own (which hold 256 random bits, 43 characters), and bounded.
+MIN_CHOSEN_CHARS, MAX_CHOSEN_CHARS = 32, 256
+NAME_CHARS = 64  # users' and teams' names (the columns' length)
 
 
 def canonical(scope: str) -> str:
@@ -37,25 +44,65 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create(session: Session, *, name: str, scope: str, agent_id: int | None = None, token: str | None = None) -> str:
+def create(session: Session, *, name: str, scope: str, agent_id: int | None = None, token: str | None = None,
+           user_id: int | None = None) -> str:
     """Mint a token (or store a given one, for the bootstrap admin token); returns the plaintext."""
     scope = canonical(scope)
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
     if (scope == "agent") != (agent_id is not None):
         raise ValueError("agent tokens are minted at registration, for one agent")
+    if user_id is not None and scope not in USER_LEVEL:
+        raise ValueError(f"a {scope} token belongs to no user")
     token = token or f"sme2_{secrets.token_urlsafe(32)}"
     existing = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest(token)))
     if existing is None:
-        session.add(ApiToken(name=name, token_sha256=digest(token), scope=scope, agent_id=agent_id))
+        session.add(ApiToken(name=name, token_sha256=digest(token), scope=scope, agent_id=agent_id, user_id=user_id))
+    elif user_id is not None and existing.user_id is None:
+        existing.user_id = user_id  # the bootstrap admin token stored before owners existed
     return token
 
 
-def create_row(session: Session, *, name: str, scope: str) -> tuple[ApiToken, str]:
+def create_row(session: Session, *, name: str, scope: str, user_id: int | None = None) -> tuple[ApiToken, str]:
     """Mint a user or registration token; returns its row (flushed, so it has an id) and plaintext."""
-    token = create(session, name=name, scope=scope)
+    token = create(session, name=name, scope=scope, user_id=user_id)
     session.flush()
     return session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest(token))), token
+
+
+def ensure_user(session: Session, *, name: str, team: str | None = None) -> User:
+    """The user of this name, made if new; given a team (made if new), the user is moved into it."""
+    user = session.scalar(select(User).where(User.name == name))
+    if user is None:
+        user = User(name=name)
+        session.add(user)
+    if team is not None:
+        row = session.scalar(select(Team).where(Team.name == team))
+        if row is None:
+            row = Team(name=team)
+            session.add(row)
+            session.flush()
+        user.team_id = row.id
+    session.flush()
+    return user
+
+
+def current_agent_token(session: Session, *, agent_id: int, token: str) -> bool:
+    """Is `token` one of this agent's access tokens, not revoked?"""
+    row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest(token)))
+    return row is not None and not row.revoked and row.scope == "agent" and row.agent_id == agent_id
+
+
+def agent_access_token(session: Session, *, agent_id: int, name: str, presented: str | None) -> str:
+    """The access token a registration answers: the one the agent presented when it is its current
+    one, or when it is new to the farm and long enough (an agent proposes its own, kept on its disk
+    before it asks, so a registration retried after a lost answer presents the token the first try
+    stored); else a new one."""
+    if presented is not None and current_agent_token(session, agent_id=agent_id, token=presented):
+        return presented
+    fresh = (presented is not None and MIN_CHOSEN_CHARS <= len(presented) <= MAX_CHOSEN_CHARS
+             and session.scalar(select(ApiToken.id).where(ApiToken.token_sha256 == digest(presented))) is None)
+    return create(session, name=name, scope="agent", agent_id=agent_id, token=presented if fresh else None)
 
 
 def get_by_token(session: Session, *, token: str) -> ApiToken | None:
@@ -93,7 +140,7 @@ class VerifiedCache:
         if ttl_s <= 0:
             return
         copy = ApiToken(id=row.id, name=row.name, token_sha256=row.token_sha256, scope=row.scope,
-                        agent_id=row.agent_id, created_at=row.created_at, revoked=False)
+                        agent_id=row.agent_id, user_id=row.user_id, created_at=row.created_at, revoked=False)
         with self._lock:
             if generation != self._generation:
                 return  # revoked meanwhile: the row read may predate the revocation

@@ -83,6 +83,7 @@ class ClaimWaiter:
         self._bell: doorbell.Doorbell | None = None
         self._bell_loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[int, set[asyncio.Event]] = {}
+        self._claims: dict[int, int] = {}  # agent id -> its claims open now (enter/leave)
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._delivered: dict[int, dict[tuple[int, str], float]] = {}
@@ -93,6 +94,23 @@ class ClaimWaiter:
         return SAFETY_POLL_S if self.connected else POLL_S
 
     # ---- waiting ---------------------------------------------------------------------------
+    def enter(self, agent_id: int, limit: int) -> bool:
+        """A claim of this agent begins, unless it holds `limit` already (each one waiting looks at
+        the database every poll_s: a flood of them from one token would starve everyone's reads).
+        On the event loop only, so no lock; leave() when it ends."""
+        held = self._claims.get(agent_id, 0)
+        if held >= limit:
+            return False
+        self._claims[agent_id] = held + 1
+        return True
+
+    def leave(self, agent_id: int) -> None:
+        held = self._claims.get(agent_id, 0) - 1
+        if held > 0:
+            self._claims[agent_id] = held
+        else:
+            self._claims.pop(agent_id, None)
+
     def register(self, agent_id: int) -> asyncio.Event:
         """Before the claim looks at the database, so a wake-up that comes between its look and
         its wait is not missed."""

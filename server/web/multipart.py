@@ -13,6 +13,8 @@ from __future__ import annotations
 from fastapi import HTTPException, Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from sme2farm.server.services.errors import DomainError
+
 MAX_HEADER_BYTES = 8 * 1024  # one part's headers
 CALLBACKS = ("on_part_begin", "on_part_data", "on_part_end", "on_header_field", "on_header_value", "on_header_end",
              "on_headers_finished")
@@ -66,6 +68,10 @@ class StreamedParts:
     def discard(self) -> None:
         raise NotImplementedError
 
+    async def after_chunk(self) -> None:
+        """Called after each chunk is parsed; a subclass may check what has arrived (and raise an
+        HTTPException or a DomainError to refuse the request)."""
+
     async def read(self, request: Request, boundary: bytes, total_limit: int, too_big: str) -> None:
         """Feed the request's body to the parts' callbacks; an HTTPException with `error` (413
         `too_big` past total_limit bytes, 400 for a malformed body), the temp files discarded."""
@@ -80,11 +86,18 @@ class StreamedParts:
                 parser.write(chunk)
                 if self.error:
                     break
+                await self.after_chunk()
+                if self.error:
+                    break
             if not self.error:
                 parser.finalize()
                 if self._file is not None:  # the body stopped inside a file part: what arrived is not the file
                     self.error = (400, f"malformed multipart body: the {self._name!r} part never ended "
                                        f"(no closing boundary)")
+        except (HTTPException, DomainError):  # a refusal after_chunk decided: answered as it is
+            self.close()
+            self.discard()
+            raise
         except OSError:
             # The server's own I/O failed, not the client's body: a full disk is answered 507 with
             # the same body as every other write's (api/errors.py), anything else is a 500.

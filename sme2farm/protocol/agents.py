@@ -135,6 +135,10 @@ class FinishAnswer(Read):
 # artifact (the start folded into the claim's lease: the run is running from its first heartbeat,
 # or from the delivery's started_s_ago). A server speaking 2 still serves protocol-1 agents (their
 # endpoints are kept); an agent meeting a protocol-1 server speaks 1.
+# A re-registering agent presents its current access token in this header (Authorization carries
+# the registration token): a live agent's name and host are re-registered only with it.
+AGENT_TOKEN_HEADER = "X-Agent-Token"
+
 AGENT_PROTOCOL = 2
 DELIVERY_PART = "finish"  # the delivery's JSON part; every other part is an artifact, named by its name
 

@@ -53,8 +53,9 @@ class Readiness(Read):
     """GET /ready: every part's check; 503 when one named in `failing` is not ok."""
 
     status: str = Field(description="ready | not ready")
-    failing: list[str]
+    failing: list[str] = Field(default_factory=list, description="The parts not ready (with a user token only)")
     checks: dict[str, ReadinessCheck] = Field(
-        description="Per part (database, beat, agents, broker, disk, supervisor...): ok and what was seen")
+        default_factory=dict, description="Per part (database, beat, agents, broker, disk, supervisor...): ok and "
+                                          "what was seen (with a user token only)")
     cause: str | None = Field(default=None, description="Only when the data dir's disk is full: the cause of the "
                                                         "failing parts")

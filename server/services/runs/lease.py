@@ -30,6 +30,17 @@ def _owned(session: Session, run_id: int, lease_id: str, agent_id: int) -> Run:
     return run
 
 
+def check_lease(session: Session, *, run_id: int, lease_id: str, agent_id: int) -> None:
+    """The run is leased to this agent under lease_id (NotFound, LeaseConflict otherwise): a plain
+    read, before an artifact's body is stored; what stores it checks again under the row's lock."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    device = session.get(Device, run.device_id) if run.device_id else None
+    if device is None or device.agent_id != agent_id or run.lease_id != lease_id:
+        raise LeaseConflict("not_owner", f"run {run_id} is not leased to this agent", run.status)
+
+
 def start(session: Session, *, run_id: int, lease_id: str, agent_id: int, lease_s: float) -> Run:
     run = _owned(session, run_id, lease_id, agent_id)
     if run.status == S.assigned:

@@ -1,0 +1,210 @@
+"""Agents prove who they are, on the real API (uvicorn; SQLite and PostgreSQL): a live agent's name
+and host are re-registered only with its current access token (a register token alone gets 409 and
+takes nothing), a dead agent's are taken again, a registration retried after a lost answer keeps
+the token the agent proposed, the real agent keeps its token across a restart, /ready shows its
+checks only to a user token, claims are capped per agent (429 with Retry-After), and an artifact's
+body is refused before it is stored when the lease is not the agent's."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+from sqlalchemy import update
+
+from _fixtures_farm import X86_RUNNERS, dispatch, register, submit, x86_host
+from sme2farm.protocol.agents import AGENT_TOKEN_HEADER
+from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.models import Agent, utcnow
+
+HOST = x86_host("host-identity")
+
+
+def mint(api, scope: str, name: str) -> str:
+    r = api.client.post("/tokens", json={"name": name, "scope": scope}, headers=api.auth())
+    assert r.status_code == 201, r.text
+    return r.json()["token"]
+
+
+def _register(api, token: str, *, name: str = "victim", hostname: str = "h1", presented: str | None = None,
+              devices=(HOST,)) -> httpx.Response:
+    body = {"name": name, "hostname": hostname, "devices": [d.model_dump(mode="json") for d in devices],
+            "runners": [r.model_dump(mode="json") for r in X86_RUNNERS]}
+    headers = {**api.auth(token), **({AGENT_TOKEN_HEADER: presented} if presented else {})}
+    return api.client.post("/agent/register", json=body, headers=headers)
+
+
+def _claim(api, token: str) -> httpx.Response:
+    return api.client.post("/agent/claim", params={"wait": 0}, headers=api.auth(token))
+
+
+def test_a_live_agent_is_not_taken_over_by_a_register_token(api, pte):
+    reg = mint(api, "register", "lab-registrar")
+    victim = register(api, (HOST,), name="victim", hostname="h1", token=reg)
+    exp = submit(api, pte)
+    assert dispatch(api)
+    r = _register(api, reg)                             # same name and host, no token of the victim's
+    assert r.status_code == 409, r.text
+    assert r.json()["reason"] == "agent_live" and AGENT_TOKEN_HEADER in r.json()["message"]
+    assert "h1" not in r.text and HOST.serial not in r.text   # nothing of the victim's
+    r = _register(api, reg, presented="sme2_" + "x" * 40)   # a guessed token is no better
+    assert r.status_code == 409, r.text
+    # The victim works on: its token, its run.
+    [assignment] = _claim(api, victim["access_token"]).json()
+    assert assignment["run_id"] == exp["runs"][0]["id"]
+    r = api.client.put("/agent/devices", json={"devices": [HOST.model_dump(mode="json")]},
+                       headers=api.auth(victim["access_token"]))
+    assert r.status_code == 200 and r.json()["refused"] == []
+
+
+def test_the_agent_itself_re_registers_with_its_token_and_keeps_it(api):
+    reg = mint(api, "register", "lab-registrar")
+    first = register(api, (HOST,), name="lab", hostname="h2", token=reg)
+    again = _register(api, reg, name="lab", hostname="h2", presented=first["access_token"])
+    assert again.status_code == 200, again.text
+    assert again.json()["agent_id"] == first["agent_id"]
+    assert again.json()["access_token"] == first["access_token"]
+    assert _claim(api, first["access_token"]).status_code == 200
+
+
+def test_a_retried_registration_keeps_the_token_the_agent_proposed(api):
+    """The agent proposes its token before it asks: the answer of the first try lost, the retry
+    presents the same token and is the same agent."""
+    proposed = "sme2_proposed-by-the-agent-0123456789abcdef"
+    first = _register(api, api.token, name="retry", hostname="h3", presented=proposed)
+    assert first.status_code == 200 and first.json()["access_token"] == proposed
+    retry = _register(api, api.token, name="retry", hostname="h3", presented=proposed)
+    assert retry.status_code == 200 and retry.json()["agent_id"] == first.json()["agent_id"]
+    assert retry.json()["access_token"] == proposed
+    # A token that is someone else's is never adopted: a fresh one is minted for a new agent.
+    other = _register(api, api.token, name="other", hostname="h4", presented=api.token)
+    assert other.status_code == 200 and other.json()["access_token"] != api.token
+    short = _register(api, api.token, name="short", hostname="h5", presented="sme2_short")
+    assert short.status_code == 200 and short.json()["access_token"] != "sme2_short"
+
+
+def test_a_dead_agents_name_and_host_register_again(api):
+    """Silent past SME2_AGENT_OFFLINE_S: its host may restart it without the token (a lost work
+    dir); the row and devices are kept, the old token revoked."""
+    old = register(api, (HOST,), name="dead", hostname="h6")
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        s.execute(update(Agent).where(Agent.id == old["agent_id"])
+                  .values(last_seen=utcnow() - __import__("datetime").timedelta(seconds=api.settings.agent_offline_s + 5)))
+    new = _register(api, api.token, name="dead", hostname="h6")
+    assert new.status_code == 200, new.text
+    assert new.json()["agent_id"] == old["agent_id"] and new.json()["access_token"] != old["access_token"]
+    assert _claim(api, old["access_token"]).status_code == 401
+    assert _claim(api, new.json()["access_token"]).status_code == 200
+
+
+def test_the_real_agent_keeps_its_identity_across_a_restart(api, tmp_path):
+    """sme2-agent keeps its access token in its work dir (0600): a restart within the offline bound
+    is the same agent; another work dir (another agent under the same name) is refused."""
+    from sme2farm.agent.api import AgentApi, Unauthorized
+    from sme2farm.agent.loop import Agent as AgentLoop
+    from sme2farm.runners.catalog import Catalog
+
+    catalog = Catalog(tmp_path / "m.json", [])
+
+    def start(work):
+        agent = AgentLoop(AgentApi(api.url, api.token, retries=0), [], catalog, name="restarted", work_dir=work)
+        agent.register()
+        return agent
+
+    first = start(tmp_path / "work")
+    [kept] = list((tmp_path / "work" / "identity").iterdir())
+    assert kept.stat().st_mode & 0o077 == 0
+    first_token = first.api.client.headers["Authorization"]
+    again = start(tmp_path / "work")   # the process restarted: a new AgentApi, the same work dir
+    assert again.api.client.headers["Authorization"] == first_token
+    assert again.api.claim(wait=0) == []
+    with pytest.raises(Unauthorized, match="409.*X-Agent-Token"):
+        start(tmp_path / "elsewhere")
+
+
+def test_ready_without_a_token_says_ready_or_not_and_nothing_else(api):
+    bare = api.client.get("/ready")
+    assert bare.status_code in (200, 503)
+    assert set(bare.json()) == {"status"}, bare.json()
+    assert bare.json()["status"] == ("ready" if bare.status_code == 200 else "not ready")
+    for token in ("sme2_not-a-token", register(api, (HOST,), name="probe-agent")["access_token"]):
+        assert set(api.client.get("/ready", headers=api.auth(token)).json()) == {"status"}
+    detail = api.client.get("/ready", headers=api.auth(mint(api, "read", "reader")))
+    assert detail.status_code == bare.status_code
+    assert {"database", "agents", "disk"} <= set(detail.json()["checks"])
+
+
+def test_claims_past_the_cap_get_429_with_retry_after(api):
+    api.settings.agent_max_claims = 2
+    token = register(api, (HOST,), name="greedy")["access_token"]
+    answers: list[httpx.Response] = []
+
+    def hold():
+        with httpx.Client(base_url=api.url, timeout=30) as c:
+            answers.append(c.post("/agent/claim", params={"wait": 3}, headers=api.auth(token)))
+
+    holders = [threading.Thread(target=hold) for _ in range(2)]
+    for t in holders:
+        t.start()
+    time.sleep(1.0)   # both are waiting now
+    r = api.client.post("/agent/claim", params={"wait": 3}, headers=api.auth(token))
+    assert r.status_code == 429, r.text
+    assert int(r.headers["Retry-After"]) >= 1 and "SME2_AGENT_MAX_CLAIMS" in r.json()["detail"]
+    for t in holders:
+        t.join()
+    assert [a.status_code for a in answers] == [200, 200]
+    assert _claim(api, token).status_code == 200   # the slots were given back
+
+
+# 150 claims from one agent token, each claiming again at once when answered (a 429 after 50 ms),
+# in a process of their own (in this one they would share the server's interpreter lock).
+FLOOD = """
+import asyncio, json, sys, time
+import httpx
+url, token, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+statuses = {}
+async def main():
+    end = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=160)) as c:
+        async def one():
+            while time.monotonic() < end:
+                r = await c.post("/agent/claim", params={"wait": 5}, headers={"Authorization": f"Bearer {token}"})
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                if r.status_code == 429:
+                    await asyncio.sleep(0.05)
+        await asyncio.gather(*(one() for _ in range(150)))
+asyncio.run(main())
+print(json.dumps(statuses))
+"""
+
+
+def test_150_long_polls_from_one_agent_leave_the_users_list_answering(api):
+    """While 150 concurrent claims from one agent token go on, a user's GET /experiments answers
+    within 1 s, every time."""
+    import json
+    import subprocess
+    import sys
+
+    token = register(api, (HOST,), name="flood")["access_token"]
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, api.url, token, "6"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)   # the flood is on
+        took = []
+        for _ in range(10):
+            t0 = time.monotonic()
+            assert api.client.get("/experiments", headers=api.auth()).status_code == 200
+            took.append(time.monotonic() - t0)
+            time.sleep(0.2)
+        out, _ = flood.communicate(timeout=60)
+    finally:
+        if flood.poll() is None:
+            flood.kill()
+            flood.wait()
+    statuses = {int(k): v for k, v in json.loads(out).items()}
+    print(f"\nGET /experiments under 150 claims (cap {api.settings.agent_max_claims}): median "
+          f"{statistics.median(took) * 1000:.0f} ms, max {max(took) * 1000:.0f} ms; claim answers {statuses}")
+    assert statuses.get(429, 0) > 0 and set(statuses) <= {200, 429}
+    assert max(took) < 1.0, took
