@@ -9,8 +9,7 @@ analysed without one ("no etrecord").
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from sme2farm.analysis import etrecord as etr
 from sme2farm.server.services.programs import InvalidProgram
 
 # the mismatch sentences a 422 names (the first ones: a wrong model disagrees everywhere)
@@ -21,15 +20,8 @@ class Unreadable(ValueError):
     """Not an ETRecord the reader can use (analysis.etrecord.EtrecordError's sentence)."""
 
 
-def _reader():
-    from sme2farm.analysis import etrecord
-
-    return etrecord
-
-
-def parse(data: bytes):
+def parse(data: bytes) -> etr.Etrecord:
     """An ETRecord's bytes parsed (analysis.etrecord.Etrecord); Unreadable when they are not one."""
-    etr = _reader()
     try:
         return etr.read_etrecord(data)
     except etr.EtrecordError as e:
@@ -46,7 +38,7 @@ def check(upload) -> None:
         et = parse(upload.etrecord_path.read_bytes())
     except Unreadable as e:
         raise _refusal(f"not a readable ETRecord: {e}") from None
-    mismatches = _reader().check_against_program(et, upload.model_path.read_bytes())
+    mismatches = etr.check_against_program(et, upload.model_path.read_bytes())
     if mismatches:
         more = len(mismatches) - MAX_NAMED
         raise _refusal("the ETRecord is not this model's: " + "; ".join(mismatches[:MAX_NAMED])

@@ -23,6 +23,7 @@ from sme2farm.protocol import (DEFAULT_METHOD, KERNEL_LOG, LATENCIES_CSV, MEMORY
                                REPORT_MD, RUNNER_LOG, TRACE)
 from sme2farm.runners import inputs as containers
 from sme2farm.runners.input_check import check_outputs
+from sme2farm.server.services import etrecords
 from sme2farm.server.services.devices import device_model, emulator_of
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
@@ -45,6 +46,9 @@ class Analysis:
 class Ingester:
     def __init__(self, store: Store):
         self.files = store
+        # (ETRecord sha256, model sha256) -> (Etrecord, program bytes) or an unreadable one's
+        # sentence: read once per Ingester, which the worker builds once per batch
+        self._etrecords: dict[tuple[str, str], tuple | str] = {}
 
     def analyze(self, run: Run) -> Analysis:
         trace = self.files.artifact_path(run.id, TRACE)
@@ -53,7 +57,12 @@ class Ingester:
         kernel_log_path = self.files.artifact_path(run.id, KERNEL_LOG)
         kernel_log = kernel_log_path.read_text(errors="replace") if kernel_log_path.exists() else None
         etdump = analysis.read_etdump(trace.read_bytes())  # read once, for the report and the Perfetto trace
-        report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace, sme2=run.sme2 == "on" and bool((run.device_snapshot or {}).get("sme2")), arch=analysis.arch_of((run.runner or {}).get("platform")))
+        etrecord, program, unreadable = self.etrecord(run)
+        report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace, sme2=run.sme2 == "on" and bool((run.device_snapshot or {}).get("sme2")), arch=analysis.arch_of((run.runner or {}).get("platform")),
+                                  etrecord=etrecord, program=program,
+                                  method=(run.experiment.spec or {}).get("method", DEFAULT_METHOD))
+        if unreadable:
+            report["warnings"].append(unreadable)
         if report["n_iterations"] == 0:
             total = report["n_iterations"] + report["skipped_iterations"]
             if total == 0:
@@ -80,6 +89,24 @@ class Ingester:
             PERFETTO_JSON: json.dumps(analysis.to_perfetto(etdump)),
         }
         return Analysis(report, derived)
+
+    def etrecord(self, run: Run) -> tuple[object | None, bytes | None, str]:
+        """(Etrecord, program bytes, '') for a run of the experiment's model when an ETRecord was
+        submitted with it (checked against it then: services/etrecords.py); (None, None, '') without
+        one, and for a vs_model's runs (the ETRecord is the model's); (None, None, why) when the
+        stored one cannot be read now: the run is analysed without it and says so."""
+        exp = run.experiment
+        if not exp.etrecord_sha256 or run.variant == "B":
+            return None, None, ""
+        key = (exp.etrecord_sha256, exp.model_sha256)
+        if key not in self._etrecords:
+            try:
+                self._etrecords[key] = (etrecords.parse(self.files.etrecord_path(key[0]).read_bytes()),
+                                        self.files.model_path(key[1]).read_bytes())
+            except (etrecords.Unreadable, OSError) as e:
+                self._etrecords[key] = f"the ETRecord submitted with the model could not be read ({e}): no module is named"
+        got = self._etrecords[key]
+        return (None, None, got) if isinstance(got, str) else (*got, "")
 
     def runner_log_head(self, run: Run) -> str:
         """The start of the run's runner.log ('' when none was uploaded)."""

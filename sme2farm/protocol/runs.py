@@ -250,16 +250,21 @@ class SourceRow(Read):
     code: str | None = Field(default=None, description="That line of the user's code")
     inserted_by: str | None = Field(default=None, description="An operator XNNPACK inserted (a layout Transpose, a "
                                                               "Convert): why; it is attributed to the node it serves")
+    instruction: int | None = Field(default=None, description="The call's instruction id in the method")
+    position: int | None = Field(default=None, description="The operator's place within its delegate call")
+    debug_handle: int | None = Field(default=None, description="The ETRecord node's debug handle it was aligned to")
+    ambiguous: bool = Field(default=False, description="Its alignment was not certain: it names no module")
 
 
 class ModuleTime(Read):
-    """E2E split over the module tree: one row per module at each depth (inclusive ms), and the rest,
-    "not attributed"."""
+    """E2E split over the module tree: one row per module at each depth (inclusive ms; the model
+    itself is module "" at depth 0), and the rest, "not attributed"."""
 
     module: str
     depth: int
     ms: float = Field(description="ms per iteration, the module's and its children's")
     share: float | None = Field(default=None, description="ms / mean E2E")
+    module_class: str | None = None
 
 
 class Attribution(Read):
