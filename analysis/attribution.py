@@ -195,11 +195,19 @@ def _row(m, event: int, *, delegated: bool, instruction: int, position: int | No
             "ambiguous": False}
 
 
-def _fill(row: dict, em: EtrecordMethod, handle: int) -> bool:
+_QDQ = {"quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel",
+        "choose_qparams", "quantize_per_token", "dequantize_per_token", "_to_copy", "_to_dim_order_copy"}
+
+
+def _fill(row: dict, em: EtrecordMethod, handle: int, kind: str | None = None) -> bool:
+    """Row fields from the handle's nodes. A quantized graph gives one handle to an operator and
+    the quantize/dequantize nodes around it: a Convert stands for those, anything else for the
+    operator."""
     nodes = [n for n in em.nodes.get(handle, ()) if n.target]
     if not nodes:
         return False
-    node: EtrecordNode = nodes[0]
+    want_qdq = kind == "Convert"
+    node: EtrecordNode = next((n for n in nodes if (op_name(n.target) in _QDQ) == want_qdq), nodes[0])
     row.update(module=node.module, module_class=node.module_class or None,
                aten=sorted({n.target for n in nodes}), location=node.location, code=node.code,
                debug_handle=handle, stack=[list(s) for s in node.stack])
@@ -251,7 +259,8 @@ def _delegate_rows(m, em: EtrecordMethod, call: Call | None, instruction: int, e
         if own[i] is not None:
             prev = own[i]
     for i, r in enumerate(rows):
-        if match[i] is None or served[i] is None or not _fill(r, em, served[i]):
+        kind = call.xnodes[match[i]].kind if match[i] is not None and match[i] >= 0 and own[i] is not None else None
+        if match[i] is None or served[i] is None or not _fill(r, em, served[i], kind):
             _unattribute(r)
             continue
         if own[i] is None:

@@ -91,7 +91,23 @@ def _pointwise():
     return Net(), (torch.randn(1, 3, 24, 24),)
 
 
-ATTRIBUTION_MODELS = {"ln_net": _ln_net, "dominant": _dominant, "pointwise": _pointwise}
+def _half_inside():
+    """fp32 in and out, fp16 inside: the casts are XNNPACK Converts in the caller's module."""
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 16, 3, padding=1)).half()
+
+        def forward(self, x):
+            return self.body(x.half()).float()
+
+    return Net(), (torch.randn(1, 3, 24, 24),)
+
+
+ATTRIBUTION_MODELS = {"ln_net": _ln_net, "dominant": _dominant, "pointwise": _pointwise, "half_inside": _half_inside}
 
 
 def export_with_etrecord(model, inputs, pte: Path, etrecord: Path, *, dtype: str = "fp32") -> None:

@@ -1,0 +1,164 @@
+"""Attribution from an ETRecord (analysis/attribution.py) on models whose answer is known by
+construction, exported with ExecuTorch and run for real in the farm's host runner; ETDump events
+cross-checked against ExecuTorch's own flatcc deserializer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from _fixtures_attribution import attributed_model  # noqa: F401
+from _fixtures_runtime import resolved_runner
+from sme2farm.analysis.attribution import EXPORT_HINT, NOT_ATTRIBUTED
+from sme2farm.analysis.etrecord import read_etrecord
+from sme2farm.analysis.report import analyze
+
+
+@pytest.fixture(scope="module")
+def traced(attributed_model, local_runner, tmp_path_factory):  # noqa: F811
+    """traced(name, dtype) -> (pte bytes, ETRecord, ETDump bytes): 30 timed iterations."""
+    cache = {}
+    out = tmp_path_factory.mktemp("attr-traces")
+
+    def make(name: str, dtype: str = "fp32"):
+        if (name, dtype) not in cache:
+            pte, record = attributed_model(name, dtype)
+            trace = out / f"{name}-{dtype}.etdump"
+            subprocess.run([resolved_runner(local_runner), f"--model_path={pte}", "--num_executions=30",
+                            "--warmup=2", f"--etdump_path={trace}"], check=True, capture_output=True, timeout=120)
+            cache[name, dtype] = (pte.read_bytes(), read_etrecord(record.read_bytes()), trace.read_bytes())
+        return cache[name, dtype]
+
+    return make
+
+
+def _report(traced, name, dtype="fp32"):
+    program, et, trace = traced(name, dtype)
+    return analyze(trace, etrecord=et, program=program)
+
+
+def _module_ms(r) -> dict[str, float]:
+    return {m["module"]: m["ms"] for m in r["by_module"]}
+
+
+def _checks_that_hold_for_every_model(r):
+    e2e = r["e2e_ms"]["mean"]
+    depth0 = [m for m in r["by_module"] if m["depth"] == 0]
+    assert {m["module"] for m in depth0} == {"", NOT_ATTRIBUTED}
+    assert sum(m["ms"] for m in depth0) == pytest.approx(e2e, rel=1e-9)
+    for depth in {m["depth"] for m in r["by_module"]}:  # no depth holds more than the model
+        assert sum(m["ms"] for m in r["by_module"] if m["depth"] == depth) <= e2e * (1 + 1e-9)
+    op_ms = sum(row["ms"] for row in r["by_source"])
+    assert op_ms == pytest.approx(sum(o["total_ms"] for o in r["operators"]), rel=1e-9)
+    assert r["attribution"]["attributed_share"] >= 0.8
+    assert json.loads(json.dumps(r))["by_source"] == r["by_source"]  # the rows survive ingest's JSON
+
+
+def test_the_dominant_layer_gets_the_slowest_convolution_and_the_heaviest_module(traced):
+    r = _report(traced, "dominant")
+    _checks_that_hold_for_every_model(r)
+    assert r["attribution"]["status"] == "attributed"
+    convs = [row for row in r["by_source"] if row["category"] == "Convolution"]
+    slowest = max(convs, key=lambda row: row["ms"])
+    assert (slowest["module"], slowest["module_class"]) == ("features.big", "Conv2d")
+    assert slowest["aten"] == ["aten.convolution.default"] and "features(x)" in slowest["code"]
+    top = max((m for m in r["by_module"] if m["depth"] == 1), key=lambda m: m["ms"])
+    assert top["module"] == "features"
+    # the 1x1 projection runs as Fully Connected and is the Conv2d's
+    (proj,) = [row for row in r["by_source"] if row["module"] == "features.proj"]
+    assert proj["operator"].startswith("Fully Connected") and proj["module_class"] == "Conv2d"
+    head = [row for row in r["by_source"] if row["module"] == "head"]
+    assert [row["module_class"] for row in head] == ["Linear"]
+
+
+def test_portable_layer_norms_and_the_transposes_around_them(traced):
+    r = _report(traced, "ln_net")
+    _checks_that_hold_for_every_model(r)
+    assert r["attribution"]["status"] == "attributed" and r["attribution"]["attributed_share"] == pytest.approx(1.0)
+    norms = [row for row in r["by_source"] if row["operator"] == "native_call_native_layer_norm.out"]
+    assert [(n["module"], n["module_class"], n["delegated"]) for n in norms] == [
+        ("blocks.0.norm", "LayerNorm", False), ("blocks.1.norm", "LayerNorm", False)]
+    assert all(n["aten"] == ["aten.native_layer_norm.default"] and "self.norm(" in n["code"] for n in norms)
+    transposes = [row for row in r["by_source"] if row["operator"].startswith("Transpose")]
+    inserted = [t for t in transposes if t["inserted_by"]]
+    # the user's two permutes per block are theirs (no inserted_by); XNNPACK's layout ones are inserted
+    assert len(transposes) - len(inserted) == 4 and len(inserted) >= 4
+    assert all(t["module"] is not None for t in transposes)
+    (mean,) = [row for row in r["by_source"] if row["operator"] == "native_call_mean.out"]
+    assert (mean["module"], mean["module_class"]) == ("", "Net")  # the model's own forward
+    ms = _module_ms(r)
+    assert ms["blocks"] == pytest.approx(ms["blocks.0"] + ms["blocks.1"])
+    assert ms["blocks.0"] >= ms["blocks.0.conv"] + ms["blocks.0.norm"]
+
+
+def test_pointwise_convolutions_run_as_fully_connected_rows_of_their_conv2d(traced):
+    r = _report(traced, "pointwise")
+    _checks_that_hold_for_every_model(r)
+    fc = [row for row in r["by_source"] if row["operator"].startswith("Fully Connected")]
+    assert [(row["module"], row["module_class"]) for row in fc] == [("expand", "Conv2d"), ("reduce", "Conv2d")]
+    (act,) = [row for row in r["by_source"] if row["operator"].startswith("HardSwish")]
+    assert act["module_class"] == "Hardswish"
+
+
+@pytest.mark.parametrize("name, dtype", [("dominant", "fp16"), ("dominant", "int8"), ("half_inside", "fp32")])
+def test_fp16_and_int8_exports(traced, name, dtype):
+    r = _report(traced, name, dtype)
+    _checks_that_hold_for_every_model(r)
+    assert r["attribution"]["status"] == "attributed"
+    convs = [row for row in r["by_source"] if row["category"] == "Convolution"]
+    assert convs and all(row["module_class"] == "Conv2d" for row in convs)
+    if name == "dominant":
+        assert max(convs, key=lambda row: row["ms"])["module"] == "features.big"
+    if dtype == "int8":  # quantize/dequantize run as XNNPACK Converts, attributed, never a convolution
+        converts = [row for row in r["by_source"] if row["operator"].startswith("Convert")]
+        assert converts and all(row["category"] == "Data Movement" and row["module"] is not None for row in converts)
+        assert any("quantize" in a for row in converts for a in row["aten"])
+    if name == "half_inside":  # x.half() and .float() are portable copies in the model's forward
+        copies = [row for row in r["by_source"] if "to_dim_order_copy" in row["operator"]]
+        assert len(copies) == 2 and all(row["module_class"] == "Net" for row in copies)
+
+
+def test_without_an_etrecord_no_module_is_named_and_one_line_says_how_to_export_one(traced):
+    program, _, trace = traced("ln_net")
+    r = analyze(trace, program=program)
+    assert r["attribution"] == {"status": "no etrecord", "attributed_share": 0.0, "etrecord_sha256": None}
+    assert r["by_source"] == [] and r["by_module"] == []
+    assert r["warnings"].count(EXPORT_HINT) == 1 and "generate_etrecord=True" in EXPORT_HINT
+
+
+def test_another_models_etrecord_is_a_mismatch_and_names_nothing(traced):
+    program, _, trace = traced("ln_net")
+    _, other, _ = traced("dominant")
+    r = analyze(trace, etrecord=other, program=program)
+    assert r["attribution"]["status"] == "mismatch" and r["attribution"]["etrecord_sha256"] == other.sha256
+    assert r["by_source"] == [] and r["by_module"] == []
+    assert any("does not belong to this model" in w for w in r["warnings"])
+    # without the program the ETRecord cannot be checked: not used either
+    r = analyze(trace, etrecord=traced("ln_net")[1])
+    assert r["attribution"]["status"] == "mismatch" and r["by_source"] == []
+
+
+def test_the_events_attributed_are_the_ones_executorchs_flatcc_reader_sees(traced):
+    from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc
+
+    program, et, trace = traced("ln_net")
+    r = analyze(trace, etrecord=et, program=program)
+    blocks = [b for b in deserialize_from_etdump_flatcc(trace).run_data if b.name == "Execute"]
+    per_iteration = []
+    for b in blocks:
+        names = []
+        for e in b.events:
+            pe = e.profile_event
+            if pe is None:
+                continue
+            if pe.delegate_debug_id_str:
+                names.append((pe.delegate_debug_id_str, pe.end_time - pe.start_time))
+            elif pe.name.startswith("native_call_"):
+                names.append((pe.name, pe.end_time - pe.start_time))
+        per_iteration.append(names)
+    first = [n for n, _ in per_iteration[0]]
+    assert [row["operator"] + (f" #{row['instance']}" if row["instance"] else "") for row in r["by_source"]] == first
+    for k, row in enumerate(r["by_source"]):  # mean ms per call site over the iterations
+        assert row["ms"] == pytest.approx(sum(it[k][1] for it in per_iteration) / len(per_iteration) / 1e6, rel=1e-6)
