@@ -24,15 +24,18 @@ or garbage file raises :class:`EtdumpError` instead of reading junk or crashing.
 
 from __future__ import annotations
 
+import hashlib
+import mmap
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["EtdumpError", "Events", "read_etdump", "KIND_PROFILE", "KIND_ALLOC", "KIND_DEBUG"]
+__all__ = ["EtdumpError", "Events", "read_etdump", "read_etdump_file", "KIND_PROFILE", "KIND_ALLOC", "KIND_DEBUG"]
 
 KIND_NONE, KIND_PROFILE, KIND_ALLOC, KIND_DEBUG = -1, 0, 1, 2
 _IDENT = b"ED00"
 _U32MAX = 2**32 - 1
+_SHORT_STRING = 256  # bytes: operator and delegate names are far shorter; longer ones are hashed one by one
 
 
 class EtdumpError(ValueError):
@@ -118,23 +121,50 @@ class _Buf:
     def strings(self, spos: np.ndarray, what: str) -> tuple[np.ndarray, list[str]]:
         """Deduplicate the strings at positions ``spos`` (-1 = absent).
 
-        Returns (ids into the list, -1 for absent) and the list of distinct strings. The
-        key is a 64-bit FNV-style mix of the length and of the bytes read 8 at a time.
+        Returns (ids into the list, -1 for absent) and the list of distinct strings. Each position
+        is read once however many events point at it, and the distinct strings may hold at most
+        the file's bytes between them (strings do not overlap in a well-formed file), so the work
+        is linear in the file. The key of a short string is a 64-bit FNV-style mix of its length
+        and its bytes read 8 at a time, for all of them at once; a long one (a name no operator
+        has) is hashed alone.
         """
         ids = np.full(spos.shape, -1, dtype=np.int32)
         present = spos >= 0
         if not present.any():
             return ids, []
-        p = spos[present]
+        p, at = np.unique(spos[present], return_inverse=True)
         self.check(p, 4, what)
         ln = self.u32[p].astype(np.int64)
         self.check(p + 4 + ln, 0, what)
+        total = int(ln.sum())
+        if total > self.n:
+            raise EtdumpError(f"corrupt ETDump: {what} claim {total} bytes between them in a {self.n}-byte file "
+                              "(its strings overlap)")
+        h = np.empty(p.shape, dtype=np.uint64)
+        short = ln <= _SHORT_STRING
+        h[short] = self._short_hashes(p[short], ln[short])
+        for i in np.flatnonzero(~short).tolist():
+            s = int(p[i]) + 4
+            digest = hashlib.blake2b(self.raw[s:s + int(ln[i])], digest_size=8).digest()
+            h[i] = int.from_bytes(digest, "little")
+        uniq, first, inv = np.unique(h, return_index=True, return_inverse=True)
+        out: list[str] = []
+        raw = self.raw
+        for i in first:
+            s = int(p[i])
+            n = int(ln[i])
+            out.append(raw[s + 4: s + 4 + n].tobytes().decode("utf-8", "replace"))
+        ids[present] = inv.reshape(-1).astype(np.int32)[at.reshape(-1)]
+        return ids, out
+
+    def _short_hashes(self, p: np.ndarray, ln: np.ndarray) -> np.ndarray:
         h = ln.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        maxlen = int(ln.max())
+        if not p.size:
+            return h
         prime = np.uint64(0x100000001B3)
         last = self.n - 8
         with np.errstate(over="ignore"):
-            for w in range(0, maxlen, 8):
+            for w in range(0, int(ln.max()), 8):
                 rem = np.clip(ln - w, 0, 8)
                 q = p + 4 + w
                 # near the end of the file read the last full word and shift (exact bytes)
@@ -145,15 +175,7 @@ class _Buf:
                                 (np.uint64(1) << (rem.astype(np.uint64) * np.uint64(8))) - np.uint64(1))
                 h = (h ^ (word & mask)) * prime
                 h ^= h >> np.uint64(29)
-        uniq, first, inv = np.unique(h, return_index=True, return_inverse=True)
-        out: list[str] = []
-        raw = self.raw
-        for i in first:
-            s = int(p[i])
-            n = int(ln[i])
-            out.append(raw[s + 4: s + 4 + n].tobytes().decode("utf-8", "replace"))
-        ids[present] = inv.reshape(-1).astype(np.int32)
-        return ids, out
+        return h
 
 
 class _Tables:
@@ -231,11 +253,31 @@ def _vector(buf: _Buf, vpos: np.ndarray, what: str) -> tuple[np.ndarray, np.ndar
     return elem, owner
 
 
-def read_etdump(data: bytes | bytearray | memoryview) -> Events:
+def read_etdump_file(path) -> Events:
+    """Parse the ETDump file at `path` through a read-only map: the trace is never read whole
+    into memory, and what is returned holds no view of the map."""
+    with open(path, "rb") as f:
+        if f.seek(0, 2) == 0:
+            return read_etdump(b"")
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        try:
+            return read_etdump(m)
+        except EtdumpError as e:
+            message = str(e)  # raised again below, once the frames holding views of the map are gone
+    finally:
+        try:
+            m.close()
+        except BufferError:  # a view still alive in a traceback: the map goes when that does
+            pass
+    raise EtdumpError(message)
+
+
+def read_etdump(data: bytes | bytearray | memoryview | mmap.mmap) -> Events:
     """Parse ETDump bytes (size-prefixed or not) into :class:`Events`."""
     if isinstance(data, (bytearray, memoryview)):
         data = bytes(data)
-    if not isinstance(data, bytes):
+    if not isinstance(data, (bytes, mmap.mmap)):
         raise TypeError(f"read_etdump expects bytes, got {type(data).__name__}")
     n = len(data)
     if n < 12:

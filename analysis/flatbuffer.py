@@ -4,13 +4,20 @@ against the buffer's length, so a truncated or hostile file raises instead of re
 For files of a few dozen tables of many types (a .pte's method signatures, a .bpte's test
 cases), which a scalar reader reads plainly. The ETDump reader (etdump.py) is vectorised over
 hundreds of thousands of tables of one type instead.
+
+A hostile file can point many offsets at one record, so that a small file reads as a huge one.
+Every vector element and string byte read is charged to a budget of READS_PER_BYTE per byte of
+the buffer (a well-formed file reads each of its records once), and past it the reader raises.
 """
 
 from __future__ import annotations
 
 import struct
 
-__all__ = ["FlatbufferError", "Flat", "Table"]
+__all__ = ["FlatbufferError", "Flat", "Table", "READS_PER_BYTE"]
+
+READS_PER_BYTE = 2
+_BUDGET_FLOOR = 4096  # a tiny file still reads its header tables
 
 
 class FlatbufferError(ValueError):
@@ -28,6 +35,15 @@ class Flat:
         self.n = len(buf) if end is None else min(end, len(buf))
         self.what = what
         self.error = error
+        self.budget = self.left = READS_PER_BYTE * self.n + _BUDGET_FLOOR
+
+    def spend(self, count: int, name: str) -> None:
+        """Charge `count` elements (or bytes) read to the budget; raise once it is spent."""
+        self.left -= count
+        if self.left < 0:
+            raise self.error(
+                f"corrupt {self.what}: reading {name} goes past the reader's budget of {self.budget} elements "
+                f"({READS_PER_BYTE} per byte of its {self.n} bytes): its tables point at the same records over and over")
 
     def check(self, pos: int, width: int, name: str) -> None:
         if pos < 0 or pos + width > self.n:
@@ -82,6 +98,7 @@ class Table:
     def tables(self, k: int, field_name: str, type_name: str) -> list["Table"]:
         start, count = self.vector(k, field_name)
         self.fb.check(start, 4 * count, f"{self.name}.{field_name}")
+        self.fb.spend(count, f"{self.name}.{field_name}")
         return [Table(self.fb, start + 4 * i + self.fb.unpack("<I", start + 4 * i, field_name), type_name)
                 for i in range(count)]
 
@@ -89,6 +106,7 @@ class Table:
         start, count = self.vector(k, field_name)
         if not 0 <= index < count:
             raise self.fb.error(f"corrupt {self.fb.what}: {self.name}.{field_name}[{index}] of {count}")
+        self.fb.spend(1, f"{self.name}.{field_name}")
         p = start + 4 * index
         return Table(self.fb, p + self.fb.unpack("<I", p, field_name), type_name)
 
@@ -96,6 +114,7 @@ class Table:
         start, count = self.vector(k, field_name)
         width = struct.calcsize(fmt)
         self.fb.check(start, width * count, f"{self.name}.{field_name}")
+        self.fb.spend(count, f"{self.name}.{field_name}")
         return list(struct.unpack_from(f"<{count}{fmt}", self.fb.mv, start)) if count else []
 
     def bytes_span(self, k: int, field_name: str) -> tuple[int, int]:
@@ -105,4 +124,5 @@ class Table:
 
     def string(self, k: int, field_name: str) -> str:
         start, count = self.bytes_span(k, field_name)
+        self.fb.spend(count, f"{self.name}.{field_name}")
         return bytes(self.fb.mv[start:start + count]).decode("utf-8", "replace")

@@ -17,18 +17,29 @@ the second for code the library does not export, its ISA read from its instructi
 
 from __future__ import annotations
 
+import io
 import re
+from typing import Iterator
 
-_LINE = re.compile(r"Using\s+([A-Za-z0-9_ \-]+?)\s+microkernel\s+'([^']+)'")
-_EXECUTED = re.compile(r"Executed\s+([A-Za-z0-9_ \-]+?)\s+microkernel\s+'([^']+)'\s+\((\d+) translated blocks?"
-                       r"(?:,\s*\d+\s+(SME2|SME|NEON|x86|other) instructions?)?\)")
-_TRANSLATED = re.compile(r"^Translated blocks: (\d+) in total", re.M)
+# The kernel lines, read left to right once per line (no backtracking regex over a whole log:
+# "Using" followed by thousands of spaces took such a regex cubic time in the line's length).
+_VERB = re.compile(r"(Using|Executed)\s+")
+_KIND_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_ -")
+_KIND = re.compile(r"[A-Za-z0-9_ \-]+")
+_BLOCKS = re.compile(r"\s+\((\d+) translated blocks?(?:,\s*\d+\s+(SME2|SME|NEON|x86|other) instructions?)?\)")
+_TRANSLATED = re.compile(r"Translated blocks: (\d+) in total")
 SOURCE_XNNPACK = "XNNPACK log"
 SOURCE_EMULATOR = "emulator translation log"
+MAX_LOG_BYTES = 32 << 20  # of a kernel log read at ingest: XNNPACK names its kernels as it starts
+MAX_KERNELS = 4096  # distinct microkernel names; a run selects a few dozen
 
 ISA_CLASSES = ("SME2", "SME", "NEON", "x86", "other")
 _X86 = re.compile(r"(sse|avx|f16c|fma3|xop|amx|x86|ssse3)", re.I)
 _NEON = re.compile(r"(neon|asimd|aarch64|aarch32|arm)", re.I)
+
+
+class KernelLogError(ValueError):
+    """A kernel log past what the reader keeps (MAX_KERNELS distinct names)."""
 
 
 def classify_kernel(name: str) -> str:
@@ -47,8 +58,42 @@ def classify_kernel(name: str) -> str:
     return "other"
 
 
+def _kernel_matches(line: str) -> Iterator[tuple[str, str, str, re.Match | None]]:
+    """(verb, kind, name, the Executed line's block count match) for each
+    ``<verb> <kind> microkernel '<name>'`` in the line, in time linear in the line."""
+    pos, floor = 0, 0
+    while (i := line.find("microkernel", pos)) >= 0:
+        pos = i + len("microkernel")
+        j = pos
+        while j < len(line) and line[j].isspace():
+            j += 1
+        if j == pos or j >= len(line) or line[j] != "'":
+            continue
+        close = line.find("'", j + 1)
+        if close < 0:
+            return  # no quote closes this name, nor any later one
+        if close == j + 1:
+            continue
+        k = i
+        while k > floor and line[k - 1].isspace():
+            k -= 1
+        b = k
+        while b > floor and (line[b - 1] in _KIND_CHARS or line[b - 1].isspace()):
+            b -= 1
+        floor = pos = close + 1
+        if k == i or (m := _VERB.search(line, b, k)) is None:
+            continue
+        kind = line[m.end():k]
+        if not kind or not _KIND.fullmatch(kind):
+            continue
+        blocks = _BLOCKS.match(line, close + 1) if m.group(1) == "Executed" else None
+        if m.group(1) == "Executed" and blocks is None:
+            continue
+        yield m.group(1), kind, line[j + 1:close], blocks
+
+
 def parse_kernel_log(text: str | None) -> dict:
-    """Kernels per operator kind, each classified.
+    """Kernels per operator kind, each classified, in time linear in the text.
 
     Returns ``{"status": "ok", "source": ..., "by_kind": {kind: [{"name", "isa"}...]},
     "isa_counts": {isa: n distinct kernels}, "sme2_used": bool, "n_lines": int}``, or
@@ -57,28 +102,44 @@ def parse_kernel_log(text: str | None) -> dict:
     names came from: "XNNPACK log" (``Using ... microkernel``), "emulator translation log"
     (``Executed ... microkernel``; its entries also carry ``blocks``, the translated blocks), or
     both joined by " and ". From an emulator log, ``translated_blocks`` is the run's total.
+    More than MAX_KERNELS distinct names raise KernelLogError.
     """
     if text is None or not str(text).strip():
         return {"status": "no kernel log"}
-    text = str(text)
     by_kind: dict[str, dict[str, dict]] = {}
-    n = 0
-    for m in _LINE.finditer(text):
-        n += 1
-        name = m.group(2).strip()
-        by_kind.setdefault(m.group(1).strip().lower(), {})[name] = {"name": name, "isa": classify_kernel(name)}
-    n_using = n
-    for m in _EXECUTED.finditer(text):
-        n += 1
-        name = m.group(2).strip()
-        by_kind.setdefault(m.group(1).strip().lower(), {})[name] = {
-            "name": name, "isa": m.group(4) or classify_kernel(name), "blocks": int(m.group(3))}
-    emulated = n > n_using or f"[{SOURCE_EMULATOR}]" in text
+    executed: dict[str, dict[str, dict]] = {}  # over the XNNPACK log's entry of the same kernel
+    n_using = n_executed = 0
+    names: set[str] = set()
+    tagged = False
+    extra = {}
+    for line in io.StringIO(str(text)):
+        line = line.rstrip("\r\n")
+        tagged = tagged or f"[{SOURCE_EMULATOR}]" in line
+        if "translated_blocks" not in extra and (t := _TRANSLATED.match(line)) is not None:
+            extra["translated_blocks"] = int(t.group(1))
+        if "microkernel" not in line:
+            continue
+        for verb, kind, name, blocks in _kernel_matches(line):
+            name = name.strip()
+            if name not in names:
+                if len(names) >= MAX_KERNELS:
+                    raise KernelLogError(f"the kernel log names more than {MAX_KERNELS} distinct microkernels "
+                                         "(the reader's limit)")
+                names.add(name)
+            kind = kind.strip().lower()
+            if verb == "Using":
+                n_using += 1
+                by_kind.setdefault(kind, {})[name] = {"name": name, "isa": classify_kernel(name)}
+            else:
+                n_executed += 1
+                executed.setdefault(kind, {})[name] = {
+                    "name": name, "isa": blocks.group(2) or classify_kernel(name), "blocks": int(blocks.group(1))}
+    for kind, entries in executed.items():
+        by_kind.setdefault(kind, {}).update(entries)
+    n = n_using + n_executed
+    emulated = n_executed > 0 or tagged
     source = " and ".join(s for s, present in ((SOURCE_XNNPACK, n_using > 0 or not emulated),
                                                (SOURCE_EMULATOR, emulated)) if present)
-    extra = {}
-    if (t := _TRANSLATED.search(text)) is not None:
-        extra["translated_blocks"] = int(t.group(1))
     if n == 0:
         return {"status": "no kernels found", "source": source, "by_kind": {}, "isa_counts": {},
                 "sme2_used": False, "n_lines": 0, **extra}

@@ -97,13 +97,26 @@ def program_methods(buf, *, end: int | None = None) -> dict[str, MethodSignature
     fb = Flat(buf, "ExecuTorch program", end, error=PteError)
     program = fb.root()
     out: dict[str, MethodSignature] = {}
+    seen: dict[int, MethodSignature] = {}  # by table position: a plan listed twice is read once
     for plan in program.tables(1, "execution_plan", "ExecutionPlan"):
+        if plan.pos in seen:
+            out[seen[plan.pos].name] = seen[plan.pos]
+            continue
         name = plan.string(0, "name")
         _, nvalues = plan.vector(2, "values")
+        specs: dict[int, InputSpec] = {}  # an index named twice (an output that is an input) is read once
+
+        def spec(idx: int, role: str) -> InputSpec:
+            if idx not in specs:
+                specs[idx] = _value_spec(plan, name, role, idx, nvalues)
+            else:  # still charged: what the signature holds stays within the budget, not only what was read
+                fb.spend(1 + len(specs[idx].sizes), f"method {name}'s {role}s")
+            return specs[idx]
+
         # program.fbs ExecutionPlan: name 0, container_meta_type 1, values 2, inputs 3, outputs 4
-        inputs = tuple(_value_spec(plan, name, "input", idx, nvalues) for idx in plan.scalars(3, "inputs", "i"))
-        outputs = tuple(_value_spec(plan, name, "output", idx, nvalues) for idx in plan.scalars(4, "outputs", "i"))
-        out[name] = MethodSignature(name, inputs, outputs)
+        inputs = tuple(spec(idx, "input") for idx in plan.scalars(3, "inputs", "i"))
+        outputs = tuple(spec(idx, "output") for idx in plan.scalars(4, "outputs", "i"))
+        out[name] = seen[plan.pos] = MethodSignature(name, inputs, outputs)
     return out
 
 
@@ -164,7 +177,11 @@ def program_memory(buf, *, end: int | None = None) -> ProgramMemory:
 
     planned: dict[str, tuple[int, ...]] = {}
     delegate_segments: set[int] = set()
+    seen: set[int] = set()  # a plan listed twice adds nothing the first reading did not
     for plan in program.tables(1, "execution_plan", "ExecutionPlan"):
+        if plan.pos in seen:
+            continue
+        seen.add(plan.pos)
         name = plan.string(0, "name")
         # ExecutionPlan: name 0, ... delegates 7, non_const_buffer_sizes 8; index 0 is reserved
         sizes = plan.scalars(8, "non_const_buffer_sizes", "q")

@@ -43,8 +43,10 @@ class BundledInputs:
 _BP_TENSOR, _BP_INT, _BP_BOOL, _BP_DOUBLE = 1, 2, 3, 4
 
 
-def read_bundled(buf, method: str = "forward") -> BundledInputs:
-    """The embedded program's span and the first test case's inputs of `method`'s suite."""
+def read_bundled(buf, method: str = "forward", *, max_bytes: int = 1 << 30) -> BundledInputs:
+    """The embedded program's span and the first test case's inputs of `method`'s suite. The
+    inputs' bytes are summed over every input before any is copied: past `max_bytes`, or past the
+    reader's budget for the file (a tensor behind many inputs), InputsError and nothing copied."""
     if not is_bundled_program(bytes(buf[:8])):
         raise InputsError("not an ExecuTorch bundled program: the flatbuffer file identifier is not BP08")
     fb = Flat(buf, "bundled program", error=InputsError)
@@ -61,11 +63,39 @@ def read_bundled(buf, method: str = "forward") -> BundledInputs:
     cases = suite.tables(1, "test_cases", "BundledMethodTestCase")
     if not cases:
         raise InputsError(f"the bundled program's test suite for method {method!r} has no test cases")
-    inputs = [_bundled_value(v, i) for i, v in enumerate(cases[0].tables(0, "inputs", "Value"))]
+    values = [_bundled_value(v, i) for i, v in enumerate(cases[0].tables(0, "inputs", "Value"))]
+    total = sum(v.nbytes for v in values if isinstance(v, _Tensor))
+    if total > max_bytes:
+        raise InputsError(f"the bundled inputs of method {method!r} hold {total} bytes, past the inputs limit of "
+                          f"{max_bytes} bytes")
+    fb.spend(total, "the bundled inputs' data")  # one tensor behind many inputs would be copied once for each
+    inputs = [v.copy() if isinstance(v, _Tensor) else v for v in values]
     return BundledInputs(prog_off, prog_size, method, 0, inputs, names)
 
 
-def _bundled_value(value: Table, i: int) -> Input:
+@dataclass(frozen=True)
+class _Tensor:
+    """A bundled tensor checked and located in the buffer, not yet copied out."""
+
+    i: int
+    scalar_type: int
+    sizes: tuple[int, ...]
+    dim_order: list[int]
+    fb: Flat
+    start: int
+    nbytes: int
+
+    def copy(self) -> TensorInput:
+        data = bytes(self.fb.mv[self.start:self.start + self.nbytes])  # a copy: the source may be a map
+        if self.dim_order and self.dim_order != list(range(len(self.sizes))):
+            # The bytes are laid out in dim_order (dim_order[0] outermost); the container is row-major.
+            dt = SCALAR_TYPES[self.scalar_type][1]
+            physical = np.frombuffer(data, dtype=dt).reshape([self.sizes[d] for d in self.dim_order])
+            data = np.ascontiguousarray(physical.transpose(np.argsort(self.dim_order))).tobytes()
+        return TensorInput(self.scalar_type, self.sizes, data)
+
+
+def _bundled_value(value: Table, i: int) -> "Input | _Tensor":
     tag = value.scalar(0, "<B", 0, "val_type")
     val = value.table(1, "val", "ValueUnion")
     if val is None:
@@ -89,12 +119,7 @@ def _bundled_value(value: Table, i: int) -> Input:
     expect = math.prod(sizes) * dt.itemsize
     if nbytes != expect:
         raise InputsError(f"bundled input {i}: {nbytes} bytes of data for {scalar_name(st)}{list(sizes)} (expected {expect})")
-    data = bytes(val.fb.mv[start:start + nbytes])  # a copy: the source may be a map
     dim_order = val.scalars(3, "dim_order", "B")
-    if dim_order and dim_order != list(range(len(sizes))):
-        if sorted(dim_order) != list(range(len(sizes))):
-            raise InputsError(f"bundled input {i} has an invalid dim_order {dim_order} for {len(sizes)} dimensions")
-        # The bytes are laid out in dim_order (dim_order[0] outermost); the container is row-major.
-        physical = np.frombuffer(data, dtype=dt).reshape([sizes[d] for d in dim_order])
-        data = np.ascontiguousarray(physical.transpose(np.argsort(dim_order))).tobytes()
-    return TensorInput(st, sizes, data)
+    if dim_order and dim_order != list(range(len(sizes))) and sorted(dim_order) != list(range(len(sizes))):
+        raise InputsError(f"bundled input {i} has an invalid dim_order {dim_order} for {len(sizes)} dimensions")
+    return _Tensor(i, st, sizes, dim_order, val.fb, start, nbytes)

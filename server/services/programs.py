@@ -78,9 +78,9 @@ def prepare(upload, *, method: str, tmp_dir: Path, max_inputs_bytes: int) -> Non
     if bpte.is_bundled_program(head):
         if upload.inputs_path is not None:
             raise InvalidInputs("a .bpte carries its own inputs; send either a .bpte, or a .pte with an 'inputs' .npz")
-        _unbundle(upload, method, tmp_dir)
+        _unbundle(upload, method, tmp_dir, max_inputs_bytes)
         inputs, description = upload.bundled.inputs, upload.bundled.description
-    methods = _read_methods(upload.model_path, "model")
+    methods = upload.methods = _read_methods(upload.model_path, "model")  # read once: llm_mode and llm_note reuse it
     if method not in methods:
         raise InvalidInputs(f"the program has no method {method!r}; it has: {', '.join(methods) or 'none'}", "spec.method")
     sig = methods[method]
@@ -128,7 +128,7 @@ def _vs_signature(upload, method: str):
         if bpte.is_bundled_program(f.read(8)):
             raise _blaming(InvalidProgram("send a .pte as the vs_model (a .bpte's inputs would differ from the model's)"),
                            "vs_model")
-    methods = _read_methods(upload.vs_model_path, "vs_model")
+    methods = upload.vs_methods = _read_methods(upload.vs_model_path, "vs_model")
     if method not in methods:
         raise _blaming(InvalidProgram(f"the vs_model has no method {method!r}; it has: {', '.join(methods) or 'none'}"),
                        "vs_model")
@@ -153,11 +153,11 @@ def _read_methods(path: Path, field: str) -> dict:
             raise _blaming(InvalidProgram(f"cannot read the program's methods: {e}"), field) from None
 
 
-def _unbundle(upload, method: str, tmp_dir: Path) -> None:
+def _unbundle(upload, method: str, tmp_dir: Path, max_inputs_bytes: int) -> None:
     """Replace the .bpte temp file by its embedded program (hashed as it is copied)."""
     with pte.mapped(upload.model_path) as m:
         try:
-            bundled = bpte.read_bundled(m, method)
+            bundled = bpte.read_bundled(m, method, max_bytes=max_inputs_bytes)
         except inp.InputsError as e:
             raise InvalidInputs(str(e), "model") from None
         fd, name = tempfile.mkstemp(dir=tmp_dir, suffix=".pte")
@@ -182,7 +182,7 @@ def _unbundle(upload, method: str, tmp_dir: Path) -> None:
 DEFAULT_LLM_PROMPT, DEFAULT_LLM_DECODE = 128, 64
 
 
-def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "model"):
+def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "model", methods: dict | None = None):
     """The LLM mode a submission runs in (a protocol.LlmSpec, or None), after `prepare` accepted
     the program and its method. The method's LLM shape (analysis.llm.llm_signature): tokens
     [1, S] and either the start position [1] or the call's positions [S], as ExecuTorch's runner
@@ -192,8 +192,9 @@ def llm_mode(path: Path, *, method: str, llm, has_inputs: bool, field: str = "mo
     the tokens). Not asked for: a method with the LLM shape gets a prompt of min(128, S, C/2) and
     min(64, C/4) decoded tokens, C the declared cache length (else S), when its token length is
     dynamic, or when it takes one token per call and declares its cache (prefilled token by
-    token). Raises InvalidInputs naming spec.llm."""
-    methods = _read_methods(path, field)
+    token). Raises InvalidInputs naming spec.llm. `methods`: the program's, when `prepare` read
+    them already."""
+    methods = _read_methods(path, field) if methods is None else methods
     sig = methods[method]
     shape = llm_signature(sig)
     cache = llm_cache_len(methods)
@@ -230,11 +231,12 @@ def _default_llm(shape, cache: int | None):
     return LlmSpec(prompt=prompt, decode=min(DEFAULT_LLM_DECODE, max(positions // 4, 1)))
 
 
-def llm_note(path: Path, *, method: str, llm, has_inputs: bool, field: str = "model") -> str | None:
+def llm_note(path: Path, *, method: str, llm, has_inputs: bool, field: str = "model",
+             methods: dict | None = None) -> str | None:
     """One sentence for the experiment's notes: the position convention an LLM run feeds, or,
     when the method looks like a decoder (int64 tokens in, logits out) but runs as a plain model,
-    what was found and why; None for a program that looks like no decoder."""
-    methods = _read_methods(path, field)
+    what was found and why; None for a program that looks like no decoder. `methods` as for llm_mode."""
+    methods = _read_methods(path, field) if methods is None else methods
     sig = methods[method]
     shape = llm_signature(sig)
     if llm is not None and shape is not None:
