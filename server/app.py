@@ -29,7 +29,9 @@ from sme2farm.server.services import liveness
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import wakeup
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.backends import open_store
+from sme2farm.server.store.base import StoreUnavailable
+
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +120,13 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
                   # while it serves, the process records that the farm is up (services/liveness.py)
                   lifespan=liveness.lifespan(db_url=settings.sqlalchemy_url, alive_s=settings.api_alive_s))
     app.state.settings = settings
-    app.state.store = Store(settings.data_dir)
+    app.state.store = open_store(settings)
+    if hasattr(app.state.store, "ensure_bucket"):
+        try:
+            app.state.store.ensure_bucket()
+        except StoreUnavailable as e:  # /ready says so; uploads get 503 until it is back
+            log.warning("%s", e)
+
     app.state.enqueue = enqueue or dispatching_here(app, settings, queue.sender(queue.make_celery(settings)))
     install_error_handlers(app)  # domain errors -> 404/409, once for every route
     app.state.limiter = make_limiter(settings)

@@ -44,6 +44,20 @@ class Settings(BaseSettings):
                     "model's weights twice (two state dicts), and the server and worker read it into memory",
     )
     max_artifact_mb: int = Field(default=1024, description="Largest accepted ETDump/log upload from an agent")
+    artifact_store: str = Field(
+        default="file",
+        description="Where models, inputs, ETRecords, traces, logs, outputs and stored reports are kept: `file` (the "
+                    "data dir) or `s3://BUCKET/PREFIX` (any S3-compatible server; credentials from the standard AWS "
+                    "variables and config files)",
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None, description="The S3 server's URL when it is not AWS, e.g. http://seaweedfs:8333",
+    )
+    min_free_mb: int = Field(
+        default=1024, ge=0,
+        description="Free space kept in reserve on the data dir's disk: below it uploads get 507 (reads go on); 0: off",
+    )
+
     agent_concurrency: int = Field(default=2, ge=0, description="Agent-protocol requests (start, heartbeat, upload, finish, register) worked on at once per server process; the rest wait their turn, so users' requests are not queued behind a fleet's (bench/scale.py, 2,000 runs on 2 cores: no limit: list p99 2.2 s; 8: 236 ms; 3: 157 ms; 2: 82 ms, at the same throughput). 0: no limit")
     max_json_kb: int = Field(default=1024, ge=1, description="Largest request body of any route but the two uploads (JSON bodies also nest at most 32 levels)")
     max_runs_per_experiment: int = Field(
@@ -165,8 +179,17 @@ class Settings(BaseSettings):
         default=None, description="expect_agent counts as registered only if seen at or after this time (UTC)",
     )
 
+    @field_validator("artifact_store")
+    @classmethod
+    def _store_url(cls, url: str) -> str:
+        if url != "file":
+            from sme2farm.server.store.s3 import parse_url
+            parse_url(url)
+        return url
+
     @model_validator(mode="after")
     def _bounds_respect_each_other(self) -> "Settings":
+
         """The relation of docs/operations.md ("Outages and bounds"), refused with the numbers when broken."""
         if self.heartbeat_interval_s is None:
             self.heartbeat_interval_s = min(10.0, self.lease_s / 3)

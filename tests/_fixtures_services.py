@@ -113,7 +113,7 @@ class ServiceFarm:
     def finish(self, rid: int, status: str = "succeeded", trace: bytes | None = b"", warmup_in_trace: int = 0,
                reason: str = "") -> Run:
         if trace:
-            path = self.store.artifact_path(rid, TRACE)
+            path = self.store.artifact_path(rid, TRACE, attempt=1)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(trace)
         with self.tx() as s:

@@ -42,7 +42,7 @@ def test_a_run_is_a_claim_and_a_delivery_and_a_protocol_1_agent_is_still_served(
     assert run.status == "analyzing" and run.started_at is not None
     stored = _artifacts(api, rid)
     assert {TRACE, RUNNER_LOG} <= set(stored)
-    trace = Store(api.settings.data_dir).artifact_path(rid, TRACE).read_bytes()
+    trace = Store(api.settings.data_dir).artifact_path(rid, TRACE, attempt=1).read_bytes()
     assert stored[TRACE] == hashlib.sha256(trace).hexdigest()
 
     agent.api.protocol = 1                              # an agent from before protocol 2
@@ -80,20 +80,20 @@ def test_a_delivery_is_checked_part_by_part_and_a_repeat_stores_nothing_again(ap
     r = _deliver(agent, a, {TRACE: trace}, lease="not-the-lease")
     assert r.status_code == 409, r.text
     assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}   # nothing kept of any refusal
-    assert not store.artifact_path(rid, TRACE).exists()
+    assert not store.artifact_path(rid, TRACE, attempt=1).exists()
     assert not any(store.tmp.iterdir())                                          # nor left in temp files
 
     r = _deliver(agent, a, {TRACE: trace, RUNNER_LOG: log})
     assert r.status_code == 200 and r.json()["status"] == "analyzing", r.text
     run = _run(api, rid)   # never acknowledged by a claim: started from the delivery's started_s_ago
     assert run.status == "analyzing" and run.started_at is not None
-    assert store.artifact_path(rid, TRACE).read_bytes() == trace
+    assert store.artifact_path(rid, TRACE, attempt=1).read_bytes() == trace
     first = _artifacts(api, rid)
     assert first == {TRACE: hashlib.sha256(trace).hexdigest(), RUNNER_LOG: hashlib.sha256(log).hexdigest()}
 
     r = _deliver(agent, a, {TRACE: b"other bytes"})          # the agent lost the answer and sent it again
     assert r.status_code == 200 and r.json()["status"] == "analyzing", r.text
-    assert _artifacts(api, rid) == first and store.artifact_path(rid, TRACE).read_bytes() == trace
+    assert _artifacts(api, rid) == first and store.artifact_path(rid, TRACE, attempt=1).read_bytes() == trace
     assert not any(store.tmp.iterdir())
 
 

@@ -57,7 +57,7 @@ def flagged_experiment(api, etdump_builder) -> dict:
             lease = s.get(Run, rid).lease_id
         with session_scope(url, **quiet) as s:
             run_service.start(s, run_id=rid, lease_id=lease, agent_id=agent_id, lease_s=60)
-        path = store.artifact_path(rid, TRACE)
+        path = store.artifact_path(rid, TRACE, attempt=1)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
         with session_scope(url, **quiet) as s:

@@ -88,7 +88,7 @@ def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_build
     store = Store(tmp_path / "data")
     texts = {}
     for run_id, snapshot in ((1, QEMU), (2, BOARD)):
-        path = store.artifact_path(run_id, TRACE)
+        path = store.artifact_path(run_id, TRACE, attempt=1)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
         run = SimpleNamespace(id=run_id, warmup_in_trace=0, sme2="on", device_snapshot=snapshot,

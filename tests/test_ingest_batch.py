@@ -39,7 +39,7 @@ def test_one_task_ingests_the_runs_waiting_each_once_and_a_bad_trace_fails_alone
 
     monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
     first, bad, last = _analyzing(api, agent, example_pte("toy_cnn").read_bytes(), 3)
-    Store(api.settings.data_dir).artifact_path(bad, TRACE).write_bytes(b"not an etdump")
+    Store(api.settings.data_dir).artifact_path(bad, TRACE, attempt=1).write_bytes(b"not an etdump")
 
     assert tasks.ingest_run(first) == "succeeded"   # the task sent for the first run takes all three
     with session_scope(api.settings.sqlalchemy_url) as s:

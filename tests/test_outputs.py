@@ -206,7 +206,7 @@ def test_farm_records_outputs_and_compares_model_a_with_model_b(farm, tmp_path):
         recorded = run.result.analysis["outputs"]
         assert recorded["status"] == "recorded" and recorded["reason"] == ""
         [o] = recorded["outputs"]
-        [value] = containers.read(store.artifact_path(run.id, OUTPUTS).read_bytes(), item="output")
+        [value] = containers.read(store.artifact_path(run.id, OUTPUTS, attempt=1).read_bytes(), item="output")
         assert o == {"index": 0, "dtype": "Float", "shape": [1, 10], "sha256": hashlib.sha256(value.data).hexdigest()}
     base = [r for r in runs if r.variant == "A"]
     cand = [r for r in runs if r.variant == "B"]
@@ -293,7 +293,7 @@ def _ingest_with(farm, outputs: bytes | None):
     [rid] = farm.submit()
     farm.to(rid, RunStatus.uploading)
     if outputs is not None:
-        path = farm.store.artifact_path(rid, OUTPUTS)
+        path = farm.store.artifact_path(rid, OUTPUTS, attempt=1)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(outputs)
     farm.finish(rid, trace=farm.trace)

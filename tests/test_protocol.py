@@ -120,7 +120,7 @@ def test_damaged_or_unknown_artifacts_are_refused(api, agent, example_pte, tmp_p
     r = api.client.put(f"/agent/runs/{a.run_id}/artifacts/trace.etdump", content=body,
                        headers={"Authorization": tok, "X-Lease-Id": a.lease_id, "X-Content-SHA256": "0" * 64})
     assert r.status_code == 422 and "damaged" in r.json()["detail"]
-    assert not Store(api.settings.data_dir).artifact_path(a.run_id, "trace.etdump").exists()
+    assert not Store(api.settings.data_dir).artifact_path(a.run_id, "trace.etdump", attempt=1).exists()
     r = api.client.put(f"/agent/runs/{a.run_id}/artifacts/..%2Fevil", content=body,
                        headers={"Authorization": tok, "X-Lease-Id": a.lease_id,
                                 "X-Content-SHA256": hashlib.sha256(body).hexdigest()})

@@ -1,5 +1,5 @@
 """An experiment's report is built once its runs have ended and served from storage:
-services/reports.py report_json(cache_dir=...). Built again when what it is built from changes (a
+services/reports.py report_json(cache_dir=<the artifact store>). Built again when what it is built from changes (a
 run's status or finish time); never stored while a run has not ended. SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import update
 
 from sme2farm.server.services import reports
+from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Run
 
@@ -25,7 +26,7 @@ def etdump() -> bytes:
 def _report(farm, eid: int, cache, **kw) -> dict:
     """As GET /experiments/{id} answers: read in a transaction, built after it has ended."""
     with session_scope(farm.url) as s:
-        rows = reports.read_report(s, experiment_id=eid, cache_dir=cache, **kw)
+        rows = reports.read_report(s, experiment_id=eid, cache_dir=None if cache is None else Store(cache.parent), **kw)
     return json.loads(reports.build_report(rows=rows))
 
 
@@ -116,9 +117,9 @@ def test_the_report_is_built_by_the_worker_when_the_last_run_ends_and_the_first_
     from sme2farm.worker import tasks
 
     farm = service_farm
-    cache = reports.reports_dir(farm.store.root)
-    monkeypatch.setattr(tasks, "get_settings", lambda: SimpleNamespace(sqlalchemy_url=farm.url,
-                                                                       data_dir=farm.store.root))
+    cache = farm.store.root / "reports"
+    monkeypatch.setattr(tasks, "get_settings", lambda: SimpleNamespace(
+        sqlalchemy_url=farm.url, data_dir=farm.store.root, artifact_store="file", s3_endpoint_url=None, min_free_mb=0))
     first, second = farm.submit(threads=[1, 2])
     eid = farm.run(first).experiment_id
     farm.to(first, "analyzing", trace=etdump)

@@ -49,7 +49,7 @@ def _ended_experiment(url: str, store: Store, etdump: bytes) -> int:
             with session_scope(url) as s:
                 lease = s.get(Run, rid).lease_id
                 run_service.start(s, run_id=rid, lease_id=lease, agent_id=agent_id, lease_s=60)
-            path = store.artifact_path(rid, TRACE)
+            path = store.artifact_path(rid, TRACE, attempt=1)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(etdump)
             with session_scope(url) as s:

@@ -210,7 +210,7 @@ def test_the_report_from_columns_is_the_orm_report_and_summary_and_page_say_what
                 run_service.start(s, run_id=rid, lease_id=lease, agent_id=agent_id, lease_s=60)
             ok = failed is not None  # the first run fails: a run without results in the report
             if ok:
-                path = store.artifact_path(rid, TRACE)
+                path = store.artifact_path(rid, TRACE, attempt=1)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(etdump)
             else:
@@ -300,7 +300,7 @@ def test_an_ingest_analysed_before_its_transaction_ends_the_run_as_the_plain_one
     for rid, trace in zip(sorted(_dispatch(db_url)), (etdump, etdump[: len(etdump) // 3])):
         with session_scope(db_url) as s:
             lease = s.get(Run, rid).lease_id
-        path = store.artifact_path(rid, TRACE)
+        path = store.artifact_path(rid, TRACE, attempt=1)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
         with session_scope(db_url) as s:

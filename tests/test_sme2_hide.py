@@ -245,7 +245,7 @@ def test_emulated_sme2_hide_ingest_puts_what_the_runner_showed_xnnpack_in_the_re
     [rid] = service_farm.submit(sme2="off")
     service_farm.dispatch()
     service_farm.start(rid)
-    log = service_farm.store.artifact_path(rid, RUNNER_LOG)
+    log = service_farm.store.artifact_path(rid, RUNNER_LOG, attempt=1)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(r.stdout + r.stderr)            # as the agent uploads it, before the trace
     service_farm.finish(rid, trace=(tmp_path / "off" / "trace.etdump").read_bytes())
@@ -253,7 +253,7 @@ def test_emulated_sme2_hide_ingest_puts_what_the_runner_showed_xnnpack_in_the_re
     said = "SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw SME 0 SME2 0 (SME length 0)"
     with session_scope(service_farm.url) as s:
         assert s.get(RunResult, rid).analysis["kernel_paths"]["runner_said"] == said
-    assert f"SME2 hiding (the runner): {said}." in service_farm.store.artifact_path(rid, REPORT_MD).read_text()
+    assert f"SME2 hiding (the runner): {said}." in service_farm.store.artifact_path(rid, REPORT_MD, attempt=1).read_text()
 
 
 def test_sme2_hide_every_build_source_installs_with_the_package():

@@ -159,7 +159,7 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
             lease = s.get(Run, rid).lease_id
         with session_scope(db_url, enqueue=lambda *a: None) as s:
             run_service.start(s, run_id=rid, lease_id=lease, agent_id=agent_id, lease_s=60)
-        path = store.artifact_path(rid, TRACE)
+        path = store.artifact_path(rid, TRACE, attempt=1)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(traces[label])
         with session_scope(db_url, enqueue=lambda *a: None) as s:
@@ -177,8 +177,8 @@ def test_emulated_off_arm_that_did_not_hide_sme2_fails_at_ingest(off_arm_traces,
     assert "Fully Connected (NC, PF32) GEMM" in reason and "Convolution (NHWC, PF32) IGEMM" in reason
     assert f" on {dev.serial} (emulated by {dev.emulator}), runner {build.id}; " in reason
     # nothing stored is lost: the trace stays, and nothing derived from a wrong arm was written
-    assert store.artifact_path(rids[0], TRACE).read_bytes() == traces["not hidden"]
-    assert not store.artifact_path(rids[0], REPORT_JSON).exists()
+    assert store.artifact_path(rids[0], TRACE, attempt=1).read_bytes() == traces["not hidden"]
+    assert not store.artifact_path(rids[0], REPORT_JSON, attempt=1).exists()
 
 
 @pytest.mark.arm64

@@ -23,7 +23,9 @@ from sme2farm.server.services import ingest, reports
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services import wakeup
-from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.backends import open_store
+from sme2farm.server.store.base import StoreUnavailable
+
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Experiment, Run
 from sme2farm.worker.celery_app import app, ingest_waiting
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 # run again": serialization_failure, deadlock_detected.
 _RETRYABLE = {"40001", "40P01"}
 MAX_RETRIES = 5
+STORE_RETRY_S = 5.0  # an ingest that met the artifact store down is sent again this much later
+
 
 
 def _retryable(e: BaseException) -> bool:
@@ -110,33 +114,52 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
                 return "in progress"
         batch = sorted(rid for rid in began if began[rid] is not None and runs.get(rid) is not None
                        and runs[rid].status == RunStatus.analyzing)
-        with _Heartbeat(s, {rid: began[rid] for rid in batch}):  # through the analyses and the store
-            plain = ingest.Ingester(Store(s.data_dir))
-            ingesters = {rid: ingest.Prepared(plain, runs[rid]) for rid in batch}  # no transaction open
-            done = _store_batch(self, s, ingesters)
+        try:
+            with _Heartbeat(s, {rid: began[rid] for rid in batch}):  # through the analyses and the store
+                plain = ingest.Ingester(open_store(s))
+                ingesters = {rid: ingest.Prepared(plain, runs[rid]) for rid in batch}  # no transaction open
+                done = _store_batch(self, s, ingesters)
+        except StoreUnavailable as e:
+            return _store_outage(self, s, {rid: began[rid] for rid in batch}, run_id, experiment_id, e)
+
         if run_id in done:
             return done[run_id]
         if run is None or run.status != RunStatus.analyzing:
             # Gone, or not analyzing (ingested already, cancelled, failed by the reaper): the run
             # service says so and stores nothing.
             with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
-                store = Store(s.data_dir)
+                store = open_store(s)
                 return str(run_service.ingest(session, run_id=run_id, ingester=ingest.Ingester(store), store=store))
+
         return "in progress"
     except DBAPIError as e:
         _retry_later(self, e)
         raise
 
 
+def _store_outage(task: Any, s: Any, batch: dict[int, Any], run_id: int, experiment_id: int | None,
+                  e: StoreUnavailable) -> str:
+    """The artifact store went away mid-ingest: nothing of the batch was stored (its transaction
+    rolled back), its attempts are given back, and the ingest is sent again in STORE_RETRY_S (the
+    reaper's re-send is the backstop). No run fails for the store's outage."""
+    with session_scope(s.sqlalchemy_url) as session:
+        deferred = run_service.ingest_deferred(session, runs=batch, retry_in_s=s.ingest_deadline_s)
+    log.warning("runs %s: %s; ingest again in %g s", deferred, e, STORE_RETRY_S)
+    app.send_task(TASK_INGEST, args=(run_id, experiment_id), countdown=STORE_RETRY_S)
+    return "store unavailable"
+
+
 def _store_batch(task: Any, s: Any, ingesters: dict[int, Any]) -> dict[int, str]:
+
     """The analysed runs stored in one transaction, in run id order; each experiment's comparisons
     completed once, at the end. A transaction PostgreSQL aborts (deadlock, serialization) is tried
     again here, the analyses kept: the runs are begun and heartbeating, and a Celery retry of
     this task would know only its own run. {run id: its status}."""
     if not ingesters:
         return {}
-    store = Store(s.data_dir)
+    store = open_store(s)
     for attempt in range(MAX_RETRIES + 1):
+
         try:
             with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
                 runs = session.scalars(select(Run).where(Run.id.in_(list(ingesters)))).all()  # one SELECT, not one each
@@ -201,8 +224,9 @@ def reap(self) -> list[int]:
     is counted only while the farm's API was up, from its return plus the settle time
     (services/liveness.py): the farm's own outage never loses a device or a lease."""
     def work(session, s):
-        store = Store(s.data_dir)
-        touched = run_service.reap_expired(session, max_attempts=s.max_attempts, store=store,
+        store = open_store(s)
+        touched = run_service.reap_expired(
+session, max_attempts=s.max_attempts, store=store,
                                            ingest_deadline_s=s.ingest_deadline_s,
                                            max_ingest_attempts=s.max_ingest_attempts, ingest_start_s=s.ingest_start_s,
                                            ingest_waiting=ingest_waiting, settle_s=s.settle_s)
@@ -225,7 +249,8 @@ def build_report(self, experiment_id: int) -> str:
     as it is, and one that has changed since (a run re-ended) is keyed by what was read here, as
     a reader keys it, so nothing stale is ever served."""
     rows = _in_transaction(self, lambda session, s: reports.keep_ended(
-        session, experiment_id=experiment_id, cache_dir=reports.reports_dir(Store(s.data_dir).root)))
+        session, experiment_id=experiment_id, cache_dir=open_store(s)))
+
     if rows is None:
         return "nothing to build"
     reports.build_report(rows=rows)

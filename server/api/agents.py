@@ -36,7 +36,9 @@ from sme2farm.server.store.models import Agent, Artifact, Device, Experiment, Ru
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.store.artifacts import TooLarge
+from sme2farm.server.store.base import TooLarge, inputs_key, model_key
+from sme2farm.server.web.objects import object_response
+
 from sme2farm.server.web.delivery import DELIVERY_BODY_OPENAPI, receive_delivery
 from sme2farm.server.web.limits import retry_after
 from sme2farm.server.web.uploads import ARTIFACT_BODY_OPENAPI
@@ -217,6 +219,8 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     limit = settings.max_artifact_mb << 20
     if int(length) > limit:
         raise HTTPException(413, f"artifact of {length} bytes exceeds the {settings.max_artifact_mb} MiB limit")
+    store.ensure_room(int(length))  # below the free-space reserve: 507, nothing written
+
     await run_in_threadpool(_check_lease, tx, settings, run_id, lease_id, agent_id)  # before the body is stored
     try:
         tmp, sha, size = await store.receive(request.stream(), limit)
@@ -234,14 +238,17 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     def keep() -> None:
         try:
             with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
-                run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id,
-                                      status=RunStatus.uploading, lease_s=settings.lease_s)
-                row = session.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
+                run = run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id,
+                                            status=RunStatus.uploading, lease_s=settings.lease_s)
+                row = session.scalar(
+select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
                 if row is None:
                     session.add(Artifact(run_id=run_id, name=name, size=size, sha256=sha))
                 else:
                     row.size, row.sha256 = size, sha
-                store.keep_artifact(tmp, run_id, name)  # last: nothing is kept for a run this agent does not hold
+                # last: nothing is kept for a run this agent does not hold; under this attempt's key
+                store.keep_artifact(tmp, run_id, name, attempt=run.attempt)
+
         finally:
             tmp.unlink(missing_ok=True)  # moved already, or refused
 
@@ -256,8 +263,12 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
     """The run ends here (failed, cancelled), or goes to analysis: ingest is sent once this commits.
     The device's next queued run is assigned in the same transaction, and the agent's waiting
     claim woken once it commits (no dispatch task in between)."""
-    has_trace = store.artifact_path(run_id, TRACE).exists()
     with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
+        # This attempt's trace only (the lease checked below is this attempt's): an earlier
+        # attempt's upload never lets a retry go to analysis.
+        attempt = session.scalar(select(Run.attempt).where(Run.id == run_id))
+        has_trace = attempt is not None and store.has_artifact(run_id, TRACE, attempt=attempt)
+
         run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
                                  ingest_deadline_s=settings.ingest_deadline_s, store=store, lease_s=settings.lease_s)
         status = RunStatus(run.status)
@@ -278,6 +289,9 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
     is checked against the size and sha256 the 'finish' part declares for it; then one transaction
     checks the lease, records the artifacts, keeps their files and finishes the run (the device's
     next run assigned in it). A repeat of a delivery already taken stores nothing again."""
+    length = request.headers.get("content-length", "")
+    store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507
+
 
     async def admit(finish: str) -> None:  # before any artifact byte is written: a live lease, or a refusal
         await run_in_threadpool(_check_lease, tx, settings, run_id, _delivery(finish).lease_id, agent_id)
@@ -304,12 +318,14 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
                                                            Artifact.name.in_(list(got.artifacts))))
                     session.execute(insert(Artifact), [dict(run_id=run_id, name=n, size=r.size, sha256=r.sha256)
                                                        for n, r in got.artifacts.items()])
-                has_trace = TRACE in got.artifacts or store.artifact_path(run_id, TRACE).exists()
+                has_trace = TRACE in got.artifacts or store.has_artifact(run_id, TRACE, attempt=run.attempt)
+
                 run = run_service.deliver(session, run=run, body=body, has_trace=has_trace,
                                           started_s_ago=body.started_s_ago, ingest_deadline_s=settings.ingest_deadline_s,
                                           store=store, lease_s=settings.lease_s)
                 for name, r in got.artifacts.items():  # last: nothing is kept for a run this agent does not hold
-                    store.keep_artifact(r.path, run_id, name)
+                    store.keep_artifact(r.path, run_id, name, attempt=run.attempt)
+
                 return RunStatus(run.status), tuple(session.info.get(run_service.ASSIGNED_AGENTS, ()))
 
         async with request.app.state.agent_gate:  # the body is in: take a turn like other agent requests
@@ -341,21 +357,27 @@ def _check_lease(tx, settings, run_id: int, lease_id: str, agent_id: int) -> Non
 def download_model(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
     """The model of a run assigned to this agent's devices (no other: an agent token is not a
     key to every model on the farm)."""
-    path = store.model_path(sha256)
     of_run = or_(and_(Run.variant != "B", Experiment.model_sha256 == sha256),
                  and_(Run.variant == "B", Experiment.vs_model_sha256 == sha256))
-    if not _serves(session, agent_id, of_run) or not path.exists():
-        raise HTTPException(404, f"model {sha256} is not the model of a run this agent holds")
-    return FileResponse(path, media_type="application/octet-stream")
+    try:
+        if _serves(session, agent_id, of_run):
+            return object_response(store, model_key(sha256), media_type="application/octet-stream")
+    except FileNotFoundError:
+        pass
+    raise HTTPException(404, f"model {sha256} is not the model of a run this agent holds")
+
 
 
 @router.get("/inputs/{sha256}", response_class=Response, responses=BINARY)
 def download_inputs(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
     """The SME2IN01 inputs container (runners/inputs.py) of a run assigned to this agent's devices."""
-    path = store.inputs_path(sha256)
-    if not _serves(session, agent_id, Experiment.inputs_sha256 == sha256) or not path.exists():
-        raise HTTPException(404, f"inputs {sha256} are not the inputs of a run this agent holds")
-    return FileResponse(path, media_type="application/octet-stream")
+    try:
+        if _serves(session, agent_id, Experiment.inputs_sha256 == sha256):
+            return object_response(store, inputs_key(sha256), media_type="application/octet-stream")
+    except FileNotFoundError:
+        pass
+    raise HTTPException(404, f"inputs {sha256} are not the inputs of a run this agent holds")
+
 
 
 def _serves(session, agent_id: int, which) -> bool:

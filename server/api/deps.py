@@ -16,7 +16,8 @@ from sme2farm.server.store.db import session_scope
 from sme2farm.server.web.limits import retry_after
 from sme2farm.server.store.models import Agent, ApiToken
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.base import ArtifactStore as Store
+
 
 _bearer = HTTPBearer(auto_error=False)
 

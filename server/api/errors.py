@@ -5,7 +5,9 @@ these handlers answer. Routes that can meet a conflict declare CONFLICT in `resp
 Faults of the machine are answered here too, for every route at once:
 - the database unreachable (refused, dropped, locked, pool exhausted) -> 503 with Retry-After
   and a body naming the database, never a 500 and never the connection details;
-- the disk full (ENOSPC, EDQUOT) while a file is written -> 507 Insufficient Storage (the
+- the artifact store unreachable (store/s3.py) -> 503 with Retry-After, naming the store;
+- the disk full (ENOSPC, EDQUOT) while a file is written, or below SME2_MIN_FREE_MB -> 507 Insufficient Storage (the
+
   writers remove their partial files on the way out: uploads.py, storage.Store.receive)."""
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from sqlalchemy import exc as sa_exc
 from sme2farm.protocol import Conflict as ConflictBody
 from sme2farm.protocol import Detail
 from sme2farm.server.services.errors import Invalid, NotFound, StateConflict
+from sme2farm.server.store.base import BelowReserve, StoreUnavailable
+
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # a database restart or a failover usually takes seconds
@@ -101,8 +105,19 @@ async def _os_error(request: Request, e: OSError) -> JSONResponse:
     if e.errno not in DISK_FULL:
         raise e
     log.error("%s %s: the disk is full: %s", request.method, request.url.path, e)
+    if isinstance(e, BelowReserve):
+        return JSONResponse(status_code=507, content={
+            "detail": f"the server's disk is below its free-space reserve ({e.strerror}): nothing was stored; "
+                      "reads go on; retry once space is freed", "unavailable": "disk"})
     return JSONResponse(status_code=507, content={
         "detail": "the server's disk is full: nothing was stored; retry once space is freed", "unavailable": "disk"})
+
+
+async def _store_unavailable(request: Request, e: StoreUnavailable) -> JSONResponse:
+    # The store's address and the client's words go to the log, not to the caller.
+    log.warning("%s %s: %s", request.method, request.url.path, e)
+    return unavailable_response("artifact store")
+
 
 
 def install(app: FastAPI) -> None:
@@ -111,3 +126,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(NotFound, _not_found)
     app.add_exception_handler(sa_exc.SQLAlchemyError, _database_error)
     app.add_exception_handler(OSError, _os_error)
+    app.add_exception_handler(StoreUnavailable, _store_unavailable)
+

@@ -74,7 +74,10 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
     of `spec.method` gives the inputs), and a JSON `spec`; one Run per device x sme2 x threads.
     An optional `vs_model` .pte is run interleaved with `model` (A/B, per SME2 arm). An optional
     `etrecord` (the model's ETRecord) attributes its runs' operators to modules and source lines."""
-    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20, settings.max_inputs_mb << 20,
+    length = request.headers.get("content-length", "")
+    store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507, nothing written
+    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20, settings.max_inputs_mb << 20
+,
                                       settings.max_etrecord_mb << 20)
     try:
         spec = parse_spec(upload.fields.get("spec"))
@@ -207,7 +210,8 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store
     # while in Python): the connection goes back to the pool meanwhile, not "idle in transaction".
     with tx() as session:
         rows = reports.read_report(session, experiment_id=experiment_id, runs=runs, page=run_page,
-                                   page_size=run_page_size, cache_dir=reports.reports_dir(store.root),
+                                   page_size=run_page_size, cache_dir=store,
+
                                    pieces=reports.RUN_PIECES)
     if rows is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")

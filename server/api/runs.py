@@ -10,6 +10,9 @@ from sme2farm.server.api.deps import RunId, SessionDep, StoreDep, TxDep, UserDep
 from sme2farm.server.api.errors import NOT_FOUND
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
+from sme2farm.server.store.base import legacy_run_key, run_key
+from sme2farm.server.web.objects import object_response
+
 
 router = APIRouter(tags=["runs"])
 
@@ -38,12 +41,17 @@ def get_run(run_id: RunId, session: SessionDep, _user: UserDep) -> RunReport:
 def get_artifact(run_id: RunId, name: str, session: SessionDep, store: StoreDep, _user: UserDep) -> FileResponse:
     if name not in ARTIFACT_NAMES:
         raise HTTPException(404, f"unknown artifact {name!r}; artifacts are {sorted(ARTIFACT_NAMES)}")
-    if run_service.get(session, run_id=run_id) is None:
+    run = run_service.get(session, run_id=run_id)
+    if run is None:
         raise HTTPException(404, f"run {run_id} not found")
-    path = store.artifact_path(run_id, name)
-    if not path.exists():
-        raise HTTPException(404, f"run {run_id} has no {name}")
-    return FileResponse(path, media_type=ARTIFACT_MEDIA[name], filename=f"run{run_id}-{name}")
+    # The run's current attempt; a run kept before artifacts were keyed by attempt has them unkeyed.
+    for key in (run_key(run_id, name, attempt=run.attempt), legacy_run_key(run_id, name)):
+        try:
+            return object_response(store, key, media_type=ARTIFACT_MEDIA[name], filename=f"run{run_id}-{name}")
+        except FileNotFoundError:
+            continue
+    raise HTTPException(404, f"run {run_id} has no {name}")
+
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunReport, responses=NOT_FOUND)

@@ -30,6 +30,8 @@ from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
 from sme2farm.server.services.reports import report_parts
 from sme2farm.server.services.runs.ingesting import NotWhatItsArmSays
 from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.base import model_key, run_key
+
 from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
 
 
@@ -51,12 +53,15 @@ class Ingester:
         self._etrecords: dict[tuple[str, str], tuple | str] = {}
 
     def analyze(self, run: Run) -> Analysis:
-        trace = self.files.artifact_path(run.id, TRACE)
-        if not trace.exists():
-            raise IngestError(f"no {TRACE} was stored for this run")
-        kernel_log_path = self.files.artifact_path(run.id, KERNEL_LOG)
-        kernel_log = kernel_log_path.read_text(errors="replace") if kernel_log_path.exists() else None
-        etdump = analysis.read_etdump(trace.read_bytes())  # read once, for the report and the Perfetto trace
+        # This attempt's artifacts only: a retried run is never analysed with an earlier attempt's trace.
+        try:
+            with self.files.local(run_key(run.id, TRACE, attempt=run.attempt)) as trace:
+                etdump = analysis.read_etdump(trace.read_bytes())  # read once, for the report and the Perfetto trace
+        except FileNotFoundError:
+            raise IngestError(f"no {TRACE} was stored for this run") from None
+        kernel_log = self.files.run_artifact(run, KERNEL_LOG)
+        kernel_log = kernel_log.decode(errors="replace") if kernel_log is not None else None
+
         etrecord, program, unreadable = self.etrecord(run)
         report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace, sme2=run.sme2 == "on" and bool((run.device_snapshot or {}).get("sme2")), arch=analysis.arch_of((run.runner or {}).get("platform")),
                                   etrecord=etrecord, program=program,
@@ -110,11 +115,9 @@ class Ingester:
 
     def runner_log_head(self, run: Run) -> str:
         """The start of the run's runner.log ('' when none was uploaded)."""
-        path = self.files.artifact_path(run.id, RUNNER_LOG)
-        if not path.exists():
-            return ""
-        with open(path, "rb") as f:
-            return f.read(RUNNER_LOG_HEAD).decode(errors="replace")
+        head = self.files.run_artifact(run, RUNNER_LOG, limit=RUNNER_LOG_HEAD)
+        return "" if head is None else head.decode(errors="replace")
+
 
     def outputs(self, run: Run) -> dict:
         """The run's outputs.bin held against the outputs its method declares in the .pte:
@@ -126,15 +129,17 @@ class Ingester:
         the ETDump, which was read and is sound; only the numerics have nothing to stand on, and
         every comparison that would use them says "not comparable: <reason>". Nothing is stored
         half: the report carries the verdict in the same transaction as the rest of the results."""
-        path = self.files.artifact_path(run.id, OUTPUTS)
         build = (run.runner or {}).get("id") or "(unknown build)"
-        if not path.exists():
+        # One read of at most the bound and a byte: past it the file is not compared, whatever its size.
+        blob = self.files.run_artifact(run, OUTPUTS, limit=MAX_OUTPUTS_BYTES + 1)
+        if blob is None:
             # The agent passes --outputs_file to every build that can write it and fails a run whose
             # runner did not, so a succeeded run without the file ran a build that cannot.
             return {"status": "not recorded", "reason": f"numerics not recorded: runner {build} cannot write outputs",
                     "outputs": []}
-        size = path.stat().st_size
-        if size > MAX_OUTPUTS_BYTES:
+        if len(blob) > MAX_OUTPUTS_BYTES:
+            size = self.files.size(run_key(run.id, OUTPUTS, attempt=run.attempt))
+
             return {"status": "not recorded", "reason": f"numerics not recorded: the outputs file is {size} bytes, over "
                                                         f"the {MAX_OUTPUTS_BYTES >> 20} MiB the farm compares", "outputs": []}
         exp = run.experiment
@@ -145,12 +150,14 @@ class Ingester:
             return {"status": "invalid", "reason": f"numerics not comparable: {why}", "outputs": []}
 
         try:
-            values = containers.read(path.read_bytes(), item="output")
+            values = containers.read(blob, item="output")
+
         except (containers.InputsError, OSError) as e:
             return invalid(f"the outputs file is not readable: {e}")
         try:
-            with pte.mapped(self.files.model_path(sha)) as buf:
+            with self.files.local(model_key(sha)) as model, pte.mapped(model) as buf:
                 sig = pte.program_methods(buf, end=pte.program_end(buf)).get(method)
+
             if sig is None:
                 raise containers.InputsError(f"the program has no method {method}")
             check_outputs(sig, values)
@@ -162,13 +169,14 @@ class Ingester:
         """The runner's memory figures (analysis/runner_memory.py); None when the build wrote none.
         A file that is not what the runner writes is left out with a warning: the run's timings
         stand on the ETDump, not on it."""
-        path = self.files.artifact_path(run.id, MEMORY)
-        if not path.exists():
+        blob = self.files.run_artifact(run, MEMORY, limit=runner_memory.MAX_BYTES + 1)
+        if blob is None:
             return None
         try:
-            if path.stat().st_size > runner_memory.MAX_BYTES:
-                raise runner_memory.MemoryFileError(f"{path.stat().st_size} bytes, over {runner_memory.MAX_BYTES}")
-            return runner_memory.read_memory(path.read_bytes())
+            if len(blob) > runner_memory.MAX_BYTES:
+                raise runner_memory.MemoryFileError(f"over {runner_memory.MAX_BYTES} bytes")
+            return runner_memory.read_memory(blob)
+
         except (runner_memory.MemoryFileError, OSError) as e:
             warnings.append(f"memory not recorded: the runner's {MEMORY} is unreadable ({e})")
             return None
@@ -191,7 +199,8 @@ class Ingester:
         written, rows = [], []
         try:
             for name, data in result.derived.items():
-                size, sha256 = self.files.write_artifact(run.id, name, data)
+                size, sha256 = self.files.write_artifact(run.id, name, data, attempt=run.attempt)
+
                 written.append(name)
                 rows.append(dict(run_id=run.id, name=name, size=size, sha256=sha256))
             session.execute(delete(Artifact).where(Artifact.run_id == run.id, Artifact.name.in_(list(result.derived))))
@@ -199,7 +208,8 @@ class Ingester:
                 session.execute(insert(Artifact), rows)
         except BaseException:
             for name in written:  # a failed run shows no half of its results
-                self.files.artifact_path(run.id, name).unlink(missing_ok=True)
+                self.files.delete_artifact(run.id, name, attempt=run.attempt)
+
             raise
 
 

@@ -12,7 +12,9 @@ from sme2farm.analysis import numerics
 from sme2farm.protocol import OUTPUTS, RunStatus
 from sme2farm.runners import inputs as containers
 from sme2farm.server.store.models import Run
-from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.base import ArtifactStore as Store
+from sme2farm.server.store.base import run_key
+
 
 # The largest outputs file compared (ingest checks it too). A classifier's logits are kilobytes,
 # a segmentation map a few MiB; past this, holding two files and their float64 copies in a request
@@ -34,9 +36,11 @@ def _side(runs: Sequence[Run], label: str, store: Store) -> list | dict:
     if recorded is None:  # analysed before ingest recorded outputs
         return numerics.not_compared("not recorded", f"numerics not recorded: {label} run {run.id} was analysed "
                                                      "before the farm recorded outputs")
-    path = store.artifact_path(run.id, OUTPUTS)
-    size = path.stat().st_size if path.is_file() else None
+    blob = store.run_artifact(run, OUTPUTS, limit=MAX_OUTPUTS_BYTES + 1)  # one read: past the bound it is not compared
+    size = None if blob is None else len(blob)
     if size is not None and size > MAX_OUTPUTS_BYTES:
+        size = store.size(run_key(run.id, OUTPUTS, attempt=run.attempt)) or size
+
         return numerics.not_compared("too large", f"numerics not compared: {label} run {run.id}'s outputs are "
                                                   f"{size / (1 << 20):.1f} MiB, over the {MAX_OUTPUTS_BYTES >> 20} MiB "
                                                   "the farm compares")
@@ -48,7 +52,8 @@ def _side(runs: Sequence[Run], label: str, store: Store) -> list | dict:
         return numerics.not_compared("not recorded", f"numerics not recorded: {label} run {run.id}'s {OUTPUTS} "
                                                      "is no longer stored")
     try:
-        values = containers.read(path.read_bytes(), item="output")
+        values = containers.read(blob, item="output")
+
     except containers.InputsError as e:  # ingest read it; a file changed on disk since says so here
         return numerics.not_compared("not recorded", f"not comparable: {label} run {run.id}'s {OUTPUTS}: {e}")
     return containers.named_values(values)

@@ -6,14 +6,14 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import statistics
+
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import timezone
-from pathlib import Path
 from typing import Literal
+
 
 from pydantic import TypeAdapter
 from sqlalchemy import Text, cast, func, select
@@ -26,7 +26,9 @@ from sme2farm.protocol import (
     LatencyStats, RunnerInfo, RunReport, RunStatus,
 )
 from sme2farm.protocol.experiments import RunGroup
+from sme2farm.server.store.base import ArtifactStore, StoreUnavailable, report_prefix
 from sme2farm.server.store.db import enqueue_after_commit
+
 from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
@@ -46,10 +48,11 @@ def report_cache_version() -> str:
     return f"{__version__}:{hashlib.sha256(schema.encode()).hexdigest()[:16]}"
 
 
-def reports_dir(data_root: Path) -> Path:
-    """Where the stored reports are kept under the farm's data dir: the API serves them (GET
-    /experiments/{id}), the worker builds them when an experiment ends (TASK_REPORT)."""
-    return data_root / "reports"
+def report_key(experiment_id: int, answer: str, key: str) -> str:
+    """Where a stored report is kept in the artifact store (reports/<experiment>/...): the API
+    serves it (GET /experiments/{id}), the worker builds it when an experiment ends (TASK_REPORT)."""
+    return f"{report_prefix(experiment_id)}{answer}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
 
 
 def experiment_ended(session: Session, *, experiment_id: int) -> None:
@@ -62,7 +65,8 @@ def experiment_ended(session: Session, *, experiment_id: int) -> None:
         enqueue_after_commit(session, TASK_REPORT, experiment_id)
 
 
-def keep_ended(session: Session, *, experiment_id: int, cache_dir: Path) -> ReportRows | None:
+def keep_ended(session: Session, *, experiment_id: int, cache_dir: ArtifactStore) -> ReportRows | None:
+
     """TASK_REPORT, its reading step (in the worker's transaction): what the default report of an
     ended experiment is built from, if it is not stored yet; None if it is (a reader came first),
     or if the experiment is gone or no longer ended (nothing would be kept). build_report, after
@@ -182,10 +186,11 @@ class ReportRows:
     the two, so its connection goes back to the pool instead of sitting "idle in transaction"
     while a large answer is built in Python.
 
-    stored: the answer as kept in cache_dir (nothing else is read then); keep_at: where a built
-    answer is kept (None: not kept)."""
+    stored: the answer as kept in the store cache_dir (nothing else is read then); keep_at: its
+    key there and the store, where a built answer is kept (None: not kept)."""
     stored: bytes | None = None
-    keep_at: Path | None = None
+    keep_at: tuple[ArtifactStore, str] | None = None
+
     head: ExperimentReport | None = None
     comparisons: str | None = None
     rows: list = field(default_factory=list)
@@ -200,7 +205,8 @@ class ReportRows:
 
 
 def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
-                page_size: int = 200, cache_dir: Path | None = None) -> bytes | None:
+                page_size: int = 200, cache_dir: ArtifactStore | None = None) -> bytes | None:
+
     """The ExperimentReport as JSON bytes (None: no such experiment), read and built in the
     caller's transaction (a route that has just changed the experiment answers its report).
     read_report and build_report are its two steps, for a caller that ends its transaction
@@ -211,7 +217,8 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
 
 
 def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
-                page_size: int = 200, cache_dir: Path | None = None,
+                page_size: int = 200, cache_dir: ArtifactStore | None = None,
+
                 pieces: RunPieces | None = None) -> ReportRows | None:
     """GET /experiments/{id}, its reading step: what the ExperimentReport is built from (None: no
     such experiment). build_report turns it into JSON bytes, with no session.
@@ -244,34 +251,39 @@ def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None
     cached = None
     if cache_dir is not None and runs != "page" and ended and all(st in TERMINAL_VALUES for st, *_ in ended):
         key = json.dumps([report_cache_version(), sorted((st, n, str(t)) for st, n, t in ended)])
-        folder = cache_dir / str(int(experiment_id))
-        cached = folder / f"{runs or 'default'}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+        cached = (cache_dir, report_key(experiment_id, runs or "default", key))
         try:
-            return ReportRows(stored=cached.read_bytes())
-        except OSError:
-            pass
+            stored = cache_dir.read_optional(cached[1])
+        except (OSError, StoreUnavailable) as e:  # the store is the cache here: without it, the report is built
+            log.warning("report %s not read from the store: %s", cached[1], e)
+            stored, cached = None, None
+        if stored is not None:
+            return ReportRows(stored=stored)
+
     return _read(session, experiment_id=experiment_id, runs=runs, page=page, page_size=page_size,
                  statuses={st: n for st, n, _ in ended}, keep_at=cached, pieces=pieces)
 
 
-def _keep(path: Path, body: bytes) -> None:
-    """Store a built report (atomically: a reader sees the whole of it or none) in place of the same
-    answer's older build; a failure to keep it costs the next reader a build, never an answer."""
+def _keep(at: tuple[ArtifactStore, str], body: bytes) -> None:
+    """Store a built report (whole: a reader sees all of it or none) in place of the same answer's
+    older build; a failure to keep it costs the next reader a build, never an answer."""
+    store, key = at
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # two builders in one process too
-        tmp.write_bytes(body)
-        os.replace(tmp, path)
-        answer = path.name.split("-", 1)[0]
-        for older in path.parent.glob(f"{answer}-*.json"):
-            if older != path:
-                older.unlink(missing_ok=True)
-    except OSError as e:
-        log.warning("report %s not kept: %s", path, e)
+        store.put(key, body)
+        folder, name = key.rsplit("/", 1)
+        answer = name.split("-", 1)[0]
+        for older in store.keys(folder + "/"):
+            if older != key and older.rsplit("/", 1)[1].startswith(f"{answer}-"):
+                store.delete(older)
+    except (OSError, StoreUnavailable) as e:
+        log.warning("report %s not kept: %s", key, e)
+
 
 
 def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page: int, page_size: int,
-          statuses: dict[str, int], keep_at: Path | None, pieces: RunPieces | None) -> ReportRows | None:
+          statuses: dict[str, int], keep_at: tuple[ArtifactStore, str] | None,
+          pieces: RunPieces | None) -> ReportRows | None:
+
     exp = session.scalar(
         select(Experiment).where(Experiment.id == experiment_id)
         .options(joinedload(Experiment.model), joinedload(Experiment.vs_model), defer(Experiment.comparisons))

@@ -32,7 +32,11 @@ def get_engine(url: str) -> Engine:
         def _sqlite_pragmas(dbapi_conn, _record):
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
+            # FULL: each commit's WAL frames are fsynced before it returns, so a run the farm
+            # answered as stored survives a power loss (NORMAL can lose the last commits, never
+            # corrupting). Its cost: docs/benchmarks.md (bench/sqlite_sync.py).
+            cur.execute("PRAGMA synchronous=FULL")
+
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
             cur.close()

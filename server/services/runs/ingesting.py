@@ -97,7 +97,25 @@ def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: fl
     return began
 
 
+def ingest_deferred(session: Session, *, runs: dict[int, datetime], retry_in_s: float) -> list[int]:
+    """The artifact store was unreachable during these runs' ingest attempts ({run id: when each
+    began}): the attempts are given back (not counted toward max_ingest_attempts, not begun), and
+    each run stays analyzing with its ingest due again in retry_in_s (the reaper re-sends it if
+    nothing else does). An outage of the store fails no run. Returns the runs deferred."""
+    deferred = []
+    due = utcnow() + timedelta(seconds=retry_in_s)
+    for rid, began in runs.items():
+        if session.execute(
+            update(Run).where(Run.id == rid, Run.status == S.analyzing.value, Run.ingest_started_at == began)
+            .values(ingest_attempts=Run.ingest_attempts - 1, ingest_started_at=None, lease_expires_at=due)
+            .execution_options(synchronize_session=False)
+        ).rowcount == 1:
+            deferred.append(rid)
+    return deferred
+
+
 def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ingest_deadline_s: float,
+
                      heartbeat_s: float) -> bool:
     """The ingest attempt that began at started_at is alive: its run's deadline moves to
     INGEST_SILENT_BEATS heartbeats from now, never past started_at + ingest_deadline_s (a hung
