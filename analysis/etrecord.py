@@ -19,11 +19,9 @@ constants and example inputs (the big members) are never decompressed.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
-import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,10 +82,13 @@ class Etrecord:
 
 def read_etrecord(data: bytes) -> Etrecord:
     """Parse an ETRecord's bytes; raises EtrecordError naming what is wrong."""
+    import hashlib
+    import zipfile  # here, not at the top: `sme2-client analyze` without an ETRecord never needs them
+
     digest = hashlib.sha256(data).hexdigest()
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError, RuntimeError) as e:
         raise EtrecordError(f"the ETRecord is not a zip file ({e})") from None
     with zf:
         infos = zf.infolist()
@@ -119,12 +120,14 @@ def read_etrecord(data: bytes) -> Etrecord:
 class _Members:
     """Reads members under the caps: each streamed and compared with its declared size."""
 
-    def __init__(self, zf: zipfile.ZipFile, infos: dict, size: int):
+    def __init__(self, zf, infos: dict, size: int):
         self.zf, self.infos = zf, infos
         self.left = min(MAX_EXPANSION * size + (1 << 20), 4 * MAX_MEMBER_BYTES)
         self.node_budget = 0
 
     def json(self, name: str):
+        import zipfile
+
         info = self.infos[name]
         cap = min(MAX_MEMBER_BYTES, self.left)
         if info.file_size > cap:
@@ -133,7 +136,7 @@ class _Members:
         try:
             with self.zf.open(info) as f:
                 raw = f.read(cap + 1)
-        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError, RuntimeError) as e:
             raise EtrecordError(f"the ETRecord's member {name} cannot be read ({e})") from None
         if len(raw) != info.file_size:
             raise EtrecordError(f"the ETRecord's member {name} holds {len(raw)}{'+' if len(raw) > cap else ''} "

@@ -6,7 +6,9 @@ with the ExecuTorch Python bindings, then in one process times
 * Inspector(etdump_path=...) + to_dataframe()   (the usual devtools route), and
 * read_etdump + analyze()                        (this package),
 
-prints both, the ratio, and our peak Python memory (tracemalloc) next to the trace size. Then, as
+prints both, the ratio, and our peak Python memory (tracemalloc) next to the trace size; then what
+attribution from an ETRecord adds to analyze() on the same model's 1000 iterations (--no-attribution
+skips it; goal: at most 10% of analyze's time). Then, as
 whole processes (what a user waits for, start-up included): `sme2-client analyze --help`,
 `sme2-client analyze TRACE --json`, and a Python process that imports Inspector and builds its
 dataframe; medians of --processes runs (Inspector's once).
@@ -91,6 +93,58 @@ def time_inspector(path: Path):
     return t, t_import, insp, df
 
 
+def make_attributed(cache: Path, iterations: int, blocks: int) -> tuple[Path, Path, Path]:
+    """cnn_blocks(blocks) exported with its ETRecord and traced `iterations` times (cached):
+    (pte, etrecord, etdump)."""
+    import executorch
+    ver = getattr(executorch, "__version__", "x")
+    pte = cache / f"cnn_blocks_{blocks}_{ver}_attr.pte"
+    record = Path(f"{pte}.etrecord")
+    out = cache / f"cnn_blocks_{blocks}_{iterations}it_{ver}_attr.etdump"
+    if out.exists() and record.exists():
+        return pte, record, out
+    import torch
+    from sme2farm.runners.examples import EXAMPLES, write_xnnpack_pte
+    torch.manual_seed(0)
+    model, inputs = EXAMPLES["cnn_blocks"].build(blocks=blocks)
+    write_xnnpack_pte(model, inputs, pte, etrecord=record)
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    m = _load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
+    with torch.no_grad():
+        for _ in range(iterations):
+            m.forward(inputs)
+    tmp = out.with_suffix(".tmp")
+    m.write_etdump_result_to_file(str(tmp))
+    tmp.replace(out)
+    return pte, record, out
+
+
+def time_attribution(cache: Path, iterations: int, blocks: int, repeat: int) -> None:
+    """analyze() with and without the ETRecord on one trace, best of `repeat` each."""
+    from sme2farm.analysis import analyze, read_etrecord
+    pte, record, trace = make_attributed(cache, iterations, blocks)
+    data, program = trace.read_bytes(), pte.read_bytes()
+    plain = with_record = float("inf")
+    t0 = time.perf_counter()
+    et = read_etrecord(record.read_bytes())
+    t_read = time.perf_counter() - t0
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        analyze(data)
+        plain = min(plain, time.perf_counter() - t0)
+        gc.collect()
+        t0 = time.perf_counter()
+        report = analyze(data, etrecord=et, program=program)
+        with_record = min(with_record, time.perf_counter() - t0)
+    a = report["attribution"]
+    print(f"attribution ({report['n_iterations']} iterations, {len(report['by_source'])} call sites, {a['status']}, "
+          f"{a['attributed_share']:.1%} of operator time):")
+    print(f"  analyze() without / with     : {plain * 1000:9.1f} / {with_record * 1000:.1f} ms (best of {repeat})")
+    print(f"  attribution's share          : {(with_record - plain) / with_record:9.1%} of analyze (goal <= 10%); "
+          f"read_etrecord {t_read * 1000:.1f} ms ({record.stat().st_size / 1e6:.2f} MB), once per model")
+
+
 def time_process(argv: list[str], runs: int) -> float:
     """The median wall time of `argv` as a whole process, output discarded."""
     times = []
@@ -127,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="best of N for our reader")
     ap.add_argument("--trace", default=None, help="use this ETDump instead of generating one")
     ap.add_argument("--processes", type=int, default=5, help="runs of each whole-process timing (0: skip them)")
+    ap.add_argument("--no-attribution", action="store_true", help="skip the attribution timing")
     a = ap.parse_args(argv)
 
     path = Path(a.trace) if a.trace else make_trace(_cache_dir(a.cache), a.iterations, a.blocks)
@@ -149,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{float(np.mean(ex.perf_data.raw)):.6f} ms")
     except Exception as exc:  # the bench's purpose is the timing; report but do not fail
         print(f"(E2E cross-check skipped: {exc})")
+    if not a.no_attribution:
+        time_attribution(_cache_dir(a.cache), a.iterations, a.blocks, a.repeat)
     if a.processes > 0:
         whole_processes(path, a.processes)
     return 0

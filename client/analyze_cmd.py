@@ -1,6 +1,6 @@
 """`sme2-client analyze`: offline analysis of ETDump files, no server needed.
 
-    sme2-client analyze TRACE.etdump [--compare OTHER.etdump] [--skip-first N]
+    sme2-client analyze TRACE.etdump [--compare OTHER.etdump] [--skip-first N] [--model PTE [--etrecord FILE]]
                         [--kernel-log FILE] [--json | --markdown | --csv | --perfetto OUT.json]
     sme2-client analyze --outputs BASE.bin CAND.bin [--labels BASE CAND] [--json]
 
@@ -11,6 +11,11 @@ the interval is widened by the device's noise model (--noise-model FILE.json) or
 by a conservative default, and no difference below --min-effect is claimed.
 --json prints TRACE's report with a "comparison" key (and OTHER's report under
 "compare_report"). Imports only numpy and sme2farm.analysis: fast, and no torch.
+
+With --model (the .pte that ran) and its ETRecord (--etrecord, else <model>.pte.etrecord or
+<stem>.etrecord beside it), each operator is traced to the module and line that made it: the report's
+by_source, by_module and attribution, and the time by module in the text. An ETRecord of another model
+is flagged and not used.
 
 With --outputs, two runner outputs files (the runner's --outputs_file, a run's outputs.bin
 artifact) are compared instead: per output max abs/rel error and SNR, and "numerics change" where
@@ -56,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an emulator ran these traces (e.g. 'qemu-aarch64 11.1.3'): their times are the "
                              "emulator's, so they are labelled and --compare states no speed verdict. Found by itself "
                              "when a farm run's report.json lies beside a trace")
+    parser.add_argument("--model", metavar="PTE", default=None,
+                        help="the .pte the traces ran: with its ETRecord, operators are traced to modules and lines")
+    parser.add_argument("--etrecord", metavar="FILE", default=None,
+                        help="the model's ETRecord (default: <model>.pte.etrecord or <stem>.etrecord beside --model)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--noise-model", metavar="FILE.json", default=None,
                         help="the device's noise model (JSON from NoiseModel.to_json(), learned from A/A "
@@ -171,8 +180,12 @@ def run(args: argparse.Namespace) -> int:
                   "https://ui.perfetto.dev", file=sys.stderr)
             return 0
         arm = {"on": True, "off": False, None: None}
+        traced = _attribution_inputs(args)
+        if isinstance(traced, int):
+            return traced
         report = analyze(data, kernel_log=_read_text(args.kernel_log), skip_first=args.skip_first,
-                         sme2=arm[args.sme2], arch=args.arch)
+                         sme2=arm[args.sme2], arch=args.arch, **traced)
+        _flag_mismatch(report, args)
         del data
         emulators = sorted({e for e in (args.emulated, _emulator_beside(args.trace), _emulator_beside(args.compare)) if e})
         emulator = ", ".join(emulators) or None
@@ -182,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         if args.compare:
             other = analyze(Path(args.compare).read_bytes(),
                             kernel_log=_read_text(args.compare_kernel_log),
-                            skip_first=args.skip_first, sme2=arm[args.compare_sme2], arch=args.arch)
+                            skip_first=args.skip_first, sme2=arm[args.compare_sme2], arch=args.arch, **traced)
             labels = tuple(args.labels) if args.labels else (Path(args.trace).name,
                                                               Path(args.compare).name)
             if emulator:  # an emulator's times are never a speed figure (analysis.compare_emulated)
@@ -222,7 +235,81 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(to_csv(report))
     else:
         sys.stdout.write(to_terminal(report, _said_verdicts(comparison), top=args.top))
+        sys.stdout.write(by_module_text(report))
     return 0
+
+
+def _attribution_inputs(args: argparse.Namespace) -> dict | int:
+    """analyze()'s etrecord= and program= from --model and --etrecord (or the ETRecord beside the
+    model, said on stderr); an exit code where they cannot be read."""
+    if args.model is None:
+        if args.etrecord is not None:
+            print("error: --etrecord needs --model PTE: an ETRecord is checked against the program it belongs to",
+                  file=sys.stderr)
+            return 2
+        return {}
+    from sme2farm.analysis.etrecord import EtrecordError, read_etrecord
+
+    try:
+        program = Path(args.model).read_bytes()
+    except OSError as exc:
+        print(f"error: --model: {exc}", file=sys.stderr)
+        return 2
+    if program[4:6] != b"ET":
+        print(f"error: --model {args.model} is not a .pte (no ExecuTorch program identifier)", file=sys.stderr)
+        return 2
+    path = args.etrecord
+    if path is None:
+        model = Path(args.model)
+        path = next((str(p) for p in (Path(f"{model}.etrecord"), model.with_suffix(".etrecord")) if p.is_file()), None)
+        if path is not None:
+            print(f"using the ETRecord beside the model: {path}", file=sys.stderr)
+    if path is None:
+        return {"program": program}
+    try:
+        etrecord = read_etrecord(Path(path).read_bytes())
+    except OSError as exc:
+        print(f"error: --etrecord: {exc}", file=sys.stderr)
+        return 2
+    except EtrecordError as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
+    args.etrecord = path
+    return {"program": program, "etrecord": etrecord}
+
+
+def _flag_mismatch(report: dict, args: argparse.Namespace) -> None:
+    if (report.get("attribution") or {}).get("status") == "mismatch":
+        why = next((w for w in report.get("warnings", []) if "ETRecord" in w), "it does not belong to this model")
+        print(f"warning: {args.etrecord} is not used: {why}", file=sys.stderr)
+
+
+def by_module_text(report: dict, *, modules: int = 8, rows: int = 8) -> str:
+    """A few lines: the heaviest modules (depth 1 and 2) and call sites, from an attributed report."""
+    by_module = report.get("by_module") or []
+    if not by_module:
+        return ""
+    status = report["attribution"]["status"]
+    lines = ["", f"time by module ({status}, {report['attribution']['attributed_share']:.0%} of operator time; "
+                 "mean ms per iteration, share of E2E):"]
+    top = sorted((m for m in by_module if m["depth"] in (1, 2)), key=lambda m: -m["ms"])[:modules]
+    group = {m["module"]: m["ms"] for m in by_module if m["depth"] == 1}
+    for m in sorted(top, key=lambda m: (-group.get(m["module"].split(".")[0], 0.0), m["module"].split(".")[0],
+                                        m["depth"], -m["ms"])):
+        lines.append(f"  {'  ' * (m['depth'] - 1)}{m['module']:<{34 - 2 * m['depth']}} {m['ms']:9.3f} {m['share']:6.1%}"
+                     + (f"  {m['module_class']}" if m.get("module_class") else ""))
+    rest = next((m for m in by_module if m["depth"] == 0 and m["module"] != ""), None)
+    if rest is not None:
+        lines.append(f"  {rest['module']:<32} {rest['ms']:9.3f} {rest['share']:6.1%}")
+    lines.append("top call sites:")
+    for r in sorted(report.get("by_source") or [], key=lambda r: -r["ms"])[:rows]:
+        name = r["operator"] + (f" #{r['instance']}" if r.get("instance") else "")
+        where = "ambiguous: no module named" if r["module"] is None else (
+            f"{r['module'] or '(the model)'} ({r['module_class'] or '?'})"
+            + (f" {r['location']}" if r.get("location") else "")
+            + (f", inserted by {r['inserted_by']}" if r.get("inserted_by") else ""))
+        lines.append(f"  {r['ms']:9.3f}  {name}  {where}")
+    return "\n".join(lines) + "\n"
 
 
 def _not_a_trace(data: bytes, path: str) -> str | None:

@@ -162,3 +162,41 @@ def test_the_events_attributed_are_the_ones_executorchs_flatcc_reader_sees(trace
     assert [row["operator"] + (f" #{row['instance']}" if row["instance"] else "") for row in r["by_source"]] == first
     for k, row in enumerate(r["by_source"]):  # mean ms per call site over the iterations
         assert row["ms"] == pytest.approx(sum(it[k][1] for it in per_iteration) / len(per_iteration) / 1e6, rel=1e-6)
+
+
+def _client(*args, cwd=None):
+    import sys
+
+    code = ("import sys; from sme2farm.client import main; rc = main.main(sys.argv[1:]); "
+            "assert not {'httpx', 'pydantic', 'torch', 'executorch'} & set(sys.modules), 'heavy import'; sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, "analyze", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_client_analyze_with_the_model_shows_time_by_module_and_flags_another_models_etrecord(
+        traced, attributed_model, tmp_path):  # noqa: F811
+    traced("dominant")
+    pte, record = attributed_model("dominant")
+    trace = tmp_path / "t.etdump"
+    trace.write_bytes(traced("dominant")[2])
+    r = _client(trace, "--model", pte)  # the ETRecord beside the model is found and said
+    assert r.returncode == 0, r.stderr
+    assert f"using the ETRecord beside the model: {record}" in r.stderr
+    assert "time by module (attributed" in r.stdout
+    big = next(line for line in r.stdout.splitlines() if "Convolution" in line and "#" in line)
+    assert "features.big (Conv2d)" in big  # the top call site is the dominant layer
+    r = _client(trace, "--model", pte, "--json")
+    report = json.loads(r.stdout)
+    assert report["attribution"]["status"] == "attributed" and report["attribution"]["etrecord_sha256"]
+    _, other = attributed_model("ln_net")
+    r = _client(trace, "--model", pte, "--etrecord", other)
+    assert r.returncode == 0 and f"warning: {other} is not used" in r.stderr
+    assert "time by module" not in r.stdout and "features.big" not in r.stdout
+    r = _client(trace, "--etrecord", record)
+    assert r.returncode == 2 and "--etrecord needs --model" in r.stderr
+    garbage = tmp_path / "bad.etrecord"
+    garbage.write_bytes(b"PK\x03\x04 not really")
+    r = _client(trace, "--model", pte, "--etrecord", garbage)
+    assert r.returncode == 2 and "not a zip" in r.stderr
+    r = _client(trace)  # no model: no module, the report says how to export an ETRecord
+    assert r.returncode == 0 and "time by module" not in r.stdout and "generate_etrecord=True" in r.stdout
