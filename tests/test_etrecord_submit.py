@@ -46,9 +46,11 @@ def exported(tmp_path_factory):
     return make
 
 
-def post(api, model: bytes, etrecord: bytes | None = None, spec: dict | None = None):
+def post(api, model: bytes, etrecord: bytes | None = None, spec: dict | None = None, vs_model: bytes | None = None):
     http, headers = http_of(api)
     files = {"model": ("m.pte", model, "application/octet-stream")}
+    if vs_model is not None:
+        files["vs_model"] = ("b.pte", vs_model, "application/octet-stream")
     if etrecord is not None:
         files["etrecord"] = ("m.etrecord", etrecord, "application/octet-stream")
     import json
@@ -130,6 +132,37 @@ def test_without_an_etrecord_no_module_is_named(api, agent, exported, monkeypatc
     assert run.attribution.status == "no etrecord"
     assert not [row for row in run.by_source or [] if row.module]   # invented no module
     assert not [m for m in run.by_module or [] if m.module not in ("not attributed",)]
+
+
+def test_the_etrecord_is_model_as_and_read_once_per_batch(api, agent, exported, monkeypatch):
+    """An A/B experiment with model A's ETRecord, two sessions (A B B A): A's runs are attributed,
+    B's (another model) say "no etrecord" and name no module; the ingest batch that takes the four
+    runs reads the ETRecord once."""
+    from sme2farm.server.services import etrecords
+    from sme2farm.worker import tasks
+
+    pte, etrecord = exported("toy_cnn")
+    mlp, _ = exported("mlp")
+    r = post(api, pte.read_bytes(), etrecord.read_bytes(), {**QUICK_SPEC, "sessions": 2}, vs_model=mlp.read_bytes())
+    assert r.status_code == 201, r.text
+    dispatch(api)
+    for _ in range(4):  # one device: each run is assigned as the one before finishes
+        [a] = agent.api.claim(wait=0)
+        agent.execute(a)
+    rids = sorted(run["id"] for run in api.client.get(f"/experiments/{r.json()['id']}", headers=api.auth()).json()["runs"])
+    reads = []
+    real = etrecords.parse
+    monkeypatch.setattr(etrecords, "parse", lambda data: reads.append(len(data)) or real(data))
+    monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
+    assert tasks.ingest_run(rids[0]) == "succeeded"   # the batch takes the four
+    assert reads == [etrecord.stat().st_size]
+    runs = [RunReport.model_validate(r_json(api, rid)) for rid in rids]
+    assert sorted(run.variant for run in runs) == ["A", "A", "B", "B"] and {run.status for run in runs} == {"succeeded"}
+    for run in runs:
+        if run.variant == "A":
+            assert run.attribution.status == "attributed" and {row.module for row in run.by_source} & TOY_MODULES
+        else:
+            assert run.attribution.status == "no etrecord" and not [row for row in run.by_source if row.module]
 
 
 def test_another_models_etrecord_is_a_422_naming_the_mismatch_and_stores_nothing(api, agent, exported):
