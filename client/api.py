@@ -224,13 +224,16 @@ class FarmClient:
         return ExperimentReport.model_validate(self._check(r).json())
 
     def import_kit(self, manifest: dict[str, Any], model: Path, traces: list[Path],
-                   logs: dict[int, Path] | None = None) -> ExperimentReport:
+                   logs: dict[int, Path] | None = None, etrecord: Path | None = None) -> ExperimentReport:
         """POST /experiments/import: a kit run directory's manifest, its model and each result's
         trace (traces[i] is results[i]'s) and runner log, as numbered parts; only the bytes travel,
         never a local path."""
         with contextlib.ExitStack() as stack:
             files: list[tuple[str, tuple]] = [("model", ("model.pte", stack.enter_context(open(model, "rb")),
                                                          "application/octet-stream"))]
+            if etrecord is not None:
+                files.append(("etrecord", ("model.etrecord", stack.enter_context(open(etrecord, "rb")),
+                                           "application/octet-stream")))
             for i, trace in enumerate(traces):
                 files.append((f"etdump.{i}", (f"{i}.etdump", stack.enter_context(open(trace, "rb")),
                                               "application/octet-stream")))

@@ -233,7 +233,7 @@ def device_for(manifest: dict, run_dir: Path, args) -> dict:
 
 
 def cmd_import(args) -> int:
-    from sme2farm.client.common import connect
+    from sme2farm.client.common import connect, etrecord_beside
 
     root = Path(args.dir)
     try:
@@ -248,10 +248,11 @@ def cmd_import(args) -> int:
         return 2
     client = connect(args)
     for d, manifest, model, traces, logs in prepared:
-        rep = client.import_kit(manifest, model, traces, logs)
+        etrecord = etrecord_beside(model)  # where the kit's analyze_results.py looks: <model>.etrecord
+        rep = client.import_kit(manifest, model, traces, logs, etrecord)
         note = rep.imported.note if rep.imported else "imported"
         print(f"{d}: experiment {rep.id} ({note}): {len(rep.runs)} run(s) on {manifest['device']['serial']}, "
-              f"{rep.status}")
+              f"{rep.status}" + (f"; with the ETRecord {etrecord}" if etrecord else ""))
         for r in rep.runs:
             e2e = f", E2E median {r.e2e_ms.median:.3f} ms" if r.e2e_ms else ""
             print(f"  run {r.id}: SME2 {r.sme2}, {r.threads} thread(s): {r.status}{e2e}")

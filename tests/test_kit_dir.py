@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from _fixtures_farm import dispatch, ingest_all, submit
+from _fixtures_farm import QUICK_SPEC, dispatch, ingest_all, submit
 from sme2farm.client import cli
 
 MANIFEST_KEYS = {"model", "results", "executorch"}
@@ -45,8 +45,26 @@ def as_user(api, monkeypatch):
     return lambda *argv: cli.main([*argv])
 
 
-def _run_on_host(api, agent, monkeypatch, model: Path, **spec) -> dict:
-    exp = submit(api, model.read_bytes(), **spec)
+@pytest.fixture(scope="module")
+def toy_with_etrecord(tmp_path_factory) -> tuple[Path, Path]:
+    """toy_cnn exported here with its ETRecord beside it, as the kit keeps it (<model>.pte.etrecord)."""
+    pytest.importorskip("torch")
+    from sme2farm.runners.examples import export_example
+
+    d = tmp_path_factory.mktemp("toy_et")
+    pte, et = d / "toy_cnn.pte", d / "toy_cnn.pte.etrecord"
+    export_example("toy_cnn", pte, etrecord=et)
+    return pte, et
+
+
+def _run_on_host(api, agent, monkeypatch, model: Path, etrecord: Path | None = None, **spec) -> dict:
+    if etrecord is None:
+        exp = submit(api, model.read_bytes(), **spec)
+    else:
+        r = api.client.post("/experiments", headers=api.auth(), data={"spec": json.dumps({**QUICK_SPEC, **spec})},
+                            files={"model": ("m.pte", model.read_bytes()), "etrecord": ("m.etrecord", etrecord.read_bytes())})
+        assert r.status_code == 201, r.text
+        exp = r.json()
     ids = dispatch(api)
     for a in agent.api.claim(wait=0):
         agent.execute(a)
@@ -80,10 +98,10 @@ def _check_kit_dir(run_dir: Path, out: Path) -> tuple[dict, dict]:
     return manifest, summary
 
 
-def test_export_writes_the_kits_layout_and_import_gets_the_same_analysis(api, agent, example_pte, as_user, monkeypatch,
-                                                                        tmp_path, capsys):
-    pte = example_pte("toy_cnn")
-    exp = _run_on_host(api, agent, monkeypatch, pte, sme2="off", iterations=5)
+def test_export_writes_the_kits_layout_and_import_gets_the_same_analysis(api, agent, toy_with_etrecord, as_user,
+                                                                        monkeypatch, tmp_path, capsys):
+    pte, etrecord = toy_with_etrecord
+    exp = _run_on_host(api, agent, monkeypatch, pte, etrecord, sme2="off", iterations=5)
     [run] = exp["runs"]
     assert run["status"] == "succeeded", run["reason"]
 
@@ -100,7 +118,10 @@ def test_export_writes_the_kits_layout_and_import_gets_the_same_analysis(api, ag
     assert manifest["device"]["serial"] == run["device"]["serial"] and manifest["device"]["sme2"] is False
     assert manifest["executorch"]["sha"]  # what generate_report.py prints as the ExecuTorch SHA
     assert summary["category_totals_ms"] == pytest.approx(run["categories_ms"])
-    assert summary["etrecord"] is None  # this experiment has none
+    # the ETRecord beside the model, where the kit's analyze_results.py looks (the manifest's model + ".etrecord")
+    assert summary["etrecord"] == manifest["model"] + ".etrecord"
+    assert Path(summary["etrecord"]).read_bytes() == etrecord.read_bytes()
+    assert run["attribution"]["status"] == "attributed", run["attribution"]
 
     # back in: one experiment, marked imported, the same figures from the farm's own analysis
     before = api.client.get("/experiments", headers=api.auth()).json()["total"]
@@ -115,12 +136,14 @@ def test_export_writes_the_kits_layout_and_import_gets_the_same_analysis(api, ag
     assert back["imported"]["note"] == "imported: measured outside the farm"
     assert back["imported"]["device"] == run["device"]["serial"] and back["imported"]["experiments"] == ["linux_sme2_off"]
     assert back["status"] == "succeeded" and back["model_sha256"] == exp["model_sha256"]
+    assert back["etrecord_sha256"] == exp["etrecord_sha256"] is not None  # sent back with the model, checked again
     [again] = back["runs"]
     assert again["status"] == "succeeded" and again["sme2"] == "off" and again["threads"] == 1
     assert again["device"]["serial"] == run["device"]["serial"]
     assert again["runner"]["origin"] == "imported"
     assert again["e2e_ms"] == run["e2e_ms"] and again["categories_ms"] == run["categories_ms"]
     assert [o["name"] for o in again["operators"]] == [o["name"] for o in run["operators"]]
+    assert again["attribution"] == run["attribution"] and again["by_module"] == run["by_module"]
     # imported runs are never dispatched: nothing is queued or assigned
     assert dispatch(api) == []
 
@@ -184,7 +207,7 @@ def test_a_placeholder_or_truncated_trace_is_refused_in_one_sentence_and_nothing
 def test_the_server_refuses_what_the_manifest_cannot_back(api, example_pte, portable_trace):
     """The route's own checks (a client that is not sme2-client): a missing trace part, an SME2-on
     run on a device said to have no SME2, a part past results[], bad JSON: each a 422 naming it."""
-    pte = example_pte("toy_cnn").read_bytes()
+    pte = example_pte("mlp").read_bytes()
     trace = portable_trace.read_bytes()
     device = {"serial": "my-mac", "platform": "macos", "sme2": False}
     on = {"experiment": "mac_sme2_on", "metrics": {"threads": 1}}
@@ -207,6 +230,9 @@ def test_the_server_refuses_what_the_manifest_cannot_back(api, example_pte, port
     assert r.status_code == 422 and "manifest is not valid JSON" in r.text
     r = post({"results": [{"experiment": "mac_fast", "metrics": {"threads": 1}}], "device": device}, {"etdump.0": trace})
     assert r.status_code == 422 and "does not say SME2 on or off" in r.text
+    # an ETRecord is checked as at submission (services/etrecords.py): one that is not one is refused naming the part
+    r = post({"results": [off], "device": device}, {"etdump.0": trace, "etrecord": b"PK\x03\x04 not a zip"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("etrecord: not a readable ETRecord"), r.text
     r = api.client.post("/experiments/import", files=[("model", ("m.pte", pte)), ("../../etc/x", ("x", b"1"))],
                         data={"manifest": "{}"}, headers=api.auth())
     assert r.status_code == 422 and "unknown form part" in r.text
@@ -236,3 +262,57 @@ def test_an_imported_pair_is_compared_and_says_where_it_came_from(api, example_p
     capsys.readouterr()
     assert as_user("status", str(rep["id"])) == 0
     assert "imported: measured outside the farm" in capsys.readouterr().out
+
+
+@pytest.mark.arm64
+@pytest.mark.sme2emu
+def test_each_device_gets_its_own_run_directory_and_an_emulated_one_no_latency(
+        api, agent, sme2_emulator, arm64_runners, example_pte, as_user, monkeypatch, tmp_path, capsys):
+    """One experiment on this host (SME2 off; on is unschedulable here) and on the emulated SME2
+    device (both arms): runs/linux-<serial>/ each, the host's totals its own run's alone, the
+    emulated device's metrics without any latency (an emulator's times are not a CPU's)."""
+    from sme2farm.agent.api import AgentApi
+    from sme2farm.agent.drivers.qemu import QemuArm64Driver
+    from sme2farm.agent.loop import Agent
+
+    emu = Agent(AgentApi(api.url, api.token, retries=0), [QemuArm64Driver(str(sme2_emulator.path))], arm64_runners,
+                name="emu-agent", work_dir=tmp_path / "emu")
+    emu.register()
+    exp = submit(api, example_pte("toy_cnn").read_bytes(), sme2="both", iterations=2, warmup=0)
+    ids = dispatch(api)
+    while True:  # a device takes its runs one at a time: claim, run, and dispatch again until none is left
+        jobs = [(a, job) for a in (agent, emu) for job in a.api.claim(wait=0)]
+        if not jobs:
+            break
+        for a, job in jobs:
+            a.execute(job)
+        ids += dispatch(api)
+    ingest_all(api, ids, monkeypatch)
+    rep = api.client.get(f"/experiments/{exp['id']}", headers=api.auth()).json()
+    ok = [r for r in rep["runs"] if r["status"] == "succeeded"]
+    serials = {r["device"]["serial"] for r in ok}
+    assert len(serials) == 2 and len(ok) == 3, [(r["device"]["serial"], r["sme2"], r["status"], r["reason"])
+                                                for r in rep["runs"]]
+    out = tmp_path / "kit"
+    assert as_user("artifacts", f"E{exp['id']}", "--kit", "-o", str(out)) == 0, capsys.readouterr().err
+    dirs = sorted(p.name for p in (out / "runs").iterdir())
+    assert dirs == sorted(f"linux-{s}" for s in serials)
+    for name in dirs:
+        run_dir = out / "runs" / name
+        manifest, summary = _check_kit_dir(run_dir, out)
+        mine = [r for r in ok if f"linux-{r['device']['serial']}" == name]
+        assert {r["metrics"]["farm_run"] for r in manifest["results"]} == {r["id"] for r in mine}
+        assert manifest["device"]["serial"] == mine[0]["device"]["serial"]
+        emulated = mine[0]["device"].get("emulator")
+        for r in manifest["results"]:
+            m = r["metrics"]
+            if emulated:
+                assert m["latency_ms"] == [] and m["median_ms"] is m["min_ms"] is m["max_ms"] is None
+                assert "emulator" in m
+            else:
+                assert len(m["latency_ms"]) == m["runs"] == 2 and m["median_ms"] > 0
+        # each directory's totals are its own device's runs only, as the kit sums them
+        for cat, ms in summary["category_totals_ms"].items():
+            assert ms == pytest.approx(sum(r["categories_ms"].get(cat, 0.0) for r in mine))
+        assert ("emulator" in summary) == bool(emulated)
+    assert {r["sme2"] for r in ok if r["device"].get("emulator")} == {"on", "off"}

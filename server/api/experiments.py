@@ -76,8 +76,7 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
     `etrecord` (the model's ETRecord) attributes its runs' operators to modules and source lines."""
     length = request.headers.get("content-length", "")
     store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507, nothing written
-    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20, settings.max_inputs_mb << 20
-,
+    upload = await receive_experiment(request, store.tmp, settings.max_upload_mb << 20, settings.max_inputs_mb << 20,
                                       settings.max_etrecord_mb << 20)
     try:
         spec = parse_spec(upload.fields.get("spec"))
@@ -157,15 +156,14 @@ def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> byte
         raise
 
 
-@router.get("/experiments", response_model=ExperimentPage)
-def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_size: PageSize = 20) -> ExperimentPage:
 @router.post("/experiments/import", status_code=201, response_model=ExperimentReport, openapi_extra=IMPORT_FORM_OPENAPI)
 async def import_experiment(request: Request, settings: SettingsDep, store: StoreDep, user: UserDep) -> Response:
     """A kit run directory measured outside the farm (a phone, a Mac), stored as an experiment
     marked imported: `manifest` (its manifest.json, with the device), `model` (the .pte) and
     `etdump.<i>` / `log.<i>` for results[i]. Every trace is analysed as the farm's own; one it
     cannot use refuses the import (422 naming the run) and nothing is stored."""
-    upload = await receive_import(request, store.tmp, settings.max_upload_mb << 20, settings.max_artifact_mb << 20)
+    upload = await receive_import(request, store.tmp, settings.max_upload_mb << 20, settings.max_artifact_mb << 20,
+                                  settings.max_etrecord_mb << 20)
     try:
         try:
             data = loads_bounded(upload.manifest)
@@ -176,6 +174,7 @@ async def import_experiment(request: Request, settings: SettingsDep, store: Stor
         manifest = imports.read_manifest(data, traces=set(upload.traces), logs=set(upload.logs))
         await run_in_threadpool(validate_program, upload.model_path)
         await run_in_threadpool(read_memory, upload)
+        await run_in_threadpool(etrecords.check, upload)  # another model's ETRecord: 422, nothing stored
         await run_in_threadpool(imports.check_traces, manifest, upload.traces)
 
         def keep() -> bytes:
@@ -185,12 +184,14 @@ async def import_experiment(request: Request, settings: SettingsDep, store: Stor
                 return reports.report_json(session, experiment_id=exp.id)
         report = await run_in_threadpool(keep)
     except InvalidProgram as e:
-        raise HTTPException(422, f"model: {e}")
+        raise HTTPException(422, f"{e.field}: {e}")
     finally:
         upload.discard()  # what was kept has moved; the rest goes
     return Response(report, status_code=201, media_type="application/json")
 
 
+@router.get("/experiments", response_model=ExperimentPage)
+def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_size: PageSize = 20) -> ExperimentPage:
     """Experiments, newest first."""
     rows, total = experiment_service.get_page(session, page=page, page_size=page_size)
     return ExperimentPage(items=[reports.summary(e, by_status) for e, by_status in rows], total=total, page=page, page_size=page_size)
@@ -233,9 +234,6 @@ def get_experiment_comparisons(experiment_id: ExperimentId, session: SessionDep,
     return Response(body, media_type="application/json")  # the stored comparisons as JSON text
 
 
-@router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
-def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store: StoreDep) -> Response:
-    """Cancel every run of the experiment (services/runs/status.py cancel: what that does in each state)."""
 EXPERIMENT_FILES = ("model.pte", "vs_model.pte", "model.pte.etrecord")
 FILE_RESPONSES = {200: {"description": "The file's bytes", "content": {"application/octet-stream": {
     "schema": {"type": "string", "format": "binary"}}}}, **NOT_FOUND}
@@ -259,6 +257,9 @@ def get_experiment_file(experiment_id: ExperimentId, name: str, session: Session
     return FileResponse(path, media_type="application/octet-stream", filename=f"E{experiment_id}-{name}")
 
 
+@router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
+def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store: StoreDep) -> Response:
+    """Cancel every run of the experiment (services/runs/status.py cancel: what that does in each state)."""
     with tx() as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:

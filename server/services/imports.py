@@ -30,6 +30,7 @@ from sme2farm.protocol import ARTIFACT_NAMES, RUNNER_LOG, TRACE, DeviceInfo, Exp
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services.errors import Invalid
 from sme2farm.server.services.ingest import Ingester
+from sme2farm.server.store.base import etrecord_key, model_key
 from sme2farm.server.store.models import Experiment, Model, Run
 
 IMPORTED = "imported: measured outside the farm"
@@ -152,7 +153,7 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
     snapshot = device.model_dump(mode="json")
     platform = device.runner_platform or RUNNER_PLATFORMS[device.platform]
     exp = Experiment(name=spec.name, model_sha256=model.sha256, spec=spec.model_dump(mode="json"), labels=spec.labels,
-                     owner_id=owner_id, warnings=[f"{IMPORTED} (a kit run directory): the farm analysed its traces "
+                     owner_id=owner_id, etrecord_sha256=upload.etrecord_sha256 or None, warnings=[f"{IMPORTED} (a kit run directory): the farm analysed its traces "
                                                   f"but did not run them; device {device.serial} as the manifest says"],
                      imported={"note": IMPORTED, "source": "kit run directory", "model": manifest["name"],
                                "generated_at": manifest["generated_at"], "executorch": et,
@@ -167,7 +168,15 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
                          "executorch_commit": et.get("sha", ""), "origin": "imported"})
             for i, r in enumerate(results)]
     ids = list(session.scalars(insert(Run).returning(Run.id, sort_by_parameter_order=True), rows))
+    # Ingest reads the model and its ETRecord from the store (attribution): they are kept first, and
+    # removed again on a refusal unless they were there before.
+    kept = [] if store.exists(model_key(upload.sha256)) else [model_key(upload.sha256)]
     try:
+        store.keep_model(upload.model_path, upload.sha256)
+        if upload.etrecord_path is not None:
+            if not store.exists(etrecord_key(upload.etrecord_sha256)):
+                kept.append(etrecord_key(upload.etrecord_sha256))
+            store.keep_etrecord(upload.etrecord_path, upload.etrecord_sha256)
         for i, run_id in enumerate(ids):
             store.keep_artifact(upload.traces.pop(i), run_id, TRACE, attempt=1)
             if i in upload.logs:
@@ -179,10 +188,11 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
                 reason = session.scalar(select(Run.reason).where(Run.id == run_id))
                 raise Invalid(f"manifest.results[{i}] ({results[i]['experiment']}): {reason}")
         run_service.complete(session, experiment_ids=[exp.id], store=store)
-        store.keep_model(upload.model_path, upload.sha256)
     except BaseException:
         for run_id in ids:  # the rows roll back with the caller's transaction; the files go here
             for name in ARTIFACT_NAMES:
                 store.delete_artifact(run_id, name, attempt=1)
+        for key in kept:
+            store.delete(key)
         raise
     return exp

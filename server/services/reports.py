@@ -111,11 +111,11 @@ def summary(exp: Experiment, by_status: dict[str, int]) -> ExperimentSummary:
         created_at=exp.created_at, runs=sum(by_status.values()), runs_by_status=dict(by_status),
         vs_model_sha256=exp.vs_model_sha256, sme2=(exp.spec or {}).get("sme2"),
         threads=list((exp.spec or {}).get("threads") or []), mode=(exp.spec or {}).get("mode"),
+        imported=(exp.imported or {}).get("note"),
     )
 
 
 # ---- the report of GET /experiments/{id}, from columns (no ORM objects, no full analysis JSON) ----
-        imported=(exp.imported or {}).get("note"),
 
 RunsDetail = Literal["full", "summary", "page"]
 # An experiment with more runs than this is answered as a summary unless `runs` asks otherwise
@@ -347,6 +347,7 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
         program_memory=memory_for(exp.model.memory, exp.spec.get("method", DEFAULT_METHOD)),
         vs_program_memory=memory_for(exp.vs_model.memory, exp.spec.get("method", DEFAULT_METHOD))
         if exp.vs_model_sha256 else None,
+        imported=exp.imported,
     )
     return ReportRows(keep_at=keep_at, head=head, comparisons=comparisons, rows=rows, results=results,
                       artifacts=artifacts, waiting=waiting, pieces=kept, order=order, cache=pieces)
@@ -359,7 +360,6 @@ def build_report(*, rows: ReportRows) -> bytes:
         return rows.stored
     body = _build(rows)
     if rows.keep_at is not None:
-        imported=exp.imported,
         _keep(rows.keep_at, body)
     return body
 

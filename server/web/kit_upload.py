@@ -1,7 +1,7 @@
 """Streaming multipart parsing for POST /experiments/import: a kit run directory sent as parts.
 
 The parts: `manifest` (the run directory's manifest.json, a field), `model` (the .pte the runs
-ran), and for each entry i of the manifest's results[], `etdump.<i>` (its trace) and optionally
+ran), optionally `etrecord` (the model's ETRecord, `<model>.pte.etrecord` in the kit), and for each entry i of the manifest's results[], `etdump.<i>` (its trace) and optionally
 `log.<i>` (its runner log). Multipart, not an archive: each file is bounded as it streams and lands
 in a temp file of the server's own naming, so nothing inside the upload (a part's file name, a path
 in the manifest) ever becomes a path on disk, and there is no archive to unpack (no entry names to
@@ -34,6 +34,9 @@ class KitUpload:
     model_path: Path | None = None
     sha256: str = ""
     size: int = 0
+    etrecord_path: Path | None = None
+    etrecord_sha256: str = ""
+    etrecord_size: int = 0
     traces: dict[int, Path] = field(default_factory=dict)  # results[] index -> the trace's temp file
     logs: dict[int, Path] = field(default_factory=dict)
     memory: dict | None = None  # services/programs.read_memory
@@ -43,15 +46,16 @@ class KitUpload:
     vs_model_path = None
 
     def discard(self) -> None:
-        for p in (self.model_path, *self.traces.values(), *self.logs.values()):
+        for p in (self.model_path, self.etrecord_path, *self.traces.values(), *self.logs.values()):
             if p is not None and p.exists():
                 p.unlink()
 
 
 class _Collector(StreamedParts):
-    def __init__(self, tmp_dir: Path, model_limit: int, files_limit: int):
+    def __init__(self, tmp_dir: Path, model_limit: int, files_limit: int, etrecord_limit: int):
         super().__init__()
         self.tmp_dir, self.model_limit, self.files_limit = tmp_dir, model_limit, files_limit
+        self.etrecord_limit = etrecord_limit
         self.upload = KitUpload()
         self._files_bytes = 0
         self._buf = bytearray()
@@ -66,9 +70,9 @@ class _Collector(StreamedParts):
         if self.error:
             return
         indexed = _INDEXED.match(self._name)
-        if self._name not in ("manifest", "model") and not indexed:
+        if self._name not in ("manifest", "model", "etrecord") and not indexed:
             self.error = (422, f"unknown form part {self._name[:64]!r}; POST /experiments/import takes 'manifest', "
-                               "'model', and 'etdump.<i>' / 'log.<i>' for results[i] of the manifest")
+                               "'model', 'etrecord', and 'etdump.<i>' / 'log.<i>' for results[i] of the manifest")
             return
         if indexed and int(indexed.group(2)) >= MAX_RESULTS:
             self.error = (422, f"part {self._name!r}: an import holds at most {MAX_RESULTS} runs (results[0] to "
@@ -85,6 +89,8 @@ class _Collector(StreamedParts):
         path = Path(name)
         if self._name == "model":
             self.upload.model_path, self._hash = path, hashlib.sha256()
+        elif self._name == "etrecord":
+            self.upload.etrecord_path, self._hash = path, hashlib.sha256()
         else:
             kind, index = indexed.group(1), int(indexed.group(2))
             (self.upload.traces if kind == "etdump" else self.upload.logs)[index] = path
@@ -102,6 +108,13 @@ class _Collector(StreamedParts):
             self.upload.size += len(chunk)
             if self.upload.size > self.model_limit:
                 self.error = (413, f"model upload exceeds the {self.model_limit >> 20} MiB limit")
+                return
+            self._hash.update(chunk)
+        elif self._name == "etrecord":
+            self.upload.etrecord_size += len(chunk)
+            if self.upload.etrecord_size > self.etrecord_limit:
+                self.error = (413, f"etrecord upload exceeds the {self.etrecord_limit >> 20} MiB limit "
+                                   "(SME2_MAX_ETRECORD_MB)")
                 return
             self._hash.update(chunk)
         else:
@@ -126,24 +139,27 @@ class _Collector(StreamedParts):
             self._file = None
         if self._name == "model":
             self.upload.sha256 = self._hash.hexdigest()
+        elif self._name == "etrecord":
+            self.upload.etrecord_sha256 = self._hash.hexdigest()
 
     def discard(self) -> None:
         self.upload.discard()
 
 
-async def receive_import(request: Request, tmp_dir: Path, model_limit: int, files_limit: int) -> KitUpload:
+async def receive_import(request: Request, tmp_dir: Path, model_limit: int, files_limit: int,
+                         etrecord_limit: int) -> KitUpload:
     """The parts of a kit import, in temp files; an HTTPException (413, 415, 422, 400) with nothing
     left behind when the body is not one."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise HTTPException(415, "POST /experiments/import takes multipart/form-data: 'manifest', 'model' and "
                                  "'etdump.<i>' parts (sme2-client import DIR sends them)")
-    total_limit = model_limit + files_limit + MAX_MANIFEST_BYTES + OVERHEAD_BYTES
+    total_limit = model_limit + etrecord_limit + files_limit + MAX_MANIFEST_BYTES + OVERHEAD_BYTES
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > total_limit:
         raise HTTPException(413, f"request body of {int(length)} bytes exceeds the {total_limit} bytes an import may "
-                                 "hold (a model, the traces and logs, a manifest)")
-    c = _Collector(tmp_dir, model_limit, files_limit)
+                                 "hold (a model and its ETRecord, the traces and logs, a manifest)")
+    c = _Collector(tmp_dir, model_limit, files_limit, etrecord_limit)
     await c.read(request, params[b"boundary"], total_limit,
                  f"request body exceeds the {total_limit} bytes an import may hold")
     missing = [what for what, ok in (("'manifest'", c.upload.manifest), ("'model' (the .pte the runs ran)",
@@ -160,6 +176,8 @@ IMPORT_FORM_OPENAPI = {"requestBody": {"required": True, "content": {"multipart/
         "manifest": {"type": "string", "description": "the kit run directory's manifest.json (model, results[] with "
                                                       "experiment and metrics, executorch; the farm's device object)"},
         "model": {"type": "string", "format": "binary", "description": "the .pte the runs ran"},
+        "etrecord": {"type": "string", "format": "binary", "description": "optional: the model's ETRecord (checked "
+                                                                          "against the .pte; attributes operators)"},
     },
     "description": "etdump.<i> (required) and log.<i> (optional): the trace and runner log of the manifest's "
                    "results[i]"}}}}}

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 MAX_JSON_DEPTH = 32
 # Routes that stream their body to disk under their own limits (method, path pattern).
 STREAMED = (("POST", re.compile(r"^/experiments/?$")),
+            ("POST", re.compile(r"^/experiments/import$")),  # server/web/kit_upload.py
             ("PUT", re.compile(r"^/agent/runs/[^/]+/artifacts/[^/]+$")),
             ("POST", re.compile(r"^/agent/runs/[^/]+/deliver$")))  # server/web/delivery.py
 class JsonTooDeep(ValueError):
