@@ -15,6 +15,7 @@ from .categories import operator_type
 
 SHOWN = ("attributed", "ambiguous")
 NOT_ATTRIBUTED = "not attributed"
+TOP_LEVEL = "(top level)"  # operators the model's own forward calls, outside any submodule
 EXPORT_HINT = ("export one with to_edge_transform_and_lower(..., generate_etrecord=True), then "
                "get_etrecord().save(\"<model>.pte.etrecord\"), and submit it beside the model")
 
@@ -59,7 +60,12 @@ def _rows(report: dict, key: str) -> list[dict]:
 
 
 def _rest(row: dict) -> bool:
-    return row.get("module") in (NOT_ATTRIBUTED, None, "")
+    return row.get("module") == NOT_ATTRIBUTED
+
+
+def _root(row: dict) -> bool:
+    """The model itself (module '' at depth 0): every attributed operator's time."""
+    return row.get("module") == "" and not int(row.get("depth") or 0)
 
 
 def _parent(module: str, depth: int, by_depth: dict[int, set[str]]) -> str | None:
@@ -75,25 +81,39 @@ def _parent(module: str, depth: int, by_depth: dict[int, set[str]]) -> str | Non
 def tree(report: dict, depth: int) -> list[dict]:
     """The module rows down to ``depth`` in tree order (each after its parent), each with
     ``module``, ``depth``, ``ms``, ``share``, ``own_ms`` (its time outside its children shown at
-    the next depth; None at the last depth shown) and ``module_class`` where a by_source row
-    names it; then the "not attributed" rest. The depth-1 rows and the rest add up to E2E."""
-    rows = [r for r in _rows(report, "by_module") if not _rest(r) and 1 <= int(r.get("depth") or 0) <= depth]
-    rest = [r for r in _rows(report, "by_module") if _rest(r)]
-    classes = {r["module"]: r.get("module_class") for r in _rows(report, "by_source") if r.get("module")}
+    the next depth; None at the last depth shown) and ``module_class``; the model's own operators
+    outside any submodule as one top-level row (TOP_LEVEL); then the "not attributed" rest. The
+    depth-1 rows and the rest add up to E2E."""
+    all_rows = _rows(report, "by_module")
+    rows = [r for r in all_rows if r.get("module") and not _rest(r) and 1 <= int(r.get("depth") or 0) <= depth]
+    rest = [r for r in all_rows if _rest(r)]
+    classes = {r["module"]: r.get("module_class") for r in _rows(report, "by_source") if r.get("module") is not None}
+    classes.update({r["module"]: r["module_class"] for r in all_rows if r.get("module_class")})
+    root = next((r for r in all_rows if _root(r)), None)
+    if root is not None:
+        top = sum(float(r["ms"]) for r in rows if int(r["depth"]) == 1)
+        own = float(root.get("ms") or 0.0) - top
+        if own > 1e-9:
+            e2e = float(root["ms"]) / float(root["share"]) if root.get("share") else None
+            rows = rows + [{"module": TOP_LEVEL, "depth": 1, "ms": own, "share": own / e2e if e2e else None,
+                            "module_class": classes.get("")}]
+            classes[TOP_LEVEL] = classes.get("")
     by_depth: dict[int, set[str]] = {}
     for r in rows:
         by_depth.setdefault(int(r["depth"]), set()).add(r["module"])
     children: dict[str | None, list[dict]] = {}
     for r in rows:
         d = int(r["depth"])
-        children.setdefault(None if d == 1 else _parent(r["module"], d, by_depth), []).append(r)
+        parent = None if d == 1 else _parent(r["module"], d, by_depth)
+        if d == 1 or parent is not None:  # a module whose parent is not on the tree is left out, not doubled
+            children.setdefault(parent, []).append(r)
     out: list[dict] = []
 
     def walk(parent: str | None) -> None:
         for r in sorted(children.get(parent) or [], key=lambda x: -float(x.get("ms") or 0.0)):
             kids = children.get(r["module"]) or []
             d = int(r["depth"])
-            own = float(r["ms"]) - sum(float(k["ms"]) for k in kids) if d < depth else None
+            own = float(r["ms"]) - sum(float(k["ms"]) for k in kids) if d < depth and r["module"] != TOP_LEVEL else None
             out.append({"module": r["module"], "depth": d, "ms": float(r["ms"]), "share": r.get("share"),
                         "own_ms": None if own is None else max(own, 0.0), "module_class": classes.get(r["module"])})
             walk(r["module"])
@@ -121,7 +141,7 @@ def split(report: dict, depth: int) -> list[tuple[str, float]]:
 
 def top_modules(report: dict, n: int = 3, depth: int = 1) -> list[dict]:
     """The heaviest modules at one depth (the rest left out)."""
-    rows = [r for r in tree(report, depth) if r["depth"] == depth]
+    rows = [r for r in tree(report, depth) if r["depth"] == depth and r["module"] != TOP_LEVEL]
     return sorted(rows, key=lambda r: -r["ms"])[:n]
 
 

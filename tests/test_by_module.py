@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sme2farm.analysis import compare
-from sme2farm.analysis.by_module import (NOT_ATTRIBUTED, category_detail, kernel_paths_line, no_module_line,
+from sme2farm.analysis.by_module import (NOT_ATTRIBUTED, TOP_LEVEL, category_detail, kernel_paths_line, no_module_line,
                                          pattern, split, top_modules_line, tree)
 from sme2farm.analysis.compare import compare_emulated
 from sme2farm.analysis.categories import CATEGORIES, category_of
@@ -46,8 +46,14 @@ def _report(rows: list[dict], *, rest_ms: float, seed: int, status="attributed",
         parts = r["module"].split(".")
         for d in range(1, len(parts) + 1):
             mods[".".join(parts[:d])] = mods.get(".".join(parts[:d]), 0.0) + r["ms"]
-    by_module = [{"module": m, "depth": m.count(".") + 1, "ms": ms, "share": ms / e2e} for m, ms in mods.items()]
-    by_module.append({"module": NOT_ATTRIBUTED, "depth": 0, "ms": rest_ms, "share": rest_ms / e2e})
+    # as analyze() gives it: the model ('' at depth 0, every attributed operator) and the rest, then
+    # each module on the stacks (inclusive); root_ms: operators of the model's own forward
+    classes = {r["module"]: r["module_class"] for r in rows}
+    by_module = [{"module": "", "depth": 0, "ms": sum(types.values()), "share": sum(types.values()) / e2e,
+                  "module_class": "Net"},
+                 {"module": NOT_ATTRIBUTED, "depth": 0, "ms": rest_ms, "share": rest_ms / e2e, "module_class": None}]
+    by_module += [{"module": m, "depth": m.count(".") + 1, "ms": ms, "share": ms / e2e, "module_class": classes.get(m)}
+                  for m, ms in mods.items() if m]
     shown = status in ("attributed", "ambiguous")
     return {
         "e2e_ms": {"median": float(np.median(it)), "mean": float(np.mean(it)), "n": N_IT},
@@ -70,6 +76,7 @@ def _net(gemm_head: float, conv: float, transpose: float) -> list[dict]:
         rows += [_row("Transpose (ND, X32)", f"blocks.{b}.norm", "LayerNorm", transpose / 4, inserted="layout",
                       instance=k + 1) for k in range(4)]
     rows.append(_row("Fully Connected (NC, F32) GEMM", "head.proj", "Linear", gemm_head, line="net.py:40"))
+    rows.append(_row("native_call_mean.out", "", "Net", 0.01, delegated=False, path="portable", line="net.py:39"))
     return rows
 
 
@@ -81,7 +88,7 @@ def test_tree_adds_up_within_e2e_at_each_depth():
         assert abs(sum(ms for _, ms in parts) - e2e) < 1e-3 * e2e
         assert parts[-1][0] == NOT_ATTRIBUTED
     # depth 1 names the top-level modules only, depth 2 their children, each after its parent
-    assert {m for m, _ in split(rep, 1)} == {"stem", "blocks", "head", NOT_ATTRIBUTED}
+    assert {m for m, _ in split(rep, 1)} == {"stem", "blocks", "head", TOP_LEVEL, NOT_ATTRIBUTED}
     rows = tree(rep, 2)
     names = [r["module"] for r in rows]
     assert names.index("blocks") < names.index("blocks.0") and names.index("head") < names.index("head.proj")
@@ -109,7 +116,8 @@ def test_shift_names_the_inserted_transposes_and_the_portable_module():
 
 def test_module_verdict_says_which_module_sme2_made_slower():
     on_rows = _net(0.07, 0.1, 0.08)
-    on_rows[-1]["operator"] = "Fully Connected (NC, PF32) GEMM"   # SME2's packed GEMM: another type name
+    head_row = next(r for r in on_rows if r["module"] == "head.proj")
+    head_row["operator"] = "Fully Connected (NC, PF32) GEMM"   # SME2's packed GEMM: another type name
     # three sessions (runs) an arm, as the farm compares them
     off = [_report(_net(0.05, 0.4, 0.08), rest_ms=0.03, seed=10 + k) for k in range(3)]
     on = [_report(on_rows, rest_ms=0.03, seed=20 + k) for k in range(3)]

@@ -8,6 +8,7 @@ import { h, ms, pct } from "./dom.js";
 const SVG = "http://www.w3.org/2000/svg";
 const SHOWN = new Set(["attributed", "ambiguous"]);
 const REST = "not attributed";
+const TOP_LEVEL = "(top level)"; // the model's own forward's operators, outside any submodule
 const WIDTH = 960;
 const ROW = 24;
 const MAX_DEPTH = 5;
@@ -53,8 +54,13 @@ function mergedRows(runs) {
 
 // The cells of an icicle: {module, depth, ms, share, x0, x1} with x in [0, 1] of the arm's E2E.
 export function icicleCells(rows) {
-  const rest = rows.filter((r) => r.module === REST || !r.module);
+  const rest = rows.filter((r) => r.module === REST);
   const mods = rows.filter((r) => r.module && r.module !== REST && r.depth >= 1 && r.depth <= MAX_DEPTH);
+  const root = rows.find((r) => r.module === "" && !r.depth);
+  const top = mods.filter((r) => r.depth === 1).reduce((s, r) => s + r.ms, 0);
+  if (root && root.ms - top > 1e-9) {
+    mods.push({ module: TOP_LEVEL, depth: 1, ms: root.ms - top, share: root.share ? (root.share * (root.ms - top)) / root.ms : null });
+  }
   const total = mods.filter((r) => r.depth === 1).reduce((s, r) => s + r.ms, 0) + rest.reduce((s, r) => s + r.ms, 0);
   if (!(total > 0)) return [];
   const atDepth = new Map();
