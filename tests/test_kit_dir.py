@@ -316,3 +316,23 @@ def test_each_device_gets_its_own_run_directory_and_an_emulated_one_no_latency(
             assert ms == pytest.approx(sum(r["categories_ms"].get(cat, 0.0) for r in mine))
         assert ("emulator" in summary) == bool(emulated)
     assert {r["sme2"] for r in ok if r["device"].get("emulator")} == {"on", "off"}
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_dashboard_labels_an_imported_experiment(api, example_pte, portable_trace, as_user, browser, tmp_path):
+    from _fixtures_browser import wait
+
+    real = portable_trace.read_bytes()
+    d = _kit_dir_by_hand(tmp_path, example_pte("toy_cnn"), {"mac_sme2_off": real})
+    assert as_user("import", str(d), "--no-sme2", "--serial", "my-mac") == 0
+    [item] = api.client.get("/experiments", headers=api.auth()).json()["items"]
+    browser.get(api.url + "/")
+    browser.execute_script("localStorage.setItem('sme2farm.token', arguments[0])", api.token)
+    browser.get(api.url + "/#/experiments")
+    chip = wait(browser, f'tr[data-id="{item["id"]}"] .chip.imported')
+    assert chip.text == "imported" and chip.get_attribute("title") == "imported: measured outside the farm"
+    browser.get(f"{api.url}/#/experiments/{item['id']}")
+    wait(browser, f'#experiment[data-id="{item["id"]}"]')
+    label = wait(browser, ".card.spec .imported")
+    assert label.text == "imported: measured outside the farm (kit run directory, device my-mac)"

@@ -524,6 +524,8 @@ export async function experimentView({ id, with: joined }) {
           title: exp.vs_model_sha256 ? `model A vs model B of experiment ${exp.id} (change either side)` : "compare with another experiment or run" }, "Compare with…")),
       h("div", { class: "card spec" }, kv([
         ["SME2", s.sme2], ["threads", s.threads.join(", ")], ["iterations", `${s.iterations} (+${s.warmup} warm-up)`],
+        exp.imported && ["measured", h("span", { class: "imported", title: `kit experiments: ${exp.imported.experiments.join(", ")}` },
+          `${exp.imported.note} (${exp.imported.source}, device ${exp.imported.device})`)],
         ["mode", s.mode], ["sessions", s.sessions], ["power", s.power_profile],
         s.core_mask && ["core mask", s.core_mask], device && ["devices", device],
         ["model", h("span", { class: "mono", title: exp.model_sha256 }, `${short(exp.model_sha256, 16)} · ${(exp.model_size / 1024).toFixed(1)} KiB`)],

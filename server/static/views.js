@@ -30,7 +30,8 @@ export async function experimentsView({ page = "1" }) {
   // model, threads and mode that measured something: a comparison GET /comparisons can make
   const rows = data.items.map((e, i) => [e, comparable(e) && data.items.slice(i + 1).find((o) => sameSetup(o, e) && comparable(o))]).map(([e, prev]) => h("tr", { dataset: { id: e.id } },
     h("td", {}, h("a", { href: `#/experiments/${e.id}` }, `#${e.id}`)),
-    h("td", {}, h("a", { href: `#/experiments/${e.id}` }, e.name || "(unnamed)")),
+    h("td", {}, h("a", { href: `#/experiments/${e.id}` }, e.name || "(unnamed)"),
+      e.imported && h("span", { class: "chip imported", title: e.imported }, "imported")),
     h("td", {}, badge(e.status)),
     h("td", {}, h("div", { class: "chips" }, Object.entries(e.runs_by_status).map(([s, c]) => h("span", { class: `chip s-${s}` }, `${c} ${s}`)))),
     h("td", { class: "model" }, h("span", { class: "mono", title: e.model_sha256 }, short(e.model_sha256)),
