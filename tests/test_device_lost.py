@@ -167,9 +167,9 @@ def test_ready_and_metrics_show_devices_offline_with_queued_work(api):
     url = api.settings.sqlalchemy_url
     _register(url, "a1", ["gone", "idle-one"])
     _submit(url, device={"serial": "gone"})
-    assert api.client.get("/ready").json()["checks"]["devices_offline_with_work"]["devices"] == []
+    assert api.client.get("/ready", headers=api.auth()).json()["checks"]["devices_offline_with_work"]["devices"] == []
     _offline_since(url, "gone", 120)
-    check = api.client.get("/ready").json()["checks"]["devices_offline_with_work"]
+    check = api.client.get("/ready", headers=api.auth()).json()["checks"]["devices_offline_with_work"]
     [d] = check["devices"]
     assert (d["serial"], d["model"], d["queued"]) == ("gone", "Board X", 2) and 119 <= d["offline_s"] < 200
     assert check["detail"].startswith("device gone (Board X) offline since ") and check["detail"].endswith(

@@ -36,6 +36,7 @@ import pytest
 from _fixtures_farm import (TAKEN_INGEST, FarmProbe, TcpProxy, farm_on, free_port, kill_worker_holding_the_ingest,
                             register, serve_app, wait_for, x86_host)
 from sme2farm.client.common import server_healthy
+from sme2farm.protocol.agents import AGENT_TOKEN_HEADER
 
 HOST = x86_host("host-faults")
 
@@ -84,7 +85,8 @@ def test_the_agent_logs_the_devices_the_server_refused(db_url, tmp_path, caplog)
         with caplog.at_level(logging.WARNING, logger="sme2farm.agent.loop"):
             agent.register()
     [line] = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert f"the server refused device {mine.serial}" in line and "'first'" in line, line
+    assert f"the server refused device {mine.serial}" in line and "another agent" in line, line
+    assert "'first'" not in line   # a refusal names nothing of the other agent's
 
 
 def test_compose_runs_every_farm_process_under_umask_077(tmp_path):
@@ -196,16 +198,19 @@ def test_disk_full_under_the_sqlite_database_is_507_not_a_500(small_fs, tmp_path
                 pass   # ENOSPC: the disk is full
             finally:
                 os.close(fd)
-            answers = []
+            answers, held = [], {}
             for _ in range(200):   # the WAL takes a few commits in the pages it already has
-                answers.append(client.post("/agent/register", json={"name": "faults", "devices": []}))
+                # the agent re-registering itself: with its current token (else a live agent's 409)
+                answers.append(client.post("/agent/register", json={"name": "faults", "devices": []}, headers=held))
                 if answers[-1].status_code != 200:
                     break
+                held = {AGENT_TOKEN_HEADER: answers[-1].json()["access_token"]}
             r = answers[-1]
             assert r.status_code == 507, (len(answers), r.status_code, r.text)
             assert r.json()["unavailable"] == "disk"
             filler.unlink()
-            assert client.post("/agent/register", json={"name": "faults", "devices": []}).status_code == 200
+            assert client.post("/agent/register", json={"name": "faults", "devices": []},
+                               headers=held).status_code == 200
     finally:
         get_engine(url).dispose()
 
@@ -286,9 +291,10 @@ def test_postgres_briefly_unavailable_is_a_clean_503_and_the_farm_recovers(postg
             assert_unavailable(client.get("/metrics"))
             settings.metrics_public = True   # a scrape without a token reaches the database gauges
             assert_unavailable(client.get("/metrics"))
-            ready = client.get("/ready")
+            ready = client.get("/ready")   # the token cannot be checked now: the bare answer
             assert ready.status_code == 503 and ready.headers["Retry-After"].isdigit()
-            assert "database" in ready.json()["failing"]
+            assert ready.json()["status"] == "not ready"   # a token verified just before: the detail too
+            assert "database" in ready.json().get("failing", ["database"])
             assert "5432" not in ready.text
             assert time.monotonic() - t0 < 15   # refused at once, no request hangs
 

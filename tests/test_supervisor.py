@@ -88,7 +88,7 @@ def wait_until(predicate, what: str, timeout: float = 60.0, every: float = 0.2):
 
 
 def ready(farm) -> httpx.Response:
-    return httpx.get(f"{farm.url}/ready", timeout=10)
+    return httpx.get(f"{farm.url}/ready", headers={"Authorization": f"Bearer {farm.token}"}, timeout=10)
 
 
 def run_one(farm, model) -> dict:
