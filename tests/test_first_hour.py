@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,10 @@ def test_examples_lists_and_exports_one_quietly(tmp_path):
     assert done.stdout.startswith(f"wrote {out} (") and f"exporter messages in {out}.log" in done.stdout
     assert out.read_bytes()[4:6] == b"ET"  # a .pte flatbuffer
     assert (tmp_path / "models" / "m.pte.log").exists()
+    # and its ETRecord beside it, the name submit looks for
+    assert f"and its ETRecord {out}.etrecord" in done.stdout
+    with zipfile.ZipFile(tmp_path / "models" / "m.pte.etrecord") as z:
+        assert "debug_handle_map" in z.namelist()
     bad = subprocess.run([sys.executable, "-m", "sme2farm.client.cli", "examples", "nope"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "no bundled example 'nope': choose one of toy_cnn" in bad.stderr
