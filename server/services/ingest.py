@@ -30,7 +30,7 @@ from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
 from sme2farm.server.services.reports import report_parts
 from sme2farm.server.services.runs.ingesting import NotWhatItsArmSays
 from sme2farm.server.store.artifacts import Store
-from sme2farm.server.store.base import model_key, run_key
+from sme2farm.server.store.base import etrecord_key, model_key, run_key
 
 from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
 
@@ -106,8 +106,8 @@ class Ingester:
         key = (exp.etrecord_sha256, exp.model_sha256)
         if key not in self._etrecords:
             try:
-                self._etrecords[key] = (etrecords.parse(self.files.etrecord_path(key[0]).read_bytes()),
-                                        self.files.model_path(key[1]).read_bytes())
+                self._etrecords[key] = (etrecords.parse(self.files.read_bytes(etrecord_key(key[0]))),
+                                        self.files.read_bytes(model_key(key[1])))
             except (etrecords.Unreadable, OSError) as e:
                 self._etrecords[key] = f"the ETRecord submitted with the model could not be read ({e}): no module is named"
         got = self._etrecords[key]
