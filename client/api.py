@@ -224,7 +224,8 @@ class FarmClient:
         return ExperimentReport.model_validate(self._check(r).json())
 
     def import_kit(self, manifest: dict[str, Any], model: Path, traces: list[Path],
-                   logs: dict[int, Path] | None = None, etrecord: Path | None = None) -> ExperimentReport:
+                   logs: dict[int, Path] | None = None, etrecord: Path | None = None,
+                   suite: str | None = None) -> ExperimentReport:
         """POST /experiments/import: a kit run directory's manifest, its model and each result's
         trace (traces[i] is results[i]'s) and runner log, as numbered parts; only the bytes travel,
         never a local path."""
@@ -239,7 +240,8 @@ class FarmClient:
                                               "application/octet-stream")))
             for i, log in sorted((logs or {}).items()):
                 files.append((f"log.{i}", (f"{i}.log", stack.enter_context(open(log, "rb")), "text/plain")))
-            r = self.http.post("/experiments/import", files=files, data={"manifest": json.dumps(manifest)})
+            data = {"manifest": json.dumps(manifest), **({"suite": suite} if suite else {})}
+            r = self.http.post("/experiments/import", files=files, data=data)
         return ExperimentReport.model_validate(self._check(r).json())
 
     def experiment_file(self, experiment_id: int, name: str) -> bytes | None:

@@ -249,10 +249,11 @@ def cmd_import(args) -> int:
     client = connect(args)
     for d, manifest, model, traces, logs in prepared:
         etrecord = etrecord_beside(model)  # where the kit's analyze_results.py looks: <model>.etrecord
-        rep = client.import_kit(manifest, model, traces, logs, etrecord)
+        rep = client.import_kit(manifest, model, traces, logs, etrecord, suite=args.suite)
         note = rep.imported.note if rep.imported else "imported"
         print(f"{d}: experiment {rep.id} ({note}): {len(rep.runs)} run(s) on {manifest['device']['serial']}, "
-              f"{rep.status}" + (f"; with the ETRecord {etrecord}" if etrecord else ""))
+              f"{rep.status}" + (f"; with the ETRecord {etrecord}" if etrecord else "")
+              + (f"; a point of suite {rep.imported.suite}'s series" if rep.imported and rep.imported.suite else ""))
         for r in rep.runs:
             e2e = f", E2E median {r.e2e_ms.median:.3f} ms" if r.e2e_ms else ""
             print(f"  run {r.id}: SME2 {r.sme2}, {r.threads} thread(s): {r.status}{e2e}")
@@ -277,6 +278,8 @@ def add_import_parser(sub) -> None:
     sme2.add_argument("--sme2", dest="sme2", action="store_const", const=True, default=None,
                       help="the device has SME2 (needed for SME2-on runs when the manifest does not say)")
     sme2.add_argument("--no-sme2", dest="sme2", action="store_const", const=False, help="the device has no SME2")
+    p.add_argument("--suite", metavar="NAME", help="a suite holding this model: the runs become a point of its series "
+                                                   "(model x device model x SME2 x threads), detected like the farm's")
     p.set_defaults(fn=cmd_import)
 
 

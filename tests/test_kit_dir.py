@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from _fixtures_farm import QUICK_SPEC, dispatch, ingest_all, submit
+from _fixtures_farm import QUICK_SPEC, dispatch, ingest_all, register, submit
 from sme2farm.client import cli
 
 MANIFEST_KEYS = {"model", "results", "executorch"}
@@ -336,3 +336,43 @@ def test_the_dashboard_labels_an_imported_experiment(api, example_pte, portable_
     wait(browser, f'#experiment[data-id="{item["id"]}"]')
     label = wait(browser, ".card.spec .imported")
     assert label.text == "imported: measured outside the farm (kit run directory, device my-mac)"
+
+
+def test_imported_runs_join_a_suites_series(api, example_pte, portable_trace, as_user, tmp_path, capsys):
+    """A user who measures by hand each night imports into the suite holding the model: each import
+    is a suite run (trigger 'import') whose runs are a point of the series, like the farm's own."""
+    from sme2farm.server.services import suites as suite_service
+    from sme2farm.server.store.db import session_scope
+
+    pte = example_pte("toy_cnn")
+    real = portable_trace.read_bytes()
+    args = ("--no-sme2", "--device-model", "Pixel 9", "--platform", "android", "--serial", "p9")
+    first = _kit_dir_by_hand(tmp_path / "n0", pte, {"mac_sme2_off": real})
+    assert as_user("import", str(first), *args) == 0  # the model is stored now
+    sha = api.client.get("/experiments", headers=api.auth()).json()["items"][0]["model_sha256"]
+    register(api)  # a suite is created for devices that can run it: the farm's own x86 host here
+    r = api.client.post("/suites", headers=api.auth(), json={"name": "by-hand", "models": [{"sha256": sha, "name": "toy"}],
+                                                             "sme2": "off"})
+    assert r.status_code == 201, r.text
+    for night in (1, 2):
+        d = _kit_dir_by_hand(tmp_path / f"n{night}", pte, {"mac_sme2_off": real})
+        capsys.readouterr()
+        assert as_user("import", str(d), *args, "--suite", "BY-HAND") == 0, capsys.readouterr().err
+        assert "a point of suite by-hand's series" in capsys.readouterr().out
+    detail = api.client.get("/suites/by-hand", headers=api.auth()).json()
+    runs = detail["runs"]
+    assert [x["trigger"] for x in runs] == ["import", "import"], runs
+    with session_scope(api.settings.sqlalchemy_url) as s:  # the task the end_run hook asked for (recorded here)
+        for x in runs:
+            suite_service.analyze(s, suite_run_id=x["id"])
+    series = api.client.get("/suites/by-hand/series", headers=api.auth()).json()
+    [line] = series["series"]
+    assert line["key"]["device_model"] == "Pixel 9" and line["key"]["sme2"] == "off" and len(line["points"]) == 2
+    assert line["emulated"] is None
+    assert all(p["median_ms"] > 0 for p in line["points"])
+    # a suite that does not hold the model, or none of that name: refused, nothing stored
+    before = api.client.get("/experiments", headers=api.auth()).json()["total"]
+    capsys.readouterr()
+    assert as_user("import", str(d), *args, "--suite", "nightly") == 1
+    assert "suite: no suite is called 'nightly'" in capsys.readouterr().err
+    assert api.client.get("/experiments", headers=api.auth()).json()["total"] == before

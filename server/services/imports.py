@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from sme2farm import analysis
@@ -31,7 +31,8 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.services.errors import Invalid
 from sme2farm.server.services.ingest import Ingester
 from sme2farm.server.store.base import etrecord_key, model_key
-from sme2farm.server.store.models import Experiment, Model, Run
+from sme2farm.server.services.suites import SUITE_LABEL, SUITE_RUN_LABEL
+from sme2farm.server.store.models import Experiment, Model, Run, Suite, SuiteExperiment, SuiteRun, utcnow
 
 IMPORTED = "imported: measured outside the farm"
 RUNNER_PLATFORMS = {"macos": "macos-arm64", "android": "android-arm64-v9a", "linux": "linux-arm64"}
@@ -131,6 +132,22 @@ def check_traces(manifest: dict, traces: dict[int, Path]) -> None:
             raise Invalid(f"manifest.results[{i}] ({r['experiment']}): its trace is not a usable ETDump: {e}") from None
 
 
+def _suite_run(session: Session, *, name: str, model_sha256: str) -> tuple[SuiteRun, str, str]:
+    """A suite run (trigger 'import') for the imported experiment to join: the suite must hold the
+    model, whose series the runs then extend (model x device model x SME2 x threads)."""
+    suite = session.scalar(select(Suite).where(func.lower(Suite.name) == name.strip().lower()))
+    if suite is None:
+        raise Invalid(f"suite: no suite is called {name.strip()[:64]!r}")
+    held = next((m for m in suite.models if m.get("sha256") == model_sha256), None)
+    if held is None:
+        raise Invalid(f"suite: {suite.name!r} does not hold this model (sha256 {model_sha256[:12]}…): its series "
+                      "are of its own models; add the model to the suite first")
+    srun = SuiteRun(suite_id=suite.id, trigger="import", status="running", triggered_at=utcnow())
+    session.add(srun)
+    session.flush()
+    return srun, suite.name, held.get("name") or ""
+
+
 def store_import(session: Session, *, manifest: dict, upload, store, owner_id: int | None = None) -> Experiment:
     """Store a checked import (read_manifest, check_traces, a validated program in `upload`): the
     model, the experiment marked imported, its runs ingested as every run is. An Invalid if a run's
@@ -150,6 +167,11 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
         session.add(model)
     elif model.memory is None:
         model.memory = upload.memory
+    srun, suite_name, suite_model = (_suite_run(session, name=upload.suite, model_sha256=model.sha256)
+                                     if upload.suite.strip() else (None, "", ""))
+    if srun is not None:  # the suites' end_run hook finds it by these labels (services/suites/runs.py)
+        spec = spec.model_copy(update={"labels": {**spec.labels, SUITE_LABEL: suite_name,
+                                                  SUITE_RUN_LABEL: str(srun.id)}})
     snapshot = device.model_dump(mode="json")
     platform = device.runner_platform or RUNNER_PLATFORMS[device.platform]
     exp = Experiment(name=spec.name, model_sha256=model.sha256, spec=spec.model_dump(mode="json"), labels=spec.labels,
@@ -157,9 +179,13 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
                                                   f"but did not run them; device {device.serial} as the manifest says"],
                      imported={"note": IMPORTED, "source": "kit run directory", "model": manifest["name"],
                                "generated_at": manifest["generated_at"], "executorch": et,
-                               "device": device.serial, "experiments": [r["experiment"] for r in results]})
+                               "device": device.serial, "experiments": [r["experiment"] for r in results],
+                               "suite": suite_name or None})
     session.add(exp)
     session.flush()
+    if srun is not None:
+        session.add(SuiteExperiment(experiment_id=exp.id, suite_run_id=srun.id, model_sha256=model.sha256,
+                                    model_name=suite_model))
     rows = [dict(experiment_id=exp.id, device_id=None, sme2=r["sme2"], threads=r["threads"], mode="timing",
                  session=r["session"], sequence=i, variant="A", status=RunStatus.analyzing.value,
                  reason="", attempt=1, device_snapshot=snapshot,

@@ -24,6 +24,7 @@ from sme2farm.server.web.multipart import StreamedParts
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists each run's latencies: room for 64 runs of 1,000 iterations
 MAX_RESULTS = 64  # runs one import may hold (a kit config's experiments x thread counts)
+FIELDS = {"manifest": MAX_MANIFEST_BYTES, "suite": 256}  # the text parts and their bounds
 OVERHEAD_BYTES = 256 * 1024  # boundaries and part headers of up to 2 x MAX_RESULTS + 2 parts
 _INDEXED = re.compile(r"^(etdump|log)\.(0|[1-9][0-9]?)$")  # no leading zero: one spelling per index
 
@@ -31,6 +32,7 @@ _INDEXED = re.compile(r"^(etdump|log)\.(0|[1-9][0-9]?)$")  # no leading zero: on
 @dataclass
 class KitUpload:
     manifest: str = ""
+    suite: str = ""  # a suite whose series the runs join (its name), or none
     model_path: Path | None = None
     sha256: str = ""
     size: int = 0
@@ -70,9 +72,10 @@ class _Collector(StreamedParts):
         if self.error:
             return
         indexed = _INDEXED.match(self._name)
-        if self._name not in ("manifest", "model", "etrecord") and not indexed:
+        if self._name not in (*FIELDS, "model", "etrecord") and not indexed:
             self.error = (422, f"unknown form part {self._name[:64]!r}; POST /experiments/import takes 'manifest', "
-                               "'model', 'etrecord', and 'etdump.<i>' / 'log.<i>' for results[i] of the manifest")
+                               "'model', 'etrecord', 'suite', and 'etdump.<i>' / 'log.<i>' for results[i] of the "
+                               "manifest")
             return
         if indexed and int(indexed.group(2)) >= MAX_RESULTS:
             self.error = (422, f"part {self._name!r}: an import holds at most {MAX_RESULTS} runs (results[0] to "
@@ -82,7 +85,7 @@ class _Collector(StreamedParts):
             self.error = (422, f"only one {self._name!r} part may be sent")
             return
         self._seen.add(self._name)
-        if self._name == "manifest":
+        if self._name in FIELDS:
             return
         fd, name = tempfile.mkstemp(dir=self.tmp_dir, suffix=".import")
         self._file = os.fdopen(fd, "wb")
@@ -99,10 +102,10 @@ class _Collector(StreamedParts):
         if self.error:
             return
         chunk = data[start:end]
-        if self._name == "manifest":
+        if self._name in FIELDS:
             self._buf += chunk
-            if len(self._buf) > MAX_MANIFEST_BYTES:
-                self.error = (413, f"the manifest exceeds {MAX_MANIFEST_BYTES >> 10} KiB")
+            if len(self._buf) > FIELDS[self._name]:
+                self.error = (413, f"the {self._name} field exceeds {FIELDS[self._name]} bytes")
             return
         if self._name == "model":
             self.upload.size += len(chunk)
@@ -128,11 +131,12 @@ class _Collector(StreamedParts):
     def on_part_end(self) -> None:
         if self.error:
             return
-        if self._name == "manifest":
+        if self._name in FIELDS:
             try:
-                self.upload.manifest = bytes(self._buf).decode("utf-8")
+                setattr(self.upload, self._name, bytes(self._buf).decode("utf-8"))
             except UnicodeDecodeError as e:
-                self.error = (422, f"the manifest is not UTF-8: byte 0x{e.object[e.start]:02x} at offset {e.start}")
+                self.error = (422, f"the {self._name} field is not UTF-8: byte 0x{e.object[e.start]:02x} at offset "
+                                   f"{e.start}")
             return
         if self._file is not None:
             self._file.close()
@@ -178,6 +182,8 @@ IMPORT_FORM_OPENAPI = {"requestBody": {"required": True, "content": {"multipart/
         "model": {"type": "string", "format": "binary", "description": "the .pte the runs ran"},
         "etrecord": {"type": "string", "format": "binary", "description": "optional: the model's ETRecord (checked "
                                                                           "against the .pte; attributes operators)"},
+        "suite": {"type": "string", "description": "optional: a suite holding this model, whose series the runs join "
+                                                   "(a suite run triggered 'import')"},
     },
     "description": "etdump.<i> (required) and log.<i> (optional): the trace and runner log of the manifest's "
                    "results[i]"}}}}}

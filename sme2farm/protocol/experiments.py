@@ -117,6 +117,8 @@ class Imported(Read):
     generated_at: str | None = Field(default=None, description="When the kit wrote the manifest, as it said")
     executorch: dict[str, Any] = Field(default_factory=dict, description="The manifest's executorch: sha, dirty")
     experiments: list[str] = Field(default_factory=list, description="The kit's experiment names, one per run")
+    suite: str | None = Field(default=None, description="The suite whose series the runs joined (a suite run "
+                                                        "triggered 'import'), if one was named")
 
 
 class ExperimentReport(Read):
