@@ -316,18 +316,21 @@ def _pick(exp: dict, keys: tuple[str, str], where: str, default: Any, parse) -> 
     return next(iter(got.values())) if got else default
 
 
-def summary_from_experiment(rep: ExperimentReport) -> tuple[list[tuple[str, dict]], str]:
-    """(traces, model) from the server's experiment report: its succeeded runs, each labelled
-    from its typed fields and handed to kit_json.kit_summary as the JSON the server sent."""
+def summary_from_experiment(rep: ExperimentReport, server: str = "") -> tuple[list[tuple[str, dict]], str]:
+    """(traces, model) from the server's experiment report: its succeeded runs, each labelled with
+    its trace's address on the server and handed to kit_json.kit_summary as the JSON the server sent
+    (whose entry for an emulated run says whose its times are)."""
     traces = []
     for run in rep.runs:
         if run.status == RunStatus.succeeded and run.categories_ms is not None:
-            emulator = run.device.emulator if run.device else None
-            # an emulator's times travel into the kit's file too: the label says whose they are
-            where = f", emulated by {emulator}: times are the emulator's" if emulator else ""
-            label = f"runs/{run.id}/artifacts/trace.etdump (SME2 {run.sme2}, {run.threads} thread(s){where})"
-            traces.append((label, plain(run)))
+            traces.append((f"{server}/runs/{run.id}/artifacts/trace.etdump", plain(run)))
     return traces, f"sha256:{rep.model_sha256}"
+
+
+def devices_of(rep: ExperimentReport) -> list[str]:
+    """The serials of the devices the experiment's succeeded runs ran on, in order."""
+    return list(dict.fromkeys(r.device.serial if r.device else "(unknown)" for r in rep.runs
+                              if r.status == RunStatus.succeeded and r.categories_ms is not None))
 
 
 # ---- CLI glue (sme2-client submit --kit-config / status --kit-json) ----------------------------
@@ -382,7 +385,13 @@ def cmd_status_kit_json(client, experiment_id: int, arg: str) -> int:
         print(f"sme2-client: {e}", file=sys.stderr)
         return 2
     rep = client.experiment(experiment_id, runs="full")  # the runs themselves, not a summary's run groups
-    traces, model = summary_from_experiment(rep)
+    devices = devices_of(rep)
+    if len(devices) > 1:  # the kit's summary is one run directory's: one device, never several summed
+        print(f"sme2-client: experiment {experiment_id} ran on {len(devices)} devices ({', '.join(devices[:4])}"
+              f"{' …' if len(devices) > 4 else ''}): the kit's analysis_summary.json is one device's; write one per "
+              f"device with: sme2-client artifacts E{experiment_id} --kit -o DIR", file=sys.stderr)
+        return 2
+    traces, model = summary_from_experiment(rep, client.server)
     if not traces:
         states = ", ".join(f"run {r.id} {r.status}" for r in rep.runs) or "no runs"
         print(f"sme2-client: experiment {experiment_id} has no succeeded run to summarise ({states})", file=sys.stderr)

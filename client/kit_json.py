@@ -92,8 +92,11 @@ def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | No
                                     ("weights_bytes", planned.get("weights_bytes"))) if v is not None}
         if memory:
             entry["memory"] = memory
+        emulator = (rep.get("device") or {}).get("emulator")
+        if emulator:  # an emulator's times travel into the kit's file too: the entry says whose they are
+            entry["emulator"] = f"emulated by {emulator}: its times are the emulator's, not a CPU's"
         if rep.get("llm"):
-            entry["llm"] = llm_entry(rep["llm"], emulated=bool((rep.get("device") or {}).get("emulator")))
+            entry["llm"] = llm_entry(rep["llm"], emulated=bool(emulator))
         per.append(entry)
         for op in operators:
             d = ops.setdefault(op["name"], {"name": op["name"], "category": op["category"],

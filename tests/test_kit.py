@@ -313,6 +313,10 @@ def test_an_emulated_run_in_the_kit_summary_says_its_times_are_the_emulators():
          "created_at": "2026-11-28T10:00:00Z",
          "runs": [{**run, "device": {"serial": "qemu", "platform": "linux", "emulator": "qemu-aarch64 11.1.3 -cpu max"}},
                   {**run, "id": 4, "device": {"serial": "pixel", "platform": "android"}}]})
-    (emulated, _), (hardware, _) = summary_from_experiment(rep)[0]
-    assert "emulated by qemu-aarch64 11.1.3 -cpu max" in emulated
-    assert "emulated" not in hardware
+    traces, _ = summary_from_experiment(rep, "http://farm:8000")
+    # each entry's etdump is the trace's address on the server, not a description
+    assert [label for label, _ in traces] == ["http://farm:8000/runs/3/artifacts/trace.etdump",
+                                              "http://farm:8000/runs/4/artifacts/trace.etdump"]
+    emulated, hardware = kit.kit_summary(traces, run_dir="r")["per_etdump"]
+    assert "emulated by qemu-aarch64 11.1.3 -cpu max: its times are the emulator's" in emulated["emulator"]
+    assert "emulator" not in hardware

@@ -112,7 +112,7 @@ def test_a_summary_carries_headlines_and_the_full_comparisons_are_a_page_away(ap
 
 
 def test_the_client_says_a_summarys_comparisons_are_headlines_and_its_document_fetches_the_full_ones(
-        api, etdump, monkeypatch, tmp_path):
+        api, etdump, monkeypatch, tmp_path, capsys):
     from sme2farm.client.api import FarmClient
     from sme2farm.client.document_fetch import fetch
     from sme2farm.client.render import experiment_text
@@ -134,11 +134,13 @@ def test_the_client_says_a_summarys_comparisons_are_headlines_and_its_document_f
     got = fetch(client, eid).report
     assert got.comparisons == full.comparisons and all(c.operators and c.narrative for c in got.comparisons)
     assert got.runs == full.runs
-    # as does the kit summary (`status --kit-json`), which reads the runs
+    # as does the kit summary (`status --kit-json`), which reads the runs: here two devices', so it
+    # refuses to sum them and says which (the kit's summary is one device's run directory)
     from sme2farm.client.kit import cmd_status_kit_json
 
     monkeypatch.chdir(tmp_path)
-    assert cmd_status_kit_json(client, eid, "kit.json") == 0 and json.loads((tmp_path / "kit.json").read_text())
+    assert cmd_status_kit_json(client, eid, "kit.json") == 2 and not (tmp_path / "kit.json").exists()
+    assert f"ran on 2 devices ({', '.join(dict.fromkeys(r.device.serial for r in full.runs))})" in capsys.readouterr().err
 
 
 def test_a_200_device_summarys_comparisons_are_headlines_a_fraction_of_the_full_ones(db_url, tmp_path, etdump, capsys):
