@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from .by_module import MODULE_HEADERS, module_heading, module_lines, module_rows, no_module_line
+from .by_module import MODULE_HEADERS, module_heading, module_lines, module_rows
 from .categories import CATEGORIES
 from .wording import (NUMERICS_HEADERS, comparison_fact_lines, emulated_headline, emulated_run_line, is_emulated,
                       kernel_path_lines, llm_lines, memory_line, ms_text, narrative_lines, numerics_rows, pct_text)
@@ -42,8 +42,6 @@ def to_markdown(report: dict, comparison: dict | None = None, depth: int = 2) ->
         out += ["", f"## {module_heading(report, depth)}", "", "| " + " | ".join(MODULE_HEADERS) + " |",
                 "|---|---|---|---|"]
         out += ["| " + " | ".join([r[0].replace("  ", "&nbsp;&nbsp;"), *r[1:]]) + " |" for r in module_rows(report, depth)]
-    elif no_module_line(report):
-        out += ["", no_module_line(report)]
     out += ["", "## Top operators", "",
             "| operator | category | count/iter | total ms/iter | avg ms | p50 ms | p90 ms | share | delegated | kernel path | kernel |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -161,7 +159,9 @@ def to_terminal(report: dict, comparison: dict | None = None, top: int = 15, dep
     for c in CATEGORIES:
         s = report["category_share"][c]
         lines.append(f"  {c:<14} {_bar(s)} {report['categories_ms'][c]:9.3f} ms {100 * s:5.1f}%")
-    if by_module := module_lines(report, depth, emulated=bool(report.get("emulator"))):
+    # an emulated run's kernel path per module (its times are the emulator's); the time by module of a
+    # timed run is `sme2-client analyze`'s own section, and "no ETRecord" is among the warnings
+    if report.get("emulator") and (by_module := module_lines(report, depth, emulated=True)):
         lines += [""] + by_module
     lines.append("")
     lines.append(f"Top operators (of {len(report['operators'])})")
