@@ -32,7 +32,6 @@ from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.backends import open_store
 from sme2farm.server.store.base import StoreUnavailable
 
-
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -126,7 +125,6 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
             app.state.store.ensure_bucket()
         except StoreUnavailable as e:  # /ready says so; uploads get 503 until it is back
             log.warning("%s", e)
-
     app.state.enqueue = enqueue or dispatching_here(app, settings, queue.sender(queue.make_celery(settings)))
     install_error_handlers(app)  # domain errors -> 404/409, once for every route
     app.state.limiter = make_limiter(settings)

@@ -22,9 +22,10 @@ BOUNDARY = "sme2hostileboundary"
 
 @pytest.fixture
 def limited_api(api):
-    """The API with one agent registered and a 1 MiB inputs limit."""
+    """The API with one agent registered and 1 MiB inputs and ETRecord limits."""
     register(api, (HOST,), name="agent-h")
-    api.settings.max_inputs_mb = 1  # with the fixture's 2 MiB model limit: bodies past ~3.1 MiB are refused
+    api.settings.max_inputs_mb = 1
+    api.settings.max_etrecord_mb = 1  # with the fixture's 2 MiB model limit: bodies past ~6.1 MiB are refused
     return api
 
 

@@ -25,7 +25,6 @@ from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services import wakeup
 from sme2farm.server.store.backends import open_store
 from sme2farm.server.store.base import StoreUnavailable
-
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Experiment, Run
 from sme2farm.worker.celery_app import app, ingest_waiting
@@ -38,7 +37,6 @@ log = logging.getLogger(__name__)
 _RETRYABLE = {"40001", "40P01"}
 MAX_RETRIES = 5
 STORE_RETRY_S = 5.0  # an ingest that met the artifact store down is sent again this much later
-
 
 
 def _retryable(e: BaseException) -> bool:
@@ -121,7 +119,6 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
                 done = _store_batch(self, s, ingesters)
         except StoreUnavailable as e:
             return _store_outage(self, s, {rid: began[rid] for rid in batch}, run_id, experiment_id, e)
-
         if run_id in done:
             return done[run_id]
         if run is None or run.status != RunStatus.analyzing:
@@ -130,7 +127,6 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
             with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
                 store = open_store(s)
                 return str(run_service.ingest(session, run_id=run_id, ingester=ingest.Ingester(store), store=store))
-
         return "in progress"
     except DBAPIError as e:
         _retry_later(self, e)
@@ -150,7 +146,6 @@ def _store_outage(task: Any, s: Any, batch: dict[int, Any], run_id: int, experim
 
 
 def _store_batch(task: Any, s: Any, ingesters: dict[int, Any]) -> dict[int, str]:
-
     """The analysed runs stored in one transaction, in run id order; each experiment's comparisons
     completed once, at the end. A transaction PostgreSQL aborts (deadlock, serialization) is tried
     again here, the analyses kept: the runs are begun and heartbeating, and a Celery retry of
@@ -159,7 +154,6 @@ def _store_batch(task: Any, s: Any, ingesters: dict[int, Any]) -> dict[int, str]
         return {}
     store = open_store(s)
     for attempt in range(MAX_RETRIES + 1):
-
         try:
             with session_scope(s.sqlalchemy_url, enqueue=_send) as session:
                 runs = session.scalars(select(Run).where(Run.id.in_(list(ingesters)))).all()  # one SELECT, not one each
@@ -250,7 +244,6 @@ def build_report(self, experiment_id: int) -> str:
     a reader keys it, so nothing stale is ever served."""
     rows = _in_transaction(self, lambda session, s: reports.keep_ended(
         session, experiment_id=experiment_id, cache_dir=open_store(s)))
-
     if rows is None:
         return "nothing to build"
     reports.build_report(rows=rows)

@@ -38,7 +38,6 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.base import TooLarge, inputs_key, model_key
 from sme2farm.server.web.objects import object_response
-
 from sme2farm.server.web.delivery import DELIVERY_BODY_OPENAPI, receive_delivery
 from sme2farm.server.web.limits import retry_after
 from sme2farm.server.web.uploads import ARTIFACT_BODY_OPENAPI
@@ -220,7 +219,6 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
     if int(length) > limit:
         raise HTTPException(413, f"artifact of {length} bytes exceeds the {settings.max_artifact_mb} MiB limit")
     store.ensure_room(int(length))  # below the free-space reserve: 507, nothing written
-
     await run_in_threadpool(_check_lease, tx, settings, run_id, lease_id, agent_id)  # before the body is stored
     try:
         tmp, sha, size = await store.receive(request.stream(), limit)
@@ -248,7 +246,6 @@ select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
                     row.size, row.sha256 = size, sha
                 # last: nothing is kept for a run this agent does not hold; under this attempt's key
                 store.keep_artifact(tmp, run_id, name, attempt=run.attempt)
-
         finally:
             tmp.unlink(missing_ok=True)  # moved already, or refused
 
@@ -268,7 +265,6 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
         # attempt's upload never lets a retry go to analysis.
         attempt = session.scalar(select(Run.attempt).where(Run.id == run_id))
         has_trace = attempt is not None and store.has_artifact(run_id, TRACE, attempt=attempt)
-
         run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
                                  ingest_deadline_s=settings.ingest_deadline_s, store=store, lease_s=settings.lease_s)
         status = RunStatus(run.status)
@@ -291,7 +287,6 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
     next run assigned in it). A repeat of a delivery already taken stores nothing again."""
     length = request.headers.get("content-length", "")
     store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507
-
 
     async def admit(finish: str) -> None:  # before any artifact byte is written: a live lease, or a refusal
         await run_in_threadpool(_check_lease, tx, settings, run_id, _delivery(finish).lease_id, agent_id)
@@ -319,13 +314,11 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
                     session.execute(insert(Artifact), [dict(run_id=run_id, name=n, size=r.size, sha256=r.sha256)
                                                        for n, r in got.artifacts.items()])
                 has_trace = TRACE in got.artifacts or store.has_artifact(run_id, TRACE, attempt=run.attempt)
-
                 run = run_service.deliver(session, run=run, body=body, has_trace=has_trace,
                                           started_s_ago=body.started_s_ago, ingest_deadline_s=settings.ingest_deadline_s,
                                           store=store, lease_s=settings.lease_s)
                 for name, r in got.artifacts.items():  # last: nothing is kept for a run this agent does not hold
                     store.keep_artifact(r.path, run_id, name, attempt=run.attempt)
-
                 return RunStatus(run.status), tuple(session.info.get(run_service.ASSIGNED_AGENTS, ()))
 
         async with request.app.state.agent_gate:  # the body is in: take a turn like other agent requests
@@ -367,7 +360,6 @@ def download_model(sha256: Sha256, session: SessionDep, store: StoreDep, agent_i
     raise HTTPException(404, f"model {sha256} is not the model of a run this agent holds")
 
 
-
 @router.get("/inputs/{sha256}", response_class=Response, responses=BINARY)
 def download_inputs(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
     """The SME2IN01 inputs container (runners/inputs.py) of a run assigned to this agent's devices."""
@@ -377,7 +369,6 @@ def download_inputs(sha256: Sha256, session: SessionDep, store: StoreDep, agent_
     except FileNotFoundError:
         pass
     raise HTTPException(404, f"inputs {sha256} are not the inputs of a run this agent holds")
-
 
 
 def _serves(session, agent_id: int, which) -> bool:

@@ -18,7 +18,6 @@ from sme2farm.server.store.models import Agent, ApiToken
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.base import ArtifactStore as Store
 
-
 _bearer = HTTPBearer(auto_error=False)
 
 

@@ -7,7 +7,6 @@ Faults of the machine are answered here too, for every route at once:
   and a body naming the database, never a 500 and never the connection details;
 - the artifact store unreachable (store/s3.py) -> 503 with Retry-After, naming the store;
 - the disk full (ENOSPC, EDQUOT) while a file is written, or below SME2_MIN_FREE_MB -> 507 Insufficient Storage (the
-
   writers remove their partial files on the way out: uploads.py, storage.Store.receive)."""
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from sme2farm.protocol import Conflict as ConflictBody
 from sme2farm.protocol import Detail
 from sme2farm.server.services.errors import Invalid, NotFound, StateConflict
 from sme2farm.server.store.base import BelowReserve, StoreUnavailable
-
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # a database restart or a failover usually takes seconds
@@ -117,7 +115,6 @@ async def _store_unavailable(request: Request, e: StoreUnavailable) -> JSONRespo
     # The store's address and the client's words go to the log, not to the caller.
     log.warning("%s %s: %s", request.method, request.url.path, e)
     return unavailable_response("artifact store")
-
 
 
 def install(app: FastAPI) -> None:

@@ -212,7 +212,6 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store
     with tx() as session:
         rows = reports.read_report(session, experiment_id=experiment_id, runs=runs, page=run_page,
                                    page_size=run_page_size, cache_dir=store,
-
                                    pieces=reports.RUN_PIECES)
     if rows is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")

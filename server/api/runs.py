@@ -13,7 +13,6 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.base import legacy_run_key, run_key
 from sme2farm.server.web.objects import object_response
 
-
 router = APIRouter(tags=["runs"])
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
@@ -51,7 +50,6 @@ def get_artifact(run_id: RunId, name: str, session: SessionDep, store: StoreDep,
         except FileNotFoundError:
             continue
     raise HTTPException(404, f"run {run_id} has no {name}")
-
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunReport, responses=NOT_FOUND)

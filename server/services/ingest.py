@@ -31,7 +31,6 @@ from sme2farm.server.services.reports import report_parts
 from sme2farm.server.services.runs.ingesting import NotWhatItsArmSays
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.base import etrecord_key, model_key, run_key
-
 from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
 
 
@@ -61,7 +60,6 @@ class Ingester:
             raise IngestError(f"no {TRACE} was stored for this run") from None
         kernel_log = self.files.run_artifact(run, KERNEL_LOG)
         kernel_log = kernel_log.decode(errors="replace") if kernel_log is not None else None
-
         etrecord, program, unreadable = self.etrecord(run)
         report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace, sme2=run.sme2 == "on" and bool((run.device_snapshot or {}).get("sme2")), arch=analysis.arch_of((run.runner or {}).get("platform")),
                                   etrecord=etrecord, program=program,
@@ -118,7 +116,6 @@ class Ingester:
         head = self.files.run_artifact(run, RUNNER_LOG, limit=RUNNER_LOG_HEAD)
         return "" if head is None else head.decode(errors="replace")
 
-
     def outputs(self, run: Run) -> dict:
         """The run's outputs.bin held against the outputs its method declares in the .pte:
         {"status": "recorded" | "not recorded" | "invalid", "reason", "outputs": [{index, dtype,
@@ -139,7 +136,6 @@ class Ingester:
                     "outputs": []}
         if len(blob) > MAX_OUTPUTS_BYTES:
             size = self.files.size(run_key(run.id, OUTPUTS, attempt=run.attempt))
-
             return {"status": "not recorded", "reason": f"numerics not recorded: the outputs file is {size} bytes, over "
                                                         f"the {MAX_OUTPUTS_BYTES >> 20} MiB the farm compares", "outputs": []}
         exp = run.experiment
@@ -151,13 +147,11 @@ class Ingester:
 
         try:
             values = containers.read(blob, item="output")
-
         except (containers.InputsError, OSError) as e:
             return invalid(f"the outputs file is not readable: {e}")
         try:
             with self.files.local(model_key(sha)) as model, pte.mapped(model) as buf:
                 sig = pte.program_methods(buf, end=pte.program_end(buf)).get(method)
-
             if sig is None:
                 raise containers.InputsError(f"the program has no method {method}")
             check_outputs(sig, values)
@@ -176,7 +170,6 @@ class Ingester:
             if len(blob) > runner_memory.MAX_BYTES:
                 raise runner_memory.MemoryFileError(f"over {runner_memory.MAX_BYTES} bytes")
             return runner_memory.read_memory(blob)
-
         except (runner_memory.MemoryFileError, OSError) as e:
             warnings.append(f"memory not recorded: the runner's {MEMORY} is unreadable ({e})")
             return None
@@ -200,7 +193,6 @@ class Ingester:
         try:
             for name, data in result.derived.items():
                 size, sha256 = self.files.write_artifact(run.id, name, data, attempt=run.attempt)
-
                 written.append(name)
                 rows.append(dict(run_id=run.id, name=name, size=size, sha256=sha256))
             session.execute(delete(Artifact).where(Artifact.run_id == run.id, Artifact.name.in_(list(result.derived))))
@@ -209,7 +201,6 @@ class Ingester:
         except BaseException:
             for name in written:  # a failed run shows no half of its results
                 self.files.delete_artifact(run.id, name, attempt=run.attempt)
-
             raise
 
 

@@ -15,7 +15,6 @@ from sme2farm.server.store.models import Run
 from sme2farm.server.store.base import ArtifactStore as Store
 from sme2farm.server.store.base import run_key
 
-
 # The largest outputs file compared (ingest checks it too). A classifier's logits are kilobytes,
 # a segmentation map a few MiB; past this, holding two files and their float64 copies in a request
 # costs more memory than a comparison is worth, and the answer says "too large" instead.
@@ -40,7 +39,6 @@ def _side(runs: Sequence[Run], label: str, store: Store) -> list | dict:
     size = None if blob is None else len(blob)
     if size is not None and size > MAX_OUTPUTS_BYTES:
         size = store.size(run_key(run.id, OUTPUTS, attempt=run.attempt)) or size
-
         return numerics.not_compared("too large", f"numerics not compared: {label} run {run.id}'s outputs are "
                                                   f"{size / (1 << 20):.1f} MiB, over the {MAX_OUTPUTS_BYTES >> 20} MiB "
                                                   "the farm compares")
@@ -53,7 +51,6 @@ def _side(runs: Sequence[Run], label: str, store: Store) -> list | dict:
                                                      "is no longer stored")
     try:
         values = containers.read(blob, item="output")
-
     except containers.InputsError as e:  # ingest read it; a file changed on disk since says so here
         return numerics.not_compared("not recorded", f"not comparable: {label} run {run.id}'s {OUTPUTS}: {e}")
     return containers.named_values(values)

@@ -7,13 +7,11 @@ import hashlib
 import json
 import logging
 import statistics
-
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import timezone
 from typing import Literal
-
 
 from pydantic import TypeAdapter
 from sqlalchemy import Text, cast, func, select
@@ -28,7 +26,6 @@ from sme2farm.protocol import (
 from sme2farm.protocol.experiments import RunGroup
 from sme2farm.server.store.base import ArtifactStore, StoreUnavailable, report_prefix
 from sme2farm.server.store.db import enqueue_after_commit
-
 from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
@@ -54,7 +51,6 @@ def report_key(experiment_id: int, answer: str, key: str) -> str:
     return f"{report_prefix(experiment_id)}{answer}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
-
 def experiment_ended(session: Session, *, experiment_id: int) -> None:
     """Called by the run service each time runs of this experiment end (runs/status.py complete):
     once every run has ended, its report is asked for after the commit (TASK_REPORT), so that the
@@ -66,7 +62,6 @@ def experiment_ended(session: Session, *, experiment_id: int) -> None:
 
 
 def keep_ended(session: Session, *, experiment_id: int, cache_dir: ArtifactStore) -> ReportRows | None:
-
     """TASK_REPORT, its reading step (in the worker's transaction): what the default report of an
     ended experiment is built from, if it is not stored yet; None if it is (a reader came first),
     or if the experiment is gone or no longer ended (nothing would be kept). build_report, after
@@ -190,7 +185,6 @@ class ReportRows:
     key there and the store, where a built answer is kept (None: not kept)."""
     stored: bytes | None = None
     keep_at: tuple[ArtifactStore, str] | None = None
-
     head: ExperimentReport | None = None
     comparisons: str | None = None
     rows: list = field(default_factory=list)
@@ -206,7 +200,6 @@ class ReportRows:
 
 def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
                 page_size: int = 200, cache_dir: ArtifactStore | None = None) -> bytes | None:
-
     """The ExperimentReport as JSON bytes (None: no such experiment), read and built in the
     caller's transaction (a route that has just changed the experiment answers its report).
     read_report and build_report are its two steps, for a caller that ends its transaction
@@ -218,7 +211,6 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
 
 def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
                 page_size: int = 200, cache_dir: ArtifactStore | None = None,
-
                 pieces: RunPieces | None = None) -> ReportRows | None:
     """GET /experiments/{id}, its reading step: what the ExperimentReport is built from (None: no
     such experiment). build_report turns it into JSON bytes, with no session.
@@ -259,7 +251,6 @@ def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None
             stored, cached = None, None
         if stored is not None:
             return ReportRows(stored=stored)
-
     return _read(session, experiment_id=experiment_id, runs=runs, page=page, page_size=page_size,
                  statuses={st: n for st, n, _ in ended}, keep_at=cached, pieces=pieces)
 
@@ -283,7 +274,6 @@ def _keep(at: tuple[ArtifactStore, str], body: bytes) -> None:
 def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page: int, page_size: int,
           statuses: dict[str, int], keep_at: tuple[ArtifactStore, str] | None,
           pieces: RunPieces | None) -> ReportRows | None:
-
     exp = session.scalar(
         select(Experiment).where(Experiment.id == experiment_id)
         .options(joinedload(Experiment.model), joinedload(Experiment.vs_model), defer(Experiment.comparisons))

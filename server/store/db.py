@@ -36,7 +36,6 @@ def get_engine(url: str) -> Engine:
             # answered as stored survives a power loss (NORMAL can lose the last commits, never
             # corrupting). Its cost: docs/benchmarks.md (bench/sqlite_sync.py).
             cur.execute("PRAGMA synchronous=FULL")
-
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
             cur.close()

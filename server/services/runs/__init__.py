@@ -29,7 +29,6 @@ from sme2farm.server.services.runs.assignment import (ASSIGNED_AGENTS, QUEUE_ORD
 from sme2farm.server.services.runs.ingesting import (INGEST_BATCH, INGEST_SILENT_BEATS, Ingester, ingest,
                                                      ingest_deferred, ingest_heartbeat, ingest_started,
                                                      ingest_started_batch)
-
 from sme2farm.server.services.runs.lease import check_lease, deliver, delivered, finish, heartbeat, start
 from sme2farm.server.services.runs.reaper import end_lost_device_runs, reap_expired
 from sme2farm.server.services.runs.status import (ALLOWED, CANCELLED_BY_USER, IllegalTransition, LeaseConflict,
@@ -42,6 +41,5 @@ __all__ = [
     "assigned_to_agent", "cancel", "complete", "deliver", "delivered", "dispatch", "end_lost_device_runs",
     "end_run", "finish", "get", "hand_over", "heartbeat", "ingest", "ingest_deferred", "ingest_heartbeat",
     "ingest_started",
-
     "ingest_started_batch", "move", "reap_expired", "require", "runs_created", "start",
 ]

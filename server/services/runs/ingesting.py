@@ -115,7 +115,6 @@ def ingest_deferred(session: Session, *, runs: dict[int, datetime], retry_in_s: 
 
 
 def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ingest_deadline_s: float,
-
                      heartbeat_s: float) -> bool:
     """The ingest attempt that began at started_at is alive: its run's deadline moves to
     INGEST_SILENT_BEATS heartbeats from now, never past started_at + ingest_deadline_s (a hung
