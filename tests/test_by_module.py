@@ -9,6 +9,7 @@ does the same on real exported models."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sme2farm.analysis import compare
 from sme2farm.analysis.by_module import (NOT_ATTRIBUTED, TOP_LEVEL, category_detail, kernel_paths_line, no_module_line,
@@ -181,3 +182,17 @@ def test_text_reports_show_the_tree_or_why_not():
     text = to_terminal(emulated, depth=2)
     assert "kernel paths by module (Convolution/GEMM): NEON kernels in `stem`" in text
     assert "Time by module" not in text
+
+
+def test_an_arms_runs_merge_into_their_mean():
+    from sme2farm.analysis.by_module import merged
+    a = _report(_net(0.05, 0.1, 0.08), rest_ms=0.03, seed=12)
+    b = _report(_net(0.07, 0.3, 0.08), rest_ms=0.05, seed=13)
+    none = _report(_net(0.05, 0.1, 0.08), rest_ms=0.03, seed=14, status="no etrecord")
+    m = merged([a, none, b])
+    ms = {(r["module"], r["depth"]): r["ms"] for r in m["by_module"]}
+    assert ms[("stem", 1)] == pytest.approx(0.2) and ms[("head.proj", 2)] == pytest.approx(0.06)
+    assert ms[(NOT_ATTRIBUTED, 0)] == pytest.approx(0.04)
+    each = [sum(x for _, x in split(r, 2)) for r in (a, b)]
+    assert sum(x for _, x in split(m, 2)) == pytest.approx(sum(each) / 2, rel=1e-12)
+    assert merged([none]) is none and merged([a]) is a
