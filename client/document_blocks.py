@@ -256,6 +256,11 @@ def _comparison_blocks(c: Comparison) -> list[tuple]:
                      f"{100 * (v.share_before or 0):.1f}%", f"{100 * (v.share_after or 0):.1f}%"])
     out.append(("table", ["Category", f"{la} ms", f"{lb} ms", "Ratio", "95% interval", "Verdict", f"Share {la}",
                           f"Share {lb}"], rows))
+    if c.modules:  # the module roles both arms attribute time to (the model's ETRecord)
+        out.append(("h", 3, f"{comparison_title(c)}: by module ({comparison_where(c)})"))
+        out.append(("table", ["Module", "Class", f"{la} ms", f"{lb} ms", "Ratio", "95% interval", "Verdict"],
+                    [[m.module, m.module_class or "", _f(m.baseline_ms), _f(m.candidate_ms), _ratio(m.speedup),
+                      _ci(m) if m.speedup is not None else "—", m.verdict or "no verdict"] for m in c.modules]))
     narrative = [line for line in narrative_lines(data) if line != c.sentence]
     if narrative:
         out.append(("list", narrative))

@@ -196,3 +196,19 @@ def test_an_arms_runs_merge_into_their_mean():
     each = [sum(x for _, x in split(r, 2)) for r in (a, b)]
     assert sum(x for _, x in split(m, 2)) == pytest.approx(sum(each) / 2, rel=1e-12)
     assert merged([none]) is none and merged([a]) is a
+
+
+def test_the_documents_comparison_has_a_module_table():
+    from sme2farm.client.document_blocks import _comparison_blocks
+    from sme2farm.protocol import Comparison
+    on_rows = _net(0.07, 0.1, 0.08)
+    next(r for r in on_rows if r["module"] == "head.proj")["operator"] = "Fully Connected (NC, PF32) GEMM"
+    off = [_report(_net(0.05, 0.4, 0.08), rest_ms=0.03, seed=30 + k) for k in range(3)]
+    on = [_report(on_rows, rest_ms=0.03, seed=40 + k) for k in range(3)]
+    c = Comparison.model_validate({**compare(off, on), "status": "complete", "kind": "sme2", "device": "d",
+                                   "threads": 1, "mode": "timing"})
+    tables = [b for b in _comparison_blocks(c) if b[0] == "table" and b[1][0] == "Module"]
+    assert len(tables) == 1
+    rows = {r[0]: r for r in tables[0][2]}
+    assert rows["head.proj"][1] == "Linear" and rows["head.proj"][6] == "slowdown"
+    assert rows["stem"][6] == "no verdict"
