@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sme2farm.client.common import parse_selector, submit_and_follow
+from sme2farm.client.common import etrecord_beside, etrecord_note, parse_selector, submit_and_follow
 from sme2farm.client.kit_json import KitError, kit_summary, summary_path, write_summary
 from sme2farm.client.render import plain
 from sme2farm.protocol import ExperimentReport, ExperimentSpec, RunStatus
@@ -375,7 +375,14 @@ def cmd_submit(args) -> int:
         print(f"sme2-client: kit config: {line}", file=sys.stderr)
     for line in sub.warnings:
         print(f"sme2-client: warning: kit config: {line}", file=sys.stderr)
-    return submit_and_follow(args, sub.model, spec, inputs, origin=f" from {args.kit_config}")
+    # the kit keeps the model's ETRecord beside it as <model>.pte.etrecord
+    etrecord = Path(args.etrecord) if getattr(args, "etrecord", None) else etrecord_beside(sub.model)
+    if etrecord is not None and not etrecord.is_file():
+        print(f"sme2-client: {etrecord} is not a file", file=sys.stderr)
+        return 2
+    if not getattr(args, "etrecord", None):
+        print(etrecord_note(sub.model, etrecord), file=sys.stderr)
+    return submit_and_follow(args, sub.model, spec, inputs, origin=f" from {args.kit_config}", etrecord=etrecord)
 
 
 def cmd_status_kit_json(client, experiment_id: int, arg: str) -> int:

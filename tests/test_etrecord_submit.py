@@ -224,6 +224,28 @@ def test_submit_takes_the_etrecord_beside_the_model_and_says_so_once(api, agent,
     assert got == [None, sha, sha, sha]
 
 
+def test_a_kit_config_submit_takes_the_kits_etrecord_beside_its_model(api, agent, exported, tmp_path, capsys):
+    """The kit keeps the ETRecord as <model>.pte.etrecord beside the model its config names."""
+    import json
+
+    from test_kit import template
+    from sme2farm.client import cli
+
+    pte, etrecord = exported("toy_cnn")
+    shutil.copy(pte, tmp_path / "toy_cnn_xnnpack_fp32.pte")
+    shutil.copy(etrecord, tmp_path / "toy_cnn_xnnpack_fp32.pte.etrecord")
+    cfg = template()
+    cfg.pop("output_root")
+    cfg["experiments"] = [{"name": "linux_sme2_off", "runs": 3, "warmup": 0, "threads": [1]}]
+    config = tmp_path / "exp.json"
+    config.write_text(json.dumps(cfg))
+    assert cli.main(["--server", api.url, "--token", api.token, "submit", "--kit-config", str(config)]) == 0
+    assert "taking the ETRecord beside the model" in capsys.readouterr().err
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        [exp] = s.scalars(select(Experiment))
+        assert exp.etrecord_sha256 == hashlib.sha256(etrecord.read_bytes()).hexdigest()
+
+
 def test_examples_write_the_pte_and_its_etrecord_and_the_pte_is_unchanged(exported):
     from sme2farm.agent.check import EXAMPLE
 
