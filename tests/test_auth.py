@@ -39,6 +39,8 @@ EXPECTED = {
     ("GET", "/experiments/{experiment_id}/scaling"): READ,
     ("GET", "/experiments/{experiment_id}/comparisons"): READ,
     ("POST", "/experiments/{experiment_id}/cancel"): SUBMIT,
+    ("POST", "/experiments/import"): SUBMIT,
+    ("GET", "/experiments/{experiment_id}/files/{name}"): READ,
     ("GET", "/experiments/{experiment_id}/charts/{name}.svg"): READ,
     ("GET", "/comparisons"): READ,
     ("GET", "/comparisons/chart.svg"): READ,

@@ -251,7 +251,7 @@ def test_an_imported_pair_is_compared_and_says_where_it_came_from(api, example_p
     [item] = api.client.get("/experiments", headers=api.auth()).json()["items"]
     rep = api.client.get(f"/experiments/{item['id']}", headers=api.auth()).json()
     assert rep["imported"]["note"] == "imported: measured outside the farm"
-    assert rep["imported"]["executorch"] == {"sha": "abc123", "dirty": False} and rep["imported"]["model"] == "toy.pte"
+    assert rep["imported"]["executorch"] == {"sha": "abc123", "version": None, "dirty": False} and rep["imported"]["model"] == "toy.pte"
     assert {(r["sme2"], r["status"]) for r in rep["runs"]} == {("off", "succeeded"), ("on", "succeeded")}
     assert all(r["device"]["serial"] == "my-mac" and r["device"]["model"] == "MacBook M4" for r in rep["runs"])
     [c] = rep["comparisons"]

@@ -4,7 +4,7 @@ thread and core scaling view."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -105,6 +105,14 @@ class RunGroup(Read):
                                                            "variation")
 
 
+class ImportedExecutorch(Read):
+    """The ExecuTorch an imported kit run directory's manifest names (its `executorch`)."""
+
+    sha: str | None = Field(default=None, description="The commit the kit's runners were built from")
+    version: str | None = None
+    dirty: bool | None = Field(default=None, description="Whether that checkout had local changes, as the kit said")
+
+
 class Imported(Read):
     """Where an imported experiment came from (POST /experiments/import): a kit run directory
     measured outside the farm. Its runs are real measurements on the user's device, analysed by the
@@ -115,7 +123,7 @@ class Imported(Read):
     device: str = Field(description="The serial of the device the manifest names")
     model: str = Field(default="", description="The model's file name as the manifest gave it")
     generated_at: str | None = Field(default=None, description="When the kit wrote the manifest, as it said")
-    executorch: dict[str, Any] = Field(default_factory=dict, description="The manifest's executorch: sha, dirty")
+    executorch: ImportedExecutorch = Field(default_factory=ImportedExecutorch, description="The manifest's executorch")
     experiments: list[str] = Field(default_factory=list, description="The kit's experiment names, one per run")
     suite: str | None = Field(default=None, description="The suite whose series the runs joined (a suite run "
                                                         "triggered 'import'), if one was named")
