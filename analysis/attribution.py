@@ -199,17 +199,20 @@ _QDQ = {"quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", 
         "choose_qparams", "quantize_per_token", "dequantize_per_token", "_to_copy", "_to_dim_order_copy"}
 
 
-def _fill(row: dict, em: EtrecordMethod, handle: int, kind: str | None = None) -> bool:
+def _fill(row: dict, em: EtrecordMethod, handle: int, kind: str | None = None, op: str | None = None) -> bool:
     """Row fields from the handle's nodes. A quantized graph gives one handle to an operator and
     the quantize/dequantize nodes around it: a Convert stands for those, anything else for the
-    operator."""
+    operator. Decompositions give one handle to several nodes: a portable kernel (`op`) stands
+    for the node of its own operator, and for nothing if none is."""
     nodes = [n for n in em.nodes.get(handle, ()) if n.target]
+    if op is not None:
+        nodes = [n for n in nodes if op_name(n.target) == op]
     if not nodes:
         return False
     want_qdq = kind == "Convert"
     node: EtrecordNode = next((n for n in nodes if (op_name(n.target) in _QDQ) == want_qdq), nodes[0])
     row.update(module=node.module, module_class=node.module_class or None,
-               aten=sorted({n.target for n in nodes}), location=node.location, code=node.code,
+               aten=sorted({n.target for n in nodes})[:8], location=node.location, code=node.code,
                debug_handle=handle, stack=[list(s) for s in node.stack])
     return True
 
@@ -218,11 +221,8 @@ def _portable_row(m, em: EtrecordMethod, call: Call | None, instruction: int, ev
     row = _row(m, event, delegated=False, instruction=instruction, position=None)
     handles = em.handle_map.get(instruction, ())
     label = m.labels[int(m.label_id[event])]
-    if len(handles) == 1 and _fill(row, em, handles[0]):
-        if call is not None and call.kind == "kernel" and label.startswith("native_call_") \
-                and op_name(label) != op_name(row["aten"][0]):
-            _unattribute(row)
-    else:
+    op = op_name(label) if label.startswith("native_call_") else None
+    if len(handles) != 1 or not _fill(row, em, handles[0], op=op):
         _unattribute(row)
     return row
 

@@ -200,3 +200,50 @@ def test_client_analyze_with_the_model_shows_time_by_module_and_flags_another_mo
     assert r.returncode == 2 and "not a zip" in r.stderr
     r = _client(trace)  # no model: no module, the report says how to export an ETRecord
     assert r.returncode == 0 and "time by module" not in r.stdout and "generate_etrecord=True" in r.stdout
+
+
+CONV_CLASSES = {"Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"}
+
+
+@pytest.fixture(scope="module")
+def zoo_traced(local_runner, tmp_path_factory):
+    """zoo_traced(name, dtype) -> analyze()'s report of a zoo architecture run with its ETRecord."""
+    from _fixtures_runtime import export_once, shared_exports_dir
+
+    out = shared_exports_dir(tmp_path_factory)
+
+    def make(name: str, dtype: str) -> dict:
+        from sme2farm.runners.examples import write_xnnpack_pte
+        from sme2farm.runners.zoo import build
+
+        pte = out / f"attr-zoo-{name}-{dtype}.pte"
+        record = pte.with_name(pte.name + ".etrecord")
+
+        def export(partial):
+            model, inputs = build(name, dtype)
+            write_xnnpack_pte(model, inputs, partial, etrecord=record)
+
+        export_once(pte, export)
+        trace = tmp_path_factory.mktemp("zoo-attr") / "t.etdump"
+        subprocess.run([resolved_runner(local_runner), f"--model_path={pte}", "--num_executions=10", "--warmup=1",
+                        f"--etdump_path={trace}"], check=True, capture_output=True, timeout=300)
+        return analyze(trace.read_bytes(), etrecord=read_etrecord(record.read_bytes()), program=pte.read_bytes())
+
+    return make
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name, dtype", [("bert", "fp32"), ("resnet", "int8"), ("vit", "fp16")])
+def test_real_architectures_attribute_convolutions_and_gemms_to_their_modules(zoo_traced, name, dtype):
+    r = zoo_traced(name, dtype)
+    _checks_that_hold_for_every_model(r)
+    rows = r["by_source"]
+    convs = [x for x in rows if x["category"] == "Convolution"]
+    assert all(x["module_class"] in CONV_CLASSES for x in convs), [x for x in convs if x["module_class"] not in CONV_CLASSES]
+    gemms = [x for x in rows if x["category"] == "GEMM" and x["delegated"]]
+    assert gemms or convs
+    for x in gemms:  # a Linear, a 1x1 convolution, or a matmul in some module's forward
+        assert x["module_class"] in {"Linear"} | CONV_CLASSES or any(
+            a.split(".")[-2] in ("mm", "bmm", "matmul", "addmm", "linear") for a in x["aten"]), x
+    delegated = sum(x["ms"] for x in rows if x["delegated"])
+    assert sum(x["ms"] for x in rows if x["delegated"] and x["module"] is not None) >= 0.95 * delegated
