@@ -155,6 +155,11 @@ def blocks(rep: ExperimentReport, svgs: dict[str, str | None], missing: dict[str
         ("p", f"Devices: {', '.join(devices) or 'none'}. Runner builds: {', '.join(builds) or 'none ran'}. "
               f"ExecuTorch: {', '.join(versions) or '?'}. Created {_created(rep)}."),
     ]
+    if rep.imported:  # runs a user measured outside the farm: say so before any figure of theirs
+        i = rep.imported
+        et = f", ExecuTorch {i.executorch.sha}" if i.executorch.sha else ""
+        out.append(("p", f"Imported: measured outside the farm ({i.source}{', ' + i.model if i.model else ''}, "
+                         f"device {i.device}{et}): the farm analysed these traces, it did not run them."))
     memory = [label + line for label, pm in (("", rep.program_memory), ("model B: ", rep.vs_program_memory))
               if (line := program_memory_line(plain(pm)))]
     if memory:

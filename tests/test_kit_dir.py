@@ -262,6 +262,9 @@ def test_an_imported_pair_is_compared_and_says_where_it_came_from(api, example_p
     capsys.readouterr()
     assert as_user("status", str(rep["id"])) == 0
     assert "imported: measured outside the farm" in capsys.readouterr().out
+    assert as_user("report", str(rep["id"]), "--markdown", "-o", str(tmp_path / "r.md")) == 0
+    assert ("Imported: measured outside the farm (kit run directory, toy.pte, device my-mac, ExecuTorch abc123): the "
+            "farm analysed these traces, it did not run them.") in (tmp_path / "r.md").read_text()
 
 
 @pytest.mark.arm64
