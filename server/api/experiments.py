@@ -11,7 +11,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse
 from pydantic import ValidationError
 
 from sme2farm.protocol import ComparisonPage, ExperimentPage, ExperimentReport, ExperimentSpec
@@ -19,7 +18,9 @@ from sme2farm.server.api.deps import get_transaction
 from sme2farm.server.api.errors import NOT_FOUND
 from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
 from sme2farm.server.store.db import session_scope
+from sme2farm.server.store.base import etrecord_key, model_key
 from sme2farm.server.store.models import Experiment
+from sme2farm.server.web.objects import object_response
 from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
 from sme2farm.server.services.programs import InvalidProgram, llm_mode, llm_note, prepare, read_memory
 from sme2farm.server.services.programs import validate as validate_program
@@ -240,7 +241,7 @@ FILE_RESPONSES = {200: {"description": "The file's bytes", "content": {"applicat
 
 @router.get("/experiments/{experiment_id}/files/{name}", response_class=Response, responses=FILE_RESPONSES)
 def get_experiment_file(experiment_id: ExperimentId, name: str, session: SessionDep, store: StoreDep,
-                        _user: UserDep) -> FileResponse:
+                        _user: UserDep) -> Response:
     """The experiment's model (model.pte), its vs_model (vs_model.pte) or the model's ETRecord
     (model.pte.etrecord), as submitted: what `sme2-client artifacts E<id> --kit` puts beside the runs."""
     if name not in EXPERIMENT_FILES:
@@ -250,10 +251,13 @@ def get_experiment_file(experiment_id: ExperimentId, name: str, session: Session
         raise HTTPException(404, f"experiment {experiment_id} not found")
     sha = {"model.pte": exp.model_sha256, "vs_model.pte": exp.vs_model_sha256,
            "model.pte.etrecord": exp.etrecord_sha256}[name]
-    path = None if sha is None else store.etrecord_path(sha) if name.endswith(".etrecord") else store.model_path(sha)
-    if path is None or not path.exists():
-        raise HTTPException(404, f"experiment {experiment_id} has no {name}")
-    return FileResponse(path, media_type="application/octet-stream", filename=f"E{experiment_id}-{name}")
+    try:
+        if sha is None:
+            raise FileNotFoundError(name)
+        return object_response(store, etrecord_key(sha) if name.endswith(".etrecord") else model_key(sha),
+                               media_type="application/octet-stream", filename=f"E{experiment_id}-{name}")
+    except FileNotFoundError:
+        raise HTTPException(404, f"experiment {experiment_id} has no {name}") from None
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
