@@ -86,7 +86,11 @@ def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators:
     if program is None:
         return _empty("mismatch", sha, ["the ETRecord was given without its model (.pte): it cannot be "
                                         "checked against the program, so it is not used"])
-    problems = check_against_program(etrecord, program)
+    try:
+        all_calls = program_calls(program)
+    except PteError as e:
+        return _empty("mismatch", sha, [f"the ETRecord is not used: the model cannot be read to check it ({e})"])
+    problems = check_against_program(etrecord, program, calls=all_calls)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         return _empty("mismatch", sha, [f"the ETRecord does not belong to this model, so it is not used: "
@@ -96,10 +100,7 @@ def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators:
     em = etrecord.methods.get(method)
     if em is None:
         return _empty("mismatch", sha, [f"the ETRecord has no method {method!r}, so it is not used"])
-    try:
-        calls = {c.instruction: c for c in program_calls(program).get(method, [])}
-    except PteError as e:  # check_against_program read it already; kept for a clear message
-        return _empty("mismatch", sha, [f"the model cannot be read: {e}"])
+    calls = {c.instruction: c for c in all_calls.get(method, [])}
     return _attribute(m, em, calls, sha, operators)
 
 
@@ -276,26 +277,28 @@ def _align(types: list[str], xnodes: tuple[XNode, ...]) -> list[int | None]:
     if n_ops * n_x > MAX_ALIGN_CELLS:
         return [None] * n_ops
     bases = [_base(t) for t in types]
-    compat = np.array([[b in _COMPAT.get(x.kind, ()) for x in xnodes] for b in bases], dtype=bool).reshape(n_ops, n_x)
+    # compatibility of the few distinct runtime types with the few distinct kinds, then gathered
+    ub, b_idx = np.unique(np.array(bases, dtype=object), return_inverse=True)
+    uk, k_idx = np.unique(np.array([x.kind for x in xnodes], dtype=object), return_inverse=True)
+    table = np.array([[b in _COMPAT.get(k, ()) for k in uk] for b in ub], dtype=bool).reshape(len(ub), len(uk))
+    compat = table[b_idx.reshape(-1)][:, k_idx.reshape(-1)].reshape(n_ops, n_x)
     multi = np.array([x.kind in _MULTI for x in xnodes], dtype=bool)
     skip = np.array([_SKIP_VANISH if x.kind in _VANISH else _SKIP for x in xnodes], dtype=np.int64)
     ins = np.array([_INS if b in _INSERTABLE else _INS_ODD for b in bases], dtype=np.int64)
     g_f, a_f = _forward(compat, multi, skip, ins)
     g_r, a_r = _forward(compat[::-1, ::-1], multi[::-1], skip[::-1], ins[::-1])
     best = a_f[n_ops, n_x]
+    g_back, a_back = g_r[::-1, ::-1], a_r[::-1, ::-1]  # [i, j]: the suffix from op i, XNode j
+    # through "op i on XNode j": the prefix ending with it plus the suffix starting with it, op i
+    # counted in both (a run of ops on one XNode scores 2 + 1 per extra op either way)
+    through = g_f[1:, 1:] + g_back[:n_ops, :n_x] - _MATCH
+    through_ins = (a_f[:n_ops, :] + a_back[1:, :]).max(axis=1) + ins
+    on = through == best
+    n_on = on.sum(axis=1)
+    ins_best = through_ins == best
     out: list[int | None] = []
-    for i in range(n_ops):
-        # through "op i on XNode j": the prefix ending with it plus the suffix starting with it,
-        # op i counted in both (a run of ops on one XNode scores 2 + 1 per extra op either way)
-        through = g_f[i + 1, 1:] + g_r[n_ops - i, n_x - np.arange(n_x)] - _MATCH
-        through_ins = (a_f[i, :] + ins[i] + a_r[n_ops - i - 1, n_x - np.arange(n_x + 1)]).max()
-        on = np.flatnonzero(through == best)
-        if on.size == 1 and through_ins != best:
-            out.append(int(on[0]))
-        elif on.size == 0 and through_ins == best:
-            out.append(-1)
-        else:
-            out.append(None)
+    for i, j in enumerate(on.argmax(axis=1).tolist()):
+        out.append(j if n_on[i] == 1 and not ins_best[i] else -1 if n_on[i] == 0 and ins_best[i] else None)
     return out
 
 

@@ -306,10 +306,11 @@ def _short_path(path: str) -> str:
 _CONV_KINDS = {"Conv2d", "DepthwiseConv2d", "ConvTranspose2d"}
 
 
-def check_against_program(et: Etrecord, program: bytes) -> list[str]:
-    """Sentences naming each way `et` disagrees with `program` (a .pte); [] when it belongs to it."""
+def check_against_program(et: Etrecord, program: bytes, *, calls: dict[str, list[Call]] | None = None) -> list[str]:
+    """Sentences naming each way `et` disagrees with `program` (a .pte); [] when it belongs to it.
+    `calls`: program_calls(program) where the caller has it already."""
     try:
-        calls = program_calls(program)
+        calls = program_calls(program) if calls is None else calls
     except PteError as e:
         return [f"the model cannot be read to check the ETRecord against it: {e}"]
     problems: list[str] = []
