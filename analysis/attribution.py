@@ -298,7 +298,8 @@ def _align(types: list[str], xnodes: tuple[XNode, ...]) -> list[int | None]:
     ins_best = through_ins == best
     out: list[int | None] = []
     for i, j in enumerate(on.argmax(axis=1).tolist()):
-        out.append(j if n_on[i] == 1 and not ins_best[i] else -1 if n_on[i] == 0 and ins_best[i] else None)
+        inserted = n_on[i] == 0 and ins_best[i] and bases[i] in _INSERTABLE  # else no XNode can run it: unknown
+        out.append(j if n_on[i] == 1 and not ins_best[i] else -1 if inserted else None)
     return out
 
 

@@ -170,3 +170,21 @@ def test_a_program_that_cannot_be_read_is_one_sentence_not_an_exception(attribut
     _, record = attributed_model("ln_net")
     (problem,) = check_against_program(read_etrecord(record.read_bytes()), b"\x00" * 64)
     assert "cannot be read" in problem
+
+
+@pytest.mark.parametrize("types, kinds, expected", [
+    # a fused Clamp has no event; a 1x1 convolution runs as Fully Connected
+    (["Convolution (NHWC, F32) IGEMM", "Fully Connected (NC, F32) GEMM"], ["Conv2d", "Clamp", "Conv2d"], [0, 2]),
+    # a Convert the runtime inserted has no XNode (-1); a Concatenate runs as one Copy per input
+    (["Convert (NC, F32, F16)", "Fully Connected (NC, F16) GEMM", "Copy (NC, X16)", "Copy (NC, X16)"],
+     ["FullyConnected", "Concatenate2"], [-1, 0, 1, 1]),
+    # two Transposes for one XNode: either could be the inserted one, so neither is named
+    (["Transpose (ND, X32)", "Transpose (ND, X32)", "Add (ND)"], ["StaticTranspose", "Add"], [None, None, 1]),
+    # an event no XNode can run is never forced onto one
+    (["Softmax (NC, F32)"], ["Add"], [None]),
+])
+def test_the_alignment_names_an_xnode_only_where_every_best_alignment_agrees(types, kinds, expected):
+    from sme2farm.analysis.attribution import _align
+    from sme2farm.analysis.xnnpack_payload import XNode
+
+    assert _align(types, tuple(XNode(k, i + 1) for i, k in enumerate(kinds))) == expected
