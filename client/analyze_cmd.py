@@ -287,8 +287,8 @@ def _flag_mismatch(report: dict, args: argparse.Namespace) -> None:
 def by_module_text(report: dict, *, modules: int = 8, rows: int = 8) -> str:
     """A few lines: the heaviest modules (depth 1 and 2) and call sites, from an attributed report."""
     by_module = report.get("by_module") or []
-    if not by_module:
-        return ""
+    if not by_module or report.get("emulator"):  # an emulator's times are no speed figure: the text shows
+        return ""                                # its kernel path per module instead (render_text)
     status = report["attribution"]["status"]
     lines = ["", f"time by module ({status}, {report['attribution']['attributed_share']:.0%} of operator time; "
                  "mean ms per iteration, share of E2E):"]
