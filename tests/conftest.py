@@ -6,3 +6,4 @@ from _fixtures_farm import *  # noqa: F401,F403
 from _fixtures_services import *  # noqa: F401,F403
 from _fixtures_emulator import *  # noqa: F401,F403
 from _fixtures_browser import *  # noqa: F401,F403
+from _fixtures_s3 import *  # noqa: F401,F403

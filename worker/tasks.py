@@ -141,7 +141,10 @@ def _store_outage(task: Any, s: Any, batch: dict[int, Any], run_id: int, experim
     with session_scope(s.sqlalchemy_url) as session:
         deferred = run_service.ingest_deferred(session, runs=batch, retry_in_s=s.ingest_deadline_s)
     log.warning("runs %s: %s; ingest again in %g s", deferred, e, STORE_RETRY_S)
-    app.send_task(TASK_INGEST, args=(run_id, experiment_id), countdown=STORE_RETRY_S)
+    try:
+        app.send_task(TASK_INGEST, args=(run_id, experiment_id), countdown=STORE_RETRY_S)
+    except Exception:  # the broker away too: the reaper sends it once the deadline passes
+        log.exception("could not send the ingest of run %s again", run_id)
     return "store unavailable"
 
 

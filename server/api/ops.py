@@ -126,7 +126,8 @@ async def ready(settings: SettingsDep, response: Response, request: Request, cre
     token (without one it would tell anyone the host, process ids and restart causes)."""
     checks: dict[str, Any] = {}
     parts = await asyncio.gather(_run("database", _database, settings), _run("broker", _broker, settings),
-                                 _run("supervisor", _supervisor, settings), _run("disk", _disk, settings))
+                                 _run("supervisor", _supervisor, settings), _run("disk", _disk, settings),
+                                 _run("store", lambda _s: {"store": request.app.state.store.state()}, settings))
     for part in parts:
         checks.update(part)
     if not checks.get("database", {}).get("ok"):  # beat and agents are read from the database

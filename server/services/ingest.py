@@ -30,7 +30,7 @@ from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
 from sme2farm.server.services.reports import report_parts
 from sme2farm.server.services.runs.ingesting import NotWhatItsArmSays
 from sme2farm.server.store.artifacts import Store
-from sme2farm.server.store.base import etrecord_key, model_key, run_key
+from sme2farm.server.store.base import StoreUnavailable, etrecord_key, model_key, run_key
 from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
 
 
@@ -238,6 +238,8 @@ class Prepared:
         self.error: BaseException | None = None
         try:
             self.result = ingester.analyze(run)
+        except StoreUnavailable:  # not the trace's fault: the ingest is tried again later (worker/tasks.py)
+            raise
         except Exception as e:  # the run service decides what it means (the run fails, saying why)
             self.error = e
 

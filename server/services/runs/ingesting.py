@@ -16,6 +16,7 @@ from sme2farm.protocol import RunStatus
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.runs.status import StateChanged, end, end_run, move
 from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.base import StoreUnavailable
 from sme2farm.server.store.models import Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,8 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, c
     except NotWhatItsArmSays as e:
         log.warning("run %s: %s", run_id, e)
         failure = str(e)
+    except StoreUnavailable:  # the store's outage, not the trace's fault: nothing ends, the ingest is sent again
+        raise
     except Exception as e:
         log.warning("run %s: the ETDump could not be analysed", run_id, exc_info=True)
         failure = f"the ETDump could not be analysed: {_describe(e)}"
@@ -158,6 +161,8 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, c
         try:
             with session.begin_nested():  # a failed insert rolls back to here, not the whole session
                 ingester.store(session, run, analysis)
+        except StoreUnavailable:
+            raise
         except Exception as e:
             log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
             failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
