@@ -71,24 +71,81 @@ def _block_indices(n: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     return (starts[:, :, None] + np.arange(blk)).reshape(n_boot, nb * blk)[:, :n]
 
 
-def _log_stats(x: np.ndarray, stat: str, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Log statistic and its within-session variance for g sessions of equal length (x: (g, n)).
+def _draws(n: int, g: int, stat: str, n_boot: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The block-bootstrap index matrices for g sessions of n iterations, drawn from ``rng`` in
+    chunks that bound a chunk's resamples at 4M floats (a mean of >= ASYMPTOTIC_N iterations draws
+    one resample: its variance is the asymptotic one, no bootstrap)."""
+    if stat != "median" and n >= ASYMPTOTIC_N:
+        n_boot = 1
+    chunk = max(1, min(n_boot, 4_000_000 // max(g * n, 1)))
+    out, done = [], 0
+    while done < n_boot:
+        m = min(chunk, n_boot - done)
+        out.append(_block_indices(n, m, rng))
+        done += m
+    return out
+
+
+BATCH_FLOATS = 4_000_000  # resampled values computed in one batch at most (32 MB)
+
+
+def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str) -> np.ndarray:
+    """Bootstrap statistics of several groups of sessions of one length, each with its own drawn
+    indices (units: (x (g, n), index matrices)), as one (sum g, n_boot) array.
+
+    Chunks of one size are stacked and reduced in one call, each row laid out in memory as
+    ``x[:, idx]`` lays it out when a group is done alone: C order for one session, iterations
+    strided by g for several (numpy's mean adds a C-order row pairwise and a strided one in turn:
+    a last-bit difference). Each row's statistic is then the same computation on the same values,
+    so the replicates are the same bit for bit."""
+    f = {"median": np.median, "mean": np.mean, "trimmed": _trimmed}[stat]
+    n = units[0][0].shape[1]
+    reps = np.empty((sum(x.shape[0] for x, _ in units), sum(i.shape[0] for i in units[0][1])))
+    pieces: dict[tuple[int, bool], list[tuple[int, int, np.ndarray, np.ndarray]]] = {}
+    row = 0
+    for x, draws in units:
+        col = 0
+        for idx in draws:
+            pieces.setdefault((idx.shape[0], x.shape[0] > 1), []).append((row, col, x, idx))
+            col += idx.shape[0]
+        row += x.shape[0]
+    for (m, strided), group in pieces.items():
+        i = 0
+        while i < len(group):
+            batch, size = [], 0
+            while i < len(group) and (not batch or size + group[i][2].size * m <= BATCH_FLOATS):
+                batch.append(group[i])
+                size += group[i][2].size * m
+                i += 1
+            if len(batch) == 1:
+                r = batch[0][2][:, batch[0][3]]
+            elif strided:   # (m, n, sum g) in memory, viewed as (sum g, m, n): x[:, idx]'s own layout
+                buf = np.empty((m, n, sum(x.shape[0] for _, _, x, _ in batch)))
+                k = 0
+                for _, _, x, idx in batch:
+                    buf[:, :, k:k + x.shape[0]] = x.T[idx]
+                    k += x.shape[0]
+                r = buf.transpose(2, 0, 1)
+            else:
+                r = np.concatenate([x[:, idx] for _, _, x, idx in batch])
+            stats = f(r, axis=2)                                # (sum g, m)
+            k = 0
+            for r0, c0, x, _ in batch:
+                reps[r0:r0 + x.shape[0], c0:c0 + m] = stats[k:k + x.shape[0]]
+                k += x.shape[0]
+    return reps
+
+
+def _log_stats(x: np.ndarray, stat: str, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Log statistic and its within-session variance for g sessions of equal length (x: (g, n)),
+    given their bootstrap replicates (reps: (g, n_boot), :func:`_replicates`).
 
     The variance is ((q97.5 - q2.5) / (2 * 1.96))^2 of the block-bootstrap log statistics: the
     central 95% of the replicates, robust to the median's discrete bootstrap distribution."""
     g, n = x.shape
+    n_boot = reps.shape[1]
     f = {"median": np.median, "mean": np.mean, "trimmed": _trimmed}[stat]
     s = f(x, axis=1)
-    if stat != "median" and n >= ASYMPTOTIC_N:
-        n_boot = 1  # a mean's (trimmed or not) sampling variance is its asymptotic one here: no bootstrap
-    reps = np.empty((g, n_boot))
-    chunk = max(1, min(n_boot, 4_000_000 // max(g * n, 1)))
-    done = 0
-    while done < n_boot:
-        m = min(chunk, n_boot - done)
-        r = x[:, _block_indices(n, m, rng)]                    # (g, m, n)
-        reps[:, done:done + m] = f(r, axis=2)
-        done += m
     # medians of positive latencies are > 0; a mean of category times can resample to 0
     with np.errstate(divide="ignore"):
         lr = np.log(np.maximum(reps, 1e-300))
@@ -139,16 +196,42 @@ def summarize(sessions, *, stat: str = "median", n_boot: int = N_BOOT, seed: int
               rng: np.random.Generator | None = None) -> ArmStats:
     """Summarise an arm's sessions once (the expensive bootstrap); :func:`verdict` takes the
     result in place of the sessions, so one arm can be compared several ways cheaply."""
-    rng = rng if rng is not None else np.random.default_rng(seed)
-    clean = [_clean(x, allow_zero=stat != "median") for x in as_sessions(sessions)]
-    keep = [i for i, x in enumerate(clean) if x.size >= MIN_ITERATIONS]
-    m = np.full(len(clean), np.nan)
-    w = np.full(len(clean), np.nan)
-    for size in sorted({clean[i].size for i in keep}):
-        idx = [i for i in keep if clean[i].size == size]
-        m[idx], w[idx] = _log_stats(np.stack([clean[i] for i in idx]), stat, n_boot, rng)
-    ok = [i for i in keep if np.isfinite(m[i]) and np.isfinite(w[i])]
-    return ArmStats(m[ok], w[ok], [int(clean[i].size) for i in ok], len(clean) - len(ok), stat, ok)
+    return summarize_many([(sessions, rng if rng is not None else np.random.default_rng(seed))],
+                          stat=stat, n_boot=n_boot)[0]
+
+
+def summarize_many(arms, *, stat: str = "median", n_boot: int = N_BOOT) -> list[ArmStats]:
+    """:func:`summarize` of several arms at once, ``arms`` a list of (sessions, seed or Generator).
+    Each arm draws from its own stream, in its order, exactly the resamples summarize() draws
+    (arms sharing a Generator draw one after the other); the statistics of all resamples of one
+    session length are then computed in a few batched calls. The same ArmStats, bit for bit."""
+    units = []   # (arm, session indices, x (g, n), drawn indices)
+    arm_clean = []
+    for a, (sessions, rng) in enumerate(arms):
+        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        clean = [_clean(x, allow_zero=stat != "median") for x in as_sessions(sessions)]
+        keep = [i for i, x in enumerate(clean) if x.size >= MIN_ITERATIONS]
+        arm_clean.append((clean, keep))
+        for size in sorted({clean[i].size for i in keep}):
+            idx = [i for i in keep if clean[i].size == size]
+            units.append((a, idx, np.stack([clean[i] for i in idx]), _draws(size, len(idx), stat, n_boot, rng)))
+    m = [np.full(len(clean), np.nan) for clean, _ in arm_clean]
+    w = [np.full(len(clean), np.nan) for clean, _ in arm_clean]
+    by_shape: dict[tuple[int, int], list] = {}
+    for u in units:
+        by_shape.setdefault((u[2].shape[1], sum(d.shape[0] for d in u[3])), []).append(u)
+    for group in by_shape.values():
+        x = group[0][2] if len(group) == 1 else np.concatenate([u[2] for u in group])
+        ms, ws = _log_stats(x, stat, _replicates([(u[2], u[3]) for u in group], stat))
+        k = 0
+        for a, idx, xu, _ in group:
+            m[a][idx], w[a][idx] = ms[k:k + xu.shape[0]], ws[k:k + xu.shape[0]]
+            k += xu.shape[0]
+    out = []
+    for a, (clean, keep) in enumerate(arm_clean):
+        ok = [i for i in keep if np.isfinite(m[a][i]) and np.isfinite(w[a][i])]
+        out.append(ArmStats(m[a][ok], w[a][ok], [int(clean[i].size) for i in ok], len(clean) - len(ok), stat, ok))
+    return out
 
 
 def stats_of(sessions, stat: str, n_boot: int, rng) -> tuple[np.ndarray, np.ndarray, list[int], int]:

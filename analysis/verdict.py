@@ -67,7 +67,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from sme2farm.analysis.noise import NoiseModel, as_noise_model
-from sme2farm.analysis.sessions import MIN_ITERATIONS, N_BOOT, STATS, stats_of, within_df
+from sme2farm.analysis.sessions import MIN_ITERATIONS, N_BOOT, STATS, ArmStats, stats_of, summarize_many, within_df
 from sme2farm.analysis.special import t_quantile
 
 # The smallest relative difference claimed. The wire contract's default (protocol
@@ -170,6 +170,10 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
     model = as_noise_model(noise) or NoiseModel.default()
     la, lb = labels
     rng = np.random.default_rng(seed)
+    if not isinstance(base_sessions, ArmStats) and not isinstance(cand_sessions, ArmStats):
+        # both arms' bootstraps in one batch; the baseline draws first from the stream, as before
+        base_sessions, cand_sessions = summarize_many([(base_sessions, rng), (cand_sessions, rng)], stat=stat,
+                                                      n_boot=n_boot)
     mb, wb, nb, db = stats_of(base_sessions, stat, n_boot, rng)
     mc, wc, nc, dc = stats_of(cand_sessions, stat, n_boot, rng)
     margin = [1.0 / (1.0 + min_effect), 1.0 + min_effect]

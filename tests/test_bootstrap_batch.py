@@ -1,0 +1,294 @@
+"""The batched bootstraps (sessions.summarize_many, compare's part verdicts resolved together) give
+exactly what one arm at a time gave: the same resamples drawn from the same streams, and the same
+numbers bit for bit, on random arms of every shape and on real comparisons of real ETDumps.
+
+The reference is the one-arm-at-a-time implementation as it was before the batching, kept here
+verbatim (``_old_log_stats``, ``_old_summarize``, ``_old_part_verdict``)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+
+import numpy as np
+import pytest
+
+from sme2farm.analysis import analyze
+from sme2farm.analysis.noise import NoiseModel
+from sme2farm.analysis.sessions import (ASYMPTOTIC_N, MIN_ITERATIONS, N_BOOT, TRIM, ArmStats, _block_indices, _clean,
+                                        _trimmed, _winsorized, as_sessions, summarize, summarize_many)
+
+from _fixtures_analysis import make_real_trace
+
+# the modules, not the functions of the same names that sme2farm.analysis exports
+compare_mod = importlib.import_module("sme2farm.analysis.compare")
+verdict_mod = importlib.import_module("sme2farm.analysis.verdict")
+sessions_mod = importlib.import_module("sme2farm.analysis.sessions")
+
+
+# ---- the reference: one arm at a time, as before the batching ----------------------------------
+
+def _old_log_stats(x: np.ndarray, stat: str, n_boot: int, rng: np.random.Generator):
+    g, n = x.shape
+    f = {"median": np.median, "mean": np.mean, "trimmed": _trimmed}[stat]
+    s = f(x, axis=1)
+    if stat != "median" and n >= ASYMPTOTIC_N:
+        n_boot = 1
+    reps = np.empty((g, n_boot))
+    chunk = max(1, min(n_boot, 4_000_000 // max(g * n, 1)))
+    done = 0
+    while done < n_boot:
+        m = min(chunk, n_boot - done)
+        r = x[:, _block_indices(n, m, rng)]
+        reps[:, done:done + m] = f(r, axis=2)
+        done += m
+    with np.errstate(divide="ignore"):
+        lr = np.log(np.maximum(reps, 1e-300))
+    lo, hi = np.quantile(lr, [0.025, 0.975], axis=1) if n_boot > 1 else (np.zeros(g), np.zeros(g))
+    boot = ((hi - lo) / (2 * 1.959963984540054)) ** 2
+    if stat == "median":
+        lx = np.log(x)
+        med = np.median(lx, axis=1, keepdims=True)
+        mad = 1.4826 * np.median(np.abs(lx - med), axis=1)
+        asym = (math.pi / 2) * mad ** 2 / n
+        driver = (lx > med).astype(np.float64)
+    else:
+        y = _winsorized(x) if stat == "trimmed" else x
+        scale = (1 - 2 * TRIM) ** 2 if stat == "trimmed" else 1.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            asym = (y.std(axis=1, ddof=1) / s) ** 2 / (n * scale) if n > 1 else np.zeros(g)
+        driver = y
+    if n >= 4:
+        c = driver - driver.mean(axis=1, keepdims=True)
+        den = (c * c).sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(den > 0, (c[:, 1:] * c[:, :-1]).sum(axis=1) / den, 0.0)
+        r = np.clip(r, -0.5, 0.9)
+        asym = asym * (1 + r) / (1 - r)
+    with np.errstate(divide="ignore"):
+        return np.log(s), np.maximum(boot, asym)
+
+
+def _old_summarize(sessions, *, stat: str = "median", n_boot: int = N_BOOT, seed: int = 0, rng=None) -> ArmStats:
+    rng = rng if rng is not None else np.random.default_rng(seed)
+    clean = [_clean(x, allow_zero=stat != "median") for x in as_sessions(sessions)]
+    keep = [i for i, x in enumerate(clean) if x.size >= MIN_ITERATIONS]
+    m = np.full(len(clean), np.nan)
+    w = np.full(len(clean), np.nan)
+    for size in sorted({clean[i].size for i in keep}):
+        idx = [i for i in keep if clean[i].size == size]
+        m[idx], w[idx] = _old_log_stats(np.stack([clean[i] for i in idx]), stat, n_boot, rng)
+    ok = [i for i in keep if np.isfinite(m[i]) and np.isfinite(w[i])]
+    return ArmStats(m[ok], w[ok], [int(clean[i].size) for i in ok], len(clean) - len(ok), stat, ok)
+
+
+def _old_part_verdict(base, cand, name, model, seed, kw) -> dict:
+    for arm, sessions in ((kw["labels"][0], base), (kw["labels"][1], cand)):
+        if compare_mod._below_resolution(sessions):
+            return {"speedup": None, "verdict": None,
+                    "sentence": f"{name} is below the timer's resolution in {arm} (under "
+                                f"{compare_mod.RESOLUTION_MS * 1000:g} us per iteration, or zero in most iterations): "
+                                "no verdict"}
+    sb = _old_summarize(base, stat="trimmed", n_boot=compare_mod.N_BOOT_PARTS, seed=seed)
+    sc = _old_summarize(cand, stat="trimmed", n_boot=compare_mod.N_BOOT_PARTS, seed=seed + 100)
+    v = verdict_mod.verdict(sb, sc, noise=model.for_metric(name) if model else None, stat="trimmed", **kw)
+    if v.ratio is None:
+        return {"speedup": None, "verdict": v.verdict, "sentence": v.sentence}
+    return {"baseline_ms": float(np.exp(np.mean(sb.log_stat))), "candidate_ms": float(np.exp(np.mean(sc.log_stat))),
+            "speedup": v.ratio, "ci_low": v.ci_low, "ci_high": v.ci_high, "verdict": v.verdict,
+            "significant": v.significant, "sentence": v.sentence}
+
+
+class _OldParts:
+    """compare()'s part verdicts one at a time, each as soon as it is asked for (the old flow)."""
+
+    def __init__(self, model, kw):
+        self.model, self.kw = model, kw
+
+    def add(self, entry, base, cand, name, seed):
+        entry.update(_old_part_verdict(base, cand, name, self.model, seed, self.kw))
+
+    def resolve(self):
+        pass
+
+
+def _one_at_a_time(arms, *, stat, n_boot):
+    return [_old_summarize(s, stat=stat, n_boot=n_boot,
+                           rng=r if isinstance(r, np.random.Generator) else np.random.default_rng(r)) for s, r in arms]
+
+
+def _same(a: ArmStats, b: ArmStats) -> bool:
+    return (a.log_stat.tobytes() == b.log_stat.tobytes() and a.within_var.tobytes() == b.within_var.tobytes()
+            and a.n == b.n and a.dropped == b.dropped and a.kept == b.kept and a.stat == b.stat)
+
+
+def _exact(obj) -> str:
+    """JSON with every float written to its last bit (json writes repr: shortest round-trip)."""
+    return json.dumps(obj, sort_keys=True, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o))
+
+
+# ---- random arms of every shape -----------------------------------------------------------------
+
+def _random_arm(g: np.random.Generator) -> list[np.ndarray]:
+    """1-5 sessions; equal lengths (one batch of several sessions, laid out strided) or mixed; a
+    session too short to use; zeros (a category idle in some iterations); a NaN; lengths past
+    ASYMPTOTIC_N; 2,500 iterations x 5 sessions, whose median bootstrap is drawn in several chunks."""
+    k = int(g.integers(1, 6))
+    n = int(g.choice([3, 5, 7, 16, 20, 33, 150, ASYMPTOTIC_N, 450, 2500]))
+    lengths = [n] * k if g.random() < 0.6 else [int(g.choice([4, 5, 20, 64, 300])) for _ in range(k)]
+    arm = []
+    for size in lengths:
+        x = g.lognormal(-3.0, 0.4, size)
+        if g.random() < 0.3:
+            x[g.integers(0, size, max(1, size // 10))] = 0.0
+        if g.random() < 0.2:
+            x[0] = np.nan
+        arm.append(x)
+    return arm
+
+
+@pytest.mark.parametrize("stat", ["median", "trimmed", "mean"])
+def test_summarize_many_is_one_arm_at_a_time_bit_for_bit(stat):
+    g = np.random.default_rng({"median": 1, "trimmed": 2, "mean": 3}[stat])
+    checked = strided = 0
+    for _ in range(25):
+        arms = [_random_arm(g) for _ in range(int(g.integers(1, 7)))]
+        n_boot = int(g.choice([57, 1000, 2000]))
+        seeds = [int(g.integers(0, 2**31)) for _ in arms]
+        got = summarize_many(list(zip(arms, seeds)), stat=stat, n_boot=n_boot)
+        for arm, seed, new in zip(arms, seeds, got):
+            assert _same(new, _old_summarize(arm, stat=stat, n_boot=n_boot, seed=seed))
+            assert _same(summarize(arm, stat=stat, n_boot=n_boot, seed=seed), new)
+            checked += 1
+            sizes = [len(x) for x in arm]
+            strided += any(sizes.count(s) > 1 for s in sizes)
+    assert checked > 60 and strided > 10   # the batches held several sessions of one length often
+
+
+@pytest.mark.parametrize("stat", ["median", "trimmed", "mean"])
+def test_arms_of_several_equal_sessions_batched_together(stat):
+    """What compare() batches with several runs per arm: every part of the arm has the same k
+    sessions of n iterations (k > 1: x[:, idx] lays those out strided, which the batch must keep),
+    beside an arm of one session (laid out in C order)."""
+    g = np.random.default_rng(8)
+    for k, n in ((2, 20), (3, 30), (4, 7), (3, ASYMPTOTIC_N + 1)):
+        arms = [[g.lognormal(-4, 0.6, n)]] + [[g.lognormal(-4, 0.6, n) for _ in range(k)] for _ in range(6)]
+        got = summarize_many([(a, 100 + i) for i, a in enumerate(arms)], stat=stat, n_boot=1000)
+        assert all(_same(new, _old_summarize(a, stat=stat, n_boot=1000, seed=100 + i))
+                   for i, (a, new) in enumerate(zip(arms, got)))
+
+
+def _old_replicates(x: np.ndarray, stat: str, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """The bootstrap statistics _old_log_stats computes before it takes their quantiles."""
+    g, n = x.shape
+    f = {"median": np.median, "mean": np.mean, "trimmed": _trimmed}[stat]
+    if stat != "median" and n >= ASYMPTOTIC_N:
+        n_boot = 1
+    reps = np.empty((g, n_boot))
+    chunk = max(1, min(n_boot, 4_000_000 // max(g * n, 1)))
+    done = 0
+    while done < n_boot:
+        m = min(chunk, n_boot - done)
+        reps[:, done:done + m] = f(x[:, _block_indices(n, m, rng)], axis=2)
+        done += m
+    return reps
+
+
+@pytest.mark.parametrize("stat", ["median", "trimmed", "mean"])
+def test_replicates_of_mixed_groups_are_the_same_bit_for_bit(stat):
+    """The replicates themselves (the variance floor can hide a difference in them): groups of one
+    session and of several, in every order, reduced in one batch."""
+    g = np.random.default_rng(12)
+    for n in (8, 20, 33):
+        sizes = [1, 3, 1, 2, 4, 1]
+        xs = [g.lognormal(-4, 0.6, (k, n)) for k in sizes]
+        units = [(x, sessions_mod._draws(n, x.shape[0], stat, 1000, np.random.default_rng(i))) for i, x in enumerate(xs)]
+        ref = np.concatenate([_old_replicates(x, stat, 1000, np.random.default_rng(i)) for i, x in enumerate(xs)])
+        assert sessions_mod._replicates(units, stat).tobytes() == ref.tobytes()
+
+
+def test_resamples_drawn_in_chunks_are_batched_chunk_by_chunk():
+    """Five 2,500-iteration sessions: the median's 2,000 resamples are drawn 320 at a time (the last
+    chunk 80), and two such arms are reduced together chunk by chunk."""
+    g = np.random.default_rng(6)
+    arms = [[g.lognormal(0, 0.2, 2500) for _ in range(5)] for _ in range(2)] + [[g.lognormal(0, 0.2, 2500)]]
+    got = summarize_many([(a, i) for i, a in enumerate(arms)], stat="median", n_boot=2000)
+    assert all(_same(new, _old_summarize(a, seed=i)) for i, (a, new) in enumerate(zip(arms, got)))
+
+
+def test_arms_sharing_a_stream_draw_in_order():
+    """verdict() draws the baseline's resamples, then the candidate's, from one stream."""
+    g = np.random.default_rng(9)
+    base, cand = [g.lognormal(0, 0.1, 20) for _ in range(3)], [g.lognormal(0, 0.1, 20)]
+    rng = np.random.default_rng(5)
+    nb, nc = summarize_many([(base, rng), (cand, rng)], stat="median", n_boot=2000)
+    ref = np.random.default_rng(5)
+    assert _same(nb, _old_summarize(base, rng=ref)) and _same(nc, _old_summarize(cand, rng=ref))
+    assert rng.random() == ref.random()   # both streams left at the same place
+
+
+def test_verdict_on_sessions_is_unchanged():
+    g = np.random.default_rng(4)
+    base = [g.lognormal(-2, 0.05, 30) for _ in range(3)]
+    cand = [g.lognormal(-2.5, 0.05, 30) for _ in range(2)] + [g.lognormal(-2.5, 0.05, 25)]
+    noise = NoiseModel(0.01, 50)
+    new = verdict_mod.verdict(base, cand, seed=7, noise=noise)
+    ref = verdict_mod.verdict(_old_summarize(base, rng=np.random.default_rng(7)),
+                              _old_summarize(cand, rng=_after(base, 7)), seed=7, noise=noise)
+    assert _exact(new.to_dict()) == _exact(ref.to_dict())
+    assert new.verdict == "speedup"   # a real difference, so the test compares a verdict that says something
+
+
+def _after(base, seed: int) -> np.random.Generator:
+    """The stream of `seed` after the baseline's draws (where verdict() draws the candidate's)."""
+    rng = np.random.default_rng(seed)
+    _old_summarize(base, rng=rng)
+    return rng
+
+
+# ---- real comparisons ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_reports() -> dict[str, list[dict]]:
+    """analyze() reports of real ETDumps from the ExecuTorch runtime: three runs (sessions) each of
+    toy_cnn and of the portable-heavy zoo (30 iterations), and one 401-iteration cnn_blocks run,
+    whose odd and even iterations are an A/A pair of ASYMPTOTIC_N or more iterations each."""
+    out = {name: [analyze(make_real_trace(name, tag=f"-batch{i}").read_bytes()) for i in range(3)]
+           for name in ("toy_cnn", "zoo")}
+    out["cnn_blocks"] = [analyze(make_real_trace("cnn_blocks", iterations=401, blocks=4).read_bytes(), skip_first=1)]
+    return out
+
+
+def _half(report: dict, parity: int) -> dict:
+    """One report's odd or even iterations as a report of their own (every per-iteration series)."""
+    r = dict(report)
+    r["iterations_ms"] = report["iterations_ms"][parity::2]
+    r["category_iterations_ms"] = {c: v[parity::2] for c, v in (report.get("category_iterations_ms") or {}).items()}
+    r["operator_iterations_ms"] = {o: v[parity::2] for o, v in (report.get("operator_iterations_ms") or {}).items()}
+    return r
+
+
+def _pairs(reports):
+    toy, zoo, blocks = reports["toy_cnn"], reports["zoo"], reports["cnn_blocks"][0]
+    return [
+        ("one session each", [toy[0]], [toy[1]], None),
+        ("three sessions against two", toy, zoo[:2], None),
+        ("three sessions each, a learned noise model", zoo, toy, NoiseModel(0.02, 40)),
+        ("a session against itself", [zoo[2]], [zoo[2]], None),
+        ("odd and even iterations of a long run", [_half(blocks, 0)], [_half(blocks, 1)], None),
+    ]
+
+
+def test_real_comparisons_are_the_same_bit_for_bit(real_reports, monkeypatch):
+    new = {label: compare_mod.compare(b, c, noise=noise) for label, b, c, noise in _pairs(real_reports)}
+    monkeypatch.setattr(compare_mod, "_Parts", _OldParts)
+    monkeypatch.setattr(verdict_mod, "summarize_many", _one_at_a_time)
+    old = {label: compare_mod.compare(b, c, noise=noise) for label, b, c, noise in _pairs(real_reports)}
+    for label in new:
+        assert _exact(new[label]) == _exact(old[label]), label
+    # what was compared: verdicts on categories and operators, not only empty entries
+    parts = [e for out in new.values() for e in [*out["categories"].values(), *out["operators"].values()]]
+    assert sum(e.get("ci_low") is not None for e in parts) >= 20
+    verdicts = {out["verdict"] for out in new.values()} | {e["verdict"] for e in parts}
+    assert "speedup" in verdicts and len(verdicts - {None}) >= 2
