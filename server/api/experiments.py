@@ -163,6 +163,8 @@ async def import_experiment(request: Request, settings: SettingsDep, store: Stor
     marked imported: `manifest` (its manifest.json, with the device), `model` (the .pte) and
     `etdump.<i>` / `log.<i>` for results[i]. Every trace is analysed as the farm's own; one it
     cannot use refuses the import (422 naming the run) and nothing is stored."""
+    length = request.headers.get("content-length", "")
+    store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507, nothing written
     upload = await receive_import(request, store.tmp, settings.max_upload_mb << 20, settings.max_artifact_mb << 20,
                                   settings.max_etrecord_mb << 20)
     try:
