@@ -21,18 +21,27 @@ def compose() -> dict:
 def test_compose_has_the_production_services_wired_in_order():
     c = compose()
     services = c["services"]
-    assert {"postgres", "redis", "migrate", "server", "worker", "beat"} <= set(services)
-    for name in ("server", "worker", "beat"):
+    farm = ("server", "worker", "worker-2", "beat")
+    assert {"postgres", "redis", "seaweedfs", "migrate", *farm} <= set(services)
+    for name in farm:
         env = services[name]["environment"]
         assert env["SME2_DATABASE_URL"].startswith("postgresql+psycopg://") and "@postgres:5432/" in env["SME2_DATABASE_URL"]
         assert env["SME2_BROKER_URL"].startswith("redis://redis:6379")
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-        assert "farm-data:/data" in services[name]["volumes"]  # server and worker share the artifact store
-    # every container's process is pid 1: the shared metrics directory needs a file name per service
-    assert len({services[n]["environment"]["SME2_METRICS_SLOT"] for n in ("server", "worker", "beat")}) == 3
+        assert env["SME2_ARTIFACT_STORE"].startswith("s3://") and env["SME2_S3_ENDPOINT_URL"] == "http://seaweedfs:8333"
+        assert env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"]  # boto3's chain, from the environment
+    # no two farm containers share a volume: the artifacts are in the bucket, each could be a host of its own
+    mounts = [v.split(":")[0] for n in farm for v in services[n]["volumes"]]
+    assert len(mounts) == len(set(mounts)) == len(farm), mounts
+    assert services["seaweedfs"]["image"].startswith("chrislusf/seaweedfs")
+    assert "-s3" in services["seaweedfs"]["command"] and "seaweed-data:/data" in services["seaweedfs"]["volumes"]
+    for name in ("server", "worker", "worker-2"):
+        assert services[name]["depends_on"]["seaweedfs"]["condition"] == "service_healthy"
+    assert services["worker-2"]["command"] == services["worker"]["command"]
+    assert len({services[n]["environment"]["SME2_METRICS_SLOT"] for n in farm}) == len(farm)
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["server"]["ports"] == ["8000:8000"]
-    assert set(c["volumes"]) >= {"farm-data", "pg-data", "redis-data"}
+    assert set(c["volumes"]) >= {*mounts, "pg-data", "redis-data", "seaweed-data"} and "farm-data" not in c["volumes"]
     # the admin token has no default: compose refuses to start without one
     assert "${SME2_ADMIN_TOKEN:?" in services["server"]["environment"]["SME2_ADMIN_TOKEN"]
 
