@@ -35,6 +35,12 @@ def _migrate(args) -> int:
     return admin.cmd_migrate(args)
 
 
+def _store(args) -> int:
+    from sme2farm.farm import store_cmd
+
+    return store_cmd.cmd_store(args)
+
+
 def _token(args) -> int:
     from sme2farm.farm import admin
 
@@ -66,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
                            help="on a host without SME2, do not add the emulated SME2 device (by default the demo "
                                 "gets the SME2 emulator and the arm64 runner, and runs the model there too)")
     sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=_migrate)
+    st = sub.add_parser("store", help="the artifact store: copy a file farm's artifacts into the S3 bucket")
+    stsub = st.add_subparsers(dest="store_cmd", required=True)
+    sc = stsub.add_parser("copy", help="copy the data dir's models, inputs, ETRecords, run artifacts and reports into "
+                                       "SME2_ARTIFACT_STORE=s3://... (idempotent, digests checked)")
+    sc.add_argument("--from", dest="source", help="the file farm's data dir (default: --data-dir)")
+    st.set_defaults(fn=_store)
     t = sub.add_parser("token", help="API tokens: create, list, revoke")
     user_scopes = ["read", "submit", "admin", "register"]
     # the older form, `token --name N --scope S`, creates (scope `user` = submit)

@@ -195,3 +195,34 @@ def test_an_outage_of_the_store_loses_nothing_and_fails_no_run(
     assert _status(api, rid)[0] == "succeeded", _status(api, rid)
     assert f"farm/artifacts/runs/{rid}/1/{REPORT_JSON}" in seaweedfs.objects(s3_bucket)
     assert submit(api, pte)["runs"]                              # uploads are taken again
+
+
+def test_a_file_farms_artifacts_are_copied_into_the_bucket_once_with_digests_checked(
+        seaweedfs, s3_bucket, tmp_path, monkeypatch, capsys):
+    from sme2farm.farm.cli import main
+    from sme2farm.server.store.artifacts import Store
+
+    data = tmp_path / "farm"
+    files = Store(data)
+    model = b"a model" * 100
+    sha = hashlib.sha256(model).hexdigest()
+    files.keep_model(_spooled(files, model), sha)
+    files.write_artifact(3, TRACE, b"a trace", attempt=1)
+    files.put("reports/9/default-ab.json", b"{}")
+    for k, v in seaweedfs.env(s3_bucket).items():
+        monkeypatch.setenv(k, v)
+
+    assert main(["--data-dir", str(data), "store", "copy"]) == 0
+    assert "3 copied, 0 already" in capsys.readouterr().out
+    store = _store(seaweedfs, s3_bucket, tmp_path)
+    assert store.read_bytes(files.model_path(sha).relative_to(data).as_posix()) == model
+    assert store.read_bytes(f"artifacts/runs/3/1/{TRACE}") == b"a trace"
+
+    files.write_artifact(4, TRACE, b"arrived meanwhile", attempt=1)   # the farm ran on: a second pass takes it
+    damaged = files.model_path("ab" * 32)
+    damaged.parent.mkdir(parents=True, exist_ok=True)
+    damaged.write_bytes(b"not the bytes of its name")
+    assert main(["--data-dir", str(data), "store", "copy"]) == 1
+    out = capsys.readouterr().out
+    assert "1 copied, 3 already" in out and "1 refused" in out and f"refused models/ab/{'ab' * 32}.pte" in out
+    assert f"farm/models/ab/{'ab' * 32}.pte" not in seaweedfs.objects(s3_bucket)

@@ -186,6 +186,14 @@ class ArtifactStore(ABC):
 
     # -- what the farm asks, in its words -----------------------------------------------------
 
+    def digest(self, key: str) -> str | None:
+        """The sha256 of the object's bytes, None when there is none."""
+        try:
+            with self.open(key) as f:
+                return sha256_of(f)[1]
+        except FileNotFoundError:
+            return None
+
     def exists(self, key: str) -> bool:
         return self.size(key) is not None
 

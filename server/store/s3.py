@@ -140,6 +140,14 @@ class S3Store(ArtifactStore):
         self._call("put_object", Key=self._key(key), Body=data, Metadata={"sha256": sha})
         return len(data), sha
 
+    def digest(self, key: str) -> str | None:
+        """The sha256 the object was written with (its metadata, one HEAD); one written without it
+        is hashed from its bytes."""
+        head = self._head(key)
+        if head is None:
+            return None
+        return head[1] or super().digest(key)
+
     def size(self, key: str) -> int | None:
         head = self._head(key)
         return None if head is None else head[0]
