@@ -286,8 +286,10 @@ class FarmClient:
         params = {"with": ",".join(map(str, joined))} if joined else {}
         return self._check(self.http.get(f"/experiments/{experiment_id}/charts/scaling.svg", params=params)).text
 
-    def experiments(self, page: int = 1, page_size: int = 20) -> ExperimentPage:
-        r = self.http.get("/experiments", params={"page": page, "page_size": page_size})
+    def experiments(self, page: int = 1, page_size: int = 20, owner: str | None = None) -> ExperimentPage:
+        """A page of experiments; `owner`: only that user's (`me`: this token's user's)."""
+        params = {"page": page, "page_size": page_size, **({"owner": owner} if owner else {})}
+        r = self.http.get("/experiments", params=params)
         return ExperimentPage.model_validate(self._check(r).json())
 
     def run(self, run_id: int) -> RunReport:

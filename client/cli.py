@@ -124,13 +124,15 @@ def cmd_cancel(args) -> int:
 
 
 def cmd_list(args) -> int:
-    page = connect(args).experiments(page=args.page, page_size=args.page_size)
+    owner = "me" if args.mine else args.owner
+    page = connect(args).experiments(page=args.page, page_size=args.page_size, owner=owner)
     if args.json:
         print(page.model_dump_json(indent=2))
         return 0
-    print(f"{'id':>5}  {'status':<11} {'runs':>4}  {'created':<20} {'model':<14} name")
+    print(f"{'id':>5}  {'status':<11} {'runs':>4}  {'created':<20} {'model':<14} {'owner':<12} name")
     for e in page.items:
-        print(f"{e.id:>5}  {e.status:<11} {e.runs:>4}  {e.created_at:%Y-%m-%d %H:%M:%S}  {e.model_sha256[:12]:<14} {e.name or ''}")
+        print(f"{e.id:>5}  {e.status:<11} {e.runs:>4}  {e.created_at:%Y-%m-%d %H:%M:%S}  {e.model_sha256[:12]:<14} "
+              f"{(e.owner or '-')[:12]:<12} {e.name or ''}")
     print(f"page {page.page} of {max(1, -(-page.total // page.page_size))} ({page.total} experiments)")
     return 0
 
@@ -235,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--page", type=int, default=1)
     ls.add_argument("--page-size", type=int, default=20)
     ls.add_argument("--json", action="store_true")
+    whose = ls.add_mutually_exclusive_group()
+    whose.add_argument("--mine", action="store_true", help="only the experiments this token's user submitted")
+    whose.add_argument("--owner", metavar="USER", help="only this user's experiments")
     ls.set_defaults(fn=cmd_list)
 
     dv = sub.add_parser("devices", help="list the farm's devices")

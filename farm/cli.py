@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     tc.add_argument("--scope", choices=user_scopes + ["user"], default="submit",
                     help="read: GET the API; submit: also submit and cancel; admin: also tokens and agents; "
                          "register: register agents only (agents get their own token then)")
+    tc.add_argument("--user", help="the user it belongs to, made if new (default: one named like the token); its "
+                                   "experiments and suites are that user's")
+    tc.add_argument("--team", help="put the user in this team, made if new: teammates may cancel, delete and "
+                                   "acknowledge each other's work")
     tl = tsub.add_parser("list", help="every token: id, scope, state, creation time, name (never the token)")
     tl.add_argument("--json", action="store_true")
     tl.add_argument("--active", action="store_true", help="leave revoked tokens out")

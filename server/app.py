@@ -55,7 +55,8 @@ def ensure_admin_token(settings: Settings) -> str:
     else:
         token = None
     with session_scope(settings.sqlalchemy_url) as session:
-        token = token_service.create(session, name="admin", scope="admin", token=token)
+        admin = token_service.ensure_user(session, name="admin")  # what was stored before owners is its
+        token = token_service.create(session, name="admin", scope="admin", token=token, user_id=admin.id)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         # Created 0600 in one call: never a moment when the token is in a file others can read.

@@ -78,6 +78,14 @@ class Settings(BaseSettings):
         description="How often agents heartbeat a running run; unset: a third of the lease, at most 10 s (shorter "
                     "than the lease when set)")
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
+    reads_team_only: bool = Field(
+        default=False,
+        description="Confine reads of experiments (the list, a report, its runs) to the token's own team's (an admin "
+                    "token reads all); off: every read token reads everything")
+    webhook_private_ok: bool = Field(
+        default=False,
+        description="Let a suite's webhook point at loopback, link-local, private or other non-public addresses "
+                    "(checked when it is set and again at each delivery, every address its host resolves to)")
     agent_max_claims: int = Field(
         default=4, ge=1,
         description="Claims (long-polls) one agent may hold open at once in one server process; the next is answered "

@@ -8,6 +8,7 @@ body is refused before it is stored when the lease is not the agent's."""
 from __future__ import annotations
 
 import statistics
+from datetime import timedelta
 import threading
 import time
 
@@ -92,7 +93,7 @@ def test_a_dead_agents_name_and_host_register_again(api):
     old = register(api, (HOST,), name="dead", hostname="h6")
     with session_scope(api.settings.sqlalchemy_url) as s:
         s.execute(update(Agent).where(Agent.id == old["agent_id"])
-                  .values(last_seen=utcnow() - __import__("datetime").timedelta(seconds=api.settings.agent_offline_s + 5)))
+                  .values(last_seen=utcnow() - timedelta(seconds=api.settings.agent_offline_s + 5)))
     new = _register(api, api.token, name="dead", hostname="h6")
     assert new.status_code == 200, new.text
     assert new.json()["agent_id"] == old["agent_id"] and new.json()["access_token"] != old["access_token"]
@@ -208,3 +209,23 @@ def test_150_long_polls_from_one_agent_leave_the_users_list_answering(api):
           f"{statistics.median(took) * 1000:.0f} ms, max {max(took) * 1000:.0f} ms; claim answers {statuses}")
     assert statuses.get(429, 0) > 0 and set(statuses) <= {200, 429}
     assert max(took) < 1.0, took
+
+
+def test_an_artifact_body_on_a_lease_not_the_agents_is_refused_before_it_is_read(api, pte):
+    """The lease is checked before the body streams: a PUT whose lease is not this agent's is
+    answered 409 while its body has barely begun (nothing waits for, or writes, the gigabyte)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    token = register(api, (HOST,), name="uploader")["access_token"]
+    run_id = submit(api, pte)["runs"][0]["id"]
+    assert dispatch(api)
+    u = urlsplit(api.url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as sock:
+        sock.sendall((f"PUT /agent/runs/{run_id}/artifacts/trace.etdump HTTP/1.1\r\nHost: {u.netloc}\r\n"
+                      f"Authorization: Bearer {token}\r\nX-Lease-Id: not-this-runs-lease\r\n"
+                      f"X-Content-SHA256: {'0' * 64}\r\nContent-Length: {500 << 20}\r\n\r\n").encode() + b"x" * 1024)
+        answer = sock.recv(4096).decode(errors="replace")   # within the timeout: the rest is never sent
+    assert answer.startswith("HTTP/1.1 409"), answer
+    assert "not_owner" in answer
+    assert not list((api.settings.data_dir / "tmp").glob("*")), "nothing of the body was kept"

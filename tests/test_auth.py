@@ -122,7 +122,8 @@ def test_tokens_are_minted_listed_and_revoked_at_once(api):
     assert api.client.get("/experiments", headers=api.auth(token)).status_code == 200
     listed = api.client.get("/tokens", headers=api.auth()).json()
     row = next(t for t in listed if t["id"] == created["id"])
-    assert row == {k: created[k] for k in ("id", "name", "scope", "agent_id", "created_at", "revoked")}
+    assert row == {k: created[k] for k in ("id", "name", "scope", "agent_id", "created_at", "revoked", "user", "team")}
+    assert (row["user"], row["team"]) == ("ci", None)   # by default a user named like the token
     assert all("token" not in t for t in listed), "the plaintext is shown once, at creation"
     assert not any(token in json.dumps(t) for t in listed)
     r = api.client.delete(f"/tokens/{created['id']}", headers=api.auth())
@@ -166,7 +167,7 @@ def test_token_cli_create_list_revoke(api):
     assert listing.returncode == 0, listing.stderr
     line = next(ln for ln in listing.stdout.splitlines() if "ci-reader" in ln)
     assert "read" in line and token not in listing.stdout
-    assert "submit" in next(ln for ln in listing.stdout.splitlines() if ln.endswith("old-style"))
+    assert "submit" in next(ln for ln in listing.stdout.splitlines() if " old-style" in ln)
     token_id = line.split()[0]
     out = _farm_cli(api, "revoke", token_id)
     assert out.returncode == 0, out.stderr

@@ -36,7 +36,7 @@ def _deliver(db_url, sent) -> list[str]:
         assert task == TASK_ALERT_WEBHOOK
         with session_scope(db_url) as s:
             delivery = alerts.prepare(s, change_id=change_id, public_url="http://farm.example")
-        error = alerts.post(delivery, timeout_s=5.0)
+        error = alerts.post(delivery, timeout_s=5.0, allow_private=True)   # the receiver is on loopback
         with session_scope(db_url) as s:
             states.append(alerts.record(s, change_id=change_id, error=error, max_attempts=3))
     sent.clear()

@@ -366,7 +366,8 @@ def suite_farm(tmp_path_factory, local_runner):
     """A farm whose beat ticks the suites every second and retries webhooks quickly."""
     catalog, _ = local_runner
     f = start_farm(tmp_path_factory.mktemp("suite-farm"), catalog.manifest,
-                   {"SME2_SUITE_TICK_S": "1", "SME2_WEBHOOK_BACKOFF_S": "0.3", "SME2_WEBHOOK_ATTEMPTS": "10"})
+                   {"SME2_SUITE_TICK_S": "1", "SME2_WEBHOOK_BACKOFF_S": "0.3", "SME2_WEBHOOK_ATTEMPTS": "10",
+                    "SME2_WEBHOOK_PRIVATE_OK": "1"})   # its webhook receiver listens on loopback
     yield f
     stop_farm(f.proc)
 

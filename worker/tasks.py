@@ -281,7 +281,7 @@ def deliver_alert(self, change_id: int) -> str:
         delivery = alert_service.prepare(session, change_id=change_id, public_url=s.public_url)
     if delivery is None:
         return "nothing to deliver"
-    error = alert_service.post(delivery, timeout_s=s.webhook_timeout_s)
+    error = alert_service.post(delivery, timeout_s=s.webhook_timeout_s, allow_private=s.webhook_private_ok)
     with session_scope(s.sqlalchemy_url) as session:
         state = alert_service.record(session, change_id=change_id, error=error, max_attempts=s.webhook_attempts)
     if state == "retrying":

@@ -20,7 +20,7 @@ from sqlalchemy import exc as sa_exc
 
 from sme2farm.protocol import Conflict as ConflictBody
 from sme2farm.protocol import Detail
-from sme2farm.server.services.errors import Invalid, NotFound, StateConflict
+from sme2farm.server.services.errors import Forbidden, Invalid, NotFound, StateConflict
 from sme2farm.server.store.base import BelowReserve, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,10 @@ async def _conflict(_request: Request, e: StateConflict) -> JSONResponse:
 
 async def _not_found(_request: Request, e: NotFound) -> JSONResponse:
     return JSONResponse(status_code=404, content={"detail": e.message})
+
+
+async def _forbidden(_request: Request, e: Forbidden) -> JSONResponse:
+    return JSONResponse(status_code=403, content={"detail": e.message})
 
 
 async def _invalid(_request: Request, e: Invalid) -> JSONResponse:
@@ -119,6 +123,7 @@ async def _store_unavailable(request: Request, e: StoreUnavailable) -> JSONRespo
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(Invalid, _invalid)
+    app.add_exception_handler(Forbidden, _forbidden)
     app.add_exception_handler(StateConflict, _conflict)
     app.add_exception_handler(NotFound, _not_found)
     app.add_exception_handler(sa_exc.SQLAlchemyError, _database_error)

@@ -27,7 +27,7 @@ from sme2farm.server.services.programs import validate as validate_program
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import etrecords
 from sme2farm.server.services import experiments as experiment_service
-from sme2farm.server.services import report_comparisons, reports
+from sme2farm.server.services import owners, report_comparisons, reports
 from sme2farm.server.services.reports import RunsDetail
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import imports, submissions
@@ -70,7 +70,7 @@ def parse_spec(raw: str | None) -> ExperimentSpec:
 
 
 @router.post("/experiments", status_code=201, response_model=ExperimentReport, openapi_extra=EXPERIMENT_FORM_OPENAPI)
-async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, _user: UserDep) -> Response:
+async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, user: UserDep) -> Response:
     """Upload a .pte (`model` part) with an optional `inputs` .npz, or a .bpte (its first test case
     of `spec.method` gives the inputs), and a JSON `spec`; one Run per device x sme2 x threads.
     An optional `vs_model` .pte is run interleaved with `model` (A/B, per SME2 arm). An optional
@@ -101,7 +101,7 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
         upload.discard()
         raise
     try:
-        report = await _store_waiting_for_device(request, settings, spec, upload, store)
+        report = await _store_waiting_for_device(request, settings, spec, upload, store, owner_id=user.user_id)
     except experiment_service.NoMatchingDevice as e:
         upload.discard()
         raise HTTPException(422, f"{getattr(e, 'field', 'spec.device')}: {e}")
@@ -114,7 +114,8 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
     return Response(report, status_code=201, media_type="application/json")  # built as JSON by reports.report_json
 
 
-async def _store_waiting_for_device(request: Request, settings, spec: ExperimentSpec, upload, store) -> bytes:
+async def _store_waiting_for_device(request: Request, settings, spec: ExperimentSpec, upload, store, *,
+                                    owner_id: int | None) -> bytes:
     """Store the experiment. When no device matches yet but one is expected (an agent is starting
     or has just registered without devices: device_service.expected says which), re-check every
     DEVICE_RECHECK_S for up to settings.device_wait_s instead of failing at once. Between checks
@@ -123,7 +124,8 @@ async def _store_waiting_for_device(request: Request, settings, spec: Experiment
     waited_for = ""
     while True:
         try:
-            return await run_in_threadpool(_store_or_explain, settings, spec, upload, store, get_transaction(request))
+            return await run_in_threadpool(_store_or_explain, settings, spec, upload, store, get_transaction(request),
+                                           owner_id)
         except experiment_service.BeyondDevice:
             raise  # the devices are there; waiting would not give them more cores
         except experiment_service.NoMatchingDevice as e:
@@ -140,14 +142,15 @@ async def _store_waiting_for_device(request: Request, settings, spec: Experiment
             await asyncio.sleep(DEVICE_RECHECK_S)
 
 
-def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx) -> bytes:
+def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx, owner_id: int | None = None) -> bytes:
     """One attempt in its own transaction; a NoMatchingDevice leaves with `.expected` set (the
     first transaction rolled back, so the check reads in a fresh one)."""
     try:
         with tx() as session:
             exp = submissions.store_experiment(session, spec=spec, upload=upload, store=store,
                                                 max_runs=settings.max_runs_per_experiment,
-                                                device_lost_s=settings.device_lost_s, settle_s=settings.settle_s)
+                                                device_lost_s=settings.device_lost_s, settle_s=settings.settle_s,
+                                                owner_id=owner_id)
             return reports.report_json(session, experiment_id=exp.id)
     except experiment_service.NoMatchingDevice as e:
         with session_scope(settings.sqlalchemy_url) as session:
@@ -193,15 +196,27 @@ async def import_experiment(request: Request, settings: SettingsDep, store: Stor
     return Response(report, status_code=201, media_type="application/json")
 
 
+OwnerQuery = Annotated[str | None, Query(min_length=1, max_length=64,
+                                         description="only this user's experiments; `me`: the caller's")]
+
+
 @router.get("/experiments", response_model=ExperimentPage)
-def list_experiments(session: SessionDep, _user: UserDep, page: Page = 1, page_size: PageSize = 20) -> ExperimentPage:
-    """Experiments, newest first."""
-    rows, total = experiment_service.get_page(session, page=page, page_size=page_size)
-    return ExperimentPage(items=[reports.summary(e, by_status) for e, by_status in rows], total=total, page=page, page_size=page_size)
+def list_experiments(session: SessionDep, settings: SettingsDep, user: UserDep, page: Page = 1,
+                     page_size: PageSize = 20, owner: OwnerQuery = None) -> ExperimentPage:
+    """Experiments, newest first; `owner` a user's name (`me`: this token's user) keeps theirs.
+    With SME2_READS_TEAM_ONLY a token other than an admin's lists its own team's only."""
+    owner_ids = owners.readable_owner_ids(session, token=user, team_only=settings.reads_team_only)
+    if owner is not None:
+        wanted = user.user_id if owner == "me" else owners.id_of(session, name=owner)
+        owner_ids = [wanted] if owner_ids is None or wanted in owner_ids else []
+    rows, total = experiment_service.get_page(session, page=page, page_size=page_size, owner_ids=owner_ids)
+    names = owners.names(session, user_ids=[e.owner_id for e, _ in rows])
+    return ExperimentPage(items=[reports.summary(e, by_status, names.get(e.owner_id)) for e, by_status in rows],
+                          total=total, page=page, page_size=page_size)
 
 
 @router.get("/experiments/{experiment_id}", response_model=ExperimentReport)
-def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store: StoreDep,
+def get_experiment(experiment_id: ExperimentId, tx: TxDep, user: UserDep, store: StoreDep, settings: SettingsDep,
                    runs: RunsDetail | None = None, run_page: Page = 1, run_page_size: RunPageSize = 200) -> Response:
     """The experiment's report. `runs`: full (the default up to 2,000 runs: every run with its
     operators and kernels), summary (the default above: no runs, their aggregates per variant, SME2
@@ -213,6 +228,7 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store
     # A read in its own transaction, ended before the answer is built (a large report takes a
     # while in Python): the connection goes back to the pool meanwhile, not "idle in transaction".
     with tx() as session:
+        owners.require_read(session, token=user, experiment_id=experiment_id, team_only=settings.reads_team_only)
         rows = reports.read_report(session, experiment_id=experiment_id, runs=runs, page=run_page,
                                    page_size=run_page_size, cache_dir=store,
                                    pieces=reports.RUN_PIECES)
@@ -222,13 +238,15 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store
 
 
 @router.get("/experiments/{experiment_id}/comparisons", response_model=ComparisonPage, responses=NOT_FOUND)
-def get_experiment_comparisons(experiment_id: ExperimentId, session: SessionDep, _user: UserDep, page: Page = 1,
+def get_experiment_comparisons(experiment_id: ExperimentId, session: SessionDep, user: UserDep,
+                               settings: SettingsDep, page: Page = 1,
                                page_size: ComparisonPageSize = 20, device: DeviceSerial = None,
                                threads: ThreadCount = None) -> Response:
     """The experiment's comparisons in full (operators, narrative, noise, numerics per output,
     memory), `page_size` at a time, in the report's order; `device` and `threads` keep those of
     one device or thread count. The report's summary answer carries only their headlines
     (comparisons_detail headline). A page past the last has no items."""
+    owners.require_read(session, token=user, experiment_id=experiment_id, team_only=settings.reads_team_only)
     body = report_comparisons.comparisons_page(session, experiment_id=experiment_id, page=page, page_size=page_size,
                                                device=device, threads=threads)
     if body is None:
@@ -263,12 +281,15 @@ def get_experiment_file(experiment_id: ExperimentId, name: str, session: Session
 
 
 @router.post("/experiments/{experiment_id}/cancel", response_model=ExperimentReport, responses=NOT_FOUND)
-def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, _user: UserDep, store: StoreDep) -> Response:
-    """Cancel every run of the experiment (services/runs/status.py cancel: what that does in each state)."""
+def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, user: UserDep, store: StoreDep) -> Response:
+    """Cancel every run of the experiment (services/runs/status.py cancel: what that does in each state).
+    Its owner, a teammate or an admin only (403 naming the rule)."""
     with tx() as session:
         exp = experiment_service.get(session, experiment_id=experiment_id)
         if exp is None:
             raise NotFound(f"experiment {experiment_id} not found")
+        owners.require_change(session, token=user, owner_id=exp.owner_id, what=f"experiment {experiment_id}",
+                              verb="cancel")
         run_service.cancel(session, runs=exp.runs, store=store)
         session.flush()
         return Response(reports.report_json(session, experiment_id=experiment_id), media_type="application/json")

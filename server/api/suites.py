@@ -10,6 +10,8 @@ from sme2farm.protocol import (RegressionRead, SeriesRead, SuiteDeleted, SuiteDe
                                SuiteRunStarted, SuiteSpec, Unprocessable)
 from sme2farm.server.api.deps import MAX_ID, SessionDep, SettingsDep, SuiteName, TxDep, UserDep
 from sme2farm.server.api.errors import CONFLICT, NOT_FOUND
+from sme2farm.server.services import alerts as alert_service
+from sme2farm.server.services import owners
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services import tokens as token_service
 
@@ -30,10 +32,25 @@ def _needs_admin(user, what: str, why: str = "") -> None:
         raise HTTPException(403, f"{what} needs an admin token, not a {scope} token{why}")
 
 
-def _webhook_needs_admin(user) -> None:
+def _webhook_needs_admin(user, url: str | None, settings) -> None:
     """The server POSTs to a suite's webhook from inside the farm's network: only an admin may
-    point it somewhere (a submit token could otherwise make it call internal addresses)."""
+    point it somewhere (a submit token could otherwise make it call internal addresses), and only
+    at public addresses unless SME2_WEBHOOK_PRIVATE_OK (checked again at every delivery)."""
     _needs_admin(user, "setting or changing a suite's webhook", " (the server POSTs to it from inside the farm)")
+    if url and url.strip():
+        alert_service.webhook_addresses(url.strip(), allow_private=settings.webhook_private_ok)
+
+
+def _as_seen_by(user, read):
+    """What a non-admin token sees of a suite's webhook and its deliveries: that there is one and
+    how it went, never its host, port or the errors met (they would map the farm's network)."""
+    if token_service.canonical(user.scope) == "admin":
+        return read
+    if isinstance(read, SuiteRead) and read.webhook:
+        return read.model_copy(update={"webhook": read.webhook.split("//", 1)[0] + "//…"})
+    if isinstance(read, RegressionRead) and read.webhook.last_error:
+        return read.model_copy(update={"webhook": read.webhook.model_copy(update={"last_error": "not delivered"})})
+    return read
 
 
 def _alerting_needs_admin(suite, user, what: str) -> None:
@@ -45,32 +62,34 @@ def _alerting_needs_admin(suite, user, what: str) -> None:
 
 @router.post("/suites", status_code=201, response_model=SuiteRead, response_model_exclude_unset=True,
              responses={**CONFLICT, **UNPROCESSABLE})
-def create_suite(spec: SuiteSpec, tx: TxDep, user: UserDep) -> SuiteRead:
+def create_suite(spec: SuiteSpec, tx: TxDep, user: UserDep, settings: SettingsDep) -> SuiteRead:
     """A suite of stored models (by sha256), run on its cron schedule (5 fields, UTC; default
     nightly at 03:00). 409 if the name is taken (ignoring case); 422 naming a missing model, an
     invalid cron, a webhook that is not http(s), a device selector nothing matches, or sme2 'on'
     with no SME2 device among the matching ones (sme2 'both' is accepted with a `warnings` entry:
     only its off series will have points). A webhook needs an admin token (403)."""
     if spec.webhook and spec.webhook.strip():
-        _webhook_needs_admin(user)
+        _webhook_needs_admin(user, spec.webhook, settings)
     with tx() as session:
-        return suite_service.suite_read(suite_service.create(session, spec=spec))
+        suite = suite_service.create(session, spec=spec)
+        suite.owner_id = user.user_id  # the creating token's user (services/owners.py)
+        return suite_service.suite_read(suite)
 
 
 @router.get("/suites", response_model=list[SuiteRead], response_model_exclude_unset=True)
-def list_suites(session: SessionDep, _user: UserDep) -> list[SuiteRead]:
-    return [suite_service.suite_read(s) for s in suite_service.get_all(session)]
+def list_suites(session: SessionDep, user: UserDep) -> list[SuiteRead]:
+    return [_as_seen_by(user, suite_service.suite_read(s)) for s in suite_service.get_all(session)]
 
 
 @router.get("/suites/{name}", response_model=SuiteDetail, response_model_exclude_unset=True, responses=NOT_FOUND)
-def get_suite(name: SuiteName, session: SessionDep, _user: UserDep) -> SuiteDetail:
+def get_suite(name: SuiteName, session: SessionDep, user: UserDep) -> SuiteDetail:
     """The suite and its runs, newest first."""
-    return suite_service.detail(session, suite=suite_service.get(session, name=name))
+    return _as_seen_by(user, suite_service.detail(session, suite=suite_service.get(session, name=name)))
 
 
 @router.patch("/suites/{name}", response_model=SuiteRead, response_model_exclude_unset=True,
               responses={**NOT_FOUND, **UNPROCESSABLE})
-def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep) -> SuiteRead:
+def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep, settings: SettingsDep) -> SuiteRead:
     """Change the schedule, pause or resume (paused: the schedule starts nothing; `run` still
     does), change the thresholds (the next analysis uses them), or set/remove the webhook (admin)."""
     changes = patch.model_dump(exclude_unset=True)
@@ -81,11 +100,13 @@ def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep) ->
     if "schedule" in changes and patch.schedule is None:
         raise HTTPException(422, "schedule: give a cron expression, not null")
     if "webhook" in changes:
-        _webhook_needs_admin(user)
+        _webhook_needs_admin(user, changes["webhook"], settings)
     with tx() as session:
         suite = suite_service.get(session, name=name)
+        owners.require_change(session, token=user, owner_id=suite.owner_id, what=f"suite {name!r}", verb="change")
         _alerting_needs_admin(suite, user, "change")
-        return suite_service.suite_read(suite_service.update_suite(session, suite=suite, changes=changes))
+        return _as_seen_by(user, suite_service.suite_read(suite_service.update_suite(session, suite=suite,
+                                                                                    changes=changes)))
 
 
 @router.delete("/suites/{name}", response_model=SuiteDeleted, responses={**NOT_FOUND, **CONFLICT})
@@ -95,6 +116,7 @@ def delete_suite(name: SuiteName, tx: TxDep, user: UserDep) -> SuiteDeleted:
     webhook (an admin set it up) needs an admin token to delete or change (403)."""
     with tx() as session:
         suite = suite_service.get(session, name=name)
+        owners.require_change(session, token=user, owner_id=suite.owner_id, what=f"suite {name!r}", verb="delete")
         _alerting_needs_admin(suite, user, "delete")
         return suite_service.delete(session, suite=suite)
 
@@ -119,18 +141,20 @@ def get_series(name: SuiteName, session: SessionDep, _user: UserDep) -> SeriesRe
 
 
 @router.get("/regressions", response_model=list[RegressionRead])
-def list_regressions(session: SessionDep, _user: UserDep,
+def list_regressions(session: SessionDep, user: UserDep,
                      suite: Annotated[str | None, Query(max_length=64, description="only this suite's")] = None,
                      candidates: Annotated[bool, Query(description="also unconfirmed candidates")] = False,
                      ) -> list[RegressionRead]:
     """Confirmed and acknowledged changes (regressions and improvements), newest first."""
     if suite is not None:
         suite_service.get(session, name=suite)  # 404 naming an unknown suite
-    return suite_service.regressions(session, include_candidates=candidates, suite=suite)
+    found = suite_service.regressions(session, include_candidates=candidates, suite=suite)
+    return [_as_seen_by(user, r) for r in found]
 
 
 @router.post("/regressions/{change_id}/acknowledge", response_model=RegressionRead, responses=NOT_FOUND)
-def acknowledge(change_id: ChangeId, tx: TxDep, _user: UserDep) -> RegressionRead:
-    """Accept the change: its first point becomes the series' baseline, and it no longer alerts."""
+def acknowledge(change_id: ChangeId, tx: TxDep, user: UserDep) -> RegressionRead:
+    """Accept the change: its first point becomes the series' baseline, and it no longer alerts.
+    The suite's owner, a teammate or an admin only (403 naming the rule)."""
     with tx() as session:
-        return suite_service.acknowledge(session, change_id=change_id)
+        return _as_seen_by(user, suite_service.acknowledge(session, change_id=change_id, token=user))

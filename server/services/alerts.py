@@ -12,13 +12,17 @@ ingest or dispatch.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from sqlalchemy.orm import Session
 
 from sme2farm import __version__
+from sme2farm.server.services.errors import Invalid
 from sme2farm.server.services.suites.metrics import metric_of, values_of
 from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, utcnow
@@ -87,12 +91,58 @@ def prepare(session: Session, *, change_id: int, public_url: str | None) -> Deli
                                            baseline_point=session.get(SuitePoint, base_id) if base_id else None))
 
 
-def post(delivery: Delivery, *, timeout_s: float) -> str | None:
-    """One POST. None when the webhook took it (2xx), else the error, named. No redirects are
-    followed (the payload goes to the URL configured, nowhere else)."""
+class NotPublic(Invalid):
+    """A webhook whose host is (or resolves to) an address the farm does not POST to."""
+
+
+def _not_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return not ip.is_global or ip.is_multicast
+
+
+def webhook_addresses(url: str, *, allow_private: bool) -> list[str]:
+    """Every address the webhook's host resolves to, each checked: loopback, link-local, private
+    and other non-public ones are refused (NotPublic, naming the rule, not the address) unless
+    allow_private (SME2_WEBHOOK_PRIVATE_OK). Invalid when the host does not resolve."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
     try:
-        r = httpx.post(delivery.url, json=delivery.payload, timeout=timeout_s, follow_redirects=False,
-                       headers={"User-Agent": f"sme2farm/{__version__}", "X-SME2-Event": delivery.payload["event"]})
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, ValueError, UnicodeError) as e:
+        raise Invalid(f"webhook: its host {host!r} does not resolve ({type(e).__name__})") from None
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    if not allow_private and (not addresses or any(_not_public(ipaddress.ip_address(a.split("%")[0]))
+                                                   for a in addresses)):
+        raise NotPublic("webhook: its host is or resolves to a loopback, link-local, private or other non-public "
+                        "address; the farm POSTs to public addresses only (SME2_WEBHOOK_PRIVATE_OK=1 allows others)")
+    return addresses
+
+
+def post(delivery: Delivery, *, timeout_s: float, allow_private: bool = False) -> str | None:
+    """One POST. None when the webhook took it (2xx), else the error, named. No redirects are
+    followed (the payload goes to the URL configured, nowhere else). The host is resolved and
+    checked now (webhook_addresses) and the POST goes to the address checked, the host name kept
+    for Host and TLS, so a DNS answer that changes between check and connect cannot redirect it."""
+    try:
+        addresses = webhook_addresses(delivery.url, allow_private=allow_private)
+    except NotPublic:
+        return "refused: the host resolves to a non-public address"
+    except Invalid:
+        return "refused: the host does not resolve"
+    parts = urlsplit(delivery.url)
+    ip = addresses[0]
+    netloc = (f"[{ip}]" if ":" in ip else ip) + (f":{parts.port}" if parts.port else "")
+    pinned = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    try:
+        with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
+            request = client.build_request(
+                "POST", pinned, json=delivery.payload,
+                headers={"User-Agent": f"sme2farm/{__version__}", "X-SME2-Event": delivery.payload["event"],
+                         "Host": host},
+                extensions={"sni_hostname": parts.hostname} if parts.scheme == "https" else None)
+            r = client.send(request)
     except httpx.HTTPError as e:
         # the class only: an exception's text may carry the URL, whose path is often the secret
         return type(e).__name__

@@ -21,6 +21,10 @@ class Invalid(DomainError, ValueError):
     experiments with nothing comparable (422, the message says what does not fit)."""
 
 
+class Forbidden(DomainError):
+    """The caller's token may not do this to this thing (403; the message names the rule)."""
+
+
 class StateConflict(DomainError):
     """The request does not fit the current state (409 `{reason, message, previous_state}`)."""
 

@@ -172,16 +172,19 @@ def get(session: Session, *, experiment_id: int) -> Experiment | None:
     )
 
 
-def get_page(session: Session, *, page: int, page_size: int) -> tuple[list[tuple[Experiment, dict[str, int]]], int]:
+def get_page(session: Session, *, page: int, page_size: int, owner_ids: list[int] | None = None
+             ) -> tuple[list[tuple[Experiment, dict[str, int]]], int]:
     """A page of experiments, newest first, each with its run count per status. The counts come
     from one GROUP BY: loading every run of the page to count them cost the list ~160 ms of ORM
     work per 800 runs (bench/scale.py). The rows are loaded without spec and comparisons: a
     finished 200-device experiment's comparisons are ~1 MB of JSON, parsed for nothing (the spec, a few
-    hundred bytes, is loaded: the list shows its threads and mode)."""
-    total = session.scalar(select(func.count(Experiment.id))) or 0
+    hundred bytes, is loaded: the list shows its threads and mode). `owner_ids`: only theirs."""
+    mine = (lambda q: q) if owner_ids is None else (lambda q: q.where(Experiment.owner_id.in_(owner_ids)))
+    total = session.scalar(mine(select(func.count(Experiment.id)))) or 0
     rows = list(session.scalars(  # only what a summary shows: comparisons (JSON) stay in the database
-        select(Experiment).options(load_only(Experiment.id, Experiment.name, Experiment.model_sha256, Experiment.created_at,
-                                        Experiment.vs_model_sha256, Experiment.spec, Experiment.imported))
+        mine(select(Experiment)).options(load_only(Experiment.id, Experiment.name, Experiment.model_sha256,
+                                                   Experiment.created_at, Experiment.vs_model_sha256, Experiment.spec,
+                                                   Experiment.imported, Experiment.owner_id))
         .order_by(Experiment.id.desc()).offset((page - 1) * page_size).limit(page_size)
     ))
     counts: dict[int, dict[str, int]] = {e.id: {} for e in rows}

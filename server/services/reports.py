@@ -99,14 +99,15 @@ def run_report(run: Run) -> RunReport:
     )
 
 
-def summary(exp: Experiment, by_status: dict[str, int]) -> ExperimentSummary:
-    """`by_status`: its run count per status (experiment_service.get_page counts them in SQL)."""
+def summary(exp: Experiment, by_status: dict[str, int], owner: str | None = None) -> ExperimentSummary:
+    """`by_status`: its run count per status (experiment_service.get_page counts them in SQL);
+    `owner`: its owner's name."""
     return ExperimentSummary(
         id=exp.id, name=exp.name, status=experiment_service.status_of(by_status), model_sha256=exp.model_sha256,
         created_at=exp.created_at, runs=sum(by_status.values()), runs_by_status=dict(by_status),
         vs_model_sha256=exp.vs_model_sha256, sme2=(exp.spec or {}).get("sme2"),
         threads=list((exp.spec or {}).get("threads") or []), mode=(exp.spec or {}).get("mode"),
-        imported=(exp.imported or {}).get("note"),
+        imported=(exp.imported or {}).get("note"), owner=owner,
     )
 
 

@@ -17,7 +17,7 @@ from sme2farm.server.store.models import Experiment, Model, Run
 
 
 def store_experiment(session: Session, *, spec: ExperimentSpec, upload, store, device_lost_s: float, settle_s: float,
-                     max_runs: int | None = None) -> Experiment:
+                     max_runs: int | None = None, owner_id: int | None = None) -> Experiment:
     """Store a received submission (web/uploads.py's upload): its model rows (A and, for an A/B
     experiment, B), the experiment and its runs, then the files into the data dir's `store`. The
     files move only once the rows exist, so a failure before leaves nothing behind. Runs queued:
@@ -43,6 +43,7 @@ def store_experiment(session: Session, *, spec: ExperimentSpec, upload, store, d
     exp.inputs_sha256, exp.inputs_description = upload.inputs_sha256, upload.inputs_description
     exp.inputs_size = upload.inputs_size if upload.inputs_sha256 else None
     exp.etrecord_sha256 = upload.etrecord_sha256 or None
+    exp.owner_id = owner_id  # the submitting token's user (services/owners.py)
     run_service.runs_created(session, experiment_id=exp.id, store=store)  # nothing to run at all: complete now
     if upload.inputs_sha256:
         store.keep_inputs(upload.inputs_path, upload.inputs_sha256)

@@ -70,6 +70,20 @@ def create_row(session: Session, *, name: str, scope: str, user_id: int | None =
     return session.scalar(select(ApiToken).where(ApiToken.token_sha256 == digest(token))), token
 
 
+def user_for(session: Session, *, scope: str, name: str, user: str | None, team: str | None) -> int | None:
+    """The user a new token belongs to: `user` (made if new, moved into `team` when given), by
+    default one named like the token; a register token belongs to none (ValueError if one is given)."""
+    if canonical(scope) not in USER_LEVEL:
+        if user is not None or team is not None:
+            raise ValueError(f"a {canonical(scope)} token belongs to no user: give no --user or --team")
+        return None
+    user = user or name
+    for what, value in (("user", user), ("team", team)):
+        if value is not None and not (0 < len(value) <= NAME_CHARS):
+            raise ValueError(f"a {what} name has 1 to {NAME_CHARS} characters")
+    return ensure_user(session, name=user, team=team).id
+
+
 def ensure_user(session: Session, *, name: str, team: str | None = None) -> User:
     """The user of this name, made if new; given a team (made if new), the user is moved into it."""
     user = session.scalar(select(User).where(User.name == name))
@@ -85,6 +99,17 @@ def ensure_user(session: Session, *, name: str, team: str | None = None) -> User
         user.team_id = row.id
     session.flush()
     return user
+
+
+def owners_of(session: Session, *, rows: list[ApiToken]) -> dict[int, tuple[str | None, str | None]]:
+    """Token id -> (its user's name, that user's team's name), for listing tokens."""
+    ids = {r.user_id for r in rows if r.user_id is not None}
+    found: dict[int, tuple[str | None, str | None]] = {}
+    if ids:
+        query = (select(User.id, User.name, Team.name).outerjoin(Team, Team.id == User.team_id)
+                 .where(User.id.in_(ids)))
+        found = {uid: (user, team) for uid, user, team in session.execute(query)}
+    return {r.id: found.get(r.user_id, (None, None)) for r in rows}
 
 
 def current_agent_token(session: Session, *, agent_id: int, token: str) -> bool:

@@ -22,9 +22,11 @@ const sameSetup = (a, b) => a.model_sha256 === b.model_sha256 && a.mode === b.mo
   && (a.threads || []).join(",") === (b.threads || []).join(",") && arms(a).some((x) => arms(b).includes(x));
 const comparable = (e) => (e.runs_by_status?.succeeded || 0) > 0;
 
-export async function experimentsView({ page = "1" }) {
+export async function experimentsView({ page = "1", owner = "" }) {
   const n = Math.max(1, parseInt(page, 10) || 1);
-  const data = await getJSON(`/experiments?page=${n}&page_size=20`);
+  // ?owner=NAME (or "me": this token's user) keeps that user's experiments
+  const whose = owner ? `&owner=${encodeURIComponent(owner)}` : "";
+  const data = await getJSON(`/experiments?page=${n}&page_size=20${whose}`);
   const pages = Math.max(1, Math.ceil(data.total / data.page_size));
   // each row also links to its comparison with the previous experiment (on this page) of the same
   // model, threads and mode that measured something: a comparison GET /comparisons can make
@@ -37,12 +39,14 @@ export async function experimentsView({ page = "1" }) {
     h("td", { class: "model" }, h("span", { class: "mono", title: e.model_sha256 }, short(e.model_sha256)),
       e.vs_model_sha256 && h("div", { class: "small vs-model" }, "vs B ",
         h("span", { class: "mono", title: e.vs_model_sha256 }, e.vs_model_sha256 === e.model_sha256 ? "(the same: A/A)" : short(e.vs_model_sha256)))),
+    h("td", { class: "owner" }, e.owner
+      ? h("a", { href: `#/experiments?owner=${encodeURIComponent(e.owner)}`, title: `only ${e.owner}'s` }, e.owner) : "—"),
     h("td", {}, when(e.created_at)),
     h("td", { class: "row-actions" },
       h("a", { class: "compare-link small", href: compareHref(`E${e.id}`), title: `compare experiment ${e.id} with another` }, "compare"),
       prev && h("a", { class: "compare-prev small", href: compareHref(`E${prev.id}`, `E${e.id}`), title: `experiment ${prev.id} → ${e.id}` }, ` vs #${prev.id}`))));
   const link = (p, label) => (p >= 1 && p <= pages && p !== n
-    ? h("a", { class: "button ghost", href: `#/experiments?page=${p}` }, label)
+    ? h("a", { class: "button ghost", href: `#/experiments?page=${p}${whose}` }, label)
     : h("span", { class: "button ghost disabled" }, label));
   const refresh = data.items.some((e) => ACTIVE.has(e.status));
   return {
@@ -50,11 +54,14 @@ export async function experimentsView({ page = "1" }) {
     node: h("section", {},
       h("div", { class: "title" }, h("h1", {}, "Experiments"),
         refresh && h("span", { class: "muted live" }, "auto-refreshing"),
+        owner
+          ? h("a", { class: "button ghost", id: "owner-filter", href: "#/experiments" }, `${owner === "me" ? "mine" : owner} only · show all`)
+          : h("a", { class: "button ghost", id: "owner-filter", href: "#/experiments?owner=me" }, "Mine"),
         h("a", { class: "button", href: "#/submit" }, "New experiment")),
       data.total === 0
         ? h("p", { class: "card muted" }, "No experiments yet. Upload a .pte to start one.")
         : h("div", { class: "card flush" },
-          table(["ID", "Name", "Status", "Runs", "Model", "Created", ""], rows, { id: "experiments" })),
+          table(["ID", "Name", "Status", "Runs", "Model", "Owner", "Created", ""], rows, { id: "experiments" })),
       h("nav", { class: "pager" }, link(n - 1, "← Newer"),
         h("span", { class: "muted" }, `Page ${n} of ${pages} · ${data.total} experiment${data.total === 1 ? "" : "s"}`),
         link(n + 1, "Older →"))),

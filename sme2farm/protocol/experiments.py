@@ -190,6 +190,7 @@ class ExperimentSummary(Read):
     threads: list[int] = []
     mode: str | None = None
     imported: str | None = None  # Imported.note when the runs were measured outside the farm
+    owner: str | None = None  # the user whose token submitted it (services/owners.py)
 
 
 class ExperimentPage(Read):

@@ -16,6 +16,12 @@ class TokenCreate(StrictWire):
 
     name: str = Field(min_length=1, max_length=128)
     scope: Literal["read", "submit", "admin", "register"] = "submit"
+    user: str | None = Field(default=None, min_length=1, max_length=64,
+                             description="The user the token belongs to (made if new); default: one named like the "
+                                         "token. Not for register tokens")
+    team: str | None = Field(default=None, min_length=1, max_length=64,
+                             description="Put the user in this team (made if new): teammates may cancel, delete and "
+                                         "acknowledge each other's work")
 
 
 class TokenInfo(Read):
@@ -25,6 +31,8 @@ class TokenInfo(Read):
     agent_id: int | None = None
     created_at: Timestamp
     revoked: bool
+    user: str | None = Field(default=None, description="The user it belongs to (none: a register or agent token)")
+    team: str | None = Field(default=None, description="That user's team")
 
 
 class TokenCreated(TokenInfo):

@@ -14,11 +14,12 @@ from sme2farm.analysis.memory import memory_changes
 from sme2farm.protocol import (MemoryChange, RegressionRead, RegressionWebhook, Series, SeriesChange, SeriesKey,
                                SeriesLlm, SeriesPoint, SeriesRead, SuiteDetail, SuiteDeviceRead, SuiteRead,
                                SuiteRunRead, SuiteRunStarted, SuiteThresholds)
+from sme2farm.server.services import owners
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.services.suites.detection import detect_series, detectable_step, key_of
 from sme2farm.server.services.suites.metrics import LATENCY, metric_of, values_of
 from sme2farm.server.store.models import as_utc
-from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, SuiteRun, utcnow
+from sme2farm.server.store.models import ApiToken, Suite, SuiteChange, SuitePoint, SuiteRun, utcnow
 
 SPREAD = "p10-p90"  # what a point's low_ms/high_ms are: the 10th and 90th percentile of its iterations
 
@@ -166,13 +167,19 @@ def regression_read(c: SuiteChange, suite_name: str) -> RegressionRead:
         sentence=c.sentence)
 
 
-def acknowledge(session: Session, *, change_id: int) -> RegressionRead:
+def acknowledge(session: Session, *, change_id: int, token: ApiToken | None = None) -> RegressionRead:
     """Accept the change's level: its first point becomes the new baseline of that metric's series
     (nothing before it is compared again) and the change stops alerting. A latency change marks the
-    point; another metric's acknowledged row is its own baseline mark (metrics.acknowledged_points)."""
+    point; another metric's acknowledged row is its own baseline mark (metrics.acknowledged_points).
+    Given the caller's token: the suite's owner, a teammate or an admin only (owners.Forbidden)."""
     row = session.get(SuiteChange, change_id)
     if row is None:
         raise NotFound(f"regression {change_id} not found")
+    if token is not None:
+        suite = session.get(Suite, row.suite_id)
+        owners.require_change(session, token=token, owner_id=suite.owner_id if suite else None,
+                              what=f"regression {change_id} of suite {suite.name if suite else '?'!r}",
+                              verb="acknowledge")
     point = session.get(SuitePoint, row.point_id)
     row.status, row.acknowledged_at = "acknowledged", utcnow()
     if row.webhook_state in ("pending", "retrying"):

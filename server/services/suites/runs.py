@@ -44,6 +44,7 @@ def start_run(session: Session, *, suite: Suite, trigger: str, device_lost_s: fl
         try:
             exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs,
                                             device_lost_s=device_lost_s, settle_s=settle_s)
+            exp.owner_id = suite.owner_id  # a suite's experiments are its owner's
         except (experiment_service.NoMatchingDevice, experiment_service.TooManyRuns) as e:
             raise Invalid(f"suite {suite.name!r}: {e}") from None
         session.add(SuiteExperiment(experiment_id=exp.id, suite_run_id=srun.id, model_sha256=model.sha256,
