@@ -86,11 +86,14 @@ def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators:
     if program is None:
         return _empty("mismatch", sha, ["the ETRecord was given without its model (.pte): it cannot be "
                                         "checked against the program, so it is not used"])
-    try:
-        all_calls = program_calls(program)
-    except PteError as e:
-        return _empty("mismatch", sha, [f"the ETRecord is not used: the model cannot be read to check it ({e})"])
-    problems = check_against_program(etrecord, program, calls=all_calls)
+    key = (sha, program)
+    if (checked := _CHECKED.get(key)) is None:
+        try:
+            all_calls = program_calls(program)
+        except PteError as e:
+            return _empty("mismatch", sha, [f"the ETRecord is not used: the model cannot be read to check it ({e})"])
+        checked = _remember(_CHECKED, key, (all_calls, check_against_program(etrecord, program, calls=all_calls)))
+    all_calls, problems = checked
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         return _empty("mismatch", sha, [f"the ETRecord does not belong to this model, so it is not used: "
@@ -101,21 +104,37 @@ def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators:
     if em is None:
         return _empty("mismatch", sha, [f"the ETRecord has no method {method!r}, so it is not used"])
     calls = {c.instruction: c for c in all_calls.get(method, [])}
-    return _attribute(m, em, calls, sha, operators)
+    return _attribute(m, em, calls, (sha, program, method), operators)
 
 
-def _call_of_events(m) -> np.ndarray:
-    """Per operator event of `m`, its call's instruction id: a portable kernel's own, and for a
-    delegate event that of the DELEGATE_CALL event after it in its block (events are written
-    when they end, so a call's operators precede it); -1 where there is none."""
+# The same model's runs are analysed one after the other (an experiment's arms and repeats): its
+# check and the alignment of one event sequence are kept for a few models, keyed by the ETRecord's
+# sha256 and the program's bytes (whose hash Python keeps on the object).
+_CACHED_MODELS = 4
+_CHECKED: dict = {}
+_PLANS: dict = {}
+
+
+def _remember(cache: dict, key, value):
+    if len(cache) >= _CACHED_MODELS:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
+
+
+def _call_of_events(m, which: np.ndarray) -> np.ndarray:
+    """Per operator event `which` of `m`, its call's instruction id: a portable kernel's own, and
+    for a delegate event that of the DELEGATE_CALL event after it in its block (events are
+    written when they end, so a call's operators precede it); -1 where there is none."""
     ev = m.ev
-    op = m.op_idx
+    op = m.op_idx[which]
+    delegated = m.delegated[which]
     out = ev.instr[op].astype(np.int64)
-    if not m.delegated.any():
+    if not delegated.any():
         return out
     dc_name = [i for i, s in enumerate(ev.strings) if s == "DELEGATE_CALL"]
     dc = np.flatnonzero(np.isin(ev.name, dc_name)) if dc_name else np.zeros(0, np.int64)
-    d = np.flatnonzero(m.delegated)
+    d = np.flatnonzero(delegated)
     pos = np.searchsorted(dc, op[d], side="right")
     ok = pos < dc.size
     nxt = dc[np.minimum(pos, max(dc.size - 1, 0))] if dc.size else np.zeros(d.size, np.int64)
@@ -124,12 +143,12 @@ def _call_of_events(m) -> np.ndarray:
     return out
 
 
-def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], sha: str, operators: list[dict]) -> dict:
+def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], model_key: tuple, operators: list[dict]) -> dict:
     warnings: list[str] = []
+    sha = model_key[0]
     n_it = m.n_it
     if n_it == 0 or m.op_idx.size == 0:
         return _empty("attributed", sha, warnings)
-    call_id = _call_of_events(m)
     first = np.flatnonzero(m.op_it == 0)
     n_pos = first.size
     labels = m.label_id
@@ -137,37 +156,27 @@ def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], sha: str, operator
     same = counts == n_pos
     if same.all() and (labels.reshape(n_it, n_pos) == labels[first]).all():
         ms = m.op_ms.reshape(n_it, n_pos).mean(axis=0)
-        used = n_it
     else:
         # iterations whose events differ from the first (an LLM's prefill and decode calls) are
         # left out of by_source: their time is in "not attributed"
+        bounds = np.concatenate([[0], np.cumsum(counts)])
         keep = np.flatnonzero(same)
-        starts = np.concatenate([[0], np.cumsum(counts)])[keep]
-        idx = starts[:, None] + np.arange(n_pos)[None, :]
+        idx = bounds[keep][:, None] + np.arange(n_pos)[None, :]
         keep = keep[(labels[idx] == labels[first]).all(axis=1)]
-        idx = (np.concatenate([[0], np.cumsum(counts)])[keep])[:, None] + np.arange(n_pos)[None, :]
+        idx = bounds[keep][:, None] + np.arange(n_pos)[None, :]
         ms = m.op_ms[idx].sum(axis=0) / n_it
-        used = int(keep.size)
-        warnings.append(f"{n_it - used} of {n_it} iterations run other operators than the first: "
+        warnings.append(f"{n_it - int(keep.size)} of {n_it} iterations run other operators than the first: "
                         "their operators are not attributed")
-    kernel_path = {o["name"]: o.get("kernel_path") for o in operators}
-    pos_call = call_id[first]
+    pos_call = _call_of_events(m, first)
     pos_deleg = m.delegated[first]
-    rows: list[dict] = []
-    p = 0
-    while p < n_pos:
-        if pos_deleg[p]:
-            q = p
-            while q < n_pos and pos_deleg[q] and pos_call[q] == pos_call[p]:
-                q += 1
-            rows += _delegate_rows(m, em, calls.get(int(pos_call[p])), int(pos_call[p]), first[p:q])
-            p = q
-        else:
-            rows.append(_portable_row(m, em, calls.get(int(pos_call[p])), int(pos_call[p]), int(first[p])))
-            p += 1
-    for row, k, t in zip(rows, range(n_pos), ms.tolist()):
-        row["ms"] = float(t)
-        row["kernel_path"] = kernel_path.get(row["operator"])
+    signature = (model_key, tuple(m.labels[i] for i in labels[first].tolist()), pos_call.tobytes(),
+                 pos_deleg.tobytes())
+    plan = _PLANS.get(signature)
+    if plan is None:
+        plan = _remember(_PLANS, signature, _plan(m, em, calls, first, pos_call, pos_deleg))
+    kernel_path = {o["name"]: o.get("kernel_path") for o in operators}
+    rows = [dict(r, ms=float(t), kernel_path=kernel_path.get(r["operator"]), aten=list(r["aten"]))
+            for r, t in zip(plan, ms.tolist())]
     total = float(ms.sum())
     attributed = float(sum(r["ms"] for r in rows if r["module"] is not None))
     n_amb = sum(1 for r in rows if r["ambiguous"])
@@ -183,6 +192,25 @@ def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], sha: str, operator
             "attribution": {"status": status, "attributed_share": attributed / total if total > 0 else 0.0,
                             "etrecord_sha256": sha},
             "warnings": warnings}
+
+
+def _plan(m, em: EtrecordMethod, calls: dict[int, Call], first: np.ndarray, pos_call: np.ndarray,
+          pos_deleg: np.ndarray) -> list[dict]:
+    """The rows of the first iteration's event sequence: every field but ms and kernel_path."""
+    n_pos = first.size
+    rows: list[dict] = []
+    p = 0
+    while p < n_pos:
+        if pos_deleg[p]:
+            q = p
+            while q < n_pos and pos_deleg[q] and pos_call[q] == pos_call[p]:
+                q += 1
+            rows += _delegate_rows(m, em, calls.get(int(pos_call[p])), int(pos_call[p]), first[p:q])
+            p = q
+        else:
+            rows.append(_portable_row(m, em, calls.get(int(pos_call[p])), int(pos_call[p]), int(first[p])))
+            p += 1
+    return rows
 
 
 def _row(m, event: int, *, delegated: bool, instruction: int, position: int | None) -> dict:
