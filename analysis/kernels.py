@@ -17,17 +17,16 @@ the second for code the library does not export, its ISA read from its instructi
 
 from __future__ import annotations
 
-import io
 import re
 from typing import Iterator
 
-# The kernel lines, read left to right once per line (no backtracking regex over a whole log:
-# "Using" followed by thousands of spaces took such a regex cubic time in the line's length).
+# The kernel lines, found from each "microkernel" (a backtracking regex over the whole log took
+# time cubic in the length of "Using" followed by thousands of spaces).
 _VERB = re.compile(r"(Using|Executed)\s+")
-_KIND_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_ -")
+_OPEN_QUOTE = re.compile(r"\s+'")
 _KIND = re.compile(r"[A-Za-z0-9_ \-]+")
 _BLOCKS = re.compile(r"\s+\((\d+) translated blocks?(?:,\s*\d+\s+(SME2|SME|NEON|x86|other) instructions?)?\)")
-_TRANSLATED = re.compile(r"Translated blocks: (\d+) in total")
+_TRANSLATED = re.compile(r"^Translated blocks: (\d+) in total", re.M)
 SOURCE_XNNPACK = "XNNPACK log"
 SOURCE_EMULATOR = "emulator translation log"
 MAX_LOG_BYTES = 32 << 20  # of a kernel log read at ingest: XNNPACK names its kernels as it starts
@@ -60,36 +59,30 @@ def classify_kernel(name: str) -> str:
 
 def _kernel_matches(line: str) -> Iterator[tuple[str, str, str, re.Match | None]]:
     """(verb, kind, name, the Executed line's block count match) for each
-    ``<verb> <kind> microkernel '<name>'`` in the line, in time linear in the line."""
-    pos, floor = 0, 0
+    ``<verb> <kind> microkernel '<name>'`` in the line, in time linear in the line: each search
+    looks only between the previous match's closing quote and this "microkernel"."""
+    pos = floor = 0
     while (i := line.find("microkernel", pos)) >= 0:
         pos = i + len("microkernel")
-        j = pos
-        while j < len(line) and line[j].isspace():
-            j += 1
-        if j == pos or j >= len(line) or line[j] != "'":
+        if (q := _OPEN_QUOTE.match(line, pos)) is None:
             continue
-        close = line.find("'", j + 1)
+        close = line.find("'", q.end())
         if close < 0:
             return  # no quote closes this name, nor any later one
-        if close == j + 1:
+        before, start, floor, pos = line[floor:i], floor, close + 1, close + 1
+        k = start + len(before.rstrip())
+        if k == i or close == q.end():
             continue
-        k = i
-        while k > floor and line[k - 1].isspace():
-            k -= 1
-        b = k
-        while b > floor and (line[b - 1] in _KIND_CHARS or line[b - 1].isspace()):
-            b -= 1
-        floor = pos = close + 1
-        if k == i or (m := _VERB.search(line, b, k)) is None:
+        v = max(before.rfind("Using", 0, k - start), before.rfind("Executed", 0, k - start))
+        if v < 0 or (m := _VERB.match(line, start + v, k)) is None:
             continue
         kind = line[m.end():k]
-        if not kind or not _KIND.fullmatch(kind):
+        if not _KIND.fullmatch(kind):
             continue
         blocks = _BLOCKS.match(line, close + 1) if m.group(1) == "Executed" else None
         if m.group(1) == "Executed" and blocks is None:
             continue
-        yield m.group(1), kind, line[j + 1:close], blocks
+        yield m.group(1), kind, line[q.end():close], blocks
 
 
 def parse_kernel_log(text: str | None) -> dict:
@@ -110,16 +103,16 @@ def parse_kernel_log(text: str | None) -> dict:
     executed: dict[str, dict[str, dict]] = {}  # over the XNNPACK log's entry of the same kernel
     n_using = n_executed = 0
     names: set[str] = set()
-    tagged = False
+    text = str(text)
     extra = {}
-    for line in io.StringIO(str(text)):
-        line = line.rstrip("\r\n")
-        tagged = tagged or f"[{SOURCE_EMULATOR}]" in line
-        if "translated_blocks" not in extra and (t := _TRANSLATED.match(line)) is not None:
-            extra["translated_blocks"] = int(t.group(1))
-        if "microkernel" not in line:
-            continue
-        for verb, kind, name, blocks in _kernel_matches(line):
+    if (t := _TRANSLATED.search(text)) is not None:
+        extra["translated_blocks"] = int(t.group(1))
+    end = 0
+    while (i := text.find("microkernel", end)) >= 0:  # only the lines that name a kernel are looked at
+        start = text.rfind("\n", 0, i) + 1
+        end = text.find("\n", i)
+        end = len(text) if end < 0 else end
+        for verb, kind, name, blocks in _kernel_matches(text[start:end].rstrip("\r")):
             name = name.strip()
             if name not in names:
                 if len(names) >= MAX_KERNELS:
@@ -137,7 +130,7 @@ def parse_kernel_log(text: str | None) -> dict:
     for kind, entries in executed.items():
         by_kind.setdefault(kind, {}).update(entries)
     n = n_using + n_executed
-    emulated = n_executed > 0 or tagged
+    emulated = n_executed > 0 or f"[{SOURCE_EMULATOR}]" in text
     source = " and ".join(s for s, present in ((SOURCE_XNNPACK, n_using > 0 or not emulated),
                                                (SOURCE_EMULATOR, emulated)) if present)
     if n == 0:

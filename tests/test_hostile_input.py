@@ -264,3 +264,299 @@ def test_json_depth_counts_brackets_outside_strings_only(text, depth):
     if depth:
         with pytest.raises(JsonTooDeep):
             check_json_depth(text, max_depth=depth - 1)
+
+
+# ---- parsers with a budget: small crafted files that read as huge ones ---------------------------
+# Built here with the flatbuffers Builder, field by field from the schemas (program.fbs,
+# bundled_program_schema.fbs, etdump_schema_flatcc.fbs), not with the readers' code: one record
+# referenced from many offsets, which a reader that visits every reference multiplies.
+
+def _vector_of(b, offsets_or_ints: list[int], tables: bool):
+    b.StartVector(4, len(offsets_or_ints), 4)
+    for v in reversed(offsets_or_ints):
+        b.PrependUOffsetTRelative(v) if tables else b.PrependInt32(v)
+    return b.EndVector()
+
+
+def crafted_pte(n_sizes: int, n_values: int, n_inputs: int, n_plans: int) -> bytes:
+    """A .pte whose n_plans plans are one plan, whose n_values values are one tensor EValue of
+    n_sizes dimensions, and whose plan takes n_inputs inputs (and as many outputs) over them."""
+    import flatbuffers
+
+    b = flatbuffers.Builder(0)
+    sizes = _vector_of(b, [1] * n_sizes, tables=False)
+    b.StartObject(11)  # Tensor: scalar_type 0, storage_offset 1, sizes 2, ...
+    b.PrependUOffsetTRelativeSlot(2, sizes, 0)
+    b.PrependInt8Slot(0, 6, 0)  # Float
+    tensor = b.EndObject()
+    b.StartObject(2)  # EValue: val_type 0, val 1 (KernelTypes.Tensor = 5)
+    b.PrependUOffsetTRelativeSlot(1, tensor, 0)
+    b.PrependUint8Slot(0, 5, 0)
+    value = b.EndObject()
+    values = _vector_of(b, [value] * n_values, tables=True)
+    inputs = _vector_of(b, [i % n_values for i in range(n_inputs)], tables=False)
+    name = b.CreateString("forward")
+    b.StartObject(9)  # ExecutionPlan: name 0, container_meta_type 1, values 2, inputs 3, outputs 4
+    b.PrependUOffsetTRelativeSlot(0, name, 0)
+    b.PrependUOffsetTRelativeSlot(2, values, 0)
+    b.PrependUOffsetTRelativeSlot(3, inputs, 0)
+    b.PrependUOffsetTRelativeSlot(4, inputs, 0)
+    plan = b.EndObject()
+    plans = _vector_of(b, [plan] * n_plans, tables=True)
+    b.StartObject(8)  # Program: version 0, execution_plan 1
+    b.PrependUOffsetTRelativeSlot(1, plans, 0)
+    root = b.EndObject()
+    b.Finish(root, file_identifier=b"ET12")
+    return bytes(b.Output())
+
+
+def crafted_bpte(program: bytes, tensor_bytes: int, n_inputs: int) -> bytes:
+    """A .bpte whose forward test case has n_inputs inputs, every one the same Float tensor of
+    tensor_bytes bytes."""
+    import flatbuffers
+
+    b = flatbuffers.Builder(0)
+    data = b.CreateByteVector(b"\x00" * tensor_bytes)
+    sizes = _vector_of(b, [tensor_bytes // 4], tables=False)
+    b.StartObject(4)  # bundled Tensor: scalar_type 0, sizes 1, data 2, dim_order 3
+    b.PrependUOffsetTRelativeSlot(2, data, 0)
+    b.PrependUOffsetTRelativeSlot(1, sizes, 0)
+    b.PrependInt8Slot(0, 6, 0)
+    tensor = b.EndObject()
+    b.StartObject(2)  # Value: val_type 0 (ValueUnion.Tensor = 1), val 1
+    b.PrependUOffsetTRelativeSlot(1, tensor, 0)
+    b.PrependUint8Slot(0, 1, 0)
+    value = b.EndObject()
+    inputs = _vector_of(b, [value] * n_inputs, tables=True)
+    b.StartObject(2)  # BundledMethodTestCase: inputs 0, expected_outputs 1
+    b.PrependUOffsetTRelativeSlot(0, inputs, 0)
+    case = b.EndObject()
+    cases = _vector_of(b, [case], tables=True)
+    method = b.CreateString("forward")
+    b.StartObject(2)  # BundledMethodTestSuite: method_name 0, test_cases 1
+    b.PrependUOffsetTRelativeSlot(0, method, 0)
+    b.PrependUOffsetTRelativeSlot(1, cases, 0)
+    suite = b.EndObject()
+    suites = _vector_of(b, [suite], tables=True)
+    prog = b.CreateByteVector(program)
+    b.StartObject(3)  # BundledProgram: version 0, method_test_suites 1, program 2
+    b.PrependUOffsetTRelativeSlot(2, prog, 0)
+    b.PrependUOffsetTRelativeSlot(1, suites, 0)
+    root = b.EndObject()
+    b.Finish(root, file_identifier=b"BP08")
+    return bytes(b.Output())
+
+
+def crafted_etdump(n_events: int, *, name: bytes = b"x", overlapping: bool = False, shared_event: bool = False) -> bytes:
+    """A size-prefixed ETDump of one Execute block of n_events ProfileEvents. Each names the same
+    string `name`; `overlapping`: each names a different place inside one 128 KiB string whose
+    every fourth byte starts a 64 KiB length (the strings overlap); `shared_event`: the events
+    are one Event table listed n_events times."""
+    import flatbuffers
+
+    b = flatbuffers.Builder(0)
+    if overlapping:
+        region = b.CreateByteVector(b"\x00\x00\x01\x00" * (32 << 10))  # u32 65536 at every 4th byte
+        names = [region - 4 - 4 * (i % (16 << 10)) for i in range(n_events)]  # Builder offsets count from the end
+    else:
+        names = [b.CreateString(name)] * n_events
+    events = []
+    for i in range(1 if shared_event else n_events):
+        b.StartObject(8)  # ProfileEvent: name 0, chain_index 1, instruction_id 2, ..., start_time 6, end_time 7
+        b.PrependUOffsetTRelativeSlot(0, names[i], 0)
+        b.PrependUint64Slot(6, 1000 * i, 0)
+        b.PrependUint64Slot(7, 1000 * i + 500, 0)
+        profile = b.EndObject()
+        b.StartObject(3)  # Event: profile_event 0
+        b.PrependUOffsetTRelativeSlot(0, profile, 0)
+        events.append(b.EndObject())
+    vec = _vector_of(b, events * n_events if shared_event else events, tables=True)
+    run = b.CreateString("Execute")
+    b.StartObject(4)  # RunData: name 0, bundled_input_index 1, allocators 2, events 3
+    b.PrependUOffsetTRelativeSlot(0, run, 0)
+    b.PrependUOffsetTRelativeSlot(3, vec, 0)
+    rd = b.EndObject()
+    runs = _vector_of(b, [rd], tables=True)
+    b.StartObject(2)  # ETDump: version 0, run_data 1
+    b.PrependUOffsetTRelativeSlot(1, runs, 0)
+    root = b.EndObject()
+    b.FinishSizePrefixed(root, file_identifier=b"ED00")
+    return bytes(b.Output())
+
+
+class Spent:
+    """CPU seconds of this process (the API server is a thread of it), wall seconds and the peak
+    of Python's allocations (numpy's and bytes' included) over a block."""
+
+    def __enter__(self):
+        import tracemalloc
+
+        tracemalloc.start()
+        self.cpu, self.wall = time.process_time(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        import tracemalloc
+
+        self.cpu, self.wall = time.process_time() - self.cpu, time.monotonic() - self.wall
+        self.peak_mb = tracemalloc.get_traced_memory()[1] / (1 << 20)
+        tracemalloc.stop()
+
+
+def test_a_small_pte_with_repeated_records_is_refused_in_bounded_time(limited_api):
+    # 600 plans x 600 inputs x 600 dimensions, all one record: ~10 KB read as 2e8 values
+    model = crafted_pte(600, 600, 600, 600)
+    assert len(model) < 16 << 10
+    before = state(limited_api)
+    with Spent() as spent:
+        r = limited_api.client.post("/experiments", files={"model": ("m.pte", model)}, headers=limited_api.auth(),
+                                    data={"spec": json.dumps({"sme2": "off"})})
+    assert r.status_code == 422, r.text
+    assert "model: cannot read the program's methods" in r.json()["detail"] and "budget" in r.json()["detail"]
+    assert spent.wall < 5 and spent.cpu < 5, (spent.wall, spent.cpu)
+    assert state(limited_api) == before
+
+
+@pytest.mark.parametrize("shape, outcome", [
+    ((600, 600, 600, 600), "refused"),      # every plan, value and tensor one record
+    ((3000, 1, 3000, 1), "refused"),        # 3000 inputs naming one index of 3000 dimensions
+    ((4, 1, 2000, 2000), "read"),           # one plan listed 2000 times: read once
+    ((1, 1, 2000, 1), "read"),              # an index named 2000 times: read once, charged each time
+])
+def test_pte_reader_work_is_bounded_by_the_file(shape, outcome):
+    from sme2farm.analysis import pte
+
+    model = crafted_pte(*shape)
+    start = time.process_time()
+    if outcome == "refused":
+        with pytest.raises(pte.PteError, match=r"budget of \d+ elements \(2 per byte of its \d+ bytes\)"):
+            pte.program_methods(model)
+    else:
+        methods = pte.program_methods(model)
+        assert list(methods) == ["forward"] and len(methods["forward"].inputs) == shape[2]
+        assert methods["forward"].inputs[0].sizes == (1,) * shape[0]
+    pte.program_memory(model)  # one plan however often it is listed
+    assert time.process_time() - start < 1
+
+
+def test_a_bpte_with_one_tensor_behind_many_inputs_is_refused_before_any_copy(api, pte):
+    register(api, (HOST,), name="agent-h")
+    # one 1 MiB tensor behind 400 inputs: 400 MiB once copied out, from a 1 MiB file
+    model = crafted_bpte(pte, 1 << 20, 400)
+    before = state(api)
+    with Spent() as spent:
+        r = api.client.post("/experiments", files={"model": ("m.bpte", model)}, headers=api.auth(),
+                            data={"spec": json.dumps({"sme2": "off"})})
+    assert r.status_code == 422, r.text
+    assert "model: the bundled inputs of method 'forward' hold 419430400 bytes, past the inputs limit of" in r.text
+    assert spent.wall < 5 and spent.peak_mb < 200, (spent.wall, spent.peak_mb)
+    assert state(api) == before
+
+
+def test_bpte_inputs_are_bounded_by_the_file_too(pte):
+    from sme2farm.runners import bpte
+    from sme2farm.runners.inputs import InputsError
+
+    with Spent() as spent, pytest.raises(InputsError, match="budget"):
+        bpte.read_bundled(crafted_bpte(pte, 64 << 10, 400), max_bytes=1 << 40)
+    assert spent.peak_mb < 20, spent.peak_mb
+    one = bpte.read_bundled(crafted_bpte(pte, 64 << 10, 1))  # a tensor behind one input is copied out
+    assert len(one.inputs) == 1 and one.inputs[0].data == b"\x00" * (64 << 10)
+
+
+@pytest.mark.parametrize("case", ["long name", "overlapping names", "shared event"])
+def test_an_etdump_with_one_long_name_behind_many_events_is_read_or_refused_in_under_a_second(case):
+    from sme2farm import analysis
+    from sme2farm.analysis.etdump import EtdumpError, read_etdump
+
+    if case == "long name":  # 200 KiB of name behind 20k events: the old reader hashed it 20k times
+        data = crafted_etdump(20_000, name=b"n" * (200 << 10))
+    elif case == "overlapping names":  # 16k names, each 64 KiB, all inside one 128 KiB string
+        data = crafted_etdump(16_000, overlapping=True)
+    else:
+        data = crafted_etdump(300_000, shared_event=True)
+    with Spent() as spent:
+        if case == "overlapping names":
+            with pytest.raises(EtdumpError, match="bytes between them in a .*-byte file"):
+                read_etdump(data)
+        else:
+            ev = read_etdump(data)
+            assert len(ev) == (300_000 if case == "shared event" else 20_000) and len(ev.strings) == 1
+            report = analysis.analyze(ev)
+            assert report["n_iterations"] == 1
+    assert spent.cpu < 1, (case, spent.cpu)
+
+
+_PERFETTO_PEAK = """
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from test_hostile_input import crafted_etdump
+from sme2farm.analysis.etdump import read_etdump
+from sme2farm.analysis.perfetto import perfetto_json
+ev = read_etdump(crafted_etdump(150_000, shared_event=True, name=b"Convolution (NHWC, F32) IGEMM"))
+before, cpu = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.process_time()
+text = perfetto_json(ev)
+grew, cpu = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, time.process_time() - cpu
+events = json.loads(text)["traceEvents"]
+print(json.dumps({"grew_mb": grew, "cpu": cpu, "text_mb": len(text) / (1 << 20), "n": len(events),
+                  "cat": events[2]["cat"]}))
+"""
+
+
+def test_the_perfetto_export_is_bounded_in_memory():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sme2farm.analysis.etdump import EtdumpError, read_etdump
+    from sme2farm.analysis.perfetto import MAX_EVENTS, perfetto_json
+
+    # 150k events (one Event table listed 150k times): the peak RSS of a process of its own
+    out = subprocess.run([sys.executable, "-c", _PERFETTO_PEAK, str(Path(__file__).parent)], capture_output=True,
+                         text=True, timeout=120, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["n"] == 150_002 and got["cat"] == "Convolution"
+    # the text and its pieces, not a dict per event (about 1 kB an event)
+    assert got["grew_mb"] < 4 * got["text_mb"] and got["cpu"] < 3, got
+    big = read_etdump(crafted_etdump(MAX_EVENTS + 1, shared_event=True))
+    start = time.process_time()
+    with pytest.raises(EtdumpError, match=f"{MAX_EVENTS + 1} profile events, past the Perfetto "
+                                          f"export's limit of {MAX_EVENTS}"):
+        perfetto_json(big)
+    assert time.process_time() - start < 1
+
+
+@pytest.mark.parametrize("text, status", [
+    ("Using " + " " * 200_000, "no kernels found"), ("Executed " + " " * 200_000, "no kernels found"),
+    ("Using " * 100_000, "no kernels found"),
+    ("Using x microkernel '" * 50_000, "ok"),  # each name closed by the next one's quote, as a regex would
+    ("Using gemm microkernel 'k'.\n" * 50_000, "ok"),
+])
+def test_a_kernel_log_is_read_in_linear_time(text, status):
+    from sme2farm.analysis.kernels import parse_kernel_log
+
+    start = time.process_time()
+    got = parse_kernel_log(text)
+    assert time.process_time() - start < 1
+    assert got["status"] == status
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("over the Perfetto limit", "profile events, past the Perfetto export's limit of 200000"),
+    ("overlapping names", "(its strings overlap)"),
+])
+def test_ingest_of_an_over_budget_trace_fails_the_run_in_one_sentence(service_farm, case, needle):
+    from sme2farm.analysis.perfetto import MAX_EVENTS
+    from sme2farm.protocol import RunStatus
+
+    trace = (crafted_etdump(MAX_EVENTS + 1, shared_event=True) if case == "over the Perfetto limit"
+             else crafted_etdump(16_000, overlapping=True))
+    [rid] = service_farm.submit()
+    service_farm.dispatch()
+    service_farm.start(rid)
+    service_farm.finish(rid, trace=trace)
+    start = time.monotonic()
+    assert service_farm.ingest(rid) == RunStatus.failed
+    assert time.monotonic() - start < 5
+    reason = service_farm.run(rid).reason
+    assert reason.startswith("the ETDump could not be analysed: ") and needle in reason and "\n" not in reason, reason

@@ -17,7 +17,9 @@ from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
 from sme2farm import analysis
-from sme2farm.analysis import pte, runner_memory
+from sme2farm.analysis import kernels, pte, runner_memory
+from sme2farm.analysis.etdump import read_etdump_file
+from sme2farm.analysis.perfetto import perfetto_json
 from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence, runner_hiding
 from sme2farm.protocol import (DEFAULT_METHOD, KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON,
                                REPORT_MD, RUNNER_LOG, TRACE)
@@ -55,15 +57,22 @@ class Ingester:
         # This attempt's artifacts only: a retried run is never analysed with an earlier attempt's trace.
         try:
             with self.files.local(run_key(run.id, TRACE, attempt=run.attempt)) as trace:
-                etdump = analysis.read_etdump(trace.read_bytes())  # read once, for the report and the Perfetto trace
+                etdump = read_etdump_file(trace)  # mapped, not read whole; once, for the report and the Perfetto trace
         except FileNotFoundError:
             raise IngestError(f"no {TRACE} was stored for this run") from None
-        kernel_log = self.files.run_artifact(run, KERNEL_LOG)
-        kernel_log = kernel_log.decode(errors="replace") if kernel_log is not None else None
+        kernel_log = self.files.run_artifact(run, KERNEL_LOG, limit=kernels.MAX_LOG_BYTES + 1)
+        log_cut = kernel_log is not None and len(kernel_log) > kernels.MAX_LOG_BYTES
+        kernel_log = kernel_log[:kernels.MAX_LOG_BYTES].decode(errors="replace") if kernel_log is not None else None
         etrecord, program, unreadable = self.etrecord(run)
-        report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace, sme2=run.sme2 == "on" and bool((run.device_snapshot or {}).get("sme2")), arch=analysis.arch_of((run.runner or {}).get("platform")),
-                                  etrecord=etrecord, program=program,
-                                  method=(run.experiment.spec or {}).get("method", DEFAULT_METHOD))
+        try:
+            report = analysis.analyze(etdump, kernel_log=kernel_log, skip_first=run.warmup_in_trace, sme2=run.sme2 == "on" and bool((run.device_snapshot or {}).get("sme2")), arch=analysis.arch_of((run.runner or {}).get("platform")),
+                                      etrecord=etrecord, program=program,
+                                      method=(run.experiment.spec or {}).get("method", DEFAULT_METHOD))
+        except kernels.KernelLogError as e:
+            raise IngestError(str(e)) from None
+        if log_cut:  # XNNPACK names its kernels as it starts: the head of the log holds them
+            report["warnings"].append(f"the kernel log is over {kernels.MAX_LOG_BYTES >> 20} MiB: only its first "
+                                      f"{kernels.MAX_LOG_BYTES >> 20} MiB were read")
         if unreadable:
             report["warnings"].append(unreadable)
         if report["n_iterations"] == 0:
@@ -89,7 +98,7 @@ class Ingester:
             REPORT_JSON: json.dumps(report),
             REPORT_MD: analysis.to_markdown(report),
             LATENCIES_CSV: analysis.to_csv(report),
-            PERFETTO_JSON: json.dumps(analysis.to_perfetto(etdump)),
+            PERFETTO_JSON: perfetto_json(etdump),
         }
         return Analysis(report, derived)
 
