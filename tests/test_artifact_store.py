@@ -101,7 +101,7 @@ def test_below_the_free_space_reserve_uploads_get_507_and_reads_go_on(api, agent
     try:
         r = api.client.post("/experiments", headers=api.auth(), files={"model": ("m.pte", pte)},
                             data={"spec": '{"name": "x"}'})
-        assert r.status_code == 507 and "free-space reserve" in r.json()["detail"], r.text
+        assert r.status_code == 507 and "below its free-space reserve" in r.json()["detail"], r.text
         r = api.client.get(f"/runs/{rid}/artifacts/{TRACE}", headers=api.auth())
         assert r.status_code == 200 and hashlib.sha256(r.content).hexdigest() == _sha(api, rid, TRACE)
         assert not any(store.tmp.iterdir())        # nothing of the refused upload was written

@@ -109,7 +109,7 @@ async def _os_error(request: Request, e: OSError) -> JSONResponse:
     log.error("%s %s: the disk is full: %s", request.method, request.url.path, e)
     if isinstance(e, BelowReserve):
         return JSONResponse(status_code=507, content={
-            "detail": f"the server's disk is below its free-space reserve ({e.strerror}): nothing was stored; "
+            "detail": f"the server's disk is full or below its free-space reserve ({e.strerror}): nothing was stored; "
                       "reads go on; retry once space is freed", "unavailable": "disk"})
     return JSONResponse(status_code=507, content={
         "detail": "the server's disk is full: nothing was stored; retry once space is freed", "unavailable": "disk"})
