@@ -106,8 +106,10 @@ def test_a_run_is_handed_to_its_agent_once_then_again_after_the_redelivery_time(
     t0 = time.monotonic()
     assert api.client.post("/agent/claim", params={"wait": 0.3}, headers=auth).json() == []  # it has it already
     assert time.monotonic() - t0 >= 0.3, "the claim waits for new work instead of answering what the agent holds"
-    # the agent restarts (registers anew): it holds nothing, so it is handed the run again
-    r = api.client.post("/agent/register", json=agent["body"], headers=api.auth(agent["register_token"]))
+    # the agent restarts (registers anew, presenting the token it keeps): it holds nothing, so it is
+    # handed the run again
+    r = api.client.post("/agent/register", json=agent["body"], headers={**api.auth(agent["register_token"]),
+                                                                        "X-Agent-Token": agent["access_token"]})
     auth = api.auth(r.json()["access_token"])
     assert [x["run_id"] for x in api.client.post("/agent/claim", headers=auth).json()] == [rid]
     # an answer that was lost: handed again once REDELIVER_S has passed, if still not started
