@@ -84,14 +84,15 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
         # off the event loop: a .bpte's program is copied out, and an .npz unpacked
         await run_in_threadpool(prepare, upload, method=spec.method, tmp_dir=store.tmp,
                                 max_inputs_bytes=settings.max_inputs_mb << 20)
+        # the methods `prepare` read: each program is parsed once per submission
         llm = await run_in_threadpool(llm_mode, upload.model_path, method=spec.method, llm=spec.llm,
-                                      has_inputs=upload.inputs_path is not None)
+                                      has_inputs=upload.inputs_path is not None, methods=upload.methods)
         if upload.vs_model_path is not None and llm is not None:
             await run_in_threadpool(llm_mode, upload.vs_model_path, method=spec.method, llm=llm, has_inputs=False,
-                                    field="vs_model")
+                                    field="vs_model", methods=upload.vs_methods)
         spec = spec.model_copy(update={"llm": llm})
         upload.llm_note = await run_in_threadpool(llm_note, upload.model_path, method=spec.method, llm=llm,
-                                                  has_inputs=upload.inputs_path is not None)
+                                                  has_inputs=upload.inputs_path is not None, methods=upload.methods)
         await run_in_threadpool(read_memory, upload)
         await run_in_threadpool(etrecords.check, upload)  # of `model`; a mismatch stores nothing
     except InvalidProgram as e:

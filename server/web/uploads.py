@@ -55,6 +55,9 @@ class Upload:
     # services/programs.read_memory: each program's planned memory and data sizes
     memory: dict | None = None
     vs_memory: dict | None = None
+    # services/programs.prepare: each program's method signatures, read once for the whole submission
+    methods: dict | None = None
+    vs_methods: dict | None = None
     # The model's ETRecord (the `etrecord` part), checked against it by services/etrecords.check
     etrecord_path: Path | None = None
     etrecord_sha256: str = ""
