@@ -269,7 +269,18 @@ def _delegate_rows(m, em: EtrecordMethod, call: Call | None, instruction: int, e
             _unattribute(r)
         return rows
     types = [r["operator"] for r in rows]
-    match = _align(types, call.xnodes)
+    # A node's fused activation (XNode.output_min_max) may run as a Clamp of its own right after
+    # it: where the call has no Clamp XNode, such a Clamp goes with the event before it.
+    act = set()
+    if not any(x.kind == "Clamp" for x in call.xnodes):
+        act = {i for i in range(1, len(types)) if _base(types[i]) == "clamp" and _base(types[i - 1]) != "clamp"}
+    rest = [i for i in range(len(types)) if i not in act]
+    aligned = _align([types[i] for i in rest], call.xnodes)
+    match: list[int | None] = [None] * len(types)
+    for i, j in zip(rest, aligned):
+        match[i] = j
+    for i in sorted(act):
+        match[i] = match[i - 1]
     # the node each event stands for: its XNode's handle, or for an inserted event (no XNode,
     # or an XNode without a handle) the next handled XNode of the call, else the previous one
     xh = [x.debug_handle for x in call.xnodes]
@@ -292,7 +303,9 @@ def _delegate_rows(m, em: EtrecordMethod, call: Call | None, instruction: int, e
         if match[i] is None or served[i] is None or not _fill(r, em, served[i], kind):
             _unattribute(r)
             continue
-        if own[i] is None:
+        if i in act:
+            r["inserted_by"] = "XNNPACK's runtime (the fused activation of the operator before it)"
+        elif own[i] is None:
             r["inserted_by"] = ("XNNPACK's runtime" if match[i] < 0 else "XNNPACK's delegate passes (layout)"
                                 if call.xnodes[match[i]].kind == "StaticTranspose" else "XNNPACK's delegate passes")
     return rows

@@ -233,10 +233,14 @@ def zoo_traced(local_runner, tmp_path_factory):
 
 
 @pytest.mark.models
-@pytest.mark.parametrize("name, dtype", [("bert", "fp32"), ("resnet", "int8"), ("vit", "fp16")])
+@pytest.mark.parametrize("name, dtype", [("bert", "fp32"), ("resnet", "fp32"), ("resnet", "int8"), ("vit", "fp16")])
 def test_real_architectures_attribute_convolutions_and_gemms_to_their_modules(zoo_traced, name, dtype):
     r = zoo_traced(name, dtype)
     _checks_that_hold_for_every_model(r)
+    assert r["attribution"]["status"] == "attributed"  # ResNet fp32: the Add's ReLU runs as a Clamp after it
+    for x in r["by_source"]:
+        if x["operator"].startswith("Clamp") and x["inserted_by"]:
+            assert x["aten"] == ["aten.add.Tensor"]
     rows = r["by_source"]
     convs = [x for x in rows if x["category"] == "Convolution"]
     assert all(x["module_class"] in CONV_CLASSES for x in convs), [x for x in convs if x["module_class"] not in CONV_CLASSES]
