@@ -137,9 +137,9 @@ def test_the_link_check_finds_a_broken_link_and_a_missing_heading(tmp_path):
 
 
 def folder_rows() -> dict[str, str]:
-    """The README's folder table: each folder it names, with the text of its row and continuation rows."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = readme.split("| folder | what |", 1)[1].split("\n\n", 1)[0]
+    """docs/layout.md's folder table: each folder it names, with the text of its row and continuation rows."""
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    table = layout.split("| folder | what |", 1)[1].split("\n\n", 1)[0]
     rows: dict[str, str] = {}
     current: list[str] = []
     for line in table.splitlines()[2:]:
@@ -161,10 +161,10 @@ def test_the_folder_table_names_every_folder_and_package_and_only_modules_that_e
     packages = {f"{init.parent.relative_to(ROOT).as_posix()}/" for init in ROOT.glob("*/**/__init__.py")
                 if not init.parent.relative_to(ROOT).parts[0].startswith((".", "tests"))
                 and "build" not in init.parent.relative_to(ROOT).parts}
-    assert not (top | packages) - set(rows), f"folders missing from the README's table: {(top | packages) - set(rows)}"
+    assert not (top | packages) - set(rows), f"folders missing from docs/layout.md's table: {(top | packages) - set(rows)}"
     missing = [f"{folder}{name}" for folder, what in rows.items()
                for name in re.findall(r"`([\w.]+\.(?:py|cpp))`", what) if not (ROOT / folder / name).exists()]
-    assert not missing, f"the README's folder table names modules that do not exist: {missing}"
+    assert not missing, f"docs/layout.md's folder table names modules that do not exist: {missing}"
 
 
 PACKAGE_FOLDERS = ("sme2farm", "farm", "server", "worker", "agent", "client", "analysis", "runners", "migrations")
