@@ -216,20 +216,18 @@ def test_kill_9_of_the_local_agent_restarts_it_and_the_farm_keeps_serving(sup_fa
 
 
 def test_reregistering_an_agent_named_local_does_not_stop_the_farm(sup_farm, example_pte):
-    """Another registration under the farm agent's name revokes its token: the agent exits (401),
-    the supervisor restarts it, it registers again, and work goes on."""
+    """Another registration under the live farm agent's name and host, without its token, is
+    refused (409): the agent keeps its token and devices, is not restarted, and work goes on."""
     farm = sup_farm
     restarts = supervisor_status(farm)["children"]["agent"]["restarts"]
     r = httpx.post(f"{farm.url}/agent/register", headers={"Authorization": f"Bearer {farm.token}"},
                    json={"name": "local", "hostname": socket.gethostname(), "version": "x", "devices": [], "runners": []})
-    assert r.status_code == 200, r.text
-    wait_until(lambda: (c := supervisor_status(farm)["children"]["agent"])["restarts"] > restarts and c["state"] == "running",
-               "the agent's restart after its token was revoked", timeout=90)
-    assert farm.proc.poll() is None
-    # The intruder's registration reported no device; the restarted agent's brings it back.
-    wait_until(lambda: [d for d in farm.client().devices() if d.agent == "local" and d.state == "idle"],
-               "the restarted agent's device")
+    assert r.status_code == 409 and r.json()["reason"] == "agent_live", r.text
+    assert [d for d in farm.client().devices() if d.agent == "local" and d.state == "idle"]
     run_one(farm, example_pte("toy_cnn"))
+    c = supervisor_status(farm)["children"]["agent"]
+    assert c["restarts"] == restarts and c["state"] == "running"
+    assert farm.proc.poll() is None
 
 
 def test_sigint_stops_every_child_exits_0_and_closes_the_port(sup_farm):
