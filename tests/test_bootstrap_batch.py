@@ -292,3 +292,12 @@ def test_real_comparisons_are_the_same_bit_for_bit(real_reports, monkeypatch):
     assert sum(e.get("ci_low") is not None for e in parts) >= 20
     verdicts = {out["verdict"] for out in new.values()} | {e["verdict"] for e in parts}
     assert "speedup" in verdicts and len(verdicts - {None}) >= 2
+
+
+def test_the_sorted_median_is_numpys_median_bit_for_bit():
+    g = np.random.default_rng(13)
+    for n in (5, 6, 20, 21, 200):
+        r = g.lognormal(-3, 0.5, (3, 400, n))
+        assert sessions_mod._sorted_median(r, axis=2).tobytes() == np.median(r, axis=2).tobytes()
+    r[1, 7, 3] = np.nan
+    assert np.isnan(sessions_mod._sorted_median(r, axis=2)[1, 7]) and np.isnan(np.median(r, axis=2)[1, 7])
