@@ -529,13 +529,16 @@ def _parts_from_analysis(session: Session, run_ids: list[int]) -> list[tuple]:
                 .cte("a").prefix_with("MATERIALIZED")
             j = a.c.j
             query = select(a.c.run_id, cast(a.c.categories_ms, Text), cast(j["e2e_ms"], Text), cast(j["load_ms"], Text),
-                           cast(j["operators"], Text), cast(j["kernels"], Text), cast(j["kernel_paths"], Text))
+                           cast(j["operators"], Text), cast(j["kernels"], Text), cast(j["kernel_paths"], Text),
+                           *(cast(j[k], Text) for k in ATTRIBUTION_KEYS))
         else:
             a = picked.subquery()
             query = select(a.c.run_id, func.json(a.c.categories_ms), func.json_extract(a.c.analysis, "$.e2e_ms"),
                            func.json_extract(a.c.analysis, "$.load_ms"), func.json_extract(a.c.analysis, "$.operators"),
-                           func.json_extract(a.c.analysis, "$.kernels"), func.json_extract(a.c.analysis, "$.kernel_paths"))
-        out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5], _loads(r[6]), {}) for r in session.execute(query)]
+                           func.json_extract(a.c.analysis, "$.kernels"), func.json_extract(a.c.analysis, "$.kernel_paths"),
+                           *(func.json_extract(a.c.analysis, f"$.{k}") for k in ATTRIBUTION_KEYS))
+        out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5], _loads(r[6]),
+                 {k: _loads(v) for k, v in zip(ATTRIBUTION_KEYS, r[7:])}) for r in session.execute(query)]
     return out
 
 
