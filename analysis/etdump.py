@@ -121,8 +121,8 @@ class _Buf:
     def strings(self, spos: np.ndarray, what: str) -> tuple[np.ndarray, list[str]]:
         """Deduplicate the strings at positions ``spos`` (-1 = absent).
 
-        Returns (ids into the list, -1 for absent) and the list of distinct strings. Each position
-        is read once however many events point at it, and the distinct strings may hold at most
+        Returns (ids into the list, -1 for absent) and the list of distinct strings. A position
+        named many times is read once, and the distinct strings may hold at most
         the file's bytes between them (strings do not overlap in a well-formed file), so the work
         is linear in the file. The key of a short string is a 64-bit FNV-style mix of its length
         and its bytes read 8 at a time, for all of them at once; a long one (a name no operator
@@ -132,11 +132,15 @@ class _Buf:
         present = spos >= 0
         if not present.any():
             return ids, []
-        p, at = np.unique(spos[present], return_inverse=True)
+        p, at = spos[present], None
         self.check(p, 4, what)
         ln = self.u32[p].astype(np.int64)
         self.check(p + 4 + ln, 0, what)
         total = int(ln.sum())
+        if total > self.n:  # strings named more than once: read each place once (a sort, skipped when not needed)
+            p, at = np.unique(p, return_inverse=True)
+            ln = self.u32[p].astype(np.int64)
+            total = int(ln.sum())
         if total > self.n:
             raise EtdumpError(f"corrupt ETDump: {what} claim {total} bytes between them in a {self.n}-byte file "
                               "(its strings overlap)")
@@ -154,7 +158,8 @@ class _Buf:
             s = int(p[i])
             n = int(ln[i])
             out.append(raw[s + 4: s + 4 + n].tobytes().decode("utf-8", "replace"))
-        ids[present] = inv.reshape(-1).astype(np.int32)[at.reshape(-1)]
+        inv = inv.reshape(-1).astype(np.int32)
+        ids[present] = inv if at is None else inv[at.reshape(-1)]
         return ids, out
 
     def _short_hashes(self, p: np.ndarray, ln: np.ndarray) -> np.ndarray:
