@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, numerics, to_csv,
                                to_markdown, to_perfetto, to_terminal)
+from sme2farm.analysis.by_module import tree as module_tree
 from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
 from sme2farm.runners import inputs as containers
 
@@ -292,15 +293,16 @@ def by_module_text(report: dict, *, modules: int = 8, rows: int = 8) -> str:
     status = report["attribution"]["status"]
     lines = ["", f"time by module ({status}, {report['attribution']['attributed_share']:.0%} of operator time; "
                  "mean ms per iteration, share of E2E):"]
-    top = sorted((m for m in by_module if m["depth"] in (1, 2)), key=lambda m: -m["ms"])[:modules]
-    group = {m["module"]: m["ms"] for m in by_module if m["depth"] == 1}
-    for m in sorted(top, key=lambda m: (-group.get(m["module"].split(".")[0], 0.0), m["module"].split(".")[0],
-                                        m["depth"], -m["ms"])):
-        lines.append(f"  {'  ' * (m['depth'] - 1)}{m['module']:<{34 - 2 * m['depth']}} {m['ms']:9.3f} {m['share']:6.1%}"
-                     + (f"  {m['module_class']}" if m.get("module_class") else ""))
-    rest = next((m for m in by_module if m["depth"] == 0 and m["module"] != ""), None)
-    if rest is not None:
-        lines.append(f"  {rest['module']:<32} {rest['ms']:9.3f} {rest['share']:6.1%}")
+    # module_tree adds the model's own operators as one '(top level)' row, so the depth-1 rows and
+    # the rest add up to E2E, as report --by module shows them
+    shown = module_tree(report, 2)
+    keep = {m["module"] for m in sorted((m for m in shown if m["depth"] in (1, 2)), key=lambda m: -m["ms"])[:modules]}
+    for m in shown:
+        if m["depth"] == 0:
+            lines.append(f"  {m['module']:<32} {m['ms']:9.3f} {m['share']:6.1%}")
+        elif m["module"] in keep:
+            lines.append(f"  {'  ' * (m['depth'] - 1)}{m['module']:<{34 - 2 * m['depth']}} {m['ms']:9.3f} "
+                         f"{m['share']:6.1%}" + (f"  {m['module_class']}" if m.get("module_class") else ""))
     lines.append("top call sites:")
     for r in sorted(report.get("by_source") or [], key=lambda r: -r["ms"])[:rows]:
         name = r["operator"] + (f" #{r['instance']}" if r.get("instance") else "")
