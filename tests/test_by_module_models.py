@@ -172,7 +172,8 @@ def test_the_dashboard_icicle_draws_the_runs_modules(ln_net, browser):
     for c in cells:
         assert c["text"] <= c["rect"] + 0.5, c               # a label never overflows its cell
         assert c["title"].startswith(c["module"] + ":")       # the full name is always on hover
-        assert c["label"] in ("", c["module"], c["module"].rsplit(".", 1)[-1]) or c["label"].endswith("…"), c
+        assert c["label"] in ("", c["module"], c["module"].rsplit(".", 1)[-1], ".".join(c["module"].split(".")[-2:])) \
+            or c["label"].endswith("…"), c
         assert c["ms"] == pytest.approx(mean[c["module"]], rel=1e-6), c
     logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
     assert not logs, logs

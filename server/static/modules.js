@@ -25,11 +25,13 @@ function svg(tag, attrs, ...children) {
 }
 
 // A label that fits `px`: the full name, else its last part, else that part cut with "…", else none
-// (the full name is always in the cell's <title>).
+// (the full name is always in the cell's <title>). A bare index (a Sequential's child, `entry.0`)
+// names nothing alone: its parent's part goes with it.
 export function fitLabel(name, px) {
   const room = Math.floor((px - 6) / CHAR_PX);
   if (name.length <= room) return name;
-  const last = name.split(".").pop();
+  const parts = name.split(".");
+  const last = parts.length > 1 && /^\d+$/.test(parts[parts.length - 1]) ? parts.slice(-2).join(".") : parts.pop();
   if (last.length <= room) return last;
   return room >= 3 ? `${last.slice(0, room - 1)}…` : "";
 }
