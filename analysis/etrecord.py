@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .pte import PteError
+from .pte import InputSpec, PteError, program_end, program_methods, scalar_name
 from .xnnpack_payload import Call, program_calls
 
-__all__ = ["EtrecordError", "EtrecordNode", "EtrecordMethod", "Etrecord", "read_etrecord",
+__all__ = ["EtrecordError", "EtrecordNode", "EtrecordMethod", "ArgSpec", "Etrecord", "read_etrecord",
            "check_against_program", "NO_HANDLE", "MAX_MEMBERS", "MAX_MEMBER_BYTES", "MAX_JSON_DEPTH",
            "op_name"]
 
@@ -64,11 +64,27 @@ class EtrecordNode:
 
 
 @dataclass(frozen=True)
+class ArgSpec:
+    """One user input or output of an edge graph: `kind` "tensor" or the .pte's name for a scalar
+    ("int", "double", "bool"; "" for another); a tensor's `scalar_type` in ExecuTorch's codes (None
+    where unknown) and `sizes` (None for a symbolic dimension)."""
+
+    kind: str
+    scalar_type: int | None = None
+    sizes: tuple[int | None, ...] = ()
+
+
+@dataclass(frozen=True)
 class EtrecordMethod:
     name: str
     nodes: dict[int, tuple[EtrecordNode, ...]]  # debug handle -> its nodes, graph order
     handle_map: dict[int, tuple[int, ...]]  # instruction id -> debug handles
     delegates: dict[int, str]  # instruction id -> backend name (delegate calls only)
+    # The graph signature's user inputs and outputs (ArgSpec each), None where it has none; and
+    # how many buffers the graph mutates (a KV cache: the .pte's copy_ back into each).
+    inputs: tuple[ArgSpec, ...] | None = None
+    outputs: tuple[ArgSpec, ...] | None = None
+    mutations: int = 0
 
     def is_delegate(self, instruction: int) -> bool:
         return instruction in self.delegates
@@ -111,9 +127,10 @@ def read_etrecord(data: bytes) -> Etrecord:
             if member not in names:
                 raise EtrecordError(f"the ETRecord has no edge program for method {method!r} ({member})")
             program = reader.json(member)
+            inputs, outputs, mutations = _signature(program)
             methods[str(method)] = EtrecordMethod(
                 str(method), _nodes(program, method, reader), _handle_map(raw_map, method),
-                _delegates(delegate_maps.get(method, {}), method))
+                _delegates(delegate_maps.get(method, {}), method), inputs, outputs, mutations)
     return Etrecord(digest, methods)
 
 
@@ -229,6 +246,47 @@ def _nodes(program, method, reader: _Members) -> dict[int, tuple[EtrecordNode, .
     return {h: tuple(v) for h, v in out.items()}
 
 
+# torch/_export/serde/schema.py ScalarType -> executorch/schema/scalar_type.fbs (the common ones)
+_TORCH_DTYPES = {1: 0, 2: 1, 3: 2, 4: 3, 5: 4, 6: 5, 7: 6, 8: 7, 12: 11, 13: 15}
+_SCALAR_ARGS = {"as_int": "int", "as_sym_int": "int", "as_float": "double", "as_sym_float": "double",
+                "as_bool": "bool", "as_sym_bool": "bool"}
+
+
+def _signature(program) -> tuple[tuple[ArgSpec, ...] | None, tuple[ArgSpec, ...] | None, int]:
+    """The user inputs and outputs of a serialized exported program's signature, and its count of
+    buffer mutations; (None, None, 0) where it carries no signature this reader knows."""
+    try:
+        gm = program["graph_module"]
+        specs, values = gm["signature"], gm["graph"].get("tensor_values") or {}
+        ins, outs = specs["input_specs"], specs["output_specs"]
+    except (KeyError, TypeError, AttributeError):
+        return None, None, 0
+    if not isinstance(ins, list) or not isinstance(outs, list) or not isinstance(values, dict):
+        return None, None, 0
+
+    def arg(spec, role: str) -> ArgSpec | None:
+        user = spec.get(role) if isinstance(spec, dict) else None
+        a = user.get("arg") if isinstance(user, dict) else None
+        if not isinstance(a, dict):
+            return None if user is None else ArgSpec("")
+        if isinstance(a.get("as_tensor"), dict):
+            name = a["as_tensor"].get("name")
+            meta = values.get(name) if isinstance(name, str) else None
+            if not isinstance(meta, dict):
+                return ArgSpec("tensor")
+            sizes = meta.get("sizes") if isinstance(meta.get("sizes"), list) else []
+            dims = tuple(d["as_int"] if isinstance(d, dict) and isinstance(d.get("as_int"), int) else None
+                         for d in sizes)
+            dtype = meta.get("dtype")
+            return ArgSpec("tensor", _TORCH_DTYPES.get(dtype) if isinstance(dtype, int) else None, dims)
+        return ArgSpec(next((v for k, v in _SCALAR_ARGS.items() if k in a), ""))
+
+    inputs = tuple(x for x in (arg(s, "user_input") for s in ins) if x is not None)
+    outputs = tuple(x for x in (arg(s, "user_output") for s in outs) if x is not None)
+    mutations = sum(1 for s in outs if isinstance(s, dict) and "buffer_mutation" in s)
+    return inputs, outputs, mutations
+
+
 def short_target(target: str) -> str:
     """``executorch.exir.dialects.edge.ops.aten.convolution.default`` -> ``aten.convolution.default``."""
     for prefix in ("executorch.exir.dialects.edge.ops.", "torch.ops."):
@@ -301,25 +359,60 @@ def _short_path(path: str) -> str:
     return "/".join(norm.rsplit("/", 2)[-2:])
 
 
-# XNNPACK node kinds that stand for one edge operator family; used only to tell an ETRecord of
-# another model from this one's (a convolution node whose handle names no convolution).
-_CONV_KINDS = {"Conv2d", "DepthwiseConv2d", "ConvTranspose2d"}
+# XNNPACK node kinds that stand for one edge operator family: the node's handle must name one of
+# these operators (a 1x1 convolution may run as Fully Connected). Used only to tell an ETRecord of
+# another model from this one's; kinds XNNPACK's passes make of several operators are not checked.
+_KIND_OPS = {
+    "Conv2d": ("conv",), "DepthwiseConv2d": ("conv",), "ConvTranspose2d": ("conv",),
+    "FullyConnected": ("linear", "addmm", "mm", "conv", "bmm", "matmul", "einsum"),
+    "BatchMatrixMultiply": ("bmm", "matmul", "mm", "einsum", "baddbmm"),
+    "MaxPooling2d": ("max_pool",), "AvgPooling2d": ("avg_pool", "adaptive_avg_pool", "mean"),
+    "Softmax": ("softmax", "_softmax"),
+}
 
 
 def check_against_program(et: Etrecord, program: bytes, *, calls: dict[str, list[Call]] | None = None) -> list[str]:
-    """Sentences naming each way `et` disagrees with `program` (a .pte); [] when it belongs to it.
+    """Sentences naming each way `et` disagrees with `program` (a .pte); [] when it belongs to it:
+    the same methods (a constant method, no call in it, needs no graph), each method's user inputs
+    and outputs, its delegate calls, and what each call runs against what its handles name.
     `calls`: program_calls(program) where the caller has it already."""
     try:
         calls = program_calls(program) if calls is None else calls
+        signatures = program_methods(program, end=program_end(program))
     except PteError as e:
         return [f"the model cannot be read to check the ETRecord against it: {e}"]
     problems: list[str] = []
-    if set(calls) != set(et.methods):
+    needed = {m for m, cs in calls.items() if cs}
+    if not needed <= set(et.methods) or not set(et.methods) <= set(calls):
         problems.append(f"the ETRecord's methods ({', '.join(sorted(et.methods)) or 'none'}) differ from "
-                        f"the model's ({', '.join(sorted(calls)) or 'none'})")
+                        f"the model's ({', '.join(sorted(needed)) or 'none'}"
+                        f"{' and constant ones' if set(calls) - needed else ''})")
     for method in sorted(set(calls) & set(et.methods)):
-        problems += _check_method(et.methods[method], calls[method])
+        em = et.methods[method]
+        sig = signatures.get(method)
+        if sig is not None:
+            problems += _check_args(em.name, "input", sig.inputs, em.inputs)
+            problems += _check_args(em.name, "output", sig.outputs, em.outputs)
+        problems += _check_method(em, calls[method])
     return problems
+
+
+def _check_args(method: str, role: str, ours: tuple[InputSpec, ...], theirs: tuple[ArgSpec, ...] | None) -> list[str]:
+    if theirs is None:
+        return []
+    if len(ours) != len(theirs):
+        return [f"method {method}: the model has {len(ours)} {role}s, the ETRecord's graph {len(theirs)}"]
+    for i, (o, t) in enumerate(zip(ours, theirs)):
+        if not t.kind:
+            continue
+        dims_differ = o.kind == "tensor" == t.kind and (
+            len(o.sizes) != len(t.sizes) or any(d is not None and d != e for d, e in zip(t.sizes, o.sizes))
+            or (t.scalar_type is not None and t.scalar_type != o.scalar_type))
+        if (o.kind == "tensor") != (t.kind == "tensor") or dims_differ:
+            said = (f"{scalar_name(t.scalar_type) if t.scalar_type is not None else '?'}"
+                    f"[{', '.join('?' if d is None else str(d) for d in t.sizes)}]" if t.kind == "tensor" else t.kind)
+            return [f"method {method}: {role} {i} is {o} in the model, {said} in the ETRecord's graph"]
+    return []
 
 
 def _check_method(em: EtrecordMethod, calls: list[Call]) -> list[str]:
@@ -339,17 +432,23 @@ def _check_method(em: EtrecordMethod, calls: list[Call]) -> list[str]:
             out.append(f"method {em.name}: the delegate call at instruction {iid} runs XNNPACK nodes with debug "
                        f"handles {_ids(extra)} that the ETRecord does not give that call")
             continue
-        wrong = [x for x in call.xnodes if x.kind in _CONV_KINDS and x.debug_handle != NO_HANDLE
-                 and not any(op_name(n.target).startswith("conv") for n in em.nodes.get(x.debug_handle, ()))]
-        if wrong:
-            out.append(f"method {em.name}: the delegate call at instruction {iid} runs a convolution for debug "
-                       f"handle {wrong[0].debug_handle}, which the ETRecord gives to "
-                       f"{_targets(em, wrong[0].debug_handle)}")
+        wrong = next((x for x in call.xnodes if x.kind in _KIND_OPS and x.debug_handle != NO_HANDLE
+                      and not any(op_name(n.target).startswith(_KIND_OPS[x.kind])
+                                  for n in em.nodes.get(x.debug_handle, ()))), None)
+        if wrong is not None:
+            out.append(f"method {em.name}: the delegate call at instruction {iid} runs an XNNPACK {wrong.kind} for "
+                       f"debug handle {wrong.debug_handle}, which the ETRecord gives to "
+                       f"{_targets(em, wrong.debug_handle)}")
+    unhandled_copies = 0
     for call in calls:
         if call.kind != "kernel" or not call.operator.startswith("aten::"):
             continue
         handles = em.handle_map.get(call.instruction)
         if handles is None:
+            # the copy_ back into a mutated buffer (a KV cache) is added after the graph: no handle
+            if op_name(call.operator) == "copy_" and unhandled_copies < em.mutations:
+                unhandled_copies += 1
+                continue
             out.append(f"method {em.name}: the ETRecord has no debug handle for instruction {call.instruction} "
                        f"({call.operator})")
             continue

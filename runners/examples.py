@@ -9,7 +9,7 @@ ExecuTorch's own Llama code and LLM export; `hf_llama` (runners/hf_llama.py) is 
 of one (optimum-executorch), in each of the two position conventions. torch is imported inside functions only: this module is imported by
 light code (agent, client) that must not pull torch in at import time.
 
-Each model built here (not the LLMs, which have exports of their own) also writes its ETRecord,
+Each model built here, and tiny_llama (not the other LLMs, whose exports write none), also writes its ETRecord,
 the export's record of which module and source line made each operator: OUT.pte.etrecord beside
 the .pte, the name `sme2-client submit` looks for. The .pte is the same bytes with or without it.
 
@@ -33,12 +33,14 @@ class Example:
     export: Callable[[Path], Path] | None = None
     # modules exporting it needs beyond torch and executorch (import names)
     needs: tuple[str, ...] = ()
+    # whether `export` also takes etrecord=PATH and writes the ETRecord there
+    writes_etrecord: bool = False
 
 
-def _tiny_llama(out: Path, dtype: str = "fp32") -> Path:
+def _tiny_llama(out: Path, dtype: str = "fp32", etrecord: Path | None = None) -> Path:
     from sme2farm.runners.tiny_llama import export_tiny_llama
 
-    return export_tiny_llama(out, dtype=dtype)
+    return export_tiny_llama(out, dtype=dtype, etrecord=etrecord)
 
 
 # ExecuTorch's own Llama (executorch.examples.models.llama), tiny: its params.json fields.
@@ -184,8 +186,9 @@ EXAMPLES: dict[str, Example] = {
     "portable_mix": Example("delegated conv/linear next to portable cumsum and topk", _portable_mix),
     "cnn_blocks": Example("N residual conv blocks, 4 XNNPACK ops each (blocks=50: ~200 ops)", _cnn_blocks),
     "tiny_llama": Example("Llama, 2 layers, hidden 64, vocab 256, static KV cache of 64: LLM prefill/decode (fp32)",
-                          export=_tiny_llama),
-    "tiny_llama_fp16": Example("the same tiny Llama in fp16", export=lambda out: _tiny_llama(out, "fp16")),
+                          export=_tiny_llama, writes_etrecord=True),
+    "tiny_llama_fp16": Example("the same tiny Llama in fp16", writes_etrecord=True,
+                               export=lambda out, etrecord=None: _tiny_llama(out, "fp16", etrecord)),
     "executorch_llama": Example("ExecuTorch's own Llama and LLM export (random weights, KV cache of 64, XNNPACK), "
                                 "up to 31 tokens per call", export=_executorch_llama),
     "executorch_llama_static": Example("the same with static shapes: one token per call, prefilled token by token",
@@ -201,7 +204,8 @@ EXAMPLES: dict[str, Example] = {
 
 def export_example(name: str, out: Path, etrecord: Path | None = None, **kw: Any) -> Path:
     """Export example `name` (builder kwargs in **kw, e.g. blocks=50) to `out` as an XNNPACK .pte,
-    and its ETRecord to `etrecord` when given (an example with an export of its own has none)."""
+    and its ETRecord to `etrecord` when given (of an example with an export of its own, only
+    tiny_llama's)."""
     if name not in EXAMPLES:
         raise KeyError(f"unknown example {name!r}; choose from {', '.join(EXAMPLES)}")
     import torch
@@ -209,9 +213,11 @@ def export_example(name: str, out: Path, etrecord: Path | None = None, **kw: Any
     if EXAMPLES[name].export is not None:
         if kw:
             raise ValueError(f"example {name} takes no options")
-        if etrecord is not None:
+        if etrecord is None:
+            return EXAMPLES[name].export(Path(out))
+        if not EXAMPLES[name].writes_etrecord:
             raise ValueError(f"example {name} has an export of its own, which writes no ETRecord")
-        return EXAMPLES[name].export(Path(out))
+        return EXAMPLES[name].export(Path(out), etrecord=Path(etrecord))
     # Fixed weights: the same example exports to the same bytes, so the farm stores it once and
     # results from different days compare like for like.
     torch.manual_seed(0)
@@ -221,7 +227,7 @@ def export_example(name: str, out: Path, etrecord: Path | None = None, **kw: Any
 
 def has_etrecord(name: str) -> bool:
     """Whether exporting example `name` can write its ETRecord (the models built here)."""
-    return EXAMPLES[name].export is None
+    return EXAMPLES[name].export is None or EXAMPLES[name].writes_etrecord
 
 
 def write_xnnpack_pte(model: Any, inputs: tuple, out: Path, etrecord: Path | None = None) -> Path:

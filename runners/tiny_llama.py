@@ -130,9 +130,10 @@ def reference_logits(cfg: TinyLlamaConfig, tokens: list[int], seed: int = 0) -> 
 
 
 def export_tiny_llama(out: Path, cfg: TinyLlamaConfig | None = None, dtype: str = "fp32", seed: int = 0,
-                      declare_cache: bool = True) -> Path:
+                      declare_cache: bool = True, etrecord: Path | None = None) -> Path:
     """Export the static-cache Llama to `out` (XNNPACK-lowered .pte, fp32 or fp16). declare_cache=False
-    leaves out the cache-length methods (get_max_seq_len, get_max_context_len), as some exports do."""
+    leaves out the cache-length methods (get_max_seq_len, get_max_context_len), as some exports do.
+    `etrecord`: where to write its ETRecord too (generate_etrecord=True; the .pte is the same)."""
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
@@ -149,7 +150,7 @@ def export_tiny_llama(out: Path, cfg: TinyLlamaConfig | None = None, dtype: str 
     with torch.no_grad():
         exported = torch.export.export(model, example, dynamic_shapes=({1: seq}, None), strict=False)
     program = to_edge_transform_and_lower(
-        exported, partitioner=[XnnpackPartitioner()],
+        exported, partitioner=[XnnpackPartitioner()], generate_etrecord=etrecord is not None,
         constant_methods={"get_vocab_size": cfg.vocab, **({"get_max_seq_len": cfg.max_seq_len,
                                                             "get_max_context_len": cfg.max_seq_len}
                                                            if declare_cache else {})},
@@ -157,4 +158,7 @@ def export_tiny_llama(out: Path, cfg: TinyLlamaConfig | None = None, dtype: str 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(program.buffer)
+    if etrecord is not None:
+        Path(etrecord).parent.mkdir(parents=True, exist_ok=True)
+        program.get_etrecord().save(str(etrecord))
     return out

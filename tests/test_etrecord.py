@@ -188,3 +188,103 @@ def test_the_alignment_names_an_xnode_only_where_every_best_alignment_agrees(typ
     from sme2farm.analysis.xnnpack_payload import XNode
 
     assert _align(types, tuple(XNode(k, i + 1) for i, k in enumerate(kinds))) == expected
+
+
+@pytest.fixture(scope="session")
+def example_with_etrecord(tmp_path_factory):
+    """Factory (name) -> (.pte bytes, its ETRecord read), exported once per session by the
+    examples' own export (runners/examples.py), ETRecord included."""
+    pytest.importorskip("executorch")
+    import os
+
+    from _fixtures_runtime import export_once, shared_exports_dir
+    from sme2farm.runners.examples import etrecord_path, export_example
+
+    out_dir = shared_exports_dir(tmp_path_factory)
+
+    def make(name: str):
+        pte = out_dir / f"{name}-with-etrecord.pte"
+
+        def export(partial):
+            tmp = etrecord_path(pte).with_suffix(f".{os.getpid()}.partial")
+            export_example(name, partial, etrecord=tmp)
+            os.replace(tmp, etrecord_path(pte))
+
+        export_once(pte, export)
+        return pte.read_bytes(), read_etrecord(etrecord_path(pte).read_bytes())
+
+    return make
+
+
+# every bundled example whose export writes an ETRecord (the other LLMs' exports write none)
+_WITH_ETRECORD = ("toy_cnn", "mlp", "portable_mix", "cnn_blocks", "tiny_llama")
+
+
+@pytest.mark.models
+def test_each_examples_etrecord_fits_its_own_model_and_no_other(example_with_etrecord):
+    models = {n: example_with_etrecord(n) for n in _WITH_ETRECORD}
+    for a, (_, et) in models.items():
+        for b, (pte, _) in models.items():
+            problems = check_against_program(et, pte)
+            if a == b:
+                assert problems == [], (a, problems)
+            else:
+                assert problems and all("\n" not in p for p in problems), (a, b)
+
+
+@pytest.mark.models
+def test_the_graph_checks_alone_refuse_another_models_etrecord(example_with_etrecord):
+    """Without the signatures (an ETRecord that carries none), the delegate calls, their XNodes'
+    kinds against their handles' operators and the kernels' handles still tell the models apart."""
+    import dataclasses
+
+    models = {n: example_with_etrecord(n) for n in _WITH_ETRECORD}
+    bare = {n: dataclasses.replace(et, methods={m: dataclasses.replace(v, inputs=None, outputs=None)
+                                                for m, v in et.methods.items()})
+            for n, (_, et) in models.items()}
+    for a in models:
+        for b, (pte, _) in models.items():
+            assert (check_against_program(bare[a], pte) == []) == (a == b), (a, b)
+    # toy_cnn and mlp: what made the false negative, now named by the operator a handle gives
+    problems = check_against_program(bare["toy_cnn"], models["mlp"][0])
+    assert any("FullyConnected" in p and "aten." in p for p in problems), problems
+
+
+@pytest.mark.models
+def test_an_llms_etrecord_passes_its_constant_methods_and_kv_cache_copies(example_with_etrecord):
+    from sme2farm.analysis.pte import program_methods
+
+    pte, et = example_with_etrecord("tiny_llama")
+    calls = program_calls(pte)
+    assert set(et.methods) == {"forward"} and {"get_vocab_size", "get_max_seq_len"} < set(program_methods(pte))
+    m = et.methods["forward"]
+    copies = [c for c in calls["forward"] if c.kind == "kernel" and c.operator.startswith("aten::")
+              and c.instruction not in m.handle_map]  # executorch_prim's views carry no handle either
+    assert copies and all(c.operator.startswith("aten::copy_") for c in copies) and len(copies) <= m.mutations
+    assert check_against_program(et, pte, calls=calls) == []
+    # the graph's inputs: tokens [1, seq] (seq symbolic) and input_pos [1], both Long
+    assert [(i.kind, i.scalar_type, i.sizes) for i in m.inputs] == [("tensor", 4, (1, None)), ("tensor", 4, (1,))]
+    # a copy_ with no handle beyond the buffers the graph mutates is still refused
+    import dataclasses
+
+    fewer = dataclasses.replace(et, methods={"forward": dataclasses.replace(m, mutations=len(copies) - 1)})
+    assert any("no debug handle" in p and "copy_" in p for p in check_against_program(fewer, pte, calls=calls))
+    # a method that runs something needs its graph: the ETRecord's forward under another name is refused
+    renamed = dataclasses.replace(et, methods={"decode": dataclasses.replace(m, name="decode")})
+    assert any("methods" in p for p in check_against_program(renamed, pte, calls=calls))
+
+
+@pytest.mark.parametrize("signature, tensor_values", [
+    ({"input_specs": [{"user_input": {"arg": {"as_tensor": {"name": ["x"]}}}}], "output_specs": 3}, {}),
+    ({"input_specs": [{"user_input": {"arg": {"as_tensor": {"name": "x"}}}}], "output_specs": []},
+     {"x": {"dtype": [7], "sizes": {"as_int": 1}}}),
+    ({"input_specs": "no", "output_specs": []}, []),
+])
+def test_a_malformed_graph_signature_is_read_as_unknown_not_an_exception(signature, tensor_values):
+    members = _minimal()
+    program = {"graph_module": {"graph": {"nodes": json.loads(members["edge_dialect_exported_program/forward"])
+                                          ["graph_module"]["graph"]["nodes"], "tensor_values": tensor_values},
+                                "signature": signature}}
+    m = read_etrecord(_zip({**members, "edge_dialect_exported_program/forward": json.dumps(program).encode()})
+                      ).methods["forward"]
+    assert m.inputs is None or all(a.kind in ("tensor", "") and a.scalar_type is None for a in m.inputs)
