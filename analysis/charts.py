@@ -114,7 +114,8 @@ def _open(width: int, height: int, title: str, desc: str, kind: str) -> list[str
             f'font-family="{_esc(FONT)}" font-size="12" fill="{INK}">',
             f"<title>{_esc(title)}</title>", f"<desc>{_esc(desc)}</desc>",
             f'<rect class="bg" x="0" y="0" width="{width}" height="{height}" fill="{BG}"/>',
-            f'<text x="12" y="20" font-size="14" font-weight="600">{_esc(title)}</text>']
+            # 14 px bold: about 8.6 px a character; the whole title is in <title> above
+            f'<text x="12" y="20" font-size="14" font-weight="600">{_esc(_fit(title, width - 28, 8.6))}</text>']
 
 
 def _close(parts: list[str]) -> str:
