@@ -60,10 +60,17 @@ def test_no_5xx_from_any_operation(api, seeded, kind):
             response = case.call(base_url=api.url, headers=headers, timeout=30)
             checks = [not_a_server_error]
             if op.path == "/ready" and response.status_code == 503:  # documented: no beat runs in this test
-                assert "beat" in response.json()["failing"]
+                body = response.json()
+                # a user token reads what fails; an agent token, or a case sent without one, the status alone
+                if "failing" in body:
+                    assert "beat" in body["failing"]
+                else:
+                    assert body["status"] == "not ready" and not body.get("failing") and not body.get("checks")
                 checks = []
             if mode is schemathesis.GenerationMode.POSITIVE:
                 checks.append(response_schema_conformance)
+            if not checks:  # an empty list would make validate_response run its default checks
+                return
             try:
                 case.validate_response(response, checks=checks)
             except (Exception, BaseExceptionGroup) as e:  # collected: one run reports every operation that failed
