@@ -12,22 +12,25 @@ ETRecord's edge graph through the .pte's XNNPACK payloads (docs/design.md, "Attr
   gives it the same node; otherwise it is ``ambiguous`` and no module is named.
 * Inserted operators (no handle, or no XNode at all) get ``inserted_by`` and are attributed to
   the node they serve: the next node of their call with a handle, else the previous one.
-* The alignment is made once per call on the first iteration and applied by position to every
-  iteration with the same sequence of events.
+* The alignment is made once per distinct sequence of events (an LLM's prefill and decode calls
+  differ; at most _MAX_SEQUENCES, the rest ambiguous) and applied by position to every
+  iteration with that sequence.
 """
 
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 
 from .categories import CATEGORIES
 from .etrecord import NO_HANDLE, Etrecord, EtrecordMethod, EtrecordNode, check_against_program, op_name
+from .llm import DECODE, PREFILL
 from .pte import PteError
 from .xnnpack_payload import Call, XNode, program_calls
 
-__all__ = ["attribute", "EXPORT_HINT", "NOT_ATTRIBUTED", "STATUSES", "MAX_ALIGN_CELLS"]
+__all__ = ["attribute", "attribute_phases", "EXPORT_HINT", "NOT_ATTRIBUTED", "STATUSES", "MAX_ALIGN_CELLS"]
 
 EXPORT_HINT = ("no ETRecord: operators are not traced to modules. Export one with the model: "
                "to_edge_transform_and_lower(..., generate_etrecord=True), then after .to_executorch() "
@@ -107,16 +110,48 @@ def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators:
     return _attribute(m, em, calls, (sha, program, method), operators)
 
 
+def attribute_phases(calls_m, phase: np.ndarray, etrecord: Etrecord | None, program: bytes | None, *,
+                     operators: list[dict], method: str | None = None) -> dict[str, list[dict]]:
+    """An LLM run's ``by_module`` per phase: `calls_m` is the report's _Model with one iteration
+    per Execute block, `phase` each block's (llm.PREFILL | DECODE). Times are per call of the
+    phase (a decode call: one token). Empty when the ETRecord is not used."""
+    out: dict[str, list[dict]] = {}
+    for name, code in (("prefill", PREFILL), ("decode", DECODE)):
+        its = np.flatnonzero(phase[:calls_m.n_it] == code)
+        if its.size == 0:
+            continue
+        r = attribute(_subset(calls_m, its), etrecord, program, operators=operators, method=method)
+        if r["attribution"]["status"] not in ("attributed", "ambiguous"):
+            return {}
+        out[name] = r["by_module"]
+    return out
+
+
+def _subset(m, its: np.ndarray):
+    """The iterations `its` of _Model `m`, renumbered from 0: the fields the attribution reads."""
+    sel = np.isin(m.op_it, its)
+    renum = np.full(max(m.n_it, 1), -1, dtype=np.int64)
+    renum[its] = np.arange(its.size)
+    return SimpleNamespace(ev=m.ev, labels=m.labels, types=m.types, n_it=int(its.size), op_idx=m.op_idx[sel],
+                           delegated=m.delegated[sel], op_it=renum[m.op_it[sel]], label_id=m.label_id[sel],
+                           op_ms=m.op_ms[sel], type_id=m.type_id[sel], cat=m.cat[sel], e2e=m.e2e[its])
+
+
 # The same model's runs are analysed one after the other (an experiment's arms and repeats): its
 # check and the alignment of one event sequence are kept for a few models, keyed by the ETRecord's
 # sha256 and the program's bytes (whose hash Python keeps on the object).
 _CACHED_MODELS = 4
+# distinct event sequences aligned per trace (an LLM's prefill and decode calls: a few)
+_MAX_SEQUENCES = 8
+# rows of different sequences standing for the same event of the same node are one row
+_ROW_KEY = ("operator", "instance", "delegated", "instruction", "position", "debug_handle", "module",
+            "inserted_by", "ambiguous")
 _CHECKED: dict = {}
 _PLANS: dict = {}
 
 
-def _remember(cache: dict, key, value):
-    if len(cache) >= _CACHED_MODELS:
+def _remember(cache: dict, key, value, cap: int = _CACHED_MODELS):
+    if len(cache) >= cap:
         cache.pop(next(iter(cache)))
     cache[key] = value
     return value
@@ -147,40 +182,57 @@ def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], model_key: tuple, 
     warnings: list[str] = []
     sha = model_key[0]
     n_it = m.n_it
+    capped = False
     if n_it == 0 or m.op_idx.size == 0:
         return _empty("attributed", sha, warnings)
-    first = np.flatnonzero(m.op_it == 0)
-    n_pos = first.size
     labels = m.label_id
     counts = np.bincount(m.op_it, minlength=n_it)
-    same = counts == n_pos
-    if same.all() and (labels.reshape(n_it, n_pos) == labels[first]).all():
-        ms = m.op_ms.reshape(n_it, n_pos).mean(axis=0)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    n_first = int(counts[0])
+    if (counts == n_first).all() and (labels.reshape(n_it, n_first) == labels[:n_first]).all():
+        groups = [np.arange(n_it)]
     else:
-        # iterations whose events differ from the first (an LLM's prefill and decode calls) are
-        # left out of by_source: their time is in "not attributed"
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        keep = np.flatnonzero(same)
-        idx = bounds[keep][:, None] + np.arange(n_pos)[None, :]
-        keep = keep[(labels[idx] == labels[first]).all(axis=1)]
-        idx = bounds[keep][:, None] + np.arange(n_pos)[None, :]
-        ms = m.op_ms[idx].sum(axis=0) / n_it
-        warnings.append(f"{n_it - int(keep.size)} of {n_it} iterations run other operators than the first: "
-                        "their operators are not attributed")
-    pos_call = _call_of_events(m, first)
-    pos_deleg = m.delegated[first]
-    signature = (model_key, tuple(m.labels[i] for i in labels[first].tolist()), pos_call.tobytes(),
-                 pos_deleg.tobytes())
-    plan = _PLANS.get(signature)
-    if plan is None:
-        plan = _remember(_PLANS, signature, _plan(m, em, calls, first, pos_call, pos_deleg))
+        # iterations with different event sequences (an LLM's prefill and decode calls): each
+        # distinct sequence is aligned once, the most frequent _MAX_SEQUENCES of them
+        by_seq: dict[bytes, list[int]] = {}
+        for it in range(n_it):
+            by_seq.setdefault(labels[bounds[it]:bounds[it + 1]].tobytes(), []).append(it)
+        groups = sorted((np.array(v) for v in by_seq.values()), key=lambda g: (-g.size, int(g[0])))
+        if len(groups) > _MAX_SEQUENCES:
+            left = sum(int(g.size) for g in groups[_MAX_SEQUENCES:])
+            warnings.append(f"{left} of {n_it} iterations run {len(groups) - _MAX_SEQUENCES} more distinct operator "
+                            f"sequences than the {_MAX_SEQUENCES} aligned: their operators are not attributed "
+                            "(ambiguous)")
+            groups = groups[:_MAX_SEQUENCES]
+            capped = True
+    merged: dict[tuple, dict] = {}
+    for g in groups:
+        n_pos = int(counts[g[0]])
+        if n_pos == 0:
+            continue
+        events = bounds[g[0]] + np.arange(n_pos)
+        ms = m.op_ms[bounds[g][:, None] + np.arange(n_pos)[None, :]].sum(axis=0) / n_it
+        pos_call = _call_of_events(m, events)
+        pos_deleg = m.delegated[events]
+        signature = (model_key, tuple(m.labels[i] for i in labels[events].tolist()), pos_call.tobytes(),
+                     pos_deleg.tobytes())
+        plan = _PLANS.get(signature)
+        if plan is None:
+            plan = _remember(_PLANS, signature, _plan(m, em, calls, events, pos_call, pos_deleg),
+                             _CACHED_MODELS * _MAX_SEQUENCES)
+        for r, t in zip(plan, ms.tolist()):
+            k = tuple(r[f] for f in _ROW_KEY)
+            if k in merged:
+                merged[k]["ms"] += t
+            else:
+                merged[k] = dict(r, ms=t)
     kernel_path = {o["name"]: o.get("kernel_path") for o in operators}
-    rows = [dict(r, ms=float(t), kernel_path=kernel_path.get(r["operator"]), aten=list(r["aten"]))
-            for r, t in zip(plan, ms.tolist())]
+    rows = [dict(r, ms=float(r["ms"]), kernel_path=kernel_path.get(r["operator"]), aten=list(r["aten"]))
+            for r in merged.values()]
     total = float(ms.sum())
     attributed = float(sum(r["ms"] for r in rows if r["module"] is not None))
     n_amb = sum(1 for r in rows if r["ambiguous"])
-    status = "ambiguous" if n_amb else "attributed"
+    status = "ambiguous" if n_amb or capped else "attributed"
     if n_amb:
         warnings.append(f"{n_amb} of {len(rows)} operators could not be aligned with the ETRecord for certain: "
                         "they name no module (ambiguous)")
@@ -196,7 +248,7 @@ def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], model_key: tuple, 
 
 def _plan(m, em: EtrecordMethod, calls: dict[int, Call], first: np.ndarray, pos_call: np.ndarray,
           pos_deleg: np.ndarray) -> list[dict]:
-    """The rows of the first iteration's event sequence: every field but ms and kernel_path."""
+    """The rows of one iteration's event sequence (`first`): every field but ms and kernel_path."""
     n_pos = first.size
     rows: list[dict] = []
     p = 0

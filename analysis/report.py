@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attribution import attribute
+from .attribution import attribute, attribute_phases
 from .categories import CATEGORIES, NAMED, OTHER, category_of, llm_custom_op, operator_type
 from .etdump import KIND_ALLOC, KIND_DEBUG, KIND_PROFILE, Events, EtdumpError, read_etdump
 from .etrecord import Etrecord
@@ -286,6 +286,9 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     annotate(operators, sme2=sme2, arch=arch)
     kernel_paths = summary(operators, sme2)
     traced = attribute(m, etrecord, program, operators=operators, method=method)
+    if llm is not None and traced["attribution"]["status"] in ("attributed", "ambiguous"):
+        llm["by_module"] = attribute_phases(calls, phases.phase, etrecord, program, operators=operators,
+                                            method=method)  # per call of each phase
     m.warnings.extend(traced["warnings"])
     if kernel_paths["coverage"]["flag"]:
         m.warnings.append(kernel_paths["coverage"]["flag"])

@@ -251,3 +251,73 @@ def test_real_architectures_attribute_convolutions_and_gemms_to_their_modules(zo
             a.split(".")[-2] in ("mm", "bmm", "matmul", "addmm", "linear") for a in x["aten"]), x
     delegated = sum(x["ms"] for x in rows if x["delegated"])
     assert sum(x["ms"] for x in rows if x["delegated"] and x["module"] is not None) >= 0.95 * delegated
+
+
+@pytest.fixture(scope="module")
+def llama_traced(local_runner, tmp_path_factory):
+    """The tiny KV-cache Llama with its ETRecord, run in the runner's LLM mode: (pte, ETRecord, ETDump)."""
+    pytest.importorskip("torch")
+    from sme2farm.runners.tiny_llama import export_tiny_llama
+
+    out = tmp_path_factory.mktemp("attr-llama")
+    pte, record, trace = out / "llama.pte", out / "llama.pte.etrecord", out / "llama.etdump"
+    export_tiny_llama(pte, etrecord=record)
+    subprocess.run([resolved_runner(local_runner), f"--model_path={pte}", "--llm_prompt=5", "--llm_decode=3",
+                    "--num_executions=2", f"--etdump_path={trace}"], check=True, capture_output=True, timeout=300)
+    return pte.read_bytes(), read_etrecord(record.read_bytes()), trace.read_bytes()
+
+
+def test_llm_prefill_and_decode_calls_each_get_time_by_module(llama_traced):
+    program, et, trace = llama_traced
+    r = analyze(trace, etrecord=et, program=program)
+    assert r["attribution"]["status"] in ("attributed", "ambiguous")
+    assert not [w for w in r["warnings"] if "iterations run" in w]
+    phases = r["llm"]["by_module"]
+    assert set(phases) == {"prefill", "decode"}
+    for rows in phases.values():
+        mods = {x["module"]: x for x in rows}
+        assert {"", NOT_ATTRIBUTED, "layers.0", "layers.1", "lm_head"} <= set(mods)
+        assert mods["lm_head"]["module_class"] == "Linear" and mods["lm_head"]["ms"] > 0
+        assert mods["layers.0"]["ms"] <= mods[""]["ms"] * (1 + 1e-9)
+        assert sum(x["ms"] for x in rows if x["depth"] == 1) <= mods[""]["ms"] * (1 + 1e-9)
+    # the two phases are different calls: their times are not one table twice
+    assert [x["ms"] for x in phases["prefill"]] != [x["ms"] for x in phases["decode"]]
+
+
+def test_iterations_with_other_event_sequences_are_aligned_on_their_own(llama_traced, monkeypatch):
+    """One iteration's events cut short (its last delegate call dropped): a second distinct
+    sequence, aligned by itself; past the cap of sequences, the rest is ambiguous."""
+    import numpy as np
+
+    from sme2farm.analysis import attribution as attr
+    from sme2farm.analysis.report import _Model
+    from sme2farm.analysis.etdump import read_etdump
+
+    program, et, trace = llama_traced
+    calls = _Model(read_etdump(trace))
+    assert calls.n_it >= 4
+    whole = attr.attribute(calls, et, program, operators=[])
+    first = np.flatnonzero(calls.op_it == 0)
+    last_call = attr._call_of_events(calls, first)
+    drop = first[(last_call == last_call[calls.delegated[first]].max()) & calls.delegated[first]]
+    assert 0 < drop.size < first.size
+    keep = np.ones(calls.op_idx.size, bool)
+    keep[drop] = False
+    cut = attr._subset(calls, np.arange(calls.n_it))
+    for f in ("op_idx", "delegated", "op_it", "label_id", "op_ms", "type_id", "cat"):
+        setattr(cut, f, getattr(cut, f)[keep])
+    r = attr.attribute(cut, et, program, operators=[])
+    assert not r["warnings"] or all("iterations" not in w for w in r["warnings"])
+    assert r["attribution"]["status"] == whole["attribution"]["status"]
+    # every event's time is in a row, and as much of it is attributed as in the whole trace
+    assert sum(x["ms"] for x in r["by_source"]) == pytest.approx(cut.op_ms.sum() / cut.n_it, rel=1e-9)
+    assert r["attribution"]["attributed_share"] >= whole["attribution"]["attributed_share"] - 0.05
+    cut_rows = [x for x in r["by_source"] if x["instruction"] == int(last_call[drop[0] - first[0]])]
+    assert cut_rows and all(x["module"] is not None or x["ambiguous"] for x in cut_rows)
+
+    monkeypatch.setattr(attr, "_MAX_SEQUENCES", 1)
+    attr._PLANS.clear()
+    capped = attr.attribute(cut, et, program, operators=[])
+    assert capped["attribution"]["status"] == "ambiguous"
+    assert any("more distinct operator sequences" in w for w in capped["warnings"])
+    assert sum(x["ms"] for x in capped["by_source"]) < cut.op_ms.sum() / cut.n_it
