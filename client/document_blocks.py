@@ -158,8 +158,11 @@ def blocks(rep: ExperimentReport, svgs: dict[str, str | None], missing: dict[str
     if rep.imported:  # runs a user measured outside the farm: say so before any figure of theirs
         i = rep.imported
         et = f", ExecuTorch {i.executorch.sha}" if i.executorch.sha else ""
-        out.append(("p", f"Imported: measured outside the farm ({i.source}{', ' + i.model if i.model else ''}, "
-                         f"device {i.device}{et}): the farm analysed these traces, it did not run them."))
+        what = (f"Imported: exported from farm experiment {i.farm.experiment}" if i.farm
+                else "Imported: measured outside the farm")
+        ran = ("the farm analysed these traces again, they are that experiment's runs" if i.farm
+               else "the farm analysed these traces, it did not run them")
+        out.append(("p", f"{what} ({i.source}{', ' + i.model if i.model else ''}, device {i.device}{et}): {ran}."))
     memory = [label + line for label, pm in (("", rep.program_memory), ("model B: ", rep.vs_program_memory))
               if (line := program_memory_line(plain(pm)))]
     if memory:

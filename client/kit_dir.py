@@ -265,7 +265,8 @@ def add_import_parser(sub) -> None:
                                       "an experiment, analysed by the farm",
                        description="DIR: a kit run directory (out_<model>/runs/<platform>/ with manifest.json), "
                                    "or a folder holding runs/<platform>/ (each one becomes its own experiment). "
-                                   "The runs are marked 'imported: measured outside the farm'.")
+                                   "The runs are marked 'imported: measured outside the farm' (a farm's own export: "
+                                   "'exported from farm experiment N'); the same traces twice are refused.")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--model", metavar="PTE", help="the .pte the runs ran (default: the manifest's model, or the one "
                                                   ".pte in DIR/artifacts/)")

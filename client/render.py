@@ -99,7 +99,8 @@ def experiment_text(rep: ExperimentReport) -> str:
             out.append(f"  queued: waits for {r.waiting_for}")
         if r.runner:
             out.append(f"  runner: {r.runner.id} ({r.runner.platform}, SME2 {r.runner.sme2}, ExecuTorch "
-                       f"{r.runner.executorch_version}, sha256 {r.runner.sha256[:12]}…)")
+                       f"{r.runner.executorch_version or r.runner.executorch_commit or '?'}"
+                       + (f", sha256 {r.runner.sha256[:12]}…" if r.runner.sha256 else "") + ")")
         if r.device_state:
             out.append(f"  device state: {_state(r.device_state)}")
         if r.e2e_ms:

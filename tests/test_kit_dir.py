@@ -128,12 +128,19 @@ def test_export_writes_the_kits_layout_and_import_gets_the_same_analysis(api, ag
     capsys.readouterr()
     assert as_user("import", str(out)) == 0, capsys.readouterr().err
     said = capsys.readouterr().out
-    assert "imported: measured outside the farm" in said
+    # the farm's own export: said to come from that experiment, not measured outside the farm
+    from_farm = f"imported: exported from farm experiment {exp['id']} ({api.url})"
+    assert from_farm in said and "measured outside the farm" not in said
     page = api.client.get("/experiments", headers=api.auth()).json()
     assert page["total"] == before + 1
     back = api.client.get(f"/experiments/{page['items'][0]['id']}", headers=api.auth()).json()
-    assert page["items"][0]["imported"] == "imported: measured outside the farm"
-    assert back["imported"]["note"] == "imported: measured outside the farm"
+    assert page["items"][0]["imported"] == from_farm  # the dashboard chip's title
+    assert back["imported"]["note"] == from_farm and back["imported"]["farm"] == {"experiment": exp["id"],
+                                                                                  "server": api.url}
+    assert back["imported"]["source"] == "farm experiment export"
+    assert "measured outside the farm" not in " ".join(back["warnings"])
+    assert as_user("report", str(back["id"]), "--markdown", "-o", str(tmp_path / "r.md")) == 0
+    assert f"Imported: exported from farm experiment {exp['id']} (farm experiment export" in (tmp_path / "r.md").read_text()
     assert back["imported"]["device"] == run["device"]["serial"] and back["imported"]["experiments"] == ["linux_sme2_off"]
     assert back["status"] == "succeeded" and back["model_sha256"] == exp["model_sha256"]
     assert back["etrecord_sha256"] == exp["etrecord_sha256"] is not None  # sent back with the model, checked again
@@ -261,7 +268,16 @@ def test_an_imported_pair_is_compared_and_says_where_it_came_from(api, example_p
     assert rep["warnings"] and "imported: measured outside the farm" in rep["warnings"][0]
     capsys.readouterr()
     assert as_user("status", str(rep["id"])) == 0
-    assert "imported: measured outside the farm" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "imported: measured outside the farm" in said
+    # the runner line says what the manifest gave (its ExecuTorch sha), no empty 'sha256 …'
+    runner_lines = [x for x in said.splitlines() if x.strip().startswith("runner:")]
+    assert runner_lines and all("sha256" not in x and "ExecuTorch abc123)" in x for x in runner_lines), runner_lines
+    # the same directory again: refused (409), naming the experiment already holding its traces; nothing more stored
+    assert as_user("import", str(d), "--sme2", "--device-model", "MacBook M4", "--serial", "my-mac") == 1
+    err = capsys.readouterr().err
+    assert "409" in err and f"experiment {rep['id']} already holds these traces" in err, err
+    assert api.client.get("/experiments", headers=api.auth()).json()["total"] == 1
     assert as_user("report", str(rep["id"]), "--markdown", "-o", str(tmp_path / "r.md")) == 0
     assert ("Imported: measured outside the farm (kit run directory, toy.pte, device my-mac, ExecuTorch abc123): the "
             "farm analysed these traces, it did not run them.") in (tmp_path / "r.md").read_text()

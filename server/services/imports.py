@@ -16,6 +16,7 @@ cannot use refuses the whole import: nothing is stored.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -28,13 +29,21 @@ from sme2farm import analysis
 from sme2farm.analysis import EtdumpError
 from sme2farm.protocol import ARTIFACT_NAMES, RUNNER_LOG, TRACE, DeviceInfo, ExperimentSpec, RunStatus
 from sme2farm.server.services import runs as run_service
-from sme2farm.server.services.errors import Invalid
+from sme2farm.server.services.errors import Invalid, StateConflict
 from sme2farm.server.services.ingest import Ingester
 from sme2farm.server.store.base import etrecord_key, model_key
 from sme2farm.server.services.suites import SUITE_LABEL, SUITE_RUN_LABEL
 from sme2farm.server.store.models import Experiment, Model, Run, Suite, SuiteExperiment, SuiteRun, utcnow
 
 IMPORTED = "imported: measured outside the farm"
+
+
+def import_note(farm: dict | None) -> str:
+    """What the import says of its runs: measured outside the farm, or, for a farm's own export
+    (`sme2-client artifacts E<id> --kit`, whose manifest names `farm`), exported from that experiment."""
+    if not farm:
+        return IMPORTED
+    return f"imported: exported from farm experiment {farm['experiment']}" + (f" ({farm['server']})" if farm["server"] else "")
 RUNNER_PLATFORMS = {"macos": "macos-arm64", "android": "android-arm64-v9a", "linux": "linux-arm64"}
 _ARM = re.compile(r"sme2[_-](on|off)(?![a-z])", re.I)  # the kit's generate_report.py reads "sme2_on" / "sme2-on"
 _PLAIN = re.compile(r"[^A-Za-z0-9._+-]")
@@ -119,7 +128,43 @@ def read_manifest(data: Any, *, traces: set[int], logs: set[int]) -> dict:
     return {"name": name, "device": device, "results": out,
             "executorch": {k: str(et[k])[:128] for k in ("sha", "version") if et.get(k) is not None}
             | ({"dirty": bool(et["dirty"])} if "dirty" in et else {}),
-            "generated_at": str(data.get("generated_at"))[:64] if data.get("generated_at") else None}
+            "generated_at": str(data.get("generated_at"))[:64] if data.get("generated_at") else None,
+            "farm": _farm(data.get("farm"))}
+
+
+def _farm(raw: Any) -> dict | None:
+    """The farm experiment a farm's own export came from (manifest `farm`), or None for a kit's run."""
+    if not isinstance(raw, dict):
+        return None
+    n = raw.get("experiment")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return None
+    server = raw.get("server")
+    return {"experiment": n, "server": server[:200] if isinstance(server, str) else ""}
+
+
+def trace_digests(traces: dict[int, Path]) -> list[str]:
+    """Each trace's sha256, in results[] order: what tells the same directory imported again."""
+    out = []
+    for i in sorted(traces):
+        h = hashlib.sha256()
+        with traces[i].open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        out.append(h.hexdigest())
+    return out
+
+
+def check_not_imported(session: Session, *, digests: list[str]) -> None:
+    """A second import of the same traces is refused (409 naming the experiment holding them): a
+    suite or a comparison would otherwise count the one measurement twice."""
+    wanted = set(digests)
+    for exp_id, imported in session.execute(select(Experiment.id, Experiment.imported)
+                                            .where(Experiment.imported.is_not(None)).order_by(Experiment.id)):
+        held = set((imported or {}).get("trace_sha256") or [])
+        if held & wanted:
+            raise StateConflict("already_imported", f"experiment {exp_id} already holds these traces (sha256 "
+                                f"{sorted(held & wanted)[0][:12]}…): this run directory was imported before")
 
 
 def check_traces(manifest: dict, traces: dict[int, Path]) -> None:
@@ -155,6 +200,10 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
     transaction, and the run files written here are removed)."""
     device: DeviceInfo = manifest["device"]
     results = manifest["results"]
+    digests = trace_digests(upload.traces)
+    check_not_imported(session, digests=digests)
+    note = import_note(manifest.get("farm"))
+    source = "farm experiment export" if manifest.get("farm") else "kit run directory"
     arms = sorted({r["sme2"] for r in results})
     et = manifest["executorch"]
     spec = ExperimentSpec(
@@ -175,9 +224,12 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
     snapshot = device.model_dump(mode="json")
     platform = device.runner_platform or RUNNER_PLATFORMS[device.platform]
     exp = Experiment(name=spec.name, model_sha256=model.sha256, spec=spec.model_dump(mode="json"), labels=spec.labels,
-                     owner_id=owner_id, etrecord_sha256=upload.etrecord_sha256 or None, warnings=[f"{IMPORTED} (a kit run directory): the farm analysed its traces "
-                                                  f"but did not run them; device {device.serial} as the manifest says"],
-                     imported={"note": IMPORTED, "source": "kit run directory", "model": manifest["name"],
+                     owner_id=owner_id, etrecord_sha256=upload.etrecord_sha256 or None, warnings=[f"{note} (a {source}): the farm analysed its traces "
+                                                  + (f"again; they are the runs of experiment {manifest['farm']['experiment']}"
+                                                     if manifest.get("farm") else "but did not run them")
+                                                  + f"; device {device.serial} as the manifest says"],
+                     imported={"note": note, "source": source, "model": manifest["name"], "farm": manifest.get("farm"),
+                               "trace_sha256": digests,
                                "generated_at": manifest["generated_at"], "executorch": et,
                                "device": device.serial, "experiments": [r["experiment"] for r in results],
                                "suite": suite_name or None})

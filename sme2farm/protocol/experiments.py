@@ -113,12 +113,21 @@ class ImportedExecutorch(Read):
     dirty: bool | None = Field(default=None, description="Whether that checkout had local changes, as the kit said")
 
 
+class ImportedFrom(Read):
+    """The farm experiment a farm's own export came from (its manifest's `farm`)."""
+
+    experiment: int
+    server: str = ""
+
+
 class Imported(Read):
     """Where an imported experiment came from (POST /experiments/import): a kit run directory
     measured outside the farm. Its runs are real measurements on the user's device, analysed by the
     farm, not run by it."""
 
-    note: str = Field(description="'imported: measured outside the farm'")
+    note: str = Field(description="'imported: measured outside the farm', or for a farm's own export "
+                                  "'imported: exported from farm experiment N (SERVER)'")
+    farm: ImportedFrom | None = Field(default=None, description="The farm experiment it was exported from, if so")
     source: str = Field(description="What was imported, e.g. 'kit run directory'")
     device: str = Field(description="The serial of the device the manifest names")
     model: str = Field(default="", description="The model's file name as the manifest gave it")
