@@ -176,6 +176,19 @@ def _find(raw, run_dir: Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+def _check_identifier(trace: Path, where: str) -> None:
+    """A trace whose bytes are no ETDump (the kit's placeholder fixture) is refused here, before the
+    command asks for anything else: the runtime writes 'ED00' at byte 8, flatc at byte 4."""
+    try:
+        with trace.open("rb") as f:
+            head = f.read(12)
+    except OSError as e:
+        raise KitDirError(f"{where}: its etdump {trace} cannot be read: {e}") from None
+    if head[4:8] != b"ED00" and head[8:12] != b"ED00":
+        raise KitDirError(f"{where}: its etdump {trace} is not an ETDump (no 'ED00' identifier at byte 4 or 8; "
+                          "the kit's placeholder fixture is not a trace), so nothing was sent")
+
+
 def read_run_dir(run_dir: Path, *, model: Path | None = None) -> tuple[dict, Path, list[Path], dict[int, Path]]:
     """(manifest, model, traces, logs) of one kit run directory, every file found on this disk."""
     try:
@@ -193,6 +206,7 @@ def read_run_dir(run_dir: Path, *, model: Path | None = None) -> tuple[dict, Pat
         if trace is None:
             raise KitDirError(f"{run_dir / 'manifest.json'}: results[{i}] ({entry.get('experiment')}): its etdump "
                               f"{metrics.get('etdump_rel') or metrics.get('etdump')!r} is not a file here")
+        _check_identifier(trace, f"{run_dir / 'manifest.json'}: results[{i}] ({entry.get('experiment')})")
         traces.append(trace)
         log = _find(metrics.get("log_rel"), run_dir) or _find(metrics.get("log"), run_dir)
         if log is not None:

@@ -191,7 +191,17 @@ def test_a_placeholder_or_truncated_trace_is_refused_in_one_sentence_and_nothing
     pte = example_pte("toy_cnn")
     before = api.client.get("/experiments", headers=api.auth()).json()["total"]
     real = portable_trace.read_bytes()
-    cases = {"placeholder": KIT_PLACEHOLDER, "truncated": real[: len(real) // 2]}
+    # the kit's placeholder: refused by the command itself, in one sentence, before it asks for --sme2 or --model
+    d = _kit_dir_by_hand(tmp_path / "placeholder", pte, {"mac_sme2_off": real, "mac_sme2_on": KIT_PLACEHOLDER})
+    (d.parent.parent / "artifacts" / "toy.pte").unlink()  # no model found either: the trace is named first
+    capsys.readouterr()
+    assert as_user("import", str(d)) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "results[1] (mac_sme2_on): its etdump" in line and "is not an ETDump (no 'ED00' identifier" in line, line
+    assert "--sme2" not in line and "--model" not in line and line.count(". ") == 0
+    _nothing_stored(api, before)
+
+    cases = {"truncated": real[: len(real) // 2]}
     for case, bad in cases.items():
         d = _kit_dir_by_hand(tmp_path / case, pte, {"mac_sme2_off": real, "mac_sme2_on": bad})
         capsys.readouterr()
