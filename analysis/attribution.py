@@ -87,8 +87,8 @@ def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators:
         return _empty("no etrecord", None, [EXPORT_HINT])
     sha = etrecord.sha256
     if program is None:
-        return _empty("mismatch", sha, ["the ETRecord was given without its model (.pte): it cannot be "
-                                        "checked against the program, so it is not used"])
+        return _empty("mismatch", sha, ["the ETRecord is not used: it was given without its model (.pte), "
+                                        "so it cannot be checked against the program"])
     key = (sha, program)
     if (checked := _CHECKED.get(key)) is None:
         try:
@@ -99,13 +99,13 @@ def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators:
     all_calls, problems = checked
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        return _empty("mismatch", sha, [f"the ETRecord does not belong to this model, so it is not used: "
+        return _empty("mismatch", sha, [f"the ETRecord is not used: it does not belong to this model: "
                                         f"{problems[0]}{more}"])
     if method is None:
         method = "forward" if "forward" in etrecord.methods or not etrecord.methods else next(iter(etrecord.methods))
     em = etrecord.methods.get(method)
     if em is None:
-        return _empty("mismatch", sha, [f"the ETRecord has no method {method!r}, so it is not used"])
+        return _empty("mismatch", sha, [f"the ETRecord is not used: it has no method {method!r}"])
     calls = {c.instruction: c for c in all_calls.get(method, [])}
     return _attribute(m, em, calls, (sha, program, method), operators)
 

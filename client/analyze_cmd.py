@@ -279,10 +279,14 @@ def _attribution_inputs(args: argparse.Namespace) -> dict | int:
     return {"program": program, "etrecord": etrecord}
 
 
+USED_PREFIX = "the ETRecord is not used: "
+
+
 def _flag_mismatch(report: dict, args: argparse.Namespace) -> None:
     if (report.get("attribution") or {}).get("status") == "mismatch":
+        # the analysis says "the ETRecord is not used: WHY"; the path takes its place, said once
         why = next((w for w in report.get("warnings", []) if "ETRecord" in w), "it does not belong to this model")
-        print(f"warning: {args.etrecord} is not used: {why}", file=sys.stderr)
+        print(f"warning: {args.etrecord} is not used: {why.removeprefix(USED_PREFIX)}", file=sys.stderr)
 
 
 def by_module_text(report: dict, *, modules: int = 8, rows: int = 8) -> str:

@@ -190,7 +190,8 @@ def test_client_analyze_with_the_model_shows_time_by_module_and_flags_another_mo
     assert report["attribution"]["status"] == "attributed" and report["attribution"]["etrecord_sha256"]
     _, other = attributed_model("ln_net")
     r = _client(trace, "--model", pte, "--etrecord", other)
-    assert r.returncode == 0 and f"warning: {other} is not used" in r.stderr
+    assert r.returncode == 0 and f"warning: {other} is not used: it does not belong to this model: " in r.stderr
+    assert r.stderr.count("not used") == 1, r.stderr  # the mismatch said once
     assert "time by module" not in r.stdout and "features.big" not in r.stdout
     r = _client(trace, "--etrecord", record)
     assert r.returncode == 2 and "--etrecord needs --model" in r.stderr
@@ -274,6 +275,9 @@ def test_llm_prefill_and_decode_calls_each_get_time_by_module(llama_traced):
     assert not [w for w in r["warnings"] if "iterations run" in w]
     phases = r["llm"]["by_module"]
     assert set(phases) == {"prefill", "decode"}
+    from sme2farm.protocol.runs import LlmReport
+
+    assert LlmReport.model_validate(r["llm"]).by_module["decode"][0].module == ""  # the contract holds it
     for rows in phases.values():
         mods = {x["module"]: x for x in rows}
         assert {"", NOT_ATTRIBUTED, "layers.0", "layers.1", "lm_head"} <= set(mods)
