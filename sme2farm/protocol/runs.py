@@ -211,6 +211,8 @@ class LlmReport(Read):
     definition: str
     warnings: list[str]
     kernel_paths: LlmKernelPaths | None = Field(default=None, description="SME2 coverage per phase")
+    by_module: dict[str, list[ModuleTime]] | None = Field(
+        default=None, description="prefill and decode by module, ms per call of the phase (with an ETRecord)")
 
 
 class Allocations(Read):
