@@ -389,6 +389,20 @@ def module_lines(report: dict, depth: int = 1, *, emulated: bool = False) -> lis
     return out
 
 
+def call_site_lines(report: dict, n: int = 8) -> list[str]:
+    """The `n` heaviest call sites as lines (ms, operator, module, file:line), heaviest first;
+    `sme2-client analyze` and `report --by module` both print them under the module tree."""
+    out = []
+    for r in sorted(report.get("by_source") or [], key=lambda r: -float(r.get("ms") or 0.0))[:n]:
+        name = r["operator"] + (f" #{r['instance']}" if r.get("instance") else "")
+        where = "ambiguous: no module named" if r.get("module") is None else (
+            f"{r['module'] or '(the model)'} ({r.get('module_class') or '?'})"
+            + (f" {r['location']}" if r.get("location") else "")
+            + (f", inserted by {r['inserted_by']}" if r.get("inserted_by") else ""))
+        out.append(f"{float(r.get('ms') or 0.0):9.3f}  {name}  {where}")
+    return out
+
+
 def merged(reports: list[dict]) -> dict:
     """One arm's runs (sessions) as one report for time by module: by_module's ms and share the
     mean over the runs that name modules, by_source and attribution from the first of them. The

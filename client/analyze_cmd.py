@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, numerics, to_csv,
                                to_markdown, to_perfetto, to_terminal)
-from sme2farm.analysis.by_module import tree as module_tree
+from sme2farm.analysis.by_module import call_site_lines, tree as module_tree
 from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
 from sme2farm.runners import inputs as containers
 
@@ -308,13 +308,7 @@ def by_module_text(report: dict, *, modules: int = 8, rows: int = 8) -> str:
             lines.append(f"  {'  ' * (m['depth'] - 1)}{m['module']:<{34 - 2 * m['depth']}} {m['ms']:9.3f} "
                          f"{m['share']:6.1%}" + (f"  {m['module_class']}" if m.get("module_class") else ""))
     lines.append("top call sites:")
-    for r in sorted(report.get("by_source") or [], key=lambda r: -r["ms"])[:rows]:
-        name = r["operator"] + (f" #{r['instance']}" if r.get("instance") else "")
-        where = "ambiguous: no module named" if r["module"] is None else (
-            f"{r['module'] or '(the model)'} ({r['module_class'] or '?'})"
-            + (f" {r['location']}" if r.get("location") else "")
-            + (f", inserted by {r['inserted_by']}" if r.get("inserted_by") else ""))
-        lines.append(f"  {r['ms']:9.3f}  {name}  {where}")
+    lines += [f"  {line}" for line in call_site_lines(report, rows)]
     return "\n".join(lines) + "\n"
 
 

@@ -19,8 +19,8 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
-from sme2farm.analysis.by_module import (MODULE_HEADERS, merged, module_heading, module_lines, module_rows,
-                                         no_module_line, shown)
+from sme2farm.analysis.by_module import (MODULE_HEADERS, call_site_lines, merged, module_heading, module_lines,
+                                         module_rows, no_module_line, shown)
 from sme2farm.analysis.wording import (NUMERICS_HEADERS, bytes_text, comparison_fact_lines, device_suffix,
                                        emulated_headline, is_emulated, narrative_lines, numerics_rows,
                                        program_memory_line)
@@ -295,6 +295,9 @@ def modules_text(rep: ExperimentReport, depth: int) -> str:
     for label, m, emulated in per_arm:
         out += ["", f"{label}" + (" (emulated: kernel paths, no time)" if emulated else "")]
         out += [f"  {line}" for line in module_lines(m, depth, emulated=emulated)]
+        if not emulated and (sites := call_site_lines(m)):  # an emulator's times are no speed figure
+            out += ["  top call sites (ms per iteration, operator, module, file:line):"]
+            out += [f"  {line}" for line in sites]
     return "\n".join(out) + "\n"
 
 

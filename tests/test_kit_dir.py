@@ -122,6 +122,16 @@ def test_export_writes_the_kits_layout_and_import_gets_the_same_analysis(api, ag
     assert summary["etrecord"] == manifest["model"] + ".etrecord"
     assert Path(summary["etrecord"]).read_bytes() == etrecord.read_bytes()
     assert run["attribution"]["status"] == "attributed", run["attribution"]
+    # report --by module lists the heaviest call sites under the tree, with their file:line, as analyze does
+    capsys.readouterr()
+    assert as_user("report", str(exp["id"]), "--by", "module") == 0
+    text = capsys.readouterr().out
+    head, _, sites = text.partition("top call sites (ms per iteration, operator, module, file:line):")
+    assert sites, text
+    heaviest = max(run["by_source"], key=lambda r: r["ms"])
+    first = sites.strip().splitlines()[0]
+    assert heaviest["location"] and heaviest["location"] in first and heaviest["module"] in first, (first, heaviest)
+    assert first.split()[0] == f"{heaviest['ms']:.3f}"
 
     # back in: one experiment, marked imported, the same figures from the farm's own analysis
     before = api.client.get("/experiments", headers=api.auth()).json()["total"]
