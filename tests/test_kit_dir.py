@@ -393,8 +393,11 @@ def test_imported_runs_join_a_suites_series(api, example_pte, portable_trace, as
     r = api.client.post("/suites", headers=api.auth(), json={"name": "by-hand", "models": [{"sha256": sha, "name": "toy"}],
                                                              "sme2": "off"})
     assert r.status_code == 201, r.text
-    for night in (1, 2):
-        d = _kit_dir_by_hand(tmp_path / f"n{night}", pte, {"mac_sme2_off": real})
+    from _fixtures_analysis import make_real_trace
+
+    for night in (1, 2):  # each night its own measurement: the same trace twice is refused (409)
+        nightly = make_real_trace("zoo", tag=f"night{night}").read_bytes()
+        d = _kit_dir_by_hand(tmp_path / f"n{night}", pte, {"mac_sme2_off": nightly})
         capsys.readouterr()
         assert as_user("import", str(d), *args, "--suite", "BY-HAND") == 0, capsys.readouterr().err
         assert "a point of suite by-hand's series" in capsys.readouterr().out

@@ -200,8 +200,6 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
     transaction, and the run files written here are removed)."""
     device: DeviceInfo = manifest["device"]
     results = manifest["results"]
-    digests = trace_digests(upload.traces)
-    check_not_imported(session, digests=digests)
     note = import_note(manifest.get("farm"))
     source = "farm experiment export" if manifest.get("farm") else "kit run directory"
     arms = sorted({r["sme2"] for r in results})
@@ -218,6 +216,8 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
         model.memory = upload.memory
     srun, suite_name, suite_model = (_suite_run(session, name=upload.suite, model_sha256=model.sha256)
                                      if upload.suite.strip() else (None, "", ""))
+    digests = trace_digests(upload.traces)  # after the request's own checks (a suite it names): 422 first
+    check_not_imported(session, digests=digests)
     if srun is not None:  # the suites' end_run hook finds it by these labels (services/suites/runs.py)
         spec = spec.model_copy(update={"labels": {**spec.labels, SUITE_LABEL: suite_name,
                                                   SUITE_RUN_LABEL: str(srun.id)}})
