@@ -87,6 +87,73 @@ def test_reads_confined_to_the_team(api, pte, people):
     assert api.client.get(f"/experiments/{red['id']}", headers=api.auth(people["bob"])).status_code == 200
 
 
+def test_every_read_of_an_experiment_run_suite_or_comparison_is_confined_to_the_team(api, pte, people):
+    """Walks the app's OpenAPI: every GET taking an experiment, run, suite or comparison id answers
+    another team's read token 404 (not found, as for an id that does not exist) and a teammate
+    otherwise (200 where the thing has the data). A route added without owners.require_* fails here."""
+    from test_suites import _farm_rows, _inject, _suite
+    from sme2farm.server.store.models import Experiment, User
+
+    red, red2 = submit_as(api, people["alice"], pte), submit_as(api, people["alice"], pte)
+    blue = submit_as(api, people["bob"], pte)
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        (dev,) = _farm_rows(s)
+        suite = _suite(s, name="red-nightly")
+        suite.owner_id = s.query(User).filter(User.name == "alice").one().id
+        _inject(s, suite, dev, [10.0] * 3)
+        assert s.get(Experiment, red["id"]).owner_id == suite.owner_id
+    outsider = mint(api, "bob-reader", scope="read", user="bob")
+    teammate = mint(api, "carol-reader", scope="read", user="carol", team="red")
+    path_values = {"experiment_id": red["id"], "run_id": red["runs"][0]["id"]}
+    names = {"/experiments/{experiment_id}/files/{name}": "model.pte", "/runs/{run_id}/artifacts/{name}": "report.json",
+             "/experiments/{experiment_id}/charts/{name}.svg": "distribution", "/suites/{name}": "red-nightly"}
+    query = {"/comparisons": {"baseline": f"E{red['id']}", "candidate": f"E{red2['id']}"},
+             "/suites/{name}/charts/series.svg": {"model_sha256": "a" * 64, "device_model": "Test Board",
+                                                  "sme2": "off", "threads": 1},
+             "/regressions": {"suite": "red-nightly"}}
+    query["/comparisons/chart.svg"] = query["/comparisons"]
+    paths = api.client.get("/openapi.json").json()["paths"]
+    walked = []
+    api.settings.reads_team_only = True
+    try:
+        for path, ops in sorted(paths.items()):
+            if "get" not in ops:
+                continue
+            params = [p["name"] for p in ops["get"].get("parameters", []) if p["in"] == "path"]
+            takes = {"experiment_id", "run_id"} & set(params) or path.startswith(("/suites/", "/comparisons"))
+            if not takes and path not in query:
+                continue
+            url = path
+            for p in params:
+                value = path_values.get(p, names.get(path) or names.get("/suites/{name}") if p == "name" else None)
+                assert value is not None, f"{path}: no value for {{{p}}}: add it to this test"
+                url = url.replace(f"{{{p}}}", str(value))
+            got = {who: api.client.get(url, params=query.get(path), headers=api.auth(tok))
+                   for who, tok in (("outsider", outsider), ("teammate", teammate), ("admin", None))}
+            assert got["outsider"].status_code == 404 and "not found" in got["outsider"].json()["detail"], (path, got["outsider"].text)
+            for who in ("teammate", "admin"):
+                assert (got[who].status_code, got[who].content) != (404, got["outsider"].content), (path, who, got[who].text)
+            walked.append((path, got["teammate"].status_code))
+        seen = dict(walked)
+        assert {"/experiments/{experiment_id}", "/experiments/{experiment_id}/files/{name}", "/suites/{name}",
+                "/suites/{name}/series", "/suites/{name}/charts/series.svg", "/regressions",
+                "/experiments/{experiment_id}/scaling", "/comparisons"} <= set(seen), seen
+        assert all(seen[p] == 200 for p in ("/experiments/{experiment_id}", "/experiments/{experiment_id}/files/{name}",
+                                            "/suites/{name}", "/suites/{name}/series",
+                                            "/suites/{name}/charts/series.svg", "/regressions")), seen
+        assert api.client.get("/suites", headers=api.auth(outsider)).json() == []
+        assert [x["name"] for x in api.client.get("/suites", headers=api.auth(teammate)).json()] == ["red-nightly"]
+        r = api.client.get(f"/experiments/{blue['id']}/scaling", params={"with": str(red["id"])},
+                           headers=api.auth(outsider))   # joining another team's experiment to one's own
+        assert r.status_code == 404 and r.json()["detail"] == f"with: experiment {red['id']} not found", r.text
+        r = api.client.get("/comparisons", params={"baseline": f"E{blue['id']}", "candidate": f"R{red['runs'][0]['id']}"},
+                           headers=api.auth(outsider))
+        assert r.status_code == 404 and r.json()["detail"] == f"candidate: run {red['runs'][0]['id']} not found", r.text
+    finally:
+        api.settings.reads_team_only = False
+    assert api.client.get("/suites/red-nightly/series", headers=api.auth(outsider)).status_code == 200
+
+
 def test_a_submit_token_cannot_acknowledge_an_admins_suites_regression(api, people):
     """The suite is the admin's; its confirmed regression is acknowledged by the admin, not by
     another user's submit token (which would silence its alert)."""

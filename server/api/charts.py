@@ -12,11 +12,13 @@ from fastapi.responses import Response
 
 from sme2farm.analysis import charts
 from sme2farm.protocol import DEFAULT_MIN_EFFECT
-from sme2farm.server.api.deps import ExperimentId, SessionDep, StoreDep, SuiteName, UserDep
+from sme2farm.server.api.comparisons import require_read_sides
+from sme2farm.server.api.deps import ExperimentId, SessionDep, SettingsDep, StoreDep, SuiteName, UserDep
 from sme2farm.server.api.errors import INVALID, NOT_FOUND
-from sme2farm.server.api.scaling import Joined, joined_ids
+from sme2farm.server.api.scaling import Joined, readable_ids
 from sme2farm.server.services import charts as chart_service
 from sme2farm.server.services import comparisons as comparison_service
+from sme2farm.server.services import owners
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services.errors import NotFound
 
@@ -35,27 +37,29 @@ def svg(text: str) -> Response:
 
 @router.get("/experiments/{experiment_id}/charts/{name}.svg", response_class=Response,
             responses={**SVG_RESPONSE, **NOT_FOUND, **INVALID})
-def experiment_chart(experiment_id: ExperimentId, name: ChartName, session: SessionDep, _user: UserDep,
-                     joined: Joined = None) -> Response:
+def experiment_chart(experiment_id: ExperimentId, name: ChartName, session: SessionDep, user: UserDep,
+                     settings: SettingsDep, joined: Joined = None) -> Response:
     """`distribution`: latency per iteration of each arm (violins); `categories`: the five
     categories' ms per iteration of each arm (stacked bars); `verdicts`: the experiment's
     comparisons (SME2 off→on, model A→B) as ratio and 95% interval with the minimum-effect band;
     `scaling`: GET /experiments/{id}/scaling drawn, speedup against threads with one series per
     device x core mask x SME2 setting (emulated devices named, not drawn). `with` joins other
     experiments' runs as that view does (the scaling chart only: a 422 for the others)."""
-    return svg(chart_service.experiment_chart(session, experiment_id=experiment_id, name=name,
-                                              joined=joined_ids(joined)))
+    ids = readable_ids(session, user, settings, experiment_id, joined)
+    return svg(chart_service.experiment_chart(session, experiment_id=experiment_id, name=name, joined=ids))
 
 
 Ref = Annotated[str, Query(min_length=1, max_length=40, description="as for GET /comparisons")]
 
 
 @router.get("/comparisons/chart.svg", response_class=Response, responses={**SVG_RESPONSE, **NOT_FOUND, **INVALID})
-def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, _user: UserDep, store: StoreDep,
+def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, user: UserDep, store: StoreDep,
+                     settings: SettingsDep,
                      min_effect: Annotated[float, Query(ge=0.0, le=0.5,
                                                         description="as for GET /comparisons")] = DEFAULT_MIN_EFFECT,
                      ) -> Response:
     """GET /comparisons drawn: one forest-plot row per matched device model x SME2 x threads x mode."""
+    require_read_sides(session, user, settings, baseline=baseline, candidate=candidate)
     result = comparison_service.between(session, baseline=baseline, candidate=candidate, store=store,
                                         min_effect=min_effect)
     label = (lambda c: f"{c.get('device_model')} · SME2 {c.get('sme2')} · {c.get('threads')} thr"
@@ -70,7 +74,7 @@ def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, _user: 
 
 
 @router.get("/suites/{name}/charts/series.svg", response_class=Response, responses={**SVG_RESPONSE, **NOT_FOUND})
-def series_chart(name: SuiteName, session: SessionDep, _user: UserDep,
+def series_chart(name: SuiteName, session: SessionDep, user: UserDep, settings: SettingsDep,
                  model_sha256: Annotated[str, Query(pattern=r"^[0-9a-f]{64}$", description="the series' model")],
                  device_model: Annotated[str, Query(min_length=1, max_length=200)],
                  sme2: Annotated[str, Query(pattern=r"^(off|on)$")],
@@ -79,6 +83,7 @@ def series_chart(name: SuiteName, session: SessionDep, _user: UserDep,
     point's median with the 95% interval of that median (order statistics of its iterations:
     meaningful for 10 iterations, where p10..p90 is the worst sample) and the changes detected."""
     suite = suite_service.get(session, name=name)
+    owners.require_read_suite(session, token=user, suite=suite, team_only=settings.reads_team_only)
     data = suite_service.series(session, suite=suite)
     key = (model_sha256, device_model, sme2, threads)
     for s in data.series:

@@ -262,11 +262,12 @@ FILE_RESPONSES = {200: {"description": "The file's bytes", "content": {"applicat
 
 @router.get("/experiments/{experiment_id}/files/{name}", response_class=Response, responses=FILE_RESPONSES)
 def get_experiment_file(experiment_id: ExperimentId, name: str, session: SessionDep, store: StoreDep,
-                        _user: UserDep) -> Response:
+                        user: UserDep, settings: SettingsDep) -> Response:
     """The experiment's model (model.pte), its vs_model (vs_model.pte) or the model's ETRecord
     (model.pte.etrecord), as submitted: what `sme2-client artifacts E<id> --kit` puts beside the runs."""
     if name not in EXPERIMENT_FILES:
         raise HTTPException(404, f"unknown file {name[:64]!r}; an experiment's files are {', '.join(EXPERIMENT_FILES)}")
+    owners.require_read(session, token=user, experiment_id=experiment_id, team_only=settings.reads_team_only)
     exp = session.get(Experiment, experiment_id)  # the row alone, not its runs' results
     if exp is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")

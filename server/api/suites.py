@@ -77,14 +77,27 @@ def create_suite(spec: SuiteSpec, tx: TxDep, user: UserDep, settings: SettingsDe
 
 
 @router.get("/suites", response_model=list[SuiteRead], response_model_exclude_unset=True)
-def list_suites(session: SessionDep, user: UserDep) -> list[SuiteRead]:
-    return [_as_seen_by(user, suite_service.suite_read(s)) for s in suite_service.get_all(session)]
+def list_suites(session: SessionDep, user: UserDep, settings: SettingsDep) -> list[SuiteRead]:
+    """Every suite (with SME2_READS_TEAM_ONLY, a non-admin token's team's only)."""
+    return [_as_seen_by(user, suite_service.suite_read(s)) for s in _readable_suites(session, user, settings)]
+
+
+def _readable_suites(session, user, settings) -> list:
+    return [s for s in suite_service.get_all(session)
+            if owners.may_read(session, token=user, owner_id=s.owner_id, team_only=settings.reads_team_only)]
+
+
+def _readable_suite(session, user, settings, name: str):
+    """The suite named, under owners.require_read_suite (404 for another team's)."""
+    suite = suite_service.get(session, name=name)
+    owners.require_read_suite(session, token=user, suite=suite, team_only=settings.reads_team_only)
+    return suite
 
 
 @router.get("/suites/{name}", response_model=SuiteDetail, response_model_exclude_unset=True, responses=NOT_FOUND)
-def get_suite(name: SuiteName, session: SessionDep, user: UserDep) -> SuiteDetail:
+def get_suite(name: SuiteName, session: SessionDep, user: UserDep, settings: SettingsDep) -> SuiteDetail:
     """The suite and its runs, newest first."""
-    return _as_seen_by(user, suite_service.detail(session, suite=suite_service.get(session, name=name)))
+    return _as_seen_by(user, suite_service.detail(session, suite=_readable_suite(session, user, settings, name)))
 
 
 @router.patch("/suites/{name}", response_model=SuiteRead, response_model_exclude_unset=True,
@@ -134,21 +147,25 @@ def run_suite(name: SuiteName, tx: TxDep, settings: SettingsDep, _user: UserDep)
 
 
 @router.get("/suites/{name}/series", response_model=SeriesRead, responses=NOT_FOUND)
-def get_series(name: SuiteName, session: SessionDep, _user: UserDep) -> SeriesRead:
+def get_series(name: SuiteName, session: SessionDep, user: UserDep, settings: SettingsDep) -> SeriesRead:
     """One series per model x device model x sme2 x threads: points (median and p10-p90 of the
     iterations, run ids, runner, ExecuTorch version, device state) and the changes flagged."""
-    return suite_service.series(session, suite=suite_service.get(session, name=name))
+    return suite_service.series(session, suite=_readable_suite(session, user, settings, name))
 
 
 @router.get("/regressions", response_model=list[RegressionRead])
-def list_regressions(session: SessionDep, user: UserDep,
+def list_regressions(session: SessionDep, user: UserDep, settings: SettingsDep,
                      suite: Annotated[str | None, Query(max_length=64, description="only this suite's")] = None,
                      candidates: Annotated[bool, Query(description="also unconfirmed candidates")] = False,
                      ) -> list[RegressionRead]:
-    """Confirmed and acknowledged changes (regressions and improvements), newest first."""
+    """Confirmed and acknowledged changes (regressions and improvements), newest first (with
+    SME2_READS_TEAM_ONLY, of a non-admin token's team's suites only)."""
     if suite is not None:
-        suite_service.get(session, name=suite)  # 404 naming an unknown suite
+        _readable_suite(session, user, settings, suite)  # 404 naming an unknown (or another team's) suite
     found = suite_service.regressions(session, include_candidates=candidates, suite=suite)
+    if settings.reads_team_only:
+        readable = {s.name for s in _readable_suites(session, user, settings)}
+        found = [r for r in found if r.suite in readable]
     return [_as_seen_by(user, r) for r in found]
 
 

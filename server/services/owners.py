@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.services.errors import Forbidden, NotFound
-from sme2farm.server.store.models import ApiToken, Experiment, User
+from sme2farm.server.store.models import ApiToken, Experiment, Run, Suite, User
 
 RULE = "only its owner, a member of its owner's team, or an admin token may"
 
@@ -86,11 +86,27 @@ def may_read(session: Session, *, token: ApiToken, owner_id: int | None, team_on
     return owners is None or owner_id in owners
 
 
-def require_read(session: Session, *, token: ApiToken, experiment_id: int, team_only: bool) -> None:
+def require_read(session: Session, *, token: ApiToken, experiment_id: int, team_only: bool, which: str = "") -> None:
     """With team_only, an experiment another team owns is not found (NotFound: its existence is
-    not told either)."""
+    not told either). The one rule every read of an experiment's, run's or suite's data calls."""
     if not team_only:
         return
     owner_id = session.scalar(select(Experiment.owner_id).where(Experiment.id == experiment_id))
     if not may_read(session, token=token, owner_id=owner_id, team_only=team_only):
-        raise NotFound(f"experiment {experiment_id} not found")
+        raise NotFound(f"{which}experiment {experiment_id} not found")
+
+
+def require_read_run(session: Session, *, token: ApiToken, run_id: int, team_only: bool, which: str = "") -> None:
+    """require_read for a run: its experiment's owner decides."""
+    if not team_only:
+        return
+    owner_id = session.scalar(select(Experiment.owner_id).join(Run, Run.experiment_id == Experiment.id)
+                              .where(Run.id == run_id))
+    if not may_read(session, token=token, owner_id=owner_id, team_only=team_only):
+        raise NotFound(f"{which}run {run_id} not found")
+
+
+def require_read_suite(session: Session, *, token: ApiToken, suite: Suite, team_only: bool) -> None:
+    """require_read for a suite (its owner's team's, suites.owner_id)."""
+    if not may_read(session, token=token, owner_id=suite.owner_id, team_only=team_only):
+        raise NotFound(f"suite {suite.name!r} not found")
