@@ -41,6 +41,13 @@ class AccessTokenFile:
         self.path = work_dir / "identity" / f"{key}.token"
 
     def read_or_propose(self) -> str:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = self.path.parent.stat()
+        # A token in a directory another user can write (a shared /tmp) could be theirs: proposed
+        # at registration it would become this agent's token, known to them.
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise PermissionError(f"{self.path.parent}: the agent's identity directory is not its own or is "
+                                  "writable by others; use a private --work-dir (or chmod 700 it)")
         try:
             held = self.path.read_text().strip()
         except FileNotFoundError:
