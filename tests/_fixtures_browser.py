@@ -3,7 +3,11 @@ without it, elsewhere a plain skip), and waiting for what a page shows."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -81,3 +85,37 @@ def screenshot(driver, path: Path) -> None:
     time.sleep(0.2)
     driver.save_screenshot(str(path))
     driver.set_window_size(1280, 1000)
+
+
+STATIC = Path(__file__).resolve().parent.parent / "server" / "static"
+
+
+@contextlib.contextmanager
+def static_page(path: str, page: bytes):
+    """The dashboard's static files on a free loopback port, with `page` served at `path` (a test page
+    that imports the modules under test); yields the server's base URL."""
+
+    class Static(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.startswith(path):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+                return
+            super().do_GET()
+
+        def guess_type(self, p):
+            return "text/javascript" if str(p).endswith(".js") else super().guess_type(p)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Static, directory=str(STATIC)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -6,16 +6,14 @@ those modules in headless Chromium with no label wider than its cell."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import inspect
 import re
-import threading
 from pathlib import Path
 
 import pytest
 
 from _fixtures_attribution import attributed_model  # noqa: F401
+from _fixtures_browser import static_page
 from sme2farm.analysis import analyze, compare
 from sme2farm.analysis.by_module import (NOT_ATTRIBUTED, category_detail, pattern, split, top_modules_line,
                                          tree)
@@ -23,7 +21,6 @@ from sme2farm.analysis.by_module import (NOT_ATTRIBUTED, category_detail, patter
 pytestmark = pytest.mark.models
 
 ITERATIONS = 20
-STATIC = Path(__file__).resolve().parent.parent / "server" / "static"
 SHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
 
 
@@ -105,28 +102,6 @@ def test_no_module_is_named_without_the_etrecord(ln_net):
     assert split(rep, 2) == [] and "no ETRecord" in top_modules_line(rep)
 
 
-class _Static(http.server.SimpleHTTPRequestHandler):
-    """The dashboard's static files, and a page that draws moduleCard over the data it is given."""
-
-    page = b""
-
-    def do_GET(self):
-        if self.path.startswith("/modules-test.html"):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(self.page)))
-            self.end_headers()
-            self.wfile.write(self.page)
-            return
-        super().do_GET()
-
-    def guess_type(self, path):
-        return "text/javascript" if str(path).endswith(".js") else super().guess_type(path)
-
-    def log_message(self, *args):
-        pass
-
-
 PAGE = b"""<!doctype html><html><head><link rel="stylesheet" href="/style.css"></head>
 <body><main id="main"></main><script type="module">
 import { experimentArms, moduleCard } from "/modules.js";
@@ -137,14 +112,11 @@ window.ready = true;
 
 @pytest.mark.browser
 def test_the_dashboard_icicle_draws_the_runs_modules(ln_net, browser):
-    _Static.page = PAGE
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Static, directory=str(STATIC)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with static_page("/modules-test.html", PAGE) as base:
         keys = ("by_module", "by_source", "attribution")
         runs = [{"status": "succeeded", "sme2": "off", "threads": 1, "mode": "timing", "variant": "A",
                  "device": {"serial": "host"}, **{k: r[k] for k in keys}} for r in ln_net["with"]]
-        browser.get(f"http://127.0.0.1:{server.server_address[1]}/modules-test.html")
+        browser.get(f"{base}/modules-test.html")
         from selenium.webdriver.support.ui import WebDriverWait
         WebDriverWait(browser, 10).until(lambda d: d.execute_script("return window.ready === true"))
         browser.execute_script("window.draw(arguments[0])", {"runs": runs})
@@ -157,8 +129,6 @@ def test_the_dashboard_icicle_draws_the_runs_modules(ln_net, browser):
             });""")
         SHOTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(SHOTS / "modules-icicle.png"))
-    finally:
-        server.shutdown()
     modules = {c["module"] for c in cells}
     assert {"stem", "blocks", "blocks.0", "blocks.1", "head", NOT_ATTRIBUTED} <= modules, modules
     mean = {}

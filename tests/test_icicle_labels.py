@@ -5,14 +5,9 @@ is on hover)."""
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
-from pathlib import Path
-
 import pytest
 
-STATIC = Path(__file__).resolve().parent.parent / "server" / "static"
+from _fixtures_browser import static_page
 PAGE = b"""<!doctype html><html><body><script type="module">
 import { fitLabel } from "/modules.js";
 window.fit = fitLabel;
@@ -20,30 +15,10 @@ window.ready = true;
 </script></body></html>"""
 
 
-class _Static(http.server.SimpleHTTPRequestHandler):
-    def do_GET(self):
-        if self.path.startswith("/labels-test.html"):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(PAGE)))
-            self.end_headers()
-            self.wfile.write(PAGE)
-            return
-        super().do_GET()
-
-    def guess_type(self, path):
-        return "text/javascript" if str(path).endswith(".js") else super().guess_type(path)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.mark.browser
 def test_a_bare_index_is_never_a_label_alone(browser):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Static, directory=str(STATIC)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        browser.get(f"http://127.0.0.1:{server.server_address[1]}/labels-test.html")
+    with static_page("/labels-test.html", PAGE) as base:
+        browser.get(f"{base}/labels-test.html")
         from selenium.webdriver.support.ui import WebDriverWait
         WebDriverWait(browser, 10).until(lambda d: d.execute_script("return window.ready === true"))
 
@@ -56,5 +31,3 @@ def test_a_bare_index_is_never_a_label_alone(browser):
         assert fit("stages.blocks.3", 40) == "bloc…"     # cut as any name is, never the bare "3"
         assert fit("body.0.conv_a", 60) == "conv_a"      # a named last part is still shown alone
         assert fit("body.0.conv_a", 20) == ""
-    finally:
-        server.shutdown()
