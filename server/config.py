@@ -80,8 +80,9 @@ class Settings(BaseSettings):
     poll_timeout_s: float = Field(default=20.0, description="Longest an agent's claim long-poll is held")
     reads_team_only: bool = Field(
         default=False,
-        description="Confine reads of experiments (the list, a report, its runs) to the token's own team's (an admin "
-                    "token reads all); off: every read token reads everything")
+        description="Confine every read of an experiment, run or suite (lists, reports, runs, artifacts, files, "
+                    "comparisons, charts, scaling, series, regressions) to the token's own team's (others: 404; an "
+                    "admin token reads all); off: every read token reads everything")
     webhook_private_ok: bool = Field(
         default=False,
         description="Let a suite's webhook point at loopback, link-local, private or other non-public addresses "
