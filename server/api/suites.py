@@ -162,10 +162,8 @@ def list_regressions(session: SessionDep, user: UserDep, settings: SettingsDep,
     SME2_READS_TEAM_ONLY, of a non-admin token's team's suites only)."""
     if suite is not None:
         _readable_suite(session, user, settings, suite)  # 404 naming an unknown (or another team's) suite
-    found = suite_service.regressions(session, include_candidates=candidates, suite=suite)
-    if settings.reads_team_only:
-        readable = {s.name for s in _readable_suites(session, user, settings)}
-        found = [r for r in found if r.suite in readable]
+    readable = owners.readable_owner_ids(session, token=user, team_only=settings.reads_team_only)
+    found = suite_service.regressions(session, include_candidates=candidates, suite=suite, owner_ids=readable)
     return [_as_seen_by(user, r) for r in found]
 
 

@@ -142,9 +142,12 @@ def _replaced_models(out: list[Series], by_key: dict[tuple, list[SuitePoint]]) -
 
 
 def regressions(session: Session, *, include_candidates: bool = False,
-                suite: str | None = None) -> list[RegressionRead]:
-    """Changes people act on (confirmed, acknowledged), newest first; candidates on request."""
+                suite: str | None = None, owner_ids: list[int] | None = None) -> list[RegressionRead]:
+    """Changes people act on (confirmed, acknowledged), newest first; candidates on request;
+    `owner_ids` (owners.readable_owner_ids): only those owners' suites' (None: all)."""
     q = select(SuiteChange, Suite.name).join(Suite, Suite.id == SuiteChange.suite_id)
+    if owner_ids is not None:
+        q = q.where(Suite.owner_id.in_(owner_ids))
     if not include_candidates:
         q = q.where(SuiteChange.status != "candidate")
     if suite is not None:
