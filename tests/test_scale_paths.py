@@ -18,6 +18,7 @@ import time
 
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.orm import joinedload
 
 from sme2farm.protocol import TRACE, DeviceInfo, ExperimentReport, ExperimentSpec, RunFinish, RunnerInfo, RunStatus
 from sme2farm.server.services import wakeup
@@ -308,8 +309,8 @@ def test_an_ingest_analysed_before_its_transaction_ends_the_run_as_the_plain_one
         with session_scope(db_url) as s:
             run_service.finish(s, run_id=rid, agent_id=agent_id, has_trace=True, ingest_deadline_s=60, store=store,
                                body=RunFinish(lease_id=lease, status="succeeded"))
-        with session_scope(db_url) as s:
-            run = s.get(Run, rid)
+        with session_scope(db_url) as s:  # with its experiment, as worker/tasks.py loads it: read after the session
+            run = s.get(Run, rid, options=[joinedload(Run.experiment)])
         prepared = Prepared(Ingester(store), run)  # no transaction open here
         with session_scope(db_url) as s:
             outcomes[rid] = (run_service.ingest(s, run_id=rid, ingester=prepared, store=store), s.get(Run, rid).reason)
