@@ -135,7 +135,8 @@ def files_under(root: Path) -> list[Path]:
 def test_disk_full_on_upload_is_507_the_partial_file_removed_and_nothing_stored(small_fs, db_url, example_pte):
     from sme2farm.server.config import Settings
 
-    settings = Settings(data_dir=small_fs, database_url=db_url, max_upload_mb=8, device_wait_s=0)
+    settings = Settings(data_dir=small_fs, database_url=db_url, max_upload_mb=8, device_wait_s=0,
+                        min_free_mb=0)  # a real ENOSPC, not the free-space reserve
     with serve(settings) as client:
         agent = {"Authorization": f"Bearer {agent_token(client)}"}
         before = files_under(small_fs)      # the admin token only
