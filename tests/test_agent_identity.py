@@ -211,6 +211,26 @@ def test_150_long_polls_from_one_agent_leave_the_users_list_answering(api):
     assert max(took) < 1.0, took
 
 
+def _read_http_answer(sock, deadline_s=10.0):
+    """One HTTP/1.1 answer off a raw socket: its headers, then as many body bytes as they announce
+    (a body often arrives in a later recv than its headers); bounded by a deadline."""
+    import re
+    import time
+
+    end, data = time.monotonic() + deadline_s, b""
+    while b"\r\n\r\n" not in data and time.monotonic() < end:
+        if not (chunk := sock.recv(4096)):
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+    while length and len(body) < int(length.group(1)) and time.monotonic() < end:
+        if not (chunk := sock.recv(4096)):
+            break
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode(errors="replace")
+
+
 def test_an_artifact_body_on_a_lease_not_the_agents_is_refused_before_it_is_read(api, pte):
     """The lease is checked before the body streams: a PUT whose lease is not this agent's is
     answered 409 while its body has barely begun (nothing waits for, or writes, the gigabyte)."""
@@ -225,7 +245,7 @@ def test_an_artifact_body_on_a_lease_not_the_agents_is_refused_before_it_is_read
         sock.sendall((f"PUT /agent/runs/{run_id}/artifacts/trace.etdump HTTP/1.1\r\nHost: {u.netloc}\r\n"
                       f"Authorization: Bearer {token}\r\nX-Lease-Id: not-this-runs-lease\r\n"
                       f"X-Content-SHA256: {'0' * 64}\r\nContent-Length: {500 << 20}\r\n\r\n").encode() + b"x" * 1024)
-        answer = sock.recv(4096).decode(errors="replace")   # within the timeout: the rest is never sent
+        answer = _read_http_answer(sock)   # within the timeout: the rest of the body is never sent
     assert answer.startswith("HTTP/1.1 409"), answer
     assert "not_owner" in answer
     assert not list((api.settings.data_dir / "tmp").glob("*")), "nothing of the body was kept"
