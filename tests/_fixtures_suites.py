@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-__all__ = ["WebhookReceiver", "llm_phases", "night_point", "recording_tx", "T0"]
+__all__ = ["_farm_rows", "_inject", "_suite", "WebhookReceiver", "llm_phases", "night_point", "recording_tx", "T0"]
 
 T0 = datetime(2026, 11, 1, 3, tzinfo=timezone.utc)   # night 0
 
@@ -76,3 +76,53 @@ def recording_tx(db_url: str):
 
     sent: list = []
     return sent, (lambda: session_scope(db_url, enqueue=lambda *a: sent.append(a)))
+
+
+def _farm_rows(session, n_devices: int = 1):
+    """An agent with devices and one stored model, as registration and an upload leave them."""
+    from sme2farm.server.store.models import Agent, Device, Model
+
+    agent = Agent(name="lab", hostname="h")
+    session.add(agent)
+    session.flush()
+    devices = []
+    for i in range(n_devices):
+        d = Device(agent_id=agent.id, serial=f"dev{i}", platform="linux", sme2=False,
+                   info={"model": "Test Board", "runner_platform": "linux-x86_64"})
+        session.add(d)
+        devices.append(d)
+    for sha in ("a" * 64, "c" * 64):
+        session.add(Model(sha256=sha, size=1))
+    session.flush()
+    return devices
+
+
+def _suite(session, name="nightly", **kw):
+    from sme2farm.protocol import SuiteSpec
+    from sme2farm.server.services import suites
+
+    spec = {"name": name, "models": [{"sha256": "a" * 64, "name": "net"}], "sme2": "off", **kw}
+    return suites.create(session, spec=SuiteSpec.model_validate(spec))
+
+
+def _inject(session, suite, device, levels, *, sha="a" * 64, name="net", start=None, seed=0, state=None):
+    """One suite run per level, each with one point of 40 iterations at that level (CV 0.5%)."""
+    from sme2farm.server.store.models import SuitePoint, SuiteRun
+
+    rng = np.random.default_rng(seed)
+    start = start or datetime(2026, 11, 1, 3, tzinfo=timezone.utc)
+    points = []
+    for i, level in enumerate(levels):
+        at = start + timedelta(days=i)
+        srun = SuiteRun(suite_id=suite.id, trigger="schedule", status="complete", triggered_at=at, finished_at=at)
+        session.add(srun)
+        session.flush()
+        x = (level * np.exp(rng.normal(0, 0.005, 40))).tolist()
+        p = SuitePoint(suite_id=suite.id, suite_run_id=srun.id, model_sha256=sha, model_name=name,
+                       device_model="Test Board", device_id=device.id, sme2="off", threads=1, run_ids=[], at=at,
+                       samples=[x], median_ms=float(np.median(x)), low_ms=min(x), high_ms=max(x), n_iterations=40,
+                       sessions=1, runner="r1", et_version="1.5.1", device_state=dict(state or {}))
+        session.add(p)
+        points.append(p)
+    session.flush()
+    return points

@@ -92,7 +92,9 @@ def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_build
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(trace)
         run = SimpleNamespace(id=run_id, warmup_in_trace=0, sme2="on", device_snapshot=snapshot,
-                              runner={"id": "r", "platform": "linux-arm64"}, experiment=None, variant="A")
+                              runner={"id": "r", "platform": "linux-arm64"}, variant="A",
+                              experiment=SimpleNamespace(etrecord_sha256=None, spec={}),
+                              attempt=1)
         result = Ingester(store).analyze(run)
         texts[run_id] = (json.loads(result.derived[REPORT_JSON]), result.derived[REPORT_MD])
     (qemu_json, qemu_md), (board_json, board_md) = texts[1], texts[2]

@@ -228,7 +228,7 @@ def test_a_kit_config_submit_takes_the_kits_etrecord_beside_its_model(api, agent
     """The kit keeps the ETRecord as <model>.pte.etrecord beside the model its config names."""
     import json
 
-    from test_kit import template
+    from _fixtures_kit import template
     from sme2farm.client import cli
 
     pte, etrecord = exported("toy_cnn")

@@ -7,7 +7,6 @@ with the model path pointed at a real bundled model exported beside the config."
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 
@@ -15,6 +14,8 @@ import pytest
 
 from sme2farm.analysis import analyze
 from sme2farm.client import kit
+
+from _fixtures_kit import template
 
 # The kit's analysis_summary.json keys (its analyze_results.py, known-good fixture, and the
 # learning path's operator_details): written out here, not imported, so a change to the module
@@ -24,17 +25,6 @@ KIT_KEYS = {"run_dir", "model", "etrecord", "etdump_count", "category_totals_ms"
 OPERATOR_KEYS = {"name", "category", "avg_ms", "count", "total_ms"}
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 
-MAC_TEMPLATE = {
-    "model": "REPLACE_WITH_PATH_TO_MODEL_PTE",
-    "output_root": "out_toy_cnn/runs/mac",
-    "experiments": [
-        {"name": "mac_sme2_on", "runner_path": "executorch/cmake-out/mac-arm64/executor_runner",
-         "mode": "timing", "runs": 10, "warmup": 1, "threads": [1]},
-        {"name": "mac_sme2_off", "runner_path": "executorch/cmake-out/mac-arm64-sme2-off/executor_runner",
-         "mode": "timing", "runs": 10, "warmup": 1, "threads": [1]},
-    ],
-    "analysis": {"compare_pairs": []},
-}
 
 
 def kit_dir(tmp_path, pte):
@@ -49,13 +39,6 @@ def write_config(d, cfg, name="my_experiment.json"):
     p = d / name
     p.write_text(json.dumps(cfg, indent=2))
     return p
-
-
-def template(**top):
-    cfg = copy.deepcopy(MAC_TEMPLATE)
-    cfg["model"] = "toy_cnn_xnnpack_fp32.pte"
-    cfg.update(top)
-    return cfg
 
 
 # ---- the real farm -----------------------------------------------------------------------------

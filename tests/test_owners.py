@@ -91,7 +91,7 @@ def test_every_read_of_an_experiment_run_suite_or_comparison_is_confined_to_the_
     """Walks the app's OpenAPI: every GET taking an experiment, run, suite or comparison id answers
     another team's read token 404 (not found, as for an id that does not exist) and a teammate
     otherwise (200 where the thing has the data). A route added without owners.require_* fails here."""
-    from test_suites import _farm_rows, _inject, _suite
+    from _fixtures_suites import _farm_rows, _inject, _suite
     from sme2farm.server.store.models import Experiment, User
 
     red, red2 = submit_as(api, people["alice"], pte), submit_as(api, people["alice"], pte)
@@ -159,7 +159,7 @@ def test_a_submit_token_cannot_acknowledge_an_admins_suites_regression(api, peop
     another user's submit token (which would silence its alert)."""
     from datetime import datetime, timezone
 
-    from test_suites import _farm_rows, _inject, _suite
+    from _fixtures_suites import _farm_rows, _inject, _suite
     from sme2farm.server.services import suites
     from sme2farm.server.store.models import SuiteChange, User
 
