@@ -115,8 +115,9 @@ def emulated_headline(c: dict) -> str:
 
 def comparison_fact_lines(c: dict) -> list[str]:
     """What a comparison says beside (or, emulated, instead of) its speed: per-arm SME2 coverage
-    the arms' numerics, their memory and, for LLM runs, the verdict per phase. Plain text, one fact per line."""
-    phases = [p.get("sentence") for p in (c.get("llm") or {}).values()]
+    the arms' numerics, their memory and, for LLM runs, the verdict per phase (none for an emulated
+    comparison: a phase verdict is a speed verdict). Plain text, one fact per line."""
+    phases = [] if is_emulated(c) else [p.get("sentence") for p in (c.get("llm") or {}).values()]
     return [line for line in (coverage_pair_line(c), numerics_line(c), (c.get("memory") or {}).get("sentence"), *phases)
             if line]
 

@@ -150,6 +150,7 @@ def test_an_emulated_llm_document_states_no_speed_figure(llm_experiment, monkeyp
             assert f"{run['llm'][key]['median']:.{digits}f} (" not in md
     assert "### LLM: verdict per phase" not in md
     assert not re.search(r"prefill \(time to first token\): .*faster", md)
+    assert "prefill (time to first token):" not in md and "decode (ms per decoded token):" not in md
 
 
 def test_an_emulated_llm_kit_entry_has_no_speed_figure():
