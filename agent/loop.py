@@ -33,11 +33,12 @@ class AccessTokenFile:
     """This agent's access token, kept in its work dir (0600) for its next start: a live agent is
     re-registered only with it, so a restart (crash, upgrade) within SME2_AGENT_OFFLINE_S keeps
     the agent's identity. Before the first registration a random token is proposed and written
-    first: a registration retried after a lost answer presents the same one. One file per server,
-    agent name and host name."""
+    first: a registration retried after a lost answer presents the same one. One file per agent
+    name and host name, not per server URL: `sme2-farm up` on the same data dir may listen on
+    another port, and its agent is still the one it registered."""
 
-    def __init__(self, work_dir: Path, server: str, name: str, hostname: str):
-        key = hashlib.sha256(f"{server}\n{name}\n{hostname}".encode()).hexdigest()[:32]
+    def __init__(self, work_dir: Path, name: str, hostname: str):
+        key = hashlib.sha256(f"{name}\n{hostname}".encode()).hexdigest()[:32]
         self.path = work_dir / "identity" / f"{key}.token"
 
     def read_or_propose(self) -> str:
@@ -117,7 +118,7 @@ class Agent:
 
     def register(self) -> None:
         hostname = socket.gethostname()
-        identity = AccessTokenFile(self.work_dir, getattr(self.api, "server", ""), self.name, hostname)
+        identity = AccessTokenFile(self.work_dir, self.name, hostname)
         held = identity.read_or_propose()
         reg = self.api.register(name=self.name, hostname=hostname, version=__version__,
                                 devices=self.discover(), runners=self.runners(), presented=held)

@@ -11,7 +11,7 @@ from sme2farm.agent.loop import AccessTokenFile
 
 
 def test_a_token_in_a_group_or_world_writable_identity_dir_is_refused(tmp_path):
-    f = AccessTokenFile(tmp_path, "http://farm", "a1", "host")
+    f = AccessTokenFile(tmp_path, "a1", "host")
     f.path.parent.mkdir(mode=0o700)
     f.path.write_text("sme2_" + "planted" * 6 + "\n")
     os.chmod(f.path.parent, 0o777)  # what another user could have made of /tmp/sme2-agent/identity
@@ -20,7 +20,7 @@ def test_a_token_in_a_group_or_world_writable_identity_dir_is_refused(tmp_path):
 
 
 def test_a_private_identity_dir_keeps_the_token(tmp_path):
-    f = AccessTokenFile(tmp_path, "http://farm", "a1", "host")
+    f = AccessTokenFile(tmp_path, "a1", "host")
     first = f.read_or_propose()
     assert first.startswith("sme2_") and f.read_or_propose() == first
     assert os.stat(f.path).st_mode & 0o077 == 0

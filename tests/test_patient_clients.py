@@ -108,7 +108,8 @@ def patient_farm(tmp_path_factory, local_runner, postgres_admin_url):
     via_proxy = real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     env = {"SME2_DATABASE_URL": via_proxy, "SME2_BROKER_URL": redis.url,
            "SME2_LEASE_S": str(LEASE_S), "SME2_HEARTBEAT_INTERVAL_S": "2", "SME2_INGEST_DEADLINE_S": "6",
-           "SME2_AGENT_UPLOAD_RETRY_S": str(UPLOAD_RETRY_S)}
+           "SME2_AGENT_UPLOAD_RETRY_S": str(UPLOAD_RETRY_S),
+           "SME2_MIN_FREE_MB": "0"}  # its small tmpfs meets a real ENOSPC, not the free-space reserve
     f = None
     try:
         f = PatientFarm(start_farm(data, catalog.manifest, extra_env=env), real.render_as_string(hide_password=False),

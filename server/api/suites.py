@@ -37,8 +37,8 @@ def _webhook_needs_admin(user, url: str | None, settings) -> None:
     point it somewhere (a submit token could otherwise make it call internal addresses), and only
     at public addresses unless SME2_WEBHOOK_PRIVATE_OK (checked again at every delivery)."""
     _needs_admin(user, "setting or changing a suite's webhook", " (the server POSTs to it from inside the farm)")
-    if url and url.strip():
-        alert_service.webhook_addresses(url.strip(), allow_private=settings.webhook_private_ok)
+    if url and url.strip():  # the URL's own form first (scheme, host), then where it points
+        alert_service.webhook_addresses(suite_service.check_webhook(url), allow_private=settings.webhook_private_ok)
 
 
 def _as_seen_by(user, read):
