@@ -50,15 +50,8 @@ def make_trace(cache: Path, iterations: int, blocks: int) -> Path:
     from sme2farm.runners.examples import EXAMPLES, export_example
     if not pte.exists():
         export_example("cnn_blocks", pte, blocks=blocks)
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch
     _, inputs = EXAMPLES["cnn_blocks"].build(blocks=blocks)
-    m = _load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
-    with torch.no_grad():
-        for _ in range(iterations):
-            m.forward(inputs)
-    tmp = out.with_suffix(".tmp")
-    m.write_etdump_result_to_file(str(tmp))
-    tmp.replace(out)
+    _record(pte, inputs, iterations, out)
     return out
 
 
@@ -108,6 +101,13 @@ def make_attributed(cache: Path, iterations: int, blocks: int) -> tuple[Path, Pa
     torch.manual_seed(0)
     model, inputs = EXAMPLES["cnn_blocks"].build(blocks=blocks)
     write_xnnpack_pte(model, inputs, pte, etrecord=record)
+    _record(pte, inputs, iterations, out)
+    return pte, record, out
+
+
+def _record(pte: Path, inputs, iterations: int, out: Path) -> None:
+    """Run `pte` `iterations` times in ExecuTorch's runtime and write its ETDump to `out` (via a temp name)."""
+    import torch
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     m = _load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
     with torch.no_grad():
@@ -116,7 +116,6 @@ def make_attributed(cache: Path, iterations: int, blocks: int) -> tuple[Path, Pa
     tmp = out.with_suffix(".tmp")
     m.write_etdump_result_to_file(str(tmp))
     tmp.replace(out)
-    return pte, record, out
 
 
 def time_attribution(cache: Path, iterations: int, blocks: int, repeat: int) -> None:
