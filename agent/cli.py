@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sme2farm import logs
 from sme2farm.agent import drivers as driver_registry
+from sme2farm.agent.drivers import DRIVER_NAMES, DRIVERS
 from sme2farm.agent.api import AgentApi, Unauthorized
 from sme2farm.agent.config import agent_settings
 from sme2farm.agent.loop import Agent
@@ -85,25 +86,41 @@ def cmd_run(args) -> int:
     return 0
 
 
+def host_options(parser: argparse.ArgumentParser, *, given_only: bool = False) -> None:
+    """--drivers, --adb-port, --manifest, --work-dir, taken before the command or after it. After it
+    (`given_only`) an option not given sets nothing, so one given before the command stands."""
+    unset = {"default": argparse.SUPPRESS} if given_only else {"default": None}
+    kinds = "; ".join(f"{name}: {what}" for name, what in DRIVERS.items())
+    parser.add_argument("--drivers", **unset,
+                        help=f"comma-separated, from {','.join(DRIVER_NAMES)} (default: "
+                             f"{','.join(driver_registry.default_names())}). They drive: {kinds}")
+    parser.add_argument("--adb-port", type=int, **unset,
+                        help="adb server port (default: ANDROID_ADB_SERVER_PORT or 5037)")
+    parser.add_argument("--manifest", **unset,
+                        help="runner manifest (default: SME2_RUNNER_MANIFEST or runners/build/manifest.json)")
+    parser.add_argument("--work-dir", **unset,
+                        help="where runs are staged (default: SME2_AGENT_WORK_DIR, else <temp dir>/sme2-agent)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sme2-agent", description="Serve this host's devices to an SME2 farm.")
-    p.add_argument("--drivers", help="comma-separated: local,macos,android (default: the host driver and android)")
-    p.add_argument("--adb-port", type=int, default=None, help="adb server port (default: ANDROID_ADB_SERVER_PORT or 5037)")
-    p.add_argument("--manifest", default=None, help="runner manifest (default: SME2_RUNNER_MANIFEST or runners/build/manifest.json)")
-    p.add_argument("--work-dir", default=None, help="where runs are staged (default: SME2_AGENT_WORK_DIR, else "
-                                                   "<temp dir>/sme2-agent)")
+    host_options(p)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("devices", help="list the devices this agent would serve")
+    each = argparse.ArgumentParser(add_help=False)   # the same options after the command: `check --drivers qemu-arm64`
+    host_options(each, given_only=True)
+    d = sub.add_parser("devices", parents=[each], help="list the devices this agent would serve")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_devices)
-    c = sub.add_parser("check", help="check each device before it takes work: SME2 detection, runner builds, "
-                                     "the bundled example through both arms, hygiene readings (no server needed; "
-                                     "exit 0 only when every check passes)")
+    c = sub.add_parser("check", parents=[each], epilog="e.g. sme2-agent check --drivers local,qemu-arm64: this "
+                                                       "host and the emulated SME2 device",
+                       help="check each device before it takes work: SME2 detection, runner builds, the bundled "
+                            "example through both arms, hygiene readings (no server needed; exit 0 only when every "
+                            "check passes)")
     c.add_argument("--device", metavar="SERIAL", help="check this device only")
     c.add_argument("--json", action="store_true", help="a machine-readable document")
     c.set_defaults(fn=cmd_check)
-    r = sub.add_parser("run", help="register with the server and serve runs until stopped")
+    r = sub.add_parser("run", parents=[each], help="register with the server and serve runs until stopped")
     r.add_argument("--server", default=None, help="the farm's URL (default: SME2_SERVER, else "
                                                   f"{DEFAULT_SERVER_URL})")
     r.add_argument("--token", default=None)

@@ -137,6 +137,26 @@ def test_check_of_a_device_that_is_not_here_says_so(tmp_path):
     assert "found no device no-such-serial" in err and "sme2-agent devices" in err
 
 
+
+def test_check_help_lists_the_drivers_and_their_device_kinds_and_takes_them_after_the_command(tmp_path):
+    """`sme2-agent check --help` names --drivers, every driver and what it drives (written out here,
+    not read from the registry), and `check --drivers ...` works as `--drivers ... check` does;
+    one given before the command stands when the command repeats none."""
+    shown = subprocess.run([sys.executable, "-m", "sme2farm.agent.cli", "check", "--help"], capture_output=True,
+                           text=True, timeout=60)
+    flat = " ".join(shown.stdout.split())
+    assert shown.returncode == 0 and "--drivers" in flat and "--manifest" in flat, shown.stdout
+    for name, kind in (("local", "Linux host"), ("macos", "Mac"), ("android", "adb"), ("qemu-arm64", "emulated arm64")):
+        assert f"{name}: " in flat and kind in flat, (name, flat)
+    after = subprocess.run([sys.executable, "-m", "sme2farm.agent.cli", "check", "--drivers", "local", "--work-dir",
+                            str(tmp_path), "--device", "no-such-serial"], capture_output=True, text=True, timeout=60)
+    assert after.returncode == 1 and "found no device no-such-serial (drivers: local)" in after.stderr, after.stderr
+    before = subprocess.run([sys.executable, "-m", "sme2farm.agent.cli", "--drivers", "qemu-arm64,local", "check",
+                             "--work-dir", str(tmp_path), "--device", "no-such-serial"], capture_output=True, text=True,
+                            timeout=60)
+    assert before.returncode == 1 and "(drivers: qemu-arm64,local)" in before.stderr, before.stderr
+
+
 # ---- the emulated arm64 device ---------------------------------------------------------------
 
 @pytest.mark.arm64

@@ -6,7 +6,15 @@ import platform
 
 from sme2farm.agent.drivers.base import Driver
 
-DRIVER_NAMES = ("local", "macos", "android", "qemu-arm64")
+# Each driver by name, with the kind of device it serves (what `sme2-agent --help` lists).
+DRIVERS = {
+    "local": "this Linux host's own CPU (x86_64 or arm64)",
+    "macos": "this Mac's own CPU (Apple silicon)",
+    "android": "Android phones and boards over adb (USB or adb over TCP)",
+    "qemu-arm64": "an emulated arm64 Linux device under qemu-aarch64 (SME2 with `sme2-farm emulator install`; "
+                  "its times are the emulator's)",
+}
+DRIVER_NAMES = tuple(DRIVERS)
 
 
 def default_names() -> list[str]:
