@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _fixtures_farm import (REQUIRE_SERVICES, TERMINAL, PrivateRedis, TcpProxy, create_database, runners_under, start_farm, stop_farm,
-                            submit, wait_for)
+from _fixtures_farm import (REQUIRE_SERVICES, TERMINAL, PrivateRedis, TcpProxy, create_database, register, runners_under, start_farm,
+                            stop_farm, submit, wait_for)
 from sme2farm.client.common import server_healthy
 
 LEASE_S = 10.0
@@ -326,8 +326,25 @@ def test_suite_run_wait_goes_on_through_a_database_outage(patient_farm, example_
         if proc.poll() is None:
             proc.kill()
     out, err = (tmp_path / "suite.out").read_text(), (tmp_path / "suite.err").read_text()
-    assert rc == 0, (out, err)
+    assert rc == 0, (farm.runs(exp_id), out, err[-1500:])
     assert "answered 503 (the database is unavailable)" in err and "toy on" in out, (out, err)
+
+
+@on_the_farm
+def test_a_delivery_that_meets_a_database_outage_is_a_503_not_a_malformed_body(patient_farm):
+    """The lease a delivery names is checked while its body streams in: the database going away
+    then is the server's outage (503 with Retry-After, the agent retries), never the agent's
+    "malformed multipart body" (400, which ended the run failed: a CI run met it)."""
+    farm = patient_farm
+    token = register(farm.http, name="outage-deliverer", hostname="outage-host")["access_token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    finish = {"lease_id": "0" * 32, "status": "succeeded", "artifacts": {}, "started_s_ago": 0.5}
+    files = [("finish", (None, json.dumps(finish).encode(), "application/json"))]
+    assert farm.http.post("/agent/claim", params={"wait": 0}, headers=headers).status_code == 200  # the token verified
+    with database_away(farm.proxy):
+        r = farm.http.post("/agent/runs/999999/deliver", files=files, headers=headers)
+    assert r.status_code == 503 and r.headers.get("Retry-After", "").isdigit(), (r.status_code, r.text)
+    assert "malformed" not in r.text and r.json()["unavailable"] == "database", r.text
 
 
 @on_the_farm

@@ -11,9 +11,10 @@ malformed body, a client that goes away, a cancelled request, the server's own f
 from __future__ import annotations
 
 from fastapi import HTTPException, Request
+from python_multipart.exceptions import ParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
 
-from sme2farm.server.services.errors import DomainError
 
 MAX_HEADER_BYTES = 8 * 1024  # one part's headers
 CALLBACKS = ("on_part_begin", "on_part_data", "on_part_end", "on_header_field", "on_header_value", "on_header_end",
@@ -94,19 +95,13 @@ class StreamedParts:
                 if self._file is not None:  # the body stopped inside a file part: what arrived is not the file
                     self.error = (400, f"malformed multipart body: the {self._name!r} part never ended "
                                        f"(no closing boundary)")
-        except (HTTPException, DomainError):  # a refusal after_chunk decided: answered as it is
-            self.close()
-            self.discard()
-            raise
-        except OSError:
-            # The server's own I/O failed, not the client's body: a full disk is answered 507 with
-            # the same body as every other write's (api/errors.py), anything else is a 500.
-            self.close()
-            self.discard()
-            raise
-        except Exception as e:  # malformed multipart framing, or the client went away
+        except (ParseError, ValueError, ClientDisconnect) as e:  # malformed framing or headers, or the client went away
             self.error = (400, f"malformed multipart body: {e}")
-        except BaseException:  # cancelled: nothing answers, but nothing may stay behind either
+        except BaseException:
+            # A refusal after_chunk decided (HTTPException, DomainError: answered as it is), the
+            # server's own failure (a full disk is 507, the database or the store away 503, by
+            # api/errors.py: never the client's "malformed body"), or a cancelled request: the
+            # temp files go, and the error goes on to its handler.
             self.close()
             self.discard()
             raise
