@@ -100,7 +100,55 @@ def _sorted_median(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.where(np.isnan(srt[..., -1]), np.nan, out)
 
 
-def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str) -> np.ndarray:
+TAILS = (0.025, 0.975)  # the quantiles of the log replicates a within-session variance is read from
+# How far a trimmed mean added in sorted order can be from the same values added in np.partition's
+# order, in log space: non-negative values, so any two orders differ by < 2 n eps relative
+# (< 5e-14 below ASYMPTOTIC_N), and np.log's own rounding by a few ulp of |log| (< 1e-12). Generous.
+_SORTED_TOL = 1e-9
+
+
+def _sorted_trimmed(x: np.ndarray) -> np.ndarray:
+    """The 10% trimmed mean along the last axis from a sort (faster than np.partition with two kth
+    on short rows), its kept values added in sorted order: within _SORTED_TOL of _trimmed's."""
+    n = x.shape[-1]
+    k = int(TRIM * n)
+    return np.sort(x, axis=-1)[..., k:n - k].sum(axis=-1) / (n - 2 * k)
+
+
+def _tail_windows(m: int) -> list[tuple[int, int]]:
+    """For each of TAILS, the ranks np.quantile reads in a row of m values (linear method: floor(q
+    (m - 1)) and the next), widened by one each side in case q (m - 1) rounds the other way."""
+    out = []
+    for q in TAILS:
+        lo = int(math.floor(q * (m - 1)))
+        out.append((max(lo - 1, 0), min(lo + 2, m - 1)))
+    return out
+
+
+def _exact_tails(reps: np.ndarray, pieces: list[tuple[int, int, np.ndarray, np.ndarray]]) -> None:
+    """Make `reps`, trimmed means from _sorted_trimmed, exact (as _trimmed gives them, bit for bit)
+    wherever np.quantile(log reps, TAILS) can look: at every replicate whose log is within 2
+    _SORTED_TOL of the approximate values at the ranks it reads. Every other replicate is then
+    strictly below or above all of those in exact values too (order statistics move no more than
+    the values do), so the exact and the mixed rows have the same values at those ranks, and
+    _log_stats gives the same variance bit for bit. `pieces`: (row, column, x, idx) of each block
+    of reps, as _replicates laid them out."""
+    m = reps.shape[1]
+    if m <= 1:
+        return
+    with np.errstate(divide="ignore"):
+        lr = np.log(np.maximum(reps, 1e-300))
+    srt = np.sort(lr, axis=1)
+    cand = np.zeros(reps.shape, dtype=bool)
+    for lo, hi in _tail_windows(m):
+        cand |= (lr >= srt[:, lo:lo + 1] - 2 * _SORTED_TOL) & (lr <= srt[:, hi:hi + 1] + 2 * _SORTED_TOL)
+    for r0, c0, x, idx in pieces:
+        rows, cols = np.nonzero(cand[r0:r0 + x.shape[0], c0:c0 + idx.shape[0]])
+        if rows.size:
+            reps[r0 + rows, c0 + cols] = _trimmed(x[rows[:, None], idx[cols]], axis=1)
+
+
+def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str, *, tails_only: bool = False) -> np.ndarray:
     """Bootstrap statistics of several groups of sessions of one length, each with its own drawn
     indices (units: (x (g, n), index matrices)), as one (sum g, n_boot) array.
 
@@ -108,8 +156,13 @@ def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str) -> 
     ``x[:, idx]`` lays it out when a group is done alone: C order for one session, iterations
     strided by g for several (numpy's mean adds a C-order row pairwise and a strided one in turn:
     a last-bit difference). Each row's statistic is then the same computation on the same values,
-    so the replicates are the same bit for bit."""
-    f = {"median": _sorted_median, "mean": np.mean, "trimmed": _trimmed}[stat]
+    so the replicates are the same bit for bit.
+
+    tails_only (what _log_stats needs: the quantiles TAILS of each row): trimmed means are taken
+    from a sort and made exact only where those quantiles can look (_exact_tails); the rest may
+    differ in their last bits."""
+    fast = tails_only and stat == "trimmed" and int(TRIM * units[0][0].shape[1]) > 0
+    f = {"median": _sorted_median, "mean": np.mean, "trimmed": _sorted_trimmed if fast else _trimmed}[stat]
     n = units[0][0].shape[1]
     reps = np.empty((sum(x.shape[0] for x, _ in units), sum(i.shape[0] for i in units[0][1])))
     pieces: dict[tuple[int, bool], list[tuple[int, int, np.ndarray, np.ndarray]]] = {}
@@ -139,11 +192,13 @@ def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str) -> 
                 r = buf.transpose(2, 0, 1)
             else:
                 r = np.concatenate([x[:, idx] for _, _, x, idx in batch])
-            stats = f(r, axis=2)                                # (sum g, m)
+            stats = f(r) if fast else f(r, axis=2)             # (sum g, m)
             k = 0
             for r0, c0, x, _ in batch:
                 reps[r0:r0 + x.shape[0], c0:c0 + m] = stats[k:k + x.shape[0]]
                 k += x.shape[0]
+    if fast:
+        _exact_tails(reps, [p for group in pieces.values() for p in group])
     return reps
 
 
@@ -160,7 +215,7 @@ def _log_stats(x: np.ndarray, stat: str, reps: np.ndarray) -> tuple[np.ndarray, 
     # medians of positive latencies are > 0; a mean of category times can resample to 0
     with np.errstate(divide="ignore"):
         lr = np.log(np.maximum(reps, 1e-300))
-    lo, hi = np.quantile(lr, [0.025, 0.975], axis=1) if n_boot > 1 else (np.zeros(g), np.zeros(g))
+    lo, hi = np.quantile(lr, TAILS, axis=1) if n_boot > 1 else (np.zeros(g), np.zeros(g))
     boot = ((hi - lo) / (2 * 1.959963984540054)) ** 2
     # Floor: the bootstrap of a median from few iterations is too narrow (few distinct values),
     # and short blocks miss part of a strong autocorrelation. The large-sample variance of the
@@ -233,7 +288,7 @@ def summarize_many(arms, *, stat: str = "median", n_boot: int = N_BOOT) -> list[
         by_shape.setdefault((u[2].shape[1], sum(d.shape[0] for d in u[3])), []).append(u)
     for group in by_shape.values():
         x = group[0][2] if len(group) == 1 else np.concatenate([u[2] for u in group])
-        ms, ws = _log_stats(x, stat, _replicates([(u[2], u[3]) for u in group], stat))
+        ms, ws = _log_stats(x, stat, _replicates([(u[2], u[3]) for u in group], stat, tails_only=True))
         k = 0
         for a, idx, xu, _ in group:
             m[a][idx], w[a][idx] = ms[k:k + xu.shape[0]], ws[k:k + xu.shape[0]]

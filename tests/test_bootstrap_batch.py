@@ -179,6 +179,30 @@ def test_arms_of_several_equal_sessions_batched_together(stat):
                    for i, (a, new) in enumerate(zip(arms, got)))
 
 
+def test_trimmed_tails_from_a_sort_are_exact_where_ties_crowd_them():
+    """The trimmed mean's replicates come from a sort (added in another order than np.partition's,
+    last bits apart) and are made exact only where the 2.5% and 97.5% quantiles look: on values of
+    a few distinct levels, many resamples hold the same values in other orders and crowd those
+    ranks, and the variances are still the old ones bit for bit; the replicates themselves are
+    exact (bit for bit) at the quantiles' ranks, and within 1e-12 elsewhere."""
+    g = np.random.default_rng(21)
+    tails = lambda reps: np.quantile(np.log(reps), sessions_mod.TAILS, axis=1).tobytes()  # noqa: E731
+    moved = 0   # cases where the sorted trimmed means alone would have moved a quantile
+    for n, levels in ((20, 3), (20, 6), (33, 4), (150, 5), (10, 2)):
+        arms = [[g.choice(np.linspace(0.05, 0.3, levels), n) for _ in range(int(g.integers(1, 4)))] for _ in range(4)]
+        got = summarize_many([(a, 40 + i) for i, a in enumerate(arms)], stat="trimmed", n_boot=1000)
+        assert all(_same(new, _old_summarize(a, stat="trimmed", n_boot=1000, seed=40 + i))
+                   for i, (a, new) in enumerate(zip(arms, got)))
+        x = np.stack(arms[0])
+        units = [(x, sessions_mod._draws(n, x.shape[0], "trimmed", 1000, np.random.default_rng(3)))]
+        exact = sessions_mod._replicates(units, "trimmed")
+        mixed = sessions_mod._replicates(units, "trimmed", tails_only=True)
+        assert tails(mixed) == tails(exact)
+        assert np.allclose(mixed, exact, rtol=1e-12, atol=0)
+        moved += tails(sessions_mod._sorted_trimmed(x[:, units[0][1][0]])) != tails(exact)
+    assert moved >= 1
+
+
 def _old_replicates(x: np.ndarray, stat: str, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """The bootstrap statistics _old_log_stats computes before it takes their quantiles."""
     g, n = x.shape
