@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -23,24 +22,9 @@ from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
 from sme2farm.runners import inputs as containers
 
 from _fixtures_farm import post_experiment
-from _fixtures_runtime import resolved_runner
+from _helpers_runner import fed_tokens, run_local_runner
 
 pytestmark = pytest.mark.models
-
-
-
-
-def _run(local_runner, pte: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([resolved_runner(local_runner), f"--model_path={pte}", *flags], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=300)
-
-
-def _fed(stdout: str, decode: int) -> list[int]:
-    """The tokens the runner's last generation decoded (greedy), from its output."""
-    [line] = [x for x in stdout.splitlines() if x.startswith("Decode fed (greedy, the last generation):")]
-    fed = [int(t) for t in line.split(":", 1)[1].split()]
-    assert len(fed) == decode
-    return fed
 
 
 def _check_greedy(fed: list[int], logits, prompt: int, margin: float) -> None:
@@ -60,11 +44,12 @@ def test_runner_prefill_and_decode_give_transformers_logits(local_runner, exampl
     gives at position 8 of the same 8 tokens."""
     from sme2farm.runners.tiny_llama import TinyLlamaConfig, reference_logits
 
-    done = _run(local_runner, example_pte(name), tmp_path, "--llm_prompt=5", "--llm_decode=3", "--num_executions=2",
-                "--warmup=1", "--outputs_file=out.bin")
+    done = run_local_runner(local_runner, tmp_path, f"--model_path={example_pte(name)}", "--llm_prompt=5",
+                            "--llm_decode=3", "--num_executions=2", "--warmup=1", "--outputs_file=out.bin")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "LLM mode: prompt 5 tokens, decode 3 tokens, at most 64 tokens per call, cache 64 positions" in done.stdout
-    fed = _fed(done.stdout, 3)
+    fed = fed_tokens(done.stdout)
+    assert len(fed) == 3
     [logits] = containers.read((tmp_path / "out.bin").read_bytes(), item="output")
     assert tuple(logits.sizes) == (1, 1, 256)
     got = logits.numpy().reshape(-1).astype(np.float64)
@@ -96,13 +81,15 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
     from sme2farm.runners.examples import executorch_llama_model
 
     pte = example_pte(name)
-    done = _run(local_runner, pte, tmp_path, f"--llm_prompt={prompt}", f"--llm_decode={decode}", "--num_executions=3",
-                "--warmup=1", "--etdump_path=t.etdump", "--outputs_file=out.bin")
+    done = run_local_runner(local_runner, tmp_path, f"--model_path={pte}", f"--llm_prompt={prompt}",
+                            f"--llm_decode={decode}", "--num_executions=3", "--warmup=1", "--etdump_path=t.etdump",
+                            "--outputs_file=out.bin")
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"at most {chunk} tokens per call, cache 64 positions" in done.stdout
     assert f"Prefill in {-(-prompt // chunk)} calls of at most {chunk} tokens" in done.stdout
 
-    fed = _fed(done.stdout, decode)
+    fed = fed_tokens(done.stdout)
+    assert len(fed) == decode
     method = _load_for_executorch(str(pte))
     for pos in range(0, prompt, chunk):
         n = min(chunk, prompt - pos)
@@ -141,7 +128,8 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
 ])
 def test_runner_refuses_what_llm_mode_cannot_run(local_runner, example_pte, undeclared_llama, tmp_path, flags, model,
                                                  error):
-    done = _run(local_runner, undeclared_llama if model == "undeclared" else example_pte(model), tmp_path, *flags)
+    pte = undeclared_llama if model == "undeclared" else example_pte(model)
+    done = run_local_runner(local_runner, tmp_path, f"--model_path={pte}", *flags)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(error), done.stderr[-1000:]
 
@@ -214,15 +202,16 @@ def _check_against_flatcc(report: dict, trace: bytes, prompt: int, decode: int, 
 
 
 def test_phases_match_executorchs_flatcc_deserializer(local_runner, example_pte, tmp_path):
-    done = _run(local_runner, example_pte("tiny_llama"), tmp_path, "--llm_prompt=12", "--llm_decode=5",
-                "--num_executions=4", "--warmup=1", "--etdump_path=t.etdump")
+    done = run_local_runner(local_runner, tmp_path, f"--model_path={example_pte('tiny_llama')}", "--llm_prompt=12",
+                            "--llm_decode=5", "--num_executions=4", "--warmup=1", "--etdump_path=t.etdump")
     assert done.returncode == 0, done.stderr[-2000:]
     trace = (tmp_path / "t.etdump").read_bytes()
     _check_against_flatcc(analyze(trace), trace, 12, 5, 4)
 
 
 def test_a_trace_without_markers_has_no_llm_section(local_runner, example_pte, tmp_path):
-    done = _run(local_runner, example_pte("toy_cnn"), tmp_path, "--num_executions=2", "--etdump_path=t.etdump")
+    done = run_local_runner(local_runner, tmp_path, f"--model_path={example_pte('toy_cnn')}", "--num_executions=2",
+                            "--etdump_path=t.etdump")
     assert done.returncode == 0, done.stderr[-2000:]
     report = analyze((tmp_path / "t.etdump").read_bytes())
     assert report["llm"] is None and report["n_iterations"] == 2

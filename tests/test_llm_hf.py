@@ -9,7 +9,6 @@ signature rules (conventions, why a decoder-like method runs as a plain model) n
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from sme2farm.analysis.pte import DYNAMIC_BOUND, InputSpec, MethodSignature
 
 from _fixtures_farm import post_experiment
 from _fixtures_runtime import export_once, shared_exports_dir
+from _helpers_runner import fed_tokens, run_local_runner
 
 HELD_OUT_SEED = 7   # the examples use seed 0
 PROMPT, DECODE = 8, 6
@@ -84,17 +84,6 @@ def test_a_decoder_like_method_the_farm_cannot_drive_is_explained():
     assert not_llm_reason(cnn) is None
 
 
-def _run(local_runner, pte: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-    catalog, build = local_runner
-    return subprocess.run([str(catalog.resolve(build)), f"--model_path={pte}", *flags], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=300)
-
-
-def _fed(stdout: str) -> list[int]:
-    [line] = [x for x in stdout.splitlines() if x.startswith("Decode fed (greedy, the last generation):")]
-    return [int(t) for t in line.split(":", 1)[1].split()]
-
-
 @pytest.mark.models
 @pytest.mark.parametrize("kind,positions", [("dynamic", "cache_position [S]"), ("static", "input_pos [1]"),
                                             ("8da4w", "cache_position [S]"), ("8da8w", "cache_position [S]")])
@@ -103,13 +92,13 @@ def test_hf_exports_run_in_llm_mode_in_their_convention(local_runner, hf_export,
     own greedy generation token for token, and the trace splits into the phases."""
     from sme2farm.runners.hf_llama import greedy_tokens
 
-    r = _run(local_runner, hf_export(kind), tmp_path, f"--llm_prompt={PROMPT}", f"--llm_decode={DECODE}",
-             "--num_executions=2", "--etdump_path=t.etdump")
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={hf_export(kind)}", f"--llm_prompt={PROMPT}",
+                         f"--llm_decode={DECODE}", "--num_executions=2", "--etdump_path=t.etdump")
     assert r.returncode == 0, r.stderr
     assert f"LLM positions: {positions}" in r.stdout
     calls = PROMPT if kind == "static" else 1   # the static export takes one token per call
     assert (f"Prefill in {calls} calls of at most 1 tokens" in r.stdout) == (kind == "static")
-    fed = _fed(r.stdout)
+    fed = fed_tokens(r.stdout)
     assert len(fed) == DECODE
     if kind in ("dynamic", "static"):
         # the runner feeds decode step i the pick after step i-1: the eager generation's first DECODE tokens
@@ -152,10 +141,11 @@ def test_the_bundled_hf_examples_run_in_llm_mode(local_runner, example_pte, tmp_
     pytest.importorskip("optimum.exporters.executorch")
     from sme2farm.runners.hf_llama import greedy_tokens
 
-    r = _run(local_runner, example_pte(name), tmp_path, "--llm_prompt=4", "--llm_decode=3")
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={example_pte(name)}", "--llm_prompt=4",
+                         "--llm_decode=3")
     assert r.returncode == 0, r.stderr
     assert f"LLM positions: {positions}" in r.stdout
-    assert _fed(r.stdout) == greedy_tokens([1] * 4, 3)
+    assert fed_tokens(r.stdout) == greedy_tokens([1] * 4, 3)
 
 
 def test_examples_lists_the_hf_exports_and_names_what_exporting_them_needs(capsys, monkeypatch, tmp_path):

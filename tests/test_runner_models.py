@@ -8,12 +8,13 @@ written with struct from the format's definition, not with the farm's writer."""
 from __future__ import annotations
 
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from sme2farm.agent.drivers.base import Job, failure_reason
+
+from _helpers_runner import run_local_runner
 
 pytestmark = pytest.mark.models
 
@@ -101,11 +102,6 @@ def programs(tmp_path_factory):
     }
 
 
-def _run(local_runner, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    catalog, build = local_runner
-    return subprocess.run([str(catalog.resolve(build)), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
 def _bindings_run(path: Path, method: str, inputs: list) -> list:
     """ExecuTorch's own Python runtime: the reference for whether a program runs."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
@@ -129,7 +125,7 @@ def _tensor(scalar_type: int, sizes: tuple[int, ...], data: bytes) -> bytes:
 ])
 def test_inputs_of_every_dtype_run_as_the_bindings_run_them(local_runner, programs, tmp_path, name, bindings_inputs):
     assert _bindings_run(programs[name], "forward", bindings_inputs())   # the reference runs it
-    r = _run(local_runner, tmp_path, f"--model_path={programs[name]}", "--num_executions=2",
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs[name]}", "--num_executions=2",
              "--etdump_path=t.etdump")
     assert r.returncode == 0, r.stderr
     assert "Model executed successfully 2 time(s)" in r.stdout
@@ -138,9 +134,9 @@ def test_inputs_of_every_dtype_run_as_the_bindings_run_them(local_runner, progra
 
 def test_method_name_selects_another_method(local_runner, programs, tmp_path):
     assert _bindings_run(programs["multi"], "triple", [torch.ones(3)])[0].tolist() == [3.0, 3.0, 3.0]
-    r = _run(local_runner, tmp_path, f"--model_path={programs['multi']}", "--method_name=triple")
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['multi']}", "--method_name=triple")
     assert r.returncode == 0, r.stderr
-    r = _run(local_runner, tmp_path, f"--model_path={programs['multi']}", "--method_name=encode")
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['multi']}", "--method_name=encode")
     assert r.returncode == 1
     assert "no method 'encode' (it has: " in r.stderr and "triple" in r.stderr
 
@@ -159,19 +155,19 @@ def test_inputs_file_feeds_tensors_and_scalars(local_runner, programs, tmp_path)
     inputs = _inputs_file(tmp_path / "inputs.bin", [
         _tensor(LONG, (1, 5), ids), _tensor(BOOL, (1, 5), mask),
         struct.pack("<Bd", 3, 2.0), struct.pack("<Bq", 2, 3)])
-    r = _run(local_runner, tmp_path, f"--model_path={programs['tokens']}", f"--inputs_file={inputs}",
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['tokens']}", f"--inputs_file={inputs}",
              "--num_executions=3")
     assert r.returncode == 0, r.stderr
     # torch.export specialises scalar inputs: ExecuTorch refuses any other value, and says which.
     other = _inputs_file(tmp_path / "other.bin", [
         _tensor(LONG, (1, 5), ids), _tensor(BOOL, (1, 5), mask),
         struct.pack("<Bd", 3, 0.5), struct.pack("<Bq", 2, 3)])
-    r = _run(local_runner, tmp_path, f"--model_path={programs['tokens']}", f"--inputs_file={other}")
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['tokens']}", f"--inputs_file={other}")
     assert r.returncode == 1
     assert "set_input failed for input 2 of method 'forward'" in r.stderr and "0.5" in r.stderr
 
     half = _inputs_file(tmp_path / "half.bin", [_tensor(HALF, (1, 3, 16, 16), struct.pack("<e", 0.25) * 768)])
-    r = _run(local_runner, tmp_path, f"--model_path={programs['fp16']}", f"--inputs_file={half}")
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['fp16']}", f"--inputs_file={half}")
     assert r.returncode == 0, r.stderr
 
 
@@ -184,7 +180,7 @@ def test_inputs_file_feeds_tensors_and_scalars(local_runner, programs, tmp_path)
 ])
 def test_inputs_that_do_not_match_the_method_fail_naming_the_input(local_runner, programs, tmp_path, records, message):
     bad = _inputs_file(tmp_path / "bad.bin", records)
-    r = _run(local_runner, tmp_path, f"--model_path={programs['fp16']}", f"--inputs_file={bad}",
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['fp16']}", f"--inputs_file={bad}",
              "--etdump_path=t.etdump")
     assert r.returncode == 1
     assert message in r.stderr
@@ -201,7 +197,7 @@ def test_inputs_file_values_reach_a_channels_last_input_in_logical_order(local_r
     tensor. --print_output against the Python bindings given that tensor decides it."""
     values = [float(v - 11) for v in range(24)]
     inputs = _inputs_file(tmp_path / "in.bin", [_tensor(FLOAT, (1, 2, 3, 4), struct.pack("<24f", *values))])
-    r = _run(local_runner, tmp_path, f"--model_path={programs['channels_last']}", f"--inputs_file={inputs}",
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['channels_last']}", f"--inputs_file={inputs}",
              "--num_executions=2", "--print_output")
     assert r.returncode == 0, r.stderr
     x = torch.tensor(values).reshape(1, 2, 3, 4).to(memory_format=torch.channels_last)
@@ -213,12 +209,12 @@ def test_inputs_file_values_reach_a_channels_last_input_in_logical_order(local_r
 
 def test_truncated_inputs_file_is_named(local_runner, programs, tmp_path):
     (tmp_path / "short.bin").write_bytes(b"SME2IN01\x01\x00")
-    r = _run(local_runner, tmp_path, f"--model_path={programs['fp16']}", "--inputs_file=short.bin")
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['fp16']}", "--inputs_file=short.bin")
     assert r.returncode == 1 and "inputs file 'short.bin' is truncated" in r.stderr
 
 
 def test_missing_operator_is_named_and_leads_the_reason(local_runner, programs, tmp_path):
-    r = _run(local_runner, tmp_path, f"--model_path={programs['custom']}")
+    r = run_local_runner(local_runner, tmp_path, f"--model_path={programs['custom']}")
     assert r.returncode == 1
     assert "error: this runner has no kernel for operator(s) sme2test::twice.out needed by method 'forward'" in r.stderr
     log = tmp_path / "runner.log"

@@ -1,6 +1,7 @@
 """The test suite shares its helpers: no test module imports another test module (what they share
-lives in conftest.py and tests/_fixtures_*.py), and every fixture name means one thing (no test
-module defines a fixture, or a top-level helper, under a name the shared modules define)."""
+lives in conftest.py, tests/_fixtures_*.py and tests/_helpers_*.py), and every fixture name means
+one thing (no test module defines a fixture, or a top-level helper, under a name the shared
+modules define)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def imported_test_modules(tree: ast.Module) -> list[str]:
 
 def problems(folder: Path) -> list[str]:
     """What breaks the rules in a tests folder, one line each."""
-    shared_modules = [folder / "conftest.py", *sorted(folder.glob("_fixtures_*.py"))]
+    shared_modules = [folder / "conftest.py", *sorted(folder.glob("_fixtures_*.py")),
+                      *sorted(folder.glob("_helpers_*.py"))]
     shared: dict[str, str] = {}
     helpers: dict[str, str] = {}
     out = []
