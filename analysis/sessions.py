@@ -68,7 +68,12 @@ def _block_indices(n: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     blk = _block_len(n)
     nb = -(-n // blk)
     starts = rng.integers(0, n - blk + 1, size=(n_boot, nb))
-    return (starts[:, :, None] + np.arange(blk)).reshape(n_boot, nb * blk)[:, :n]
+    # start + j into every blk-th column: blk adds of whole rows (a broadcast of blk-wide rows
+    # is an inner loop of blk items per block, several times slower); C order, as a gather likes it
+    out = np.empty((n_boot, nb * blk), dtype=starts.dtype)
+    for j in range(blk):
+        np.add(starts, j, out=out[:, j::blk])
+    return np.ascontiguousarray(out[:, :n])
 
 
 def _draws(n: int, g: int, stat: str, n_boot: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -190,8 +195,10 @@ def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str, *, 
                     buf[:, :, k:k + x.shape[0]] = x.T[idx]
                     k += x.shape[0]
                 r = buf.transpose(2, 0, 1)
-            else:
-                r = np.concatenate([x[:, idx] for _, _, x, idx in batch])
+            else:           # one session each: its resamples gathered straight into the batch
+                r = np.empty((len(batch), m, n))
+                for k, (_, _, x, idx) in enumerate(batch):
+                    r[k] = x[0][idx]
             stats = f(r) if fast else f(r, axis=2)             # (sum g, m)
             k = 0
             for r0, c0, x, _ in batch:

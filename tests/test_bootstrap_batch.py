@@ -179,6 +179,19 @@ def test_arms_of_several_equal_sessions_batched_together(stat):
                    for i, (a, new) in enumerate(zip(arms, got)))
 
 
+def test_block_indices_are_the_resamples_drawn_before():
+    """_block_indices builds its index matrix by strided adds: the same indices, from the same draws,
+    as the broadcast it replaced."""
+    for n in (5, 7, 20, 33, 64, 401, 2500):
+        for n_boot in (1, 57, 1000):
+            blk = sessions_mod._block_len(n)
+            nb = -(-n // blk)
+            starts = np.random.default_rng(n).integers(0, n - blk + 1, size=(n_boot, nb))
+            old = (starts[:, :, None] + np.arange(blk)).reshape(n_boot, nb * blk)[:, :n]
+            new = _block_indices(n, n_boot, np.random.default_rng(n))
+            assert new.shape == old.shape and (new == old).all()
+
+
 def test_trimmed_tails_from_a_sort_are_exact_where_ties_crowd_them():
     """The trimmed mean's replicates come from a sort (added in another order than np.partition's,
     last bits apart) and are made exact only where the 2.5% and 97.5% quantiles look: on values of
