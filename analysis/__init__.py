@@ -11,26 +11,43 @@ by the worker. Public API:
 - renderers :func:`to_markdown`, :func:`to_csv`, :func:`to_terminal` (render_text.py) and
   :func:`to_perfetto` (perfetto.py); the sentences they share with the client live in wording.py;
 - :func:`parse_kernel_log`, :func:`read_etdump` (the raw event arrays), :func:`category_of`;
+- :class:`AnalysisReport` (types.py): the report's shape, the one definition the wire serves;
 - :func:`kernel_path` (an XNNPACK operator name -> SME2 / NEON / portable ...), :func:`arch_of`
   (runner platform -> arm64 / x86_64), :func:`coverage_sentence` (a run's SME2 coverage in words).
 """
 
-from .categories import CATEGORIES, category_of
-from .compare import compare, compare_emulated
-from .etdump import EtdumpError, Events, read_etdump
-from .etrecord import Etrecord, EtrecordError, check_against_program, read_etrecord
-from .kernel_paths import arch_of, coverage_sentence, kernel_path
-from .kernels import classify_kernel, parse_kernel_log
-from .perfetto import to_perfetto
-from .render_text import to_csv, to_markdown, to_terminal
-from .report import analyze
-from .stats import bootstrap_ratio, latency_stats
-from .noise import NoiseModel
-from .verdict import Verdict, verdict
+import importlib
+import importlib.util
 
-__all__ = [
-    "analyze", "compare", "compare_emulated", "EtdumpError", "to_markdown", "to_csv", "to_perfetto", "to_terminal",
-    "parse_kernel_log", "classify_kernel", "read_etdump", "Events", "category_of", "CATEGORIES",
-    "latency_stats", "bootstrap_ratio", "verdict", "Verdict", "NoiseModel", "kernel_path", "arch_of",
-    "coverage_sentence", "read_etrecord", "check_against_program", "Etrecord", "EtrecordError",
-]
+# name -> the module that defines it: loaded on first use (PEP 562), so importing
+# sme2farm.analysis.types (the report's shape, which sme2farm.protocol serves) loads no numpy.
+_WHERE = {
+    "CATEGORIES": "categories", "category_of": "categories",
+    "compare": "compare", "compare_emulated": "compare",
+    "EtdumpError": "etdump", "Events": "etdump", "read_etdump": "etdump",
+    "Etrecord": "etrecord", "EtrecordError": "etrecord", "check_against_program": "etrecord",
+    "read_etrecord": "etrecord",
+    "arch_of": "kernel_paths", "coverage_sentence": "kernel_paths", "kernel_path": "kernel_paths",
+    "classify_kernel": "kernels", "parse_kernel_log": "kernels",
+    "to_perfetto": "perfetto",
+    "to_csv": "render_text", "to_markdown": "render_text", "to_terminal": "render_text",
+    "analyze": "report",
+    "bootstrap_ratio": "stats", "latency_stats": "stats",
+    "NoiseModel": "noise",
+    "Verdict": "verdict", "verdict": "verdict",
+    "AnalysisReport": "types",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # a submodule, e.g. analysis.numerics
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+__all__ = list(_WHERE)

@@ -61,6 +61,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from .types import KernelPaths
+
 SME2, SME, SME_OR_SME2, SME2_OR_NEON = "SME2", "SME", "SME/SME2", "SME2 or NEON"
 NEON, X86, XNNPACK_UNKNOWN_ISA, PORTABLE, DELEGATE = "NEON", "x86 SIMD", "NEON or x86 SIMD", "portable", "delegate"
 PATHS: tuple[str, ...] = (SME2, SME, SME_OR_SME2, SME2_OR_NEON, NEON, X86, XNNPACK_UNKNOWN_ISA, PORTABLE, DELEGATE)
@@ -250,16 +252,16 @@ def runner_hiding(log: str | None) -> str | None:
     return None
 
 
-def coverage_sentence(kp: dict) -> str:
-    """One line for any surface: the SME2 coverage of one run's report["kernel_paths"]."""
-    cov = kp.get("coverage") or {}
-    if not cov.get("conv_gemm_ms"):
+def coverage_sentence(kp: KernelPaths) -> str:
+    """One line for any surface: the SME2 coverage of one run's kernel paths."""
+    cov = kp.coverage
+    if not cov.conv_gemm_ms:
         return "SME2 coverage: no Convolution/GEMM time in this run"
-    if cov.get("unknown_ms"):
-        return (f"SME2 coverage unknown: {cov['unknown_ms']:.3f} of {cov['conv_gemm_ms']:.3f} ms of Convolution/GEMM "
+    if cov.unknown_ms:
+        return (f"SME2 coverage unknown: {cov.unknown_ms:.3f} of {cov.conv_gemm_ms:.3f} ms of Convolution/GEMM "
                 "per iteration ran in packed-LHS kernels, which are SME2 only where XNNPACK saw SME2, and this "
                 "trace does not say whether it did (give the arm: --sme2 on|off)")
-    return (f"SME2 coverage {100 * cov['share']:.0f}% ({cov['sme2_ms']:.3f} of {cov['conv_gemm_ms']:.3f} ms "
+    return (f"SME2 coverage {100 * cov.share:.0f}% ({cov.sme2_ms:.3f} of {cov.conv_gemm_ms:.3f} ms "
             "Convolution/GEMM per iteration in SME2 kernels)")
 
 

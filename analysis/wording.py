@@ -1,13 +1,14 @@
 """The words every surface uses for what the runs establish: the offline analyze (analysis/render_text.py),
 the CLI's run and experiment views (client/render.py), the Markdown/HTML report (client/document_blocks.py)
 and the demo. Kernel paths and SME2 coverage, emulated runs and comparisons (no speed claim), the arms'
-numerics, memory, LLM phases; the number formats they share. Plain JSON data in (a report's or a
-comparison's sections), strings out."""
+numerics, memory, LLM phases; the number formats they share. A report's sections in (analysis/types.py,
+or their JSON as the server sends it), or a comparison's JSON; strings out."""
 
 from __future__ import annotations
 
 from .categories import CATEGORIES
 from .kernel_paths import coverage_sentence
+from .types import KernelPaths, LlmKernelPaths, LlmReport, PhaseInterval, RunnerMemory, section
 
 
 def ms_text(x) -> str:
@@ -37,29 +38,29 @@ def emulated_run_line(emulator: str) -> str:
             "not a CPU's. They are no performance figure.")
 
 
-def kernel_path_lines(kp: dict | None) -> list[str]:
-    """A run's report["kernel_paths"] in words: the coverage, time per category and path, the
+def kernel_path_lines(kp: KernelPaths | dict | None) -> list[str]:
+    """A run's kernel paths in words: the coverage, time per category and path, the
     Convolution/GEMM operators left off SME2, the flag. [] for a report made before kernel paths."""
+    kp = section(KernelPaths, kp)
     if not kp:
         return []
     visible = {True: "SME2 visible to XNNPACK", False: "SME2 not visible to XNNPACK",
-               None: "whether XNNPACK saw SME2 is unknown"}[kp.get("sme2_visible")]
-    out = [f"{coverage_sentence(kp)}; {visible}; from the {kp.get('source') or 'XNNPACK operator names'}."]
-    if kp.get("runner_said"):
-        out.append(f"SME2 hiding (the runner): {kp['runner_said']}.")
+               None: "whether XNNPACK saw SME2 is unknown"}[kp.sme2_visible]
+    out = [f"{coverage_sentence(kp)}; {visible}; from the {kp.source or 'XNNPACK operator names'}."]
+    if kp.runner_said:
+        out.append(f"SME2 hiding (the runner): {kp.runner_said}.")
     for cat in CATEGORIES:
-        paths = (kp.get("by_category") or {}).get(cat)
-        if paths:
+        if paths := kp.by_category.get(cat):
             out.append(f"{cat}: " + ", ".join(f"{p} {ms:.3f} ms" for p, ms in sorted(paths.items(), key=lambda x: -x[1])))
-    cov = kp.get("coverage") or {}
+    cov = kp.coverage
     # with SME2 hidden or absent nothing could run on it: the list would repeat the lines above
-    off = (cov.get("off_sme2") or []) if kp.get("sme2_visible") is not False else []
+    off = cov.off_sme2 if kp.sme2_visible is not False else []
     if off:
         out.append("Convolution/GEMM off SME2: " + "; ".join(
-            f"{d['name']} ({d['kernel_path']}) {d['total_ms']:.3f} ms" for d in off[:8])
+            f"{d.name} ({d.kernel_path}) {d.total_ms:.3f} ms" for d in off[:8])
                    + (f"; and {len(off) - 8} more" if len(off) > 8 else ""))
-    if cov.get("flag"):
-        out.append(f"FLAG: {cov['flag']}")
+    if cov.flag:
+        out.append(f"FLAG: {cov.flag}")
     return out
 
 
@@ -155,60 +156,59 @@ def program_memory_line(pm: dict | None) -> str | None:
     return ", ".join(parts) + (f" ({detail})" if detail else "")
 
 
-def memory_line(memory: dict | None) -> str | None:
+def memory_line(memory: RunnerMemory | dict | None) -> str | None:
     """The runner's memory figures in one line; None when the run recorded none."""
-    if not memory:
+    m = section(RunnerMemory, memory)
+    if not m:
         return None
-    after = memory.get("peak_rss_after_load_bytes")
-    line = f"peak RSS {_bytes(memory.get('peak_rss_bytes'))}" + (f" ({_bytes(after)} after loading)" if after else "")
-    if memory.get("runtime_allocated_bytes") is not None:
-        line += (f"; runtime allocated {_bytes(memory['runtime_allocated_bytes'])} (planned "
-                 f"{_bytes(memory.get('planned_bytes'))}, method allocator {_bytes(memory.get('method_allocator_bytes'))}, "
-                 f"temp peak {_bytes(memory.get('temp_allocator_peak_bytes'))}; a delegate's own buffers only in RSS)")
+    after = m.peak_rss_after_load_bytes
+    line = f"peak RSS {_bytes(m.peak_rss_bytes)}" + (f" ({_bytes(after)} after loading)" if after else "")
+    if m.runtime_allocated_bytes is not None:
+        line += (f"; runtime allocated {_bytes(m.runtime_allocated_bytes)} (planned "
+                 f"{_bytes(m.planned_bytes)}, method allocator {_bytes(m.method_allocator_bytes)}, "
+                 f"temp peak {_bytes(m.temp_allocator_peak_bytes)}; a delegate's own buffers only in RSS)")
     return line
 
 
-def _interval(v: dict | None, unit: str, digits: int) -> str:
-    if not v or v.get("median") is None:
+def _interval(v: PhaseInterval | None, unit: str, digits: int) -> str:
+    if not v or v.median is None:
         return "—"
-    ci = f" (95% CI {v['ci_low']:.{digits}f}–{v['ci_high']:.{digits}f})" if v.get("ci_low") is not None else ""
-    return f"{v['median']:.{digits}f} {unit}{ci}"
+    ci = f" (95% CI {v.ci_low:.{digits}f}–{v.ci_high:.{digits}f})" if v.ci_low is not None else ""
+    return f"{v.median:.{digits}f} {unit}{ci}"
 
 
-def llm_lines(llm: dict | None) -> list[str]:
+def llm_lines(llm: LlmReport | dict | None) -> list[str]:
     """An LLM run's phases in a few lines: TTFT, prefill and decode tokens/s with intervals, and
     where each phase's time goes."""
+    llm = section(LlmReport, llm)
     if not llm:
         return []
-    out = [f"prompt {llm.get('prompt')} tokens, decode {llm.get('decode')} tokens, {llm.get('iterations')} generation(s)",
-           f"time to first token {_interval(llm.get('ttft_ms'), 'ms', 3)}",
-           f"prefill {_interval(llm.get('prefill_tokens_per_s'), 'tokens/s', 1)}",
-           f"decode {_interval(llm.get('decode_tokens_per_s'), 'tokens/s', 1)}"]
-    cats = llm.get("categories") or {}
-    for phase, label in (("prefill", "prefill categories (ms per prefill)"),
-                         ("decode", "decode categories (ms per token)")):
-        c = cats.get(phase)
+    out = [f"prompt {llm.prompt} tokens, decode {llm.decode} tokens, {llm.iterations} generation(s)",
+           f"time to first token {_interval(llm.ttft_ms, 'ms', 3)}",
+           f"prefill {_interval(llm.prefill_tokens_per_s, 'tokens/s', 1)}",
+           f"decode {_interval(llm.decode_tokens_per_s, 'tokens/s', 1)}"]
+    for c, label in ((llm.categories.prefill, "prefill categories (ms per prefill)"),
+                     (llm.categories.decode, "decode categories (ms per token)")):
         if c:
-            out.append(f"{label}: " + ", ".join(f"{k} {c['ms'][k]:.3f} ({100 * c['share'][k]:.0f}%)"
-                                                for k in CATEGORIES))
-    return out + llm_sme2_lines(llm.get("kernel_paths"))
+            out.append(f"{label}: " + ", ".join(f"{k} {c.ms[k]:.3f} ({100 * c.share[k]:.0f}%)" for k in CATEGORIES))
+    return out + llm_sme2_lines(llm.kernel_paths)
 
 
-def llm_sme2_lines(kp: dict | None) -> list[str]:
+def llm_sme2_lines(kp: LlmKernelPaths | dict | None) -> list[str]:
     """SME2 coverage per LLM phase (analysis/llm.phase_kernel_paths) and, where the SME2-on arm
     left GEMMs off SME2, what the build offers instead (analysis/gemm_sme2.py), one line each."""
+    kp = section(LlmKernelPaths, kp)
     out: list[str] = []
     seen: set[str] = set()
-    for phase in ("prefill", "decode"):
-        c = (kp or {}).get(phase)
-        if not c or not c.get("conv_gemm_ms"):
+    for phase, c in (("prefill", kp.prefill if kp else None), ("decode", kp.decode if kp else None)):
+        if not c or not c.conv_gemm_ms:
             continue
-        share = "unknown" if c.get("share") is None else f"{100 * c['share']:.0f}%"
-        off = ", ".join(d["name"] for d in c.get("off_sme2") or [])
-        out.append(f"{phase} SME2 coverage {share} ({c['sme2_ms']:.3f} of {c['conv_gemm_ms']:.3f} ms Convolution/GEMM"
+        share = "unknown" if c.share is None else f"{100 * c.share:.0f}%"
+        off = ", ".join(d.name for d in c.off_sme2)
+        out.append(f"{phase} SME2 coverage {share} ({c.sme2_ms:.3f} of {c.conv_gemm_ms:.3f} ms Convolution/GEMM"
                    + (f"; off SME2: {off})" if off else ")"))
-        for d in c.get("what_would_reach_sme2") or []:
-            if d["sentence"] not in seen:
-                seen.add(d["sentence"])
-                out.append(f"{d['sentence']} (source: {d['source']})")
+        for d in c.what_would_reach_sme2:
+            if d.sentence not in seen:
+                seen.add(d.sentence)
+                out.append(f"{d.sentence} (source: {d.source})")
     return out

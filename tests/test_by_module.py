@@ -164,12 +164,15 @@ def test_emulated_comparison_gives_kernel_paths_by_module_and_no_time():
 
 def test_text_reports_show_the_tree_or_why_not():
     from sme2farm.analysis.render_text import to_markdown, to_terminal
-    base = {"n_events": 10, "n_iterations": N_IT, "load_ms": {}, "kernels": {"status": "no kernel log"}}
+    base = {"n_events": 10, "n_iterations": N_IT, "skipped_iterations": 0, "load_ms": {},
+            "kernels": {"status": "no kernel log"}, "allocations": {"n_events": 0, "total_bytes": 0},
+            "n_debug_events": 0, "time_unit": "ms", "warnings": []}
     rep = {**base, **_report(_net(0.05, 0.1, 0.08), rest_ms=0.03, seed=11)}
     rep["e2e_ms"].update({k: rep["e2e_ms"]["mean"] for k in ("trimmed_mean", "p10", "p90", "p99", "min", "max", "mad")},
                          cv=0.01, outliers=0)
     for o in rep["operators"]:
-        o.update(count=1, avg_ms=o["total_ms"], p50_ms=o["total_ms"], p90_ms=o["total_ms"], share=0.1)
+        o.update(count=1, avg_ms=o["total_ms"], p50_ms=o["total_ms"], p90_ms=o["total_ms"], share=0.1,
+                 kernel_hint=None, kernel_path="NEON")
     md = to_markdown(rep, depth=1)
     assert "| head | " in md and "head.proj" not in md.split("## Top operators")[0]
     assert "| &nbsp;&nbsp;blocks.0 |  | 0.200 | 33.9% |" in to_markdown(rep, depth=2)

@@ -1,0 +1,72 @@
+"""The run report's one definition (analysis/types.py): a report read back from its stored JSON and
+written again is the same bytes, and the definition loads neither pydantic nor numpy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from _fixtures_analysis import make_real_trace
+from sme2farm.analysis import analyze
+from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
+from sme2farm.analysis.types import AnalysisReport, KernelPaths, section
+
+KERNEL_LOG = ("Using gemm microkernel 'xnn_pf32_gemm_minmax_ukernel_32x32__neonsme2'.\n"
+              "Using igemm microkernel 'xnn_f32_igemm_minmax_ukernel_4x8__aarch64_neonfma_ld128'.\n")
+
+
+def _llm_trace(b) -> bytes:
+    prefill = [("Fully Connected (NC, QP8, F32, QC8W) GEMM #1", 30_000), ("Softmax (NC, F32) #1", 5_000)]
+    decode = [("Fully Connected (NC, QP8, F32, QB4W) GEMM #2", 20_000)]
+    runs = []
+    for g in range(3):
+        t = g * 1_000_000
+        for marker, tokens, pos, ops, dt in ((MARKER_PREFILL, 4, 0, prefill, 0), (MARKER_DECODE, 1, 4, decode, 100_000)):
+            evs = b.iteration(t + dt, ops)
+            evs.append(b.prof(marker, t + dt, 100, chain_index=tokens, instruction_id=pos))
+            runs.append(("Execute", evs))
+    return b.build(runs)
+
+
+def _stored(report: dict) -> str:
+    return json.dumps(report)
+
+
+def test_a_stored_report_reads_back_and_writes_the_same_bytes(etdump_builder):
+    cnn = make_real_trace("toy_cnn").read_bytes()
+    reports = [analyze(cnn), analyze(cnn, sme2=True, arch="arm64", kernel_log=KERNEL_LOG),
+               analyze(cnn, sme2=False, arch="x86_64"), analyze(_llm_trace(etdump_builder), sme2=True, arch="arm64")]
+    assert reports[-1]["llm"] is not None and reports[1]["kernels"]["status"] == "ok"
+    for report in reports:
+        stored = _stored(report)
+        typed = AnalysisReport.from_dict(json.loads(stored))
+        assert _stored(typed.to_dict()) == stored
+    # what ingest adds (report.json as stored): set, they are written; unset, left out as before
+    ingested = {**reports[0], "outputs": {"status": "recorded", "reason": "", "outputs": [
+        {"index": 0, "dtype": "Float", "shape": [1, 10], "sha256": "ab" * 32}]}, "memory": None, "emulator": "qemu"}
+    ingested["kernel_paths"] = {**ingested["kernel_paths"], "runner_said": "SME2 hidden"}
+    typed = AnalysisReport.from_dict(json.loads(_stored(ingested)))
+    assert typed.outputs.outputs[0].shape == [1, 10] and typed.kernel_paths.runner_said == "SME2 hidden"
+    assert typed.to_dict() == {k: v for k, v in ingested.items() if k != "memory"}
+
+
+def test_a_section_reads_from_its_json_or_stays_typed():
+    kp = analyze(make_real_trace("toy_cnn").read_bytes())["kernel_paths"]
+    typed = section(KernelPaths, kp)
+    assert isinstance(typed, KernelPaths) and section(KernelPaths, typed) is typed and section(KernelPaths, None) is None
+    assert typed.coverage.conv_gemm_ms == kp["coverage"]["conv_gemm_ms"]
+    broken = {k: v for k, v in kp.items() if k != "coverage"}
+    try:
+        section(KernelPaths, broken)
+    except ValueError as e:
+        assert "coverage" in str(e)
+    else:
+        raise AssertionError("a section without a required field was read")
+
+
+def test_the_definition_loads_neither_pydantic_nor_numpy():
+    code = ("import json, sys; import sme2farm.analysis.types; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pydantic'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
