@@ -25,9 +25,9 @@ from sme2farm.server.api import suites as suite_routes
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.web.limits import AgentGate, AgentGateMiddleware, BodyLimits, RateLimiter, request_validation_error
 from sme2farm.server.web.prometheus import HttpMetrics
-from sme2farm.server.services import liveness
+from sme2farm.server.infra import liveness
 from sme2farm.server.services import runs as run_service
-from sme2farm.server.services import wakeup
+from sme2farm.server.infra import wakeup
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.backends import open_store
 from sme2farm.server.store.base import StoreUnavailable
@@ -117,7 +117,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     app = FastAPI(title="SME2 device farm", version=__version__,
                   description="Profile ExecuTorch models with SME2 on and off on real devices.",
                   dependencies=[Depends(_log_ids)],
-                  # while it serves, the process records that the farm is up (services/liveness.py)
+                  # while it serves, the process records that the farm is up (infra/liveness.py)
                   lifespan=liveness.lifespan(db_url=settings.sqlalchemy_url, alive_s=settings.api_alive_s))
     app.state.settings = settings
     app.state.store = open_store(settings)

@@ -113,7 +113,7 @@ class Settings(BaseSettings):
     )
     api_alive_s: float = Field(
         default=2.0, gt=0, le=60,
-        description="Each API process records that it is up this often (services/liveness.py); no record for 3 of these "
+        description="Each API process records that it is up this often (infra/liveness.py); no record for 3 of these "
                     "means the farm was down, and agents' silence counts again only from its return plus the settle time",
     )
     max_attempts: int = Field(default=3, description="A run whose lease expires is requeued up to this many attempts")

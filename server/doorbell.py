@@ -2,10 +2,10 @@
 
 The embedded farm (SQLite, the SQLite broker) has no Redis to carry news between its processes,
 so its waits were polls: the worker looked at the broker's table every SME2_BROKER_POLL_S, a
-waiting claim at the database every 50 ms (services/wakeup.py POLL_S). A doorbell is a Unix
+waiting claim at the database every 50 ms (infra/wakeup.py POLL_S). A doorbell is a Unix
 datagram socket that a waiting process binds in a folder next to the broker's database; `ring`
 sends a datagram (a payload, or none) to every socket in that folder, and the waits return at
-once instead of at their next poll (server/queue.py: a task sent; services/wakeup.py: runs
+once instead of at their next poll (server/queue.py: a task sent; infra/wakeup.py: runs
 assigned to an agent).
 
 A bell only makes a wait shorter: every wait still ends at its poll interval, so a bell that

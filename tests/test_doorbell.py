@@ -1,6 +1,6 @@
 """The embedded farm's doorbells (server/doorbell.py): a task sent rings the broker's bells (the
 worker's wait, server/queue.py EmbeddedTransport), runs assigned ring the server's claim bells
-(services/wakeup.py), and the client's wait polls often at first (client/common.py poll_pause)."""
+(infra/wakeup.py), and the client's wait polls often at first (client/common.py poll_pause)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from sme2farm.client.common import FIRST_POLL_S, MAX_POLL_S, poll_pause
 from sme2farm.server import doorbell, queue
 from sme2farm.server.config import Settings
-from sme2farm.server.services import wakeup
+from sme2farm.server.infra import wakeup
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="doorbells are Unix sockets")
 

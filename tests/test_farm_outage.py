@@ -1,5 +1,5 @@
 """No device is lost to the farm's own absence, below the process level: the API's
-liveness record (services/liveness.py), the lost clock and the silent-agent marking that read it,
+liveness record (infra/liveness.py), the lost clock and the silent-agent marking that read it,
 leases kept through an outage, an agent heard again (even through a 409) bringing its devices
 back, the settings that refuse bounds which break each other, and the agents' jittered intervals.
 The same on real processes: tests/test_farm_outage_e2e.py."""
@@ -21,7 +21,7 @@ from sme2farm.agent import jitter
 from sme2farm.protocol import DeviceInfo, RunnerInfo
 from sme2farm.server.config import Settings
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services import liveness
+from sme2farm.server.infra import liveness
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, Device, Lease, Run, as_utc, utcnow

@@ -21,7 +21,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import joinedload
 
 from sme2farm.protocol import TRACE, DeviceInfo, ExperimentReport, ExperimentSpec, RunFinish, RunnerInfo, RunStatus
-from sme2farm.server.services import wakeup
+from sme2farm.server.infra import wakeup
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, ApiToken, Run, RunResult
 from sme2farm.server.services import devices as device_service

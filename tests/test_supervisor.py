@@ -388,11 +388,11 @@ def _holding_scheduler(postgres_url: str):
 
 
 def _assert_released(postgres_url: str, scheduler) -> None:
-    from sme2farm.server.services import leases
+    from sme2farm.server.infra import beat_lock
     from sme2farm.server.store.db import session_scope
 
     with session_scope(postgres_url) as session:
-        state = leases.state(session, name=leases.BEAT)
+        state = beat_lock.state(session, name=beat_lock.BEAT)
         assert state.holder == scheduler.holder and not state.live()   # released, not left to expire
 
 
@@ -403,18 +403,18 @@ def test_sigterm_inside_the_lease_renewal_stops_the_beat_and_releases_the_lease(
     makes after the SystemExit unwound releases the lease."""
     import threading
 
-    from sme2farm.server.services import leases
+    from sme2farm.server.infra import beat_lock
     from sme2farm.worker import beat
 
     scheduler = _holding_scheduler(postgres_url)
-    renew = leases.acquire
+    renew = beat_lock.acquire
 
     def renew_then_sigterm(session, **kw):
         assert renew(session, **kw)   # the lease row is locked until this transaction ends
         scheduler.close()             # what Celery's SIGTERM handler does, on this same thread
         raise SystemExit()
 
-    monkeypatch.setattr(beat.leases, "acquire", renew_then_sigterm)
+    monkeypatch.setattr(beat.beat_lock, "acquire", renew_then_sigterm)
     ended = []
 
     def beat_loop():
@@ -440,11 +440,11 @@ def test_sigterm_whose_systemexit_the_driver_replaces_still_stops_the_beat(postg
     lease is released by the close that follows."""
     from sqlalchemy.exc import ProgrammingError
 
-    from sme2farm.server.services import leases
+    from sme2farm.server.infra import beat_lock
     from sme2farm.worker import beat
 
     scheduler = _holding_scheduler(postgres_url)
-    renew = leases.acquire
+    renew = beat_lock.acquire
 
     def renew_then_sigterm_replaced(session, **kw):
         assert renew(session, **kw)
@@ -452,10 +452,10 @@ def test_sigterm_whose_systemexit_the_driver_replaces_still_stops_the_beat(postg
         raise ProgrammingError("SET autocommit", {}, Exception("can't change 'autocommit' now: connection in "
                                                                "transaction status ACTIVE"))
 
-    monkeypatch.setattr(beat.leases, "acquire", renew_then_sigterm_replaced)
+    monkeypatch.setattr(beat.beat_lock, "acquire", renew_then_sigterm_replaced)
     with pytest.raises(SystemExit):
         scheduler.tick()
-    monkeypatch.setattr(beat.leases, "acquire", renew)
+    monkeypatch.setattr(beat.beat_lock, "acquire", renew)
     with pytest.raises(SystemExit):                             # and it never ticks again
         scheduler.tick()
     scheduler.close()                                           # Celery's `finally: self.sync()`

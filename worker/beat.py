@@ -1,5 +1,5 @@
 """The beat's scheduler: it sends the periodic tasks only while it holds the `beat` lease in the
-database (services/leases.py), so there is exactly one sender however many beats run: one
+database (infra/beat_lock.py), so there is exactly one sender however many beats run: one
 restarted while the old one lingers, a second farm on the same database, a stray `celery beat`.
 
 A beat that cannot hold the lease stands by and retries every third of the TTL; it takes over
@@ -26,7 +26,7 @@ from celery.beat import Scheduler
 
 from sme2farm.server.config import get_settings
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.services import leases
+from sme2farm.server.infra import beat_lock
 
 log = logging.getLogger("sme2farm.beat")
 
@@ -52,8 +52,8 @@ class LeasedScheduler(Scheduler):
         self.in_db = True
         try:
             with session_scope(self.db_url) as session:
-                ok = leases.acquire(session, name=leases.BEAT, holder=self.holder, ttl_s=self.ttl_s)
-                current = None if ok else leases.state(session, name=leases.BEAT)
+                ok = beat_lock.acquire(session, name=beat_lock.BEAT, holder=self.holder, ttl_s=self.ttl_s)
+                current = None if ok else beat_lock.state(session, name=beat_lock.BEAT)
         except Exception as e:  # database unreachable: send nothing (dispatch and reap need it anyway)
             if self.closing:
                 # Celery's SIGTERM handler closed the scheduler and raised SystemExit inside this
@@ -103,7 +103,7 @@ class LeasedScheduler(Scheduler):
         if self.held and not self.in_db:
             try:
                 with session_scope(self.db_url) as session:
-                    leases.release(session, name=leases.BEAT, holder=self.holder)
+                    beat_lock.release(session, name=beat_lock.BEAT, holder=self.holder)
                 log.info("beat: lease released")
             except Exception:
                 log.exception("beat: could not release the lease; it expires in %g s", self.ttl_s)

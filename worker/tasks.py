@@ -22,7 +22,7 @@ from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import ingest, reports
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import suites as suite_service
-from sme2farm.server.services import wakeup
+from sme2farm.server.infra import wakeup
 from sme2farm.server.store.backends import open_store
 from sme2farm.server.store.base import StoreUnavailable
 from sme2farm.server.store.db import session_scope
@@ -219,7 +219,7 @@ def reap(self) -> list[int]:
     heartbeating, re-send or fail ingests past theirs; mark silent agents' devices offline; end
     unschedulable the queued runs of devices offline past SME2_DEVICE_LOST_S. The agents' time
     is counted only while the farm's API was up, from its return plus the settle time
-    (services/liveness.py): the farm's own outage never loses a device or a lease."""
+    (infra/liveness.py): the farm's own outage never loses a device or a lease."""
     def work(session, s):
         store = open_store(s)
         touched = run_service.reap_expired(

@@ -41,8 +41,8 @@ from sme2farm.server.web.objects import object_response
 from sme2farm.server.web.delivery import DELIVERY_BODY_OPENAPI, receive_delivery
 from sme2farm.server.web.limits import retry_after
 from sme2farm.server.web.uploads import ARTIFACT_BODY_OPENAPI
-from sme2farm.server.services import wakeup
-from sme2farm.server.services.wakeup import ClaimWaiter
+from sme2farm.server.infra import wakeup
+from sme2farm.server.infra.wakeup import ClaimWaiter
 
 # An agent's last_seen (what "offline" and device ownership are judged by, in tens of seconds) is
 # written at most SEEN_EVERY_S (server/config.py) apart by its claims and run calls.
@@ -148,7 +148,7 @@ async def claim(request: Request, settings: SettingsDep, tx: TxDep, agent_id: Ag
     """Long-poll: answer as soon as a run is assigned to one of this agent's devices, or after
     `wait` seconds (capped by the server's poll timeout) with an empty list. A run is handed to
     its agent once (again only if it is still assigned REDELIVER_S later, or after the agent
-    registers anew); a waiting claim is woken by dispatch (server/services/wakeup.py)."""
+    registers anew); a waiting claim is woken by dispatch (server/infra/wakeup.py)."""
     deadline = time.monotonic() + min(max(wait, 0.0), settings.poll_timeout_s)
     waiter = claim_waiter(request)
     if not waiter.enter(agent_id, settings.agent_max_claims):

@@ -13,7 +13,7 @@ from sme2farm.protocol.agents import AGENT_TOKEN_HEADER
 from sme2farm.protocol import TASK_DISPATCH, DeviceInfo, DeviceSelector, RunnerInfo, RunStatus
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Agent, ApiToken, Device, Run, as_utc, utcnow
-from sme2farm.server.services import liveness
+from sme2farm.server.infra import liveness
 from sme2farm.server.services.errors import StateConflict
 from sme2farm.server.services import tokens as token_service
 
@@ -252,7 +252,7 @@ def mark_silent_agents_offline(session: Session, *, silent_for_s: float, settle_
     """Devices of agents silent for silent_for_s go offline, since the agent was last heard from
     (that is when the device was last known to be there, not when this noticed; bring_back
     relies on the copy). Silence counts only while the farm was up: nothing is marked while it
-    is down, nor before its return plus settle_s (services/liveness.py)."""
+    is down, nor before its return plus settle_s (infra/liveness.py)."""
     cutoff = liveness.clock(session).silent_before(silent_for_s, settle_s, now)
     if cutoff is None:
         return 0
@@ -270,7 +270,7 @@ def lost_cutoff(session: Session, *, device_lost_s: float, settle_s: float,
     """A device offline since before this is lost; None while no device can be. A device's lost
     clock runs from max(offline_since, the farm's return + settle_s), to now (to the last beat
     once a beat is late): the time the farm was down and the agents' backoff after it never
-    count (services/liveness.py).
+    count (infra/liveness.py).
     So none is lost while the farm is down, nor until it has been back for settle_s + device_lost_s.
     settle_s: SME2_AGENT_BACKOFF_CAP_S plus a connect timeout (Settings.settle_s)."""
     return liveness.clock(session).silent_before(device_lost_s, settle_s, now)

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services import leases
+from sme2farm.server.infra import beat_lock
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, Device
 
@@ -19,7 +19,7 @@ def database_checks(*, sqlalchemy_url: str, agent_offline_s: float, beat_lease_s
     closes) its own session: readiness runs outside any request's transaction."""
     with session_scope(sqlalchemy_url) as session:
         session.execute(select(1))
-        beat = leases.state(session, name=leases.BEAT)
+        beat = beat_lock.state(session, name=beat_lock.BEAT)
         now = datetime.now(timezone.utc)
         since = now.timestamp() - agent_offline_s
         seen = list(session.scalars(select(Agent.last_seen)))

@@ -18,7 +18,7 @@ from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import Comparison, CoverageCompared, PartVerdict, PhaseVerdict
-from sme2farm.server.services.json_text import finite
+from sme2farm.server.infra.json_text import finite
 from sme2farm.server.store.models import Experiment
 
 # What a headline keeps of a comparison (every other key is dropped, extra keys ingest wrote too):

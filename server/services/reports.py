@@ -30,7 +30,7 @@ from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunR
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import report_comparisons
-from sme2farm.server.services.json_text import answered
+from sme2farm.server.infra.json_text import answered
 from sme2farm.server.services.programs import memory_for
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ from sqlalchemy import func, select
 
 from sme2farm.protocol import TASK_INGEST, RunStatus
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services import leases
+from sme2farm.server.infra import beat_lock
 from sme2farm.server.store.artifacts import allocate
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, Device, Run
@@ -241,7 +241,7 @@ class StateCollector:
             by_state = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
             since = datetime.now(timezone.utc).timestamp() - s.agent_offline_s
             agents = [a for a in session.scalars(select(Agent.last_seen))]
-            beat = leases.state(session, name=leases.BEAT)
+            beat = beat_lock.state(session, name=beat_lock.BEAT)
             stalled = device_service.offline_with_queued_runs(session)
         for status in sorted(set(RUN_STATUSES) | set(by_status)):
             runs.add_metric([status], by_status.get(status, 0))

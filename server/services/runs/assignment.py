@@ -17,7 +17,6 @@ from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.runs.status import StateChanged, move, move_where
 from sme2farm.server.store.models import Device, Experiment, Run, utcnow
 
-S = RunStatus
 
 ASSIGNED_AGENTS = "sme2farm.assigned_agents"  # session.info: agents dispatch gave runs to
 QUEUE_ORDER = (Run.experiment_id, Run.sequence, Run.id)  # which of a device's queued runs goes first
@@ -27,7 +26,7 @@ def dispatch(session: Session, *, lease_s: float, agent_ids: Iterable[int] | Non
     """Give each idle device its next queued run (one run per device at a time); given
     `agent_ids`, only those agents' devices. Returns run ids; the agents that got runs are left
     in session.info[ASSIGNED_AGENTS] (the dispatch task wakes their claims once this commits:
-    server/services/wakeup.py).
+    server/infra/wakeup.py).
 
     One query finds every idle device's next queued run (DISTINCT ON the device on PostgreSQL,
     the smallest (experiment, sequence, id) per device elsewhere), instead of one query per
@@ -50,7 +49,7 @@ def _assign(session: Session, device_id: int, run: Run, lease_s: float) -> bool:
     if not took:
         return False
     try:
-        move(session, run, S.assigned, lease_id=secrets.token_hex(16), attempt=run.attempt + 1,
+        move(session, run, RunStatus.assigned, lease_id=secrets.token_hex(16), attempt=run.attempt + 1,
              lease_expires_at=utcnow() + timedelta(seconds=lease_s))
     except StateChanged:  # cancelled (or taken) meanwhile: give the device back
         device_service.free(session, device_id=device_id, run_id=run.id)
@@ -70,7 +69,7 @@ def assign_next(session: Session, *, device_id: int | None, lease_s: float) -> i
     if agent_id is None:
         return None
     run = session.scalar(
-        select(Run).where(Run.device_id == device_id, Run.status == S.queued.value).order_by(*QUEUE_ORDER).limit(1)
+        select(Run).where(Run.device_id == device_id, Run.status == RunStatus.queued.value).order_by(*QUEUE_ORDER).limit(1)
     )
     if run is None or not _assign(session, device_id, run, lease_s):
         return None
@@ -86,12 +85,12 @@ def _next_runs(session: Session, agent_ids: Iterable[int] | None = None) -> list
     devices = {device_id: agent_id for device_id, agent_id in session.execute(idle)}
     if not devices:
         return []
-    query = select(Run).where(Run.device_id.in_(list(devices)), Run.status == S.queued.value)
+    query = select(Run).where(Run.device_id.in_(list(devices)), Run.status == RunStatus.queued.value)
     if session.get_bind().dialect.name == "postgresql":
         runs = session.scalars(query.order_by(Run.device_id, *QUEUE_ORDER).ext(distinct_on(Run.device_id))).all()
     else:
         first = (select(Run.id, func.row_number().over(partition_by=Run.device_id, order_by=QUEUE_ORDER).label("n"))
-                 .where(Run.device_id.in_(list(devices)), Run.status == S.queued.value).subquery())
+                 .where(Run.device_id.in_(list(devices)), Run.status == RunStatus.queued.value).subquery())
         runs = session.scalars(select(Run).join(first, first.c.id == Run.id).where(first.c.n == 1)
                                .order_by(Run.device_id)).all()
     return [(run.device_id, devices[run.device_id], run) for run in runs]
@@ -100,7 +99,7 @@ def _next_runs(session: Session, agent_ids: Iterable[int] | None = None) -> list
 def _assigned(agent_id: int, *columns):
     """SELECT `columns` of the runs assigned to this agent's devices (not yet started), by id."""
     return (select(*columns).join(Device, Run.device_id == Device.id)
-            .where(Device.agent_id == agent_id, Run.status == S.assigned.value).order_by(Run.id))
+            .where(Device.agent_id == agent_id, Run.status == RunStatus.assigned.value).order_by(Run.id))
 
 
 def assigned_leases(session: Session, *, agent_id: int) -> list[tuple[int, str]]:
@@ -135,5 +134,5 @@ def hand_over(session: Session, *, agent_id: int, lease_ids: list[str], lease_s:
         return []
     now = utcnow()
     agents_devices = select(Device.id).where(Device.agent_id == agent_id).scalar_subquery()
-    return move_where(session, S.assigned, S.running, Run.lease_id.in_(lease_ids), Run.device_id.in_(agents_devices),
+    return move_where(session, RunStatus.assigned, RunStatus.running, Run.lease_id.in_(lease_ids), Run.device_id.in_(agents_devices),
                       started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))

@@ -20,7 +20,6 @@ from sme2farm.server.store.base import StoreUnavailable
 from sme2farm.server.store.models import Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
-S = RunStatus
 INGEST_SILENT_BEATS = 3  # heartbeats an ingest may miss before its worker is taken for dead
 # Runs one ingest task takes: the one it was sent for and the runs waiting whose ingest has not
 # begun, analysed one by one and stored in one transaction (bench/scale.py: per-run transactions
@@ -58,7 +57,7 @@ def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float,
     now = utcnow()
     window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
     began = session.execute(
-        update(Run).where(Run.id == run_id, Run.status == S.analyzing.value,
+        update(Run).where(Run.id == run_id, Run.status == RunStatus.analyzing.value,
                           (Run.ingest_started_at.is_(None)) | (Run.lease_expires_at < now))
         .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
                 lease_expires_at=now + timedelta(seconds=window))
@@ -85,10 +84,10 @@ def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: fl
         return began
     now = utcnow()
     window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
-    waiting = (select(Run.id).where(Run.status == S.analyzing.value, Run.ingest_started_at.is_(None), Run.id != run_id)
+    waiting = (select(Run.id).where(Run.status == RunStatus.analyzing.value, Run.ingest_started_at.is_(None), Run.id != run_id)
                .order_by(Run.id).limit(limit - 1).with_for_update(skip_locked=True))
     taken = session.execute(
-        update(Run).where(Run.id.in_(waiting.scalar_subquery()), Run.status == S.analyzing.value,
+        update(Run).where(Run.id.in_(waiting.scalar_subquery()), Run.status == RunStatus.analyzing.value,
                           Run.ingest_started_at.is_(None))
         .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
                 lease_expires_at=now + timedelta(seconds=window))
@@ -107,7 +106,7 @@ def ingest_deferred(session: Session, *, runs: dict[int, datetime], retry_in_s: 
     due = utcnow() + timedelta(seconds=retry_in_s)
     for rid, began in runs.items():
         if session.execute(
-            update(Run).where(Run.id == rid, Run.status == S.analyzing.value, Run.ingest_started_at == began)
+            update(Run).where(Run.id == rid, Run.status == RunStatus.analyzing.value, Run.ingest_started_at == began)
             .values(ingest_attempts=Run.ingest_attempts - 1, ingest_started_at=None, lease_expires_at=due)
             .execution_options(synchronize_session=False)
         ).rowcount == 1:
@@ -124,7 +123,7 @@ def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ing
     deadline = min(now + timedelta(seconds=INGEST_SILENT_BEATS * heartbeat_s),
                    as_utc(started_at) + timedelta(seconds=ingest_deadline_s))
     return session.execute(
-        update(Run).where(Run.id == run_id, Run.status == S.analyzing.value, Run.ingest_started_at == started_at)
+        update(Run).where(Run.id == run_id, Run.status == RunStatus.analyzing.value, Run.ingest_started_at == started_at)
         .values(lease_expires_at=deadline).execution_options(synchronize_session=False)
     ).rowcount == 1
 
@@ -139,7 +138,7 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, c
     run = session.get(Run, run_id)
     if run is None:
         return "missing"
-    if run.status != S.analyzing:
+    if run.status != RunStatus.analyzing:
         return run.status
     failure = None
     try:  # before any lock: analysis can take a while and needs no database
@@ -154,7 +153,7 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, c
         failure = f"the ETDump could not be analysed: {_describe(e)}"
     # Take the run (a row lock on PostgreSQL, the write lock on SQLite) only if still analyzing.
     try:
-        move(session, run, S.analyzing)
+        move(session, run, RunStatus.analyzing)
     except StateChanged:
         return run.status
     if failure is None:
@@ -167,7 +166,7 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, c
             log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
             failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
     # A success's reason is "": what an earlier attempt went through is no reason now.
-    status, reason = (S.succeeded, "") if failure is None else (S.failed, failure)
+    status, reason = (RunStatus.succeeded, "") if failure is None else (RunStatus.failed, failure)
     if complete:
         end_run(session, run=run, status=status, reason=reason, store=store)
     else:

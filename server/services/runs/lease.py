@@ -17,8 +17,6 @@ from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Device, Run, as_utc, utcnow
 
-S = RunStatus
-
 
 def _owned(session: Session, run_id: int, lease_id: str, agent_id: int) -> Run:
     run = locked(session, run_id=run_id)
@@ -43,10 +41,10 @@ def check_lease(session: Session, *, run_id: int, lease_id: str, agent_id: int) 
 
 def start(session: Session, *, run_id: int, lease_id: str, agent_id: int, lease_s: float) -> Run:
     run = _owned(session, run_id, lease_id, agent_id)
-    if run.status == S.assigned:
+    if run.status == RunStatus.assigned:
         now = utcnow()
-        move(session, run, S.running, started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
-    elif run.status not in (S.running, S.uploading):
+        move(session, run, RunStatus.running, started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+    elif run.status not in (RunStatus.running, RunStatus.uploading):
         raise LeaseConflict("invalid_state", f"run {run_id} cannot start from {run.status}", run.status)
     return run
 
@@ -56,10 +54,10 @@ def heartbeat(session: Session, *, run_id: int, lease_id: str, agent_id: int, st
     if run.status not in ACTIVE:
         raise LeaseConflict("invalid_state", f"run {run_id} is {run.status}", run.status)
     expires = utcnow() + timedelta(seconds=lease_s)
-    if ACTIVE.index(S(status)) > ACTIVE.index(S(run.status)):  # heartbeats only move a run forward
+    if ACTIVE.index(RunStatus(status)) > ACTIVE.index(RunStatus(run.status)):  # heartbeats only move a run forward
         # Protocol 2 has no start: an assigned run's first heartbeat is its start.
-        started = {"started_at": utcnow()} if run.status == S.assigned else {}
-        move(session, run, S(status), lease_expires_at=expires, **started)
+        started = {"started_at": utcnow()} if run.status == RunStatus.assigned else {}
+        move(session, run, RunStatus(status), lease_expires_at=expires, **started)
     else:
         run.lease_expires_at = expires
     return run
@@ -81,7 +79,7 @@ def delivered(session: Session, *, run_id: int, lease_id: str, agent_id: int) ->
     or None when it has been delivered already (analyzing or ended: a repeat of a delivery whose
     answer the agent lost): nothing is stored again."""
     run = _owned(session, run_id, lease_id, agent_id)
-    return None if run.status == S.analyzing or run.status in TERMINAL else run
+    return None if run.status == RunStatus.analyzing or run.status in TERMINAL else run
 
 
 def deliver(session: Session, *, run: Run, body: RunFinish, has_trace: bool, started_s_ago: float | None,
@@ -90,33 +88,33 @@ def deliver(session: Session, *, run: Run, body: RunFinish, has_trace: bool, sta
     this same transaction, on the run `delivered` handed back. A run still assigned (no heartbeat
     came: a short run) is stamped started `started_s_ago` seconds before now (the agent's own
     clock's interval, so no skew), or now if the agent did not say."""
-    if run.status == S.assigned:
+    if run.status == RunStatus.assigned:
         started = utcnow() - timedelta(seconds=started_s_ago or 0.0)
-        move(session, run, S.running, started_at=max(started, as_utc(run.created_at)))
+        move(session, run, RunStatus.running, started_at=max(started, as_utc(run.created_at)))
     return _finish(session, run, body=body, has_trace=has_trace, ingest_deadline_s=ingest_deadline_s, store=store,
                    lease_s=lease_s)
 
 
 def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ingest_deadline_s: float,
             store: Store, lease_s: float | None) -> Run:
-    if run.status == S.analyzing or run.status in TERMINAL:
+    if run.status == RunStatus.analyzing or run.status in TERMINAL:
         return run  # a repeat of the same finish
     run.runner = body.runner.model_dump() if body.runner else None
     run.device_state, run.exit_code, run.runner_wall_s = body.device_state, body.exit_code, body.wall_s
     run.warmup_in_trace = body.warmup_in_trace
     lost = bool(body.device_state.get("device_lost"))
     if run.cancel_requested:
-        end_run(session, run=run, status=S.cancelled, reason=CANCELLED_BY_USER, store=store, device_lost=lost)
-    elif body.status == S.succeeded and not has_trace:
-        end_run(session, run=run, status=S.failed, reason="the agent reported success but uploaded no ETDump",
+        end_run(session, run=run, status=RunStatus.cancelled, reason=CANCELLED_BY_USER, store=store, device_lost=lost)
+    elif body.status == RunStatus.succeeded and not has_trace:
+        end_run(session, run=run, status=RunStatus.failed, reason="the agent reported success but uploaded no ETDump",
                 store=store, device_lost=lost)
-    elif body.status == S.succeeded:
-        move(session, run, S.analyzing, ingest_attempts=0, ingest_started_at=None,
+    elif body.status == RunStatus.succeeded:
+        move(session, run, RunStatus.analyzing, ingest_attempts=0, ingest_started_at=None,
              lease_expires_at=utcnow() + timedelta(seconds=ingest_deadline_s))
         device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
         enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
     else:
-        end_run(session, run=run, status=S.failed, reason=body.reason or "the run failed (no reason given)",
+        end_run(session, run=run, status=RunStatus.failed, reason=body.reason or "the run failed (no reason given)",
                 store=store, device_lost=lost)
     if lease_s is None or assign_next(session, device_id=run.device_id, lease_s=lease_s) is None:
         enqueue_after_commit(session, TASK_DISPATCH)  # its device (or another) can take the next run

@@ -15,14 +15,13 @@ from sqlalchemy.orm import Session
 
 from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, RunStatus, status_values
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services import liveness
+from sme2farm.server.infra import liveness
 from sme2farm.server.services.runs.status import CANCELLED_BY_USER, StateChanged, complete, end, move
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Agent, Device, Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
-S = RunStatus
 
 
 def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_deadline_s: float = 180.0,
@@ -49,7 +48,7 @@ def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_de
       deadline set then (finish and the re-send below) less ingest_deadline_s.
 
     Leases are not expired while the farm's API is down, nor before its return plus settle_s
-    (services/liveness.py): no agent could heartbeat meanwhile, and a live one reaches the farm
+    (infra/liveness.py): no agent could heartbeat meanwhile, and a live one reaches the farm
     again within its backoff cap; its next heartbeat renews the lease and the run goes on.
 
     queued has no deadline of its own: it waits for its device (cancel ends it). Returns the ids
@@ -60,23 +59,23 @@ def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_de
     # deadlines are the worker's own, not the agents'.
     window = liveness.clock(session).window(settle_s, now)
     if window is None:
-        due = (Run.status == S.analyzing.value) & (Run.lease_expires_at < now)
+        due = (Run.status == RunStatus.analyzing.value) & (Run.lease_expires_at < now)
     else:
-        due = (Run.lease_expires_at < now) & ((Run.status == S.analyzing.value) | (Run.lease_expires_at < window[1]))
+        due = (Run.lease_expires_at < now) & ((Run.status == RunStatus.analyzing.value) | (Run.lease_expires_at < window[1]))
 
     if ingest_start_s is not None and ingest_waiting is not None and ingest_start_s < ingest_deadline_s:
-        unstarted_late = ((Run.status == S.analyzing.value) & Run.ingest_started_at.is_(None)
+        unstarted_late = ((Run.status == RunStatus.analyzing.value) & Run.ingest_started_at.is_(None)
                           & (Run.lease_expires_at < now + timedelta(seconds=ingest_deadline_s - ingest_start_s)))
         due = due | unstarted_late
     expired = session.scalars(
-        select(Run).where(Run.status.in_(status_values([*ACTIVE, S.analyzing])), due)
+        select(Run).where(Run.status.in_(status_values([*ACTIVE, RunStatus.analyzing])), due)
         .order_by(Run.id).with_for_update()
     ).all()
     touched, ended, freed = [], [], False
     waiting: list[int | None] = []  # the broker asked at most once, and only if a run needs it
     for run in expired:
         try:
-            if run.status == S.analyzing:
+            if run.status == RunStatus.analyzing:
                 began = run.ingest_started_at is not None
                 if not began and as_utc(run.lease_expires_at) >= now:  # early: only if its message is gone
                     if not waiting:
@@ -86,26 +85,26 @@ def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_de
                     log.warning("run %s: its ingest task did not begin within %g s and none waits in the broker; "
                                 "sending it again", run.id, ingest_start_s)
                 if began and run.ingest_attempts >= max_ingest_attempts:
-                    end(session, run=run, status=S.failed, reason=(
+                    end(session, run=run, status=RunStatus.failed, reason=(
                         f"ingest did not finish: started {run.ingest_attempts} time(s); each time the worker died "
                         f"(stopped heartbeating) or the analysis outran SME2_INGEST_DEADLINE_S={ingest_deadline_s:g} s "
                         f"(see the worker's log)"))
                     ended.append(run.experiment_id)
                 else:
-                    move(session, run, S.analyzing, ingest_started_at=None,
+                    move(session, run, RunStatus.analyzing, ingest_started_at=None,
                          lease_expires_at=now + timedelta(seconds=ingest_deadline_s))
                     enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
                 touched.append(run.id)
                 continue
             if run.cancel_requested:
-                end(session, run=run, status=S.cancelled, reason=CANCELLED_BY_USER)
+                end(session, run=run, status=RunStatus.cancelled, reason=CANCELLED_BY_USER)
                 ended.append(run.experiment_id)
             elif run.attempt >= max_attempts:
-                end(session, run=run, status=S.failed,
+                end(session, run=run, status=RunStatus.failed,
                     reason=f"the agent stopped answering (lease expired) on all {run.attempt} attempts")
                 ended.append(run.experiment_id)
             else:
-                move(session, run, S.queued, reason=f"requeued after attempt {run.attempt}: the agent's lease expired",
+                move(session, run, RunStatus.queued, reason=f"requeued after attempt {run.attempt}: the agent's lease expired",
                      lease_expires_at=None)
                 device_service.free(session, device_id=run.device_id, run_id=run.id)
             run.lease_id = None  # the stale owner's calls are refused from now on
@@ -134,7 +133,7 @@ def end_lost_device_runs(session: Session, *, device_lost_s: float, store: Store
     leased are the lease reaper's (requeued, then ended here). Periodic, beside reap_expired.
 
     A device's lost clock runs only while the farm was up: from max(offline_since, the farm's
-    return + settle_s), never while the API is down (devices.lost_cutoff, services/liveness.py).
+    return + settle_s), never while the API is down (devices.lost_cutoff, infra/liveness.py).
     Returns the ids of the runs ended. `store`: as reap_expired's."""
     now = utcnow()
     # Offline without a stamp (a path that set the state alone): lost counts from now.
@@ -156,7 +155,7 @@ def end_lost_device_runs(session: Session, *, device_lost_s: float, store: Store
         log.info("no agent heard for %g s: lost devices' queued runs are left queued until one is", device_lost_s)
         return []
     queued = session.scalars(
-        select(Run).where(Run.device_id.in_(list(lost)), Run.status == S.queued.value)
+        select(Run).where(Run.device_id.in_(list(lost)), Run.status == RunStatus.queued.value)
         .order_by(Run.id).with_for_update()
     ).all()
     ended, experiments, serials = [], [], set()
@@ -164,7 +163,7 @@ def end_lost_device_runs(session: Session, *, device_lost_s: float, store: Store
         reason = (f"{device_service.offline_text(lost[run.device_id], now)}: its queued runs cannot run "
                   f"(offline longer than SME2_DEVICE_LOST_S={device_lost_s:g} s)")
         try:
-            end(session, run=run, status=S.unschedulable, reason=reason)
+            end(session, run=run, status=RunStatus.unschedulable, reason=reason)
         except StateChanged:  # dispatched or cancelled meanwhile: not queued anymore
             continue
         ended.append(run.id)

@@ -30,16 +30,17 @@ from sme2farm.server.services.errors import StateConflict, NotFound
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.models import Run, utcnow
 
-S = RunStatus
 CANCELLED_BY_USER = "cancelled by user"
 
 # Which status each status may move to. Terminal statuses move nowhere.
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
-    S.queued: frozenset({S.assigned, S.cancelled, S.unschedulable}),
-    S.assigned: frozenset({S.running, S.uploading, S.analyzing, S.queued, S.failed, S.cancelled}),
-    S.running: frozenset({S.uploading, S.analyzing, S.queued, S.failed, S.cancelled}),
-    S.uploading: frozenset({S.analyzing, S.queued, S.failed, S.cancelled}),
-    S.analyzing: frozenset({S.succeeded, S.failed, S.cancelled}),
+    RunStatus.queued: frozenset({RunStatus.assigned, RunStatus.cancelled, RunStatus.unschedulable}),
+    RunStatus.assigned: frozenset({RunStatus.running, RunStatus.uploading, RunStatus.analyzing, RunStatus.queued,
+                                   RunStatus.failed, RunStatus.cancelled}),
+    RunStatus.running: frozenset({RunStatus.uploading, RunStatus.analyzing, RunStatus.queued, RunStatus.failed,
+                                  RunStatus.cancelled}),
+    RunStatus.uploading: frozenset({RunStatus.analyzing, RunStatus.queued, RunStatus.failed, RunStatus.cancelled}),
+    RunStatus.analyzing: frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled}),
     **{t: frozenset() for t in TERMINAL},
 }
 
@@ -83,7 +84,7 @@ def move(session: Session, run: Run, to: RunStatus, **values: Any) -> None:
     status updates only `values` (a new deadline), still conditional on the status."""
     frm = run.status
     touch = to == frm and to not in TERMINAL
-    if not touch and to not in ALLOWED[S(frm)]:
+    if not touch and to not in ALLOWED[RunStatus(frm)]:
         raise IllegalTransition(run.id, frm, to)
     moved = session.execute(
         update(Run).where(Run.id == run.id, Run.status == frm).values(status=to.value, **values)
@@ -161,9 +162,9 @@ def cancel(session: Session, *, runs: Iterable[Run], store: Store) -> None:
         for _ in range(3):  # SQLite: the run may move under us; read it again and decide again
             if run.status in TERMINAL:
                 break
-            if run.status in (S.queued, S.analyzing):
+            if run.status in (RunStatus.queued, RunStatus.analyzing):
                 try:
-                    end(session, run=run, status=S.cancelled, reason=CANCELLED_BY_USER)
+                    end(session, run=run, status=RunStatus.cancelled, reason=CANCELLED_BY_USER)
                 except StateChanged:
                     continue
                 ended.append(run.experiment_id)

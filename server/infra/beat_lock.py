@@ -1,4 +1,4 @@
-"""Named leases in the database: a lock with a deadline that one process holds at a time.
+"""The beat's lock: a named row of the `leases` table with a deadline, held by one process at a time.
 
 The beat holds `beat` (worker/beat.py): a second beat (restarted while the old one lingers, or a
 second farm on the same database) finds it held and stands by, so periodic tasks are sent once.
