@@ -177,6 +177,12 @@ def transport_words(e: httpx.TransportError) -> str:
     return text[:1].lower() + text[1:]
 
 
+def say_refusal(e: FarmError) -> None:
+    """The server's refusal on stderr, one line per problem it named (describe)."""
+    for line in e.message.splitlines() or [""]:
+        print(f"sme2-client: server said {e.status}: {line}", file=sys.stderr)
+
+
 def note(line: str) -> None:
     """A wait's progress note: to stderr, so stdout stays the report."""
     print(f"sme2-client: {line}", file=sys.stderr)
@@ -294,6 +300,22 @@ class FarmClient:
 
     def run(self, run_id: int) -> RunReport:
         return RunReport.model_validate(self._check(self.http.get(f"/runs/{run_id}")).json())
+
+    def run_exists(self, run_id: int) -> bool:
+        """Is there a run `run_id` this token may read? (404: no; any other refusal is raised)"""
+        return self._found(self.http.get(f"/runs/{run_id}"))
+
+    def experiment_exists(self, experiment_id: int) -> bool:
+        """Is there an experiment `experiment_id` this token may read? Asked with its first
+        comparison only, not its report."""
+        return self._found(self.http.get(f"/experiments/{experiment_id}/comparisons", params={"page_size": 1}))
+
+    def _found(self, r: httpx.Response) -> bool:
+        if r.status_code == 404:
+            self.answered = True
+            return False
+        self._check(r)
+        return True
 
     def artifact(self, run_id: int, name: str) -> bytes:
         return self._check(self.http.get(f"/runs/{run_id}/artifacts/{name}")).content

@@ -1,27 +1,26 @@
-"""sme2-client artifacts ID [NAME] [-o DIR]: a run's artifacts (R34 or 34), listed, or downloaded
-(one by NAME, or all with -o); E12 does it for every run of experiment 12, into DIR/run<id>/.
+"""sme2-client artifacts ID [NAME] [-o DIR]: a run's artifacts (R34), listed, or downloaded (one by
+NAME, or all with -o); E12 does it for every run of experiment 12, into DIR/run<id>/. A bare 34 is
+whichever of run 34 and experiment 34 exists (common.run_or_experiment).
 File names are only ever the server's fixed artifact names (protocol.ARTIFACT_NAMES), never a
 path from the server or the user, so nothing is written outside DIR."""
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 from sme2farm.client import kit_dir
-from sme2farm.client.common import connect
+from sme2farm.client.common import RefRefused, connect, run_or_experiment
 from sme2farm.protocol import ARTIFACT_NAMES
-
-_ID = re.compile(r"^([ER]?)(\d+)$", re.I)
 
 
 def add_parser(sub) -> None:
     a = sub.add_parser("artifacts", help="list or download a run's artifacts (trace.etdump, runner.log, report.json …)",
-                       description="ID: a run (34 or R34) or an experiment (E12: each of its runs, into DIR/run<id>/). "
+                       description="ID: a run (R34) or an experiment (E12: each of its runs, into DIR/run<id>/); a bare 34 "
+                                   "is whichever of the two exists, refused where both do. "
                                    "Without NAME or -o: list them. With NAME: download that one. With -o DIR alone: "
                                    f"download all. Names: {', '.join(sorted(ARTIFACT_NAMES))}.")
-    a.add_argument("id", help="run id (34, R34) or experiment id (E12)")
+    a.add_argument("id", help="run id (R34) or experiment id (E12); a bare number where only one of them exists")
     a.add_argument("name", nargs="?", choices=sorted(ARTIFACT_NAMES), metavar="NAME",
                    help="one artifact to download (default with -o: all of them)")
     a.add_argument("-o", "--output", metavar="DIR", help="where to write (default: the current directory)")
@@ -33,23 +32,22 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    m = _ID.match(args.id.strip())
-    if not m:
-        print(f"sme2-client: {args.id!r} is not a run or experiment id: give 34, R34 or E12", file=sys.stderr)
-        return 2
-    number = int(m.group(2))
+    client = connect(args)
+    try:
+        kind, number = run_or_experiment(client, args.id)
+    except RefRefused as e:
+        print(f"sme2-client: {e}", file=sys.stderr)
+        return e.code
     if args.kit:
-        if m.group(1).upper() != "E" or args.name:
+        if kind != "experiment" or args.name:
             print("sme2-client: --kit writes an experiment's runs: give E<id> and no artifact NAME", file=sys.stderr)
             return 2
         return kit_dir.cmd_export(args, number)
-    client = connect(args)
-    if m.group(1).upper() == "E":
+    many = kind == "experiment"
+    if many:
         runs = [(r.id, r.artifacts) for r in client.experiment(number, runs="full").runs]  # not a summary
-        many = True
     else:
         runs = [(number, client.run(number).artifacts)]
-        many = False
     download = args.name is not None or args.output is not None
     if not download:
         for run_id, names in runs:

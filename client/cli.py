@@ -13,14 +13,14 @@ import httpx
 from pydantic import ValidationError
 
 from sme2farm.client import analyze_cmd, artifacts_cmd, document, examples_cmd, kit, kit_dir, scaling_cmd, suites_cmd
-from sme2farm.client.api import FarmError, Patience, error_sentences, note, transport_words, wire
-from sme2farm.client.common import (EXIT_CODES_HELP, connect, etrecord_beside, etrecord_note, parse_selector,
-                                    print_when_done, submit_and_follow)
+from sme2farm.client.api import FarmError, Patience, error_sentences, note, say_refusal, transport_words, wire
+from sme2farm.client.common import (EXIT_CODES_HELP, RefRefused, connect, etrecord_beside, etrecord_note,
+                                    parse_selector, print_when_done, run_or_experiment, submit_and_follow)
 from sme2farm.client.config import client_settings
-from sme2farm.client.render import comparison_text, experiment_text, progress_line
+from sme2farm.client.render import comparison_text, devices_text, experiment_text, progress_line
 from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_POWER_PROFILE,
-                               DEFAULT_WARMUP, DeviceRead, ExperimentSpec, LlmSpec, PowerProfile,
-                               Sme2Request, sme_text)
+                               DEFAULT_WARMUP, ExperimentSpec, LlmSpec, PowerProfile,
+                               Sme2Request)
 
 MIN_EFFECT_HELP = f"default {DEFAULT_MIN_EFFECT:g}: {DEFAULT_MIN_EFFECT * 100:g}%%"  # argparse help: %% is %
 
@@ -60,6 +60,10 @@ def cmd_submit(args) -> int:
         return kit.cmd_submit(args)
     if not args.model:
         print("sme2-client: submit needs the .pte file (or --kit-config CONFIG.json)", file=sys.stderr)
+        return 2
+    if args.any_platform:
+        print("sme2-client: --any-platform is for --kit-config (a model without one goes wherever --device says)",
+              file=sys.stderr)
         return 2
     model = Path(args.model)
     if not model.is_file():
@@ -113,7 +117,19 @@ def cmd_status(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    result = connect(args).compare(args.baseline, args.candidate, min_effect=args.min_effect)
+    client = connect(args)
+    sides = []
+    for text in (args.baseline, args.candidate):
+        if not text.strip().isdigit():   # E12, E12/B and R34 say which; the server reads them
+            sides.append(text)
+            continue
+        try:
+            kind, number = run_or_experiment(client, text)
+        except RefRefused as e:
+            print(f"sme2-client: {e}", file=sys.stderr)
+            return e.code
+        sides.append(f"{kind[0].upper()}{number}")
+    result = client.compare(*sides, min_effect=args.min_effect)
     print(json.dumps(wire(result), indent=2) if args.json else comparison_text(result))
     return 0 if any(c.status == "complete" for c in result.comparisons) else 1
 
@@ -142,19 +158,8 @@ def cmd_devices(args) -> int:
     if args.json:
         print(json.dumps(wire(devices), indent=2))
         return 0
-    if not devices:
-        print("no devices registered")
-    for d in devices:
-        print(f"{d.serial:<28} {d.platform:<8} {(d.model or '')[:30]:<30} {d.cpu_cores:>3} cores  "
-              f"{sme_text(d.sme2, d.sme):<13} {d.state:<8} agent {d.agent}, "
-              f"runners: {_runner_list(d)}" + (f", emulated ({d.emulator})" if d.emulator else ""))
-        if d.state == "unhealthy" and d.state_reason:   # what its agent's checks found, and what to do
-            print(f"  unhealthy: {d.state_reason}")
+    print(devices_text(devices))
     return 0
-
-
-def _runner_list(device: DeviceRead) -> str:
-    return ", ".join(f"{r.sme2}/{r.flavour}" for r in device.runners) or "none"
 
 
 def cmd_analyze(args) -> int:
@@ -171,7 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", help="upload a .pte and queue runs", epilog=EXIT_CODES_HELP)
     s.add_argument("model", nargs="?", help="the .pte, or a .bpte bundled program (its inputs are fed) (not with --kit-config)")
     s.add_argument("--kit-config", metavar="CONFIG.json",
-                   help="run an SME2 learning-path kit config (model, SME2 on/off experiments) as one experiment")
+                   help="run an SME2 learning-path kit config (model, SME2 on/off experiments) as one experiment; "
+                        "one written for mac or android (its file, experiment or runner names say so) goes to "
+                        "devices of that platform only, and is refused where the farm has none")
+    s.add_argument("--any-platform", action="store_true",
+                   help="with --kit-config: run a config written for mac or android on whatever devices match here "
+                        "(e.g. the x86 host and the emulator) instead")
     spec = ExperimentSpec.model_fields
     s.add_argument("--sme2", choices=list(get_args(Sme2Request)), default=spec["sme2"].default)
     s.add_argument("--threads", default=",".join(map(str, spec["threads"].get_default(call_default_factory=True))),
@@ -222,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Exit codes: 0 when at least one pair has a verdict; 1 when no pair could be "
                                     "compared (every pair 'no comparison') or the server refused (e.g. 422: nothing "
                                     "matched); 2 on bad arguments.")
-    cp.add_argument("baseline", help="experiment id (12, E12; E12/B: an A/B experiment's B model) or run id (R34)")
+    cp.add_argument("baseline", help="experiment id (E12; E12/B: an A/B experiment's B model) or run id (R34); a bare "
+                                     "12 where only one of run 12 and experiment 12 exists")
     cp.add_argument("candidate", help="the same forms; speedup > 1 means the candidate is faster")
     cp.add_argument("--min-effect", type=float, default=DEFAULT_MIN_EFFECT,
                     help=f"the smallest difference to claim: a fraction, 0 <= x <= 0.5 ({MIN_EFFECT_HELP})")
@@ -287,10 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # what a shell reports for a process ended by SIGPIPE
     except FarmError as e:
-        lines = e.message.splitlines() or [""]
-        print(f"sme2-client: server said {e.status}: {lines[0]}", file=sys.stderr)
-        for line in lines[1:]:  # one problem a line (client/api.py describe)
-            print(f"sme2-client: server said {e.status}: {line}", file=sys.stderr)
+        say_refusal(e)
         if e.status in NEXT_STEP:
             print(f"sme2-client: {NEXT_STEP[e.status]}", file=sys.stderr)
         return 1

@@ -7,6 +7,7 @@ cli.py, kit.py, document.py, suites_cmd.py and artifacts_cmd.py build on it; it 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,43 @@ def parse_selector(text: str | None) -> DeviceSelector | None:
         else:
             fields[key.strip()] = value.strip()
     return DeviceSelector.model_validate(fields)
+
+
+# A run (R34) or an experiment (E12) as the commands taking either read it; a bare 34 is resolved
+# by run_or_experiment.
+REF = re.compile(r"^([ER]?)(\d{1,18})$", re.I)
+
+
+class RefRefused(ValueError):
+    """A run-or-experiment id that cannot be taken: `code` is the exit code (2: malformed or
+    ambiguous, 1: nothing of that number exists), the message the sentence to print."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def run_or_experiment(client, text: str) -> tuple[str, int]:
+    """'R34' -> ("run", 34), 'E12' -> ("experiment", 12). A bare number is a trap (`artifacts 3`
+    read it as run 3, `compare 3` as experiment 3), so it is whichever exists and this token may
+    read, said in one line on stderr; where both do it is refused naming both choices."""
+    m = REF.match(text.strip())
+    if not m:
+        raise RefRefused(f"{text!r} is not a run or experiment id: give R34 for a run or E12 for an experiment", 2)
+    prefix, number = m.group(1).upper(), int(m.group(2))
+    if prefix:
+        return ("run" if prefix == "R" else "experiment"), number
+    run, experiment = client.run_exists(number), client.experiment_exists(number)
+    if run and experiment:
+        raise RefRefused(f"{number} is both run {number} and experiment {number}: give R{number} for the run or "
+                         f"E{number} for the experiment", 2)
+    if not run and not experiment:
+        raise RefRefused(f"there is no run {number} and no experiment {number} (none this token may read)", 1)
+    kind = "run" if run else "experiment"
+    other = "experiment" if run else "run"
+    print(f"sme2-client: {number} taken as {kind} {number} (no {other} {number} is visible; R{number} or "
+          f"E{number} says which)", file=sys.stderr)
+    return kind, number
 
 
 def connect(args):
@@ -118,6 +156,7 @@ def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str 
     if not args.wait:
         rep = client.submit(model, spec, inputs=inputs, vs_model=vs_model, etrecord=etrecord)
         say_warnings(rep)
+        say_devices(rep)
         if args.json:
             print(json.dumps(client.experiment_json(rep.id), indent=2))
         else:
@@ -129,6 +168,7 @@ def submit_and_follow(args, model: Path, spec, inputs: Path | None, origin: str 
     rep = patience.call(client.submit, model, spec, inputs=inputs, vs_model=vs_model, etrecord=etrecord,
                         idempotent=False)
     say_warnings(rep)
+    say_devices(rep)
     patience.what = f"experiment {rep.id} to finish"
     return print_when_done(args, client, rep.id, patience)
 
@@ -157,6 +197,21 @@ def say_warnings(rep) -> None:
     run), once, on stderr: said at submission, not discovered run by run."""
     for w in rep.warnings:
         print(f"sme2-client: warning: {w}", file=sys.stderr)
+
+
+def say_devices(rep) -> None:
+    """Without --device an experiment goes to every device that can take it (the host and the
+    emulator, on `sme2-farm up --emulator`): one line on stderr names them and says why."""
+    if rep.spec.device is not None:
+        return
+    if rep.runs_detail == "summary":   # a summary answer lists run groups, not runs
+        seen = [(g.device, g.emulator) for g in rep.run_groups or [] if g.device]
+    else:
+        seen = [(r.device.serial, r.device.emulator) for r in rep.runs if r.device]
+    named = [f"{serial} (emulated)" if emulator else serial for serial, emulator in dict(seen).items()]
+    if named:
+        print(f"sme2-client: no --device given, so on every device that can take it: {', '.join(named)} "
+              f"(--device SERIAL or --device platform=... chooses)", file=sys.stderr)
 
 
 # Exit codes of the commands that wait for runs (submit --wait, status --wait, suite run --wait).

@@ -40,6 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sme2farm.client.api import FarmError, say_refusal
 from sme2farm.client.common import etrecord_beside, etrecord_note, parse_selector, submit_and_follow
 from sme2farm.client.kit_json import KitError, kit_summary, summary_path, write_summary
 from sme2farm.client.render import plain
@@ -58,6 +59,11 @@ EXPERIMENT_FIELDS = ("name", "runner_path", "quiet_runner", "mode", "runs", "num
                      "threads", "num_threads", "extra_args", "cpu_affinity")
 _HEX_MASK = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
 _OFF = re.compile(r"sme2[-_ ]?off(?![a-z])", re.I)
+# The platform a config is written for, as the kit's templates name it: mac_template.json,
+# "mac_sme2_on", cmake-out/mac-arm64/..., out_x/runs/android. Whole words only ("machine" is not mac).
+PLATFORM_WORDS = {"macos": re.compile(r"(?<![a-z])(mac|macos|osx)(?![a-z])", re.I),
+                  "android": re.compile(r"(?<![a-z])android(?![a-z])", re.I)}
+PLATFORM_NAMES = {"macos": "macOS", "android": "Android"}
 _ON = re.compile(r"sme2[-_ ]?on(?![a-z])", re.I)
 
 
@@ -71,6 +77,8 @@ class KitSubmission:
     spec: ExperimentSpec
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # the platforms the config is written for, each with where it says so ("experiments[0].name 'mac_sme2_on'")
+    platforms: dict[str, str] = field(default_factory=dict)
 
 
 def _int(value: Any, where: str, lo: int, hi: int) -> int:
@@ -305,7 +313,16 @@ def load_kit_config(path: str | Path, *, cwd: Path | None = None) -> KitSubmissi
             name=config.stem[:200], labels=labels)
     except ValidationError as e:  # the checks above should make this unreachable
         raise KitConfigError(f"{config}: {e}") from None
-    return KitSubmission(model=model, spec=spec, warnings=warnings, notes=notes)
+    named = [(exp["name"], f"experiments[{i}].name") for i, exp in enumerate(exps)]
+    named += [(exp.get("runner_path") or exp.get("quiet_runner") or "", f"experiments[{i}].runner_path")
+              for i, exp in enumerate(exps)]
+    named += [(str(raw.get("output_root") or ""), "output_root"), (config.name, "the config's file name")]
+    platforms: dict[str, str] = {}
+    for text, where in named:
+        for platform, words in PLATFORM_WORDS.items():
+            if platform not in platforms and words.search(text):
+                platforms[platform] = f"{where} {text!r}"
+    return KitSubmission(model=model, spec=spec, warnings=warnings, notes=notes, platforms=platforms)
 
 
 def _pick(exp: dict, keys: tuple[str, str], where: str, default: Any, parse) -> Any:
@@ -363,6 +380,8 @@ def cmd_submit(args) -> int:
             data["labels"] = {**data["labels"], **dict(kv.split("=", 1) for kv in args.label)}
         if args.device:
             data["device"] = parse_selector(args.device).model_dump()
+        elif sub.platforms and not args.any_platform:
+            data["device"] = {"platform": only_platform(sub.platforms)}
         data["power_profile"], data["sessions"] = args.power_profile, args.sessions
         spec = ExperimentSpec.model_validate(data)
     except KitConfigError as e:
@@ -382,7 +401,27 @@ def cmd_submit(args) -> int:
         return 2
     if not getattr(args, "etrecord", None):
         print(etrecord_note(sub.model, etrecord), file=sys.stderr)
-    return submit_and_follow(args, sub.model, spec, inputs, origin=f" from {args.kit_config}", etrecord=etrecord)
+    try:
+        return submit_and_follow(args, sub.model, spec, inputs, origin=f" from {args.kit_config}", etrecord=etrecord)
+    except FarmError as e:
+        wanted = spec.device.platform if spec.device and not args.device else None
+        if e.status != 422 or wanted is None or "no device matches" not in e.message:
+            raise
+        # the farm has no device of the platform the config is written for: say so, not only the selector
+        say_refusal(e)
+        print(f"sme2-client: kit config {args.kit_config} is written for {PLATFORM_NAMES[wanted]} "
+              f"({sub.platforms[wanted]}) and this farm has no {PLATFORM_NAMES[wanted]} device; run it on a farm "
+              f"with one, or give --any-platform to run it on the devices here anyway", file=sys.stderr)
+        return 1
+
+
+def only_platform(platforms: dict[str, str]) -> str:
+    """The one platform a config is written for; a config naming two cannot go to either alone."""
+    if len(platforms) > 1:
+        said = " and ".join(f"{PLATFORM_NAMES[p]} ({where})" for p, where in platforms.items())
+        raise KitConfigError(f"it is written for {said}: split it, or choose devices with --device "
+                             f"(or --any-platform: whatever devices match)")
+    return next(iter(platforms))
 
 
 def cmd_status_kit_json(client, experiment_id: int, arg: str) -> int:

@@ -15,8 +15,8 @@ from sme2farm.analysis.by_module import kernel_paths_line, no_module_line, shown
 from sme2farm.analysis.wording import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
                                        kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
                                        program_memory_line)
-from sme2farm.protocol import (Comparison, ComparisonRead, ComparisonSide, ExperimentReport, Kernels, KernelPaths,
-                               RunReport, RunStatus)
+from sme2farm.protocol import (Comparison, ComparisonRead, ComparisonSide, DeviceRead, ExperimentReport, Kernels,
+                               KernelPaths, RunReport, RunStatus, sme_text)
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 
@@ -24,6 +24,44 @@ CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 def plain(model: BaseModel | None) -> dict | None:
     """A model as the JSON the server sent (the keys it gave, none added), for analysis/wording.py."""
     return None if model is None else model.model_dump(mode="json", exclude_unset=True)
+
+
+def abbreviated(text: str, width: int) -> str:
+    """`text` in at most `width` characters: whole, or cut after a word and marked "…", never
+    inside a parenthesis ("QEMU 11.1.3 aarch64 -cpu max (emulated)" at 30 is
+    "QEMU 11.1.3 aarch64 -cpu max…", not "...max ("). A first word longer than `width` is cut."""
+    if len(text) <= width:
+        return text
+    kept = ""
+    words = text.split(" ")
+    for i in range(1, len(words)):
+        head = " ".join(words[:i]).rstrip(",;:-")
+        if len(head) + 1 > width:
+            break
+        if head.count("(") == head.count(")") and head.count("[") == head.count("]"):
+            kept = head
+    return (kept or text[:width - 1].rstrip()) + "…"
+
+
+MODEL_WIDTH = 32   # the devices listing's model column, at most
+
+
+def devices_text(devices: list[DeviceRead]) -> str:
+    """`sme2-client devices`: a line per device, its model abbreviated at a word to MODEL_WIDTH (the
+    whole of it is in --json), and an unhealthy device's reason under it."""
+    if not devices:
+        return "no devices registered"
+    width = min(MODEL_WIDTH, max(len(d.model or "") for d in devices))
+    out = []
+    for d in devices:
+        runners = ", ".join(f"{r.sme2}/{r.flavour}" for r in d.runners) or "none"
+        out.append(f"{d.serial:<28} {d.platform:<8} {abbreviated(d.model or '', width):<{width}} {d.cpu_cores:>3} cores  "
+                   f"{sme_text(d.sme2, d.sme):<13} {d.state:<8} agent {d.agent}, runners: {runners}"
+                   + (f", emulated ({d.emulator})" if d.emulator else ""))
+        if d.state == "unhealthy" and d.state_reason:   # what its agent's checks found, and what to do
+            out.append(f"  unhealthy: {d.state_reason}")
+    return "\n".join(out)
+
 
 
 def _f(x: float | None, digits: int = 3) -> str:

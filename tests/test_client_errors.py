@@ -127,7 +127,7 @@ def test_compare_exits_1_when_no_pair_has_a_verdict(api, capsys):
     with session_scope(api.settings.sqlalchemy_url) as s:  # two experiments whose only arm could not run
         model = s.get(Model, SHA)
         ids = [experiments.create(s, spec=ExperimentSpec(sme2="on"), model=model, **lost_clock()).id for _ in range(2)]
-    code, out, err = _run(api, capsys, "compare", str(ids[0]), str(ids[1]))
+    code, out, err = _run(api, capsys, "compare", f"E{ids[0]}", f"E{ids[1]}")
     assert code == 1 and out.count("no comparison") == 1 and "unschedulable" in out, (out, err)
 
 

@@ -65,7 +65,7 @@ def test_compare_two_experiments_and_runs_matched_or_explained(farm, example_pte
     pte = example_pte("toy_cnn")
     base = _json(farm.cli("submit", str(pte), "--sme2", "off", "--iterations", "20", "--name", "cmp-base", "--wait", "--json"))
     cand = _json(farm.cli("submit", str(pte), "--sme2", "off", "--iterations", "20", "--wait", "--json"))
-    out = _json(farm.cli("compare", str(base["id"]), f"E{cand['id']}", "--json"))
+    out = _json(farm.cli("compare", f"E{base['id']}", f"E{cand['id']}", "--json"))
     assert out["baseline"] == {**out["baseline"], "kind": "experiment", "id": base["id"], "name": "cmp-base"}
     [c] = out["comparisons"]
     assert c["status"] == "complete" and c["sme2"] == "off" and c["threads"] == 1 and c["mode"] == "timing"
@@ -73,29 +73,29 @@ def test_compare_two_experiments_and_runs_matched_or_explained(farm, example_pte
     assert c["verdict"] in VERDICTS and c["sentence"]
     assert any("same model" in n for n in out["notes"])
     assert c["min_effect"] == 0.02
-    wide = _json(farm.cli("compare", str(base["id"]), str(cand["id"]), "--min-effect", "0.5", "--json"))
+    wide = _json(farm.cli("compare", f"E{base['id']}", f"E{cand['id']}", "--min-effect", "0.5", "--json"))
     assert wide["comparisons"][0]["min_effect"] == 0.5 and wide["comparisons"][0]["verdict"] != "speedup"
     # the SME2-on arm of the base was unschedulable here: matched on neither side, not an error
     assert out["unmatched"] == []
     # runs by id
     runs = _json(farm.cli("compare", f"R{base['runs'][0]['id']}", f"r{cand['runs'][0]['id']}", "--json"))
     assert runs["baseline"]["kind"] == "run" and len(runs["comparisons"]) == 1
-    text = farm.cli("compare", str(base["id"]), str(cand["id"]))
+    text = farm.cli("compare", f"E{base['id']}", f"E{cand['id']}")
     assert text.returncode == 0 and "SME2 off, 1 thread(s), timing" in text.stdout
 
     # incomparable: another thread count -> 422 naming what differs; unknown ids -> 404; junk -> 422
     two = _json(farm.cli("submit", str(pte), "--sme2", "off", "--threads", "2", "--iterations", "5", "--wait", "--json"))
-    bad = farm.cli("compare", str(base["id"]), str(two["id"]))
+    bad = farm.cli("compare", f"E{base['id']}", f"E{two['id']}")
     assert bad.returncode == 1 and "422" in bad.stderr and "threads 1 vs 2" in bad.stderr
-    missing = farm.cli("compare", str(base["id"]), "999999")
+    missing = farm.cli("compare", f"E{base['id']}", "E999999")
     assert missing.returncode == 1 and "404" in missing.stderr and "candidate: experiment 999999 not found" in missing.stderr
-    junk = farm.cli("compare", "x12", str(base["id"]))
+    junk = farm.cli("compare", "x12", f"E{base['id']}")
     assert junk.returncode == 1 and "422" in junk.stderr and "baseline" in junk.stderr
-    same = farm.cli("compare", str(base["id"]), f"e{base['id']}")
+    same = farm.cli("compare", f"E{base['id']}", f"e{base['id']}")
     assert same.returncode == 1 and "422" in same.stderr and f"share run(s) {base['runs'][0]['id']}" in same.stderr
-    overlap = farm.cli("compare", str(base["id"]), f"R{base['runs'][0]['id']}")  # a run inside the experiment
+    overlap = farm.cli("compare", f"E{base['id']}", f"R{base['runs'][0]['id']}")  # a run inside the experiment
     assert overlap.returncode == 1 and "422" in overlap.stderr and "share run(s)" in overlap.stderr
-    no_b = farm.cli("compare", f"E{base['id']}/B", str(cand["id"]))
+    no_b = farm.cli("compare", f"E{base['id']}/B", f"E{cand['id']}")
     assert no_b.returncode == 1 and "no vs_model" in no_b.stderr
 
 

@@ -201,7 +201,7 @@ def test_artifacts_lists_and_downloads_a_runs_and_an_experiments(farm, example_p
     listed = farm.cli("artifacts", f"R{r1}")
     assert listed.returncode == 0 and listed.stdout.startswith(f"run {r1}: ") and "report.json" in listed.stdout
     names = listed.stdout.split(": ", 1)[1].strip().split(", ")
-    one = farm.cli("artifacts", str(r1), "report.json", "-o", str(tmp_path / "one"))
+    one = farm.cli("artifacts", f"R{r1}", "report.json", "-o", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
     got = (tmp_path / "one" / "report.json").read_bytes()
     assert got == farm.client().artifact(r1, "report.json") and json.loads(got)
@@ -210,12 +210,12 @@ def test_artifacts_lists_and_downloads_a_runs_and_an_experiments(farm, example_p
     for run_id in (r1, r2):
         assert sorted(p.name for p in (tmp_path / "all" / f"run{run_id}").iterdir()) == sorted(names)
     # a name outside the fixed set is refused before anything is asked or written
-    bad = farm.cli("artifacts", str(r1), "../escape", "-o", str(tmp_path / "bad"))
+    bad = farm.cli("artifacts", f"R{r1}", "../escape", "-o", str(tmp_path / "bad"))
     assert bad.returncode == 2 and not (tmp_path / "bad").exists() and not (tmp_path / "escape").exists()
     from sme2farm.protocol import ARTIFACT_NAMES
 
     absent = sorted(ARTIFACT_NAMES - set(names))[0]  # a timing run has no trace, for one
-    missing = farm.cli("artifacts", str(r1), absent, "-o", str(tmp_path / "m"))
+    missing = farm.cli("artifacts", f"R{r1}", absent, "-o", str(tmp_path / "m"))
     assert missing.returncode == 1 and f"run {r1} has no {absent}" in missing.stderr, missing.stderr
 
 

@@ -48,7 +48,10 @@ def write_config(d, cfg, name="my_experiment.json"):
 def test_kit_config_runs_as_one_experiment_on_the_farm(farm, example_pte, tmp_path):
     d = kit_dir(tmp_path, example_pte("toy_cnn"))
     config = write_config(d, template())
-    done = farm.cli("submit", "--kit-config", str(config), "--wait", "--json")
+    # the kit's mac template on a farm without a Mac: refused, unless asked to run it here anyway
+    refused = farm.cli("submit", "--kit-config", str(config))
+    assert refused.returncode == 1 and "is written for macOS" in refused.stderr, refused.stderr
+    done = farm.cli("submit", "--kit-config", str(config), "--any-platform", "--wait", "--json")
     assert done.returncode == 3, done.stderr + farm.log("worker") + farm.log("agent")  # SME2-on: unschedulable here
     # the fields the farm does not use are reported, not dropped
     assert "warning: kit config: experiments[].runner_path: not used" in done.stderr
