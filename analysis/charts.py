@@ -108,17 +108,128 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return ticks
 
 
+# Advance widths of DejaVu Sans, regular and bold, in thousandths of an em, for ASCII 32..126. Of the
+# fonts FONT resolves to, it is the widest (Linux falls back to it; SF, Segoe UI and Roboto are
+# narrower), so a label measured with it fits wherever the chart is drawn.
+_WIDTHS = {
+    False: (318, 401, 460, 838, 636, 950, 780, 275, 390, 390, 500, 838, 318, 361, 318, 337, 636, 636, 636,
+            636, 636, 636, 636, 636, 636, 636, 337, 337, 838, 838, 838, 531, 1000, 684, 686, 698, 770, 632,
+            575, 775, 752, 295, 295, 656, 557, 863, 748, 787, 603, 787, 695, 635, 611, 732, 684, 989, 685,
+            611, 685, 390, 337, 390, 838, 500, 500, 613, 635, 550, 635, 615, 352, 635, 634, 278, 278, 579,
+            278, 974, 634, 612, 635, 635, 411, 521, 392, 634, 592, 818, 592, 592, 525, 636, 337, 636, 838),
+    True: (348, 456, 521, 838, 696, 1002, 872, 306, 457, 457, 523, 838, 380, 415, 380, 365, 696, 696, 696,
+           696, 696, 696, 696, 696, 696, 696, 400, 400, 838, 838, 838, 580, 1000, 774, 762, 734, 830, 683,
+           683, 821, 837, 372, 372, 775, 637, 995, 837, 850, 733, 850, 770, 720, 682, 812, 774, 1103, 771,
+           724, 725, 457, 365, 457, 838, 500, 500, 675, 716, 593, 716, 678, 435, 716, 712, 343, 343, 665,
+           343, 1042, 712, 687, 716, 716, 493, 595, 478, 712, 652, 924, 645, 652, 582, 712, 365, 712, 838),
+}
+_MIDDLE_DOT = {False: 318, True: 380}
+
+
+def text_px(s, size: float = 12, bold: bool = False) -> float:
+    """The width of s drawn at `size` px (bold or not), measured as DejaVu Sans draws it; a
+    character outside ASCII counts a full em (the dot and the arrows the labels use, their own)."""
+    table = _WIDTHS[bool(bold)]
+    em = 0
+    for ch in str(s):
+        code = ord(ch)
+        em += (table[code - 32] if 32 <= code < 127 else _MIDDLE_DOT[bool(bold)] if ch == "·"
+               else 838 if ch in "→×" else 1000)
+    return em * size / 1000
+
+
+def _fit(s, max_px: float, size: float = 12, bold: bool = False) -> str:
+    """s shortened with an ellipsis to at most max_px at that size."""
+    s = str(s)
+    if text_px(s, size, bold) <= max_px:
+        return s
+    while s and text_px(s + "…", size, bold) > max_px:
+        s = s[:-1]
+    return s.rstrip() + "…"
+
+
+def _wrap(s, max_px: float, *, size: float = 12, bold: bool = False, lines: int = 2) -> list[str]:
+    """s broken into at most `lines` lines of max_px, at spaces (a " · " stays at the end of its line;
+    a word longer than a line is broken inside); what the last line cannot hold is cut with "…"."""
+    words: list[str] = []
+    for w in str(s).split(" "):
+        if words and w in ("·", "→", "|"):
+            words[-1] += " " + w
+        elif w:
+            words.append(w)
+    out: list[str] = []
+    while words and len(out) < lines:
+        line = words.pop(0)
+        while text_px(line, size, bold) > max_px and len(out) < lines - 1:  # a word wider than a line
+            cut = next((i for i in range(len(line) - 1, 0, -1) if text_px(line[:i], size, bold) <= max_px), 1)
+            out.append(line[:cut])
+            line = line[cut:]
+        while words and text_px(f"{line} {words[0]}", size, bold) <= max_px:
+            line += " " + words.pop(0)
+        out.append(line)
+    if words or (out and text_px(out[-1], size, bold) > max_px):
+        out[-1] = _fit(" ".join([out[-1], *words]), max_px, size, bold)  # the next word did not fit: cut
+    return out or [""]
+
+
+def _label(x: float, y: float, s, max_px: float, *, lines: int = 1, line_h: float | None = None, **kw) -> str:
+    """A label of at most `lines` lines of max_px from y down (one <tspan> a line): wrapped at
+    spaces, the rest cut with "…"; a cut label keeps its full text in a <title> (hover) and in
+    data-full (for a reader or a test)."""
+    size, bold = kw.get("size") or 12, bool(kw.get("weight"))
+    shown = _wrap(s, max_px, size=size, bold=bold, lines=lines)
+    cut = " ".join(shown) != " ".join(str(s).split())
+    if len(shown) == 1:
+        el = _text(x, y, shown[0], **kw)
+    else:
+        step = line_h or size + 3
+        spans = "".join(f'<tspan x="{_coord(x)}" y="{_coord(y + i * step)}">{_esc(line)}</tspan>'
+                        for i, line in enumerate(shown))
+        el = _text(x, y, "", **kw).replace("></text>", f">{spans}</text>")
+    if not cut:
+        return el
+    return el.replace("<text ", f'<text data-full="{_esc(s)}" ', 1).replace("</text>", f"<title>{_esc(s)}</title></text>")
+
+
+def line_count(s, max_px: float, *, size: float = 12, bold: bool = False, lines: int = 2) -> int:
+    """How many lines _label draws s in."""
+    return len(_wrap(s, max_px, size=size, bold=bold, lines=lines))
+
+
+NOTE_LINE = 15    # a note's lines (size 11), wrapped to two
+
+
+def _notes(x: float, y: float, notes: Sequence[str], max_px: float, cls: str) -> tuple[list[str], float]:
+    """Muted notes from baseline y down, each wrapped to two lines: the elements and the height they take."""
+    out, h = [], 0.0
+    for note in notes:
+        out.append(_label(x, y + h, note, max_px, lines=2, line_h=NOTE_LINE, size=11, fill=MUTED, cls=cls))
+        h += NOTE_LINE * line_count(note, max_px, size=11) + 3
+    return out, h
+
+
+TITLE_LINE = 18   # a wrapped title's second line, and how far it moves the chart down
+
+
 def _open(width: int, height: int, title: str, desc: str, kind: str) -> list[str]:
+    """The <svg> with its title, description and background; the title wraps to two lines (cut
+    after that, whole in <title>), moving the plot below it down. The plot is a group that
+    _close ends."""
+    lines = _wrap(title, width - 24, size=14, bold=True, lines=2)
+    extra = TITLE_LINE * (len(lines) - 1)
+    total = math.ceil(height + extra)
+    heading = "".join(f'<tspan x="12" y="{20 + TITLE_LINE * i}">{_esc(line)}</tspan>' for i, line in enumerate(lines))
     return [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart chart-{_esc(kind)}" data-chart="{_esc(kind)}" '
-            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+            f'viewBox="0 0 {width} {total}" width="{width}" height="{total}" role="img" '
             f'font-family="{_esc(FONT)}" font-size="12" fill="{INK}">',
             f"<title>{_esc(title)}</title>", f"<desc>{_esc(desc)}</desc>",
-            f'<rect class="bg" x="0" y="0" width="{width}" height="{height}" fill="{BG}"/>',
-            # 14 px bold: about 8.6 px a character; the whole title is in <title> above
-            f'<text x="12" y="20" font-size="14" font-weight="600">{_esc(_fit(title, width - 28, 8.6))}</text>']
+            f'<rect class="bg" x="0" y="0" width="{width}" height="{total}" fill="{BG}"/>',
+            f'<text class="chart-title" x="12" y="20" font-size="14" font-weight="600">{heading}</text>',
+            f'<g class="plot" transform="translate(0 {extra})">' if extra else '<g class="plot">']
 
 
 def _close(parts: list[str]) -> str:
+    parts.append("</g>")
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -141,23 +252,6 @@ def _text(x: float, y: float, s, *, anchor: str = "start", size: int | None = No
     return f"<text {' '.join(attrs)}>{_esc(s)}</text>"
 
 
-def _fit(s, max_px: float, px_per_char: float = 7.2) -> str:
-    """s shortened with an ellipsis to about max_px of 12 px text (a character ~7 px)."""
-    s = str(s)
-    room = max(int(max_px / px_per_char), 4)
-    return s if len(s) <= room else s[:room - 1].rstrip() + "…"
-
-
-def _label(x: float, y: float, s, max_px: float, **kw) -> str:
-    """A label that fits max_px: ellipsised when longer, the full text in a <title> (hover) and in
-    data-full (the text of a cut label is still there for a reader or a test)."""
-    short = _fit(s, max_px, 6.2 if not kw.get("weight") else 7.2)
-    if short == str(s):
-        return _text(x, y, s, **kw)
-    el = _text(x, y, short, **kw)
-    return el.replace("<text ", f'<text data-full="{_esc(s)}" ', 1).replace("</text>", f"<title>{_esc(s)}</title></text>")
-
-
 def _empty(parts: list[str], width: int, height: int, message: str) -> str:
     parts.append(_text(width / 2, height / 2, message, anchor="middle", fill=MUTED, cls="empty"))
     return _close(parts)
@@ -170,10 +264,10 @@ def _y_axis(parts: list[str], ticks: Sequence[float], y_of, x0: float, x1: float
         parts.append(f'<line x1="{_coord(x0)}" y1="{_coord(y)}" x2="{_coord(x1)}" y2="{_coord(y)}" stroke="{GRID}"/>')
         parts.append(_text(x0 - 6, y + 4, fmt_tick(t), anchor="end", size=11, fill=MUTED))
     if label:
-        # The rotated title sits left of the widest tick label (6.2 px a character at size 11, as
-        # _fit measures; its descenders reach ~3 px right of its baseline): at x=14 it overlapped
-        # labels like "0.00345". Where even the margin's edge is too close, it goes above the axis.
-        widest = max((len(fmt_tick(t)) for t in ticks), default=0) * 6.2
+        # The rotated title sits left of the widest tick label (its descenders reach ~3 px right of
+        # its baseline): at x=14 it overlapped labels like "0.00345". Where even the margin's edge
+        # is too close, it goes above the axis.
+        widest = max((text_px(fmt_tick(t), 11) for t in ticks), default=0)
         x = min(14.0, x0 - 6 - widest - 5)
         if x >= 10:  # the glyphs' cap height (~8 px) stays inside the image
             parts.append(_text(x, (top + bottom) / 2, label, anchor="middle", size=11, fill=MUTED, rotate=-90))
@@ -229,18 +323,36 @@ def _fences(x: np.ndarray) -> tuple[float, float]:
     return min(q1 - 3 * iqr, p10), max(q3 + 3 * iqr, p90)
 
 
+LABEL_LINES, LABEL_LINE_H = 3, 14   # an arm's name under its violin: wrapped to this many lines
+
+
 def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: str = "Latency distribution",
-                       unit: str = "ms", width: int = 640, height: int = 300) -> str:
+                       unit: str = "ms", width: int = 640, height: int = 300, emulated: str | None = None,
+                       left_out: Sequence[str] = ()) -> str:
     """Violin per arm (kernel density, each violin scaled to its own peak), with the p10..p90
     box, the median as a white bar and n under each; samples beyond the far-out fences are
-    counted at the axis edge (the statistics include them). ``arms``: ``[(label, samples), ...]``."""
+    counted at the axis edge (the statistics include them). ``arms``: ``[(label, samples), ...]``,
+    measured ones only: an emulator's times are no latency, so they never share this axis.
+    ``emulated``: what ran every arm (nothing is drawn, the chart says so); ``left_out``: lines
+    under the chart naming what was not drawn and why."""
     data = [(str(label), np.sort(_finite(samples))) for label, samples in arms]  # sorted once: every quantile is O(1)
     desc = "; ".join(f"{lab}: n={x.size}" + (f", median {fmt(_sorted_percentile(x, 50))} {unit}, p10 "
                                              f"{fmt(_sorted_percentile(x, 10))}, p90 {fmt(_sorted_percentile(x, 90))}"
                                              if x.size else "")
                      for lab, x in data) or "no arms"
-    parts = _open(width, height, title, f"Violin plot of per-iteration latency in {unit}. {desc}.", "distribution")
+    if left_out:
+        desc += "; not drawn: " + "; ".join(map(str, left_out))
     drawn = [(lab, x) for lab, x in data if x.size]
+    height = height if drawn else 90   # only a sentence to show
+    slot = (width - 64 - 12) / max(len(data), 1)
+    lines = max([line_count(lab, slot - 10, bold=True, lines=LABEL_LINES) for lab, _ in data] + [1])
+    below = LABEL_LINE_H * (lines - 1)   # the plot keeps its height; wrapped names make the chart taller
+    notes, notes_h = _notes(12, (height + below if drawn else height) + 8, left_out, width - 24, "left-out")
+    parts = _open(width, (height + below if drawn else height) + int(notes_h), title,
+                  f"Violin plot of per-iteration latency in {unit}. {desc}.", "distribution")
+    parts += notes
+    if emulated and not drawn:
+        return _empty(parts, width, height, f"emulated ({_fit(emulated, 300)}): no latency figures")
     if not drawn:
         return _empty(parts, width, height, "no latency samples")
     left, right, top, bottom = 64, 12, 40, height - 40
@@ -255,15 +367,15 @@ def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: st
         return bottom - (v - lo_ax) / (hi_ax - lo_ax) * (bottom - top)
 
     _y_axis(parts, ticks, y_of, left, width - right, f"latency ({unit})", top, bottom)
-    slot = (width - left - right) / len(data)
     half = min(slot * 0.42, 90)
     grid = np.linspace(lo_ax, hi_ax, 96)
     for i, (label, x) in enumerate(data):
         cx = left + slot * (i + 0.5)
         colour = ARM_COLOURS[i % len(ARM_COLOURS)]
         parts.append(f'<g class="arm" data-label="{_esc(label)}" data-n="{x.size}">')
-        parts.append(_label(cx, bottom + 16, label, slot - 10, anchor="middle", weight="600"))
-        parts.append(_text(cx, bottom + 30, f"n={x.size}", anchor="middle", size=11, fill=MUTED))
+        parts.append(_label(cx, bottom + 16, label, slot - 10, lines=LABEL_LINES, line_h=LABEL_LINE_H,
+                            anchor="middle", weight="600"))
+        parts.append(_text(cx, bottom + 30 + below, f"n={x.size}", anchor="middle", size=11, fill=MUTED))
         if not x.size:
             parts.append(_text(cx, (top + bottom) / 2, "no samples", anchor="middle", fill=MUTED))
             parts.append("</g>")
@@ -303,8 +415,10 @@ def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: st
         parts.append(f'<line class="median" x1="{_coord(cx - bw)}" y1="{_coord(y_of(med))}" x2="{_coord(cx + bw)}" '
                      f'y2="{_coord(y_of(med))}" stroke="#fff" stroke-width="2.5"><title>{_esc(tip)}</title></line>')
         w_med = float(np.interp(med, inside, w)) if drew_violin else 3.0
-        lx = cx + max(w_med, bw / 2) + 6  # beside the violin at the median's height, not on it
-        parts.append(_text(lx, y_of(med) + 4, fmt(med), size=11, cls="median-label").replace(
+        beside = max(w_med, bw / 2) + 6  # beside the violin at the median's height, not on it
+        right_side = cx + beside + text_px(fmt(med), 11) <= min(cx + slot / 2, width - 2)
+        parts.append(_text(cx + beside if right_side else cx - beside, y_of(med) + 4, fmt(med), size=11,
+                           anchor="start" if right_side else "end", cls="median-label").replace(
             "<text ", '<text paint-order="stroke" stroke="#fff" stroke-width="3" stroke-linejoin="round" ', 1))
         parts.append("</g>")
     return _close(parts)
@@ -312,52 +426,90 @@ def distribution_chart(arms: Sequence[tuple[str, Iterable[float]]], *, title: st
 
 # --- stacked category bars -----------------------------------------------------------------
 
-def category_bars(arms: Sequence[tuple[str, Mapping[str, float]]], *, title: str = "Where the time goes",
-                  unit: str = "ms", width: int = 640, height: int | None = None) -> str:
-    """One horizontal stacked bar per arm, the five categories in ms per iteration, all bars on
-    one scale (a shorter bar is a faster arm). ``arms``: ``[(label, {category: ms}), ...]``;
-    categories missing from a dict count 0, unknown keys are ignored."""
+def _category_rows(arms: Sequence[tuple[str, Mapping[str, float]]]) -> list[tuple[str, dict[str, float], float]]:
     rows = []
     for label, cats in arms:
         vals = {c: max(_num((cats or {}).get(c)) or 0.0, 0.0) for c in CATEGORIES}
         rows.append((str(label), vals, sum(vals.values())))
-    bar_h, gap = 24, 14
-    label_w = min(260, max([60] + [int(7.5 * len(lab)) + 24 for lab, _, _ in rows]))
-    height = height or 34 + max(len(rows), 1) * (bar_h + gap) + 32
+    return rows
+
+
+def category_bars(arms: Sequence[tuple[str, Mapping[str, float]]], *, title: str = "Where the time goes",
+                  unit: str = "ms", width: int = 640, height: int | None = None,
+                  emulated: Sequence[tuple[str, Mapping[str, float]]] = (), emulator: str | None = None) -> str:
+    """One horizontal stacked bar per arm, the five categories in ms per iteration, all bars on
+    one scale (a shorter bar is a faster arm). ``arms``: ``[(label, {category: ms}), ...]``;
+    categories missing from a dict count 0, unknown keys are ignored. ``emulated``: arms an
+    emulator (``emulator``) ran, in the same form: an emulator's time is no CPU's, so they get a
+    panel of their own, each category as a share of its arm (every bar full width, no ms)."""
+    rows, shares = _category_rows(arms), [r for r in _category_rows(emulated) if r[2] > 0]
+    bar_h, gap, line_h = 24, 14, 13
+    label_w = min(int(width * 0.4), max([60] + [int(text_px(lab, bold=True)) + 24 for lab, _, _ in rows + shares]))
+    what = f"emulated by {emulator}" if emulator else "emulated"
+    note, heading = _notes(12, 0, [f"{what[:1].upper()}{what[1:]}: each category's share of the emulator's time, "
+                                   "no timing (an emulator's time is no CPU's)"] if shares else [], width - 24,
+                           "panel-note")
+    heading += 8 if shares else 0
+    height = height or 34 + max(len(rows) + len(shares), 1) * (bar_h + gap) + heading + 32
     desc = "; ".join(f"{lab}: " + ", ".join(f"{c} {fmt(v[c])} {unit}" for c in CATEGORIES) + f" (total {fmt(t)})"
-                     for lab, v, t in rows) or "no arms"
+                     for lab, v, t in rows) or "no measured arms"
+    if shares:
+        desc += "; emulated, shares of the emulator's time: " + "; ".join(
+            f"{lab}: " + ", ".join(f"{c} {100 * v[c] / t:.0f}%" for c in CATEGORIES) for lab, v, t in shares)
     parts = _open(width, height, title, f"Stacked bars of mean {unit} per iteration by operator category. {desc}.",
                   "categories")
     biggest = max([t for _, _, t in rows] + [0.0])
-    if not rows or biggest <= 0:
+    if biggest <= 0 and not shares:
         return _empty(parts, width, height, "no category timings")
     x0, x1 = label_w, width - 86
-    scale = (x1 - x0) / biggest
     y = 34.0
-    for label, vals, total in rows:
-        parts.append(f'<g class="bar" data-label="{_esc(label)}" data-total="{total!r}">')
-        parts.append(_label(x0 - 8, y + bar_h / 2 + 4, label, x0 - 16, anchor="end", weight="600"))
+
+    def bar(label: str, vals: dict[str, float], total: float, scale: float, emulated_arm: bool) -> None:
+        nonlocal y
+        data = 'data-emulated="yes"' if emulated_arm else f'data-emulated="no" data-total="{total!r}"'
+        parts.append(f'<g class="bar" data-label="{_esc(label)}" {data}>')
+        n = line_count(label, x0 - 16, bold=True)
+        first = y + bar_h / 2 + 4 - (n - 1) * line_h / 2
+        parts.append(_label(x0 - 8, first, label, x0 - 16, lines=2, line_h=line_h, anchor="end", weight="600"))
         x = x0
         for c in CATEGORIES:
             w = vals[c] * scale
             share = vals[c] / total if total > 0 else 0.0
             if w > 0:
-                parts.append(f'<rect class="segment" data-category="{_esc(c)}" data-ms="{vals[c]!r}" x="{_coord(x)}" '
+                value = (f'data-share="{share!r}"' if emulated_arm else f'data-ms="{vals[c]!r}"')
+                tip = (f"{label} · {c}: {100 * share:.1f}% of the emulator's time" if emulated_arm
+                       else f"{label} · {c}: {fmt(vals[c])} {unit} ({100 * share:.1f}%)")
+                parts.append(f'<rect class="segment" data-category="{_esc(c)}" {value} x="{_coord(x)}" '
                              f'y="{_coord(y)}" width="{_coord(max(w, 0.5))}" height="{bar_h}" fill="{CATEGORY_COLOURS[c]}">'
-                             f"<title>{_esc(f'{label} · {c}: {fmt(vals[c])} {unit} ({100 * share:.1f}%)')}</title></rect>")
+                             f"<title>{_esc(tip)}</title></rect>")
                 if w > 44:
                     parts.append(_text(x + w / 2, y + bar_h / 2 + 4, f"{100 * share:.0f}%", anchor="middle", size=11,
                                        fill="#fff"))
             x += w
-        parts.append(_text(x + 6, y + bar_h / 2 + 4, f"{fmt(total)} {unit}", size=11, fill=MUTED))
+        if not emulated_arm:
+            parts.append(_text(x + 6, y + bar_h / 2 + 4, f"{fmt(total)} {unit}", size=11, fill=MUTED))
         parts.append("</g>")
         y += bar_h + gap
+
+    if rows:
+        parts.append('<g class="panel" data-axis="ms">')
+        for label, vals, total in rows:
+            bar(label, vals, total, (x1 - x0) / biggest if biggest > 0 else 0.0, False)
+        parts.append("</g>")
+    if shares:
+        parts.append(f'<g class="panel" data-axis="share" data-emulated="yes"><g transform="translate(0 {_coord(y + 8)})">')
+        parts += note
+        parts.append("</g>")
+        y += heading
+        for label, vals, total in shares:
+            bar(label, vals, total, (x1 - x0) / total, True)
+        parts.append("</g>")
     lx, ly = 12.0, height - 16
     for c in CATEGORIES:
         parts.append(f'<rect class="legend-swatch" x="{_coord(lx)}" y="{_coord(ly - 10)}" width="10" height="10" rx="2" '
                      f'fill="{CATEGORY_COLOURS[c]}"/>')
         parts.append(_text(lx + 14, ly, c, size=11))
-        lx += 14 + 7 * len(c) + 18
+        lx += 14 + text_px(c, 11) + 18
     return _close(parts)
 
 
@@ -367,60 +519,73 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
                 title: str = "Verdicts: ratio and 95% interval", width: int = 720,
                 empty: str = "no comparisons") -> str:
     """One row per comparison: ``{"label", "ratio" (baseline/candidate, > 1: candidate faster),
-    "ci_low", "ci_high", "verdict", "sentence"?}`` on a log axis with 1 marked and the
-    minimum-effect band [1/(1+m), 1+m] shaded. A row without an interval shows its point only;
-    one without a ratio says "no ratio" (its verdict, e.g. insufficient data, in words)."""
+    "ci_low", "ci_high", "verdict", "sentence"?, "note"?, "emulated"?}`` on a log axis with 1 marked
+    and the minimum-effect band [1/(1+m), 1+m] shaded. A row without an interval shows its point
+    only; one without a ratio says its ``note`` (default "no ratio") and its verdict in words (an
+    emulated comparison: "no speed verdict"). Without any ratio no axis is drawn."""
     rows = list(rows)
-    row_h = 30
-    height = 46 + max(len(rows), 1) * row_h + 34
+    if not rows:  # nothing to read a ratio from: only say why
+        height = 46 + 30 + 34
+        return _empty(_open(width, height, title, f"{empty}.", "verdicts"), width, height, empty)
+    label_w = min(int(width * 0.34), max([80] + [int(text_px(r.get("label", ""), bold=True)) + 24 for r in rows]))
+    axis = any((_num(r.get("ratio")) or 0) > 0 for r in rows)
+    x0 = label_w
+    x1 = width - 320 if axis else x0   # no ratio to place: the words right beside the labels
+    lines = max(line_count(r.get("label", ""), x0 - 16, bold=True) for r in rows)
+    row_h, line_h = (30, 13) if lines == 1 else (36, 13)
     band = None
     if min_effect is not None and _num(min_effect) is not None and 0 < min_effect < 1:
         band = (1.0 / (1.0 + min_effect), 1.0 + min_effect)
-    if not rows:  # nothing to read a ratio from: only say why
-        return _empty(_open(width, height, title, f"{empty}.", "verdicts"), width, height, empty)
-    desc = "; ".join(f"{r.get('label')}: ratio {fmt(_num(r.get('ratio')))} [{fmt(_num(r.get('ci_low')))}, "
-                     f"{fmt(_num(r.get('ci_high')))}] {r.get('verdict') or ''}" for r in rows)
-    parts = _open(width, height, title, "Forest plot of ratios baseline/candidate (above 1: the candidate is faster)"
-                  + (f", minimum effect {100 * min_effect:g}% shaded" if band else "") + f". {desc}.", "verdicts")
     vals = [1.0] + (list(band) if band else [])
     for r in rows:
         vals += [v for v in (_num(r.get("ratio")), _num(r.get("ci_low")), _num(r.get("ci_high"))) if v and v > 0]
+    top = 40
+    bottom = top + len(rows) * row_h
+    height = bottom + (40 if axis else 6)
+    desc = "; ".join(f"{r.get('label')}: " + (f"ratio {fmt(_num(r.get('ratio')))} [{fmt(_num(r.get('ci_low')))}, "
+                                              f"{fmt(_num(r.get('ci_high')))}] " if (_num(r.get("ratio")) or 0) > 0
+                                              else f"{r.get('note') or 'no ratio'}, ")
+                     + str(r.get("verdict") or "") for r in rows)
+    parts = _open(width, height, title, ("Forest plot of ratios baseline/candidate (above 1: the candidate is faster)"
+                                         + (f", minimum effect {100 * min_effect:g}% shaded" if band and axis else "")
+                                         if axis else "Comparisons without a ratio") + f". {desc}.", "verdicts")
     lo, hi = math.log(min(vals)), math.log(max(vals))
     span = max(hi - lo, math.log(1.1))
     lo, hi = lo - 0.08 * span, hi + 0.08 * span
-    label_w = min(240, max([80] + [int(7.5 * len(str(r.get("label", "")))) + 24 for r in rows]))
-    x0, x1 = label_w, width - 320
-    top = 40
 
     def x_of(v: float) -> float:
         return x0 + (math.log(v) - lo) / (hi - lo) * (x1 - x0)
 
-    bottom = top + len(rows) * row_h
-    if band:
-        parts.append(f'<rect class="min-effect" x="{_coord(x_of(band[0]))}" y="{top}" width="{_coord(x_of(band[1]) - x_of(band[0]))}" '
-                     f'height="{bottom - top}" fill="#eceef2"><title>{_esc(f"minimum effect {100 * min_effect:g}%: differences inside are not claimed")}</title></rect>')
-    candidates = [0.1, 0.2, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 5, 10, 20, 50]
-    ticks = [t for t in candidates if lo <= math.log(t) <= hi]
-    min_px = 34.0  # drop ticks that would overlap, keeping 1
-    kept: list[float] = []
-    for t in sorted(ticks, key=lambda t: (t != 1.0, abs(math.log(t)))):
-        if all(abs(x_of(t) - x_of(k)) >= min_px for k in kept):
-            kept.append(t)
-    for t in sorted(kept):
-        x = x_of(t)
-        parts.append(f'<line x1="{_coord(x)}" y1="{top}" x2="{_coord(x)}" y2="{bottom}" stroke="{INK if t == 1.0 else GRID}"'
-                     + (' stroke-dasharray="3 3"' if t == 1.0 else "") + "/>")
-        parts.append(_text(x, bottom + 14, f"{t:g}", anchor="middle", size=11, fill=MUTED))
-    parts.append(_text((x0 + x1) / 2, bottom + 28, "ratio baseline / candidate (log scale; > 1: candidate faster)",
-                       anchor="middle", size=11, fill=MUTED))
+    if axis:
+        if band:
+            parts.append(f'<rect class="min-effect" x="{_coord(x_of(band[0]))}" y="{top}" width="{_coord(x_of(band[1]) - x_of(band[0]))}" '
+                         f'height="{bottom - top}" fill="#eceef2"><title>{_esc(f"minimum effect {100 * min_effect:g}%: differences inside are not claimed")}</title></rect>')
+        candidates = [0.1, 0.2, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 5, 10, 20, 50]
+        ticks = [t for t in candidates if lo <= math.log(t) <= hi]
+        min_px = 34.0  # drop ticks that would overlap, keeping 1
+        kept: list[float] = []
+        for t in sorted(ticks, key=lambda t: (t != 1.0, abs(math.log(t)))):
+            if all(abs(x_of(t) - x_of(k)) >= min_px for k in kept):
+                kept.append(t)
+        for t in sorted(kept):
+            x = x_of(t)
+            parts.append(f'<line x1="{_coord(x)}" y1="{top}" x2="{_coord(x)}" y2="{bottom}" stroke="{INK if t == 1.0 else GRID}"'
+                         + (' stroke-dasharray="3 3"' if t == 1.0 else "") + "/>")
+            parts.append(_text(x, bottom + 14, f"{t:g}", anchor="middle", size=11, fill=MUTED))
+        parts.append(_label((x0 + x1) / 2, bottom + 28, "ratio baseline / candidate (log scale; > 1: candidate faster)",
+                            2 * min((x0 + x1) / 2, width - (x0 + x1) / 2) - 8, anchor="middle", size=11, fill=MUTED))
     for i, r in enumerate(rows):
         y = top + row_h * (i + 0.5)
         label, verdict = str(r.get("label", "")), str(r.get("verdict") or "")
         ratio, lo_v, hi_v = _num(r.get("ratio")), _num(r.get("ci_low")), _num(r.get("ci_high"))
         colour = VERDICT_COLOURS.get(verdict, MUTED)
         tip = r.get("sentence") or f"{label}: {verdict}"
-        parts.append(f'<g class="row" data-label="{_esc(label)}" data-verdict="{_esc(verdict)}"><title>{_esc(tip)}</title>')
-        parts.append(_label(x0 - 8, y + 4, label, x0 - 16, anchor="end", weight="600"))
+        emulated = ' data-emulated="yes"' if r.get("emulated") else ""
+        parts.append(f'<g class="row" data-label="{_esc(label)}" data-verdict="{_esc(verdict)}"{emulated}>'
+                     f"<title>{_esc(tip)}</title>")
+        n = line_count(label, x0 - 16, bold=True)
+        parts.append(_label(x0 - 8, y + 4 - (n - 1) * line_h / 2, label, x0 - 16, lines=2, line_h=line_h,
+                            anchor="end", weight="600"))
         if ratio is not None and ratio > 0:
             if lo_v is not None and hi_v is not None and 0 < lo_v <= hi_v:
                 parts.append(f'<line class="interval" x1="{_coord(x_of(lo_v))}" y1="{_coord(y)}" x2="{_coord(x_of(hi_v))}" '
@@ -433,10 +598,10 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
                 ci = "no interval"
             parts.append(f'<rect class="point" x="{_coord(x_of(ratio) - 5)}" y="{_coord(y - 5)}" width="10" height="10" '
                          f'fill="{colour}"/>')
-            parts.append(_text(x1 + 10, y + 4, f"{ratio:.3f} {ci}", size=11))
+            parts.append(_label(x1 + 10, y + 4, f"{ratio:.3f} {ci}", 134, size=11))
         else:
-            parts.append(_text(x1 + 10, y + 4, "no ratio", fill=MUTED, size=11))
-        parts.append(_text(x1 + 148, y + 4, verdict or "—", size=11, fill=colour, weight="600"))
+            parts.append(_label(x1 + 10, y + 4, r.get("note") or "no ratio", 134, fill=MUTED, size=11, cls="note"))
+        parts.append(_label(x1 + 148, y + 4, verdict or "—", width - x1 - 154, size=11, fill=colour, weight="600"))
         parts.append("</g>")
     return _close(parts)
 

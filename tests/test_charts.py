@@ -203,17 +203,36 @@ def test_distribution_axis_ignores_a_tenth_of_outliers_and_labels_sit_beside_the
         assert float(label.get("x")) > max(near), "the median label overlaps the violin"
 
 
-def test_long_labels_are_cut_with_the_full_text_in_a_title():
+def shown_lines(text: ET.Element) -> list[str]:
+    """What a <text> draws: its <tspan> lines, or its own text (never its <title>)."""
+    spans = text.findall(NS + "tspan")
+    return [t.text or "" for t in spans] if spans else [text.text or ""]
+
+
+def test_long_labels_wrap_and_what_does_not_fit_is_cut_with_the_full_text_in_a_title():
     label = "model B · SME2 off · 16 thr · a-very-long-device-serial-number-0123456789"
     dist = parse(charts.distribution_chart([(label, [1.0, 1.1, 1.2, 1.3]), ("b", [1.0]), ("c", [1.0]), ("d", [1.0])]))
-    cut = [t for t in dist.iter(NS + "text") if t.get("data-full") == label]
-    assert cut and cut[0].text.endswith("…") and cut[0].find(NS + "title").text == label
-    assert len(cut[0].text) * 7.2 < (640 - 76) / 4  # fits its slot
+    [cut] = [t for t in dist.iter(NS + "text") if t.get("data-full") == label]
+    lines = shown_lines(cut)
+    assert len(lines) == charts.LABEL_LINES and lines[0].startswith("model B ·") and lines[-1].endswith("…")
+    assert cut.find(NS + "title").text == label
+    slot = (640 - 76) / 4
+    assert all(charts.text_px(line, bold=True) <= slot - 10 for line in lines)  # each line fits its slot
+    # a name that fits two lines is wrapped whole, not cut
+    arm = "SME2 on · qemu-arm64-vm · emulated"
+    dist = parse(charts.distribution_chart([(arm, [1.0, 1.1, 1.2]), ("b", [1.0]), ("c", [1.0]), ("d", [1.0])]))
+    [text] = [t for t in dist.iter(NS + "text") if "".join(t.itertext()).startswith("SME2 on")]
+    assert " ".join(shown_lines(text)) == arm and text.get("data-full") is None
     bars = parse(charts.category_bars([(label, {"GEMM": 1.0})]))
     [cut] = [t for t in bars.iter(NS + "text") if t.get("data-full") == label]
-    assert cut.find(NS + "title").text == label and len(cut.text) < len(label)
+    assert cut.find(NS + "title").text == label and len(" ".join(shown_lines(cut))) < len(label)
     short = parse(charts.category_bars([("SME2 off · 1 thr", {"GEMM": 1.0})]))
     assert "SME2 off · 1 thr" in texts(short)  # what fits is not cut
+
+
+def test_text_width_is_measured_per_character():
+    assert charts.text_px("iiii") < charts.text_px("MMMM") < charts.text_px("MMMM", bold=True)
+    assert charts.text_px("M", 24) == 2 * charts.text_px("M", 12)
 
 
 def test_line_chart_axis_follows_the_medians_not_p90_of_ten_iterations():

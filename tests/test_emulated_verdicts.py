@@ -103,19 +103,30 @@ def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_build
     assert "mulated" not in board_md
 
 
-def test_no_verdict_chart_plots_an_emulated_comparison(arms):
+def test_a_verdict_chart_lists_an_emulated_comparison_without_a_ratio(arms):
     """Both forest plots (an experiment's verdicts, GET /comparisons/chart.svg) take their rows from
-    forest_rows: an emulated comparison has no ratio, so it is no row of a ratio chart."""
+    forest_rows: an emulated comparison is a row saying it has no speed verdict, with no ratio,
+    interval or point; with only such rows the chart draws no ratio axis at all."""
+    import xml.etree.ElementTree as ET
+
     from sme2farm.analysis import charts
     from sme2farm.server.services.charts import forest_rows
 
+    ns = "{http://www.w3.org/2000/svg}"
     off, on = arms
     board = _compare([_run(1, off, BOARD)], [_run(2, on, BOARD)], labels=("SME2 off", "SME2 on"))
     emulated = _compare([_run(3, off, QEMU)], [_run(4, on, QEMU)], labels=("SME2 off", "SME2 on"))
     rows, _ = forest_rows([{**board, "device": "board"}, {**emulated, "device": "qemu"}])
-    assert [r["verdict"] for r in rows] == [board["verdict"]]
+    assert [r["verdict"] for r in rows] == [board["verdict"], "emulated"]
+    assert rows[1]["ratio"] is None and rows[1]["label"].endswith("· emulated") and rows[1]["note"] == "no speed verdict"
     rows, _ = forest_rows([emulated])
-    assert rows == [] and "emulated" not in charts.forest_plot(rows)
+    root = ET.fromstring(charts.forest_plot(rows))
+    [row] = [g for g in root.iter(ns + "g") if g.get("class") == "row"]
+    assert row.get("data-emulated") == "yes" and row.get("data-verdict") == "emulated"
+    shown = " ".join("".join(t.itertext()) for t in row.iter(ns + "text"))
+    assert "no speed verdict" in shown and not [e for e in row.iter() if e.get("class") in ("point", "interval")]
+    drawn = " ".join("".join(t.itertext()) for t in root.iter(ns + "text") if t.get("class") != "chart-title")
+    assert "ratio" not in drawn and not [e for e in root.iter(ns + "line")]   # no axis, no 1 line
 
 
 def test_numerics_left_out_of_an_answer_say_how_to_get_them(arms):

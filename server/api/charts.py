@@ -67,7 +67,7 @@ def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, user: U
     comparisons = [c.model_dump(mode="json", exclude_unset=True) for c in result.comparisons]  # plain, for the chart
     rows, min_effect = chart_service.forest_rows(comparisons, label=label)
     name = chart_service.side_ref
-    return svg(charts.forest_plot(rows, min_effect=min_effect, empty=chart_service.empty_verdicts(comparisons, rows),
+    return svg(charts.forest_plot(rows, min_effect=min_effect,
                                   title=f"{name(result.baseline)} → {name(result.candidate)}: ratio and 95% interval"))
 
 

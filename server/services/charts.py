@@ -4,10 +4,13 @@ The same SVG goes to the dashboard (inserted inline), to `sme2-client report` do
 anyone who GETs it, so every view of an experiment shows one drawing of it.
 
 - ``distribution``: per arm (device x threads x mode x model variant x SME2 setting) the pooled
-  per-iteration latencies of its succeeded runs (all sessions);
-- ``categories``: per arm the mean ms per iteration of each category over its sessions;
+  per-iteration latencies of its succeeded runs (all sessions); an emulated arm is named under
+  the chart, never drawn on the measured axis (an emulator's time is no CPU's);
+- ``categories``: per arm the mean ms per iteration of each category over its sessions; emulated
+  arms in a panel of their own, as shares of the emulator's time (no ms);
 - ``verdicts``: the experiment's comparisons (kind sme2 and kind model) as a forest plot;
-  incomplete ones are listed with their verdict "incomplete" and no ratio;
+  incomplete ones are listed with their verdict "incomplete" and no ratio, emulated ones with
+  "no speed verdict";
 - ``scaling``: speedup against threads (services/scaling.py), one series per device x core mask
   x SME2 setting (x model variant) of every device the view covers, experiments joined with
   ``joined`` (GET ...?with=) included; an emulated device is named under the legend, not drawn.
@@ -57,8 +60,9 @@ def arm_label(key: tuple, varying: set[int], two_models: bool) -> str:
     return " · ".join(parts)
 
 
-def arms(exp: Experiment) -> list[tuple[str, list[Run]]]:
-    """The experiment's arms with at least one succeeded run, in a stable order, labelled."""
+def arms(exp: Experiment) -> list[tuple[str, list[Run], str | None]]:
+    """The experiment's arms with at least one succeeded run, in a stable order, labelled, each
+    with the emulator that ran it (None: hardware)."""
     groups: dict[tuple, list[Run]] = defaultdict(list)
     for r in exp.runs:
         if r.status == RunStatus.succeeded and r.result is not None:
@@ -66,10 +70,9 @@ def arms(exp: Experiment) -> list[tuple[str, list[Run]]]:
     keys = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "off"))
     varying = {i for i in range(5) if len({k[i] for k in keys}) > 1}
     two_models = exp.vs_model_sha256 is not None if hasattr(exp, "vs_model_sha256") else False
-    # An emulator's times are drawn (they show the runs happened) but labelled as the emulator's.
-    return [(arm_label(k, varying, two_models)
-             + (" · emulated" if any(device_service.emulator_of(r.device_snapshot) for r in groups[k]) else ""),
-             groups[k]) for k in keys]
+    return [(arm_label(k, varying, two_models), groups[k],
+             next((e for r in groups[k] if (e := device_service.emulator_of(r.device_snapshot))), None))
+            for k in keys]
 
 
 def _iterations(run: Run) -> list[float]:
@@ -115,7 +118,10 @@ def forest_rows(comparisons: list[dict], *, label=None) -> tuple[list[dict], flo
     label = label or (lambda c: comparison_label(c, len(wheres) > 1))
     rows, min_effect = [], None
     for c in comparisons:
-        if c.get("emulated"):  # no ratio to plot (analysis.compare_emulated): its sentence is shown with it
+        if c.get("emulated"):  # no ratio (analysis.compare_emulated): a row that says so, with its sentence
+            rows.append({"label": f"{label(c)} · emulated", "ratio": None, "ci_low": None, "ci_high": None,
+                         "verdict": "emulated", "note": "no speed verdict", "emulated": True,
+                         "sentence": c.get("sentence")})
             continue
         complete = c.get("status", "complete") == "complete"
         rows.append({"label": label(c), "ratio": c.get("speedup") if complete else None,
@@ -125,11 +131,6 @@ def forest_rows(comparisons: list[dict], *, label=None) -> tuple[list[dict], flo
         if complete and min_effect is None and c.get("min_effect") is not None:
             min_effect = float(c["min_effect"])
     return rows, min_effect
-
-
-def empty_verdicts(comparisons: list[dict], rows: list[dict]) -> str:
-    """What an empty verdict chart says: why it has no row."""
-    return "no speed verdicts: an emulator ran these runs" if comparisons and not rows else "no comparisons"
 
 
 SERIES_SPREAD = "95% interval of the median"
@@ -174,18 +175,28 @@ def series_chart_points(session: Session, *, suite, key: SeriesKey, points: list
 def render(exp: Experiment, name: str) -> str:
     """One chart of a loaded experiment (runs and results loaded)."""
     title_of = f"experiment {exp.id}" + (f" · {exp.name}" if exp.name else "")
+    every = arms(exp)
+    measured = [(label, runs) for label, runs, emulator in every if emulator is None]
+    emulated = [(label, runs, emulator) for label, runs, emulator in every if emulator is not None]
+    emulators = ", ".join(dict.fromkeys(e for _, _, e in emulated)) or None
     if name == "distribution":
+        by_emulator: dict[str, list[str]] = defaultdict(list)
+        for label, _, emulator in emulated:
+            by_emulator[emulator].append(label)
+        left_out = [f"Not drawn, emulated by {emulator} (an emulator's time is no CPU's latency): {', '.join(labels)}"
+                    for emulator, labels in by_emulator.items()] if measured else []
         return charts.distribution_chart([(label, np.concatenate([np.asarray(_iterations(r), dtype=np.float64) for r in runs]))
-                                          for label, runs in arms(exp)],
-                                         title=f"Latency per iteration, {title_of}")
+                                          for label, runs in measured],
+                                         title=f"Latency per iteration, {title_of}", emulated=emulators,
+                                         left_out=left_out)
     if name == "categories":
-        return charts.category_bars([(label, _categories(runs)) for label, runs in arms(exp)],
+        return charts.category_bars([(label, _categories(runs)) for label, runs in measured],
+                                    emulated=[(label, _categories(runs)) for label, runs, _ in emulated],
+                                    emulator=emulators,
                                     title=f"Where the time goes (ms per iteration, 10% trimmed mean), {title_of}")
     if name == "verdicts":
-        comparisons = list(exp.comparisons or [])
-        rows, min_effect = forest_rows(comparisons)   # without emulated comparisons: they have no ratio
-        return charts.forest_plot(rows, min_effect=min_effect, title=f"Verdicts, {title_of}",
-                                  empty=empty_verdicts(comparisons, rows))
+        rows, min_effect = forest_rows(list(exp.comparisons or []))
+        return charts.forest_plot(rows, min_effect=min_effect, title=f"Verdicts, {title_of}")
     raise NotFound(f"no chart {name!r}; charts are {', '.join(NAMES)}")
 
 
