@@ -64,3 +64,42 @@ def test_offline_analyze_through_the_client_entry_point(example_pte, local_runne
     text = subprocess.run([sys.executable, "-m", "sme2farm.client.cli", "analyze", str(tmp_path / "t.etdump")],
                           capture_output=True, text=True, timeout=120)
     assert "PORTABLE" in text.stdout and "Categories" in text.stdout
+
+
+def test_the_wheel_builds_without_setuptools_warnings_and_ships_the_dashboard(tmp_path):
+    """A plain (non-editable) build: setuptools says nothing about packages left out of the
+    configuration (server/static is a data-only package it would otherwise warn about), and the
+    installed wheel finds the dashboard through importlib.resources, every file of server/static."""
+    import shutil
+    import tomllib
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"   # a copy: the repository's own build/ may hold stale files from another build
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    folders = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    for folder in sorted({f.split("/")[0] for f in folders}):
+        shutil.copytree(root / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "build"))
+    built = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; "
+                            f"print(build_meta.build_wheel({str(tmp_path / 'dist')!r}))"],
+                           cwd=src, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    chatter = built.stdout + built.stderr
+    assert "absent from the `packages` configuration" not in chatter and "Package would be ignored" not in chatter, chatter
+    wheel = tmp_path / "dist" / built.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(tmp_path / "site")
+    static = sorted(p.name for p in (root / "server" / "static").iterdir() if p.is_file())
+    probe = subprocess.run([sys.executable, "-c", "import importlib.resources as r, sme2farm; print(sme2farm.__file__); "
+                            "d = r.files('sme2farm.server.static'); "
+                            "print(sorted(p.name for p in d.iterdir() if p.is_file())); "
+                            "print(d.joinpath('index.html').read_text()[:200])"],
+                           cwd="/", env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    where, names, page = probe.stdout.split("\n", 2)
+    assert where.startswith(str(tmp_path / "site")), where   # the wheel's copy, not the editable install
+    assert names == repr(static) and "<html" in page.lower(), probe.stdout
