@@ -18,6 +18,8 @@ by the worker. Public API:
 
 import importlib
 import importlib.util
+import sys
+import types
 
 # name -> the module that defines it: loaded on first use (PEP 562), so importing
 # sme2farm.analysis.types (the report's shape, which sme2farm.protocol serves) loads no numpy.
@@ -49,5 +51,17 @@ def __getattr__(name: str):
     globals()[name] = value
     return value
 
+
+class _Package(types.ModuleType):
+    """compare and verdict name both a function and the module that defines it: the function wins,
+    as when this package imported them eagerly (importing the submodule would set the module)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and _WHERE.get(name) == name:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = list(_WHERE)

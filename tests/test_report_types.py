@@ -70,3 +70,11 @@ def test_the_definition_loads_neither_pydantic_nor_numpy():
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pydantic'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_the_package_names_its_functions_after_their_modules_are_imported():
+    code = ("import sme2farm.analysis.compare, sme2farm.analysis.verdict; "
+            "from sme2farm.analysis import compare, verdict; import sme2farm.analysis as a; "
+            "print(callable(compare), callable(verdict), a.compare is compare, a.numerics.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "True", "sme2farm.analysis.numerics"]
