@@ -358,6 +358,20 @@ def x86_host(serial: str) -> DeviceInfo:
 
 
 X86_HOST = x86_host("host-test")
+BOARD_RUNNERS = [RunnerInfo(id="r-off", platform="linux-arm64", sme2="off")]
+
+
+def board(serial: str) -> DeviceInfo:
+    """A Linux arm64 board without SME2, "Board X" in what users read, that BOARD_RUNNERS serve."""
+    return DeviceInfo(serial=serial, platform="linux", sme2=False, runner_platform="linux-arm64", model="Board X")
+
+
+def register_boards(url: str, name: str, serials: list[str]) -> int:
+    """The agent `name` with a board of each serial and BOARD_RUNNERS, registered and synced through
+    the services (no HTTP); its id."""
+    from _fixtures_services import register_agent
+
+    return register_agent(url, name=name, runners=BOARD_RUNNERS, devices=[board(x) for x in serials])
 
 
 def http_of(target, token: str | None = None) -> tuple[httpx.Client, dict[str, str]]:
@@ -368,14 +382,24 @@ def http_of(target, token: str | None = None) -> tuple[httpx.Client, dict[str, s
     return target.client, target.auth(token)
 
 
-def register(target, devices=(X86_HOST,), runners=X86_RUNNERS, *, name: str = "agent-1", hostname: str = "lab",
-             token: str | None = None) -> dict:
-    """POST /agent/register as an agent does (the admin token, or a register-scope `token`); the
-    server's answer: access_token, agent_id, refused devices."""
+def post_register(target, devices=(X86_HOST,), runners=X86_RUNNERS, *, name: str = "agent-1", hostname: str = "lab",
+                  token: str | None = None, presented: str | None = None) -> httpx.Response:
+    """POST /agent/register as an agent does (the admin token, or a register-scope `token`),
+    presenting the access token `presented` as an agent that has one does. The answer, whatever it is."""
+    from sme2farm.protocol.agents import AGENT_TOKEN_HEADER
+
     http, headers = http_of(target, token)
     body = {"name": name, "hostname": hostname, "devices": [d.model_dump(mode="json") for d in devices],
             "runners": [r.model_dump(mode="json") for r in runners]}
-    r = http.post("/agent/register", json=body, headers=headers)
+    if presented:
+        headers = {**headers, AGENT_TOKEN_HEADER: presented}
+    return http.post("/agent/register", json=body, headers=headers)
+
+
+def register(target, devices=(X86_HOST,), runners=X86_RUNNERS, **who) -> dict:
+    """An accepted registration (post_register's keywords): the server's answer, access_token,
+    agent_id, refused devices."""
+    r = post_register(target, devices, runners, **who)
     assert r.status_code == 200, r.text
     return r.json()
 

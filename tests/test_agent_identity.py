@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from _fixtures_farm import X86_RUNNERS, dispatch, register, submit, x86_host
+from _fixtures_farm import dispatch, post_register, register, submit, x86_host
 from sme2farm.protocol.agents import AGENT_TOKEN_HEADER
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, utcnow
@@ -30,14 +30,6 @@ def mint(api, scope: str, name: str) -> str:
     return r.json()["token"]
 
 
-def _register(api, token: str, *, name: str = "victim", hostname: str = "h1", presented: str | None = None,
-              devices=(HOST,)) -> httpx.Response:
-    body = {"name": name, "hostname": hostname, "devices": [d.model_dump(mode="json") for d in devices],
-            "runners": [r.model_dump(mode="json") for r in X86_RUNNERS]}
-    headers = {**api.auth(token), **({AGENT_TOKEN_HEADER: presented} if presented else {})}
-    return api.client.post("/agent/register", json=body, headers=headers)
-
-
 def _claim(api, token: str) -> httpx.Response:
     return api.client.post("/agent/claim", params={"wait": 0}, headers=api.auth(token))
 
@@ -47,11 +39,13 @@ def test_a_live_agent_is_not_taken_over_by_a_register_token(api, pte):
     victim = register(api, (HOST,), name="victim", hostname="h1", token=reg)
     exp = submit(api, pte)
     assert dispatch(api)
-    r = _register(api, reg)                             # same name and host, no token of the victim's
+    # same name and host, no token of the victim's
+    r = post_register(api, (HOST,), name="victim", hostname="h1", token=reg)
     assert r.status_code == 409, r.text
     assert r.json()["reason"] == "agent_live" and AGENT_TOKEN_HEADER in r.json()["message"]
     assert "h1" not in r.text and HOST.serial not in r.text   # nothing of the victim's
-    r = _register(api, reg, presented="sme2_" + "x" * 40)   # a guessed token is no better
+    r = post_register(api, (HOST,), name="victim", hostname="h1", token=reg,
+                      presented="sme2_" + "x" * 40)   # a guessed token is no better
     assert r.status_code == 409, r.text
     # The victim works on: its token, its run.
     [assignment] = _claim(api, victim["access_token"]).json()
@@ -64,7 +58,7 @@ def test_a_live_agent_is_not_taken_over_by_a_register_token(api, pte):
 def test_the_agent_itself_re_registers_with_its_token_and_keeps_it(api):
     reg = mint(api, "register", "lab-registrar")
     first = register(api, (HOST,), name="lab", hostname="h2", token=reg)
-    again = _register(api, reg, name="lab", hostname="h2", presented=first["access_token"])
+    again = post_register(api, (HOST,), token=reg, name="lab", hostname="h2", presented=first["access_token"])
     assert again.status_code == 200, again.text
     assert again.json()["agent_id"] == first["agent_id"]
     assert again.json()["access_token"] == first["access_token"]
@@ -75,15 +69,15 @@ def test_a_retried_registration_keeps_the_token_the_agent_proposed(api):
     """The agent proposes its token before it asks: the answer of the first try lost, the retry
     presents the same token and is the same agent."""
     proposed = "sme2_proposed-by-the-agent-0123456789abcdef"
-    first = _register(api, api.token, name="retry", hostname="h3", presented=proposed)
+    first = post_register(api, (HOST,), name="retry", hostname="h3", presented=proposed)
     assert first.status_code == 200 and first.json()["access_token"] == proposed
-    retry = _register(api, api.token, name="retry", hostname="h3", presented=proposed)
+    retry = post_register(api, (HOST,), name="retry", hostname="h3", presented=proposed)
     assert retry.status_code == 200 and retry.json()["agent_id"] == first.json()["agent_id"]
     assert retry.json()["access_token"] == proposed
     # A token that is someone else's is never adopted: a fresh one is minted for a new agent.
-    other = _register(api, api.token, name="other", hostname="h4", presented=api.token)
+    other = post_register(api, (HOST,), name="other", hostname="h4", presented=api.token)
     assert other.status_code == 200 and other.json()["access_token"] != api.token
-    short = _register(api, api.token, name="short", hostname="h5", presented="sme2_short")
+    short = post_register(api, (HOST,), name="short", hostname="h5", presented="sme2_short")
     assert short.status_code == 200 and short.json()["access_token"] != "sme2_short"
 
 
@@ -94,7 +88,7 @@ def test_a_dead_agents_name_and_host_register_again(api):
     with session_scope(api.settings.sqlalchemy_url) as s:
         s.execute(update(Agent).where(Agent.id == old["agent_id"])
                   .values(last_seen=utcnow() - timedelta(seconds=api.settings.agent_offline_s + 5)))
-    new = _register(api, api.token, name="dead", hostname="h6")
+    new = post_register(api, (HOST,), name="dead", hostname="h6")
     assert new.status_code == 200, new.text
     assert new.json()["agent_id"] == old["agent_id"] and new.json()["access_token"] != old["access_token"]
     assert _claim(api, old["access_token"]).status_code == 401

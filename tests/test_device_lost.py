@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from sme2farm.protocol import DeviceInfo, ExperimentReport, ExperimentSpec, RunnerInfo, RunStatus
+from sme2farm.protocol import ExperimentReport, ExperimentSpec, RunStatus
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, Device, Run, as_utc, utcnow
 from sme2farm.server.services import devices as device_service
@@ -20,18 +20,10 @@ from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 
-from _fixtures_services import NO_OUTPUTS, register_agent, submit_experiment
+from _fixtures_farm import register_boards
+from _fixtures_services import NO_OUTPUTS, submit_experiment
 
 LOST_S = 300.0
-RUNNERS = [RunnerInfo(id="r-off", platform="linux-arm64", sme2="off")]
-
-
-def _device(serial: str) -> DeviceInfo:
-    return DeviceInfo(serial=serial, platform="linux", sme2=False, runner_platform="linux-arm64", model="Board X")
-
-
-def _register(url: str, name: str, serials: list[str]) -> int:
-    return register_agent(url, name=name, runners=RUNNERS, devices=[_device(x) for x in serials])
 
 
 def _submit(url: str, **spec) -> tuple[int, list[str]]:
@@ -66,7 +58,7 @@ def _report(url: str, exp_id: int) -> ExperimentReport:
 
 
 def test_queued_runs_of_a_device_offline_past_the_bound_end_unschedulable_naming_it(db_url):
-    _register(db_url, "a1", ["gone", "near", "fine"])
+    register_boards(db_url, "a1", ["gone", "near", "fine"])
     exp_id, warnings = _submit(db_url)
     assert warnings == []
     _offline_since(db_url, "gone", LOST_S + 60)   # past the bound
@@ -97,12 +89,12 @@ def test_queued_runs_of_a_device_offline_past_the_bound_end_unschedulable_naming
 
 
 def test_a_device_that_comes_back_before_the_bound_is_served(db_url):
-    _register(db_url, "a1", ["back"])
+    register_boards(db_url, "a1", ["back"])
     exp_id, _ = _submit(db_url)
     _offline_since(db_url, "back", LOST_S - 30)
     with session_scope(db_url) as s:  # nothing is dispatched to an offline device
         assert run_service.dispatch(s, lease_s=60) == []
-    _register(db_url, "a1", ["back"])  # its agent reports it again: online, the stamp cleared
+    register_boards(db_url, "a1", ["back"])  # its agent reports it again: online, the stamp cleared
     with session_scope(db_url) as s:
         d = s.scalars(select(Device)).one()
         assert (d.state, d.offline_since) == ("idle", None)
@@ -115,7 +107,7 @@ def test_a_device_that_comes_back_before_the_bound_is_served(db_url):
 
 
 def test_every_run_of_the_experiment_ended_completes_it(db_url):
-    _register(db_url, "a1", ["only"])
+    register_boards(db_url, "a1", ["only"])
     exp_id, _ = _submit(db_url)
     _offline_since(db_url, "only", LOST_S + 1)
     assert len(_reap(db_url)) == 2
@@ -123,7 +115,7 @@ def test_every_run_of_the_experiment_ended_completes_it(db_url):
 
 
 def test_silent_agents_devices_are_offline_since_it_was_last_heard(db_url):
-    agent_id = _register(db_url, "a1", ["quiet"])
+    agent_id = register_boards(db_url, "a1", ["quiet"])
     heard = utcnow() - timedelta(seconds=LOST_S + 20)
     with session_scope(db_url) as s:
         s.execute(update(Agent).where(Agent.id == agent_id).values(last_seen=heard))
@@ -138,12 +130,12 @@ def test_silent_agents_devices_are_offline_since_it_was_last_heard(db_url):
     # Every agent silent for the whole bound: more likely this side (the API server down, a farm
     # restarted after a stop) than every device gone at once: nothing is ended...
     assert _reap(db_url) == []
-    _register(db_url, "a2", ["other"])  # ... until some agent is heard again
+    register_boards(db_url, "a2", ["other"])  # ... until some agent is heard again
     assert len(_reap(db_url)) == 2
 
 
 def test_a_submission_leaves_a_long_offline_device_out_and_says_so(db_url):
-    _register(db_url, "a1", ["gone", "here"])
+    register_boards(db_url, "a1", ["gone", "here"])
     _offline_since(db_url, "gone", LOST_S + 120)
     exp_id, warnings = _submit(db_url)
     assert len(warnings) == 1 and warnings[0].startswith("device gone (Board X) offline since ")
@@ -165,7 +157,7 @@ def test_a_submission_leaves_a_long_offline_device_out_and_says_so(db_url):
 
 def test_ready_and_metrics_show_devices_offline_with_queued_work(api):
     url = api.settings.sqlalchemy_url
-    _register(url, "a1", ["gone", "idle-one"])
+    register_boards(url, "a1", ["gone", "idle-one"])
     _submit(url, device={"serial": "gone"})
     assert api.client.get("/ready", headers=api.auth()).json()["checks"]["devices_offline_with_work"]["devices"] == []
     _offline_since(url, "gone", 120)
