@@ -145,10 +145,13 @@ def cmd_list(args) -> int:
     if args.json:
         print(page.model_dump_json(indent=2))
         return 0
-    print(f"{'id':>5}  {'status':<11} {'runs':>4}  {'created':<20} {'model':<14} {'owner':<12} name")
+    # The name says what was run: a submission is named after its model file unless --name says
+    # otherwise, a suite's experiment "suite S: MODEL". The model's hash only where there is no name
+    # (the same model's experiments by hash: --json, or `status ID`).
+    print(f"{'id':>5}  {'status':<11} {'runs':>4}  {'created':<20} {'owner':<12} name")
     for e in page.items:
-        print(f"{e.id:>5}  {e.status:<11} {e.runs:>4}  {e.created_at:%Y-%m-%d %H:%M:%S}  {e.model_sha256[:12]:<14} "
-              f"{(e.owner or '-')[:12]:<12} {e.name or ''}")
+        print(f"{e.id:>5}  {e.status:<11} {e.runs:>4}  {e.created_at:%Y-%m-%d %H:%M:%S}  {(e.owner or '-')[:12]:<12} "
+              f"{e.name or f'model {e.model_sha256[:12]}'}")
     print(f"page {page.page} of {max(1, -(-page.total // page.page_size))} ({page.total} experiments)")
     return 0
 

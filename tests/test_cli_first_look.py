@@ -165,3 +165,22 @@ def test_a_kit_config_for_two_platforms_or_any_platform_without_a_config_is_exit
     code, _, err = _cli(api, capsys, "submit", "--kit-config", _kit(tmp_path, cfg, "plain.json"))
     assert code == 0 and "no --device given, so on every device that can take it: host-test" in err, err
     assert _experiments(api) == 1
+
+
+# ---- list ----------------------------------------------------------------------------------------
+
+@SQLITE
+def test_list_shows_the_name_and_the_models_hash_only_where_there_is_none(api, capsys, tmp_path):
+    register(api)
+    model = tmp_path / "my_first_model.pte"
+    model.write_bytes(EXAMPLE.read_bytes())
+    assert _cli(api, capsys, "submit", str(model), "--sme2", "off")[0] == 0   # named after its file
+    unnamed = post_experiment(api, EXAMPLE.read_bytes(), {"sme2": "off"})   # the API without a name
+    assert unnamed.status_code == 201 and unnamed.json()["name"] is None
+    code, out, _ = _cli(api, capsys, "list")
+    assert code == 0, out
+    header, newest, oldest = out.splitlines()[:3]
+    sha = unnamed.json()["model_sha256"]
+    assert header.split() == ["id", "status", "runs", "created", "owner", "name"], header
+    assert oldest.endswith(" my_first_model") and sha[:12] not in oldest, oldest
+    assert newest.endswith(f" model {sha[:12]}"), newest

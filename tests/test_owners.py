@@ -70,7 +70,7 @@ def test_the_list_names_owners_and_filters_by_them(api, pte, people, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rows = [ln.split() for ln in out.stdout.splitlines()[1:-1]]
-    assert [(int(r[0]), r[6]) for r in rows] == [(mine, "alice")], out.stdout   # id ... model owner
+    assert [(int(r[0]), r[5]) for r in rows] == [(mine, "alice")], out.stdout   # id status runs date time owner
 
 
 def test_reads_confined_to_the_team(api, pte, people):
@@ -85,6 +85,34 @@ def test_reads_confined_to_the_team(api, pte, people):
     finally:
         api.settings.reads_team_only = False
     assert api.client.get(f"/experiments/{red['id']}", headers=api.auth(people["bob"])).status_code == 200
+
+
+def test_a_bare_id_in_the_cli_is_what_the_token_may_read(api, pte, people, capsys):
+    """`sme2-client artifacts N`: N is ambiguous only where both run N and experiment N are readable;
+    with reads confined to the team, another team's run or experiment does not count."""
+    from sme2farm.client import cli
+
+    bobs = post_experiment(api, pte, {**QUICK_SPEC, "threads": [1, 2]}, token=people["bob"]).json()
+    alices = submit_as(api, people["alice"], pte)
+    n = alices["id"]
+    assert n in [r["id"] for r in bobs["runs"]]   # bob's run n, alice's experiment n
+
+    def artifacts(who: str) -> tuple[int, str, str]:
+        code = cli.main(["--server", api.url, "--token", people[who], "artifacts", str(n)])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, _, err = artifacts("alice")
+    assert code == 2 and f"give R{n} for the run or E{n} for the experiment" in err, err
+    api.settings.reads_team_only = True
+    try:
+        code, out, err = artifacts("alice")
+        assert code == 0 and f"{n} taken as experiment {n}" in err, err
+        assert out.startswith(f"run {alices['runs'][0]['id']}: "), out
+        code, out, err = artifacts("bob")
+        assert code == 0 and f"{n} taken as run {n}" in err and out.startswith(f"run {n}: "), out + err
+    finally:
+        api.settings.reads_team_only = False
 
 
 def test_every_read_of_an_experiment_run_suite_or_comparison_is_confined_to_the_team(api, pte, people):
