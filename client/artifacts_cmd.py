@@ -68,8 +68,9 @@ def run(args) -> int:
             where.write_bytes(client.artifact(run_id, name))
             print(f"{where} ({where.stat().st_size} bytes)")
             wrote += 1
+    listing = f"sme2-client artifacts {'E' if many else 'R'}{number}"   # the explicit form: no guess the second time
     for line in missing:
-        print(f"sme2-client: {line} (list them with: sme2-client artifacts {args.id})", file=sys.stderr)
+        print(f"sme2-client: {line} (list them with: {listing})", file=sys.stderr)
     # an experiment's runs differ (an unschedulable run has none): only nothing at all, or the one
     # run asked for lacking it, is a failure
     return 1 if not wrote or (missing and not many) else 0

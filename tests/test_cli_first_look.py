@@ -44,7 +44,7 @@ def _experiments(api) -> int:
 # ---- run or experiment -------------------------------------------------------------------------
 
 @SQLITE
-def test_a_bare_id_says_which_it_took_and_is_refused_where_it_is_both(api, capsys):
+def test_a_bare_id_says_which_it_took_and_is_refused_where_it_is_both(api, capsys, tmp_path):
     register(api)
     for _ in range(2):   # experiment 1: runs 1, 2; experiment 2: runs 3, 4
         assert post_experiment(api, EXAMPLE.read_bytes(), {"sme2": "off", "threads": [1, 2]}).status_code == 201
@@ -55,6 +55,8 @@ def test_a_bare_id_says_which_it_took_and_is_refused_where_it_is_both(api, capsy
     assert code == 0 and out.startswith("run 3: "), out + err
     assert err.strip() == "sme2-client: 3 taken as run 3 (no experiment 3 is visible; R3 or E3 says which)"
     # the explicit forms say nothing more and need no guess
+    code, _, err = _cli(api, capsys, "artifacts", "3", "trace.etdump", "-o", str(tmp_path))   # a queued run has none
+    assert code == 1 and "run 3 has no trace.etdump (list them with: sme2-client artifacts R3)" in err, err
     code, out, err = _cli(api, capsys, "artifacts", "E2")
     assert code == 0 and [line.split(":")[0] for line in out.splitlines()] == ["run 3", "run 4"] and err == ""
     code, out, err = _cli(api, capsys, "artifacts", "r1")
