@@ -71,6 +71,12 @@ def _joined(values: list[int] | int | None) -> str:
     return " / ".join(map(str, values or [])) or "—"
 
 
+def _sentence(text: str) -> str:
+    """`text` ended as a sentence: a full stop added unless it already ends in one (the analysis's
+    sentences, a memory change or a noise model's why, often do)."""
+    return text if text.rstrip().endswith((".", "!", "?")) else text + "."
+
+
 def _emulated(c: Comparison) -> bool:
     return is_emulated(plain(c))
 
@@ -235,8 +241,8 @@ def _verdict_item(c: Comparison) -> str:
     text = head + (emulated_headline(data) if is_emulated(data) else (c.sentence or c.verdict or ""))
     why = (c.needed or {}).get("why")  # `needed` is open: the noise model's own terms
     if c.verdict == "insufficient data" and why and why not in text:
-        text += f" To decide: {why}."
-    return " ".join([text] + [f + "." for f in comparison_fact_lines(data)])
+        text += f" To decide: {_sentence(why)}"
+    return " ".join([text] + [_sentence(f) for f in comparison_fact_lines(data)])
 
 
 def _comparison_blocks(c: Comparison) -> list[tuple]:
