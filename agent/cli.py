@@ -16,7 +16,7 @@ from sme2farm.agent.drivers import DRIVER_NAMES, DRIVERS
 from sme2farm.agent.api import AgentApi, Unauthorized
 from sme2farm.agent.config import agent_settings
 from sme2farm.agent.loop import Agent
-from sme2farm.protocol import DEFAULT_SERVER_URL
+from sme2farm.protocol import DEFAULT_SERVER_URL, abbreviated
 from sme2farm.runners.catalog import Catalog
 
 
@@ -35,7 +35,8 @@ def cmd_devices(args) -> int:
         print("no devices")
     for d in devices:
         sme2 = "SME2" if d.sme2 else "no SME2"
-        print(f"{d.serial:<28} {d.platform:<8} {d.model[:32]:<32} {d.cpu_cores:>3} cores  {d.abi:<10} {sme2:<8} {d.state}  ({d.sme2_evidence})")
+        print(f"{d.serial:<28} {d.platform:<8} {abbreviated(d.model, 32):<32} {d.cpu_cores:>3} cores  {d.abi:<10} "
+              f"{sme2:<8} {d.state}  ({d.sme2_evidence})")
     return 0
 
 

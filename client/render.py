@@ -16,7 +16,7 @@ from sme2farm.analysis.wording import (comparison_fact_lines, device_suffix, emu
                                        kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
                                        program_memory_line)
 from sme2farm.protocol import (Comparison, ComparisonRead, ComparisonSide, DeviceRead, ExperimentReport, Kernels,
-                               KernelPaths, RunReport, RunStatus, sme_text)
+                               KernelPaths, RunReport, RunStatus, abbreviated, sme_text)
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 
@@ -24,23 +24,6 @@ CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 def plain(model: BaseModel | None) -> dict | None:
     """A model as the JSON the server sent (the keys it gave, none added), for analysis/wording.py."""
     return None if model is None else model.model_dump(mode="json", exclude_unset=True)
-
-
-def abbreviated(text: str, width: int) -> str:
-    """`text` in at most `width` characters: whole, or cut after a word and marked "…", never
-    inside a parenthesis ("QEMU 11.1.3 aarch64 -cpu max (emulated)" at 30 is
-    "QEMU 11.1.3 aarch64 -cpu max…", not "...max ("). A first word longer than `width` is cut."""
-    if len(text) <= width:
-        return text
-    kept = ""
-    words = text.split(" ")
-    for i in range(1, len(words)):
-        head = " ".join(words[:i]).rstrip(",;:-")
-        if len(head) + 1 > width:
-            break
-        if head.count("(") == head.count(")") and head.count("[") == head.count("]"):
-            kept = head
-    return (kept or text[:width - 1].rstrip()) + "…"
 
 
 MODEL_WIDTH = 32   # the devices listing's model column, at most

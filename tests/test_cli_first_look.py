@@ -14,8 +14,7 @@ from _fixtures_farm import X86_RUNNERS, post_experiment, register, x86_host
 from _fixtures_kit import template
 from sme2farm.agent.check import EXAMPLE
 from sme2farm.client import cli
-from sme2farm.client.render import abbreviated
-from sme2farm.protocol import DeviceInfo, RunnerInfo
+from sme2farm.protocol import DeviceInfo, RunnerInfo, abbreviated
 
 SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)   # the API tests' farm
 
@@ -88,7 +87,8 @@ def test_devices_abbreviates_a_long_model_at_a_word_never_inside_a_parenthesis(a
 
 
 @pytest.mark.parametrize("text,width", [(QEMU_MODEL, 30), (QEMU_MODEL, 12), ("Pixel 9 Pro (Tensor G4) [lab 2]", 25),
-                                        ("Apple M4 Max (14-core CPU, 32-core GPU)", 20), ("x" * 40, 10)])
+                                        ("Apple M4 Max (14-core CPU, 32-core GPU)", 20), ("Board A - rev 2 (lab)", 12),
+                                        ("x" * 40, 10)])
 def test_an_abbreviated_model_keeps_whole_words_and_closed_parentheses(text, width):
     got = abbreviated(text, width)
     assert len(got) <= width and got.endswith("…"), got

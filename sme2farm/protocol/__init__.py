@@ -27,7 +27,7 @@ from .common import (ACTIVE, AGENT_ARTIFACTS, ARTIFACT_MEDIA, ARTIFACT_NAMES, DE
                      DeviceState, Flavour, IsoTimestamp, Platform, PowerProfile, RelayedJson, RelayedText,
                      RunnerPlatform, RunStatus, Sme2Request, Sme2Setting, status_values, Timestamp, Unprocessable,
                      ValidationIssue)
-from .devices import CoreCluster, DeviceInfo, DeviceRead, DeviceSelector, RunnerInfo, sme_text
+from .devices import CoreCluster, DeviceInfo, DeviceRead, DeviceSelector, RunnerInfo, abbreviated, sme_text
 from .runs import (Allocations, AnalysisReport, Attribution, Coverage, KernelEntry, KernelPaths, Kernels, LatencyStats,
                    LlmCategories, LlmKernelPaths, LlmReport, LlmSamples, NotHidden, OffSme2, OperatorInstance,
                    ModuleTime, OperatorRow, PhaseCategories, PhaseInterval, PhaseKernelPaths, ProgramMemory,
@@ -58,7 +58,7 @@ __all__ = [
     "DeviceState", "Flavour", "IsoTimestamp", "Platform", "PowerProfile", "RelayedJson", "RelayedText",
     "RunnerPlatform", "RunStatus",
     "Sme2Request", "Sme2Setting", "status_values", "Timestamp", "Unprocessable", "ValidationIssue", "CoreCluster",
-    "DeviceInfo", "DeviceRead", "DeviceSelector", "RunnerInfo", "sme_text", "Allocations", "AnalysisReport", "Coverage",
+    "DeviceInfo", "DeviceRead", "DeviceSelector", "RunnerInfo", "abbreviated", "sme_text", "Allocations", "AnalysisReport", "Coverage",
     "KernelEntry", "KernelPaths", "Kernels", "LatencyStats", "LlmCategories", "LlmKernelPaths", "LlmReport",
     "LlmSamples", "NotHidden", "OffSme2", "OperatorInstance", "OperatorRow", "PhaseCategories", "PhaseInterval",
     "PhaseKernelPaths", "ProgramMemory", "RunnerMemory", "RunReport", "Sme2Advice", "Attribution", "ModuleTime",

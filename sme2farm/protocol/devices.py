@@ -84,6 +84,23 @@ def sme_text(sme2: bool, sme: bool | None) -> str:
     return "SME2" if sme2 else "SME, not SME2" if sme else "no SME2"
 
 
+def abbreviated(text: str, width: int) -> str:
+    """`text` (a device's model) in at most `width` characters, for every listing: whole, or cut after
+    a word and marked "…", never inside a parenthesis ("QEMU 11.1.3 aarch64 -cpu max (emulated)" at 30 is
+    "QEMU 11.1.3 aarch64 -cpu max…", not "...max ("). A first word longer than `width` is cut."""
+    if len(text) <= width:
+        return text
+    kept = ""
+    words = text.split(" ")
+    for i in range(1, len(words)):
+        head = " ".join(words[:i]).rstrip(",;:- ")
+        if len(head) + 1 > width:
+            break
+        if head.count("(") == head.count(")") and head.count("[") == head.count("]"):
+            kept = head
+    return (kept or text[:width - 1].rstrip()) + "…"
+
+
 class RunnerInfo(Wire):
     """Which runner build ran: recorded on every Run."""
 
