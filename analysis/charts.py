@@ -219,6 +219,8 @@ def _open(width: int, height: int, title: str, desc: str, kind: str) -> list[str
     extra = TITLE_LINE * (len(lines) - 1)
     total = math.ceil(height + extra)
     heading = "".join(f'<tspan x="12" y="{20 + TITLE_LINE * i}">{_esc(line)}</tspan>' for i, line in enumerate(lines))
+    if " ".join(lines) != " ".join(title.split()):   # cut: the whole title on hovering it too
+        heading += f"<title>{_esc(title)}</title>"
     return [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart chart-{_esc(kind)}" data-chart="{_esc(kind)}" '
             f'viewBox="0 0 {width} {total}" width="{width}" height="{total}" role="img" '
             f'font-family="{_esc(FONT)}" font-size="12" fill="{INK}">',

@@ -8,7 +8,11 @@ the emulated SME2 device (the qemu-arm64 driver) and runs the same model there w
 trace mode, and prints what emulation honestly shows: which operators took SME2 kernels, the
 coverage, the numerics, and the kernel proof (the microkernels the emulator executed), labelled
 emulated and without any speed figure. Where they cannot be had, one line says what was skipped
-and why."""
+and why.
+
+It ends on links that open signed in: each experiment's dashboard page with a read-only token in
+the URL fragment (the page keeps it and takes it out of the address bar), minted for the demo
+through the API; the previous demo's is revoked, so an old link does not stay a key."""
 
 from __future__ import annotations
 
@@ -21,10 +25,12 @@ from sme2farm.client.common import wait_for
 from sme2farm.client.render import experiment_text
 from sme2farm.farm.processes import Farm
 from sme2farm.farm.up import run_farm
-from sme2farm.protocol import DeviceSelector, ExperimentSpec
+from sme2farm.protocol import DeviceSelector, ExperimentSpec, TokenCreate, TokenCreated, TokenInfo
 
 EMULATED_DRIVER = "qemu-arm64"
 SKIPPED = "emulated SME2 device skipped"
+LINKS = "Open in a browser, signed in"   # the line before the demo's dashboard links
+DASHBOARD_TOKEN = "demo:dashboard"       # the read token those links carry
 
 
 def host_has_sme2() -> bool:
@@ -125,6 +131,35 @@ def emulated_text(exp) -> str:
     return "\n".join(out)
 
 
+def dashboard_token(client: FarmClient) -> str:
+    """A fresh read-only token for the demo's links, the admin user's (so it reads what the demo
+    submitted, SME2_READS_TEAM_ONLY or not); the previous demo's is revoked first."""
+    listed = client.http.get("/tokens", params={"include_revoked": "false"})
+    listed.raise_for_status()
+    for row in map(TokenInfo.model_validate, listed.json()):
+        if row.name == DASHBOARD_TOKEN and not row.revoked:
+            client.http.delete(f"/tokens/{row.id}").raise_for_status()
+    made = client.http.post("/tokens", json=TokenCreate(name=DASHBOARD_TOKEN, scope="read", user="admin")
+                            .model_dump(exclude_none=True))
+    made.raise_for_status()
+    return TokenCreated.model_validate(made.json()).token
+
+
+def links_text(url: str, token: str, experiments: list[tuple[int, str]]) -> str:
+    """The demo's last lines: a signed-in dashboard link per experiment (id, what it is), then the list."""
+    out = [f"{LINKS} (a read-only token; the next `sme2-farm demo` revokes it):"]
+    out += [f"  experiment {eid}, {what}: {url}/#/experiments/{eid}?token={token}" for eid, what in experiments]
+    out.append(f"  every experiment: {url}/#token={token}")
+    ids = " and ".join(f"sme2-client status {eid}" for eid, _ in experiments)
+    out.append(f"From the command line (SME2_SERVER and SME2_TOKEN as exported above): {ids}")
+    return "\n".join(out)
+
+
+def _where(exp) -> str:
+    devices = sorted({r.device.serial for r in exp.runs if r.device is not None})
+    return f"on {', '.join(devices)}" if devices else "no device ran it"
+
+
 def cmd_demo(args) -> int:
     emulated = ""   # "": not asked (the host has SME2, or --no-emulated); "ready"; else why skipped
     if not getattr(args, "no_emulated", False) and not host_has_sme2():
@@ -162,7 +197,9 @@ def cmd_demo(args) -> int:
         print(f"submitted experiment {rep.id}: sme2-client submit {model.name} --sme2 both --wait", flush=True)
         wait_for(client, rep.id, quiet=False, timeout=600, check=farm.poll)
         print()
-        print(experiment_text(client.experiment(rep.id)))
+        host = client.experiment(rep.id)
+        print(experiment_text(host))
+        made = [(rep.id, f"{host.name}, {_where(host)}")]
         if emulated == "ready":
             emu = client.submit(model, ExperimentSpec(sme2="both", threads=[1], iterations=3, warmup=1, mode="trace",
                                                       name=f"demo {args.model} (emulated SME2)",
@@ -171,10 +208,13 @@ def cmd_demo(args) -> int:
                   f"--sme2 both --mode trace --device tags=emulated --wait", flush=True)
             wait_for(client, emu.id, quiet=False, timeout=900, check=farm.poll)
             print()
-            print(emulated_text(client.experiment(emu.id)))
+            on_emulator = client.experiment(emu.id)
+            print(emulated_text(on_emulator))
+            made.append((emu.id, f"{on_emulator.name}, {_where(on_emulator)} (emulated: no timing)"))
         elif emulated:
             print(f"{SKIPPED}: {emulated}")
-        print(f"report JSON: {farm.url}/experiments/{rep.id}   dashboard: {farm.url}/", flush=True)
+        print()
+        print(links_text(farm.url, dashboard_token(client), made), flush=True)
         return 0
 
     return run_farm(args, then=demo)

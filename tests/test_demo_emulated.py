@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from _fixtures_farm import free_port
-from sme2farm.farm.demo import SKIPPED, host_has_sme2, prepare_emulated
+from sme2farm.farm.demo import LINKS, SKIPPED, host_has_sme2, prepare_emulated
 
 
 @pytest.mark.e2e
@@ -37,7 +37,7 @@ def test_demo_on_a_host_without_sme2_adds_the_emulated_sme2_device_without_a_spe
     host, _, emulated = out.partition("Emulated SME2 device, experiment 2: succeeded")
     assert emulated, out[-4000:]
     assert "qemu-arm64-" in out.split("devices: ", 1)[1].splitlines()[0]   # the farm served the emulated device
-    section = emulated.split("report JSON:")[0]
+    section = emulated.split(LINKS)[0]
     on, _, off = section.partition("  SME2 off: succeeded")
     assert "  SME2 on: succeeded" in on and off
     # which operators took SME2 kernels: the on arm's packed-LHS types, none in the off arm

@@ -27,9 +27,26 @@ function parse(hash) {
   return { view: experimentsView, nav: "experiments", params };
 }
 
+// A link that signs in carries a token in its fragment (`sme2-farm demo` prints them): #token=T, or
+// a page's hash with ?token=T (#/experiments/3?token=T). The fragment never reaches the server; the
+// token is kept as a pasted one is, and taken out of the address bar and this history entry at once.
+function tokenFromLink() {
+  const hash = location.hash.replace(/^#/, "");
+  const [path, query = ""] = hash.startsWith("token=") ? ["", hash] : hash.split("?");
+  const params = new URLSearchParams(query);
+  const given = params.get("token");
+  if (given === null) return;
+  if (given.trim()) token.set(given);
+  params.delete("token");
+  const rest = params.toString();
+  const clean = path + (rest ? `?${rest}` : "");
+  history.replaceState(history.state, "", `${location.pathname}${location.search}${clean ? `#${clean}` : ""}`);
+}
+
 async function render() {
   const gen = ++generation;
   clearTimeout(timer);
+  tokenFromLink();
   const { view, nav, params } = parse(location.hash);
   for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === nav);
   changeToken.hidden = !token.get();

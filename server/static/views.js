@@ -9,7 +9,7 @@ export function tokenView(onDone, error) {
   const input = h("input", { id: "token-input", type: "password", autocomplete: "off", placeholder: "sme2_…", required: true });
   return h("section", { class: "card narrow" },
     h("h1", {}, "Sign in"),
-    h("p", { class: "muted" }, "Paste an API token. `sme2-farm up` prints the admin token and writes it to <data-dir>/token. It is kept in this browser's localStorage."),
+    h("p", { class: "muted" }, "Paste an API token, or open a link that carries one (`sme2-farm demo` prints them). `sme2-farm up` prints the admin token and writes it to <data-dir>/token. It is kept in this browser's localStorage."),
     error && h("p", { id: "token-error", class: "alert", role: "alert" }, error),
     h("form", {
       onsubmit: (e) => { e.preventDefault(); token.set(input.value); onDone(); },
