@@ -18,7 +18,6 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from sme2farm.agent import jitter
-from sme2farm.protocol import DeviceInfo, RunnerInfo
 from sme2farm.server.config import Settings
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.infra import liveness
@@ -26,19 +25,11 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, Device, Lease, Run, as_utc, utcnow
 
-from _fixtures_services import NO_OUTPUTS, register_agent, submit_experiment
+from _fixtures_farm import BOARD_RUNNERS, board, register_boards
+from _fixtures_services import NO_OUTPUTS, submit_experiment
 
 
 LOST_S, OFFLINE_S, SETTLE_S = 300.0, 90.0, 15.0
-RUNNERS = [RunnerInfo(id="r-off", platform="linux-arm64", sme2="off")]
-
-
-def _device(serial: str) -> DeviceInfo:
-    return DeviceInfo(serial=serial, platform="linux", sme2=False, runner_platform="linux-arm64", model="Board X")
-
-
-def _register(url: str, name: str, serials: list[str]) -> int:
-    return register_agent(url, name=name, runners=RUNNERS, devices=[_device(x) for x in serials])
 
 
 def _submit(url: str, serial: str) -> list[int]:
@@ -108,7 +99,7 @@ def test_the_farm_clock_follows_the_api_beats(db_url):
 # ---- the lost clock ----------------------------------------------------------------------------
 
 def test_a_silent_agent_s_device_is_not_lost_while_the_farm_is_down_or_settling(db_url):
-    agent_id = _register(db_url, "quiet", ["q1"])
+    agent_id = register_boards(db_url, "quiet", ["q1"])
     runs = _submit(db_url, "q1")
     _agent_heard(db_url, agent_id, LOST_S + 100)          # silent since before the outage
     _farm(db_url, up_for_s=10)                            # back 10 s ago: within the settle time
@@ -119,7 +110,7 @@ def test_a_silent_agent_s_device_is_not_lost_while_the_farm_is_down_or_settling(
     assert row.state == "offline"
     assert _end_lost(db_url) == [] and _statuses(db_url, runs) == ["queued"]   # ... but not lost: the outage does not count
     _farm(db_url, up_for_s=LOST_S + SETTLE_S + 100, down=True)   # down now: nothing counts
-    _register(db_url, "talker", ["t1"])                   # even with another agent heard
+    register_boards(db_url, "talker", ["t1"])                   # even with another agent heard
     assert _end_lost(db_url) == [] and _statuses(db_url, runs) == ["queued"]
     _farm(db_url, up_for_s=LOST_S + SETTLE_S + 1)         # up and answering for the whole bound
     assert _end_lost(db_url) == runs
@@ -128,10 +119,10 @@ def test_a_silent_agent_s_device_is_not_lost_while_the_farm_is_down_or_settling(
 
 
 def test_a_device_unplugged_while_its_agent_talks_on_is_lost_within_its_bound(db_url):
-    agent_id = _register(db_url, "lab", ["stays", "unplugged"])
+    agent_id = register_boards(db_url, "lab", ["stays", "unplugged"])
     runs = _submit(db_url, "unplugged")
     with session_scope(db_url) as s:   # its agent reports the lab without it
-        device_service.sync(s, agent=s.get(Agent, agent_id), runners=RUNNERS, devices=[_device("stays")])
+        device_service.sync(s, agent=s.get(Agent, agent_id), runners=BOARD_RUNNERS, devices=[board("stays")])
         s.execute(update(Device).where(Device.serial == "unplugged")
                   .values(offline_since=utcnow() - timedelta(seconds=LOST_S + 5)))
     _farm(db_url, up_for_s=LOST_S + SETTLE_S + 30)
@@ -148,7 +139,7 @@ def test_a_device_unplugged_while_its_agent_talks_on_is_lost_within_its_bound(db
 
 
 def test_a_submission_right_after_an_outage_keeps_devices_whose_agents_are_reconnecting(db_url):
-    agent_id = _register(db_url, "night", ["n1"])
+    agent_id = register_boards(db_url, "night", ["n1"])
     _agent_heard(db_url, agent_id, LOST_S + 100)
     _farm(db_url, up_for_s=OFFLINE_S + SETTLE_S + 1)
     assert _mark_silent(db_url) == 1
@@ -159,10 +150,10 @@ def test_a_submission_right_after_an_outage_keeps_devices_whose_agents_are_recon
 # ---- heard again -------------------------------------------------------------------------------
 
 def test_an_agent_heard_again_brings_back_the_devices_its_silence_took_offline(db_url):
-    agent_id = _register(db_url, "back", ["b1", "b2"])
+    agent_id = register_boards(db_url, "back", ["b1", "b2"])
     with session_scope(db_url) as s:   # b2 was unhealthy as reported
-        info = _device("b2").model_copy(update={"state": "unhealthy"})
-        device_service.sync(s, agent=s.get(Agent, agent_id), runners=RUNNERS, devices=[_device("b1"), info])
+        info = board("b2").model_copy(update={"state": "unhealthy"})
+        device_service.sync(s, agent=s.get(Agent, agent_id), runners=BOARD_RUNNERS, devices=[board("b1"), info])
     _agent_heard(db_url, agent_id, 200)
     _farm(db_url, up_for_s=1000)
     assert _mark_silent(db_url) == 2

@@ -32,6 +32,7 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.services.ingest import Ingester
 
+from _fixtures_farm import post_register, register
 from _fixtures_services import register_agent, submit_experiment
 
 
@@ -87,17 +88,8 @@ def test_a_revocation_behind_the_servers_back_takes_effect_within_the_cache_time
 # ---- claims ------------------------------------------------------------------------------------
 
 
-def _register(api, name: str = "claimer") -> dict:
-    reg = api.client.post("/tokens", json={"name": "reg", "scope": "register"}, headers=api.auth()).json()["token"]
-    body = {"name": name, "hostname": f"{name}-host", "devices": [_device(0).model_dump(mode="json")],
-            "runners": [r.model_dump(mode="json") for r in RUNNERS]}
-    r = api.client.post("/agent/register", json=body, headers=api.auth(reg))
-    assert r.status_code == 200, r.text
-    return {**r.json(), "body": body, "register_token": reg}
-
-
 def test_a_run_is_handed_to_its_agent_once_then_again_after_the_redelivery_time(api, monkeypatch):
-    agent = _register(api)
+    agent = register(api, [_device(0)], RUNNERS, name="claimer", hostname="claimer-host")
     url = api.settings.sqlalchemy_url
     _submit(url, sme2="on")
     [rid] = _dispatch(url)
@@ -109,8 +101,8 @@ def test_a_run_is_handed_to_its_agent_once_then_again_after_the_redelivery_time(
     assert time.monotonic() - t0 >= 0.3, "the claim waits for new work instead of answering what the agent holds"
     # the agent restarts (registers anew, presenting the token it keeps): it holds nothing, so it is
     # handed the run again
-    r = api.client.post("/agent/register", json=agent["body"], headers={**api.auth(agent["register_token"]),
-                                                                        "X-Agent-Token": agent["access_token"]})
+    r = post_register(api, [_device(0)], RUNNERS, name="claimer", hostname="claimer-host",
+                      presented=agent["access_token"])
     auth = api.auth(r.json()["access_token"])
     assert [x["run_id"] for x in api.client.post("/agent/claim", headers=auth).json()] == [rid]
     # an answer that was lost: handed again once REDELIVER_S has passed, if still not started
@@ -327,7 +319,7 @@ def test_finish_assigns_the_devices_next_run_and_the_agents_claim_gets_it_withou
     # a waiting claim would look at the database only every 5 s: only the finish's wake-up can
     # hand it the next run sooner (with the embedded broker's 50 ms poll this proved nothing)
     monkeypatch.setattr(wakeup, "POLL_S", 5.0)
-    agent = _register(api, "finisher")
+    agent = register(api, [_device(0)], RUNNERS, name="finisher", hostname="finisher-host")
     auth = api.auth(agent["access_token"])
     url = api.settings.sqlalchemy_url
     _submit(url, sme2="both")  # two runs on the one device: one at a time
