@@ -27,6 +27,11 @@ mask, so a config is accepted only where it says the same: anything else is a
 use but that cannot change a measurement (runner paths: the farm runs its own registered
 builds; ``output_root``: results stay on the farm) come back as warnings, never dropped
 silently.
+
+A config written for a platform (the kit's templates say mac or android in the experiment names,
+runner presets and output_root) goes to that platform's devices only: run on the x86 host or the
+emulator it would measure something other than what its author meant. Where the farm has none the
+server's 422 is followed by a sentence saying so; ``--any-platform`` asks for it anyway.
 """
 
 from __future__ import annotations
@@ -405,13 +410,13 @@ def cmd_submit(args) -> int:
         return submit_and_follow(args, sub.model, spec, inputs, origin=f" from {args.kit_config}", etrecord=etrecord)
     except FarmError as e:
         wanted = spec.device.platform if spec.device and not args.device else None
-        if e.status != 422 or wanted is None or "no device matches" not in e.message:
+        if e.status != 422 or wanted is None or "matches selector" not in e.message:   # NoMatchingDevice
             raise
         # the farm has no device of the platform the config is written for: say so, not only the selector
         say_refusal(e)
         print(f"sme2-client: kit config {args.kit_config} is written for {PLATFORM_NAMES[wanted]} "
-              f"({sub.platforms[wanted]}) and this farm has no {PLATFORM_NAMES[wanted]} device; run it on a farm "
-              f"with one, or give --any-platform to run it on the devices here anyway", file=sys.stderr)
+              f"({sub.platforms[wanted]}) and this farm has no {PLATFORM_NAMES[wanted]} device that can take it; "
+              f"run it on a farm with one, or give --any-platform to run it on the devices here anyway", file=sys.stderr)
         return 1
 
 

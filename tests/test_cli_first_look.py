@@ -132,7 +132,7 @@ def test_a_mac_kit_config_is_refused_without_a_mac_unless_any_platform(api, caps
     assert code == 1, err
     assert "server said 422: spec.device: no device matches selector {'platform': 'macos'}" in err, err
     assert (f"kit config {config} is written for macOS (experiments[0].name 'mac_sme2_on') and this farm has no "
-            f"macOS device; run it on a farm with one, or give --any-platform") in err
+            f"macOS device that can take it; run it on a farm with one, or give --any-platform") in err
     assert _experiments(api) == 0   # nothing stored
     # run anywhere, as asked: the host and the emulator, said in the devices line
     code, out, err = _cli(api, capsys, "submit", "--kit-config", config, "--any-platform", "--json")
