@@ -327,8 +327,10 @@ def test_real_comparisons_are_the_same_bit_for_bit(real_reports, monkeypatch):
     # what was compared: verdicts on categories and operators, not only empty entries
     parts = [e for out in new.values() for e in [*out["categories"].values(), *out["operators"].values()]]
     assert sum(e.get("ci_low") is not None for e in parts) >= 20
+    # at least two different verdicts: which ones depends on the traces measured on a loaded
+    # machine (the synthetic tests above pin a speedup); identical answers must not pass for equal
     verdicts = {out["verdict"] for out in new.values()} | {e["verdict"] for e in parts}
-    assert "speedup" in verdicts and len(verdicts - {None}) >= 2
+    assert len(verdicts - {None}) >= 2, verdicts
 
 
 def test_the_sorted_median_is_numpys_median_bit_for_bit():
