@@ -226,3 +226,50 @@ def test_a_file_farms_artifacts_are_copied_into_the_bucket_once_with_digests_che
     out = capsys.readouterr().out
     assert "1 copied, 3 already" in out and "1 refused" in out and f"refused models/ab/{'ab' * 32}.pte" in out
     assert f"farm/models/ab/{'ab' * 32}.pte" not in seaweedfs.objects(s3_bucket)
+
+
+def test_what_a_run_asks_of_the_store(s3_api, s3_agent, example_pte, monkeypatch, capsys):
+    """Every HTTP request the farm (the API, the agent's downloads through it, the ingest) sends to
+    SeaweedFS for a run, counted below boto3 (each request botocore sends, retries included). A
+    second experiment of the same model on the same device is the steady state: its model is
+    cached by the agent (per device) and its signature by the ingest (per process), so nothing
+    reads the model; the ingest asks only for the artifacts the agent delivered (no GET answered
+    404) and reads each once."""
+    import botocore.endpoint
+
+    sent: list[tuple[str, str]] = []
+    real = botocore.endpoint.Endpoint._send
+
+    def counting(self, request):
+        sent.append((request.method, request.url.split("?")[0].rsplit("/farm/", 1)[-1]))
+        return real(self, request)
+
+    monkeypatch.setattr(botocore.endpoint.Endpoint, "_send", counting)
+    api, pte = s3_api, example_pte("toy_cnn").read_bytes()
+    phases = []
+    for _ in range(2):
+        submit(api, pte)
+        [rid] = dispatch(api)
+        marks = [len(sent)]
+        [a] = s3_agent.api.claim(wait=0)
+        s3_agent.execute(a)
+        marks.append(len(sent))
+        ingest_all(api, [rid], monkeypatch)
+        marks.append(len(sent))
+        assert _status(api, rid)[0] == "succeeded", _status(api, rid)
+        phases.append((rid, sent[marks[0]:marks[1]], sent[marks[1]:marks[2]]))
+    rid, agent_side, ingest_side = phases[1]
+    prefix = f"artifacts/runs/{rid}/1/"
+    delivered = {k[len(prefix):] for m, k in agent_side if m == "PUT" and k.startswith(prefix)}
+    assert TRACE in delivered and RUNNER_LOG in delivered
+    assert not any("models/" in k for _, k in agent_side + ingest_side)   # the model read by nobody
+    reads = [k[len(prefix):] for m, k in ingest_side if m == "GET"]
+    assert sorted(reads) == sorted(delivered), (reads, delivered)   # each delivered artifact once, nothing else
+    writes = [k[len(prefix):] for m, k in ingest_side if m == "PUT"]
+    assert REPORT_JSON in writes and not set(writes) & delivered
+    assert len(agent_side) + len(ingest_side) == len(delivered) + len(reads) + len(writes)
+    with capsys.disabled():
+        print(f"\n  store requests of a run (toy_cnn, the steady state): {len(agent_side) + len(ingest_side)} = delivery "
+              f"{len(agent_side)} PUT ({', '.join(sorted(delivered))}) + ingest {len(reads)} GET + {len(writes)} PUT "
+              f"({', '.join(writes)}); the first run also: "
+              f"{sum('models/' in k for _, k in phases[0][1] + phases[0][2])} model GET(s)")

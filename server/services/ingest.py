@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import random
 import struct
+import threading
+import time
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
-from sqlalchemy import delete, insert
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, insert, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, joinedload
 
 from sme2farm import analysis
 from sme2farm.analysis import kernels, pte, runner_memory
@@ -22,7 +28,7 @@ from sme2farm.analysis.etdump import read_etdump_file
 from sme2farm.analysis.perfetto import perfetto_json
 from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence, runner_hiding
 from sme2farm.protocol import (DEFAULT_METHOD, KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON,
-                               REPORT_MD, RUNNER_LOG, TRACE)
+                               REPORT_MD, RUNNER_LOG, TRACE, RunStatus)
 from sme2farm.runners import inputs as containers
 from sme2farm.runners.input_check import check_outputs
 from sme2farm.server.services import etrecords
@@ -30,10 +36,14 @@ from sme2farm.server.services.devices import device_model, emulator_of
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
 from sme2farm.server.services.reports import report_parts
+from sme2farm.server.services import runs as run_service
 from sme2farm.server.services.runs.ingesting import NotWhatItsArmSays
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.base import StoreUnavailable, etrecord_key, model_key, run_key
-from sme2farm.server.store.models import Artifact, OperatorStat, Run, RunResult
+from sme2farm.server.store.db import retryable
+from sme2farm.server.store.models import Artifact, Experiment, OperatorStat, Run, RunResult
+
+log = logging.getLogger(__name__)
 
 
 class IngestError(DomainError):
@@ -46,12 +56,42 @@ class Analysis:
     derived: dict[str, str]  # artifact name -> its text
 
 
+# A model's method signatures by its sha256 (content-addressed: they never change), so the outputs'
+# check fetches each model from the store once per process, not once per run.
+_SIGNATURES: dict[str, dict] = {}
+_SIGNATURES_KEPT = 32
+_SIGNATURES_LOCK = threading.Lock()  # the embedded farm's worker runs ingests in threads
+
+
 class Ingester:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, *, delivered: dict[int, set[str]] | None = None):
         self.files = store
         # (ETRecord sha256, model sha256) -> (Etrecord, program bytes) or an unreadable one's
         # sentence: read once per Ingester, which the worker builds once per batch
         self._etrecords: dict[tuple[str, str], tuple | str] = {}
+        # run id -> the artifact names its agent delivered (their Artifact rows): an artifact a run
+        # has no row for is not asked of the store (a GET answered 404 is a request too). A run
+        # without rows (imported, or stored before rows were kept) is read name by name.
+        self.delivered = delivered or {}
+
+    def _artifact(self, run: Run, name: str, limit: int | None = None) -> bytes | None:
+        """The run's artifact of its current attempt, None when it has none."""
+        names = self.delivered.get(run.id)
+        if names is not None and name not in names:
+            return None
+        return self.files.run_artifact(run, name, limit=limit)
+
+    def _methods(self, sha256: str) -> dict:
+        """The model's method signatures (pte.program_methods), read from the store once per process."""
+        methods = _SIGNATURES.get(sha256)
+        if methods is None:
+            with self.files.local(model_key(sha256)) as model, pte.mapped(model) as buf:
+                methods = pte.program_methods(buf, end=pte.program_end(buf))
+            with _SIGNATURES_LOCK:
+                if len(_SIGNATURES) >= _SIGNATURES_KEPT:
+                    _SIGNATURES.pop(next(iter(_SIGNATURES)))
+                _SIGNATURES[sha256] = methods
+        return methods
 
     def analyze(self, run: Run) -> Analysis:
         # This attempt's artifacts only: a retried run is never analysed with an earlier attempt's trace.
@@ -60,7 +100,7 @@ class Ingester:
                 etdump = read_etdump_file(trace)  # mapped, not read whole; once, for the report and the Perfetto trace
         except FileNotFoundError:
             raise IngestError(f"no {TRACE} was stored for this run") from None
-        kernel_log = self.files.run_artifact(run, KERNEL_LOG, limit=kernels.MAX_LOG_BYTES + 1)
+        kernel_log = self._artifact(run, KERNEL_LOG, limit=kernels.MAX_LOG_BYTES + 1)
         log_cut = kernel_log is not None and len(kernel_log) > kernels.MAX_LOG_BYTES
         kernel_log = kernel_log[:kernels.MAX_LOG_BYTES].decode(errors="replace") if kernel_log is not None else None
         etrecord, program, unreadable = self.etrecord(run)
@@ -122,7 +162,7 @@ class Ingester:
 
     def runner_log_head(self, run: Run) -> str:
         """The start of the run's runner.log ('' when none was uploaded)."""
-        head = self.files.run_artifact(run, RUNNER_LOG, limit=RUNNER_LOG_HEAD)
+        head = self._artifact(run, RUNNER_LOG, limit=RUNNER_LOG_HEAD)
         return "" if head is None else head.decode(errors="replace")
 
     def outputs(self, run: Run) -> dict:
@@ -137,7 +177,7 @@ class Ingester:
         half: the report carries the verdict in the same transaction as the rest of the results."""
         build = (run.runner or {}).get("id") or "(unknown build)"
         # One read of at most the bound and a byte: past it the file is not compared, whatever its size.
-        blob = self.files.run_artifact(run, OUTPUTS, limit=MAX_OUTPUTS_BYTES + 1)
+        blob = self._artifact(run, OUTPUTS, limit=MAX_OUTPUTS_BYTES + 1)
         if blob is None:
             # The agent passes --outputs_file to every build that can write it and fails a run whose
             # runner did not, so a succeeded run without the file ran a build that cannot.
@@ -159,8 +199,7 @@ class Ingester:
         except (containers.InputsError, OSError) as e:
             return invalid(f"the outputs file is not readable: {e}")
         try:
-            with self.files.local(model_key(sha)) as model, pte.mapped(model) as buf:
-                sig = pte.program_methods(buf, end=pte.program_end(buf)).get(method)
+            sig = self._methods(sha).get(method)
             if sig is None:
                 raise containers.InputsError(f"the program has no method {method}")
             check_outputs(sig, values)
@@ -172,7 +211,7 @@ class Ingester:
         """The runner's memory figures (analysis/runner_memory.py); None when the build wrote none.
         A file that is not what the runner writes is left out with a warning: the run's timings
         stand on the ETDump, not on it."""
-        blob = self.files.run_artifact(run, MEMORY, limit=runner_memory.MAX_BYTES + 1)
+        blob = self._artifact(run, MEMORY, limit=runner_memory.MAX_BYTES + 1)
         if blob is None:
             return None
         try:
@@ -259,3 +298,131 @@ class Prepared:
 
     def store(self, session: Session, run: Run, result: Analysis) -> None:
         self.ingester.store(session, run, result)
+
+
+# ---- a batch: what the worker's ingest task runs ---------------------------------------------
+
+STORE_UNAVAILABLE = "store unavailable"  # ingest_batch's answer when the artifact store was down
+STORE_RETRIES = 5  # a batch's store transaction aborted as a deadlock or serialization failure: tried again
+
+Transaction = Callable[[], ContextManager[Session]]  # one transaction, opened as the caller's boundary opens them
+
+
+def ingest_batch(*, run_id: int, retried: bool, transaction: Transaction, store: Store, deadline_s: float,
+                 heartbeat_s: float) -> str:
+    """Turn the run's ETDump into results, with the other runs waiting for their ingest (a batch
+    of up to runs.INGEST_BATCH): begun in a short transaction of their own, each analysed with no
+    transaction open, all stored in one transaction, each experiment's comparisons completed once;
+    the run service ends each run succeeded or failed. A thread heartbeats the batch's runs
+    meanwhile. Returns the status of the run the task was sent for, "in progress" when another
+    attempt holds it, or STORE_UNAVAILABLE: the store went away, nothing was stored, the batch's
+    attempts were given back and the caller sends the ingest again. `retried`: a retry of a task
+    whose attempt began already (it is not begun again)."""
+    # Committed before the analysis: the reaper's deadline for these runs counts from now, not
+    # from when the task was sent (queue wait is not ingest).
+    with transaction() as session:
+        began = run_service.ingest_started_batch(session, run_id=run_id, ingest_deadline_s=deadline_s,
+                                                 heartbeat_s=heartbeat_s, own=not retried)
+        # With their experiments: the analysis below runs after this session closes and needs the
+        # program each run executed (its declared outputs). Not its comparisons: an ended
+        # experiment's are megabytes of JSON, and the tasks sent for runs another task's batch
+        # took read their (ended) experiment here.
+        runs = {r.id: r for r in session.scalars(
+            select(Run).where(Run.id.in_({run_id, *began}))
+            .options(joinedload(Run.experiment).defer(Experiment.comparisons)))}
+        run = runs.get(run_id)
+        if run is not None and retried:
+            began[run_id] = run.ingest_started_at  # this attempt's, begun before the retry
+        delivered: dict[int, set[str]] = {}
+        for rid, name in session.execute(select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(list(began)))):
+            delivered.setdefault(rid, set()).add(name)
+    if run is not None and run.status == RunStatus.analyzing and began.get(run_id) is None:
+        # A copy of a re-sent task while the attempt that began is alive (heartbeating), or a run
+        # another task's batch took.
+        log.info("run %s: another ingest attempt is under way; this copy does nothing", run_id)
+        if not began:
+            return "in progress"
+    batch = {rid: began[rid] for rid in sorted(began) if began[rid] is not None and runs.get(rid) is not None
+             and runs[rid].status == RunStatus.analyzing}
+    try:
+        with Heartbeat(transaction, batch, deadline_s=deadline_s, heartbeat_s=heartbeat_s):
+            plain = Ingester(store, delivered=delivered)
+            done = _store_batch(transaction, store, {rid: Prepared(plain, runs[rid]) for rid in batch})
+    except StoreUnavailable as e:
+        # Nothing of the batch was stored (its transaction rolled back): its attempts are given
+        # back; no run fails for the store's outage (the reaper's re-send is the backstop).
+        with transaction() as session:
+            deferred = run_service.ingest_deferred(session, runs=batch, retry_in_s=deadline_s)
+        log.warning("runs %s: %s; ingest to be sent again", deferred, e)
+        return STORE_UNAVAILABLE
+    if run_id in done:
+        return done[run_id]
+    if run is None or run.status != RunStatus.analyzing:
+        # Gone, or not analyzing (ingested already, cancelled, failed by the reaper): the run
+        # service says so and stores nothing.
+        with transaction() as session:
+            return str(run_service.ingest(session, run_id=run_id, ingester=Ingester(store), store=store))
+    return "in progress"
+
+
+def _store_batch(transaction: Transaction, store: Store, ingesters: dict[int, "Prepared"]) -> dict[int, str]:
+    """The analysed runs stored in one transaction, in run id order; each experiment's comparisons
+    completed once, at the end. A transaction PostgreSQL aborts (deadlock, serialization) is tried
+    again here, the analyses kept: the runs are begun and heartbeating, and a retry of the task
+    would know only its own run. {run id: its status}."""
+    if not ingesters:
+        return {}
+    for attempt in range(STORE_RETRIES + 1):
+        try:
+            with transaction() as session:
+                # one SELECT, not one each: run_service.ingest finds them in the session
+                runs = session.scalars(select(Run).where(Run.id.in_(list(ingesters)))).all()
+                out = {rid: str(run_service.ingest(session, run_id=rid, ingester=ingester, store=store, complete=False))
+                       for rid, ingester in sorted(ingesters.items())}
+                run_service.complete(session, experiment_ids=[r.experiment_id for r in runs], store=store)
+                return out
+        except DBAPIError as e:
+            if not retryable(e) or attempt == STORE_RETRIES:
+                raise
+            log.warning("storing %d runs: %s, trying again", len(ingesters), type(e.orig).__name__)
+            time.sleep(random.uniform(0.05, 0.5) * (2 ** attempt))
+    raise AssertionError("unreachable")
+
+
+class Heartbeat:
+    """While an ingest batch analyses and stores, a thread moves its runs' deadlines every
+    heartbeat_s (runs/ingesting.py ingest_heartbeat): if this worker is killed the heartbeats stop
+    and the reaper sends the ingests again seconds later, not at the ingest deadline. Each beat is
+    its own short transaction; one that fails (a database blip) is logged and the next one tries
+    again. `runs`: {run id: when its attempt began}."""
+
+    def __init__(self, transaction: Transaction, runs: dict[int, object], *, deadline_s: float, heartbeat_s: float):
+        self.transaction, self.runs = transaction, dict(runs)
+        self.deadline_s, self.heartbeat_s = deadline_s, heartbeat_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "Heartbeat":
+        if self.runs:
+            self._thread = threading.Thread(target=self._beat, name=f"ingest-heartbeat-{min(self.runs)}", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)  # a beat waiting on a run's row lock ends once the ingest commits
+
+    def _beat(self) -> None:
+        while self.runs and not self._stop.wait(self.heartbeat_s):
+            try:
+                with self.transaction() as session:
+                    gone = [rid for rid, began in self.runs.items()
+                            if not run_service.ingest_heartbeat(session, run_id=rid, started_at=began,
+                                                                ingest_deadline_s=self.deadline_s,
+                                                                heartbeat_s=self.heartbeat_s)]
+            except Exception:
+                log.warning("runs %s: ingest heartbeat failed", sorted(self.runs), exc_info=True)
+                continue
+            for rid in gone:  # ended, or re-sent: this attempt is no longer the run's
+                del self.runs[rid]

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 # The migrations are files Alembic reads, found where the package is installed: nothing imports them.
@@ -48,6 +49,16 @@ def get_engine(url: str) -> Engine:
     query = make_url(url).query
     connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in query}
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
+
+
+# PostgreSQL SQLSTATEs that mean "this transaction lost a race; the same work may succeed if run
+# again": serialization_failure, deadlock_detected.
+RETRYABLE_SQLSTATES = {"40001", "40P01"}
+
+
+def retryable(e: BaseException) -> bool:
+    """Did PostgreSQL abort this transaction as a deadlock or a serialization failure?"""
+    return isinstance(e, DBAPIError) and getattr(e.orig, "pgcode", getattr(e.orig, "sqlstate", None)) in RETRYABLE_SQLSTATES
 
 
 PG_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
