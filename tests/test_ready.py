@@ -42,7 +42,7 @@ def wait_until_waiting(caplog, done: queue.Queue) -> None:
 @pytest.fixture
 def expecting(api, caplog):
     """The API as `sme2-farm up` starts it: its local agent 'local' is expected from now on."""
-    caplog.set_level(logging.INFO, logger="sme2farm.server.api.experiments")
+    caplog.set_level(logging.INFO, logger="sme2farm.server.services.submissions")
     api.settings.expect_agent = "local"
     api.settings.expect_agent_since = datetime.now(timezone.utc)
     api.settings.device_wait_s = 30.0
@@ -61,7 +61,7 @@ def test_submission_before_the_farm_agent_registers_waits_for_it(expecting, pte,
 
 
 def test_agent_registered_without_devices_is_waited_for(api, pte, caplog):
-    caplog.set_level(logging.INFO, logger="sme2farm.server.api.experiments")
+    caplog.set_level(logging.INFO, logger="sme2farm.server.services.submissions")
     token = register(api, (), name="phones")["access_token"]  # e.g. adb had not enumerated the phone yet
     done = submit_in_background(api, pte, {"sme2": "off"})
     wait_until_waiting(caplog, done)

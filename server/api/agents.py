@@ -16,7 +16,6 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 from pydantic import ValidationError
-from sqlalchemy import and_, delete, insert, or_, select
 
 from sme2farm.protocol import (
     ACTIVE, AGENT_ARTIFACTS, DEFAULT_METHOD, DEFAULT_POWER_PROFILE, DEFAULT_TIMEOUT_S, AgentDevices, AgentRegister,
@@ -34,6 +33,7 @@ from sme2farm.server.api.deps import (
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Agent, Artifact, Device, Experiment, Run
 from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import run_artifacts
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
 from sme2farm.server.store.base import TooLarge, inputs_key, model_key
@@ -238,12 +238,7 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
             with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
                 run = run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id,
                                             status=RunStatus.uploading, lease_s=settings.lease_s)
-                row = session.scalar(
-select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
-                if row is None:
-                    session.add(Artifact(run_id=run_id, name=name, size=size, sha256=sha))
-                else:
-                    row.size, row.sha256 = size, sha
+                run_artifacts.record(session, run_id=run_id, artifacts={name: (size, sha)})
                 # last: nothing is kept for a run this agent does not hold; under this attempt's key
                 store.keep_artifact(tmp, run_id, name, attempt=run.attempt)
         finally:
@@ -263,8 +258,7 @@ def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsD
     with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
         # This attempt's trace only (the lease checked below is this attempt's): an earlier
         # attempt's upload never lets a retry go to analysis.
-        attempt = session.scalar(select(Run.attempt).where(Run.id == run_id))
-        has_trace = attempt is not None and store.has_artifact(run_id, TRACE, attempt=attempt)
+        has_trace = run_artifacts.has_trace(session, run_id=run_id, store=store)
         run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
                                  ingest_deadline_s=settings.ingest_deadline_s, store=store, lease_s=settings.lease_s)
         status = RunStatus(run.status)
@@ -308,11 +302,8 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
                 run = run_service.delivered(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id)
                 if run is None:  # delivered already: its answer was lost; nothing is stored again
                     return RunStatus(run_service.get(session, run_id=run_id).status), ()
-                if got.artifacts:
-                    session.execute(delete(Artifact).where(Artifact.run_id == run_id,
-                                                           Artifact.name.in_(list(got.artifacts))))
-                    session.execute(insert(Artifact), [dict(run_id=run_id, name=n, size=r.size, sha256=r.sha256)
-                                                       for n, r in got.artifacts.items()])
+                run_artifacts.record(session, run_id=run_id,
+                                     artifacts={n: (r.size, r.sha256) for n, r in got.artifacts.items()})
                 has_trace = TRACE in got.artifacts or store.has_artifact(run_id, TRACE, attempt=run.attempt)
                 run = run_service.deliver(session, run=run, body=body, has_trace=has_trace,
                                           started_s_ago=body.started_s_ago, ingest_deadline_s=settings.ingest_deadline_s,
@@ -350,10 +341,8 @@ def _check_lease(tx, settings, run_id: int, lease_id: str, agent_id: int) -> Non
 def download_model(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
     """The model of a run assigned to this agent's devices (no other: an agent token is not a
     key to every model on the farm)."""
-    of_run = or_(and_(Run.variant != "B", Experiment.model_sha256 == sha256),
-                 and_(Run.variant == "B", Experiment.vs_model_sha256 == sha256))
     try:
-        if _serves(session, agent_id, of_run):
+        if run_artifacts.agent_holds_model(session, agent_id=agent_id, sha256=sha256):
             return object_response(store, model_key(sha256), media_type="application/octet-stream")
     except FileNotFoundError:
         pass
@@ -364,16 +353,8 @@ def download_model(sha256: Sha256, session: SessionDep, store: StoreDep, agent_i
 def download_inputs(sha256: Sha256, session: SessionDep, store: StoreDep, agent_id: AgentIdDep) -> FileResponse:
     """The SME2IN01 inputs container (runners/inputs.py) of a run assigned to this agent's devices."""
     try:
-        if _serves(session, agent_id, Experiment.inputs_sha256 == sha256):
+        if run_artifacts.agent_holds_inputs(session, agent_id=agent_id, sha256=sha256):
             return object_response(store, inputs_key(sha256), media_type="application/octet-stream")
     except FileNotFoundError:
         pass
     raise HTTPException(404, f"inputs {sha256} are not the inputs of a run this agent holds")
-
-
-def _serves(session, agent_id: int, which) -> bool:
-    """Does this agent hold (assigned, running or uploading) a run of an experiment matching `which`?"""
-    return session.scalar(
-        select(Run.id).join(Experiment, Run.experiment_id == Experiment.id).join(Device, Run.device_id == Device.id)
-        .where(which, Device.agent_id == agent_id, Run.status.in_(status_values(ACTIVE))).limit(1)
-    ) is not None

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import time
-
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
@@ -14,17 +10,14 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from sme2farm.protocol import ComparisonPage, ExperimentPage, ExperimentReport, ExperimentSpec
-from sme2farm.server.api.deps import get_transaction
 from sme2farm.server.api.errors import NOT_FOUND
 from sme2farm.server.api.deps import ExperimentId, Page, PageSize, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
-from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.base import etrecord_key, model_key
 from sme2farm.server.store.models import Experiment
 from sme2farm.server.web.objects import object_response
 from sme2farm.server.web.limits import JsonTooDeep, loads_bounded
-from sme2farm.server.services.programs import InvalidProgram, llm_mode, llm_note, prepare, read_memory
+from sme2farm.server.services.programs import InvalidProgram, read_memory
 from sme2farm.server.services.programs import validate as validate_program
-from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import etrecords
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import owners, report_comparisons, reports
@@ -36,12 +29,10 @@ from sme2farm.server.web.kit_upload import IMPORT_FORM_OPENAPI, receive_import
 from sme2farm.server.web.uploads import EXPERIMENT_FORM_OPENAPI, receive_experiment
 
 router = APIRouter(tags=["experiments"])
-log = logging.getLogger(__name__)
 RunPageSize = Annotated[int, Query(ge=1, le=1000, description="runs per page with runs=page")]
 ComparisonPageSize = Annotated[int, Query(ge=1, le=200, description="comparisons per page (each ~10 kB in full)")]
 DeviceSerial = Annotated[str | None, Query(max_length=200, description="only this device's (its serial)")]
 ThreadCount = Annotated[int | None, Query(ge=1, le=1024, description="only those of this thread count")]
-DEVICE_RECHECK_S = 0.25  # how often a submission waiting for an expected device looks again
 
 
 def validation_message(e: ValidationError, prefix: str) -> str:
@@ -70,7 +61,7 @@ def parse_spec(raw: str | None) -> ExperimentSpec:
 
 
 @router.post("/experiments", status_code=201, response_model=ExperimentReport, openapi_extra=EXPERIMENT_FORM_OPENAPI)
-async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, user: UserDep) -> Response:
+async def create_experiment(request: Request, settings: SettingsDep, store: StoreDep, user: UserDep, tx: TxDep) -> Response:
     """Upload a .pte (`model` part) with an optional `inputs` .npz, or a .bpte (its first test case
     of `spec.method` gives the inputs), and a JSON `spec`; one Run per device x sme2 x threads.
     An optional `vs_model` .pte is run interleaved with `model` (A/B, per SME2 arm). An optional
@@ -81,88 +72,24 @@ async def create_experiment(request: Request, settings: SettingsDep, store: Stor
                                       settings.max_etrecord_mb << 20)
     try:
         spec = parse_spec(upload.fields.get("spec"))
-        # off the event loop: a .bpte's program is copied out, and an .npz unpacked
-        await run_in_threadpool(prepare, upload, method=spec.method, tmp_dir=store.tmp,
-                                max_inputs_bytes=settings.max_inputs_mb << 20)
-        # the methods `prepare` read: each program is parsed once per submission
-        llm = await run_in_threadpool(llm_mode, upload.model_path, method=spec.method, llm=spec.llm,
-                                      has_inputs=upload.inputs_path is not None, methods=upload.methods)
-        if upload.vs_model_path is not None and llm is not None:
-            await run_in_threadpool(llm_mode, upload.vs_model_path, method=spec.method, llm=llm, has_inputs=False,
-                                    field="vs_model", methods=upload.vs_methods)
-        spec = spec.model_copy(update={"llm": llm})
-        upload.llm_note = await run_in_threadpool(llm_note, upload.model_path, method=spec.method, llm=llm,
-                                                  has_inputs=upload.inputs_path is not None, methods=upload.methods)
-        await run_in_threadpool(read_memory, upload)
-        await run_in_threadpool(etrecords.check, upload)  # of `model`; a mismatch stores nothing
-    except InvalidProgram as e:
-        upload.discard()
-        raise HTTPException(422, f"{e.field}: {e}")
-    except BaseException:  # any refusal or failure: the upload's temp files go with it
-        upload.discard()
-        raise
-    try:
-        report = await _store_waiting_for_device(request, settings, spec, upload, store, owner_id=user.user_id)
-    except experiment_service.NoMatchingDevice as e:
-        upload.discard()
-        raise HTTPException(422, f"{getattr(e, 'field', 'spec.device')}: {e}")
-    except experiment_service.TooManyRuns as e:
-        upload.discard()
-        raise HTTPException(422, f"spec: {e}")
     except BaseException:
         upload.discard()
         raise
+    report = await submissions.submit(upload, spec=spec, tx=tx, store=store, limits=submission_limits(settings),
+                                      owner_id=user.user_id, gone=request.is_disconnected)
     return Response(report, status_code=201, media_type="application/json")  # built as JSON by reports.report_json
 
 
-async def _store_waiting_for_device(request: Request, settings, spec: ExperimentSpec, upload, store, *,
-                                    owner_id: int | None) -> bytes:
-    """Store the experiment. When no device matches yet but one is expected (an agent is starting
-    or has just registered without devices: device_service.expected says which), re-check every
-    DEVICE_RECHECK_S for up to settings.device_wait_s instead of failing at once. Between checks
-    no transaction is open and no thread is held, so waiting submissions cost the server nothing."""
-    start = time.monotonic()
-    waited_for = ""
-    while True:
-        try:
-            return await run_in_threadpool(_store_or_explain, settings, spec, upload, store, get_transaction(request),
-                                           owner_id)
-        except experiment_service.BeyondDevice:
-            raise  # the devices are there; waiting would not give them more cores
-        except experiment_service.NoMatchingDevice as e:
-            waited = time.monotonic() - start
-            if not e.expected or waited >= settings.device_wait_s or await request.is_disconnected():
-                if waited_for:  # say it was waited for, and for what, so a late 422 is not a mystery
-                    raise experiment_service.NoMatchingDevice(
-                        f"{e}; waited {waited:.1f} s (SME2_DEVICE_WAIT_S={settings.device_wait_s:g}) "
-                        f"for {waited_for}") from None
-                raise
-            if not waited_for:
-                log.info("submission waits up to %g s for a device: %s", settings.device_wait_s, e.expected)
-            waited_for = e.expected
-            await asyncio.sleep(DEVICE_RECHECK_S)
-
-
-def _store_or_explain(settings, spec: ExperimentSpec, upload, store, tx, owner_id: int | None = None) -> bytes:
-    """One attempt in its own transaction; a NoMatchingDevice leaves with `.expected` set (the
-    first transaction rolled back, so the check reads in a fresh one)."""
-    try:
-        with tx() as session:
-            exp = submissions.store_experiment(session, spec=spec, upload=upload, store=store,
-                                                max_runs=settings.max_runs_per_experiment,
-                                                device_lost_s=settings.device_lost_s, settle_s=settings.settle_s,
-                                                owner_id=owner_id)
-            return reports.report_json(session, experiment_id=exp.id)
-    except experiment_service.NoMatchingDevice as e:
-        with session_scope(settings.sqlalchemy_url) as session:
-            e.expected = device_service.expected(
-                session, expect_agent=settings.expect_agent, expect_agent_since=settings.expect_agent_since,
-                offline_s=settings.agent_offline_s)
-        raise
+def submission_limits(settings) -> submissions.Limits:
+    return submissions.Limits(
+        max_inputs_bytes=settings.max_inputs_mb << 20, max_runs=settings.max_runs_per_experiment,
+        device_lost_s=settings.device_lost_s, settle_s=settings.settle_s, device_wait_s=settings.device_wait_s,
+        agent_offline_s=settings.agent_offline_s, expect_agent=settings.expect_agent,
+        expect_agent_since=settings.expect_agent_since)
 
 
 @router.post("/experiments/import", status_code=201, response_model=ExperimentReport, openapi_extra=IMPORT_FORM_OPENAPI)
-async def import_experiment(request: Request, settings: SettingsDep, store: StoreDep, user: UserDep) -> Response:
+async def import_experiment(request: Request, settings: SettingsDep, store: StoreDep, user: UserDep, tx: TxDep) -> Response:
     """A kit run directory measured outside the farm (a phone, a Mac), stored as an experiment
     marked imported: `manifest` (its manifest.json, with the device), `model` (the .pte) and
     `etdump.<i>` / `log.<i>` for results[i]. Every trace is analysed as the farm's own; one it
@@ -185,7 +112,7 @@ async def import_experiment(request: Request, settings: SettingsDep, store: Stor
         await run_in_threadpool(imports.check_traces, manifest, upload.traces)
 
         def keep() -> bytes:
-            with get_transaction(request)() as session:
+            with tx() as session:
                 exp = imports.store_import(session, manifest=manifest, upload=upload, store=store,
                                            owner_id=user.user_id)
                 return reports.report_json(session, experiment_id=exp.id)
@@ -293,5 +220,4 @@ def cancel_experiment(experiment_id: ExperimentId, tx: TxDep, user: UserDep, sto
         owners.require_change(session, token=user, owner_id=exp.owner_id, what=f"experiment {experiment_id}",
                               verb="cancel")
         run_service.cancel(session, runs=exp.runs, store=store)
-        session.flush()
         return Response(reports.report_json(session, experiment_id=experiment_id), media_type="application/json")

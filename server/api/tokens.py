@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from sme2farm.protocol import TokenCreate, TokenCreated, TokenInfo
-from sme2farm.server.api.deps import AdminDep, SessionDep, TokenId
+from sme2farm.server.api.deps import AdminDep, SessionDep, TokenId, TxDep
 from sme2farm.server.services import tokens as token_service
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
@@ -26,15 +26,16 @@ def _with_owner(session, row) -> TokenInfo:
 
 
 @router.post("", status_code=201, response_model=TokenCreated)
-def create_token(body: TokenCreate, session: SessionDep, _admin: AdminDep) -> TokenCreated:
+def create_token(body: TokenCreate, tx: TxDep, _admin: AdminDep) -> TokenCreated:
     """Mint a read, submit, admin or register token. The plaintext is in this answer only; the
     farm keeps its sha256. `user` (default: the token's name) and `team` say whose it is."""
-    try:
-        user_id = token_service.user_for(session, scope=body.scope, name=body.name, user=body.user, team=body.team)
-    except ValueError as e:
-        raise HTTPException(422, str(e))
-    row, token = token_service.create_row(session, name=body.name, scope=body.scope, user_id=user_id)
-    return TokenCreated(**_with_owner(session, row).model_dump(), token=token)
+    with tx() as session:
+        try:
+            user_id = token_service.user_for(session, scope=body.scope, name=body.name, user=body.user, team=body.team)
+        except ValueError as e:
+            raise HTTPException(422, str(e))
+        row, token = token_service.create_row(session, name=body.name, scope=body.scope, user_id=user_id)
+        return TokenCreated(**_with_owner(session, row).model_dump(), token=token)
 
 
 @router.get("", response_model=list[TokenInfo])
@@ -45,9 +46,10 @@ def list_tokens(session: SessionDep, _admin: AdminDep, include_revoked: bool = T
 
 
 @router.delete("/{token_id}", response_model=TokenInfo)
-def revoke_token(token_id: TokenId, session: SessionDep, _admin: AdminDep) -> TokenInfo:
+def revoke_token(token_id: TokenId, tx: TxDep, _admin: AdminDep) -> TokenInfo:
     """Revoke at once: the token's next request is a 401 (tokens are checked on every request)."""
-    row = token_service.revoke(session, token_id=token_id)
-    if row is None:
-        raise HTTPException(404, f"token {token_id} not found")
-    return _with_owner(session, row)
+    with tx() as session:
+        row = token_service.revoke(session, token_id=token_id)
+        if row is None:
+            raise HTTPException(404, f"token {token_id} not found")
+        return _with_owner(session, row)
