@@ -87,6 +87,42 @@ def screenshot(driver, path: Path) -> None:
     driver.set_window_size(1280, 1000)
 
 
+# Every drawn <text> of a chart, in the chart's user units (the SVG is scaled to its box): its box,
+# what it shows (its own text and tspans, never its <title>) and whether it has a <title>.
+_MEASURE = """
+const svg = arguments[0], vb = svg.viewBox.baseVal, box = svg.getBoundingClientRect();
+const k = box.width / vb.width;
+return [...svg.querySelectorAll("text")].map((t) => {
+  const shown = [...t.childNodes].filter((n) => n.nodeName !== "title").map((n) => n.textContent).join("");
+  const r = t.getBoundingClientRect();
+  return { shown, title: t.querySelector("title")?.textContent || null,
+           x0: (r.left - box.left) / k, y0: (r.top - box.top) / k, x1: (r.right - box.left) / k,
+           y1: (r.bottom - box.top) / k, w: vb.width, h: vb.height };
+}).filter((t) => t.shown.trim() && t.x1 > t.x0);
+"""
+
+
+def chart_texts(svg) -> list[dict]:
+    """The drawn texts of a rendered chart (a selenium <svg> element), measured by the browser."""
+    return svg.parent.execute_script(_MEASURE, svg)
+
+
+def chart_label_problems(svg) -> list[str]:
+    """A rendered chart's labels outside its viewBox, over one another, or cut with no full text to hover."""
+    texts, out = chart_texts(svg), []
+    for t in texts:
+        if t["x0"] < -0.5 or t["y0"] < -0.5 or t["x1"] > t["w"] + 0.5 or t["y1"] > t["h"] + 0.5:
+            out.append(f"outside the chart: {t['shown']!r} at x {t['x0']:.1f}..{t['x1']:.1f} of {t['w']}, "
+                       f"y {t['y0']:.1f}..{t['y1']:.1f} of {t['h']}")
+        if "…" in t["shown"] and not t["title"]:
+            out.append(f"cut with no full text on hover: {t['shown']!r}")
+    for i, a in enumerate(texts):
+        for b in texts[i + 1:]:
+            if a["x0"] < b["x1"] - 1 and b["x0"] < a["x1"] - 1 and a["y0"] < b["y1"] - 1 and b["y0"] < a["y1"] - 1:
+                out.append(f"overlap: {a['shown']!r} and {b['shown']!r}")
+    return out
+
+
 STATIC = Path(__file__).resolve().parent.parent / "server" / "static"
 
 

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from _fixtures_browser import wait
+from _fixtures_browser import chart_label_problems, wait
 from sme2farm.analysis.stats import trimmed_mean
 from sme2farm.client.api import wire
 from sme2farm.client.common import wait_for
@@ -90,6 +90,8 @@ def chart(d, name: str, within: str = ""):
     w, h = d.execute_script("const r = arguments[0].getBoundingClientRect(); return [r.width, r.height]", svg)
     assert w > 100 and h > 50, f"{name} chart rendered {w}x{h}"
     assert svg.find_element("css selector", "title").get_attribute("textContent")  # accessible name
+    problems = chart_label_problems(svg)   # no label outside the chart, over another, or cut without its text
+    assert not problems, f"{name}: " + "\n".join(problems)
     return svg
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _fixtures_browser import wait
+from _fixtures_browser import chart_label_problems, chart_texts, wait
 from _fixtures_farm import free_port, stop_farm
 from sme2farm.client.api import FarmClient
 from sme2farm.client.common import wait_for
@@ -31,37 +31,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
 LINK = re.compile(r"^  experiment (\d+), (.+): (http://\S+/#/experiments/\1\?token=(\S+))$")
-
-# Every drawn <text> of a chart, in the chart's user units (the SVG is scaled to its box): its box,
-# what it shows (its own text and tspans, never its <title>) and whether it has a <title>.
-MEASURE = """
-const svg = arguments[0], vb = svg.viewBox.baseVal, box = svg.getBoundingClientRect();
-const k = box.width / vb.width;
-return [...svg.querySelectorAll("text")].map((t) => {
-  const shown = [...t.childNodes].filter((n) => n.nodeName !== "title").map((n) => n.textContent).join("");
-  const r = t.getBoundingClientRect();
-  return { shown, title: t.querySelector("title")?.textContent || null,
-           x0: (r.left - box.left) / k, y0: (r.top - box.top) / k, x1: (r.right - box.left) / k,
-           y1: (r.bottom - box.top) / k, w: vb.width, h: vb.height };
-}).filter((t) => t.shown.trim() && t.x1 > t.x0);
-"""
-
-
-def label_problems(texts: list[dict]) -> list[str]:
-    """Labels outside the viewBox, over one another, or cut with no full text to hover."""
-    out = []
-    for t in texts:
-        if t["x0"] < -0.5 or t["y0"] < -0.5 or t["x1"] > t["w"] + 0.5 or t["y1"] > t["h"] + 0.5:
-            out.append(f"outside the chart: {t['shown']!r} at x {t['x0']:.1f}..{t['x1']:.1f} of {t['w']}, "
-                       f"y {t['y0']:.1f}..{t['y1']:.1f} of {t['h']}")
-        if "…" in t["shown"] and not t["title"]:
-            out.append(f"cut with no full text on hover: {t['shown']!r}")
-    for i, a in enumerate(texts):
-        for b in texts[i + 1:]:
-            if a["x0"] < b["x1"] - 1 and b["x0"] < a["x1"] - 1 and a["y0"] < b["y1"] - 1 and b["y0"] < a["y1"] - 1:
-                out.append(f"overlap: {a['shown']!r} and {b['shown']!r}")
-    return out
-
 
 def _reader(stream, lines: queue.Queue) -> None:
     for line in stream:
@@ -153,8 +122,8 @@ def test_the_demos_links_open_signed_in_and_no_chart_mixes_emulated_and_measured
             d.execute_script("arguments[0].scrollIntoView()", fig)
             svg = fig.find_element("css selector", "svg")
             svg.screenshot(str(SHOTS / f"demo-e{eid}-{name}.png"))
-            problems += [f"experiment {eid} {name}: {p}" for p in label_problems(d.execute_script(MEASURE, svg))]
-            shown = " ".join(t["shown"] for t in d.execute_script(MEASURE, svg))
+            problems += [f"experiment {eid} {name}: {p}" for p in chart_label_problems(svg)]
+            shown = " ".join(t["shown"] for t in chart_texts(svg))
             if name == "distribution":   # the measured arms on the time axis, the emulated ones only named
                 assert len(svg.find_elements("css selector", "g.arm")) == len(measured), (eid, measured)
                 if emulated:
