@@ -2,7 +2,8 @@
 arm), `sme2-client compare BASE CAND` / GET /comparisons (any two experiments or runs, matched by
 device model, SME2 arm, threads and mode), and the device noise model those verdicts use, learned
 from the identical work experiments do. On the real farm (runner, ETDump, ingest), and the API's
-bad-input answers on SQLite and PostgreSQL."""
+bad-input answers on SQLite and PostgreSQL. Only the farm's tests are marked e2e: the others run in
+`make test`'s parallel run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import pytest
 
 from _fixtures_farm import register
 
-pytestmark = pytest.mark.e2e
 VERDICTS = {"speedup", "slowdown", "no significant difference", "insufficient data"}
 
 
@@ -22,15 +22,18 @@ def _json(proc) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.e2e
 def test_vs_interleaves_two_models_and_tells_a_large_difference_apart(farm, example_pte):
-    small, big = example_pte("cnn_blocks", blocks=2), example_pte("cnn_blocks", blocks=50)
+    # the small model test_runner exports and the heavy one test_device_lost and test_runner_memory do
+    # (one export each per run): hundreds of times the work
+    small, big = example_pte("cnn_blocks", blocks=2), example_pte("cnn_blocks", blocks=20, channels=64, size=32)
     rep = _json(farm.cli("submit", str(small), "--vs", str(big), "--sme2", "off", "--sessions", "2",
                          "--iterations", "15", "--min-effect", "0.05", "--wait", "--json"))
     assert rep["vs_model_sha256"] and rep["vs_model_sha256"] != rep["model_sha256"]
     runs = sorted(rep["runs"], key=lambda r: r["id"])
     assert [r["variant"] for r in runs] == ["A", "B", "B", "A"]  # interleaved A B B A
     assert all(r["status"] == "succeeded" for r in runs), [r["reason"] for r in runs]
-    # each variant ran its own model: 50 residual blocks take longer than 2
+    # each variant ran its own model: 20 residual blocks of 64 channels on 32x32 take longer than 2 of 16 on 16x16
     med = {v: sorted(r["e2e_ms"]["median"] for r in runs if r["variant"] == v) for v in "AB"}
     assert min(med["B"]) > 3 * max(med["A"])
     [cmp] = [c for c in rep["comparisons"] if c["kind"] == "model"]
@@ -46,6 +49,7 @@ def test_vs_interleaves_two_models_and_tells_a_large_difference_apart(farm, exam
     assert "model B, SME2 off" in text.stdout
 
 
+@pytest.mark.e2e
 def test_a_model_against_itself_teaches_the_device_noise_model(farm, example_pte):
     pte = example_pte("toy_cnn")
     rep = _json(farm.cli("submit", str(pte), "--vs", str(pte), "--sme2", "off", "--sessions", "2",
@@ -61,6 +65,7 @@ def test_a_model_against_itself_teaches_the_device_noise_model(farm, example_pte
     assert cmp2["sentence"]
 
 
+@pytest.mark.e2e
 def test_compare_two_experiments_and_runs_matched_or_explained(farm, example_pte):
     pte = example_pte("toy_cnn")
     base = _json(farm.cli("submit", str(pte), "--sme2", "off", "--iterations", "20", "--name", "cmp-base", "--wait", "--json"))
