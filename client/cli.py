@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from sme2farm.client import analyze_cmd, artifacts_cmd, document, examples_cmd, kit, kit_dir, scaling_cmd, suites_cmd
 from sme2farm.client.api import FarmError, Patience, error_sentences, note, say_refusal, transport_words, wire
 from sme2farm.client.common import (EXIT_CODES_HELP, RefRefused, connect, etrecord_beside, etrecord_note,
-                                    parse_selector, print_when_done, run_or_experiment, submit_and_follow)
+                                    experiment_id, parse_selector, print_when_done, run_or_experiment,
+                                    submit_and_follow)
 from sme2farm.client.config import client_settings
 from sme2farm.client.render import comparison_text, devices_text, experiment_text, progress_line
 from sme2farm.protocol import (DEFAULT_ITERATIONS, DEFAULT_METHOD, DEFAULT_MIN_EFFECT, DEFAULT_POWER_PROFILE,
@@ -223,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_submit)
 
     st = sub.add_parser("status", help="show one experiment's report", epilog=EXIT_CODES_HELP)
-    st.add_argument("id", type=int)
+    st.add_argument("id", type=experiment_id, help="experiment id (12 or E12)")
     st.add_argument("--json", action="store_true")
     st.add_argument("--wait", action="store_true", help="follow progress until every run has ended, then print the report")
     st.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
@@ -244,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(fn=cmd_compare)
 
     ca = sub.add_parser("cancel", help="cancel an experiment's queued and running runs")
-    ca.add_argument("id", type=int)
+    ca.add_argument("id", type=experiment_id, help="experiment id (12 or E12)")
     ca.set_defaults(fn=cmd_cancel)
 
     ls = sub.add_parser("list", help="list experiments, newest first")

@@ -6,6 +6,7 @@ cli.py, kit.py, document.py, suites_cmd.py and artifacts_cmd.py build on it; it 
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -51,6 +52,17 @@ class RefRefused(ValueError):
     def __init__(self, message: str, code: int):
         super().__init__(message)
         self.code = code
+
+
+def experiment_id(text: str) -> int:
+    """An argparse type for the commands that take an experiment only (status, cancel, scaling):
+    12 or E12, the form artifacts and compare take; a run id is refused naming what it is."""
+    m = REF.match(text.strip())
+    if m and m.group(1).upper() == "R":
+        raise argparse.ArgumentTypeError(f"{text!r} is a run id: this command takes an experiment (12 or E12)")
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an experiment id: give 12 or E12")
+    return int(m.group(2))
 
 
 def run_or_experiment(client, text: str) -> tuple[str, int]:

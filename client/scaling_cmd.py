@@ -6,19 +6,18 @@ no speed figures."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from sme2farm.analysis.scaling import rows
-from sme2farm.client.common import connect
+from sme2farm.client.common import connect, experiment_id
 
 
 def add_parser(sub) -> None:
     s = sub.add_parser("scaling", help="thread and core scaling of an experiment (submit with --threads 1,2,4)",
                        description=__doc__.split(":", 1)[1].strip())
-    s.add_argument("id", type=int, help="experiment id")
+    s.add_argument("id", type=experiment_id, help="experiment id (12 or E12)")
     s.add_argument("--with", dest="joined", type=experiment_ids, default=None, metavar="ID,ID",
                    help="other experiments of the same model to join (e.g. one per --core-mask: which cluster is "
                         "fastest)")
@@ -30,11 +29,8 @@ def add_parser(sub) -> None:
 
 
 def experiment_ids(text: str) -> list[int]:
-    """--with 13,E14 as a list of experiment ids."""
-    try:
-        return [int(x.strip().lstrip("Ee")) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of experiment ids, e.g. 13,14") from None
+    """--with 13,E14 as a list of experiment ids (each as common.experiment_id reads one)."""
+    return [experiment_id(x) for x in text.split(",") if x.strip()]
 
 
 def table(headers: list[str], body: list[list[str]]) -> list[str]:

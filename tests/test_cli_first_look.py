@@ -186,3 +186,19 @@ def test_list_shows_the_name_and_the_models_hash_only_where_there_is_none(api, c
     assert header.split() == ["id", "status", "runs", "created", "owner", "name"], header
     assert oldest.endswith(" my_first_model") and sha[:12] not in oldest, oldest
     assert newest.endswith(f" model {sha[:12]}"), newest
+
+
+@SQLITE
+def test_commands_taking_an_experiment_read_e12_as_artifacts_does_and_refuse_a_run_id(api, capsys):
+    register(api)
+    exp = post_experiment(api, EXAMPLE.read_bytes(), {"sme2": "off"}).json()
+    code, out, err = _cli(api, capsys, "status", f"E{exp['id']}", "--json")
+    assert code == 0 and json.loads(out)["id"] == exp["id"], err
+    with pytest.raises(SystemExit) as refused:
+        _cli(api, capsys, "status", f"R{exp['runs'][0]['id']}")
+    assert refused.value.code == 2 and "is a run id: this command takes an experiment (12 or E12)" in capsys.readouterr().err
+    code, out, err = _cli(api, capsys, "cancel", f"e{exp['id']}")
+    assert code == 0 and f"experiment {exp['id']}: " in out, err
+    with pytest.raises(SystemExit) as refused:
+        _cli(api, capsys, "scaling", "1", "--with", "E2,R3")
+    assert refused.value.code == 2 and "'R3' is a run id" in capsys.readouterr().err
