@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from sme2farm.client import document_blocks
-from sme2farm.client.common import connect
+from sme2farm.client.common import connect, experiment_id
 from sme2farm.client.document_fetch import fetch
 from sme2farm.client.document_writers import to_html, to_markdown
 from sme2farm.client.scaling_cmd import experiment_ids
@@ -92,7 +92,7 @@ def cmd_report(args) -> int:
 def add_parser(sub) -> None:
     rp = sub.add_parser("report", help="one experiment as a Markdown or HTML document with its charts (SVG)",
                         description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    rp.add_argument("id", type=int, help="experiment id")
+    rp.add_argument("id", type=experiment_id, help="experiment id (12 or E12)")
     fmt = rp.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="Markdown, charts as inline <svg> (or files: --svg-files)")
     fmt.add_argument("--html", action="store_true", help="a standalone HTML page, charts inline")

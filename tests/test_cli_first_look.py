@@ -200,5 +200,8 @@ def test_commands_taking_an_experiment_read_e12_as_artifacts_does_and_refuse_a_r
     code, out, err = _cli(api, capsys, "cancel", f"e{exp['id']}")
     assert code == 0 and f"experiment {exp['id']}: " in out, err
     with pytest.raises(SystemExit) as refused:
+        _cli(api, capsys, "report", f"R{exp['runs'][0]['id']}")
+    assert refused.value.code == 2 and "is a run id" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
         _cli(api, capsys, "scaling", "1", "--with", "E2,R3")
     assert refused.value.code == 2 and "'R3' is a run id" in capsys.readouterr().err
