@@ -70,10 +70,11 @@ def load_phase(args, url: str, admin: str, register: str, work: Path, db_name: s
         load0 = os.getloadavg()[0]
         spies = []
         if args.py_spy:  # sample the server and the worker (with its pool children) through the load,
-            # without pausing them (py-spy's default pauses each process per sample: it halved throughput)
+            # without pausing them (py-spy's default pauses each process per sample: it halved throughput);
+            # only threads holding the GIL: where Python spends CPU, not where it waits on PostgreSQL or a disk
             for name in ("server", "worker"):
                 out = open(work / f"py-spy-{name}.txt", "wb")
-                spies.append(subprocess.Popen([args.py_spy, "record", "--nonblocking", "--format", "raw",
+                spies.append(subprocess.Popen([args.py_spy, "record", "--nonblocking", "--gil", "--format", "raw",
                                                "--rate", "50", "--subprocesses", "--pid", str(procs.procs[name].pid),
                                                "-o", str(work / f"py-spy-{name}.raw")],
                                               stdout=out, stderr=subprocess.STDOUT))
@@ -326,10 +327,10 @@ def print_profile(name: str, raw: Path) -> None:
         leaves[leaf] = leaves.get(leaf, 0) + int(n)
     for where, total in totals.items():
         if total:
-            top = sorted(((k[1], v) for k, v in groups.items() if k[0] == where), key=lambda kv: -kv[1])[:7]
+            top = sorted(((k[1], v) for k, v in groups.items() if k[0] == where), key=lambda kv: -kv[1])[:12]
             print(f"  py-spy {name} ({where}, {total} busy samples at 50 Hz): "
                   + "; ".join(f"{100 * v / total:.0f}% {k}" for k, v in top))
     total = sum(leaves.values())
     if total:
         print(f"  py-spy {name} (self, all threads): " + "; ".join(
-            f"{100 * v / total:.0f}% {k}" for k, v in sorted(leaves.items(), key=lambda kv: -kv[1])[:10]))
+            f"{100 * v / total:.0f}% {k}" for k, v in sorted(leaves.items(), key=lambda kv: -kv[1])[:15]))
