@@ -226,7 +226,10 @@ def test_sme2_hide_runner_line_is_read_for_the_report():
         "not asked (SME2FARM_HIDE_SME2 unset); what XNNPACK saw is not known: byte 12 of cpuinfo_isa reads 64")
     assert runner_hiding("sme2farm runner (executor_runner-compatible)\nThreads: 4\n") is None   # an x86 runner
     assert runner_hiding(None) is None
-    lines = kernel_path_lines({"coverage": {}, "runner_said": runner_hiding(HIDDEN)})
+    lines = kernel_path_lines({"source": "kernel log", "sme2_visible": False, "by_category": {}, "not_hidden": [],
+                              "coverage": {"conv_gemm_ms": 0.0, "sme2_ms": 0.0, "unknown_ms": 0.0, "share": None,
+                                           "off_sme2": [], "flag": None},
+                              "runner_said": runner_hiding(HIDDEN)})
     assert ("SME2 hiding (the runner): SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw "
             "SME 0 SME2 0 (SME length 0).") in lines
 
