@@ -67,11 +67,11 @@ def test_an_ended_experiments_report_is_built_once_and_served_from_storage(servi
     default.write_text(json.dumps({**again, "name": "served from storage"}))
     assert _report(farm, eid, cache)["name"] == "served from storage"
     monkeypatch.setattr(reports, "__version__", reports.__version__ + "+upgraded")
-    reports.report_cache_version.cache_clear()
+    reports.stored_report_version.cache_clear()
     try:
         assert _report(farm, eid, cache)["name"] != "served from storage"
     finally:
-        reports.report_cache_version.cache_clear()
+        reports.stored_report_version.cache_clear()
 
 
 def test_reading_a_report_leaves_the_callers_transaction_to_the_caller(service_farm, etdump):
@@ -159,19 +159,19 @@ def test_an_experiment_ended_by_a_cancel_asks_for_its_report_too(service_farm):
 
 
 def test_a_running_experiments_report_builds_only_the_runs_that_changed_since_the_last_read(service_farm, etdump):
-    """reports.RunPieces: an ended run's JSON is kept by the process that built it (the API) and
+    """reports.EndedRunsJson: an ended run's JSON is kept by the process that built it (the API) and
     spliced into the next build of its running experiment's report, keyed by what changes with it
     (status, attempt, finish time): a run that changed is built again, one not ended is never kept,
     and the answer is the one a build from scratch gives."""
     farm = service_farm
-    pieces = reports.RunPieces()
+    pieces = reports.EndedRunsJson()
     first, second, third = farm.submit(threads=[1, 2, 4])
     eid = farm.run(first).experiment_id
     farm.to(first, "analyzing", trace=etdump)
     assert farm.ingest(first) == "succeeded"
 
     def read(**kw) -> dict:
-        return _report(farm, eid, None, pieces=pieces, **kw)
+        return _report(farm, eid, None, ended_runs=pieces, **kw)
 
     built = read()
     assert built == _report(farm, eid, None)                     # the same answer as a build from scratch
@@ -205,9 +205,9 @@ def test_a_running_experiments_report_builds_only_the_runs_that_changed_since_th
 
 
 def test_the_kept_runs_are_bounded_by_bytes_least_recently_used_first():
-    pieces = reports.RunPieces(max_bytes=100)
-    keys = [reports.RunPieces.key(i, "succeeded", 1, None) for i in range(4)]
-    assert reports.RunPieces.key(9, "queued", 1, None) is None        # a run not ended has no key
+    pieces = reports.EndedRunsJson(max_bytes=100)
+    keys = [reports.EndedRunsJson.key(i, "succeeded", 1, None) for i in range(4)]
+    assert reports.EndedRunsJson.key(9, "queued", 1, None) is None        # a run not ended has no key
     pieces.put(None, b"x" * 10)
     assert len(pieces) == 0
     for k in keys[:3]:

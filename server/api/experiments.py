@@ -152,14 +152,14 @@ def get_experiment(experiment_id: ExperimentId, tx: TxDep, user: UserDep, store:
     `run_page`); runs_detail/runs_total say which. Once every run has ended the report is built
     once, by the worker when the last run ends (TASK_REPORT), and served from the data dir
     (reports.read_report cache_dir); a reader that finds none stored builds and keeps it. A running
-    experiment's report builds only the runs that changed since the last read (reports.RunPieces)."""
+    experiment's report builds only the runs that changed since the last read (reports.EndedRunsJson)."""
     # A read in its own transaction, ended before the answer is built (a large report takes a
     # while in Python): the connection goes back to the pool meanwhile, not "idle in transaction".
     with tx() as session:
         owners.require_read(session, token=user, experiment_id=experiment_id, team_only=settings.reads_team_only)
         rows = reports.read_report(session, experiment_id=experiment_id, runs=runs, page=run_page,
                                    page_size=run_page_size, cache_dir=store,
-                                   pieces=reports.RUN_PIECES)
+                                   ended_runs=reports.ENDED_RUNS_JSON)
     if rows is None:
         raise HTTPException(404, f"experiment {experiment_id} not found")
     return Response(reports.build_report(rows=rows), media_type="application/json")  # built as JSON by reports

@@ -15,7 +15,6 @@ from typing import Literal
 
 from pydantic import TypeAdapter
 from sqlalchemy import Text, cast, func, select
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, defer, joinedload
 
 from sme2farm import __version__
@@ -26,19 +25,22 @@ from sme2farm.protocol import (
 from sme2farm.protocol.experiments import RunGroup
 from sme2farm.server.store.base import ArtifactStore, StoreUnavailable, report_prefix
 from sme2farm.server.store.db import enqueue_after_commit
-from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
+from sme2farm.server.store.models import Device, Experiment, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
-from sme2farm.server.services import report_comparisons
+from sme2farm.server.services import report_comparisons, result_parts, run_artifacts
 from sme2farm.server.infra.json_text import answered
 from sme2farm.server.services.programs import memory_for
+# report_parts: the write side, in result_parts; ingest and bench/scale_bench/bulk.py import it from
+# here until they import it from result_parts (then this name goes).
+from sme2farm.server.services.result_parts import ATTRIBUTION_KEYS, CHUNK, ResultParts, report_parts  # noqa: F401
 
 log = logging.getLogger(__name__)
 TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 
 
 @functools.cache
-def report_cache_version() -> str:
+def stored_report_version() -> str:
     """What a stored report was built by: the farm's version and the report's wire schema. A stored
     report of another version, or of a contract that has changed since, is never served."""
     schema = json.dumps(ExperimentReport.model_json_schema(), sort_keys=True)
@@ -70,8 +72,6 @@ def keep_ended(session: Session, *, experiment_id: int, cache_dir: ArtifactStore
     return rows if rows is not None and rows.stored is None and rows.keep_at is not None else None
 
 
-# The analysis's attribution to the model's modules (from its ETRecord), carried by each run's report
-ATTRIBUTION_KEYS = ("attribution", "by_module", "by_source")
 E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max", "cv", "mad", "outliers", "n")
 
 
@@ -115,7 +115,7 @@ def summary(exp: Experiment, by_status: dict[str, int], owner: str | None = None
 
 RunsDetail = Literal["full", "summary", "page"]
 # An experiment with more runs than this is answered as a summary unless `runs` asks otherwise
-# (a 10,000-run report in full is ~43 MB of JSON: operators and kernels of every run).
+# (in full, every run carries its operators and kernels).
 FULL_REPORT_MAX_RUNS = 2000
 _RUN_COLUMNS = (Run.id, Run.experiment_id, Run.device_id, Run.sme2, Run.threads, Run.mode, Run.variant, Run.session,
                 Run.status, Run.reason, Run.attempt, cast(Run.device_snapshot, Text).label("device_snapshot"),
@@ -123,11 +123,11 @@ _RUN_COLUMNS = (Run.id, Run.experiment_id, Run.device_id, Run.sme2, Run.threads,
                 Run.runner_wall_s, Run.created_at, Run.started_at, Run.finished_at)
 
 
-class RunPieces:
+class EndedRunsJson:
     """The JSON of ended runs as a report answers them, kept in the process that serves reports
     (the API), so that a running experiment's report, which is read again and again while its runs
     end (a dashboard, `submit --wait`, bench/scale.py's poller), builds only the runs that changed
-    since the last read instead of every run (bench/scale.py: ~10 ms of the API's CPU per run).
+    since the last read instead of every run (docs/benchmarks.md has what it saves).
 
     A run's piece is keyed by what changes when anything in it can: (run id, status, attempt,
     finish time). An ended run's results, artifacts, device state and reason are written in the
@@ -145,7 +145,7 @@ class RunPieces:
     @staticmethod
     def key(run_id: int, status: str, attempt: int, finished_at) -> tuple | None:
         """None for a run that has not ended (never kept)."""
-        return (run_id, status, attempt, finished_at, report_cache_version()) if status in TERMINAL_VALUES else None
+        return (run_id, status, attempt, finished_at, stored_report_version()) if status in TERMINAL_VALUES else None
 
     def get(self, key: tuple | None) -> bytes | None:
         if key is None:
@@ -172,7 +172,7 @@ class RunPieces:
 
 
 # The API process's cache (server/api/experiments.py); the worker builds ended reports once and keeps none.
-RUN_PIECES = RunPieces()
+ENDED_RUNS_JSON = EndedRunsJson()
 
 
 @dataclass(frozen=True)
@@ -189,14 +189,14 @@ class ReportRows:
     head: ExperimentReport | None = None
     comparisons: str | None = None
     rows: list = field(default_factory=list)
-    results: dict[int, tuple] = field(default_factory=dict)
+    results: dict[int, ResultParts] = field(default_factory=dict)
     artifacts: dict[int, list[str]] = field(default_factory=dict)
     waiting: dict[int, str] = field(default_factory=dict)
-    # The runs' JSON taken from a RunPieces cache (run id -> bytes), `order` every run's id in the
+    # The runs' JSON taken from a EndedRunsJson cache (run id -> bytes), `order` every run's id in the
     # answer's order (empty: the order of `rows`); `cache` where the runs built here are kept.
-    pieces: dict[int, bytes] = field(default_factory=dict)
+    kept_runs: dict[int, bytes] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)
-    cache: RunPieces | None = None
+    keep_runs_in: EndedRunsJson | None = None
 
 
 def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
@@ -212,7 +212,7 @@ def report_json(session: Session, *, experiment_id: int, runs: RunsDetail | None
 
 def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None = None, page: int = 1,
                 page_size: int = 200, cache_dir: ArtifactStore | None = None,
-                pieces: RunPieces | None = None) -> ReportRows | None:
+                ended_runs: EndedRunsJson | None = None) -> ReportRows | None:
     """GET /experiments/{id}, its reading step: what the ExperimentReport is built from (None: no
     such experiment). build_report turns it into JSON bytes, with no session.
 
@@ -220,30 +220,29 @@ def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None
     run's e2e, load, operator and kernel parts are taken out of its stored analysis by the
     database (the raw per-iteration samples, most of that JSON, never leave it), and operators
     and kernels go into the answer as the JSON text the database hands over, never parsed into
-    Python objects and serialised again (that was most of a large report's time: bench/scale.py).
+    Python objects and serialised again.
 
     runs: "full" (the default up to FULL_REPORT_MAX_RUNS runs): every run with its operators and
     kernels; "summary" (the default above it): no runs, their aggregates per variant, SME2 arm,
-    device, threads and mode (run_groups; a 10,000-run experiment's summary listed every run:
-    17.9 MB, 2.1 s); "page": `page_size` runs in full, page `page` in run id order. runs_detail,
+    device, threads and mode (run_groups); "page": `page_size` runs in full, page `page` in run id order. runs_detail,
     runs_total and runs_page say which was answered.
 
     cache_dir: an experiment whose runs have all ended has a report that no longer changes: its
     default, full and summary answers are built once and kept there (pages are not: a page is
     cheap, and any reader could ask for a million of them), served as stored while the runs'
-    statuses and finish times and the report's contract (report_cache_version) are what they were
+    statuses and finish times and the report's contract (stored_report_version) are what they were
     (a run requeued, cancelled or re-ended changes them; the comparisons are completed in the
     transaction that ends the last run). One file per answer and experiment: a rebuild replaces it.
     The stored answer is read here, in the transaction that read its key, so it is the answer of
     the rows that transaction saw.
 
-    pieces: the ended runs' JSON kept from earlier builds (RunPieces): a report that is not stored
+    ended_runs: the ended runs' JSON kept from earlier builds (EndedRunsJson): a report that is not stored
     (a running experiment's, a page) reads and builds only the runs it does not hold."""
     ended = session.execute(select(Run.status, func.count(), func.max(Run.finished_at))
                             .where(Run.experiment_id == experiment_id).group_by(Run.status)).all()
     cached = None
     if cache_dir is not None and runs != "page" and ended and all(st in TERMINAL_VALUES for st, *_ in ended):
-        key = json.dumps([report_cache_version(), sorted((st, n, str(t)) for st, n, t in ended)])
+        key = json.dumps([stored_report_version(), sorted((st, n, str(t)) for st, n, t in ended)])
         cached = (cache_dir, report_key(experiment_id, runs or "default", key))
         try:
             stored = cache_dir.read_optional(cached[1])
@@ -253,7 +252,7 @@ def read_report(session: Session, *, experiment_id: int, runs: RunsDetail | None
         if stored is not None:
             return ReportRows(stored=stored)
     return _read(session, experiment_id=experiment_id, runs=runs, page=page, page_size=page_size,
-                 statuses={st: n for st, n, _ in ended}, keep_at=cached, pieces=pieces)
+                 statuses={st: n for st, n, _ in ended}, keep_at=cached, ended_runs=ended_runs)
 
 
 def _keep(at: tuple[ArtifactStore, str], body: bytes) -> None:
@@ -274,14 +273,14 @@ def _keep(at: tuple[ArtifactStore, str], body: bytes) -> None:
 
 def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page: int, page_size: int,
           statuses: dict[str, int], keep_at: tuple[ArtifactStore, str] | None,
-          pieces: RunPieces | None) -> ReportRows | None:
+          ended_runs: EndedRunsJson | None) -> ReportRows | None:
     exp = session.scalar(
         select(Experiment).where(Experiment.id == experiment_id)
         .options(joinedload(Experiment.model), joinedload(Experiment.vs_model), defer(Experiment.comparisons))
     )
     if exp is None:
         return None
-    # The comparisons (a finished 200-device experiment's are ~2 MB) go into the answer as the
+    # The comparisons (megabytes for a finished 200-device experiment) go into the answer as the
     # text the database holds, like the runs' operators: not parsed, checked and serialised again.
     comparisons = session.scalar(select(cast(Experiment.comparisons, Text)).where(Experiment.id == experiment_id))
     total = sum(statuses.values())
@@ -290,35 +289,32 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
     query = select(*_RUN_COLUMNS).where(Run.experiment_id == experiment_id).order_by(Run.id)
     if detail == "page":
         query = query.offset((page - 1) * page_size).limit(page_size)
-    # With a RunPieces cache: the runs' keys first (four narrow columns), then only the runs whose
+    # With a EndedRunsJson cache: the runs' keys first (four narrow columns), then only the runs whose
     # JSON is not kept are read in full.
     kept: dict[int, bytes] = {}
     order: list[int] = []
-    if pieces is not None and detail != "summary":
+    if ended_runs is not None and detail != "summary":
         keys = session.execute(query.with_only_columns(Run.id, Run.status, Run.attempt, Run.finished_at)).all()
-        kept = {k.id: p for k in keys if (p := pieces.get(RunPieces.key(*k))) is not None}
+        kept = {k.id: p for k in keys if (p := ended_runs.get(EndedRunsJson.key(*k))) is not None}
         if kept:
             order = [k.id for k in keys]
     if detail == "summary":
         rows = []
     elif kept:
         missing = [i for i in order if i not in kept]
-        rows = [r for chunk in _chunks(missing, 5000)
+        rows = [r for chunk in _chunks(missing, CHUNK)
                 for r in session.execute(select(*_RUN_COLUMNS).where(Run.id.in_(chunk)).order_by(Run.id))]
     else:
         rows = session.execute(query).all()
-    results: dict[int, tuple] = {}
+    results: dict[int, ResultParts] = {}
     artifacts: dict[int, list[str]] = {}
     # The runs' ids as a sub-select (an IN list of 10,000 parameters cost more to send and plan
     # than the rows it found), or, for a page or the runs a cache did not hold, their own ids.
     by_id = detail == "page" or bool(kept)
     ids = [r.id for r in rows] if by_id else select(Run.id).where(Run.experiment_id == experiment_id)
-    for chunk in (_chunks(ids, 5000) if by_id else [ids]) if rows else []:
-        results.update((r[0], r) for r in _result_parts(session, chunk, with_operators=detail != "summary"))
-        for run_id, name in session.execute(
-            select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(chunk)).order_by(Artifact.run_id, Artifact.name)
-        ):
-            artifacts.setdefault(run_id, []).append(name)
+    for chunk in (_chunks(ids, CHUNK) if by_id else [ids]) if rows else []:
+        results.update((r.run_id, r) for r in result_parts.read(session, chunk, with_operators=detail != "summary"))
+        artifacts.update(run_artifacts.names(session, run_ids=chunk))
     # What each queued run waits for: the state of its device now (one row per device), put in
     # words while the transaction that read it is open.
     waiting_on = {r.device_id for r in rows if r.status == RunStatus.queued and r.device_id is not None}
@@ -341,7 +337,7 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
         imported=exp.imported,
     )
     return ReportRows(keep_at=keep_at, head=head, comparisons=comparisons, rows=rows, results=results,
-                      artifacts=artifacts, waiting=waiting, pieces=kept, order=order, cache=pieces)
+                      artifacts=artifacts, waiting=waiting, kept_runs=kept, order=order, keep_runs_in=ended_runs)
 
 
 def build_report(*, rows: ReportRows) -> bytes:
@@ -356,42 +352,52 @@ def build_report(*, rows: ReportRows) -> bytes:
 
 
 @functools.lru_cache(maxsize=4096)
-def _device_info(text: str) -> DeviceInfo:
-    """A device snapshot as stored (JSON text), checked once per distinct text in this process: a
-    running experiment's report is built again and again, and 200 devices' snapshots were checked
-    on every build (bench/scale.py --run-s 10: a fifth of the report's build). Never changed by a caller."""
+def _checked_device_snapshot(text: str) -> DeviceInfo:
+    """The cache of checked device snapshots: each distinct stored text (JSON) checked once in this
+    process, since a running experiment's report is built again and again with the same devices.
+    Never changed by a caller."""
     return DeviceInfo.model_validate_json(text)
 
 
 @functools.lru_cache(maxsize=256)
-def _runner_info(text: str) -> RunnerInfo:
-    """A runner build as stored, checked once per distinct text in this process (as _device_info)."""
+def _checked_runner_build(text: str) -> RunnerInfo:
+    """The cache of checked runner builds: each distinct stored text checked once (as _checked_device_snapshot)."""
     return RunnerInfo.model_validate_json(text)
+
+
+def run_from_stored_parts(**fields) -> RunReport:
+    """The one answer built without validation (RunReport.model_construct), the report's fast path:
+    a run from stored parts that were validated on their way in (ingest checks the analysis when it
+    stores it; snapshots and runner builds are checked here, once per distinct text; e2e is a
+    LatencyStats), so checking every run of every build again is the cost avoided. Held to the
+    validated path (run_report) by tests/test_scale_paths.py: the report from columns, read through
+    the wire contract, is the ORM walk's report."""
+    return RunReport.model_construct(**fields)
 
 
 def _build(got: ReportRows) -> bytes:
     results, artifacts, waiting = got.results, got.artifacts, got.waiting
     # Snapshots and runner builds repeat (one per device, a few builds): read as text, each
-    # distinct one checked once in this process (_device_info, _runner_info). Device state and
+    # distinct one checked once in this process (_checked_device_snapshot, _checked_runner_build). Device state and
     # categories go in as the stored text.
     out, raw = [], []
     for r in got.rows:
         res = results.get(r.id)
         device = runner = None
         if r.device_snapshot and r.device_snapshot != "null":
-            device = _device_info(r.device_snapshot)
+            device = _checked_device_snapshot(r.device_snapshot)
         if r.runner and r.runner != "null":
-            runner = _runner_info(r.runner)
+            runner = _checked_runner_build(r.runner)
         e2e = load = kernel_paths = None
         cats = ops = kernels = "null"
         extra: dict = {}
         if res is not None:
-            e2e_raw, load, kernel_paths, extra = _loads(res[2]), _loads(res[3]), res[6], res[7]
-            e2e = LatencyStats.model_validate({k: v for k, v in e2e_raw.items() if k in E2E_KEYS}) if e2e_raw else None
-            cats, ops, kernels = answered(res[1]), answered(res[4]), answered(res[5])
+            load, kernel_paths, extra = res.load, res.kernel_paths, res.extra
+            e2e = LatencyStats.model_validate({k: v for k, v in res.e2e.items() if k in E2E_KEYS}) if res.e2e else None
+            cats, ops, kernels = answered(res.categories), answered(res.operators), answered(res.kernels)
         state = answered(r.device_state)
         raw.append(((state if state != "null" else "{}").encode(), cats.encode(), ops.encode(), kernels.encode()))
-        out.append(RunReport.model_construct(
+        out.append(run_from_stored_parts(
             id=r.id, experiment_id=r.experiment_id, sme2=r.sme2, threads=r.threads, mode=r.mode,
             variant=r.variant or "A", session=r.session or 0, status=RunStatus(r.status), reason=r.reason or "",
             attempt=r.attempt, device=device, runner=runner, device_state={},
@@ -407,10 +413,9 @@ def _build(got: ReportRows) -> bytes:
     # Every run serialises its (empty) device state and its (None) categories, operators and
     # kernels as these holes, once each, in field order; the stored JSON text goes in their
     # place. A string value cannot contain a hole: its quotes are escaped.
-    # The runs are built with model_construct, their stored kernel paths, memory and llm left as the
-    # dicts ingest wrote (their shape is the contract's: tests/test_report_contract.py): serialised
-    # as they are, without a warning per run. Each run is serialised on its own, so that an ended
-    # run's JSON can be kept (RunPieces) for the next build of a running experiment's report.
+    # The runs come from run_from_stored_parts (not validated again), serialised as they are,
+    # without a warning per run. Each run is serialised on its own, so that an ended run's JSON
+    # can be kept (EndedRunsJson) for the next build of a running experiment's report.
     built: dict[int, bytes] = {}
     for r, run, (state, cats, ops, kernels) in zip(got.rows, out, raw):
         first, hole, rest = _RUN.dump_json(run, warnings=False).partition(_STATE_HOLE)
@@ -420,9 +425,9 @@ def _build(got: ReportRows) -> bytes:
         piece = b"".join((first, b'"device_state":', state, before, b'"categories_ms":', cats, b',"operators":', ops,
                           b',"kernels":', kernels, after))
         built[r.id] = piece
-        if got.cache is not None:
-            got.cache.put(RunPieces.key(r.id, r.status, r.attempt, r.finished_at), piece)
-    kept = got.pieces
+        if got.keep_runs_in is not None:
+            got.keep_runs_in.put(EndedRunsJson.key(r.id, r.status, r.attempt, r.finished_at), piece)
+    kept = got.kept_runs
     order = got.order or [r.id for r in got.rows]
     # (a run listed by the keys' read but gone by the rows' read, deleted in between, is left out)
     body = [b'{"runs":[', b",".join(p for i in order if (p := kept.get(i) or built.get(i)) is not None), b"]"]
@@ -469,81 +474,6 @@ def _run_groups(session: Session, experiment_id: int) -> list[RunGroup]:
 _STATE_HOLE = b'"device_state":{}'
 _HOLE = b'"categories_ms":null,"operators":null,"kernels":null'
 _RUN = TypeAdapter(RunReport)
-
-
-def report_parts(report: dict) -> dict[str, str]:
-    """The RunResult columns ingest writes beside the analysis (migration 0008) and GET
-    /experiments/{id} reads instead of the whole analysis (_result_parts), spliced into the answer
-    as they are."""
-    return {"report_head": json.dumps({"e2e_ms": report.get("e2e_ms"), "load_ms": report.get("load_ms"),
-                                       "kernel_paths": report.get("kernel_paths"), "memory": report.get("memory"),
-                                       "llm": report.get("llm"), **{k: report.get(k) for k in ATTRIBUTION_KEYS}}),
-            "operators_json": json.dumps(report.get("operators")), "kernels_json": json.dumps(report.get("kernels"))}
-
-
-def _result_parts(session: Session, ids, *, with_operators: bool):
-    """Per run (ids: a list, or a sub-select of run ids): (run id, categories as JSON text, e2e,
-    load, operators and kernels as JSON text, kernel paths (None before they were stored), and a dict
-    of the head's memory and llm sections (empty where not stored)).
-
-    Full: the parts ingest stored as text beside the analysis (migration 0008), so the database
-    parses nothing; older rows from the analysis itself. Summary: no analysis at all, only the result row's own columns (e2e is the headline stats
-    ingest keeps as columns; no load times, operators or kernels), so a 10,000-run summary does
-    not make the database parse 10,000 analyses."""
-    if not with_operators:
-        rows = session.execute(
-            select(RunResult.run_id, cast(RunResult.categories_ms, Text), RunResult.e2e_median_ms, RunResult.e2e_mean_ms,
-                   RunResult.e2e_p10_ms, RunResult.e2e_p90_ms, RunResult.e2e_cv, RunResult.n)
-            .where(RunResult.run_id.in_(ids))
-        )
-        return [(r[0], r[1], {"median": r[2], "mean": r[3], "p10": r[4], "p90": r[5], "cv": r[6], "n": r[7]}, None, None, None,
-                 None, {}) for r in rows]
-    # Rows ingest wrote since migration 0008 carry the parts as text: read as they are.
-    rows = session.execute(
-        select(RunResult.run_id, cast(RunResult.categories_ms, Text), RunResult.report_head, RunResult.operators_json,
-               RunResult.kernels_json).where(RunResult.run_id.in_(ids))
-    ).all()
-    out, older = [], []
-    for run_id, cats, head, ops, kernels in rows:
-        if head is None:
-            older.append(run_id)
-            continue
-        head = json.loads(head)
-        out.append((run_id, cats, head.get("e2e_ms"), head.get("load_ms"), ops, kernels, head.get("kernel_paths"),
-                    {"memory": head.get("memory"), "llm": head.get("llm"),
-                     **{k: head.get(k) for k in ATTRIBUTION_KEYS}}))
-    if older:
-        out += _parts_from_analysis(session, older)
-    return out
-
-
-def _parts_from_analysis(session: Session, run_ids: list[int]) -> list[tuple]:
-    """Rows stored before migration 0008: the parts taken out of the stored analysis. PostgreSQL
-    parses each analysis once (jsonb, in a materialised CTE: every `->` on a json column parses
-    the whole document again); SQLite's json_extract reads it in place."""
-    out = []
-    for chunk in _chunks(run_ids, 5000):
-        picked = select(RunResult.run_id, RunResult.categories_ms, RunResult.analysis).where(RunResult.run_id.in_(chunk))
-        if session.get_bind().dialect.name == "postgresql":
-            a = picked.with_only_columns(RunResult.run_id, RunResult.categories_ms, cast(RunResult.analysis, JSONB).label("j")) \
-                .cte("a").prefix_with("MATERIALIZED")
-            j = a.c.j
-            query = select(a.c.run_id, cast(a.c.categories_ms, Text), cast(j["e2e_ms"], Text), cast(j["load_ms"], Text),
-                           cast(j["operators"], Text), cast(j["kernels"], Text), cast(j["kernel_paths"], Text),
-                           *(cast(j[k], Text) for k in ATTRIBUTION_KEYS))
-        else:
-            a = picked.subquery()
-            query = select(a.c.run_id, func.json(a.c.categories_ms), func.json_extract(a.c.analysis, "$.e2e_ms"),
-                           func.json_extract(a.c.analysis, "$.load_ms"), func.json_extract(a.c.analysis, "$.operators"),
-                           func.json_extract(a.c.analysis, "$.kernels"), func.json_extract(a.c.analysis, "$.kernel_paths"),
-                           *(func.json_extract(a.c.analysis, f"$.{k}") for k in ATTRIBUTION_KEYS))
-        out += [(r[0], r[1], _loads(r[2]), _loads(r[3]), r[4], r[5], _loads(r[6]),
-                 {k: _loads(v) for k, v in zip(ATTRIBUTION_KEYS, r[7:])}) for r in session.execute(query)]
-    return out
-
-
-def _loads(value):
-    return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 def _chunks(xs: list[int], n: int):
