@@ -169,12 +169,13 @@ def _ids(ids: list[int]) -> str:
 
 def _unplaced_said(c: Comparison, unplaced: dict[str, list[int]]) -> Comparison:
     """A comparison whose reason repeats an unschedulable reason already said in the header
-    refers to it instead."""
+    refers to it instead: "run 6 unschedulable (WHY)" reads "run 6 unschedulable (the reason
+    above)", the word unschedulable said once."""
     reason = c.reason
     if c.status == "complete" or not reason:
         return c
     for text in unplaced:
-        reason = reason.replace(text, "unschedulable (the reason above)")
+        reason = reason.replace(text, "the reason above")
     return c.model_copy(update={"reason": reason})
 
 

@@ -205,3 +205,31 @@ def test_commands_taking_an_experiment_read_e12_as_artifacts_does_and_refuse_a_r
     with pytest.raises(SystemExit) as refused:
         _cli(api, capsys, "scaling", "1", "--with", "E2,R3")
     assert refused.value.code == 2 and "'R3' is a run id" in capsys.readouterr().err
+
+
+# ---- wording ---------------------------------------------------------------------------------------
+
+def test_an_incomplete_comparison_refers_to_the_unschedulable_reason_once():
+    """The comparison's reason as the server writes it (services/comparisons.py's _runs_text of the
+    runs) names the run's reason, said once in the header: the comparison refers to it with the
+    word unschedulable said once, not "unschedulable (unschedulable (the reason above))"."""
+    from sme2farm.client.render import experiment_text
+    from sme2farm.protocol import ExperimentReport
+    from sme2farm.server.services.comparisons import _runs_text
+    from sme2farm.server.store.models import Run
+
+    why = "no device here has SME2: the SME2-on arm will be unschedulable"
+    off = Run(id=5, status="succeeded", reason="")
+    on = Run(id=6, status="unschedulable", reason=why)
+    reason = f"SME2 on: {_runs_text([on])}"
+    runs = [{"id": r.id, "experiment_id": 3, "sme2": arm, "threads": 1, "mode": "timing", "status": r.status,
+             "reason": r.reason} for r, arm in ((off, "off"), (on, "on"))]
+    exp = {"id": 3, "status": "unschedulable", "model_sha256": "c" * 64, "model_size": 1, "created_at": "2026-11-25T10:00:00",
+           "spec": {"sme2": "both", "threads": [1]}, "runs": runs,
+           "comparisons": [{"kind": "sme2", "variant": "A", "device": "host", "threads": 1, "mode": "timing",
+                            "status": "incomplete", "reason": reason}]}
+    text = experiment_text(ExperimentReport.model_validate(exp))
+    assert f"  unschedulable run 6, reason: {why}" in text, text
+    assert text.count(why) == 1, text
+    [line] = [ln for ln in text.splitlines() if "no comparison" in ln]
+    assert line.endswith("no comparison — SME2 on: run 6 unschedulable (the reason above)"), line
