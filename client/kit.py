@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +57,63 @@ KIT_DEFAULT_RUNS = 100
 KIT_DEFAULT_WARMUP = 10
 KIT_MODES = {"timing": "timing", "xnntrace": "trace"}
 
-TOP_LEVEL_FIELDS = ("model", "output_root", "experiments", "analysis")
-# The learning path's text documents experiments[].num_runs / num_threads for the fields the
-# kit's code calls runs / threads; both spellings are read.
-EXPERIMENT_FIELDS = ("name", "runner_path", "quiet_runner", "mode", "runs", "num_runs", "warmup",
-                     "threads", "num_threads", "extra_args", "cpu_affinity")
+
+# A field the file leaves out, told apart from one it sets to null.
+ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()
+
+
+# The config as the file holds it: each JSON object read once into one of these (after its keys
+# are checked against the fields), its values still unchecked; load_kit_config checks them.
+
+@dataclass(frozen=True)
+class _RawExperiment:
+    """experiments[i]. The learning path's text documents num_runs / num_threads for the fields
+    the kit's code calls runs / threads; both spellings are read."""
+    name: Any = None
+    runner_path: Any = None
+    quiet_runner: Any = None
+    mode: Any = "timing"
+    runs: Any = ABSENT
+    num_runs: Any = ABSENT
+    warmup: Any = KIT_DEFAULT_WARMUP
+    threads: Any = ABSENT
+    num_threads: Any = ABSENT
+    extra_args: Any = None
+    cpu_affinity: Any = None
+
+
+@dataclass(frozen=True)
+class _RawConfig:
+    model: Any = ABSENT
+    output_root: Any = None
+    experiments: Any = None
+    analysis: Any = None
+
+
+@dataclass(frozen=True)
+class _RawAnalysis:
+    compare_pairs: Any = None
+
+
+@dataclass(frozen=True)
+class _RawPair:
+    baseline: Any = None
+    candidate: Any = None
+    label: Any = None
+
+
+@dataclass(frozen=True)
+class _RawPairEnd:
+    experiment: Any
+    threads: Any
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+TOP_LEVEL_FIELDS = _names(_RawConfig)
+EXPERIMENT_FIELDS = _names(_RawExperiment)
 _HEX_MASK = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
 _OFF = re.compile(r"sme2[-_ ]?off(?![a-z])", re.I)
 # The platform a config is written for, as the kit's templates name it: mac_template.json,
@@ -153,39 +205,40 @@ def _compare_pairs(raw: Any, names: dict[str, tuple[str, list[int]]], warnings: 
         return
     if not isinstance(raw, dict):
         raise KitConfigError("analysis: must be an object")
-    unknown = sorted(set(raw) - {"compare_pairs"})
+    unknown = sorted(set(raw) - set(_names(_RawAnalysis)))
     if unknown:
         raise KitConfigError(f"analysis.{unknown[0]}: unknown field (the kit reads only analysis.compare_pairs)")
-    pairs = raw.get("compare_pairs") or []
+    pairs = _RawAnalysis(**raw).compare_pairs or []
     if not isinstance(pairs, list):
         raise KitConfigError("analysis.compare_pairs: must be a list")
-    for i, pair in enumerate(pairs):
+    for i, given in enumerate(pairs):
         where = f"analysis.compare_pairs[{i}]"
-        if not isinstance(pair, dict):
+        if not isinstance(given, dict):
             raise KitConfigError(f"{where}: must be an object")
-        extra = sorted(set(pair) - {"baseline", "candidate", "label"})
+        extra = sorted(set(given) - set(_names(_RawPair)))
         if extra:
             raise KitConfigError(f"{where}.{extra[0]}: unknown field")
+        pair = _RawPair(**given)
         ends = []
-        for side in ("baseline", "candidate"):
-            end = pair.get(side)
-            if not isinstance(end, dict) or "experiment" not in end or "threads" not in end:
+        for side, end in (("baseline", pair.baseline), ("candidate", pair.candidate)):
+            if not isinstance(end, dict) or not {"experiment", "threads"} <= set(end):
                 raise KitConfigError(f"{where}.{side}: needs 'experiment' and 'threads'")
-            extra = sorted(set(end) - {"experiment", "threads"})
+            extra = sorted(set(end) - set(_names(_RawPairEnd)))
             if extra:
                 raise KitConfigError(f"{where}.{side}.{extra[0]}: unknown field")
-            exp = end["experiment"]
+            read = _RawPairEnd(**end)
+            exp = read.experiment
             if exp not in names:
                 raise KitConfigError(f"{where}.{side}.experiment: {exp!r} is not an experiment of this config")
-            t = _int(end["threads"], f"{where}.{side}.threads", 1, 256)
+            t = _int(read.threads, f"{where}.{side}.threads", 1, 256)
             if t not in names[exp][1]:
                 raise KitConfigError(f"{where}.{side}.threads: experiment {exp!r} does not run {t} thread(s)")
-            ends.append((names[exp][0], t))
-        (arm_a, t_a), (arm_b, t_b) = ends
+            ends.append((exp, names[exp][0], t))
+        (exp_a, arm_a, t_a), (exp_b, arm_b, t_b) = ends
         # The farm compares SME2 off with SME2 on at each thread count, always; any other pair
         # is a comparison it does not compute. It changes no measurement, so it is a warning.
         if not (arm_a != arm_b and t_a == t_b):
-            label = pair.get("label") or f"{pair['baseline']['experiment']} vs {pair['candidate']['experiment']}"
+            label = pair.label or f"{exp_a} vs {exp_b}"
             warnings.append(
                 f"{where} ({label!s}): not computed; the farm compares SME2 off with SME2 on at "
                 "equal thread counts only (compare other runs offline with sme2-client analyze --compare)")
@@ -208,13 +261,14 @@ def load_kit_config(path: str | Path, *, cwd: Path | None = None) -> KitSubmissi
     unknown = [k for k in raw if k not in TOP_LEVEL_FIELDS]
     if unknown:
         raise KitConfigError(f"{unknown[0]}: unknown field in the kit config (known: {', '.join(TOP_LEVEL_FIELDS)})")
-    if "model" not in raw:
+    cfg = _RawConfig(**raw)
+    if cfg.model is ABSENT:
         raise KitConfigError("model: missing (the path of the .pte file)")
     warnings: list[str] = []
     notes: list[str] = []
 
-    exps = raw.get("experiments")
-    if not isinstance(exps, list) or not exps:
+    given = cfg.experiments
+    if not isinstance(given, list) or not given:
         raise KitConfigError("experiments: must be a non-empty list of experiments")
 
     # Every run of one farm experiment shares these; the first experiment sets them and every
@@ -223,32 +277,36 @@ def load_kit_config(path: str | Path, *, cwd: Path | None = None) -> KitSubmissi
     arms: dict[str, dict[int, int]] = {}   # arm -> thread count -> experiment index
     names: dict[str, tuple[str, list[int]]] = {}
     runners: list[str] = []
-    for i, exp in enumerate(exps):
+    exps: list[_RawExperiment] = []
+    for i, item in enumerate(given):
         where = f"experiments[{i}]"
-        if not isinstance(exp, dict):
+        if not isinstance(item, dict):
             raise KitConfigError(f"{where}: must be an object")
-        bad = [k for k in exp if k not in EXPERIMENT_FIELDS]
+        bad = [k for k in item if k not in EXPERIMENT_FIELDS]
         if bad:
             raise KitConfigError(f"{where}.{bad[0]}: unknown field (known: {', '.join(EXPERIMENT_FIELDS)})")
-        name = exp.get("name")
+        exp = _RawExperiment(**item)
+        exps.append(exp)
+        name = exp.name
         if not isinstance(name, str) or not name.strip():
             raise KitConfigError(f"{where}.name: missing (the kit requires a name per experiment)")
         if name in names:
             raise KitConfigError(f"{where}.name: {name!r} is used twice")
-        runner = exp.get("runner_path") or exp.get("quiet_runner")
+        runner = exp.runner_path or exp.quiet_runner
         if runner is not None and not isinstance(runner, str):
             raise KitConfigError(f"{where}.runner_path: must be a path")
         if runner:
             runners.append(runner)
         arm = _arm_of(name, runner, where)
 
-        mode = exp.get("mode", "timing")
+        mode = exp.mode
         if mode not in KIT_MODES:
             raise KitConfigError(f"{where}.mode: {mode!r} is not one of {', '.join(KIT_MODES)}")
-        runs = _pick(exp, ("runs", "num_runs"), where, KIT_DEFAULT_RUNS, lambda v, w: _int(v, w, 1, 100_000))
-        warmup = _int(exp.get("warmup", KIT_DEFAULT_WARMUP), f"{where}.warmup", 0, 10_000)
-        threads = _pick(exp, ("threads", "num_threads"), where, [1], _threads)
-        extra = exp.get("extra_args") or []
+        runs = _pick((("runs", exp.runs), ("num_runs", exp.num_runs)), where, KIT_DEFAULT_RUNS,
+                     lambda v, w: _int(v, w, 1, 100_000))
+        warmup = _int(exp.warmup, f"{where}.warmup", 0, 10_000)
+        threads = _pick((("threads", exp.threads), ("num_threads", exp.num_threads)), where, [1], _threads)
+        extra = exp.extra_args or []
         if not isinstance(extra, list):
             raise KitConfigError(f"{where}.extra_args: must be a list")
         if extra:
@@ -257,7 +315,7 @@ def load_kit_config(path: str | Path, *, cwd: Path | None = None) -> KitSubmissi
             raise KitConfigError(
                 f"{where}.extra_args: the farm cannot pass runner flags {extra!r}; remove them (it "
                 "sets the iteration count, threads and ETDump path itself)")
-        mask = exp.get("cpu_affinity")
+        mask = exp.cpu_affinity
         if mask is not None and (not isinstance(mask, str) or not _HEX_MASK.match(mask)):
             raise KitConfigError(f"{where}.cpu_affinity: {mask!r} must be a hexadecimal CPU mask such as 0x80")
 
@@ -275,28 +333,28 @@ def load_kit_config(path: str | Path, *, cwd: Path | None = None) -> KitSubmissi
             if t in seen:
                 raise KitConfigError(
                     f"{where}.threads: SME2 {arm} at {t} thread(s) is already run by "
-                    f"experiments[{seen[t]}] ({exps[seen[t]]['name']!r})")
+                    f"experiments[{seen[t]}] ({exps[seen[t]].name!r})")
             seen[t] = i
         names[name] = (arm, threads)
 
-    if len(arms) == 2 and set(arms["on"]) != set(arms["off"]):
-        on, off = sorted(arms["on"]), sorted(arms["off"])
+    on, off = (sorted(arms.get(arm, ())) for arm in ("on", "off"))
+    if len(arms) == 2 and on != off:
         raise KitConfigError(
             f"experiments[].threads: SME2 on runs threads {on} but SME2 off runs {off}; the farm "
             "runs every thread count on both arms: make them equal or split the config")
-    _compare_pairs(raw.get("analysis"), names, warnings)
+    _compare_pairs(cfg.analysis, names, warnings)
 
-    model, note = _resolve_model(raw["model"], config, cwd)
+    model, note = _resolve_model(cfg.model, config, cwd)
     if note:
         notes.append(note)
     if runners:
         warnings.append(
             "experiments[].runner_path: not used; the farm runs its own registered SME2-on/off "
             "builds on the matching devices (choose devices with --device, e.g. platform=android)")
-    if raw.get("output_root"):
+    if cfg.output_root:
         warnings.append(
             f"output_root: not used; results stay on the farm (write the kit's analysis_summary.json "
-            f"with: sme2-client status ID --kit-json {Path(str(raw['output_root'])) / 'analysis_summary.json'})")
+            f"with: sme2-client status ID --kit-json {Path(str(cfg.output_root)) / 'analysis_summary.json'})")
 
     ordered: list[int] = []
     for arm in ("off", "on"):
@@ -311,17 +369,16 @@ def load_kit_config(path: str | Path, *, cwd: Path | None = None) -> KitSubmissi
         arm_names = [n for n, (a, _) in names.items() if a == arm]
         if arm_names:
             labels[f"kit_sme2_{arm}"] = ",".join(arm_names)[:256]
+    mode, runs, warmup, mask = (shared[key][0] for key in ("mode", "runs", "warmup", "cpu_affinity"))
     try:
-        spec = ExperimentSpec(
-            sme2=sme2, threads=ordered, iterations=shared["runs"][0], warmup=shared["warmup"][0],
-            mode=KIT_MODES[shared["mode"][0]], core_mask=shared["cpu_affinity"][0],
-            name=config.stem[:200], labels=labels)
+        spec = ExperimentSpec(sme2=sme2, threads=ordered, iterations=runs, warmup=warmup, mode=KIT_MODES[mode],
+                              core_mask=mask, name=config.stem[:200], labels=labels)
     except ValidationError as e:  # the checks above should make this unreachable
         raise KitConfigError(f"{config}: {e}") from None
-    named = [(exp["name"], f"experiments[{i}].name") for i, exp in enumerate(exps)]
-    named += [(exp.get("runner_path") or exp.get("quiet_runner") or "", f"experiments[{i}].runner_path")
+    named = [(exp.name, f"experiments[{i}].name") for i, exp in enumerate(exps)]
+    named += [(exp.runner_path or exp.quiet_runner or "", f"experiments[{i}].runner_path")
               for i, exp in enumerate(exps)]
-    named += [(str(raw.get("output_root") or ""), "output_root"), (config.name, "the config's file name")]
+    named += [(str(cfg.output_root or ""), "output_root"), (config.name, "the config's file name")]
     platforms: dict[str, str] = {}
     for text, where in named:
         for platform, words in PLATFORM_WORDS.items():
@@ -330,12 +387,14 @@ def load_kit_config(path: str | Path, *, cwd: Path | None = None) -> KitSubmissi
     return KitSubmission(model=model, spec=spec, warnings=warnings, notes=notes, platforms=platforms)
 
 
-def _pick(exp: dict, keys: tuple[str, str], where: str, default: Any, parse) -> Any:
-    """A field the kit's code and the learning path's text spell differently; both must agree."""
-    got = {k: parse(exp[k], f"{where}.{k}") for k in keys if k in exp}
-    if len(got) == 2 and got[keys[0]] != got[keys[1]]:
-        raise KitConfigError(f"{where}.{keys[1]}: {got[keys[1]]!r} contradicts {keys[0]} = {got[keys[0]]!r}")
-    return next(iter(got.values())) if got else default
+def _pick(spellings: tuple[tuple[str, Any], tuple[str, Any]], where: str, default: Any, parse) -> Any:
+    """A field the kit's code and the learning path's text spell differently ((name, value) each,
+    ABSENT where the file leaves it out); both must agree."""
+    got = [(k, parse(v, f"{where}.{k}")) for k, v in spellings if v is not ABSENT]
+    if len(got) == 2 and got[0][1] != got[1][1]:
+        (first, a), (second, b) = got
+        raise KitConfigError(f"{where}.{second}: {b!r} contradicts {first} = {a!r}")
+    return got[0][1] if got else default
 
 
 def summary_from_experiment(rep: ExperimentReport, server: str = "") -> tuple[list[tuple[str, dict]], str]:
@@ -377,17 +436,17 @@ def cmd_submit(args) -> int:
         # What the kit config cannot say (where, under which name, power profile, sessions,
         # representative inputs, the method) still comes from the command line.
         data = sub.spec.model_dump()
+        data.update(power_profile=args.power_profile, sessions=args.sessions)
         if getattr(args, "method", None) and "method" in data:
-            data["method"] = args.method
+            data.update(method=args.method)
         if args.name:
-            data["name"] = args.name
+            data.update(name=args.name)
         if args.label:
-            data["labels"] = {**data["labels"], **dict(kv.split("=", 1) for kv in args.label)}
+            data.update(labels={**sub.spec.labels, **dict(kv.split("=", 1) for kv in args.label)})
         if args.device:
-            data["device"] = parse_selector(args.device).model_dump()
+            data.update(device=parse_selector(args.device).model_dump())
         elif sub.platforms and not args.any_platform:
-            data["device"] = {"platform": only_platform(sub.platforms)}
-        data["power_profile"], data["sessions"] = args.power_profile, args.sessions
+            data.update(device={"platform": only_platform(sub.platforms)})
         spec = ExperimentSpec.model_validate(data)
     except KitConfigError as e:
         print(f"sme2-client: kit config {args.kit_config}: {e}", file=sys.stderr)
