@@ -383,6 +383,6 @@ def test_a_suite_of_the_tiny_llama_records_its_phases_per_point(farm, example_pt
 
 def test_the_wire_contract_names_every_suite_metric():
     from sme2farm.protocol import SUITE_METRICS
-    from sme2farm.server.services.suites.metrics import METRICS
+    from sme2farm.server.services.suites.changes import METRICS
 
     assert set(SUITE_METRICS) == set(METRICS)

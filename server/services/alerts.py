@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from sme2farm import __version__
 from sme2farm.server.services.errors import Invalid
-from sme2farm.server.services.suites.metrics import metric_of, values_of
+from sme2farm.server.services.suites.changes import metric_of, values_of
 from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, utcnow
 

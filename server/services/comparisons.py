@@ -67,8 +67,8 @@ def refresh(session: Session, *, experiment_id: int, store: Store) -> None:
     # The row lock serialises the transactions finishing this experiment's runs: the last one
     # to take it sees every other run's committed state. FOR NO KEY UPDATE, not FOR UPDATE: two
     # transactions ending runs of one experiment may both hold a KEY SHARE lock on its row
-    # already, and both upgrading to FOR UPDATE (which conflicts with KEY SHARE) deadlocked on
-    # PostgreSQL (bench/scale.py: 37 of 80 ingests). NO KEY UPDATE still excludes itself and is
+    # already, and both upgrading to FOR UPDATE (which conflicts with KEY SHARE) deadlock on
+    # PostgreSQL. NO KEY UPDATE still excludes itself and is
     # all that writing `comparisons` (not a key) needs.
     exp = session.scalar(select(Experiment).where(Experiment.id == experiment_id).with_for_update(key_share=True))  # FOR NO KEY UPDATE
     if exp is None:

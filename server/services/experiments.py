@@ -142,8 +142,8 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, device_lost_
                      spec=spec.model_dump(mode="json"), labels=spec.labels, warnings=left_out or None)
     session.add(exp)
     session.flush()
-    # One multi-row INSERT (no Run object per row, no autoflush per agent looked up): a
-    # 400-run submission wrote its rows in 20 flushes, one per agent (bench/scale.py).
+    # One multi-row INSERT: no Run object per row, and no autoflush per agent looked up (which
+    # would flush once per agent).
     agents = {a.id: a for a in session.scalars(select(Agent).where(Agent.id.in_({d.agent_id for d in devices})))}
     rows = []
     for device in devices:
@@ -175,10 +175,9 @@ def get(session: Session, *, experiment_id: int) -> Experiment | None:
 def get_page(session: Session, *, page: int, page_size: int, owner_ids: list[int] | None = None
              ) -> tuple[list[tuple[Experiment, dict[str, int]]], int]:
     """A page of experiments, newest first, each with its run count per status. The counts come
-    from one GROUP BY: loading every run of the page to count them cost the list ~160 ms of ORM
-    work per 800 runs (bench/scale.py). The rows are loaded without spec and comparisons: a
-    finished 200-device experiment's comparisons are ~1 MB of JSON, parsed for nothing (the spec, a few
-    hundred bytes, is loaded: the list shows its threads and mode). `owner_ids`: only theirs."""
+    from one GROUP BY, not by loading every run of the page. The rows are loaded without
+    comparisons (a large experiment's are megabytes of JSON the list never shows); the spec is
+    loaded, the list shows its threads and mode. `owner_ids`: only theirs."""
     mine = (lambda q: q) if owner_ids is None else (lambda q: q.where(Experiment.owner_id.in_(owner_ids)))
     total = session.scalar(mine(select(func.count(Experiment.id)))) or 0
     rows = list(session.scalars(  # only what a summary shows: comparisons (JSON) stay in the database

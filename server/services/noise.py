@@ -61,9 +61,9 @@ def learn(session: Session, *, device_id: int | None, groups: list[list[dict]]) 
     except ValueError:
         return None
     # A young model must not be trusted more than the default prior: the first pairs start from
-    # the prior (sigma 10% weighted as 4 A/A pairs), so 3 calm pairs cannot shrink sigma to 3% and
-    # let the next 30% jump of a two-state host be called a speedup (bench/calibration.py --farm
-    # measured that: 1 false claim in 10 A/A experiments without the prior; docs/benchmarks.md).
+    # the prior (sigma 10% weighted as 4 A/A pairs), so a few calm pairs cannot shrink sigma and
+    # let the next jump of a two-state host be called a speedup (bench/calibration.py --farm;
+    # its figures are in docs/benchmarks.md).
     old = NoiseModel.default(device.serial)
     if device.noise_model:
         try:

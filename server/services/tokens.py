@@ -138,7 +138,8 @@ def get_by_token(session: Session, *, token: str) -> ApiToken | None:
 
 class VerifiedCache:
     """Tokens verified in the last `ttl_s` seconds, in this process: the server's per-request
-    authentication was its own transaction (29% of the server's CPU under bench/scale.py's load).
+    authentication would otherwise be a transaction of its own on every request (docs/benchmarks.md,
+    "Figures cited by settings").
 
     What is cached is a detached copy of a valid token's row, keyed by the database and the
     token's sha256; a token that is unknown or revoked is never cached (a new token works at

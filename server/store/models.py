@@ -150,11 +150,13 @@ class Run(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     lease_id: Mapped[str | None] = mapped_column(String(64))
-    # The deadline of the current state: the agent's lease (assigned, running, uploading), then
-    # the ingest deadline (analyzing). The reaper acts on every non-terminal run past it.
+    # The agent's lease (assigned, running, uploading): past it, the reaper requeues the run.
     lease_expires_at: Mapped[datetime | None] = mapped_column()
+    # The ingest deadline (analyzing): past it, the reaper sends ingest again or fails the run.
+    # Not the lease: no agent holds an analyzing run, and the farm's down time does not pause it.
+    ingest_deadline_at: Mapped[datetime | None] = mapped_column()
     # Ingest tasks that began for the current analysis (a task still waiting in the queue is not
-    # an attempt), and when the latest began: the analyzing deadline counts from then.
+    # an attempt), and when the latest began: the ingest deadline counts from then.
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ingest_started_at: Mapped[datetime | None] = mapped_column()
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -328,7 +330,7 @@ class SuitePoint(Base):
 class SuiteChange(Base):
     """A change the detector flagged in a series (regression or improvement), and its alert:
     candidate until the next point confirms it; acknowledged resets the series' baseline. One per
-    point and metric: latency, a memory figure or an LLM phase (services/suites/metrics.py)."""
+    point and metric: latency, a memory figure or an LLM phase (services/suites/changes.py)."""
 
     __tablename__ = "suite_changes"
     __table_args__ = (UniqueConstraint("point_id", "metric", name="uq_suite_changes_point_metric"),)

@@ -146,7 +146,7 @@ class AgentGate:
     """At most `limit` agent-protocol requests are worked on at once; the rest wait their turn on
     the event loop (where waiting costs nothing). Without it a fleet's requests (200 devices each
     starting, uploading and finishing runs) took every threadpool thread and the dashboard's and
-    CLI's requests queued behind them: seconds under bench/scale.py's load. Claims (long-polls
+    CLI's requests queued behind them. Claims (long-polls
     that mostly wait), model and input downloads (file streams) and artifact bodies (which stream
     before the route takes its turn: agents.upload_artifact enters the gate itself) pass by.
 
@@ -219,8 +219,8 @@ class RateLimiter:
     MAX_KEYS = 100_000
     # With Redis, a check() that found the bucket not empty is believed for this long without
     # asking again (a token not in the verified-token cache has its failed-authentication bucket
-    # checked: the round trip was 9% of the server's time under bench/scale.py's load when every
-    # agent request checked its address's). A hit() from this process
+    # checked, and a round trip per agent request is a real share of the server's time under
+    # load). A hit() from this process
     # forgets it at once, so only other processes' hits go unseen, for at most this long.
     CHECK_MEMO_S = 1.0
 

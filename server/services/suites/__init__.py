@@ -12,11 +12,11 @@ and nightly regression detection over those series (analysis/regression.py).
   model and the device's canary series, and stores the changes it flagged (detection.py).
 - Confirmed model changes nobody acknowledged are alerts: POSTed to the suite's webhook by
   TASK_ALERT_WEBHOOK (services/alerts.py), after the commit, with bounded retries. Latency's, and
-  the other metrics' (metrics.py): memory past the suite's memory threshold, an LLM's phases.
+  the other metrics' (changes.py): memory past the suite's memory threshold, an LLM's phases.
 - A canary suite's consecutive points teach the device's noise model (services/noise.learn).
 
 One job per module: schedule.py (cron, webhook), crud.py (store, change, delete, look up),
-runs.py (start suite runs, the end_run hook), detection.py (points, detection), metrics.py (the
+runs.py (start suite runs, the end_run hook), detection.py (points, detection), changes.py (the
 change rows of every metric, memory and LLM-phase detection), reads.py (the read models the routes
 answer, acknowledging a change). This package's names are theirs.
 """

@@ -1,6 +1,6 @@
 """A suite run's series points, the regression detector over each series they extend
 (analysis/regression.py, with the device's noise model and canary series; then the series'
-memory and LLM phases, metrics.py), and the smallest step the detector would confirm now."""
+memory and LLM phases, changes.py), and the smallest step the detector would confirm now."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from sme2farm.protocol import DEFAULT_METHOD, DetectableStep, RunStatus
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import noise as noise_service
 from sme2farm.server.services.programs import memory_for
-from sme2farm.server.services.suites import metrics
+from sme2farm.server.services.suites import changes
 from sme2farm.server.services.suites.runs import all_ended
 from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.models import (Device, Experiment, Model, Run, Suite, SuiteChange, SuitePoint, SuiteRun,
@@ -198,9 +198,9 @@ def _pct(r: float) -> str:
 def sentence_for(c: regression.Change, *, key: tuple, model_name: str, exp_id: int | None, base_id: int | None) -> str:
     lo, hi = c.ratio_ci
     speed = "slower" if c.direction == regression.REGRESSION else "faster"
-    return (f"{metrics.series_words(key, model_name)}: {_pct(c.ratio)} {speed} (ratio {c.ratio:.3f}, 95% interval "
+    return (f"{changes.series_words(key, model_name)}: {_pct(c.ratio)} {speed} (ratio {c.ratio:.3f}, 95% interval "
             f"{lo:.3f}-{hi:.3f}) in experiment {exp_id} against the baseline ending at experiment {base_id}"
-            + metrics.status_words(c) + ".")
+            + changes.status_words(c) + ".")
 
 
 def detect_series(session: Session, *, suite: Suite, key: tuple) -> list[int]:
@@ -220,23 +220,23 @@ def detect_series(session: Session, *, suite: Suite, key: tuple) -> list[int]:
     # pools the series' own history (cautious by itself: Student's t on its degrees of freedom).
     noise = noise_service.for_device(session, device_id=device_id)
     noise = noise if noise.source != "default" else None
-    params = metrics.params_for(suite, min_effect=suite.min_effect)
+    params = changes.params_for(suite, min_effect=suite.min_effect)
     canary = _canary_for(session, suite=suite, key=key, pts=pts)
-    existing = metrics.existing_changes(session, pts=pts)
+    existing = changes.existing_changes(session, pts=pts)
     alerts: list[int] = []
     try:
         det = regression.detect([regression_point(p) for p in pts], canary=canary, noise=noise, params=params)
     except ValueError:  # a stored point the detector cannot read: keep the points, flag nothing, say so
         log.exception("suite %s: detection failed on series %s", suite.name, key)
     else:
-        alerts += metrics.store_detected(
-            session, suite=suite, key=key, pts=pts, changes=det.changes, existing=existing, metric=metrics.LATENCY,
+        alerts += changes.store_detected(
+            session, suite=suite, key=key, pts=pts, changes=det.changes, existing=existing, metric=changes.LATENCY,
             newest_only=False,
             sentence=lambda c, p, base, *_: sentence_for(c, key=key, model_name=p.model_name, exp_id=p.experiment_id,
                                                          base_id=base.experiment_id))
-    # the other metrics of the series: memory past the suite's threshold, an LLM's phases (metrics.py)
-    alerts += metrics.detect_memory(session, suite=suite, key=key, pts=pts, existing=existing)
-    alerts += metrics.detect_phases(session, suite=suite, key=key, pts=pts, existing=existing)
+    # the other metrics of the series: memory past the suite's threshold, an LLM's phases (changes.py)
+    alerts += changes.detect_memory(session, suite=suite, key=key, pts=pts, existing=existing)
+    alerts += changes.detect_phases(session, suite=suite, key=key, pts=pts, existing=existing)
     return alerts
 
 
@@ -251,7 +251,7 @@ def detectable_step(session: Session, *, suite: Suite, pts: list[SuitePoint]) ->
     per-night guard, min_effect) solved for the step whose expected statistic reaches the
     critical value: confirmed about half the time within two nights. None until the baseline
     has min_history valid nights."""
-    params = metrics.params_for(suite, min_effect=suite.min_effect)
+    params = changes.params_for(suite, min_effect=suite.min_effect)
     lv, _ = regression.levels([regression_point(p) for p in pts], params)
     device_id = next((p.device_id for p in reversed(pts) if p.device_id), None)
     noise = noise_service.for_device(session, device_id=device_id)

@@ -17,7 +17,7 @@ from sme2farm.protocol import (MemoryChange, RegressionRead, RegressionWebhook, 
 from sme2farm.server.services import owners
 from sme2farm.server.services.errors import NotFound
 from sme2farm.server.services.suites.detection import detect_series, detectable_step, key_of
-from sme2farm.server.services.suites.metrics import LATENCY, metric_of, values_of
+from sme2farm.server.services.suites.changes import LATENCY, metric_of, values_of
 from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.models import ApiToken, Suite, SuiteChange, SuitePoint, SuiteRun, utcnow
 
@@ -89,7 +89,7 @@ def series(session: Session, *, suite: Suite) -> SeriesRead:
     for p in pts:
         by_key[key_of(p)].append(p)
     changes: dict[int, SuiteChange] = {}  # latency's, by point
-    others: dict[int, list[SuiteChange]] = defaultdict(list)  # the other metrics' (metrics.py)
+    others: dict[int, list[SuiteChange]] = defaultdict(list)  # the other metrics' (changes.py)
     for c in session.scalars(select(SuiteChange).where(SuiteChange.suite_id == suite.id).order_by(SuiteChange.id)):
         if (c.metric or LATENCY) == LATENCY:
             changes[c.point_id] = c
@@ -173,7 +173,7 @@ def regression_read(c: SuiteChange, suite_name: str) -> RegressionRead:
 def acknowledge(session: Session, *, change_id: int, token: ApiToken | None = None) -> RegressionRead:
     """Accept the change's level: its first point becomes the new baseline of that metric's series
     (nothing before it is compared again) and the change stops alerting. A latency change marks the
-    point; another metric's acknowledged row is its own baseline mark (metrics.acknowledged_points).
+    point; another metric's acknowledged row is its own baseline mark (changes.acknowledged_points).
     Given the caller's token: the suite's owner, a teammate or an admin only (owners.Forbidden)."""
     row = session.get(SuiteChange, change_id)
     if row is None:
