@@ -81,6 +81,7 @@ def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_build
     from sme2farm.protocol import REPORT_JSON, REPORT_MD, TRACE
     from sme2farm.server.store.artifacts import Store
     from sme2farm.server.services.ingest import Ingester
+    from sme2farm.server.services.run_artifacts import derived
 
     B = etdump_builder
     trace = B.build([("Execute", B.iteration(i * 10**7, [("Fully Connected (NC, PF16) GEMM #1", 400_000)]))
@@ -95,8 +96,8 @@ def test_an_emulated_runs_own_report_files_say_whose_times_they_are(etdump_build
                               runner={"id": "r", "platform": "linux-arm64"}, variant="A",
                               experiment=SimpleNamespace(etrecord_sha256=None, spec={}),
                               attempt=1)
-        result = Ingester(store).analyze(run)
-        texts[run_id] = (json.loads(result.derived[REPORT_JSON]), result.derived[REPORT_MD])
+        run.result = SimpleNamespace(analysis=Ingester(store).analyze(run).report)   # as stored: rendered from it
+        texts[run_id] = (json.loads(derived(run, REPORT_JSON, store=store)), derived(run, REPORT_MD, store=store).decode())
     (qemu_json, qemu_md), (board_json, board_md) = texts[1], texts[2]
     assert qemu_json["emulator"] == "qemu-aarch64 11.1.3 -cpu max" and board_json["emulator"] is None
     assert "Emulated by qemu-aarch64 11.1.3 -cpu max" in qemu_md and "not a CPU's" in qemu_md

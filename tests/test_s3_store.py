@@ -7,6 +7,7 @@ counted), everything stored once it is back. SQLite and PostgreSQL (db_url)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from _fixtures_farm import Api, TcpProxy, dispatch, ingest_all, serve_app, submit
-from sme2farm.protocol import REPORT_JSON, RUNNER_LOG, TRACE
+from sme2farm.protocol import PERFETTO_JSON, REPORT_JSON, RUNNER_LOG, TRACE
 from sme2farm.server.store.base import StoreUnavailable
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Run
@@ -132,11 +133,14 @@ def test_a_submission_runs_on_the_s3_store_and_no_data_dir_holds_an_artifact(
     objects = seaweedfs.objects(s3_bucket)
     sha = hashlib.sha256(pte).hexdigest()
     assert f"farm/models/{sha[:2]}/{sha}.pte" in objects
-    assert {f"farm/artifacts/runs/{rid}/1/{n}" for n in (TRACE, RUNNER_LOG, REPORT_JSON)} <= set(objects)
+    assert {f"farm/artifacts/runs/{rid}/1/{n}" for n in (TRACE, RUNNER_LOG)} <= set(objects)
+    assert f"farm/artifacts/runs/{rid}/1/{REPORT_JSON}" not in objects   # rendered when asked, never stored
     # The farm's data dir: its database and token, nothing of the store (the spool empty).
     held = [f for f in _files(api.settings.data_dir) if not f.startswith(("farm.db", "token", "broker.db"))]
     assert held == [], held
 
+    r = api.client.get(f"/runs/{rid}/artifacts/{PERFETTO_JSON}", headers=api.auth())   # from the trace in the bucket
+    assert r.status_code == 200 and json.loads(r.content)["traceEvents"], r.text
     r = api.client.get(f"/runs/{rid}/artifacts/{TRACE}", headers=api.auth())
     assert r.status_code == 200 and r.content == s3_agent.api.client.get(  # streamed from the bucket
         f"/runs/{rid}/artifacts/{TRACE}", headers=api.auth()).content and len(r.content) > 0
@@ -193,7 +197,8 @@ def test_an_outage_of_the_store_loses_nothing_and_fails_no_run(
 
     ingest_all(api, [rid], monkeypatch)
     assert _status(api, rid)[0] == "succeeded", _status(api, rid)
-    assert f"farm/artifacts/runs/{rid}/1/{REPORT_JSON}" in seaweedfs.objects(s3_bucket)
+    r = api.client.get(f"/runs/{rid}/artifacts/{REPORT_JSON}", headers=api.auth())
+    assert r.status_code == 200 and json.loads(r.content)["e2e_ms"]["n"] > 0, r.text
     assert submit(api, pte)["runs"]                              # uploads are taken again
 
 
@@ -266,10 +271,10 @@ def test_what_a_run_asks_of_the_store(s3_api, s3_agent, example_pte, monkeypatch
     reads = [k[len(prefix):] for m, k in ingest_side if m == "GET"]
     assert sorted(reads) == sorted(delivered), (reads, delivered)   # each delivered artifact once, nothing else
     writes = [k[len(prefix):] for m, k in ingest_side if m == "PUT"]
-    assert REPORT_JSON in writes and not set(writes) & delivered
+    assert writes == []   # report.json, report.md, latencies.csv, perfetto.json: rendered when a reader asks
     assert len(agent_side) + len(ingest_side) == len(delivered) + len(reads) + len(writes)
     with capsys.disabled():
         print(f"\n  store requests of a run (toy_cnn, the steady state): {len(agent_side) + len(ingest_side)} = delivery "
-              f"{len(agent_side)} PUT ({', '.join(sorted(delivered))}) + ingest {len(reads)} GET + {len(writes)} PUT "
-              f"({', '.join(writes)}); the first run also: "
+              f"{len(agent_side)} PUT ({', '.join(sorted(delivered))}) + ingest {len(reads)} GET + {len(writes)} PUT; "
+              f"the first run also: "
               f"{sum('models/' in k for _, k in phases[0][1] + phases[0][2])} model GET(s)")

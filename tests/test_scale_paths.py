@@ -284,9 +284,9 @@ def test_get_experiment_takes_runs_and_pages_and_refuses_what_it_does_not_know(a
 
 
 def test_an_ingest_analysed_before_its_transaction_ends_the_run_as_the_plain_one_does(db_url, tmp_path, etdump):
-    """worker/tasks.py analyses a trace between two transactions (ingest.Prepared): a good trace
+    """worker/tasks.py analyses a trace between two transactions (ingest.analyze_ahead): a good trace
     succeeds, a broken one fails the run with the reader's reason, as with Ingester itself."""
-    from sme2farm.server.services.ingest import Prepared
+    from sme2farm.server.services.ingest import analyze_ahead
 
     agent_id = _agent(db_url, devices=2)
     store = Store(tmp_path / "data")
@@ -303,7 +303,7 @@ def test_an_ingest_analysed_before_its_transaction_ends_the_run_as_the_plain_one
                                body=RunFinish(lease_id=lease, status="succeeded"))
         with session_scope(db_url) as s:  # with its experiment, as worker/tasks.py loads it: read after the session
             run = s.get(Run, rid, options=[joinedload(Run.experiment)])
-        prepared = Prepared(Ingester(store), run)  # no transaction open here
+        prepared = analyze_ahead(Ingester(store), run)  # no transaction open here
         with session_scope(db_url) as s:
             outcomes[rid] = (run_service.ingest(s, run_id=rid, ingester=prepared, store=store), s.get(Run, rid).reason)
     (good, _), (bad, reason) = outcomes.values()

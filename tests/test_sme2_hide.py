@@ -240,7 +240,8 @@ def test_emulated_sme2_hide_ingest_puts_what_the_runner_showed_xnnpack_in_the_re
         sme2_emulator, arm64_runners, example_pte, tmp_path, service_farm):
     from sme2farm.protocol import REPORT_MD, RUNNER_LOG, RunStatus
     from sme2farm.server.store.db import session_scope
-    from sme2farm.server.store.models import RunResult
+    from sme2farm.server.services import run_artifacts
+    from sme2farm.server.store.models import Run, RunResult
 
     r, _ = _run(str(sme2_emulator.path), "max", _bundle(arm64_runners, "linux-arm64"), example_pte("toy_cnn"),
                 tmp_path / "off", hide=True)
@@ -256,7 +257,8 @@ def test_emulated_sme2_hide_ingest_puts_what_the_runner_showed_xnnpack_in_the_re
     said = "SME2 hidden through cpuinfo_isa before XNNPACK initialised; XNNPACK saw SME 0 SME2 0 (SME length 0)"
     with session_scope(service_farm.url) as s:
         assert s.get(RunResult, rid).analysis["kernel_paths"]["runner_said"] == said
-    assert f"SME2 hiding (the runner): {said}." in service_farm.store.artifact_path(rid, REPORT_MD, attempt=1).read_text()
+        md = run_artifacts.derived(s.get(Run, rid), REPORT_MD, store=service_farm.store).decode()
+    assert f"SME2 hiding (the runner): {said}." in md
 
 
 def test_sme2_hide_every_build_source_installs_with_the_package():

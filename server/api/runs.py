@@ -8,7 +8,7 @@ from fastapi.responses import FileResponse, Response
 from sme2farm.protocol import ARTIFACT_MEDIA, ARTIFACT_NAMES, RunReport
 from sme2farm.server.api.deps import RunId, SessionDep, SettingsDep, StoreDep, TxDep, UserDep
 from sme2farm.server.api.errors import NOT_FOUND
-from sme2farm.server.services import owners, reports
+from sme2farm.server.services import owners, reports, run_artifacts
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.base import legacy_run_key, run_key
 from sme2farm.server.web.objects import object_response
@@ -46,6 +46,13 @@ def get_artifact(run_id: RunId, name: str, session: SessionDep, store: StoreDep,
     if run is None or not owners.may_read(session, token=user, owner_id=run.experiment.owner_id,
                                           team_only=settings.reads_team_only):
         raise HTTPException(404, f"run {run_id} not found")
+    try:  # report.json/.md, latencies.csv, perfetto.json: rendered from the run's result now
+        body = run_artifacts.derived(run, name, store=store)
+    except FileNotFoundError:
+        body = None
+    if body is not None:
+        return Response(body, media_type=ARTIFACT_MEDIA[name],
+                        headers={"Content-Disposition": f'attachment; filename="run{run_id}-{name}"'})
     # The run's current attempt; a run kept before artifacts were keyed by attempt has them unkeyed.
     for key in (run_key(run_id, name, attempt=run.attempt), legacy_run_key(run_id, name)):
         try:

@@ -1,6 +1,8 @@
-"""Ingest: where a run's uploaded ETDump becomes stored results (SQL rows + derived artifacts).
+"""Ingest: where a run's uploaded ETDump becomes stored results (SQL rows). report.md,
+latencies.csv, perfetto.json and report.json are rendered when a reader asks (run_artifacts.derived),
+not written here.
 
-Only the "how": read and analyse the trace, then write rows and files. What the outcome means
+Only the "how": read and analyse the trace, then write rows. What the outcome means
 for the run (succeeded, or failed with which reason) is decided by the run service
 (services/runs/ingesting.py ingest), which calls this through its Ingester interface; the worker's ingest
 task (worker/tasks.py) only builds an Ingester and hands it over.
@@ -9,7 +11,6 @@ task (worker/tasks.py) only builds an Ingester and hands it over.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 import struct
@@ -18,17 +19,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import insert, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, joinedload
 
 from sme2farm import analysis
 from sme2farm.analysis import kernels, pte, runner_memory
 from sme2farm.analysis.etdump import read_etdump_file
-from sme2farm.analysis.perfetto import perfetto_json
 from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence, runner_hiding
-from sme2farm.protocol import (DEFAULT_METHOD, KERNEL_LOG, LATENCIES_CSV, MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON,
-                               REPORT_MD, RUNNER_LOG, TRACE, RunStatus)
+from sme2farm.protocol import DEFAULT_METHOD, KERNEL_LOG, MEMORY, OUTPUTS, RUNNER_LOG, TRACE, RunStatus
 from sme2farm.runners import inputs as containers
 from sme2farm.runners.input_check import check_outputs
 from sme2farm.server.services import etrecords
@@ -52,8 +51,7 @@ class IngestError(DomainError):
 
 @dataclass
 class Analysis:
-    report: dict
-    derived: dict[str, str]  # artifact name -> its text
+    report: dict  # the stored JSON of the run's report
 
 
 # A model's method signatures by its sha256 (content-addressed: they never change), so the outputs'
@@ -97,7 +95,7 @@ class Ingester:
         # This attempt's artifacts only: a retried run is never analysed with an earlier attempt's trace.
         try:
             with self.files.local(run_key(run.id, TRACE, attempt=run.attempt)) as trace:
-                etdump = read_etdump_file(trace)  # mapped, not read whole; once, for the report and the Perfetto trace
+                etdump = read_etdump_file(trace)  # mapped, not read whole
         except FileNotFoundError:
             raise IngestError(f"no {TRACE} was stored for this run") from None
         kernel_log = self._artifact(run, KERNEL_LOG, limit=kernels.MAX_LOG_BYTES + 1)
@@ -126,21 +124,13 @@ class Ingester:
         if said and report.get("kernel_paths") is not None:
             report["kernel_paths"]["runner_said"] = said
         not_hidden = not_hidden_sentence(report["kernel_paths"]) if run.sme2 == "off" else None
-        if not_hidden:  # its times are no SME2-off measurement: nothing derived is worth storing
+        if not_hidden:  # its times are no SME2-off measurement: no result is worth storing
             raise NotWhatItsArmSays(f"{not_hidden} on {_device_text(run)}; its times are no SME2-off measurement")
         report["outputs"] = self.outputs(run)
         report["memory"] = self.memory(run, report["warnings"])
         # report.json/.md travel without the device record: an emulator's times say whose they are there too
         report["emulator"] = emulator_of(run.device_snapshot)
-        # Everything derived is rendered here, before any row is written: a trace that breaks a
-        # renderer fails the run like one that breaks the reader.
-        derived = {
-            REPORT_JSON: json.dumps(report),
-            REPORT_MD: analysis.to_markdown(report),
-            LATENCIES_CSV: analysis.to_csv(report),
-            PERFETTO_JSON: perfetto_json(etdump),
-        }
-        return Analysis(report, derived)
+        return Analysis(report)
 
     def etrecord(self, run: Run) -> tuple[object | None, bytes | None, str]:
         """(Etrecord, program bytes, '') for a run of the experiment's model when an ETRecord was
@@ -223,33 +213,18 @@ class Ingester:
             return None
 
     def store(self, session: Session, run: Run, result: Analysis) -> None:
+        """The run's result row and its operators' rows: two Core INSERTs, no ORM object to flush
+        (the run service calls this in a savepoint of its own per run)."""
         report = result.report
         e2e = report["e2e_ms"]
-        session.add(RunResult(
+        session.execute(insert(RunResult), dict(
             run_id=run.id, e2e_median_ms=e2e["median"], e2e_mean_ms=e2e["mean"], e2e_p10_ms=e2e["p10"],
             e2e_p90_ms=e2e["p90"], e2e_cv=e2e["cv"], n=e2e["n"], categories_ms=report["categories_ms"], analysis=report,
-            **report_parts(report),
-        ))
-        # Multi-row INSERTs, not an ORM object per operator and artifact (bench/scale.py: the
-        # ingest's share of the worker's CPU).
+            **report_parts(report)))
         if report["operators"]:
             session.execute(insert(OperatorStat), [
                 dict(run_id=run.id, name=op["name"][:256], category=op["category"], count=op["count"],
                      total_ms=op["total_ms"], share=op["share"], delegated=op["delegated"]) for op in report["operators"]])
-        session.flush()  # the rows are checked (constraints) before any file is written
-        written, rows = [], []
-        try:
-            for name, data in result.derived.items():
-                size, sha256 = self.files.write_artifact(run.id, name, data, attempt=run.attempt)
-                written.append(name)
-                rows.append(dict(run_id=run.id, name=name, size=size, sha256=sha256))
-            session.execute(delete(Artifact).where(Artifact.run_id == run.id, Artifact.name.in_(list(result.derived))))
-            if rows:
-                session.execute(insert(Artifact), rows)
-        except BaseException:
-            for name in written:  # a failed run shows no half of its results
-                self.files.delete_artifact(run.id, name, attempt=run.attempt)
-            raise
 
 
 def _device_text(run: Run) -> str:
@@ -274,22 +249,16 @@ def _digest(index: int, value: containers.Input) -> dict:
     return {"index": index, "dtype": kind, "shape": [], "sha256": hashlib.sha256(raw).hexdigest()}
 
 
+@dataclass
 class Prepared:
-    """An Ingester whose analysis is already done: the worker's ingest task analyses the trace between two
-    transactions, so none is held open ("idle in transaction" on PostgreSQL, a connection taken
-    from the pool) while the CPU works on the trace. The run service sees the same interface:
-    analyze() hands back the result, or raises what the analysis raised."""
+    """A run's analysis done ahead of the transaction that stores it (made by `analyze_ahead`),
+    so none is held open ("idle in transaction" on PostgreSQL, a connection taken from the pool)
+    while the CPU works on the trace. The run service sees an Ingester: analyze() hands back the
+    result, or raises what the analysis raised."""
 
-    def __init__(self, ingester: Ingester, run: Run):
-        self.ingester = ingester
-        self.result: Analysis | None = None
-        self.error: BaseException | None = None
-        try:
-            self.result = ingester.analyze(run)
-        except StoreUnavailable:  # not the trace's fault: the ingest is tried again later (worker/tasks.py)
-            raise
-        except Exception as e:  # the run service decides what it means (the run fails, saying why)
-            self.error = e
+    ingester: Ingester
+    result: Analysis | None = None
+    error: BaseException | None = None
 
     def analyze(self, run: Run) -> Analysis:
         if self.error is not None:
@@ -298,6 +267,18 @@ class Prepared:
 
     def store(self, session: Session, run: Run, result: Analysis) -> None:
         self.ingester.store(session, run, result)
+
+
+def analyze_ahead(ingester: Ingester, run: Run) -> Prepared:
+    """The run's analysis, run now with no transaction open, kept for the run service to store
+    later; an analysis that fails is kept as its error (the run service decides what it means).
+    StoreUnavailable is raised: not the trace's fault, the ingest is tried again later."""
+    try:
+        return Prepared(ingester, result=ingester.analyze(run))
+    except StoreUnavailable:
+        raise
+    except Exception as e:
+        return Prepared(ingester, error=e)
 
 
 # ---- a batch: what the worker's ingest task runs ---------------------------------------------
@@ -347,7 +328,7 @@ def ingest_batch(*, run_id: int, retried: bool, transaction: Transaction, store:
     try:
         with Heartbeat(transaction, batch, deadline_s=deadline_s, heartbeat_s=heartbeat_s):
             plain = Ingester(store, delivered=delivered)
-            done = _store_batch(transaction, store, {rid: Prepared(plain, runs[rid]) for rid in batch})
+            done = _store_batch(transaction, store, {rid: analyze_ahead(plain, runs[rid]) for rid in batch})
     except StoreUnavailable as e:
         # Nothing of the batch was stored (its transaction rolled back): its attempts are given
         # back; no run fails for the store's outage (the reaper's re-send is the backstop).

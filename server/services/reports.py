@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, defer, joinedload
 from sme2farm import __version__
 from sme2farm.protocol import (
     DEFAULT_METHOD, TASK_REPORT, TERMINAL, DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary,
-    LatencyStats, RunnerInfo, RunReport, RunStatus,
+    LatencyStats, RunnerInfo, RunReport, RunStatus, section_adapter,
 )
 from sme2farm.protocol.experiments import RunGroup
 from sme2farm.server.store.base import ArtifactStore, StoreUnavailable, report_prefix
@@ -89,7 +89,7 @@ def run_report(run: Run) -> RunReport:
         operators=analysis.get("operators") if result else None,
         kernels=analysis.get("kernels") if result else None,
         kernel_paths=analysis.get("kernel_paths") if result else None,
-        artifacts=[a.name for a in run.artifacts],
+        artifacts=run_artifacts.listed(run),
         memory=analysis.get("memory") if result else None,
         llm=analysis.get("llm") if result else None,
         **{k: analysis.get(k) if result else None for k in ATTRIBUTION_KEYS},
@@ -393,7 +393,7 @@ def _build(got: ReportRows) -> bytes:
         extra: dict = {}
         if res is not None:
             load, kernel_paths, extra = res.load, res.kernel_paths, res.extra
-            e2e = LatencyStats.model_validate({k: v for k, v in res.e2e.items() if k in E2E_KEYS}) if res.e2e else None
+            e2e = section_adapter(LatencyStats).validate_python({k: v for k, v in res.e2e.items() if k in E2E_KEYS}) if res.e2e else None
             cats, ops, kernels = answered(res.categories), answered(res.operators), answered(res.kernels)
         state = answered(r.device_state)
         raw.append(((state if state != "null" else "{}").encode(), cats.encode(), ops.encode(), kernels.encode()))

@@ -1,16 +1,25 @@
-"""A run's artifacts as its agent delivers them: their rows (name, size, sha256) recorded in the
-transaction that checks the lease, and which models and inputs an agent may download (only those
-of runs it holds: an agent token is not a key to every file on the farm)."""
+"""A run's artifacts: those its agent delivers, their rows (name, size, sha256) recorded in the
+transaction that checks the lease; those derived from its result (report.json, report.md,
+latencies.csv, perfetto.json), rendered when a reader asks for one instead of written at ingest
+(no store write, no row: ingest's CPU and the store's requests are per run, reads are rare); and
+which models and inputs an agent may download (only those of runs it holds: an agent token is not
+a key to every file on the farm)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from sqlalchemy import and_, delete, insert, or_, select
 from sqlalchemy.orm import Session
 
-from sme2farm.protocol import ACTIVE, TRACE, status_values
-from sme2farm.server.store.models import Artifact, Device, Experiment, Run
+from sme2farm import analysis
+from sme2farm.analysis.etdump import read_etdump_file
+from sme2farm.analysis.perfetto import perfetto_json
+from sme2farm.protocol import (ACTIVE, DERIVED_ARTIFACTS, LATENCIES_CSV, REPORT_JSON, REPORT_MD, TRACE,
+                               status_values)
+from sme2farm.server.store.base import run_key
+from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult
 
 
 def record(session: Session, *, run_id: int, artifacts: Mapping[str, tuple[int, str]]) -> None:
@@ -31,12 +40,41 @@ def has_trace(session: Session, *, run_id: int, store) -> bool:
 
 
 def names(session: Session, *, run_ids) -> dict[int, list[str]]:
-    """Run id -> its artifacts' names, sorted (`run_ids`: a list, or a sub-select of run ids)."""
-    out: dict[int, list[str]] = {}
-    for run_id, name in session.execute(select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(run_ids))
-                                        .order_by(Artifact.run_id, Artifact.name)):
-        out.setdefault(run_id, []).append(name)
-    return out
+    """Run id -> its artifacts' names, delivered and derived, sorted (`run_ids`: a list, or a
+    sub-select of run ids)."""
+    out: dict[int, set[str]] = {}
+    for run_id, name in session.execute(select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(run_ids))):
+        out.setdefault(run_id, set()).add(name)
+    for run_id in session.scalars(select(RunResult.run_id).where(RunResult.run_id.in_(run_ids))):
+        out.setdefault(run_id, set()).update(DERIVED_ARTIFACTS)
+    return {run_id: sorted(out[run_id]) for run_id in sorted(out)}
+
+
+def listed(run: Run) -> list[str]:
+    """The run's artifacts' names, delivered and derived, sorted."""
+    got = {a.name for a in run.artifacts}
+    if run.result is not None:
+        got |= DERIVED_ARTIFACTS
+    return sorted(got)
+
+
+def derived(run: Run, name: str, *, store) -> bytes | None:
+    """A derived artifact of a run with a result, rendered now: report.json, report.md and
+    latencies.csv from its stored analysis, perfetto.json from its trace (the store's
+    FileNotFoundError when that is gone). None for any other name, or a run with no result (one
+    ingested before they were derived on request has them stored instead)."""
+    result = run.result
+    if result is None or name not in DERIVED_ARTIFACTS:
+        return None
+    report = result.analysis
+    if name == REPORT_JSON:
+        return json.dumps(report).encode()
+    if name == REPORT_MD:
+        return analysis.to_markdown(report).encode()
+    if name == LATENCIES_CSV:
+        return analysis.to_csv(report).encode()
+    with store.local(run_key(run.id, TRACE, attempt=run.attempt)) as trace:
+        return perfetto_json(read_etdump_file(trace)).encode()
 
 
 def agent_holds_model(session: Session, *, agent_id: int, sha256: str) -> bool:
