@@ -1,6 +1,8 @@
-"""The agent's HTTP client for the server's /agent protocol: retries with backoff and jitter on
-network errors, 5xx and 429 (honouring Retry-After); stops on 401/403; surfaces 409 as LeaseLost.
-Artifact uploads are retried for a time bound, then surface as UploadRefused with the server's reason."""
+"""The agent's HTTP client for the server's /agent protocol (AGENT_PROTOCOL 2: register, claim,
+heartbeat, deliver): retries with backoff and jitter on network errors, 5xx and 429 (honouring
+Retry-After); stops on 401/403; surfaces 409 as LeaseLost. A delivery is retried for a time bound,
+then surfaces as UploadRefused with the server's reason. A server that speaks an older protocol is
+refused at registration (ServerTooOld)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ import httpx
 from sme2farm.agent.config import CONNECT_TIMEOUT_S, agent_settings
 from sme2farm.agent.jitter import Backoff
 from sme2farm.protocol import (
-    AgentDevices, AgentRegister, AgentRegistered, ArtifactStored, DeviceInfo, DevicesSynced, FinishAnswer,
-    HeartbeatAnswer, RunAssignment, RunFinish, RunnerInfo,
+    AgentDevices, AgentRegister, AgentRegistered, DeviceInfo, DevicesSynced, FinishAnswer, HeartbeatAnswer,
+    RunAssignment, RunFinish, RunnerInfo,
 )
 from sme2farm.protocol.agents import AGENT_PROTOCOL, AGENT_TOKEN_HEADER, DELIVERY_PART, ArtifactDigest, RunDelivery
 
@@ -31,8 +33,13 @@ class LeaseLost(Exception):
 
 
 class UploadRefused(Exception):
-    """An artifact the server would not take, through every retry: the run cannot be reported,
+    """A delivery the server would not take, through every retry: the run cannot be reported,
     and running the model again would meet the same refusal. The message is the server's reason."""
+
+
+class ServerTooOld(Exception):
+    """The server speaks an agent protocol older than this agent's (AGENT_PROTOCOL): this agent
+    does not speak it, and stops. The message names both versions."""
 
 
 def _detail(r: httpx.Response) -> str:
@@ -57,7 +64,7 @@ def _retry_after(r: httpx.Response) -> float:
 
 
 def _refused(e: httpx.HTTPStatusError | httpx.TransportError, what: str, doing: str, start: float) -> UploadRefused:
-    """An upload's or a delivery's last answer, once its retries are spent, as one sentence."""
+    """A delivery's last answer, once its retries are spent, as one sentence."""
     waited = f"{time.monotonic() - start:.0f} s"
     if isinstance(e, httpx.TransportError):
         return UploadRefused(f"the server could not be reached to {doing} for {waited}: {e or type(e).__name__}")
@@ -80,9 +87,6 @@ class AgentApi:
         self.client = httpx.Client(base_url=self.server, timeout=httpx.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
                                    transport=transport)
         self.client.headers["Authorization"] = f"Bearer {token}"
-        # The agent protocol both sides speak (sme2farm/protocol/agents.py AGENT_PROTOCOL), known
-        # once registered: 2 delivers a run in one request (deliver), 1 starts, uploads, finishes.
-        self.protocol = 1
         self._ack: list[str] = []   # leases the last claim answer handed over, acknowledged by the next claim
 
     def _request(self, method: str, url: str, *, timeout: float | None = None, until: float | None = None,
@@ -127,7 +131,8 @@ class AgentApi:
                  presented: str | None = None) -> AgentRegistered:
         """`presented`: this agent's access token (the one it holds, or proposes): a live agent of
         this name and host is re-registered only with it. A refusal (409) is Unauthorized: retrying
-        cannot help."""
+        cannot help. A server older than AGENT_PROTOCOL (its answer says so, or says no protocol:
+        1) is ServerTooOld."""
         body = AgentRegister(name=name, hostname=hostname, version=version, devices=devices, runners=runners)
         headers = {AGENT_TOKEN_HEADER: presented} if presented else {}
         try:
@@ -135,8 +140,11 @@ class AgentApi:
         except LeaseLost as e:
             raise Unauthorized(f"POST /agent/register: 409 {e}") from None
         reg = AgentRegistered.model_validate(r.json())
+        if reg.protocol < AGENT_PROTOCOL:
+            raise ServerTooOld(f"the server at {self.server} speaks agent protocol {reg.protocol}, and this agent "
+                               f"speaks protocol {AGENT_PROTOCOL} only (one delivery per run): upgrade the farm's "
+                               f"server, or serve its devices with the sme2-agent of the farm's own release")
         self.client.headers["Authorization"] = f"Bearer {reg.access_token}"
-        self.protocol = min(reg.protocol, AGENT_PROTOCOL)  # an older server's answer says none: 1
         return reg
 
     def sync_devices(self, devices: list[DeviceInfo], runners: list[RunnerInfo]) -> DevicesSynced:
@@ -145,40 +153,24 @@ class AgentApi:
 
     def claim(self, wait: float) -> list[RunAssignment]:
         """Long-poll for runs. Each claim acknowledges the runs the previous answer handed this agent
-        (`ack`: the server moves them to running; the claim is the start); an older server ignores it."""
+        (`ack`: the server moves them to running; the claim is the start)."""
         r = self._request("POST", "/agent/claim", params={"wait": wait, "ack": self._ack}, timeout=wait + 30.0)
         runs = [RunAssignment.model_validate(x) for x in r.json()]
         self._ack = [a.lease_id for a in runs]   # leases: a requeued run's new lease is not acknowledged
         return runs
 
-    def start(self, run_id: int, lease_id: str) -> HeartbeatAnswer:
-        return HeartbeatAnswer.model_validate(self._request("POST", f"/agent/runs/{run_id}/start", json={"lease_id": lease_id}).json())
-
     def heartbeat(self, run_id: int, lease_id: str, status: str = "running") -> HeartbeatAnswer:
         r = self._request("POST", f"/agent/runs/{run_id}/heartbeat", json={"lease_id": lease_id, "status": status})
         return HeartbeatAnswer.model_validate(r.json())
 
-    def upload(self, run_id: int, lease_id: str, name: str, path: Path) -> ArtifactStored:
-        """Retried through 5xx (a 507 full disk included), 429 and dropped connections for up to
-        upload_retry_s (the run's heartbeats keep its lease meanwhile); then UploadRefused, with
-        the server's reason. Any other refusal (413 too large, ...) is UploadRefused at once."""
-        data = path.read_bytes()
-        headers = {"X-Lease-Id": lease_id, "X-Content-SHA256": hashlib.sha256(data).hexdigest(),
-                   "Content-Type": "application/octet-stream"}
-        start = time.monotonic()
-        try:
-            r = self._request("PUT", f"/agent/runs/{run_id}/artifacts/{name}", content=data, headers=headers,
-                              until=start + self.upload_retry_s)
-            return ArtifactStored.model_validate(r.json())
-        except (httpx.HTTPStatusError, httpx.TransportError) as e:
-            raise _refused(e, f"{name} ({len(data)} bytes)", f"upload {name}", start) from e
-
     def deliver(self, run_id: int, body: RunFinish, files: dict[str, Path], started_s_ago: float | None = None
                 ) -> FinishAnswer:
-        """Protocol 2: the finish and every artifact in one multipart request (POST
-        /agent/runs/{id}/deliver), each file streamed from disk with its size and sha256 declared in
-        the 'finish' part. Retried like an upload (the run's heartbeats keep its lease meanwhile),
-        then UploadRefused with the server's reason; 409 is LeaseLost."""
+        """The finish and every artifact in one multipart request (POST /agent/runs/{id}/deliver),
+        each file streamed from disk with its size and sha256 declared in the 'finish' part; a run
+        that failed before it ran is delivered with no files. Retried through 5xx (a 507 full disk
+        included), 429 and dropped connections for up to upload_retry_s (the run's heartbeats keep
+        its lease meanwhile), then UploadRefused with the server's reason; any other refusal (413
+        too large, ...) is UploadRefused at once; 409 is LeaseLost."""
         digests = {}
         for name, path in files.items():
             h, size = hashlib.sha256(), 0
@@ -201,10 +193,6 @@ class AgentApi:
         finally:
             for f in opened.values():
                 f.close()
-
-    def finish(self, run_id: int, body: RunFinish) -> FinishAnswer:
-        r = self._request("POST", f"/agent/runs/{run_id}/finish", json=body.model_dump(mode="json"))
-        return FinishAnswer.model_validate(r.json())
 
     def download_model(self, sha256: str, dest: Path) -> None:
         """Stream the model to dest, verifying its sha256 before it is used."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from sme2farm import logs
 from sme2farm.agent import drivers as driver_registry
 from sme2farm.agent.drivers import DRIVER_NAMES, DRIVERS
-from sme2farm.agent.api import AgentApi, Unauthorized
+from sme2farm.agent.api import AgentApi, ServerTooOld, Unauthorized
 from sme2farm.agent.config import agent_settings
 from sme2farm.agent.loop import Agent
 from sme2farm.protocol import DEFAULT_SERVER_URL, abbreviated
@@ -81,7 +81,7 @@ def cmd_run(args) -> int:
         agent.serve()
     except KeyboardInterrupt:
         agent.stop.set()
-    except Unauthorized as e:
+    except (Unauthorized, ServerTooOld) as e:  # retrying cannot help
         print(f"sme2-agent: {e}", file=sys.stderr)
         return 3
     return 0

@@ -1,16 +1,15 @@
-"""One run on this agent, from the server's assignment to its finish (the worker loop that claims
+"""One run on this agent, from the server's assignment to its delivery (the worker loop that claims
 runs and hands them out is loop.py):
 
-    start the lease -> refuse what the device cannot honestly serve -> fetch the model and inputs
-    (cached by sha256) -> heartbeat thread (cancellation comes back in its answers) ->
-    driver.execute -> upload the artifacts -> finish
+    heartbeat thread from the claim on (it keeps the claim's lease; cancellation comes back in its
+    answers) -> refuse what the device cannot honestly serve -> fetch the model and inputs (cached
+    by sha256) -> driver.execute -> deliver (the finish and every artifact, one request)
 
-With a server speaking agent protocol 2 (AgentApi.protocol) there is no start (the claim's lease
-is the start; the heartbeats, begun at once, carry a cancellation), and the artifacts travel with
-the finish in one request (AgentApi.deliver): a run is a claim and a delivery.
+A run is a claim and a delivery (agent protocol 2): there is no start request, the next claim
+acknowledges the lease. A run that cannot be run is delivered failed, with no files.
 
 A lease lost anywhere stops the run quietly: the server has requeued it, and nothing is stored twice.
-An upload the server keeps refusing (a full disk, a 5xx through every retry) finishes the run
+A delivery the server keeps refusing (a full disk, a 5xx through every retry) finishes the run
 failed with the server's reason, so the model is not run again into the same refusal.
 """
 
@@ -90,21 +89,21 @@ class JobRunner:
         self.downloads, self.work_dir, self.heartbeat_s = downloads, work_dir, heartbeat_s
 
     def _fail(self, reason: str) -> None:
-        self.api.finish(self.a.run_id, RunFinish(lease_id=self.a.lease_id, status=RunStatus.failed, reason=reason))
+        """Deliver the run failed, with no files. A lease lost meanwhile, or a delivery refused
+        through every retry, leaves the run to the server's reaper."""
+        try:
+            self.api.deliver(self.a.run_id, RunFinish(lease_id=self.a.lease_id, status=RunStatus.failed, reason=reason),
+                             {}, started_s_ago=time.monotonic() - self.began)
+        except (LeaseLost, UploadRefused) as e:
+            log.error("run %s: could not report it failed (%s): %s", self.a.run_id, reason, e)
 
     def run(self) -> JobResult | None:
         """The driver's result, or None when the run ended before a driver ran it."""
         a = self.a
         self.began = time.monotonic()
         cancel, done = threading.Event(), threading.Event()
-        if self.api.protocol >= 2:  # no start: heartbeats from now on keep the claim's lease
-            threading.Thread(target=self._heartbeat, args=(cancel, done), daemon=True).start()
-        else:
-            try:
-                if self.api.start(a.run_id, a.lease_id).cancel:
-                    cancel.set()
-            except LeaseLost:
-                return None
+        # Heartbeats from now on keep the claim's lease, through execution and delivery.
+        threading.Thread(target=self._heartbeat, args=(cancel, done), daemon=True).start()
         try:
             return self._run(cancel, done)
         finally:
@@ -135,9 +134,6 @@ class JobRunner:
                   iterations=a.iterations, warmup=a.warmup, timeout_s=a.timeout_s, workdir=workdir, mode=a.mode,
                   core_mask=a.core_mask, power_profile=a.power_profile, method=a.method, inputs_path=inputs,
                   llm=a.llm.model_dump() if a.llm is not None else None, cancel=cancel)
-        if self.api.protocol < 2:
-            # Heartbeats go on through execution and upload; they stop once the run is finished.
-            threading.Thread(target=self._heartbeat, args=(cancel, done), daemon=True).start()
         try:
             result = driver.execute(a.device_serial, job)
             try:
@@ -179,9 +175,4 @@ class JobRunner:
             runner=runner, device_state=state, wall_s=result.wall_s, exit_code=result.exit_code,
             warmup_in_trace=job.warmup_in_trace,
         )
-        if self.api.protocol >= 2:
-            self.api.deliver(a.run_id, body, files, started_s_ago=time.monotonic() - self.began)
-            return
-        for name, path in files.items():
-            self.api.upload(a.run_id, a.lease_id, name, path)
-        self.api.finish(a.run_id, body)
+        self.api.deliver(a.run_id, body, files, started_s_ago=time.monotonic() - self.began)

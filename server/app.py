@@ -17,7 +17,7 @@ from sme2farm import __version__
 from sme2farm.protocol import TASK_DISPATCH
 from sme2farm import logs
 from sme2farm.server import queue
-from sme2farm.server.api import agents, charts, comparisons, devices, experiments, ops, runs, scaling
+from sme2farm.server.api import agents, agents_v1, charts, comparisons, devices, experiments, ops, runs, scaling
 from sme2farm.server.api.errors import install as install_error_handlers
 from sme2farm.server.config import Settings, get_settings
 from sme2farm.server.api import tokens as token_routes
@@ -133,7 +133,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[..., None] | 
     app.add_middleware(AgentGateMiddleware, gate=app.state.agent_gate)  # inside BodyLimits: a turn once the body is in
     app.add_middleware(BodyLimits, max_bytes=settings.max_json_kb << 10)
     app.add_exception_handler(RequestValidationError, request_validation_error)
-    for module in (experiments, runs, comparisons, charts, devices, agents, ops, scaling):
+    for module in (experiments, runs, comparisons, charts, devices, agents, agents_v1, ops, scaling):
         app.include_router(module.router)
     app.include_router(token_routes.router)
     app.include_router(suite_routes.router)  # suites, series, regressions

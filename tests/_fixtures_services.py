@@ -135,7 +135,9 @@ class ServiceFarm:
 
     def expire(self, rid: int) -> None:
         with session_scope(self.url) as s:
-            s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+            past = utcnow() - timedelta(seconds=1)   # the lease, or the ingest deadline of an analyzing run
+            s.execute(update(Run).where(Run.id == rid, Run.lease_expires_at.is_not(None)).values(lease_expires_at=past))
+            s.execute(update(Run).where(Run.id == rid, Run.ingest_deadline_at.is_not(None)).values(ingest_deadline_at=past))
 
     def reap(self, **kw) -> list[int]:
         with self.tx() as s:

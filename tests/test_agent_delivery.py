@@ -1,17 +1,22 @@
 """Agent protocol 2: a run is a claim and a delivery (POST /agent/runs/{id}/deliver: the
 finish and every artifact in one multipart request); a protocol-1 agent (start, PUT per artifact,
-finish) is still served. The real agent, runner and app; SQLite and PostgreSQL (db_url)."""
+finish) is still served, by server/api/agents_v1.py, until its sunset; the agent speaks 2 only.
+The real agent, runner and app; SQLite and PostgreSQL (db_url)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 
+import httpx
+import pytest
 from sqlalchemy import select
 
+from _agent_v1 import ProtocolOne
 from _fixtures_farm import dispatch, submit
-from sme2farm.protocol import RUNNER_LOG, TRACE
-from sme2farm.protocol.agents import AGENT_PROTOCOL
+from sme2farm.agent.api import AgentApi, ServerTooOld
+from sme2farm.protocol import RUNNER_LOG, TRACE, RunFinish
+from sme2farm.server.api.agents_v1 import SUNSET
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Artifact, Run
@@ -27,8 +32,7 @@ def _artifacts(api, rid: int) -> dict[str, str]:
         return {a.name: a.sha256 for a in s.scalars(select(Artifact).where(Artifact.run_id == rid))}
 
 
-def test_a_run_is_a_claim_and_a_delivery_and_a_protocol_1_agent_is_still_served(api, agent, example_pte):
-    assert agent.api.protocol == AGENT_PROTOCOL == 2   # told at registration
+def test_a_run_is_a_claim_and_a_delivery_and_a_protocol_1_agent_is_still_served(api, agent, example_pte, tmp_path):
     pte = example_pte("toy_cnn").read_bytes()
     submit(api, pte)
     [rid] = dispatch(api)
@@ -45,12 +49,53 @@ def test_a_run_is_a_claim_and_a_delivery_and_a_protocol_1_agent_is_still_served(
     trace = Store(api.settings.data_dir).artifact_path(rid, TRACE, attempt=1).read_bytes()
     assert stored[TRACE] == hashlib.sha256(trace).hexdigest()
 
-    agent.api.protocol = 1                              # an agent from before protocol 2
+    v1 = ProtocolOne(agent.api)                         # an agent from before protocol 2
     submit(api, pte)
     [rid1] = dispatch(api)
     [b] = agent.api.claim(wait=0)
-    agent.execute(b)
-    assert _run(api, rid1).status == "analyzing" and {TRACE, RUNNER_LOG} <= set(_artifacts(api, rid1))
+    assert v1.start(rid1, b.lease_id).cancel is False and _run(api, rid1).status == "running"
+    assert v1.last.headers["Deprecation"] == "true" and str(SUNSET.year) in v1.last.headers["Sunset"]
+    (tmp_path / "trace").write_bytes(trace)
+    (tmp_path / "log").write_bytes(b"a protocol-1 agent's log")
+    assert v1.upload(rid1, b.lease_id, TRACE, tmp_path / "trace").sha256 == stored[TRACE]
+    v1.upload(rid1, b.lease_id, RUNNER_LOG, tmp_path / "log")
+    assert _run(api, rid1).status == "uploading"
+    assert v1.finish(rid1, RunFinish(lease_id=b.lease_id, status="succeeded")).status == "analyzing"
+    assert {TRACE, RUNNER_LOG} <= set(_artifacts(api, rid1))
+    assert "Sunset" not in _claim_headers(agent)        # protocol 2's own answers say nothing of it
+
+
+def _claim_headers(agent) -> httpx.Headers:
+    return agent.api.client.post("/agent/claim", params={"wait": 0}).headers
+
+
+def test_an_agent_refuses_a_server_that_speaks_protocol_1_naming_its_version():
+    """A protocol-1 server's registration answer has no `protocol` field: the agent stops there,
+    before it claims anything, and says which protocol each side speaks."""
+    calls = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(200, json={"agent_id": 1, "access_token": "t", "poll_timeout_s": 20,
+                                         "heartbeat_interval_s": 10, "lease_s": 60})
+
+    api = AgentApi("http://old-farm", "reg-token", transport=httpx.MockTransport(server), upload_retry_s=1,
+                   backoff_cap_s=1)
+    with pytest.raises(ServerTooOld, match="speaks agent protocol 1, and this agent speaks protocol 2 only"):
+        api.register(name="a", hostname="h", version="0", devices=[], runners=[])
+    assert calls == ["/agent/register"]
+    assert api.client.headers["Authorization"] == "Bearer reg-token"   # the old server's token is not taken
+
+
+def test_a_run_the_agent_cannot_run_is_delivered_failed_with_no_files(api, agent, example_pte):
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    agent.devices.clear()                               # the device left this agent before the run began
+    agent.execute(a)
+    run = _run(api, rid)
+    assert run.status == "failed" and "no longer attached" in run.reason, run.reason
+    assert _artifacts(api, rid) == {}
 
 
 def _deliver(agent, a, parts: dict[str, bytes], declared: dict | None = None, lease: str | None = None):

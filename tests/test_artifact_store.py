@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
+from _agent_v1 import ProtocolOne
 from _fixtures_farm import dispatch, submit
 from sme2farm.protocol import RUNNER_LOG, TRACE
 from sme2farm.protocol.agents import RunFinish
@@ -125,24 +126,24 @@ def test_a_retried_run_never_goes_to_analysis_on_its_earlier_attempts_trace(api,
 
     submit(api, example_pte("toy_cnn").read_bytes())
     [rid] = dispatch(api)
-    agent.api.protocol = 1                         # start, one PUT per artifact, finish
+    v1 = ProtocolOne(agent.api)                    # start, one PUT per artifact, finish
     [a] = agent.api.claim(wait=0)
-    agent.api.start(rid, a.lease_id)
+    v1.start(rid, a.lease_id)
     trace = agent.work_dir / "attempt1.etdump"
     trace.parent.mkdir(parents=True, exist_ok=True)
     trace.write_bytes(b"attempt 1's trace")
-    agent.api.upload(rid, a.lease_id, TRACE, trace)
+    v1.upload(rid, a.lease_id, TRACE, trace)
     with session_scope(api.settings.sqlalchemy_url) as s:
         s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
     with session_scope(api.settings.sqlalchemy_url) as s:
         assert run_service.reap_expired(s, max_attempts=3, store=Store(api.settings.data_dir)) == [rid]
     assert dispatch(api) == [rid]
     [b] = agent.api.claim(wait=0)
-    agent.api.start(rid, b.lease_id)
+    v1.start(rid, b.lease_id)
     log = agent.work_dir / "attempt2.log"
     log.write_bytes(b"attempt 2's log")
-    agent.api.upload(rid, b.lease_id, RUNNER_LOG, log)
-    answer = agent.api.finish(rid, RunFinish(lease_id=b.lease_id, status="succeeded"))
+    v1.upload(rid, b.lease_id, RUNNER_LOG, log)
+    answer = v1.finish(rid, RunFinish(lease_id=b.lease_id, status="succeeded"))
     assert answer.status == "failed"
     with session_scope(api.settings.sqlalchemy_url) as s:
         run = s.get(Run, rid)

@@ -150,7 +150,7 @@ def test_a_run_that_succeeds_after_a_requeue_has_no_reason_left(api, agent, exam
     submit(api, example_pte("toy_cnn").read_bytes())
     [rid] = dispatch(api)
     [a] = agent.api.claim(wait=0)
-    agent.api.start(a.run_id, a.lease_id)
+    agent.api.heartbeat(a.run_id, a.lease_id)   # the run's first heartbeat starts it
     with session_scope(api.settings.sqlalchemy_url) as s:  # the agent dies: its lease runs out
         s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
     with session_scope(api.settings.sqlalchemy_url) as s:

@@ -97,7 +97,7 @@ def test_queued_to_succeeded_through_the_services(service_farm, etdump):
     assert service_farm.finish(rid, trace=etdump).status == RunStatus.analyzing
     run = service_farm.run(rid)
     assert run.ingest_attempts == 0 and run.ingest_started_at is None  # sent, not begun: no attempt yet
-    assert run.lease_expires_at is not None  # the ingest deadline
+    assert run.ingest_deadline_at is not None and run.lease_expires_at is None  # no agent holds it now
     # free while it is analysed
     assert service_farm.device().state == "idle" and service_farm.device().current_run_id is None
     assert service_farm.sent == [(TASK_INGEST, rid, run.experiment_id), (TASK_DISPATCH,)]  # sent after the commit, once each (the experiment id for the logs)
@@ -105,7 +105,7 @@ def test_queued_to_succeeded_through_the_services(service_farm, etdump):
     assert service_farm.finish(rid, trace=etdump).status == RunStatus.analyzing
     assert service_farm.ingest(rid) == RunStatus.succeeded
     run = service_farm.run(rid)
-    assert run.finished_at is not None and run.lease_expires_at is None and run.reason == ""
+    assert run.finished_at is not None and run.lease_expires_at is None and run.ingest_deadline_at is None and run.reason == ""
     with session_scope(service_farm.url) as s:
         assert s.get(RunResult, rid).n == 6
     assert service_farm.ingest(rid) == RunStatus.succeeded  # a repeated ingest stores nothing twice

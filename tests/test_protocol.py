@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
+from _agent_v1 import ProtocolOne
 from _fixtures_farm import dispatch, ingest_all, submit
 from sme2farm.agent.api import LeaseLost
 from sme2farm.agent.drivers.local import LocalDriver
@@ -49,7 +50,7 @@ def test_full_round_trip_with_the_real_runner(api, agent, example_pte, monkeypat
     trace = api.client.get(f"/runs/{a.run_id}/artifacts/trace.etdump", headers=api.auth()).content
     from sme2farm.analysis import analyze
 
-    assert analyze(trace)["e2e_ms"]["median"] == pytest.approx(run["e2e_ms"]["median"])
+    assert analyze(trace).to_dict()["e2e_ms"]["median"] == pytest.approx(run["e2e_ms"]["median"])
     on = next(r for r in rep["runs"] if r["sme2"] == "on")
     assert on["status"] == "unschedulable"
     [cmp] = rep["comparisons"]
@@ -81,8 +82,9 @@ def test_lease_conflicts_are_409_and_repeats_are_idempotent(api, agent, example_
                         headers=api.auth(agent.api.client.headers["Authorization"].split()[1]))
     assert r.status_code == 409
     assert r.json()["reason"] == "not_owner" and r.json()["previous_state"] == "assigned"
-    agent.api.start(a.run_id, a.lease_id)
-    agent.api.start(a.run_id, a.lease_id)  # a retried start by the owner is success
+    v1 = ProtocolOne(agent.api)             # served to agents older than protocol 2 (server/api/agents_v1.py)
+    v1.start(a.run_id, a.lease_id)
+    v1.start(a.run_id, a.lease_id)  # a retried start by the owner is success
     assert agent.api.heartbeat(a.run_id, a.lease_id).cancel is False
     with pytest.raises(LeaseLost):
         agent.api.heartbeat(a.run_id, "stolen")
@@ -95,7 +97,7 @@ def test_expired_lease_is_requeued_then_failed_after_max_attempts(api, agent, ex
         [rid] = dispatch(api)
         [a] = agent.api.claim(wait=0)
         assert a.attempt == attempt
-        agent.api.start(a.run_id, a.lease_id)
+        agent.api.heartbeat(a.run_id, a.lease_id)   # the run's first heartbeat starts it
         with session_scope(url) as s:  # the agent dies: its lease runs out
             s.execute(update(Run).where(Run.id == rid).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
         with session_scope(url) as s:
@@ -114,7 +116,8 @@ def test_damaged_or_unknown_artifacts_are_refused(api, agent, example_pte, tmp_p
     submit(api, example_pte("toy_cnn").read_bytes())
     dispatch(api)
     [a] = agent.api.claim(wait=0)
-    agent.api.start(a.run_id, a.lease_id)
+    v1 = ProtocolOne(agent.api)   # one PUT per artifact: protocol 1 (server/api/agents_v1.py)
+    v1.start(a.run_id, a.lease_id)
     tok = agent.api.client.headers["Authorization"]
     body = b"not what was announced"
     r = api.client.put(f"/agent/runs/{a.run_id}/artifacts/trace.etdump", content=body,
@@ -128,7 +131,7 @@ def test_damaged_or_unknown_artifacts_are_refused(api, agent, example_pte, tmp_p
     # success without a trace is not success
     from sme2farm.protocol import RunFinish
 
-    agent.api.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="succeeded"))
+    v1.finish(a.run_id, RunFinish(lease_id=a.lease_id, status="succeeded"))
     run = api.client.get(f"/runs/{a.run_id}", headers=api.auth()).json()
     assert run["status"] == "failed" and "no ETDump" in run["reason"]
 

@@ -1,8 +1,7 @@
-"""The agent protocol (agents pull work over HTTP; they never touch the broker or the database).
-
-Protocol 2 (AGENT_PROTOCOL): register -> sync devices -> long-poll claim -> heartbeat* -> deliver
-(the finish with every artifact, one request). Protocol 1, still served: ... claim -> start ->
-heartbeat* -> upload artifacts -> finish. Agents get their own router and their own token scope.
+"""The agent protocol (AGENT_PROTOCOL, 2; agents pull work over HTTP and never touch the broker or
+the database): register -> sync devices -> long-poll claim (the next claim's `ack` is the start)
+-> heartbeat* -> deliver (the finish with every artifact, one streamed request). Agents get their
+own router and their own token scope. Protocol 1's own calls are server/api/agents_v1.py's.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ from fastapi.responses import FileResponse, Response
 from pydantic import ValidationError
 
 from sme2farm.protocol import (
-    ACTIVE, AGENT_ARTIFACTS, DEFAULT_METHOD, DEFAULT_POWER_PROFILE, DEFAULT_TIMEOUT_S, AgentDevices, AgentRegister,
-    AgentRegistered, ArtifactStored, DevicesSynced, FinishAnswer, Heartbeat, HeartbeatAnswer, LeaseRequest,
-    RunAssignment, RunFinish, RunStatus, status_values,
+    DEFAULT_METHOD, DEFAULT_POWER_PROFILE, DEFAULT_TIMEOUT_S, AgentDevices, AgentRegister, AgentRegistered,
+    DevicesSynced, FinishAnswer, Heartbeat, HeartbeatAnswer, RunAssignment, RunStatus,
 )
 from sme2farm.protocol import TASK_DISPATCH, TRACE
 from sme2farm.protocol.agents import AGENT_PROTOCOL, AGENT_TOKEN_HEADER, DELIVERY_PART, RunDelivery
@@ -31,16 +29,15 @@ from sme2farm.server.api.deps import (
     AgentIdDep, RegistrarDep, RunId, SessionDep, SettingsDep, Sha256, StoreDep, TxDep, WaitS,
 )
 from sme2farm.server.store.db import enqueue_after_commit
-from sme2farm.server.store.models import Agent, Artifact, Device, Experiment, Run
+from sme2farm.server.store.models import Agent
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import run_artifacts
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.store.base import TooLarge, inputs_key, model_key
+from sme2farm.server.store.base import inputs_key, model_key
 from sme2farm.server.web.objects import object_response
-from sme2farm.server.web.delivery import DELIVERY_BODY_OPENAPI, receive_delivery
+from sme2farm.server.web.delivery import DELIVERY_BODY_OPENAPI, MAX_FINISH_BYTES, OVERHEAD_BYTES, receive_delivery
 from sme2farm.server.web.limits import retry_after
-from sme2farm.server.web.uploads import ARTIFACT_BODY_OPENAPI
 from sme2farm.server.infra import wakeup
 from sme2farm.server.infra.wakeup import ClaimWaiter
 
@@ -49,6 +46,7 @@ from sme2farm.server.infra.wakeup import ClaimWaiter
 
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 
+FINISH_ONLY_BYTES = MAX_FINISH_BYTES + OVERHEAD_BYTES  # the most a delivery without artifacts takes
 CLAIM_RETRY_S = 1.0  # a claim over SME2_AGENT_MAX_CLAIMS: the earlier ones end within a poll timeout
 
 # The model and inputs downloads are files, not JSON.
@@ -126,8 +124,8 @@ _WAITER_LOCK = threading.Lock()
 
 
 def claim_waiter(request: Request) -> ClaimWaiter:
-    """The process's one ClaimWaiter, made on first use: the claim route (event loop) and the
-    finish route (a threadpool thread) may both get here first, so it is made under a lock."""
+    """The process's one ClaimWaiter, made on first use: the claim route (event loop) and a
+    delivery or finish (a threadpool thread) may both get here first, so it is made under a lock."""
     state = request.app.state
     waiter = getattr(state, "claim_waiter", None)
     if waiter is None:
@@ -186,14 +184,6 @@ def heard(tx, agent_id: int, offline_s: float):
         raise
 
 
-@router.post("/runs/{run_id}/start", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
-def start(run_id: RunId, body: LeaseRequest, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> HeartbeatAnswer:
-    with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
-        run = run_service.start(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id, lease_s=settings.lease_s)
-        device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=settings.agent_offline_s)
-        return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
-
-
 @router.post("/runs/{run_id}/heartbeat", response_model=HeartbeatAnswer, responses={**CONFLICT, **NOT_FOUND})
 def heartbeat(run_id: RunId, body: Heartbeat, tx: TxDep, settings: SettingsDep, agent_id: AgentIdDep) -> HeartbeatAnswer:
     with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
@@ -203,87 +193,24 @@ def heartbeat(run_id: RunId, body: Heartbeat, tx: TxDep, settings: SettingsDep, 
         return HeartbeatAnswer(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
-@router.put("/runs/{run_id}/artifacts/{name}", response_model=ArtifactStored, responses={**CONFLICT, **NOT_FOUND},
-            openapi_extra=ARTIFACT_BODY_OPENAPI)
-async def upload_artifact(run_id: RunId, name: str, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep,
-                          agent_id: AgentIdDep) -> ArtifactStored:
-    """Raw body upload; X-Lease-Id, X-Content-SHA256 and Content-Length are checked against it."""
-    if name not in AGENT_ARTIFACTS:
-        raise HTTPException(422, f"artifact name must be one of {sorted(AGENT_ARTIFACTS)}")
-    lease_id = request.headers.get("x-lease-id", "")
-    want_sha = request.headers.get("x-content-sha256", "").lower()
-    length = request.headers.get("content-length")
-    if not want_sha or length is None or not length.isdigit():
-        raise HTTPException(422, "artifact uploads need Content-Length and X-Content-SHA256 headers")
-    limit = settings.max_artifact_mb << 20
-    if int(length) > limit:
-        raise HTTPException(413, f"artifact of {length} bytes exceeds the {settings.max_artifact_mb} MiB limit")
-    store.ensure_room(int(length))  # below the free-space reserve: 507, nothing written
-    await run_in_threadpool(_check_lease, tx, settings, run_id, lease_id, agent_id)  # before the body is stored
-    try:
-        tmp, sha, size = await store.receive(request.stream(), limit)
-    except TooLarge as e:
-        raise HTTPException(413, str(e))
-    if size != int(length) or sha != want_sha:
-        tmp.unlink()
-        raise HTTPException(422, f"artifact {name} arrived damaged: {size} bytes sha256 {sha}, expected {length} bytes sha256 {want_sha}")
-
-    # The lease was read before the body streamed (a stale agent's gigabyte is never written); once
-    # the bytes are here one transaction checks it again under the row's lock (and extends it, the
-    # run moved to uploading) and records the artifact. The route is async (the body streams in
-    # without a thread per upload), so the blocking transactions run in the threadpool: on the
-    # event loop they stalled every other request.
-    def keep() -> None:
-        try:
-            with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
-                run = run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id,
-                                            status=RunStatus.uploading, lease_s=settings.lease_s)
-                run_artifacts.record(session, run_id=run_id, artifacts={name: (size, sha)})
-                # last: nothing is kept for a run this agent does not hold; under this attempt's key
-                store.keep_artifact(tmp, run_id, name, attempt=run.attempt)
-        finally:
-            tmp.unlink(missing_ok=True)  # moved already, or refused
-
-    async with request.app.state.agent_gate:  # the body is in: take a turn like other agent requests
-        await run_in_threadpool(keep)
-    return ArtifactStored(name=name, size=size, sha256=sha)
-
-
-@router.post("/runs/{run_id}/finish", response_model=FinishAnswer, responses={**CONFLICT, **NOT_FOUND})
-def finish(run_id: RunId, body: RunFinish, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep,
-           agent_id: AgentIdDep) -> FinishAnswer:
-    """The run ends here (failed, cancelled), or goes to analysis: ingest is sent once this commits.
-    The device's next queued run is assigned in the same transaction, and the agent's waiting
-    claim woken once it commits (no dispatch task in between)."""
-    with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
-        # This attempt's trace only (the lease checked below is this attempt's): an earlier
-        # attempt's upload never lets a retry go to analysis.
-        has_trace = run_artifacts.has_trace(session, run_id=run_id, store=store)
-        run = run_service.finish(session, run_id=run_id, agent_id=agent_id, body=body, has_trace=has_trace,
-                                 ingest_deadline_s=settings.ingest_deadline_s, store=store, lease_s=settings.lease_s)
-        status = RunStatus(run.status)
-        woken = session.info.get(run_service.ASSIGNED_AGENTS, ())
-    if woken:
-        claim_waiter(request).wake_threadsafe(woken)  # this process's claims
-        wakeup.publish(settings.celery_broker_url, agent_ids=woken)  # and any other server process's
-    return FinishAnswer(status=status)
-
-
 @router.post("/runs/{run_id}/deliver", response_model=FinishAnswer, responses={**CONFLICT, **NOT_FOUND},
              openapi_extra=DELIVERY_BODY_OPENAPI)
 async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store: StoreDep, tx: TxDep,
                   agent_id: AgentIdDep) -> FinishAnswer:
-    """Agent protocol 2: the run's finish and its artifacts in one multipart request, in place of
-    start, one PUT per artifact and finish (bench/scale.py: a run cost five requests and five
-    transactions). Each artifact streams to a temp file, bounded by max_artifact_mb and hashed, and
-    is checked against the size and sha256 the 'finish' part declares for it; then one transaction
+    """The run's finish and its artifacts in one multipart request. Each artifact streams to a
+    temp file, bounded by max_artifact_mb and hashed, and is checked against the size and sha256
+    the 'finish' part declares for it; then one transaction
     checks the lease, records the artifacts, keeps their files and finishes the run (the device's
     next run assigned in it). A repeat of a delivery already taken stores nothing again."""
     length = request.headers.get("content-length", "")
-    store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507
+    if not length.isdigit() or int(length) > FINISH_ONLY_BYTES:
+        store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507
 
     async def admit(finish: str) -> None:  # before any artifact byte is written: a live lease, or a refusal
-        await run_in_threadpool(_check_lease, tx, settings, run_id, _delivery(finish).lease_id, agent_id)
+        body = _delivery(finish)
+        if body.artifacts:  # a finish alone (a run that failed) stores no file: it needs no room
+            store.ensure_room(sum(d.size for d in body.artifacts.values()))
+        await run_in_threadpool(check_lease, tx, settings, run_id, body.lease_id, agent_id)
 
     got = await receive_delivery(request, store.tmp, settings.max_artifact_mb << 20, admit)
     try:
@@ -330,9 +257,10 @@ def _delivery(finish: str) -> RunDelivery:
                                  f"{e.errors()[0]['msg']} at {'.'.join(map(str, e.errors()[0]['loc']))}")
 
 
-def _check_lease(tx, settings, run_id: int, lease_id: str, agent_id: int) -> None:
-    """Before an artifact's body is stored: the run is this agent's under this lease (404, 409
-    otherwise). A read; the transaction that keeps the artifact checks again, under the row's lock."""
+def check_lease(tx, settings, run_id: int, lease_id: str, agent_id: int) -> None:
+    """Before an artifact's body is stored (a delivery's, or a protocol-1 upload's): the run is
+    this agent's under this lease (404, 409 otherwise). A read; the transaction that keeps the
+    artifact checks again, under the row's lock."""
     with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
         run_service.check_lease(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id)
 

@@ -1,5 +1,5 @@
 """The agent protocol: registration, device sync, the run an agent is handed, its lease,
-heartbeats and finish, and what the server answers to each."""
+heartbeats and delivery, and what the server answers to each."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class AgentRegistered(Read):
     lease_s: float
     refused: list[DeviceRefused] = Field(default_factory=list, description="Devices not handed to this agent, and why")
     protocol: int = Field(default=1, description="The agent protocol this server speaks (AGENT_PROTOCOL); an "
-                                                "answer without it is a protocol-1 server's")
+                                                "answer without it is a protocol-1 server's, which an agent refuses")
 
 
 class AgentDevices(StrictWire):
@@ -117,7 +117,7 @@ class DevicesSynced(Read):
 
 
 class ArtifactStored(Read):
-    """PUT /agent/runs/{id}/artifacts/{name}."""
+    """PUT /agent/runs/{id}/artifacts/{name} (protocol 1, server/api/agents_v1.py)."""
 
     name: str
     size: int
@@ -125,16 +125,16 @@ class ArtifactStored(Read):
 
 
 class FinishAnswer(Read):
-    """POST /agent/runs/{id}/finish: the run's status after it."""
+    """POST /agent/runs/{id}/deliver (and protocol 1's finish): the run's status after it."""
 
     status: RunStatus
 
 
-# The agent protocol's version, told in AgentRegistered.protocol. 1: claim, start, one PUT per
-# artifact, finish. 2: claim, then one POST /agent/runs/{id}/deliver carrying the finish and every
-# artifact (the start folded into the claim's lease: the run is running from its first heartbeat,
-# or from the delivery's started_s_ago). A server speaking 2 still serves protocol-1 agents (their
-# endpoints are kept); an agent meeting a protocol-1 server speaks 1.
+# The agent protocol's version, told in AgentRegistered.protocol. 2: claim, then one POST
+# /agent/runs/{id}/deliver carrying the finish and every artifact (the start folded into the claim:
+# its next claim's ack, or the first heartbeat, or the delivery's started_s_ago). 1 (claim, start,
+# one PUT per artifact, finish) is served to older agents until its sunset (server/api/agents_v1.py);
+# the agent speaks 2 only, and refuses a server that speaks 1.
 # A re-registering agent presents its current access token in this header (Authorization carries
 # the registration token): a live agent's name and host are re-registered only with it.
 AGENT_TOKEN_HEADER = "X-Agent-Token"

@@ -1,12 +1,13 @@
 """The run lifecycle, owned here and only here: every transition of a Run, ingest's included, and
 the one way a run ends.
 
-    queued ─dispatch─► assigned ─start─► running ─upload─► uploading ─finish─► analyzing ─ingest─► succeeded
-      │                 └──────────── lease expired: back to queued ─┘           │
-      │                   (or failed after max_attempts; cancelled if asked)        ├─► failed  (trace unusable;
-      └─► cancelled      any of assigned/running/uploading ─finish─► failed | cancelled      ingest deadline x attempts)
-      └─► unschedulable  its device offline past SME2_DEVICE_LOST_S (end_lost_device_runs)   └─► cancelled
-    unschedulable: decided at submission (or as above), never left
+    queued ─dispatch─► assigned ─claim's ack─► running ─deliver─► analyzing ─ingest─► succeeded
+      │                 └──── lease expired: back to queued ───┘         │
+      │                   (or failed after max_attempts; cancelled if asked) ├─► failed  (trace unusable;
+      └─► cancelled      any of assigned/running ─deliver─► failed | cancelled │    ingest deadline x attempts)
+      └─► unschedulable  its device offline past SME2_DEVICE_LOST_S          └─► cancelled
+    unschedulable: decided at submission (or as above), never left. uploading: a protocol-1
+    agent's (server/api/agents_v1.py), between its start (running) and its finish.
 
 One job per module:
 
@@ -15,10 +16,10 @@ One job per module:
   comparisons in the same transaction;
 - assignment.py: queued -> assigned, a device's next queued run (dispatch, assign_next), and what
   an agent's claim reads back;
-- lease.py: the lease owner's moves (start, heartbeat, finish);
+- lease.py: the lease owner's moves (heartbeat, deliver; protocol 1's start and finish);
 - ingesting.py: analyzing -> succeeded | failed (the ingest task's transitions; the trace becomes
   rows in services/ingest.py);
-- reaper.py: runs past their deadline, and the queued runs of lost devices.
+- reaper.py: runs past their lease or their ingest deadline, and the queued runs of lost devices.
 
 Tasks a transition needs (dispatch, ingest) are sent after the transaction commits
 (db.enqueue_after_commit). This package's names are theirs; callers use them from here.

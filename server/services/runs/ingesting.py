@@ -58,9 +58,9 @@ def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float,
     window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
     began = session.execute(
         update(Run).where(Run.id == run_id, Run.status == RunStatus.analyzing.value,
-                          (Run.ingest_started_at.is_(None)) | (Run.lease_expires_at < now))
+                          (Run.ingest_started_at.is_(None)) | (Run.ingest_deadline_at < now))
         .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
-                lease_expires_at=now + timedelta(seconds=window))
+                ingest_deadline_at=now + timedelta(seconds=window))
         .execution_options(synchronize_session=False)
     ).rowcount == 1
     return now if began else None
@@ -90,7 +90,7 @@ def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: fl
         update(Run).where(Run.id.in_(waiting.scalar_subquery()), Run.status == RunStatus.analyzing.value,
                           Run.ingest_started_at.is_(None))
         .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
-                lease_expires_at=now + timedelta(seconds=window))
+                ingest_deadline_at=now + timedelta(seconds=window))
         .returning(Run.id).execution_options(synchronize_session=False)
     ).scalars().all()
     began.update((rid, now) for rid in taken)
@@ -107,7 +107,7 @@ def ingest_deferred(session: Session, *, runs: dict[int, datetime], retry_in_s: 
     for rid, began in runs.items():
         if session.execute(
             update(Run).where(Run.id == rid, Run.status == RunStatus.analyzing.value, Run.ingest_started_at == began)
-            .values(ingest_attempts=Run.ingest_attempts - 1, ingest_started_at=None, lease_expires_at=due)
+            .values(ingest_attempts=Run.ingest_attempts - 1, ingest_started_at=None, ingest_deadline_at=due)
             .execution_options(synchronize_session=False)
         ).rowcount == 1:
             deferred.append(rid)
@@ -124,7 +124,7 @@ def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ing
                    as_utc(started_at) + timedelta(seconds=ingest_deadline_s))
     return session.execute(
         update(Run).where(Run.id == run_id, Run.status == RunStatus.analyzing.value, Run.ingest_started_at == started_at)
-        .values(lease_expires_at=deadline).execution_options(synchronize_session=False)
+        .values(ingest_deadline_at=deadline).execution_options(synchronize_session=False)
     ).rowcount == 1
 
 

@@ -1,5 +1,6 @@
-"""The lease owner's moves: an agent starts the run it was assigned, heartbeats it forward
-(running, uploading) and finishes it, each checked against the lease it holds.
+"""The lease owner's moves, each checked against the lease it holds: an agent heartbeats the run
+it was assigned forward (assigned, running, uploading) and delivers it (`delivered`, `deliver`);
+a protocol-1 agent (server/api/agents_v1.py) starts it, uploads and finishes it instead.
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ing
         end_run(session, run=run, status=RunStatus.failed, reason="the agent reported success but uploaded no ETDump",
                 store=store, device_lost=lost)
     elif body.status == RunStatus.succeeded:
-        move(session, run, RunStatus.analyzing, ingest_attempts=0, ingest_started_at=None,
-             lease_expires_at=utcnow() + timedelta(seconds=ingest_deadline_s))
+        move(session, run, RunStatus.analyzing, ingest_attempts=0, ingest_started_at=None, lease_expires_at=None,
+             ingest_deadline_at=utcnow() + timedelta(seconds=ingest_deadline_s))
         device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
         enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
     else:

@@ -32,7 +32,7 @@ def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_de
     - assigned, running, uploading (lease expired: the agent died or lost the network):
       requeued, or failed after max_attempts, or cancelled if cancel was asked. The stale
       owner's later calls get 409, so nothing is stored twice;
-    - analyzing (ingest deadline passed): if the task began (ingest_started) and did not end
+    - analyzing (its ingest_deadline_at passed): if the task began (ingest_started) and did not end
       in time (the worker died mid-ingest, or it hangs), that attempt counts: ingest is sent
       again, or the run fails once max_ingest_attempts have begun. If it never began (waiting
       behind a backlog, or lost by the broker) it is sent again without counting, so a long
@@ -58,14 +58,14 @@ def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_de
     # A lease counts only while the farm was up and settled (FarmClock.window); ingest
     # deadlines are the worker's own, not the agents'.
     window = liveness.clock(session).window(settle_s, now)
-    if window is None:
-        due = (Run.status == RunStatus.analyzing.value) & (Run.lease_expires_at < now)
-    else:
-        due = (Run.lease_expires_at < now) & ((Run.status == RunStatus.analyzing.value) | (Run.lease_expires_at < window[1]))
+    due = (Run.status == RunStatus.analyzing.value) & (Run.ingest_deadline_at < now)
+    if window is not None:
+        due = due | (Run.status.in_(status_values(ACTIVE)) & (Run.lease_expires_at < now)
+                     & (Run.lease_expires_at < window[1]))
 
     if ingest_start_s is not None and ingest_waiting is not None and ingest_start_s < ingest_deadline_s:
         unstarted_late = ((Run.status == RunStatus.analyzing.value) & Run.ingest_started_at.is_(None)
-                          & (Run.lease_expires_at < now + timedelta(seconds=ingest_deadline_s - ingest_start_s)))
+                          & (Run.ingest_deadline_at < now + timedelta(seconds=ingest_deadline_s - ingest_start_s)))
         due = due | unstarted_late
     expired = session.scalars(
         select(Run).where(Run.status.in_(status_values([*ACTIVE, RunStatus.analyzing])), due)
@@ -77,7 +77,7 @@ def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_de
         try:
             if run.status == RunStatus.analyzing:
                 began = run.ingest_started_at is not None
-                if not began and as_utc(run.lease_expires_at) >= now:  # early: only if its message is gone
+                if not began and as_utc(run.ingest_deadline_at) >= now:  # early: only if its message is gone
                     if not waiting:
                         waiting.append(_ask(ingest_waiting))
                     if waiting[0] != 0:
@@ -92,7 +92,7 @@ def reap_expired(session: Session, *, max_attempts: int, store: Store, ingest_de
                     ended.append(run.experiment_id)
                 else:
                     move(session, run, RunStatus.analyzing, ingest_started_at=None,
-                         lease_expires_at=now + timedelta(seconds=ingest_deadline_s))
+                         ingest_deadline_at=now + timedelta(seconds=ingest_deadline_s))
                     enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
                 touched.append(run.id)
                 continue

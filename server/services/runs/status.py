@@ -116,7 +116,7 @@ def end(session: Session, *, run: Run, status: RunStatus, reason: str | None, de
     succeeded kept "requeued after attempt 1: ..." as if something were still wrong)."""
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status")
-    values: dict[str, Any] = {"finished_at": utcnow(), "lease_expires_at": None}
+    values: dict[str, Any] = {"finished_at": utcnow(), "lease_expires_at": None, "ingest_deadline_at": None}
     if reason is not None:
         values["reason"] = reason
     move(session, run, status, **values)  # first: if it fails, nothing else has been touched
