@@ -7,6 +7,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -14,6 +15,7 @@ import httpx
 
 from pydantic import BaseModel
 
+from sme2farm.client.fields import known
 from sme2farm.protocol import (DEFAULT_MIN_EFFECT, Comparison, ComparisonPage, ComparisonRead, DeviceRead,
                                ExperimentPage, ExperimentReport, ExperimentSpec, RegressionRead, RunReport, ScalingRead,
                                SeriesRead, SuiteDeleted, SuiteDetail, SuitePatch, SuiteRead, SuiteRunStarted, SuiteSpec)
@@ -21,6 +23,24 @@ from sme2farm.protocol import (DEFAULT_MIN_EFFECT, Comparison, ComparisonPage, C
 
 _BOUNDS = {"less_than_equal": "<=", "less_than": "<", "greater_than_equal": ">=", "greater_than": ">"}
 _WHERE = {"body", "query", "path", "header", "form", "spec"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One entry of pydantic's / FastAPI's validation error list, as the server sends it."""
+
+    loc: Any = ()
+    msg: Any = "invalid"
+    type: Any = ""
+    ctx: Any = None
+
+
+@dataclass(frozen=True)
+class ErrorBody:
+    """A server's error body: FastAPI's {detail}, or a 409's {reason, message, previous_state}."""
+
+    detail: Any = None
+    message: Any = None
 
 
 def error_sentences(errors: list[dict[str, Any]]) -> list[str]:
@@ -31,11 +51,12 @@ def error_sentences(errors: list[dict[str, Any]]) -> list[str]:
         if not isinstance(e, dict):
             out.append(str(e))
             continue
-        loc = [str(x) for x in e.get("loc") or ()]
+        problem = known(Problem, e)
+        loc = [str(x) for x in problem.loc or ()]
         while loc and loc[0] in _WHERE:
             loc = loc[1:]
         where = ".".join(x if not x.isdigit() else f"[{x}]" for x in loc).replace(".[", "[")
-        kind, ctx, msg = e.get("type", ""), e.get("ctx") or {}, str(e.get("msg", "invalid"))
+        kind, ctx, msg = problem.type, problem.ctx or {}, str(problem.msg)
         if kind in _BOUNDS and ctx:
             msg = f"must be {_BOUNDS[kind]} {next(iter(ctx.values()))}"
         elif kind == "missing":
@@ -54,10 +75,11 @@ def describe(detail: Any) -> str:
     if isinstance(detail, list):
         return "\n".join(error_sentences(detail))
     if isinstance(detail, dict):
-        if isinstance(detail.get("detail"), (str, list, dict)):
-            return describe(detail["detail"])
+        body = known(ErrorBody, detail)
+        if isinstance(body.detail, (str, list, dict)):
+            return describe(body.detail)
         if "message" in detail:
-            return str(detail["message"])
+            return str(body.message)
         return json.dumps(detail)
     return str(detail)
 
@@ -216,16 +238,14 @@ class FarmClient:
         `etrecord`: the model's ETRecord (the server checks it against the model)."""
         spec_json = spec.model_dump_json(exclude_none=True) if isinstance(spec, ExperimentSpec) else json.dumps(spec)
         with contextlib.ExitStack() as stack:
-            f = stack.enter_context(open(model, "rb"))
-            # The file object streams; the server never sees the local file name as a path.
-            files = {"model": ("model.bpte" if Path(model).suffix == ".bpte" else "model.pte", f, "application/octet-stream")}
-            if vs_model is not None:
-                files["vs_model"] = ("vs_model.pte", stack.enter_context(open(vs_model, "rb")), "application/octet-stream")
-            if inputs is not None:
-                # only the base name travels: the report says which inputs file was used
-                files["inputs"] = (Path(inputs).name, stack.enter_context(open(inputs, "rb")), "application/octet-stream")
-            if etrecord is not None:
-                files["etrecord"] = ("model.etrecord", stack.enter_context(open(etrecord, "rb")), "application/octet-stream")
+            # The file objects stream; the server never sees a local file name as a path. (part, name
+            # sent, local file): only an inputs file's base name travels, which the report shows.
+            parts = [("model", "model.bpte" if Path(model).suffix == ".bpte" else "model.pte", model),
+                     ("vs_model", "vs_model.pte", vs_model),
+                     ("inputs", Path(inputs).name if inputs is not None else "", inputs),
+                     ("etrecord", "model.etrecord", etrecord)]
+            files = {part: (sent, stack.enter_context(open(local, "rb")), "application/octet-stream")
+                     for part, sent, local in parts if local is not None}
             r = self.http.post("/experiments", files=files, data={"spec": spec_json})
         return ExperimentReport.model_validate(self._check(r).json())
 
@@ -331,7 +351,7 @@ class FarmClient:
     def cancel(self, experiment_id: int) -> ExperimentReport:
         return ExperimentReport.model_validate(self._check(self.http.post(f"/experiments/{experiment_id}/cancel")).json())
 
-    # suites and regressions (issue 9; server/api/suites.py)
+    # suites and regressions (server/api/suites.py)
     def create_suite(self, spec: SuiteSpec | dict[str, Any]) -> SuiteRead:
         """POST /suites. A dict is sent as given: the server's validation answers for it (422)."""
         body = spec.model_dump(mode="json", exclude_unset=True) if isinstance(spec, SuiteSpec) else spec
@@ -358,15 +378,18 @@ class FarmClient:
         return SeriesRead.model_validate(self._check(self.http.get(f"/suites/{name}/series")).json())
 
     def regressions(self, suite: str | None = None, candidates: bool = False) -> list[RegressionRead]:
-        params: dict[str, Any] = {"candidates": candidates}
-        if suite:
-            params["suite"] = suite
+        params: dict[str, Any] = {"candidates": candidates, **({"suite": suite} if suite else {})}
         rows = self._check(self.http.get("/regressions", params=params)).json()
         return [RegressionRead.model_validate(r) for r in rows]
 
     def acknowledge(self, change_id: int) -> RegressionRead:
         r = self._check(self.http.post(f"/regressions/{change_id}/acknowledge"))
         return RegressionRead.model_validate(r.json())
+
+
+def default_of(model: type[BaseModel], name: str) -> Any:
+    """A field's default as the wire schema declares it (an option's default is the server's)."""
+    return model.model_fields[name].get_default(call_default_factory=True)
 
 
 def wire(value: BaseModel | list[BaseModel]) -> Any:

@@ -13,7 +13,8 @@ import httpx
 from pydantic import ValidationError
 
 from sme2farm.client import analyze_cmd, artifacts_cmd, document, examples_cmd, kit, kit_dir, scaling_cmd, suites_cmd
-from sme2farm.client.api import FarmError, Patience, error_sentences, note, say_refusal, transport_words, wire
+from sme2farm.client.api import (FarmError, Patience, default_of, error_sentences, note, say_refusal, transport_words,
+                                 wire)
 from sme2farm.client.common import (EXIT_CODES_HELP, RefRefused, connect, etrecord_beside, etrecord_note,
                                     experiment_id, parse_selector, print_when_done, run_or_experiment,
                                     submit_and_follow)
@@ -186,19 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--any-platform", action="store_true",
                    help="with --kit-config: run a config written for mac or android on whatever devices match here "
                         "(e.g. the x86 host and the emulator) instead")
-    spec = ExperimentSpec.model_fields
-    s.add_argument("--sme2", choices=list(get_args(Sme2Request)), default=spec["sme2"].default)
-    s.add_argument("--threads", default=",".join(map(str, spec["threads"].get_default(call_default_factory=True))),
+    s.add_argument("--sme2", choices=list(get_args(Sme2Request)), default=default_of(ExperimentSpec, "sme2"))
+    s.add_argument("--threads", default=",".join(map(str, default_of(ExperimentSpec, "threads"))),
                    help="comma-separated thread counts, e.g. 1,4")
     s.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS)
     s.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
-    s.add_argument("--mode", choices=["timing", "trace"], default=spec["mode"].default)
+    s.add_argument("--mode", choices=["timing", "trace"], default=default_of(ExperimentSpec, "mode"))
     s.add_argument("--device", help="selector: a serial, or platform=android,tags=a+b,sme2=true")
     s.add_argument("--name", help="default: the model file's name without .pte")
     s.add_argument("--label", action="append", help="key=value (repeatable)")
     s.add_argument("--power-profile", choices=list(get_args(PowerProfile)), default=DEFAULT_POWER_PROFILE)
     s.add_argument("--core-mask", help="taskset mask in hex, same for both arms")
-    s.add_argument("--sessions", type=int, default=spec["sessions"].default,
+    s.add_argument("--sessions", type=int, default=default_of(ExperimentSpec, "sessions"),
                    help="timed sessions per arm, interleaved off/on/on/off")
     s.add_argument("--inputs", metavar="INPUTS.npz",
                    help="representative inputs for a .pte: arrays '0','1',... in input order (a .bpte brings its own)")

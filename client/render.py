@@ -7,23 +7,29 @@ the layers and takes plain data: those calls get the model as the JSON the serve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from sme2farm.analysis.by_module import kernel_paths_line, no_module_line, shown, top_modules_line
+from sme2farm.analysis.types import Section
 from sme2farm.analysis.wording import (comparison_fact_lines, device_suffix, emulated_headline, is_emulated,
                                        kernel_path_lines, llm_lines, memory_line, narrative_lines, numerics_rows,
                                        program_memory_line)
+from sme2farm.client.fields import known
 from sme2farm.protocol import (Comparison, ComparisonRead, ComparisonSide, DeviceRead, ExperimentReport, Kernels,
                                KernelPaths, RunReport, RunStatus, abbreviated, sme_text)
 
 CATEGORIES = ("Convolution", "GEMM", "Data Movement", "Elementwise", "Other")
 
 
-def plain(model: BaseModel | None) -> dict | None:
-    """A model as the JSON the server sent (the keys it gave, none added), for analysis/wording.py."""
-    return None if model is None else model.model_dump(mode="json", exclude_unset=True)
+def plain(model: BaseModel | Section | None) -> dict | None:
+    """A wire model as the JSON the server sent (the keys it gave, none added), or a report section
+    (analysis.types, which the wire serves as it is) as its stored JSON, for analysis/wording.py."""
+    if model is None:
+        return None
+    return model.to_dict() if isinstance(model, Section) else model.model_dump(mode="json", exclude_unset=True)
 
 
 MODEL_WIDTH = 32   # the devices listing's model column, at most
@@ -197,29 +203,63 @@ def run_kernel_paths(r: RunReport) -> KernelPaths | None:
     return r.kernel_paths
 
 
+# A phase of a run's device state (RunDeviceState's before/after) is open: each driver reads what its
+# device offers (agent/drivers). These are the fields the line shows, read once from the JSON.
+
+@dataclass(frozen=True)
+class _Phase:
+    reading: Any = None   # the driver's reading; older agents put its fields beside the rest
+    power_profile: Any = None
+    power_profile_restored: Any = None
+    suspect: Any = None
+
+
+@dataclass(frozen=True)
+class _Reading:
+    thermal_status_name: Any = None
+    zones_c: Any = None
+    thermal_c: Any = None
+    battery: Any = None
+    power_source: Any = None
+    loadavg: Any = None
+
+
+@dataclass(frozen=True)
+class _Battery:
+    level: Any = None
+    temperature_c: Any = None
+    plugged: Any = None
+
+
+@dataclass(frozen=True)
+class _Profile:
+    name: Any = None
+
+
 def _phase(p: dict[str, Any]) -> str:
     """One phase of device state in a few words: thermal, battery/power, load, power profile."""
-    r = p.get("reading", p)
+    phase = known(_Phase, p)
+    r = known(_Reading, phase.reading if isinstance(phase.reading, dict) else p)
     out = []
-    if r.get("thermal_status_name"):
-        out.append(f"thermal {r['thermal_status_name']}")
-    zones = r.get("zones_c") or r.get("thermal_c") or {}
+    if r.thermal_status_name:
+        out.append(f"thermal {r.thermal_status_name}")
+    zones = r.zones_c or r.thermal_c or {}
     temps = [v for v in (zones.values() if isinstance(zones, dict) else []) if isinstance(v, (int, float))]
     if temps:
         out.append(f"hottest zone {max(temps):.1f} °C")
-    b = r.get("battery") or {}
-    if b.get("level") is not None:
-        out.append(f"battery {b['level']}% {b.get('temperature_c')} °C{' plugged' if b.get('plugged') else ''}")
-    if r.get("power_source"):
-        out.append(str(r["power_source"]))
-    if r.get("loadavg"):
-        out.append(f"load {r['loadavg'][0]:.2f}")
-    if isinstance(p.get("power_profile"), dict):
-        out.append(f"power profile {p['power_profile'].get('name')}")
-    if p.get("power_profile_restored") is not None:
+    b = known(_Battery, r.battery if isinstance(r.battery, dict) else {})
+    if b.level is not None:
+        out.append(f"battery {b.level}% {b.temperature_c} °C{' plugged' if b.plugged else ''}")
+    if r.power_source:
+        out.append(str(r.power_source))
+    if r.loadavg:
+        out.append(f"load {r.loadavg[0]:.2f}")
+    if isinstance(phase.power_profile, dict):
+        out.append(f"power profile {known(_Profile, phase.power_profile).name}")
+    if phase.power_profile_restored is not None:
         out.append("settings restored")
-    if p.get("suspect"):
-        out.append(f"SUSPECT: {p['suspect']}")
+    if phase.suspect:
+        out.append(f"SUSPECT: {phase.suspect}")
     return ", ".join(out) or "recorded"
 
 

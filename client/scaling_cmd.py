@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sme2farm.analysis.scaling import rows
 from sme2farm.client.common import connect, experiment_id
+from sme2farm.protocol import ScalingRead
 
 
 def add_parser(sub) -> None:
@@ -38,17 +39,17 @@ def table(headers: list[str], body: list[list[str]]) -> list[str]:
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [headers, *body]]
 
 
-def scaling_text(view: dict) -> str:
-    out = [f"Experiment {view['experiment_id']}: threads {', '.join(map(str, view['threads']))}"
-           + (f", core mask {view['core_mask']}" if view.get("core_mask") else "")
-           + (f", with experiments {', '.join(map(str, view['joined']))}" if view.get("joined") else "")]
-    for d in view["devices"]:
-        out += ["", f"{d.get('device') or '?'} ({d.get('device_model') or '?'})"
-                + (f", emulated by {d['emulator']}" if d.get("emulated") else "")]
-        headers, body = rows(d)
+def scaling_text(view: ScalingRead) -> str:
+    """The view as text: a table per device (analysis.scaling.rows, which reads the device's JSON)."""
+    out = [f"Experiment {view.experiment_id}: threads {', '.join(map(str, view.threads))}"
+           + (f", core mask {view.core_mask}" if view.core_mask else "")
+           + (f", with experiments {', '.join(map(str, view.joined))}" if view.joined else "")]
+    for d in view.devices:
+        out += ["", f"{d.device or '?'} ({d.device_model or '?'})" + (f", emulated by {d.emulator}" if d.emulated else "")]
+        headers, body = rows(d.model_dump(mode="json"))
         out += ["  " + line for line in table(headers, body)]
-        out += [f"  {s}" for s in d.get("sentences") or []]
-    out += view.get("sentences") or []
+        out += [f"  {s}" for s in d.sentences]
+    out += view.sentences
     return "\n".join(out)
 
 
@@ -59,13 +60,12 @@ def run(args) -> int:
         return 2
     client = connect(args)
     view = client.scaling(args.id, args.joined)
-    data = view.model_dump(mode="json")
     if svg is not None:
         svg.write_text(client.scaling_chart(args.id, args.joined), encoding="utf-8")
         print(f"wrote the scaling chart to {svg}", file=sys.stderr)
     if args.json:
-        json.dump(data, sys.stdout, indent=2)
+        json.dump(view.model_dump(mode="json"), sys.stdout, indent=2)
         print()
     else:
-        print(scaling_text(data))
+        print(scaling_text(view))
     return 0

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from sme2farm.analysis.memory import fmt_bytes
-from sme2farm.client.api import wire
+from sme2farm.client.api import default_of, wire
 from sme2farm.client.common import EXIT_FAILED, EXIT_OK, connect, outcome_code, parse_selector, wait_for
 from sme2farm.protocol import DetectableStep, SeriesRead, SuitePatch, SuiteSpec, SuiteThresholds
 
@@ -46,14 +46,13 @@ def cmd_suite_create(args) -> int:
     except ValueError:
         print(f"sme2-client: --threads {args.threads!r}: give comma-separated whole numbers, e.g. 1,4", file=sys.stderr)
         return 2
+    selector = parse_selector(args.device)
+    device = {} if selector is None else {"device": selector.model_dump(exclude_none=True, exclude_defaults=True)}
     spec: dict = {"name": args.name, "models": args.model, "sme2": args.sme2, "threads": threads,
                   "iterations": args.iterations, "warmup": args.warmup, "sessions": args.sessions,
                   "schedule": args.schedule, "thresholds": {"min_effect": args.min_effect, "alpha": args.alpha,
                                                             "memory": args.memory_threshold},
-                  "canary": args.canary, "webhook": args.webhook}
-    selector = parse_selector(args.device)
-    if selector is not None:
-        spec["device"] = selector.model_dump(exclude_none=True, exclude_defaults=True)
+                  "canary": args.canary, "webhook": args.webhook, **device}
     suite = connect(args).create_suite(spec)
     print(json.dumps(wire(suite), indent=2) if args.json else
           f"suite {suite.name} created; next run {_iso(suite.next_run_at)}")
@@ -139,7 +138,7 @@ def cmd_suite_show(args) -> int:
     client = connect(args)
     suite, series = client.suite(args.name), client.suite_series(args.name)
     if args.json:
-        print(json.dumps({**wire(suite), "series": wire(series)["series"]}, indent=2))
+        print(json.dumps({**wire(suite), "series": wire(series.series)}, indent=2))
         return 0
     print(f"suite {suite.name}: schedule {suite.schedule} "
           f"({'paused' if suite.paused else 'next ' + str(_iso(suite.next_run_at))}), "
@@ -220,24 +219,23 @@ def add_parsers(sub) -> None:
     c.add_argument("name")
     c.add_argument("--model", action="append", required=True, type=_model_ref, metavar="SHA256|PATH.pte[=NAME]",
                    help="a stored model (repeatable); a path is hashed locally")
-    spec, thresholds = SuiteSpec.model_fields, SuiteThresholds.model_fields
-    c.add_argument("--sme2", choices=["on", "off", "both"], default=spec["sme2"].default)
-    c.add_argument("--threads", default=",".join(map(str, spec["threads"].get_default(call_default_factory=True))),
+    c.add_argument("--sme2", choices=["on", "off", "both"], default=default_of(SuiteSpec, "sme2"))
+    c.add_argument("--threads", default=",".join(map(str, default_of(SuiteSpec, "threads"))),
                    help="comma-separated thread counts")
-    c.add_argument("--iterations", type=int, default=spec["iterations"].default)
-    c.add_argument("--warmup", type=int, default=spec["warmup"].default)
-    c.add_argument("--sessions", type=int, default=spec["sessions"].default)
+    c.add_argument("--iterations", type=int, default=default_of(SuiteSpec, "iterations"))
+    c.add_argument("--warmup", type=int, default=default_of(SuiteSpec, "warmup"))
+    c.add_argument("--sessions", type=int, default=default_of(SuiteSpec, "sessions"))
     c.add_argument("--device", help="selector: a serial, or platform=android,tags=a+b,sme2=true")
-    schedule, min_effect = spec["schedule"].default, thresholds["min_effect"].default
+    schedule, min_effect = default_of(SuiteSpec, "schedule"), default_of(SuiteThresholds, "min_effect")
     c.add_argument("--schedule", default=schedule,
                    help=f"cron, exactly 5 fields: minute hour day month weekday, UTC (default '{schedule}': nightly "
                         "at 03:00)")
     c.add_argument("--min-effect", type=float, default=min_effect,
                    help=f"smallest change claimed: a fraction, 0 <= x <= 0.5 (default {min_effect:g}: "
                         f"{min_effect * 100:g}%%)")
-    c.add_argument("--alpha", type=float, default=thresholds["alpha"].default,
+    c.add_argument("--alpha", type=float, default=default_of(SuiteThresholds, "alpha"),
                    help="two-sided level that confirms a change, 0 < x < 1")
-    memory = thresholds["memory"].default
+    memory = default_of(SuiteThresholds, "memory")
     c.add_argument("--memory-threshold", type=float, default=memory,
                    help=f"smallest memory change that alerts: a fraction, 0 <= x < 1 (default {memory:g}: "
                         f"{memory * 100:g}%%)")
