@@ -338,11 +338,12 @@ def ingest_batch(*, run_id: int, retried: bool, transaction: Transaction, store:
         return STORE_UNAVAILABLE
     if run_id in done:
         return done[run_id]
-    if run is None or run.status != RunStatus.analyzing:
-        # Gone, or not analyzing (ingested already, cancelled, failed by the reaper): the run
-        # service says so and stores nothing.
-        with transaction() as session:
-            return str(run_service.ingest(session, run_id=run_id, ingester=Ingester(store), store=store))
+    if run is None:
+        return "missing"
+    if run.status != RunStatus.analyzing:
+        # Ingested already (most often by another task's batch), cancelled, failed by the reaper:
+        # its status as read above, with no second transaction to read it again.
+        return str(run.status)
     return "in progress"
 
 
