@@ -27,12 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, numerics, to_csv,
                                to_markdown, to_perfetto, to_terminal)
 from sme2farm.analysis.by_module import call_site_lines, tree as module_tree
+from sme2farm.analysis.types import AnalysisReport, ModuleTime, as_report
 from sme2farm.analysis.verdict import DEFAULT_MIN_EFFECT
+from sme2farm.client.fields import known
 from sme2farm.runners import inputs as containers
 
 
@@ -94,15 +97,23 @@ def _read_text(path: str | None) -> str | None:
     return Path(path).read_text(errors="replace")
 
 
+@dataclass(frozen=True)
+class _RunReportBeside:
+    """The one field read of a farm run's report.json downloaded beside a trace."""
+
+    emulator: str | None = None
+
+
 def _emulator_beside(trace: str | None) -> str | None:
     """The emulator a farm run's report.json next to `trace` names (its artifacts downloaded
     together), else None: an ETDump itself does not say what executed it."""
     if trace is None:
         return None
     try:
-        return json.loads((Path(trace).parent / "report.json").read_text()).get("emulator") or None
-    except (OSError, ValueError, AttributeError):
+        data = json.loads((Path(trace).parent / "report.json").read_text())
+    except (OSError, ValueError):
         return None
+    return (known(_RunReportBeside, data).emulator or None) if isinstance(data, dict) else None
 
 
 def _what_else(data: bytes) -> str:
@@ -184,23 +195,24 @@ def run(args: argparse.Namespace) -> int:
         traced = _attribution_inputs(args)
         if isinstance(traced, int):
             return traced
-        report = analyze(data, kernel_log=_read_text(args.kernel_log), skip_first=args.skip_first,
-                         sme2=arm[args.sme2], arch=args.arch, **traced)
-        _flag_mismatch(report, args)
+        typed = as_report(analyze(data, kernel_log=_read_text(args.kernel_log), skip_first=args.skip_first,
+                                  sme2=arm[args.sme2], arch=args.arch, **traced))
         del data
         emulators = sorted({e for e in (args.emulated, _emulator_beside(args.trace), _emulator_beside(args.compare)) if e})
         emulator = ", ".join(emulators) or None
-        if emulator:
-            report["emulator"] = emulator  # the renderers label its times as the emulator's
-        comparison = other = None
+        typed.emulator = emulator  # the renderers label its times as the emulator's
+        report = typed.to_dict()  # the JSON the comparison, the kit summary and --json read
+        _flag_mismatch(typed, args)
+        comparison = other = other_typed = None
         if args.compare:
-            other = analyze(Path(args.compare).read_bytes(),
-                            kernel_log=_read_text(args.compare_kernel_log),
-                            skip_first=args.skip_first, sme2=arm[args.compare_sme2], arch=args.arch, **traced)
+            other_typed = as_report(analyze(Path(args.compare).read_bytes(),
+                                            kernel_log=_read_text(args.compare_kernel_log), skip_first=args.skip_first,
+                                            sme2=arm[args.compare_sme2], arch=args.arch, **traced))
+            other_typed.emulator = emulator
+            other = other_typed.to_dict()
             labels = tuple(args.labels) if args.labels else (Path(args.trace).name,
                                                               Path(args.compare).name)
             if emulator:  # an emulator's times are never a speed figure (analysis.compare_emulated)
-                other["emulator"] = emulator
                 comparison = compare_emulated(report, other, emulator=emulator, labels=labels)
             else:
                 comparison = compare(report, other, labels=labels, seed=args.seed, noise=noise,
@@ -219,24 +231,22 @@ def run(args: argparse.Namespace) -> int:
         except kit_json.KitError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        traces = [(args.trace, report)] + ([(args.compare, other)] if other is not None else [])
+        traces = [kit_json.KitTrace.of(args.trace, typed)] + (
+            [kit_json.KitTrace.of(args.compare, other_typed)] if other_typed is not None else [])
         run_dir = str(dest.parent) if dest is not None else str(Path(args.trace).resolve().parent)
         kit_json.write_summary(kit_json.kit_summary(traces, run_dir=run_dir), dest)
         if dest is None:
             return 0
     if args.json:
-        out = dict(report)
-        if comparison is not None:
-            out["comparison"] = comparison
-            out["compare_report"] = other
-        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+        compared = {} if comparison is None else {"comparison": comparison, "compare_report": other}
+        sys.stdout.write(json.dumps({**report, **compared}, indent=1) + "\n")
     elif args.markdown:
-        sys.stdout.write(to_markdown(report, comparison))
+        sys.stdout.write(to_markdown(typed, comparison))
     elif args.csv:
-        sys.stdout.write(to_csv(report))
+        sys.stdout.write(to_csv(typed))
     else:
-        sys.stdout.write(to_terminal(report, _said_verdicts(comparison), top=args.top))
-        sys.stdout.write(by_module_text(report))
+        sys.stdout.write(to_terminal(typed, _said_verdicts(comparison), top=args.top))
+        sys.stdout.write(by_module_text(typed))
     return 0
 
 
@@ -282,33 +292,33 @@ def _attribution_inputs(args: argparse.Namespace) -> dict | int:
 USED_PREFIX = "the ETRecord is not used: "
 
 
-def _flag_mismatch(report: dict, args: argparse.Namespace) -> None:
-    if (report.get("attribution") or {}).get("status") == "mismatch":
+def _flag_mismatch(report: AnalysisReport, args: argparse.Namespace) -> None:
+    if report.attribution is not None and report.attribution.status == "mismatch":
         # the analysis says "the ETRecord is not used: WHY"; the path takes its place, said once
-        why = next((w for w in report.get("warnings", []) if "ETRecord" in w), "it does not belong to this model")
+        why = next((w for w in report.warnings if "ETRecord" in w), "it does not belong to this model")
         print(f"warning: {args.etrecord} is not used: {why.removeprefix(USED_PREFIX)}", file=sys.stderr)
 
 
-def by_module_text(report: dict, *, modules: int = 8, rows: int = 8) -> str:
+def by_module_text(report: AnalysisReport, *, modules: int = 8, rows: int = 8) -> str:
     """A few lines: the heaviest modules (depth 1 and 2) and call sites, from an attributed report."""
-    by_module = report.get("by_module") or []
-    if not by_module or report.get("emulator"):  # an emulator's times are no speed figure: the text shows
-        return ""                                # its kernel path per module instead (render_text)
-    status = report["attribution"]["status"]
-    lines = ["", f"time by module ({status}, {report['attribution']['attributed_share']:.0%} of operator time; "
+    attribution = report.attribution
+    if not report.by_module or attribution is None or report.emulator:  # an emulator's times are no
+        return ""                                    # speed figure: render_text shows its kernel path per module
+    lines = ["", f"time by module ({attribution.status}, {attribution.attributed_share:.0%} of operator time; "
                  "mean ms per iteration, share of E2E):"]
     # module_tree adds the model's own operators as one '(top level)' row, so the depth-1 rows and
     # the rest add up to E2E, as report --by module shows them
-    shown = module_tree(report, 2)
-    keep = {m["module"] for m in sorted((m for m in shown if m["depth"] in (1, 2)), key=lambda m: -m["ms"])[:modules]}
+    data = report.to_dict()  # what analysis.by_module reads
+    shown = [ModuleTime.from_dict(m) for m in module_tree(data, 2)]
+    keep = {m.module for m in sorted((m for m in shown if m.depth in (1, 2)), key=lambda m: -m.ms)[:modules]}
     for m in shown:
-        if m["depth"] == 0:
-            lines.append(f"  {m['module']:<32} {m['ms']:9.3f} {m['share']:6.1%}")
-        elif m["module"] in keep:
-            lines.append(f"  {'  ' * (m['depth'] - 1)}{m['module']:<{34 - 2 * m['depth']}} {m['ms']:9.3f} "
-                         f"{m['share']:6.1%}" + (f"  {m['module_class']}" if m.get("module_class") else ""))
+        if m.depth == 0:
+            lines.append(f"  {m.module:<32} {m.ms:9.3f} {m.share:6.1%}")
+        elif m.module in keep:
+            lines.append(f"  {'  ' * (m.depth - 1)}{m.module:<{34 - 2 * m.depth}} {m.ms:9.3f} "
+                         f"{m.share:6.1%}" + (f"  {m.module_class}" if m.module_class else ""))
     lines.append("top call sites:")
-    lines += [f"  {line}" for line in call_site_lines(report, rows)]
+    lines += [f"  {line}" for line in call_site_lines(data, rows)]
     return "\n".join(lines) + "\n"
 
 

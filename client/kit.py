@@ -1,37 +1,15 @@
-"""Compatibility with the Arm SME2 learning-path kit (ArmDeveloperEcosystem/sme-executorch-profiling).
+"""`sme2-client submit --kit-config CONFIG.json`: the Arm SME2 learning-path kit's pipeline config
+(ArmDeveloperEcosystem/sme-executorch-profiling) submitted as ONE farm experiment, and `status ID
+--kit-json`, the kit's analysis_summary.json of an experiment (written by client/kit_json.py).
 
-Kit users keep their files and scripts:
-
-* ``sme2-client submit --kit-config CONFIG.json`` reads the kit's pipeline config and submits it
-  as ONE farm experiment (:func:`load_kit_config`);
-* ``sme2-client analyze TRACE --kit-json [PATH]`` and ``sme2-client status ID --kit-json [PATH]``
-  write the kit's ``analysis_summary.json`` (client/kit_json.py, plain data, which the offline
-  ``analyze`` loads without this module; here: ``status``, which reads the server's typed report).
-
-The kit's config (its ``pipeline/config_loader.py`` and shipped templates)::
-
-    {"model": "out_x/artifacts/x_xnnpack_fp16.pte", "output_root": "out_x/runs/mac",
-     "experiments": [{"name": "mac_sme2_on", "runner_path": ".../mac-arm64/executor_runner",
-                      "mode": "timing", "runs": 10, "warmup": 1, "threads": [1],
-                      "extra_args": [], "cpu_affinity": null}, {"name": "mac_sme2_off", ...}],
-     "analysis": {"compare_pairs": []}}
-
-The kit has no SME2 field: an experiment's arm is its runner build, which the kit's templates
-name in both the experiment name (``*_sme2_on`` / ``*_sme2_off``) and the runner preset
-(``*-sme2-off``); the kit's own orchestrator reads the name. The farm reads both and refuses a
-config where they disagree or say nothing, rather than guess which arm a run measured.
-
-The farm runs every thread count on both arms with one iteration count, warm-up, mode and core
-mask, so a config is accepted only where it says the same: anything else is a
-:class:`KitConfigError` naming the field, before anything is uploaded. Fields the farm does not
-use but that cannot change a measurement (runner paths: the farm runs its own registered
-builds; ``output_root``: results stay on the farm) come back as warnings, never dropped
-silently.
-
-A config written for a platform (the kit's templates say mac or android in the experiment names,
-runner presets and output_root) goes to that platform's devices only: run on the x86 host or the
-emulator it would measure something other than what its author meant. Where the farm has none the
-server's 422 is followed by a sentence saying so; ``--any-platform`` asks for it anyway.
+The kit has no SME2 field: an experiment's arm is its runner build, named in the experiment's name
+(`*_sme2_on` / `*_sme2_off`) and runner preset; the farm reads both and refuses a config where they
+disagree or say nothing, rather than guess. One farm experiment runs every thread count on both arms
+with one iteration count, warm-up, mode and core mask, so a config saying otherwise is refused naming
+the field, before anything is uploaded; fields that cannot change a measurement (runner paths,
+output_root) come back as warnings. A config written for mac or android goes to that platform's
+devices only (`--any-platform` overrides): run elsewhere it would measure something its author did
+not mean.
 """
 
 from __future__ import annotations
@@ -47,8 +25,7 @@ from pydantic import ValidationError
 
 from sme2farm.client.api import FarmError, say_refusal
 from sme2farm.client.common import etrecord_beside, etrecord_note, parse_selector, submit_and_follow
-from sme2farm.client.kit_json import KitError, kit_summary, summary_path, write_summary
-from sme2farm.client.render import plain
+from sme2farm.client.kit_json import KitError, KitTrace, kit_summary, summary_path, write_summary
 from sme2farm.protocol import ExperimentReport, ExperimentSpec, RunStatus
 
 # The kit's loader defaults (pipeline/config_loader.py): a field it reads but the user left out
@@ -397,14 +374,12 @@ def _pick(spellings: tuple[tuple[str, Any], tuple[str, Any]], where: str, defaul
     return got[0][1] if got else default
 
 
-def summary_from_experiment(rep: ExperimentReport, server: str = "") -> tuple[list[tuple[str, dict]], str]:
+def summary_from_experiment(rep: ExperimentReport, server: str = "") -> tuple[list[KitTrace], str]:
     """(traces, model) from the server's experiment report: its succeeded runs, each labelled with
-    its trace's address on the server and handed to kit_json.kit_summary as the JSON the server sent
-    (whose entry for an emulated run says whose its times are)."""
-    traces = []
-    for run in rep.runs:
-        if run.status == RunStatus.succeeded and run.categories_ms is not None:
-            traces.append((f"{server}/runs/{run.id}/artifacts/trace.etdump", plain(run)))
+    its trace's address on the server and read by kit_json.kit_summary as the typed run (whose
+    entry for an emulated run says whose its times are)."""
+    traces = [KitTrace(f"{server}/runs/{run.id}/artifacts/trace.etdump", run, run.device.emulator if run.device else None)
+              for run in rep.runs if run.status == RunStatus.succeeded and run.categories_ms is not None]
     return traces, f"sha256:{rep.model_sha256}"
 
 
@@ -507,5 +482,5 @@ def cmd_status_kit_json(client, experiment_id: int, arg: str) -> int:
         print(f"sme2-client: experiment {experiment_id} has no succeeded run to summarise ({states})", file=sys.stderr)
         return 1
     run_dir = str(dest.parent) if dest is not None else f"experiment {experiment_id}"
-    write_summary(kit_summary(traces, run_dir=run_dir, model=model, program_memory=plain(rep.program_memory)), dest)
+    write_summary(kit_summary(traces, run_dir=run_dir, model=model, program_memory=rep.program_memory), dest)
     return 0

@@ -19,10 +19,14 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from sme2farm.client.kit_json import kit_summary
+from sme2farm.analysis.types import AnalysisReport
+from sme2farm.client.fields import known
+from sme2farm.client.kit_json import KitTrace, kit_summary
 from sme2farm.protocol import REPORT_JSON, RUNNER_LOG, TRACE, RunStatus
 
 # The kit's platform directory names (its configs' output_root: out_<model>/runs/mac, runs/android).
@@ -106,14 +110,14 @@ def _export_device(client, rep, runs: list, run_dir: Path, kit_platform: str, st
         if RUNNER_LOG in r.artifacts:
             log = exp_dir / f"{prefix}.log"
             log.write_bytes(client.artifact(r.id, RUNNER_LOG))
-        report = json.loads(client.artifact(r.id, REPORT_JSON))
-        iterations = [float(x) for x in report.get("iterations_ms") or []]
+        report = AnalysisReport.from_dict(json.loads(client.artifact(r.id, REPORT_JSON)))
+        iterations = [float(x) for x in report.iterations_ms or []]
         # An emulator's times measure the emulator, not a CPU: no latency figure leaves the farm for it.
         timed = not emulator and bool(iterations)
         metrics = {
-            "runs": int(report.get("n_iterations") or len(iterations)), "threads": r.threads,
+            "runs": int(report.n_iterations or len(iterations)), "threads": r.threads,
             "latency_ms": iterations if timed else [],
-            "median_ms": report["e2e_ms"]["median"] if timed else None,
+            "median_ms": report.e2e_ms.median if timed else None,
             "min_ms": min(iterations) if timed else None, "max_ms": max(iterations) if timed else None,
             "etdump": str(etdump), "log": str(log) if log else None,
             "etdump_rel": etdump.relative_to(run_dir).as_posix(),
@@ -121,10 +125,9 @@ def _export_device(client, rep, runs: list, run_dir: Path, kit_platform: str, st
             # the farm's own keys beside the kit's
             "sme2": r.sme2, "farm_run": r.id,
         }
-        if emulator:
-            metrics["emulator"] = f"{emulator}: its times are the emulator's, not a CPU's; no latency is given"
-        results.append({"experiment": experiment, "metrics": metrics})
-        traces.append((str(etdump), {**report, "device": {"emulator": emulator}}))
+        said = f"{emulator}: its times are the emulator's, not a CPU's; no latency is given" if emulator else None
+        results.append({"experiment": experiment, "metrics": {**metrics, **({"emulator": said} if said else {})}})
+        traces.append(KitTrace(str(etdump), report, emulator))
     runner = runs[0].runner
     manifest = {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -139,12 +142,10 @@ def _export_device(client, rep, runs: list, run_dir: Path, kit_platform: str, st
     }
     _write(run_dir / "manifest.json", manifest)
     _write(run_dir / "metrics.json", {"results": results})
-    summary = kit_summary(traces, run_dir=str(run_dir), model=str(model),
-                          program_memory=rep.program_memory.model_dump() if rep.program_memory else None)
-    summary["etrecord"] = str(etrecord) if etrecord else None
-    if emulator:
-        summary["emulator"] = f"{emulator}: category times are the emulator's, not a CPU's (shares hold, speed does not)"
-    _write(run_dir / "analysis_summary.json", summary)
+    summary = kit_summary(traces, run_dir=str(run_dir), model=str(model), program_memory=rep.program_memory,
+                          etrecord=str(etrecord) if etrecord else None)
+    said = f"{emulator}: category times are the emulator's, not a CPU's (shares hold, speed does not)" if emulator else None
+    _write(run_dir / "analysis_summary.json", {**summary, **({"emulator": said} if said else {})})
     return run_dir
 
 
@@ -189,59 +190,102 @@ def _check_identifier(trace: Path, where: str) -> None:
                           "the kit's placeholder fixture is not a trace), so nothing was sent")
 
 
-def read_run_dir(run_dir: Path, *, model: Path | None = None) -> tuple[dict, Path, list[Path], dict[int, Path]]:
-    """(manifest, model, traces, logs) of one kit run directory, every file found on this disk."""
+@dataclass(frozen=True)
+class KitResult:
+    """One results[] entry of a kit manifest: its experiment's name and where its files are
+    (metrics' etdump/log, absolute or relative); values as the file holds them."""
+
+    experiment: Any = None
+    etdump: Any = None
+    etdump_rel: Any = None
+    log: Any = None
+    log_rel: Any = None
+
+
+@dataclass(frozen=True)
+class KitManifest:
+    """A run directory's manifest.json, read once: `raw` is what POST /experiments/import is sent,
+    the rest what the client reads of it (`device`: the farm's export writes one, the kit none)."""
+
+    raw: dict
+    model: Any
+    device: dict
+    results: list[KitResult]
+
+
+@dataclass(frozen=True)
+class _RawManifest:
+    model: Any = None
+    device: Any = None
+    results: Any = None
+
+
+@dataclass(frozen=True)
+class _RawEntry:
+    experiment: Any = None
+    metrics: Any = None
+
+
+def read_manifest(path: Path) -> KitManifest:
+    """A kit manifest.json, refused where it lists no result or a result without metrics."""
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise KitDirError(f"{run_dir / 'manifest.json'}: cannot be read: {e}") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("results"), list) or not manifest["results"]:
-        raise KitDirError(f"{run_dir / 'manifest.json'}: no results[] (the kit lists one result per run)")
+        raise KitDirError(f"{path}: cannot be read: {e}") from None
+    top = known(_RawManifest, raw) if isinstance(raw, dict) else None
+    if top is None or not isinstance(top.results, list) or not top.results:
+        raise KitDirError(f"{path}: no results[] (the kit lists one result per run)")
+    results = []
+    for i, item in enumerate(top.results):
+        entry = known(_RawEntry, item) if isinstance(item, dict) else _RawEntry()
+        if not isinstance(entry.metrics, dict):
+            raise KitDirError(f"{path}: results[{i}] has no metrics")
+        results.append(replace(known(KitResult, entry.metrics), experiment=entry.experiment))
+    return KitManifest(raw=raw, model=top.model, device=dict(top.device or {}), results=results)
+
+
+def read_run_dir(run_dir: Path, *, model: Path | None = None) -> tuple[KitManifest, Path, list[Path], dict[int, Path]]:
+    """(manifest, model, traces, logs) of one kit run directory, every file found on this disk."""
+    path = run_dir / "manifest.json"
+    manifest = read_manifest(path)
     traces, logs = [], {}
-    for i, entry in enumerate(manifest["results"]):
-        metrics = entry.get("metrics") if isinstance(entry, dict) else None
-        if not isinstance(metrics, dict):
-            raise KitDirError(f"{run_dir / 'manifest.json'}: results[{i}] has no metrics")
-        trace = _find(metrics.get("etdump_rel"), run_dir) or _find(metrics.get("etdump"), run_dir)
+    for i, result in enumerate(manifest.results):
+        trace = _find(result.etdump_rel, run_dir) or _find(result.etdump, run_dir)
         if trace is None:
-            raise KitDirError(f"{run_dir / 'manifest.json'}: results[{i}] ({entry.get('experiment')}): its etdump "
-                              f"{metrics.get('etdump_rel') or metrics.get('etdump')!r} is not a file here")
-        _check_identifier(trace, f"{run_dir / 'manifest.json'}: results[{i}] ({entry.get('experiment')})")
+            raise KitDirError(f"{path}: results[{i}] ({result.experiment}): its etdump "
+                              f"{result.etdump_rel or result.etdump!r} is not a file here")
+        _check_identifier(trace, f"{path}: results[{i}] ({result.experiment})")
         traces.append(trace)
-        log = _find(metrics.get("log_rel"), run_dir) or _find(metrics.get("log"), run_dir)
+        log = _find(result.log_rel, run_dir) or _find(result.log, run_dir)
         if log is not None:
             logs[i] = log
     if model is None:
-        model = _find(manifest.get("model"), run_dir)
+        model = _find(manifest.model, run_dir)
         if model is None:
             beside = sorted(run_dir.parent.parent.glob("artifacts/*.pte")) if run_dir.parent.name == "runs" else []
             model = beside[0] if len(beside) == 1 else None
     if model is None or not model.is_file():
-        raise KitDirError(f"{run_dir}: the model {manifest.get('model')!r} is not a file here: give it with --model PTE")
+        raise KitDirError(f"{run_dir}: the model {manifest.model!r} is not a file here: give it with --model PTE")
     return manifest, model, traces, logs
 
 
-def device_for(manifest: dict, run_dir: Path, args) -> dict:
+def device_for(manifest: KitManifest, run_dir: Path, args) -> dict:
     """The manifest's device (the farm's export writes one), with what the command line says
     over it; a kit's own manifest has none, so the command line must say whether it has SME2."""
-    device = dict(manifest.get("device") or {})
     given = {k: v for k, v in (("serial", args.serial), ("model", args.device_model), ("soc", args.soc),
                                ("platform", args.platform)) if v}
-    device.update(given)
-    if args.sme2 is not None:
-        device["sme2"] = args.sme2
+    device = {**manifest.device, **given, **({"sme2": args.sme2} if args.sme2 is not None else {})}
     if "platform" not in device:
         guess = FARM_PLATFORM.get(run_dir.name.split("-")[0].lower())
         if guess is None:
             raise KitDirError(f"{run_dir}: which platform ran it? give --platform macos|android|linux")
-        device["platform"] = guess
+        device.update(platform=guess)
     if "sme2" not in device:
-        arms = {"on" if re.search(r"sme2[_-]on", str(e.get("experiment")), re.I) else "off"
-                for e in manifest["results"] if isinstance(e, dict)}
+        arms = {"on" if re.search(r"sme2[_-]on", str(r.experiment), re.I) else "off" for r in manifest.results}
         if "on" in arms:
             raise KitDirError(f"{run_dir}: does the device have SME2? its runs include SME2 on; say --sme2 "
                               "or --no-sme2 (the farm never assumes it)")
-        device["sme2"] = False
+        device.update(sme2=False)
     device.setdefault("serial", f"imported-{device['platform']}")
     return device
 
@@ -255,17 +299,17 @@ def cmd_import(args) -> int:
         prepared = []
         for d in dirs:
             manifest, model, traces, logs = read_run_dir(d, model=Path(args.model) if args.model else None)
-            manifest["device"] = device_for(manifest, d, args)
-            prepared.append((d, manifest, model, traces, logs))
+            device = device_for(manifest, d, args)
+            prepared.append((d, {**manifest.raw, "device": device}, device, model, traces, logs))
     except KitDirError as e:
         print(f"sme2-client: import: {e}", file=sys.stderr)
         return 2
     client = connect(args)
-    for d, manifest, model, traces, logs in prepared:
+    for d, manifest, device, model, traces, logs in prepared:
         etrecord = etrecord_beside(model)  # where the kit's analyze_results.py looks: <model>.etrecord
         rep = client.import_kit(manifest, model, traces, logs, etrecord, suite=args.suite)
         note = rep.imported.note if rep.imported else "imported"
-        print(f"{d}: experiment {rep.id} ({note}): {len(rep.runs)} run(s) on {manifest['device']['serial']}, "
+        print(f"{d}: experiment {rep.id} ({note}): {len(rep.runs)} run(s) on {device['serial']}, "
               f"{rep.status}" + (f"; with the ETRecord {etrecord}" if etrecord else "")
               + (f"; a point of suite {rep.imported.suite}'s series" if rep.imported and rep.imported.suite else ""))
         for r in rep.runs:

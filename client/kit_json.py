@@ -1,11 +1,11 @@
 """The SME2 learning-path kit's analysis_summary.json (``--kit-json``), written from the farm's
-analysis: ``sme2-client analyze TRACE --kit-json`` (the output of ``sme2farm.analysis.analyze``)
-and ``sme2-client status ID --kit-json`` (each succeeded run of the server's report, as the JSON the
-server sent: client/kit.py reads the typed report and hands its runs here).
+analysis: ``sme2-client analyze TRACE --kit-json`` (analyze()'s reports) and ``sme2-client status
+ID --kit-json`` (the succeeded runs of the server's report; client/kit.py hands them here).
 
-Plain data, no wire schema: ``sme2-client analyze`` loads this module and must start without
-httpx, pydantic or sme2farm.protocol (tests/test_packaging.py); the reports it reads are the
-analysis layer's dicts, whose shape sme2farm.protocol.runs defines (AnalysisReport, RunReport).
+Both kinds of report carry the sections read here under the same names (categories_ms, operators,
+kernels, memory, llm: analysis/types.py defines them, sme2farm.protocol serves them), so they are
+read by attribute. No wire schema is imported: ``sme2-client analyze`` loads this module and must
+start without httpx, pydantic or sme2farm.protocol (tests/test_packaging.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sme2farm.analysis.categories import CATEGORIES
+from sme2farm.analysis.types import AnalysisReport, section
 
 
 class KitError(ValueError):
@@ -38,90 +41,108 @@ def _count(x: float) -> int | float:
     return int(round(x)) if abs(x - round(x)) < 1e-9 else x
 
 
-def llm_entry(llm: dict, *, emulated: bool = False) -> dict:
+@dataclass(frozen=True)
+class KitTrace:
+    """One trace of the summary: its label (the etdump's path, or its address on the server), its
+    report (analysis.types.AnalysisReport or the server's RunReport) and the emulator that ran it
+    (None: a CPU), whose times the entry then says are the emulator's."""
+
+    label: str
+    report: Any
+    emulator: str | None = None
+
+    @classmethod
+    def of(cls, label: str, report: AnalysisReport | dict) -> KitTrace:
+        """A trace of analyze()'s report (or its JSON, read once here); its emulator the report's."""
+        typed = section(AnalysisReport, report)
+        return cls(label, typed, typed.emulator)
+
+
+@dataclass
+class _OperatorTotal:
+    """Operators of one name added up over the traces (the kit's operator_details row)."""
+
+    name: str
+    category: str
+    count: float = 0.0
+    total_ms: float = 0.0
+    kernel_hint: str | None = None
+
+
+def llm_entry(llm, *, emulated: bool = False) -> dict:
     """An LLM run's figures under the farm's names (the kit has none): prompt and decode lengths,
     generations, time to first token and prefill / decode tokens/s (median with its 95% interval),
     and each phase's category ms (prefill: per prefill call; decode: per decoded token).
-    An emulated run gives no time to first token and no tokens/s: those would be speed figures."""
-    def interval(v: dict | None) -> dict | None:
-        return {k: v.get(k) for k in ("median", "ci_low", "ci_high", "level")} if v and not emulated else None
+    An emulated run gives no time to first token and no tokens/s: those would be speed figures.
+    `llm`: the report's LlmReport section."""
+    def interval(v) -> dict | None:
+        if v is None or emulated:
+            return None
+        return {"median": v.median, "ci_low": v.ci_low, "ci_high": v.ci_high, "level": v.level}
 
-    cats = llm.get("categories") or {}
-    return {"prompt_tokens": llm.get("prompt"), "decode_tokens": llm.get("decode"),
-            "generations": llm.get("iterations"), "ttft_ms": interval(llm.get("ttft_ms")),
-            "prefill_tokens_per_s": interval(llm.get("prefill_tokens_per_s")),
-            "decode_tokens_per_s": interval(llm.get("decode_tokens_per_s")),
-            "prefill_categories_ms": dict((cats.get("prefill") or {}).get("ms") or {}) or None,
-            "decode_categories_ms_per_token": dict((cats.get("decode") or {}).get("ms") or {}) or None}
+    def phase_ms(phase) -> dict | None:
+        return dict(phase.ms) or None if phase is not None else None
+
+    cats = llm.categories
+    return {"prompt_tokens": llm.prompt, "decode_tokens": llm.decode,
+            "generations": llm.iterations, "ttft_ms": interval(llm.ttft_ms),
+            "prefill_tokens_per_s": interval(llm.prefill_tokens_per_s),
+            "decode_tokens_per_s": interval(llm.decode_tokens_per_s),
+            "prefill_categories_ms": phase_ms(cats.prefill if cats else None),
+            "decode_categories_ms_per_token": phase_ms(cats.decode if cats else None)}
 
 
-def kit_summary(traces: list[tuple[str, dict]], *, run_dir: str, model: str | None = None,
-                program_memory: dict | None = None) -> dict:
-    """The kit's analysis_summary.json from farm reports (``analysis.analyze()`` output or a
-    run of the server's report: both carry categories_ms, operators and kernels).
+def kit_summary(traces: list[KitTrace], *, run_dir: str, model: str | None = None,
+                program_memory=None, etrecord: str | None = None) -> dict:
+    """The kit's analysis_summary.json from farm reports (KitTrace: analyze()'s or a server run's).
 
-    ``traces`` is [(etdump label, report)]. As in the kit, category_totals_ms sums over every
-    trace (its run dir holds the SME2-on and -off traces alone or together), per_etdump keeps each
-    trace's own categories, and operator_details adds up operators of the same name. Times are
-    per iteration (the kit's are Inspector's per-run averages): count calls per iteration,
-    total_ms = count x avg_ms. kernel_hint is present only where a kernel log names an XNNPACK
-    microkernel, as in the kit. The farm writes no CSV files and reads no ETRecord: csv_*
-    are empty, etrecord null.
-
-    The kit records no memory, so there is no kit name to use: where a trace's run recorded memory
-    (peak RSS, the runtime's allocation) or the program's planned memory is known, its per_etdump
-    entry carries a "memory" object under the farm's own names (peak_rss_bytes,
-    runtime_allocated_bytes, planned_bytes, weights_bytes); the kit's own keys are unchanged.
-    Nor has the kit LLM figures: an LLM run's entry carries an "llm" object (llm_entry).
+    As in the kit: category_totals_ms sums over every trace, per_etdump keeps each trace's own
+    categories, operator_details adds up operators of one name, kernel_hint only where a kernel log
+    names an XNNPACK microkernel. Times are per iteration. The farm writes no CSV files (csv_* empty).
+    What the kit has no name for goes under the farm's own: a per_etdump "memory" object (the run's
+    memory, `program_memory`: the program's planned memory) and an LLM run's "llm" (llm_entry).
     """
     totals = {c: 0.0 for c in CATEGORIES}
     per: list[dict] = []
-    ops: dict[str, dict] = {}
+    ops: dict[str, _OperatorTotal] = {}
     hints: dict[str, int] = {}
-    for label, rep in traces:
-        cats = {c: float((rep.get("categories_ms") or {}).get(c, 0.0)) for c in CATEGORIES}
+    for trace in traces:
+        rep = trace.report
+        given = rep.categories_ms or {}
+        cats = {c: float(given.get(c, 0.0)) for c in CATEGORIES}
         for c, v in cats.items():
             totals[c] += v
-        operators = rep.get("operators") or []
-        entry = {"etdump": label, "categories_ms": cats, "rows": len(operators),
-                 "csv_timeline": None, "csv_stats": None}
-        ran, planned = rep.get("memory") or {}, program_memory or {}
-        memory = {k: v for k, v in (("peak_rss_bytes", ran.get("peak_rss_bytes")),
-                                    ("runtime_allocated_bytes", ran.get("runtime_allocated_bytes")),
-                                    ("planned_bytes", planned.get("planned_bytes")),
-                                    ("weights_bytes", planned.get("weights_bytes"))) if v is not None}
-        if memory:
-            entry["memory"] = memory
-        emulator = (rep.get("device") or {}).get("emulator")
-        if emulator:  # an emulator's times travel into the kit's file too: the entry says whose they are
-            entry["emulator"] = f"emulated by {emulator}: its times are the emulator's, not a CPU's"
-        if rep.get("llm"):
-            entry["llm"] = llm_entry(rep["llm"], emulated=bool(emulator))
-        per.append(entry)
+        operators = rep.operators or []
+        ran, planned = rep.memory, program_memory
+        memory = {k: v for k, v in (("peak_rss_bytes", ran.peak_rss_bytes if ran else None),
+                                    ("runtime_allocated_bytes", ran.runtime_allocated_bytes if ran else None),
+                                    ("planned_bytes", planned.planned_bytes if planned else None),
+                                    ("weights_bytes", planned.weights_bytes if planned else None)) if v is not None}
+        # an emulator's times travel into the kit's file too: the entry says whose they are
+        emulated = f"emulated by {trace.emulator}: its times are the emulator's, not a CPU's" if trace.emulator else None
+        per.append({"etdump": trace.label, "categories_ms": cats, "rows": len(operators),
+                    "csv_timeline": None, "csv_stats": None,
+                    **({"memory": memory} if memory else {}), **({"emulator": emulated} if emulated else {}),
+                    **({"llm": llm_entry(rep.llm, emulated=bool(trace.emulator))} if rep.llm else {})})
         for op in operators:
-            d = ops.setdefault(op["name"], {"name": op["name"], "category": op["category"],
-                                            "count": 0.0, "total_ms": 0.0})
-            d["count"] += float(op["count"])
-            d["total_ms"] += float(op["total_ms"])
-            m = _XNN_KERNEL.search(op.get("kernel_hint") or "")
-            if m and "kernel_hint" not in d:
-                d["kernel_hint"] = m.group(0)
-        kernels = rep.get("kernels") or {}
-        for isa, n in (kernels.get("isa_counts") or {}).items():
+            total = ops.setdefault(op.name, _OperatorTotal(op.name, op.category))
+            total.count += float(op.count)
+            total.total_ms += float(op.total_ms)
+            m = _XNN_KERNEL.search(op.kernel_hint or "")
+            if m and total.kernel_hint is None:
+                total.kernel_hint = m.group(0)
+        isa_counts = rep.kernels.isa_counts if rep.kernels else None
+        for isa, n in (isa_counts or {}).items():
             if n:
                 hints[isa.lower()] = hints.get(isa.lower(), 0) + int(n)
     details = []
-    for d in sorted(ops.values(), key=lambda d: -d["total_ms"]):
-        out = {"name": d["name"], "category": d["category"],
-               "avg_ms": d["total_ms"] / d["count"] if d["count"] else 0.0,
-               "count": _count(d["count"]), "total_ms": d["total_ms"]}
-        if "kernel_hint" in d:
-            out["kernel_hint"] = d["kernel_hint"]
-        details.append(out)
-    summary = {"run_dir": run_dir, "model": model, "etrecord": None, "etdump_count": len(traces),
-               "category_totals_ms": totals, "kernel_hints": hints, "per_etdump": per,
-               "csv_files": [], "operator_details": details}
-    return summary
+    for op in sorted(ops.values(), key=lambda op: -op.total_ms):
+        details.append({"name": op.name, "category": op.category,
+                        "avg_ms": op.total_ms / op.count if op.count else 0.0, "count": _count(op.count),
+                        "total_ms": op.total_ms, **({"kernel_hint": op.kernel_hint} if op.kernel_hint else {})})
+    return {"run_dir": run_dir, "model": model, "etrecord": etrecord, "etdump_count": len(traces),
+            "category_totals_ms": totals, "kernel_hints": hints, "per_etdump": per,
+            "csv_files": [], "operator_details": details}
 
 
 def summary_path(arg: str, default_dir: Path) -> Path | None:

@@ -219,7 +219,7 @@ def test_analyze_kit_json_has_the_kits_keys_and_the_farms_totals(portable_trace,
     assert "E2E" in out.out  # the usual report still prints
     written = trace.parent / "analysis_summary.json"  # beside the trace, where the kit writes it
     summary = json.loads(written.read_text())
-    rep = analyze(portable_trace.read_bytes(), kernel_log=log.read_text())
+    rep = analyze(portable_trace.read_bytes(), kernel_log=log.read_text()).to_dict()
     assert set(summary) == KIT_KEYS
     assert summary["category_totals_ms"] == rep["categories_ms"]
     assert list(summary["category_totals_ms"]) == list(CATEGORIES)
@@ -255,7 +255,7 @@ def test_analyze_kit_json_over_two_traces_sums_like_the_kit(portable_trace, tmp_
     assert rc == 0, out.err
     summary = json.loads(out.out)  # "-": the summary alone on stdout
     assert set(summary) == KIT_KEYS and summary["etdump_count"] == 2
-    a, b = analyze(portable_trace.read_bytes()), analyze(other.read_bytes())
+    a, b = analyze(portable_trace.read_bytes()).to_dict(), analyze(other.read_bytes()).to_dict()
     assert [p["categories_ms"] for p in summary["per_etdump"]] == [a["categories_ms"], b["categories_ms"]]
     for c in CATEGORIES:
         assert summary["category_totals_ms"][c] == pytest.approx(a["categories_ms"][c] + b["categories_ms"][c])
@@ -301,7 +301,7 @@ def test_an_emulated_run_in_the_kit_summary_says_its_times_are_the_emulators():
                   {**run, "id": 4, "device": {"serial": "pixel", "platform": "android"}}]})
     traces, _ = summary_from_experiment(rep, "http://farm:8000")
     # each entry's etdump is the trace's address on the server, not a description
-    assert [label for label, _ in traces] == ["http://farm:8000/runs/3/artifacts/trace.etdump",
+    assert [t.label for t in traces] == ["http://farm:8000/runs/3/artifacts/trace.etdump",
                                               "http://farm:8000/runs/4/artifacts/trace.etdump"]
     emulated, hardware = kit.kit_summary(traces, run_dir="r")["per_etdump"]
     assert "emulated by qemu-aarch64 11.1.3 -cpu max: its times are the emulator's" in emulated["emulator"]

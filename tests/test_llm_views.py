@@ -154,14 +154,25 @@ def test_an_emulated_llm_document_states_no_speed_figure(llm_experiment, monkeyp
 
 
 def test_an_emulated_llm_kit_entry_has_no_speed_figure():
-    llm = {"prompt": PROMPT, "decode": DECODE, "iterations": ITERATIONS,
-           "ttft_ms": {"median": 1.0, "ci_low": 0.9, "ci_high": 1.1, "level": 0.95},
-           "prefill_tokens_per_s": {"median": 8000.0, "ci_low": 7000.0, "ci_high": 9000.0, "level": 0.95},
-           "decode_tokens_per_s": {"median": 900.0, "ci_low": 800.0, "ci_high": 1000.0, "level": 0.95},
-           "categories": {"prefill": {"ms": {"GEMM": 0.5}}, "decode": {"ms": {"GEMM": 0.1}}}}
-    host = {"categories_ms": {}, "operators": [], "llm": llm, "device": {"emulator": None}}
-    emulated = {**host, "device": {"emulator": "qemu-aarch64 11.1.3 -cpu max (user mode)"}}
-    summary = kit_json.kit_summary([("host", host), ("emulated", emulated)], run_dir="r")
+    from sme2farm.protocol import RunReport
+
+    def phase(median: float, low: float, high: float) -> dict:
+        return {"median": median, "ci_low": low, "ci_high": high, "level": 0.95, "mean": median, "p10": low,
+                "p90": high, "cv": 0.1, "n": ITERATIONS}
+
+    def categories(ms: float) -> dict:
+        return {"ms": {"GEMM": ms}, "share": {"GEMM": 1.0}, "iterations_ms": {"GEMM": [ms] * ITERATIONS}}
+
+    llm = {"prompt": PROMPT, "decode": DECODE, "iterations": ITERATIONS, "ttft_ms": phase(1.0, 0.9, 1.1),
+           "prefill_tokens_per_s": phase(8000.0, 7000.0, 9000.0), "decode_tokens_per_s": phase(900.0, 800.0, 1000.0),
+           "decode_token_ms": None, "categories": {"prefill": categories(0.5), "decode": categories(0.1)},
+           "samples": {"ttft_ms": [], "prefill_tokens_per_s": [], "decode_tokens_per_s": []}, "definition": "",
+           "warnings": []}
+    host = RunReport.model_validate({"id": 1, "experiment_id": 1, "sme2": "on", "threads": 1, "mode": "timing",
+                                     "status": "succeeded", "categories_ms": {}, "operators": [], "llm": llm})
+    emulator = "qemu-aarch64 11.1.3 -cpu max (user mode)"
+    summary = kit_json.kit_summary([kit_json.KitTrace("host", host), kit_json.KitTrace("emulated", host, emulator)],
+                                   run_dir="r")
     on_host, on_emulator = (e["llm"] for e in summary["per_etdump"])
     assert on_host["decode_tokens_per_s"]["median"] == 900.0 and on_host["ttft_ms"]["median"] == 1.0
     assert [on_emulator[k] for k in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s")] == [None] * 3
