@@ -4,22 +4,11 @@
                         [--kernel-log FILE] [--json | --markdown | --csv | --perfetto OUT.json]
     sme2-client analyze --outputs BASE.bin CAND.bin [--labels BASE CAND] [--json]
 
-With --compare, TRACE is the baseline and OTHER the candidate: speedup > 1 means OTHER is
-faster (labels default to the file names; --labels "SME2 off" "SME2 on" to name them). The
-verdict is calibrated (analysis/verdict.py): one trace per arm cannot see run-to-run noise, so
-the interval is widened by the device's noise model (--noise-model FILE.json) or, without one,
-by a conservative default, and no difference below --min-effect is claimed.
---json prints TRACE's report with a "comparison" key (and OTHER's report under
-"compare_report"). Imports only numpy and sme2farm.analysis: fast, and no torch.
-
-With --model (the .pte that ran) and its ETRecord (--etrecord, else <model>.pte.etrecord or
-<stem>.etrecord beside it), each operator is traced to the module and line that made it: the report's
-by_source, by_module and attribution, and the time by module in the text. An ETRecord of another model
-is flagged and not used.
-
-With --outputs, two runner outputs files (the runner's --outputs_file, a run's outputs.bin
-artifact) are compared instead: per output max abs/rel error and SNR, and "numerics change" where
-a difference exceeds its dtype's tolerance (analysis/numerics.py says which and why).
+--compare: TRACE is the baseline, OTHER the candidate (speedup > 1: OTHER is faster), with the
+calibrated verdict of analysis/verdict.py (one trace per arm cannot see run-to-run noise, so the
+interval is widened by --noise-model or a conservative default). --model with its ETRecord traces
+each operator to the module and line that made it. --outputs compares two runner outputs files
+(analysis/numerics.py). Loads numpy and sme2farm.analysis only: no torch, no HTTP client, no pydantic.
 """
 
 from __future__ import annotations

@@ -120,10 +120,8 @@ def wait_healthy(url: str, timeout: float, *, every: float = 0.1, check: Callabl
 
 
 # How often a wait asks: FIRST_POLL_S after the submission, then a pause that grows with the time
-# already waited (POLL_FRACTION of it, at most MAX_POLL_S). A short run is then seen ended a few
-# tens of milliseconds after it is (a pause of 0.1 s growing 1.2x added ~100 ms to a 0.5 s
-# experiment: more than the farm's own overhead), and a long one costs no more requests than
-# before: a pause of 2 s after 20 s.
+# already waited (POLL_FRACTION of it, at most MAX_POLL_S): a short run is seen ended soon after it
+# is, and a long wait asks rarely (one request per MAX_POLL_S).
 FIRST_POLL_S = 0.02
 POLL_FRACTION = 0.1
 MAX_POLL_S = 2.0
