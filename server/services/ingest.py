@@ -304,20 +304,24 @@ def ingest_batch(*, run_id: int, retried: bool, transaction: Transaction, store:
     with transaction() as session:
         began = run_service.ingest_started_batch(session, run_id=run_id, ingest_deadline_s=deadline_s,
                                                  heartbeat_s=heartbeat_s, own=not retried)
-        # With their experiments: the analysis below runs after this session closes and needs the
-        # program each run executed (its declared outputs). Not its comparisons: an ended
-        # experiment's are megabytes of JSON, and the tasks sent for runs another task's batch
-        # took read their (ended) experiment here.
+        # The runs to analyse, with their experiments: the analysis below runs after this session
+        # closes and needs the program each run executed (its declared outputs). Not their
+        # comparisons: an ended experiment's are megabytes of JSON. The run this task was sent
+        # for, when another task's batch took it (most tasks, with batches), only by its status.
+        ids = {*began, run_id} if retried else set(began)
         runs = {r.id: r for r in session.scalars(
-            select(Run).where(Run.id.in_({run_id, *began}))
-            .options(joinedload(Run.experiment).defer(Experiment.comparisons)))}
+            select(Run).where(Run.id.in_(ids)).options(joinedload(Run.experiment).defer(Experiment.comparisons)))
+        } if ids else {}
         run = runs.get(run_id)
+        status = run.status if run is not None else session.scalar(select(Run.status).where(Run.id == run_id))
         if run is not None and retried:
             began[run_id] = run.ingest_started_at  # this attempt's, begun before the retry
         delivered: dict[int, set[str]] = {}
-        for rid, name in session.execute(select(Artifact.run_id, Artifact.name).where(Artifact.run_id.in_(list(began)))):
-            delivered.setdefault(rid, set()).add(name)
-    if run is not None and run.status == RunStatus.analyzing and began.get(run_id) is None:
+        if began:
+            for rid, name in session.execute(select(Artifact.run_id, Artifact.name)
+                                             .where(Artifact.run_id.in_(list(began)))):
+                delivered.setdefault(rid, set()).add(name)
+    if status == RunStatus.analyzing and began.get(run_id) is None:
         # A copy of a re-sent task while the attempt that began is alive (heartbeating), or a run
         # another task's batch took.
         log.info("run %s: another ingest attempt is under way; this copy does nothing", run_id)
@@ -338,12 +342,12 @@ def ingest_batch(*, run_id: int, retried: bool, transaction: Transaction, store:
         return STORE_UNAVAILABLE
     if run_id in done:
         return done[run_id]
-    if run is None:
+    if status is None:
         return "missing"
-    if run.status != RunStatus.analyzing:
+    if status != RunStatus.analyzing:
         # Ingested already (most often by another task's batch), cancelled, failed by the reaper:
         # its status as read above, with no second transaction to read it again.
-        return str(run.status)
+        return str(status)
     return "in progress"
 
 
