@@ -190,8 +190,26 @@ class HostsFarm:
                                                 start_new_session=True)
 
     def start_worker(self, name: str) -> None:
+        self._readied = getattr(self, "_readied", {})
+        self._readied[name] = self._ready_lines(name)
         self._start(name, [sys.executable, "-m", "celery", "-A", "sme2farm.worker.celery_app", "worker", "--pool",
                            "threads", "--concurrency", "2", "--loglevel", "INFO", "-n", f"{name}@%h"], self._env(name))
+
+    def _ready_lines(self, name: str) -> int:
+        path = self.root / "logs" / f"{name}.log"
+        if not path.exists():
+            return 0
+        return sum(1 for line in path.read_text(errors="replace").splitlines()
+                   if f'"msg": "{name}@' in line and line.rstrip().endswith('ready."}'))
+
+    def wait_worker(self, name: str, timeout_s: float = 120) -> None:
+        """Until the worker started last on that host says it is ready (it consumes from the
+        broker); a worker that exited instead fails at once, with its log."""
+        def ready():
+            if self.procs[name].poll() is not None:
+                pytest.fail(f"{name} exited {self.procs[name].returncode}:\n{self.log(name)[-3000:]}")
+            return self._ready_lines(name) > self._readied.get(name, 0)
+        wait_for(f"{name} to be ready", ready, timeout_s, every=0.2, log=lambda: self.log(name)[-3000:])
 
     def start(self) -> None:
         from sme2farm.farm.processes import mint_agent_token
@@ -208,6 +226,8 @@ class HostsFarm:
         self._start("beat", [py, "-m", "celery", "-A", "sme2farm.worker.celery_app", "beat", "--loglevel", "INFO",
                              "--schedule", str(self.dir("beat") / "celerybeat-schedule")], self._env("beat"))
         wait_for("the API", lambda: self._answers("/health"), 90, every=0.5, log=lambda: self.log("server")[-3000:])
+        for w in ("worker-1", "worker-2"):
+            self.wait_worker(w)
         # What `sme2-farm migrate` does with SME2_ADMIN_TOKEN (compose's migrate step), then a register token.
         farm = Settings(database_url=self.test_db_url, data_dir=self.dir("server"), admin_token=self.admin)
         ensure_admin_token(farm)
@@ -276,7 +296,21 @@ class HostsFarm:
         p = self.procs[name]
         if p.poll() is None:
             os.killpg(p.pid, sig)
-            p.wait(timeout=20)
+            p.wait(timeout=60)
+
+    def running(self, name: str) -> bool:
+        return name in self.procs and self.procs[name].poll() is None
+
+    def restart_worker(self, name: str) -> None:
+        """The worker host back after a crash: its TMPDIR emptied, as a reboot empties /tmp (a
+        process killed -9 removes no temp file), then a new worker process."""
+        if self.running(name):
+            return
+        tmp = self.dir(name) / "tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        self.start_worker(name)
+        self.wait_worker(name)
 
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
