@@ -59,9 +59,10 @@ share is unknown (None), not a 0% that would read as "no SME2".
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Iterable
 
-from .types import KernelPaths
+from .types import Coverage, KernelPaths, NotHidden, OffSme2
 
 SME2, SME, SME_OR_SME2, SME2_OR_NEON = "SME2", "SME", "SME/SME2", "SME2 or NEON"
 NEON, X86, XNNPACK_UNKNOWN_ISA, PORTABLE, DELEGATE = "NEON", "x86 SIMD", "NEON or x86 SIMD", "portable", "delegate"
@@ -175,62 +176,87 @@ def annotate(operators: list[dict], *, sme2: bool | None = None, arch: str | Non
     return arch
 
 
-def summary(operators: Iterable[dict], sme2_visible: bool | None) -> dict:
-    """``report["kernel_paths"]`` from operators that carry ``name``, ``category``, ``total_ms``
-    (per iteration) and ``kernel_path``: time per category and path, SME2 coverage of
-    Convolution + GEMM, the Convolution/GEMM operators left off SME2, and the flag (a sentence)
+@dataclass(frozen=True, slots=True)
+class _Op:
+    """What summary() reads of an operator row (a dict as report.py builds it, or an OperatorRow)."""
+
+    name: str
+    category: str
+    total_ms: float
+    kernel_path: str
+    delegated: bool
+
+    @classmethod
+    def read(cls, o) -> _Op:
+        if isinstance(o, dict):
+            return cls(o["name"], o["category"], float(o["total_ms"]), o["kernel_path"], o.get("delegated", True))
+        return cls(o.name, o.category, float(o.total_ms), o.kernel_path, o.delegated)
+
+
+def summary_section(operators: Iterable, sme2_visible: bool | None) -> KernelPaths:
+    """The report's kernel_paths section from operators that carry ``name``, ``category``,
+    ``total_ms`` (per iteration) and ``kernel_path``: time per category and path, SME2 coverage
+    of Convolution + GEMM, the Convolution/GEMM operators left off SME2, and the flag (a sentence)
     when SME2 was on yet none of that time ran in an SME2 kernel."""
+    ops = [_Op.read(o) for o in operators]
     by_category: dict[str, dict[str, float]] = {}
     conv_gemm = on_sme2 = unknown = 0.0
-    off: list[dict] = []
-    for o in operators:
-        path, ms = o["kernel_path"], float(o["total_ms"])
-        cat = by_category.setdefault(o["category"], {})
+    off: list[OffSme2] = []
+    for o in ops:
+        path, ms = o.kernel_path, o.total_ms
+        cat = by_category.setdefault(o.category, {})
         cat[path] = cat.get(path, 0.0) + ms
-        if o["category"] in COVERED:
+        if o.category in COVERED:
             conv_gemm += ms
             if path == SME2:
                 on_sme2 += ms
             elif path in AMBIGUOUS:  # SME2 or not, depending on what XNNPACK saw: neither on nor off SME2
                 unknown += ms
             else:
-                off.append({"name": o["name"], "category": o["category"], "total_ms": ms, "kernel_path": path})
-    off.sort(key=lambda d: -d["total_ms"])
-    not_hidden = sorted((o for o in operators if sme2_visible is False and o.get("delegated", True)
-                         and (isa := backends(o["name"])) is not None and "neon" not in isa),
-                        key=lambda o: -float(o["total_ms"]))
+                off.append(OffSme2(name=o.name, category=o.category, total_ms=ms, kernel_path=path))
+    off.sort(key=lambda d: -d.total_ms)
+    not_hidden = sorted((o for o in ops if sme2_visible is False and o.delegated
+                         and (isa := backends(o.name)) is not None and "neon" not in isa),
+                        key=lambda o: -o.total_ms)
     flag = None
     if sme2_visible is True and conv_gemm > 0 and on_sme2 == 0:
-        paths = sorted({d["kernel_path"] for d in off})
+        paths = sorted({d.kernel_path for d in off})
         flag = (f"SME2 was on, but none of the {conv_gemm:.3f} ms of Convolution/GEMM per iteration ran in an "
                 f"SME2 kernel: it ran on {', '.join(paths)} ({_names(off)}). XNNPACK has SME2 kernels only for "
                 "its packed-LHS operators (PF16, PF32, PQS8, QP8 types).")
-        eligible = [d for d in off if sme2_eligible(d["name"])]
+        eligible = [d for d in off if sme2_eligible(d.name)]
         flag += (f" {_names(eligible)} would have run on them had XNNPACK seen SME2: this run's XNNPACK did not."
                  if eligible else " None of these operators has one (depthwise convolution has no packed type), "
                  "so this model gives SME2 no work.")
-    return {
-        "source": "XNNPACK operator names in the ETDump",
-        "sme2_visible": sme2_visible,
-        "by_category": by_category,
+    return KernelPaths(
+        source="XNNPACK operator names in the ETDump",
+        sme2_visible=sme2_visible,
+        by_category=by_category,
         # SME2 hidden, yet operators that only SME/SME2 kernels run: it was not hidden (not_hidden_sentence)
-        "not_hidden": [{"name": o["name"], "total_ms": float(o["total_ms"])} for o in not_hidden],
+        not_hidden=[NotHidden(name=o.name, total_ms=o.total_ms) for o in not_hidden],
         # share None: no Convolution/GEMM time, or (unknown_ms > 0) a trace whose arm is unknown
-        "coverage": {"conv_gemm_ms": conv_gemm, "sme2_ms": on_sme2, "unknown_ms": unknown,
-                     "share": on_sme2 / conv_gemm if conv_gemm > 0 and not unknown else None,
-                     "off_sme2": off, "flag": flag},
-    }
+        coverage=Coverage(conv_gemm_ms=conv_gemm, sme2_ms=on_sme2, unknown_ms=unknown,
+                          share=on_sme2 / conv_gemm if conv_gemm > 0 and not unknown else None,
+                          off_sme2=off, flag=flag))
 
 
-def _names(ops: list[dict], n: int = 3) -> str:
-    shown = ", ".join(f"{d['name']} {d['total_ms']:.3f} ms" for d in ops[:n])
+def summary(operators: Iterable, sme2_visible: bool | None) -> dict:
+    """summary_section() as the JSON ``report["kernel_paths"]`` stores."""
+    return summary_section(operators, sme2_visible).to_dict()
+
+
+def _names(ops: list[OffSme2] | list[NotHidden], n: int = 3) -> str:
+    shown = ", ".join(f"{d.name} {d.total_ms:.3f} ms" for d in ops[:n])
     return shown + (f" and {len(ops) - n} more" if len(ops) > n else "")
 
 
-def not_hidden_sentence(kp: dict | None) -> str | None:
-    """The sentence for an SME2-off run whose trace shows SME/SME2-only operators (report
-    ["kernel_paths"]["not_hidden"]), else None. Callers that know the device append " on <device>"."""
-    ops = (kp or {}).get("not_hidden") or []
+def not_hidden_sentence(kp: KernelPaths | dict | None) -> str | None:
+    """The sentence for an SME2-off run whose trace shows SME/SME2-only operators (the kernel
+    paths' not_hidden), else None. Callers that know the device append " on <device>"."""
+    if isinstance(kp, KernelPaths):
+        ops = kp.not_hidden
+    else:
+        ops = [NotHidden.from_dict(d) for d in (kp or {}).get("not_hidden") or []]
     if not ops:
         return None
     return ("SME2 was not hidden from XNNPACK: the SME2-off run used packed-LHS operators that only SME/SME2 "
@@ -265,7 +291,7 @@ def coverage_sentence(kp: KernelPaths) -> str:
             "Convolution/GEMM per iteration in SME2 kernels)")
 
 
-__all__ = ["kernel_path", "annotate", "summary", "backends", "arch_of", "coverage_sentence", "is_xnnpack_name",
+__all__ = ["kernel_path", "annotate", "summary", "summary_section", "backends", "arch_of", "coverage_sentence", "is_xnnpack_name",
            "not_hidden_sentence", "sme2_eligible",
            "PATHS", "SME2", "SME", "SME_OR_SME2", "SME2_OR_NEON", "NEON", "X86", "XNNPACK_UNKNOWN_ISA",
            "PORTABLE", "DELEGATE"]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
+from .types import KernelEntry, Kernels, section
+
 # The kernel lines, found from each "microkernel" (a backtracking regex over the whole log took
 # time cubic in the length of "Using" followed by thousands of spaces).
 _VERB = re.compile(r"(Using|Executed)\s+")
@@ -86,6 +88,11 @@ def _kernel_matches(line: str) -> Iterator[tuple[str, str, str, re.Match | None]
 
 
 def parse_kernel_log(text: str | None) -> dict:
+    """parse_kernel_log_section() as the JSON the report stores."""
+    return parse_kernel_log_section(text).to_dict()
+
+
+def parse_kernel_log_section(text: str | None) -> Kernels:
     """Kernels per operator kind, each classified, in time linear in the text.
 
     Returns ``{"status": "ok", "source": ..., "by_kind": {kind: [{"name", "isa"}...]},
@@ -98,15 +105,13 @@ def parse_kernel_log(text: str | None) -> dict:
     More than MAX_KERNELS distinct names raise KernelLogError.
     """
     if text is None or not str(text).strip():
-        return {"status": "no kernel log"}
-    by_kind: dict[str, dict[str, dict]] = {}
-    executed: dict[str, dict[str, dict]] = {}  # over the XNNPACK log's entry of the same kernel
+        return Kernels(status="no kernel log")
+    by_kind: dict[str, dict[str, KernelEntry]] = {}
+    executed: dict[str, dict[str, KernelEntry]] = {}  # over the XNNPACK log's entry of the same kernel
     n_using = n_executed = 0
     names: set[str] = set()
     text = str(text)
-    extra = {}
-    if (t := _TRANSLATED.search(text)) is not None:
-        extra["translated_blocks"] = int(t.group(1))
+    translated = int(t.group(1)) if (t := _TRANSLATED.search(text)) is not None else None
     end = 0
     while (i := text.find("microkernel", end)) >= 0:  # only the lines that name a kernel are looked at
         start = text.rfind("\n", 0, i) + 1
@@ -122,11 +127,11 @@ def parse_kernel_log(text: str | None) -> dict:
             kind = kind.strip().lower()
             if verb == "Using":
                 n_using += 1
-                by_kind.setdefault(kind, {})[name] = {"name": name, "isa": classify_kernel(name)}
+                by_kind.setdefault(kind, {})[name] = KernelEntry(name=name, isa=classify_kernel(name))
             else:
                 n_executed += 1
-                executed.setdefault(kind, {})[name] = {
-                    "name": name, "isa": blocks.group(2) or classify_kernel(name), "blocks": int(blocks.group(1))}
+                executed.setdefault(kind, {})[name] = KernelEntry(
+                    name=name, isa=blocks.group(2) or classify_kernel(name), blocks=int(blocks.group(1)))
     for kind, entries in executed.items():
         by_kind.setdefault(kind, {}).update(entries)
     n = n_using + n_executed
@@ -134,24 +139,18 @@ def parse_kernel_log(text: str | None) -> dict:
     source = " and ".join(s for s, present in ((SOURCE_XNNPACK, n_using > 0 or not emulated),
                                                (SOURCE_EMULATOR, emulated)) if present)
     if n == 0:
-        return {"status": "no kernels found", "source": source, "by_kind": {}, "isa_counts": {},
-                "sme2_used": False, "n_lines": 0, **extra}
+        return Kernels(status="no kernels found", source=source, by_kind={}, isa_counts={}, sme2_used=False,
+                       n_lines=0, translated_blocks=translated)
     isa_counts = {c: 0 for c in ISA_CLASSES}
     seen: set[str] = set()
     for ks in by_kind.values():
         for name, entry in ks.items():
             if name not in seen:
                 seen.add(name)
-                isa_counts[entry["isa"]] += 1
-    return {
-        "status": "ok",
-        "source": source,
-        "by_kind": {k: [v[nm] for nm in sorted(v)] for k, v in sorted(by_kind.items())},
-        "isa_counts": isa_counts,
-        "sme2_used": isa_counts["SME2"] > 0,
-        "n_lines": n,
-        **extra,
-    }
+                isa_counts[entry.isa] += 1
+    return Kernels(status="ok", source=source,
+                   by_kind={k: [v[nm] for nm in sorted(v)] for k, v in sorted(by_kind.items())},
+                   isa_counts=isa_counts, sme2_used=isa_counts["SME2"] > 0, n_lines=n, translated_blocks=translated)
 
 
 # Which log kinds serve which XNNPACK operator type (matched on the lower-cased base name).
@@ -167,7 +166,7 @@ _KIND_FOR_OP = (
 )
 
 
-def kernel_hint(op_type: str, kernels: dict | None) -> str | None:
+def kernel_hint(op_type: str, kernels: Kernels | dict | None) -> str | None:
     """A short hint for one XNNPACK operator type.
 
     With a parsed kernel log: the kernels of the matching kind(s), best ISA first
@@ -175,15 +174,16 @@ def kernel_hint(op_type: str, kernels: dict | None) -> str | None:
     the type string (``IGEMM``, ``DWConv``, ``GEMM``...), or None.
     """
     low = op_type.lower()
-    if kernels and kernels.get("status") == "ok":
+    kernels = section(Kernels, kernels) if kernels else None
+    if kernels is not None and kernels.status == "ok":
         for pat, kinds in _KIND_FOR_OP:
             if pat.search(low):
                 for kind in kinds:
-                    for k, ks in kernels["by_kind"].items():
+                    for k, ks in (kernels.by_kind or {}).items():
                         if k == kind or k.startswith(kind):
                             order = {c: i for i, c in enumerate(ISA_CLASSES)}
-                            best = sorted(ks, key=lambda d: order[d["isa"]])[:2]
-                            return f"{k}: " + ", ".join(f"{d['name']} [{d['isa']}]" for d in best)
+                            best = sorted(ks, key=lambda d: order[d.isa])[:2]
+                            return f"{k}: " + ", ".join(f"{d.name} [{d.isa}]" for d in best)
                 break
     m = re.search(r"\)\s*(.+)$", op_type)
     return m.group(1).strip() if m else None

@@ -42,10 +42,12 @@ Tolerances (``TOLERANCES``), in units of the dtype's own precision so they say w
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+
+from .types import Section
 
 Value = Optional[tuple[str, np.ndarray]]
 
@@ -72,6 +74,33 @@ TOLERANCES: dict[str, Tolerance] = {
     "Int": _EXACT, "Long": _EXACT, "Bool": _EXACT, "int": _EXACT, "bool": _EXACT,
     "double": Tolerance("relative to peak", 2.0 ** -42, "fp64 tolerance (max abs 1024 ulp of the peak, 2^-42 x peak)"),
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppliedTolerance(Section):
+    """A Tolerance with what it allows for one output (limit x its peak, or the limit)."""
+
+    kind: str
+    limit: float
+    describe: str
+    max_abs_allowed: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputDiff(Section):
+    """One output compared (the module docstring defines each figure)."""
+
+    index: int
+    dtype: str
+    shape: list[int]
+    max_abs: float
+    max_rel: float | None
+    snr_db: float | None
+    identical: bool
+    nonfinite_mismatch: int
+    peak: float
+    within_tolerance: bool
+    tolerance: AppliedTolerance
 
 
 def as_float(dtype: str, array) -> np.ndarray:
@@ -122,15 +151,15 @@ def compare(base: Sequence[Value], cand: Sequence[Value], labels: tuple[str, str
     if not outputs:
         return not_compared("mismatch", "not comparable: no output could be recorded"
                             + (f" (outputs {', '.join(map(str, skipped))} are neither tensors nor scalars)" if skipped else ""))
-    changed = [o for o in outputs if not o["within_tolerance"]]
-    result = {"status": "compared", "verdict": "numerics change" if changed else "same within tolerance",
-              "sentence": _sentence(outputs, changed, lb, lc), "outputs": outputs}
+    changed = [o for o in outputs if not o.within_tolerance]
+    sentence = _sentence(outputs, changed, lb, lc)
     if skipped:
-        result["sentence"] += f" Output(s) {', '.join(map(str, skipped))} could not be recorded and are not compared."
-    return result
+        sentence += f" Output(s) {', '.join(map(str, skipped))} could not be recorded and are not compared."
+    return {"status": "compared", "verdict": "numerics change" if changed else "same within tolerance",
+            "sentence": sentence, "outputs": [o.to_dict() for o in outputs]}
 
 
-def _one(index: int, dtype: str, b: np.ndarray, c: np.ndarray) -> dict:
+def _one(index: int, dtype: str, b: np.ndarray, c: np.ndarray) -> OutputDiff:
     tol = TOLERANCES.get(dtype, _EXACT)
     bf, cf = as_float(dtype, b), as_float(dtype, c)
     fb, fc = np.isfinite(bf), np.isfinite(cf)
@@ -151,38 +180,39 @@ def _one(index: int, dtype: str, b: np.ndarray, c: np.ndarray) -> dict:
     snr = 10 * math.log10(signal / noise) if noise > 0 and signal > 0 else None
     allowed = tol.allowed(peak)
     within = nonfinite_mismatch == 0 and max_abs <= allowed
-    return {"index": index, "dtype": dtype, "shape": [int(s) for s in b.shape], "max_abs": max_abs,
-            "max_rel": max_rel, "snr_db": snr, "identical": identical, "nonfinite_mismatch": nonfinite_mismatch,
-            "peak": peak, "within_tolerance": bool(within),
-            "tolerance": {**asdict(tol), "max_abs_allowed": allowed}}
+    return OutputDiff(index=index, dtype=dtype, shape=[int(s) for s in b.shape], max_abs=max_abs, max_rel=max_rel,
+                      snr_db=snr, identical=identical, nonfinite_mismatch=nonfinite_mismatch, peak=peak,
+                      within_tolerance=bool(within),
+                      tolerance=AppliedTolerance(kind=tol.kind, limit=tol.limit, describe=tol.describe,
+                                                 max_abs_allowed=allowed))
 
 
-def _describe(o: dict) -> str:
-    parts = [f"max abs {_two_digits(o['max_abs'])}"]
-    if o["max_rel"] is not None and o["tolerance"]["kind"] == "relative to peak":
-        parts.append(f"max rel {_two_digits(o['max_rel'])} of the peak {_two_digits(o['peak'])}")
-    if o["snr_db"] is not None:
-        parts.append(f"SNR {_db(o['snr_db'])}")
-    if o["nonfinite_mismatch"]:
-        parts.append(f"{o['nonfinite_mismatch']} NaN/inf element(s) differ")
+def _describe(o: OutputDiff) -> str:
+    parts = [f"max abs {_two_digits(o.max_abs)}"]
+    if o.max_rel is not None and o.tolerance.kind == "relative to peak":
+        parts.append(f"max rel {_two_digits(o.max_rel)} of the peak {_two_digits(o.peak)}")
+    if o.snr_db is not None:
+        parts.append(f"SNR {_db(o.snr_db)}")
+    if o.nonfinite_mismatch:
+        parts.append(f"{o.nonfinite_mismatch} NaN/inf element(s) differ")
     return ", ".join(parts)
 
 
-def _sentence(outputs: list[dict], changed: list[dict], lb: str, lc: str) -> str:
+def _sentence(outputs: list[OutputDiff], changed: list[OutputDiff], lb: str, lc: str) -> str:
     n = len(outputs)
     if changed:
         heads = []
         for o in changed:
-            heads.append(f"output {o['index']} ({_shape(o['dtype'], o['shape'])}): {_describe(o)}, beyond the "
-                         f"{o['tolerance']['describe']}" + (f" = {_two_digits(o['tolerance']['max_abs_allowed'])}"
-                                                            if o["tolerance"]["kind"] == "relative to peak" else ""))
+            heads.append(f"output {o.index} ({_shape(o.dtype, o.shape)}): {_describe(o)}, beyond the "
+                         f"{o.tolerance.describe}" + (f" = {_two_digits(o.tolerance.max_abs_allowed)}"
+                                                      if o.tolerance.kind == "relative to peak" else ""))
         rest = n - len(changed)
         tail = f"; the other {rest} output(s) are within tolerance" if rest else ""
         return f"{lc} changes {'; '.join(heads)}{tail}."
-    if all(o["identical"] for o in outputs):
+    if all(o.identical for o in outputs):
         return f"{lb} and {lc} give bit-identical outputs ({n} output{'s' if n != 1 else ''})."
-    worst = max(outputs, key=lambda o: (o["max_rel"] if o["max_rel"] is not None else o["max_abs"]))
+    worst = max(outputs, key=lambda o: (o.max_rel if o.max_rel is not None else o.max_abs))
     # not "matches": the outputs differ, by less than the dtype's tolerance
     return (f"{lc} differs from {lb} within tolerance on {'all ' if n > 1 else ''}{n} output{'s' if n != 1 else ''} "
-            f"(largest difference: output {worst['index']} ({_shape(worst['dtype'], worst['shape'])}): "
-            f"{_describe(worst)}; {worst['tolerance']['describe']}).")
+            f"(largest difference: output {worst.index} ({_shape(worst.dtype, worst.shape)}): "
+            f"{_describe(worst)}; {worst.tolerance.describe}).")
