@@ -33,6 +33,8 @@ from .categories import CATEGORIES
 from .etdump import KIND_PROFILE, Events
 from .pte import STATIC, MethodSignature
 from .stats import bootstrap_ci, latency_stats
+from .types import (LatencyStats, LlmCategories, LlmKernelPaths, LlmReport, LlmSamples, PhaseCategories, PhaseInterval,
+                    PhaseKernelPaths, Sme2Advice)
 from .verdict import verdict
 
 __all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature",
@@ -189,25 +191,26 @@ def _per_iteration(values: np.ndarray, where: np.ndarray, iteration: np.ndarray,
     return np.bincount(iteration[where], weights=values[where], minlength=n_it)[:n_it]
 
 
-def _interval(samples: np.ndarray) -> dict:
+def _interval(samples: np.ndarray) -> PhaseInterval:
     """The median over iterations with its 95% bootstrap interval, and the spread."""
     ci = bootstrap_ci(samples)
-    stats = latency_stats(samples)
-    return {"median": ci["estimate"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"], "level": ci["level"],
-            "mean": stats["mean"], "p10": stats["p10"], "p90": stats["p90"], "cv": stats["cv"], "n": stats["n"]}
+    stats = LatencyStats.from_dict(latency_stats(samples))
+    return PhaseInterval(median=ci["estimate"], ci_low=ci["ci_low"], ci_high=ci["ci_high"], level=ci["level"],
+                         mean=stats.mean, p10=stats.p10, p90=stats.p90, cv=stats.cv, n=stats.n)
 
 
-def _categories(cat_ms: np.ndarray, where: np.ndarray, iteration: np.ndarray, n_it: int, per: np.ndarray) -> dict:
+def _categories(cat_ms: np.ndarray, where: np.ndarray, iteration: np.ndarray, n_it: int,
+                per: np.ndarray) -> PhaseCategories:
     """Per category: the per-iteration series (its calls' sum divided by `per`, e.g. tokens decoded)
     and its mean, plus each category's share of the phase."""
     series = {c: _per_iteration(cat_ms[i], where, iteration, n_it) / per for i, c in enumerate(CATEGORIES)}
     means = {c: float(v.mean()) if v.size else 0.0 for c, v in series.items()}
     total = sum(means.values())
-    return {"ms": means, "share": {c: (v / total if total > 0 else 0.0) for c, v in means.items()},
-            "iterations_ms": {c: [float(x) for x in v] for c, v in series.items()}}
+    return PhaseCategories(ms=means, share={c: (v / total if total > 0 else 0.0) for c, v in means.items()},
+                           iterations_ms={c: [float(x) for x in v] for c, v in series.items()})
 
 
-def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> dict:
+def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> LlmReport:
     """The report's ``llm`` section. e2e_ms: each timed Execute block's Method::execute ms;
     cat_ms: [category, block] ms (CATEGORIES order), both in the order of phase_blocks."""
     n_it = phases.n_iterations
@@ -238,40 +241,40 @@ def summarize(phases: Phases, e2e_ms: np.ndarray, cat_ms: np.ndarray) -> dict:
         decode_tps = np.where(decode_ms > 0, decoded / (decode_ms / 1e3), np.nan)
     has_decode = decoded > 0
     per_token = np.maximum(decoded, 1)
-    return {
-        "prompt": prompts[0] if len(prompts) == 1 else None,
-        "decode": decodes[0] if len(decodes) == 1 else None,
-        "iterations": n_it,
-        "ttft_ms": _interval(prefill_ms[has_prefill]),
-        "prefill_tokens_per_s": _interval(prefill_tps[has_prefill]),
-        "decode_tokens_per_s": _interval(decode_tps[has_decode]) if has_decode.any() else None,
-        "decode_token_ms": latency_stats(e2e_ms[dec]) if dec.any() else None,
-        "categories": {
-            "prefill": _categories(cat_ms, pre, it, n_it, np.ones(n_it)),
-            "decode": _categories(cat_ms, dec, it, n_it, per_token) if dec.any() else None,
-        },
-        "samples": {"ttft_ms": [float(x) for x in prefill_ms],
-                    "prefill_tokens_per_s": [float(x) for x in prefill_tps],
-                    "decode_tokens_per_s": [float(x) for x in decode_tps] if dec.any() else []},
-        "definition": "TTFT = the prefill calls' Method::execute; tokens/s = tokens / Method::execute seconds of "
-                      "the phase's calls; decode categories are per decoded token",
-        "warnings": warnings,
-    }
+    return LlmReport(
+        prompt=prompts[0] if len(prompts) == 1 else None,
+        decode=decodes[0] if len(decodes) == 1 else None,
+        iterations=n_it,
+        ttft_ms=_interval(prefill_ms[has_prefill]),
+        prefill_tokens_per_s=_interval(prefill_tps[has_prefill]),
+        decode_tokens_per_s=_interval(decode_tps[has_decode]) if has_decode.any() else None,
+        decode_token_ms=LatencyStats.from_dict(latency_stats(e2e_ms[dec])) if dec.any() else None,
+        categories=LlmCategories(
+            prefill=_categories(cat_ms, pre, it, n_it, np.ones(n_it)),
+            decode=_categories(cat_ms, dec, it, n_it, per_token) if dec.any() else None,
+        ),
+        samples=LlmSamples(ttft_ms=[float(x) for x in prefill_ms],
+                           prefill_tokens_per_s=[float(x) for x in prefill_tps],
+                           decode_tokens_per_s=[float(x) for x in decode_tps] if dec.any() else []),
+        definition="TTFT = the prefill calls' Method::execute; tokens/s = tokens / Method::execute seconds of "
+                   "the phase's calls; decode categories are per decoded token",
+        warnings=warnings,
+    )
 
 
 def phase_kernel_paths(phases: Phases, *, types: list[str], type_cat: np.ndarray, type_id: np.ndarray,
                        op_block: np.ndarray, op_ms: np.ndarray, delegated: np.ndarray, sme2: bool | None,
-                       arch: str | None) -> dict:
+                       arch: str | None) -> LlmKernelPaths:
     """SME2 coverage per phase: prefill and decode run different kernels (a prompt of S tokens
     is an M = S GEMM, a decoded token an M = 1 one). Per phase, the Convolution/GEMM time per
     generation by kernel path (kernel_paths.summary over that phase's calls), the operators left
     off SME2 and, in an SME2-on run, what the build offers instead (gemm_sme2.advice). Operator
     events by timed Execute block (op_block), as report._Model holds them per call."""
     from .gemm_sme2 import advice
-    from .kernel_paths import annotate, summary
+    from .kernel_paths import annotate, summary_section
 
     n_it = max(phases.n_iterations, 1)
-    out: dict = {}
+    out: dict[str, PhaseKernelPaths | None] = {}
     for name, code in (("prefill", PREFILL), ("decode", DECODE)):
         sel = (op_block >= 0) & (phases.phase[np.clip(op_block, 0, None)] == code) if op_block.size else op_block
         if not sel.any():
@@ -283,30 +286,55 @@ def phase_kernel_paths(phases: Phases, *, types: list[str], type_cat: np.ndarray
         ops = [{"name": types[t], "category": CATEGORIES[int(type_cat[t])], "total_ms": float(tot[t] / n_it),
                 "delegated": bool(deleg[t])} for t in np.flatnonzero(tot > 0).tolist()]
         annotate(ops, sme2=sme2, arch=arch)
-        coverage = summary(ops, sme2)["coverage"]
-        out[name] = {"conv_gemm_ms": coverage["conv_gemm_ms"], "sme2_ms": coverage["sme2_ms"],
-                     "share": coverage["share"], "off_sme2": coverage["off_sme2"],
-                     "sme2_operators": sorted(o["name"] for o in ops if o["kernel_path"] == "SME2"),
-                     "what_would_reach_sme2": advice(coverage["off_sme2"]) if sme2 is True else []}
-    return out
+        coverage = summary_section(ops, sme2).coverage
+        reach = advice([o.to_dict() for o in coverage.off_sme2]) if sme2 is True else []
+        out[name] = PhaseKernelPaths(conv_gemm_ms=coverage.conv_gemm_ms, sme2_ms=coverage.sme2_ms,
+                                     share=coverage.share, off_sme2=coverage.off_sme2,
+                                     sme2_operators=sorted(o["name"] for o in ops if o["kernel_path"] == "SME2"),
+                                     what_would_reach_sme2=[Sme2Advice.from_dict(a) for a in reach])
+    return LlmKernelPaths(prefill=out["prefill"], decode=out["decode"])
 
 
-def point_phases(reports: list[dict]) -> dict | None:
+@dataclass(frozen=True, slots=True)
+class _RunPhases:
+    """What the suites and comparisons read of one report's llm section: the lengths and the
+    per-generation samples (PHASE_KEYS), from an LlmReport or its stored JSON."""
+
+    prompt: int | None
+    decode: int | None
+    samples: dict[str, list]
+
+    @classmethod
+    def read(cls, llm) -> _RunPhases | None:
+        """From a report's llm section (None where it is not one)."""
+        if isinstance(llm, LlmReport):
+            return cls(llm.prompt, llm.decode, llm.samples.to_dict())
+        if not isinstance(llm, dict):
+            return None
+        return cls(llm.get("prompt"), llm.get("decode"), llm.get("samples") or {})
+
+
+def _llm_of(report):
+    return report.get("llm") if isinstance(report, dict) else getattr(report, "llm", None)
+
+
+def point_phases(reports: list) -> dict | None:
     """A suite point's LLM phases from its runs' reports (one session each, in order): per phase
     (PHASE_KEYS) one list of per-generation values per session (finite and > 0 only), with the
     prompt and decode lengths (None when the runs differed). None when no report has an llm
     section. The caller leaves out emulated runs: their figures are the emulator's."""
-    llms = [r["llm"] for r in reports if r and isinstance(r.get("llm"), dict)]
+    llms = [m for r in reports if r and (m := _RunPhases.read(_llm_of(r))) is not None]
     if not llms:
         return None
-    out: dict = {}
-    for key in ("prompt", "decode"):
-        seen = {m.get(key) for m in llms}
-        out[key] = seen.pop() if len(seen) == 1 else None
+    out: dict = {"prompt": _same({m.prompt for m in llms}), "decode": _same({m.decode for m in llms})}
     for key, _ in PHASE_KEYS:
-        out[key] = [[float(x) for x in (m.get("samples") or {}).get(key) or []
+        out[key] = [[float(x) for x in m.samples.get(key) or []
                      if x is not None and math.isfinite(x) and x > 0] for m in llms]
     return out
+
+
+def _same(seen: set):
+    return seen.pop() if len(seen) == 1 else None
 
 
 def phase_medians(point: dict | None) -> dict | None:
@@ -319,18 +347,27 @@ def phase_medians(point: dict | None) -> dict | None:
             **{key: float(np.median(v)) if v else None for key, v in flat.items()}}
 
 
-def _phase_sessions(arm) -> list[list[float]] | None:
-    """Per session (one report each), the per-generation samples of each phase's time: TTFT ms
-    and decode ms per token; None when a report has no llm section."""
+@dataclass(frozen=True, slots=True)
+class _PhaseSessions:
+    """Per session, the per-generation samples of each phase's time: TTFT ms (prefill) and decode
+    ms per token (decode)."""
+
+    prefill: list[list[float]]
+    decode: list[list[float]]
+
+
+def _phase_sessions(arm) -> _PhaseSessions | None:
+    """An arm's phase samples, one session per report; None when a report has no llm section."""
     reports = [r for r in (arm if isinstance(arm, (list, tuple)) else [arm]) if r]
-    if not reports or any(not r.get("llm") for r in reports):
+    sections = [_llm_of(r) for r in reports]
+    if not sections or not all(sections):
         return None
-    out = {"prefill": [], "decode": []}
-    for r in reports:
-        s = r["llm"].get("samples") or {}
-        out["prefill"].append([float(x) for x in s.get("ttft_ms") or []])
-        tps = [float(x) for x in s.get("decode_tokens_per_s") or [] if x and math.isfinite(x) and x > 0]
-        out["decode"].append([1e3 / x for x in tps])
+    runs = [_RunPhases.read(m) for m in sections]
+    out = _PhaseSessions([], [])
+    for m in runs:
+        out.prefill.append([float(x) for x in m.samples.get("ttft_ms") or []])
+        tps = [float(x) for x in m.samples.get("decode_tokens_per_s") or [] if x and math.isfinite(x) and x > 0]
+        out.decode.append([1e3 / x for x in tps])
     return out
 
 
@@ -345,16 +382,17 @@ def phases_compared(baseline, candidate, *, labels: tuple[str, str], noise=None,
         return None
     out = {}
     for i, (phase, metric) in enumerate((("prefill", "time to first token"), ("decode", "ms per decoded token"))):
-        if not any(b[phase]) or not any(c[phase]):
+        bs, cs = getattr(b, phase), getattr(c, phase)
+        if not any(bs) or not any(cs):
             out[phase] = {"metric": metric, "speedup": None, "verdict": None,
                           "sentence": f"{phase}: no {metric} in one arm: no verdict"}
             continue
         model = noise.for_metric(f"llm {phase}") if noise is not None else None
-        v = verdict(b[phase], c[phase], noise=model, stat="median", n_boot=2000, seed=seed + 401 + i,
+        v = verdict(bs, cs, noise=model, stat="median", n_boot=2000, seed=seed + 401 + i,
                     min_effect=min_effect, level=level, labels=labels)
         out[phase] = {"metric": metric,
-                      "baseline_ms": float(np.median([x for s in b[phase] for x in s])),
-                      "candidate_ms": float(np.median([x for s in c[phase] for x in s])),
+                      "baseline_ms": float(np.median([x for s in bs for x in s])),
+                      "candidate_ms": float(np.median([x for s in cs for x in s])),
                       "speedup": v.ratio, "ci_low": v.ci_low, "ci_high": v.ci_high, "verdict": v.verdict,
                       "significant": v.significant, "sentence": f"{phase} ({metric}): {v.sentence}"}
     return out

@@ -57,6 +57,24 @@ def tail_quantiles(log_ratios, within_var) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class MetricNoise:
+    """One metric's model inside NoiseModel.metrics (stored there as its JSON, as learned)."""
+
+    sigma_between: float
+    df: float
+    within_var: float = 0.0
+    tail: dict = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, m: dict) -> "MetricNoise":
+        return cls(float(m["sigma_between"]), float(m["df"]), float(m.get("within_var") or 0.0),
+                   dict(m.get("tail") or {}))
+
+    def to_dict(self) -> dict:
+        return {"sigma_between": self.sigma_between, "df": self.df, "within_var": self.within_var, "tail": self.tail}
+
+
 @dataclass(frozen=True)
 class NoiseModel:
     """Between-session noise of one device (log scale: 0.02 = sessions differ by ~2%).
@@ -177,8 +195,7 @@ class NoiseModel:
                 mm = cls.from_sessions(sub, stat="trimmed", n_boot=n_boot, seed=seed + 1 + i)
             except ValueError:
                 continue
-            metrics[name] = {"sigma_between": mm.sigma_between, "df": mm.df, "within_var": mm.within_var,
-                             "tail": mm.tail}
+            metrics[name] = MetricNoise(mm.sigma_between, mm.df, mm.within_var, mm.tail).to_dict()
         return cls(model.sigma_between, model.df, within_var=model.within_var, n_pairs=model.n_pairs,
                    n_sessions=model.n_sessions, iterations=model.iterations, device=device, metrics=metrics,
                    tail=model.tail)
@@ -201,9 +218,10 @@ class NoiseModel:
         m = self.metrics.get(name)
         if not m:
             return NoiseModel.default(self.device)
-        return NoiseModel(float(m["sigma_between"]), float(m["df"]), within_var=float(m.get("within_var", 0.0)),
-                          n_pairs=self.n_pairs, n_sessions=self.n_sessions, iterations=self.iterations,
-                          source=self.source, device=self.device, tail=dict(m.get("tail") or {}))
+        m = MetricNoise.read(m)
+        return NoiseModel(m.sigma_between, m.df, within_var=m.within_var, n_pairs=self.n_pairs,
+                          n_sessions=self.n_sessions, iterations=self.iterations, source=self.source,
+                          device=self.device, tail=m.tail)
 
     def merge(self, other: "NoiseModel") -> "NoiseModel":
         """Pool two learned models of one device (df-weighted variances), e.g. old + new A/A pairs."""
@@ -273,11 +291,11 @@ def merge_metric(a: dict | None, b: dict | None) -> dict:
     has not learned yet from the default prior, as it does E2E."""
     if a is None or b is None:
         return dict(a or b)
-    df = float(a["df"]) + float(b["df"])
-    s2 = (float(a["df"]) * float(a["sigma_between"]) ** 2 + float(b["df"]) * float(b["sigma_between"]) ** 2) / df
-    wv = (float(a["df"]) * float(a.get("within_var") or 0.0) + float(b["df"]) * float(b.get("within_var") or 0.0)) / df
-    return {"sigma_between": math.sqrt(s2), "df": df, "within_var": wv,
-            "tail": _merge_tail(dict(a.get("tail") or {}), dict(b.get("tail") or {}))}
+    a, b = MetricNoise.read(a), MetricNoise.read(b)
+    df = a.df + b.df
+    s2 = (a.df * a.sigma_between ** 2 + b.df * b.sigma_between ** 2) / df
+    wv = (a.df * a.within_var + b.df * b.within_var) / df
+    return MetricNoise(math.sqrt(s2), df, wv, _merge_tail(a.tail, b.tail)).to_dict()
 
 
 def as_noise_model(noise) -> NoiseModel | None:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["MemoryFileError", "MAX_BYTES", "read_memory", "INTEGER_KEYS"]
+from .types import RunnerMemory
+
+__all__ = ["MemoryFileError", "MAX_BYTES", "read_memory", "read_memory_section", "INTEGER_KEYS"]
 
 MAX_BYTES = 64 << 10
 INTEGER_KEYS = ("peak_rss_bytes", "peak_rss_after_load_bytes", "planned_bytes", "method_allocator_bytes",
@@ -45,7 +47,7 @@ def _count(value, key: str) -> int | None:
     return value
 
 
-def read_memory(data: bytes) -> dict:
+def read_memory_section(data: bytes) -> RunnerMemory:
     """The report's ``memory`` section from the runner's memory file."""
     if len(data) > MAX_BYTES:
         raise MemoryFileError(f"the memory file is {len(data)} bytes, over {MAX_BYTES}")
@@ -55,15 +57,18 @@ def read_memory(data: bytes) -> dict:
         raise MemoryFileError(f"the memory file is not JSON: {e}") from None
     if not isinstance(raw, dict):
         raise MemoryFileError("the memory file is not a JSON object")
-    out: dict = {k: _count(raw.get(k), k) for k in INTEGER_KEYS}
+    counts = {k: _count(raw.get(k), k) for k in INTEGER_KEYS}
     arenas = raw.get("planned_buffers_bytes", [])
     if not isinstance(arenas, list) or len(arenas) > _MAX_ARENAS:
         raise MemoryFileError("planned_buffers_bytes must be a list of at most 1024 sizes")
-    out["planned_buffers_bytes"] = [_count(v, "planned_buffers_bytes") for v in arenas]
     source = raw.get("rss_source")
-    out["rss_source"] = source[:100] if isinstance(source, str) else None
-    if out["peak_rss_bytes"] is not None and out["peak_rss_after_load_bytes"] is not None:
-        out["execution_rss_growth_bytes"] = max(out["peak_rss_bytes"] - out["peak_rss_after_load_bytes"], 0)
-    else:
-        out["execution_rss_growth_bytes"] = None
-    return out
+    peak, after_load = counts["peak_rss_bytes"], counts["peak_rss_after_load_bytes"]
+    return RunnerMemory(**counts, planned_buffers_bytes=[_count(v, "planned_buffers_bytes") for v in arenas],
+                        rss_source=source[:100] if isinstance(source, str) else None,
+                        execution_rss_growth_bytes=max(peak - after_load, 0)
+                        if peak is not None and after_load is not None else None)
+
+
+def read_memory(data: bytes) -> dict:
+    """read_memory_section() as the JSON the report stores."""
+    return read_memory_section(data).to_dict()
