@@ -10,16 +10,21 @@ minimum effect): see that module for the model and the exact rule.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from .by_module import (category_detail, kernel_paths_line, module_series, module_verdict_line, no_module_line,
-                        operator_modules, shared_modules)
+from . import by_module
+from .by_module import (ModuleView, category_detail, kernel_paths_line, module_series, module_verdict_line,
+                        no_module_line, operator_modules, shared_modules)
 from .categories import CATEGORIES
 from .llm import phases_compared
 from .memory import runs_compared
 from .stats import latency_stats, pooled, trimmed_mean
 from .noise import NoiseModel, as_noise_model
 from .sessions import N_BOOT, summarize_many
+from .types import Section, stored_when_set
 from .verdict import DEFAULT_MIN_EFFECT, verdict
 
 N_BOOT_PARTS = 1000  # categories and operators: many verdicts per comparison, 1,000 is plenty
@@ -40,66 +45,211 @@ def _split(pooled, lens: list[int]) -> list[list[float]] | None:
     return out
 
 
-def _arm(x) -> tuple[dict, dict]:
-    """(report to display, sessions) for one arm given as a report, a report pooled from
-    sessions (``session_iterations_ms``, as the server merges them) or a list of reports.
-    sessions = {"e2e": [iterations per session], "categories": {c: [...]}, "operators": {op: [...]}}."""
+# --- one arm, read once from its reports' JSON ---------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    name: str
+    category: str | None
+    total_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Coverage:
+    """An arm's kernel_paths.coverage as the comparison reads it (older reports lack unknown_ms)."""
+
+    share: float | None
+    sme2_ms: float | None
+    conv_gemm_ms: float | None
+    unknown_ms: float | None
+    off_sme2: list[str]
+
+    @classmethod
+    def read(cls, report: dict) -> _Coverage | None:
+        cov = ((report or {}).get("kernel_paths") or {}).get("coverage")
+        if not cov:
+            return None
+        return cls(share=cov.get("share"), sme2_ms=cov.get("sme2_ms"), conv_gemm_ms=cov.get("conv_gemm_ms"),
+                   unknown_ms=cov.get("unknown_ms"), off_sme2=[o.get("name") for o in cov.get("off_sme2") or []])
+
+    def to_dict(self) -> dict:
+        return {"share": self.share, "sme2_ms": self.sme2_ms, "conv_gemm_ms": self.conv_gemm_ms,
+                "unknown_ms": self.unknown_ms or 0.0}
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """The report an arm is shown as: one session's, or its sessions pooled (e2e median, category
+    means and shares over all iterations, each operator's mean time)."""
+
+    e2e_median: float | None
+    categories_ms: dict[str, float]
+    category_share: dict[str, float]
+    operators: list[_Op]
+    portable_ops: list[str]
+    coverage: _Coverage | None
+    kernels_ok: bool
+    isa_counts: dict[str, int]
+    modules: ModuleView
+
+    def op(self, name: str) -> _Op | None:
+        return next((o for o in self.operators if o.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sessions:
+    """Per-iteration samples, one list per session: E2E, per category, per operator."""
+
+    e2e: list[list[float]]
+    categories: dict[str, list]
+    operators: dict[str, list]
+
+
+@dataclass(frozen=True, slots=True)
+class _Arm:
+    view: _View
+    sessions: _Sessions
+    session_views: list[ModuleView]  # time by module of each session's report
+    lens: list[int] | None  # one report holding several sessions: their lengths (else None)
+
+
+def _ops(report: dict) -> list[_Op]:
+    return [_Op(o["name"], o.get("category"), o["total_ms"]) for o in report.get("operators") or []]
+
+
+def _view(r: dict, modules: ModuleView, **pooled) -> _View:
+    kernels = r.get("kernels") or {}
+    fields = dict(e2e_median=(r.get("e2e_ms") or {}).get("median"), categories_ms=r.get("categories_ms", {}) or {},
+                  category_share=r.get("category_share", {}) or {}, operators=_ops(r),
+                  portable_ops=list(r.get("portable_ops", [])), coverage=_Coverage.read(r),
+                  kernels_ok=kernels.get("status") == "ok", isa_counts=kernels.get("isa_counts") or {},
+                  modules=modules)
+    return _View(**(fields | pooled))
+
+
+def _plain(x):
+    """An arm as JSON: an AnalysisReport (or a list of them) written out, JSON as it is."""
+    if isinstance(x, Section):
+        return x.to_dict()
+    if isinstance(x, (list, tuple)) and any(isinstance(r, Section) for r in x):
+        return [r.to_dict() if isinstance(r, Section) else r for r in x]
+    return x
+
+
+def _arm(x) -> _Arm:
+    """One arm given as a report, a report pooled from sessions (``session_iterations_ms``, as the
+    server merges them) or a list of reports (one per session)."""
     if isinstance(x, (list, tuple)):
         reports = [r for r in x if r]
         if not reports:
-            return {}, {"e2e": [], "categories": {}, "operators": {}}
+            return _Arm(_view({}, by_module.view({})), _Sessions([], {}, {}), [], None)
         if len(reports) == 1:
             return _arm(reports[0])
+        first = reports[0]
+        session_views = [by_module.view(r) for r in reports]
         pooled = [v for r in reports for v in (r.get("iterations_ms") or [])]
-        view = dict(reports[0])
-        view["iterations_ms"] = pooled
-        view["e2e_ms"] = latency_stats(pooled)
+        first_cats = first.get("category_iterations_ms") or {}
         cats = {c: [v for r in reports for v in ((r.get("category_iterations_ms") or {}).get(c) or [])]
-                for c in (reports[0].get("category_iterations_ms") or {})}
+                for c in first_cats}
+        changes: dict = {"e2e_median": latency_stats(pooled)["median"]}
         if cats and pooled:
-            view["categories_ms"] = {c: float(np.mean(v)) if v else 0.0 for c, v in cats.items()}
+            changes["categories_ms"] = {c: float(np.mean(v)) if v else 0.0 for c, v in cats.items()}
             mean_e2e = float(np.mean(pooled))
-            view["category_share"] = {c: (v / mean_e2e if mean_e2e > 0 else 0.0) for c, v in view["categories_ms"].items()}
+            changes["category_share"] = {c: (v / mean_e2e if mean_e2e > 0 else 0.0)
+                                         for c, v in changes["categories_ms"].items()}
         totals: dict[str, list[float]] = {}
         for r in reports:
-            for o in r.get("operators") or []:
-                totals.setdefault(o["name"], []).append(o["total_ms"])
-        view["operators"] = [{**o, "total_ms": float(np.mean(totals[o["name"]]))} for o in reports[0].get("operators") or []]
+            for o in _ops(r):
+                totals.setdefault(o.name, []).append(o.total_ms)
+        changes["operators"] = [dataclasses.replace(o, total_ms=float(np.mean(totals[o.name]))) for o in _ops(first)]
+        base = _view(first, session_views[0], **changes)
+        modules = dataclasses.replace(session_views[0], categories_ms=base.categories_ms,
+                                      operator_totals={o.name: o.total_ms for o in reversed(base.operators)})
         ops: dict[str, list] = {}
-        for name in (reports[0].get("operator_iterations_ms") or {}):
+        for name in (first.get("operator_iterations_ms") or {}):
             per = [(r.get("operator_iterations_ms") or {}).get(name) for r in reports]
             if all(p is not None for p in per):
                 ops[name] = per
-        sess = {"e2e": [r.get("iterations_ms") or [] for r in reports],
-                "categories": {c: [(r.get("category_iterations_ms") or {}).get(c) or [] for r in reports] for c in cats},
-                "operators": ops}
-        return view, sess
+        sess = _Sessions(e2e=[r.get("iterations_ms") or [] for r in reports],
+                         categories={c: [(r.get("category_iterations_ms") or {}).get(c) or [] for r in reports]
+                                     for c in cats},
+                         operators=ops)
+        return _Arm(dataclasses.replace(base, modules=modules), sess, session_views, None)
     r = x or {}
+    modules = by_module.view(r)
     it = r.get("iterations_ms") or []
     sess_it = r.get("session_iterations_ms")
+    lens = [len(s) for s in (sess_it or [it])]
+    cat_it = r.get("category_iterations_ms") or {}
+    op_it = r.get("operator_iterations_ms") or {}
     if sess_it and len(sess_it) > 1:
-        lens = [len(s) for s in sess_it]
-        cats = {c: _split(v, lens) for c, v in (r.get("category_iterations_ms") or {}).items()}
-        ops = {o: _split(v, lens) for o, v in (r.get("operator_iterations_ms") or {}).items()}
-        return r, {"e2e": [list(s) for s in sess_it],
-                   "categories": {c: v for c, v in cats.items() if v is not None},
-                   "operators": {o: v for o, v in ops.items() if v is not None}}
-    return r, {"e2e": [it], "categories": {c: [v] for c, v in (r.get("category_iterations_ms") or {}).items()},
-               "operators": {o: [v] for o, v in (r.get("operator_iterations_ms") or {}).items()}}
+        cats = {c: _split(v, lens) for c, v in cat_it.items()}
+        ops = {o: _split(v, lens) for o, v in op_it.items()}
+        sess = _Sessions(e2e=[list(s) for s in sess_it],
+                         categories={c: v for c, v in cats.items() if v is not None},
+                         operators={o: v for o, v in ops.items() if v is not None})
+    else:
+        sess = _Sessions(e2e=[it], categories={c: [v] for c, v in cat_it.items()},
+                         operators={o: [v] for o, v in op_it.items()})
+    return _Arm(_view(r, modules), sess, [modules], lens)
 
 
-def _op_category(report: dict, name: str) -> str | None:
-    for o in report.get("operators") or []:
-        if o["name"] == name:
-            return o.get("category")
-    return None
+# --- the verdict entries ---------------------------------------------------------------------------
+
+class _Entry(Section):
+    def update(self, fields: dict) -> None:
+        """Set the verdict's fields by name (_Parts.resolve)."""
+        for k, v in fields.items():
+            setattr(self, k, v)
 
 
-def _op_ms(report: dict, name: str) -> float:
-    for o in report.get("operators") or []:
-        if o["name"] == name:
-            return float(o["total_ms"])
-    return 0.0
+@dataclass(slots=True, kw_only=True)
+class CategoryVerdict(_Entry):
+    baseline_ms: float
+    candidate_ms: float
+    baseline_mean_ms: float
+    candidate_mean_ms: float
+    speedup: float | None
+    share_before: float
+    share_after: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str | None = None
+    significant: bool = False
+    sentence: str | None = stored_when_set()
+
+
+@dataclass(slots=True, kw_only=True)
+class OperatorVerdict(_Entry):
+    category: str | None
+    baseline_ms: float
+    candidate_ms: float
+    baseline_mean_ms: float
+    candidate_mean_ms: float
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str | None = None
+    significant: bool = False
+    sentence: str | None = stored_when_set()
+    modules: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class ModuleVerdict(_Entry):
+    module: str
+    module_class: str | None
+    category: str
+    baseline_ms: float
+    candidate_ms: float
+    baseline_types: list[str]
+    candidate_types: list[str]
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str | None = None
+    significant: bool = False
+    sentence: str | None = stored_when_set()
 
 
 def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2 on"), seed: int = 0,
@@ -122,48 +272,45 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
     (trimmed mean under RESOLUTION_MS, or zero in most iterations) gets no verdict and says so."""
     la, lb = labels
     model = as_noise_model(noise)
-    b_view, b_s = _arm(baseline)
-    c_view, c_s = _arm(candidate)
+    baseline, candidate = _plain(baseline), _plain(candidate)
+    b_arm, c_arm = _arm(baseline), _arm(candidate)
+    b_view, b_s = b_arm.view, b_arm.sessions
+    c_view, c_s = c_arm.view, c_arm.sessions
     kw = dict(min_effect=min_effect, level=level, labels=(la, lb))
-    v = verdict(b_s["e2e"], c_s["e2e"], noise=model, stat="median", n_boot=N_BOOT, seed=seed, **kw)
+    v = verdict(b_s.e2e, c_s.e2e, noise=model, stat="median", n_boot=N_BOOT, seed=seed, **kw)
     hierarchical = v.sessions[0] > 1 and v.sessions[1] > 1
 
-    b_cat = b_view.get("categories_ms", {}) or {}
-    c_cat = c_view.get("categories_ms", {}) or {}
-    b_share, c_share = _shares(b_s["categories"], b_view), _shares(c_s["categories"], c_view)
-    per_cat = {}
+    b_cat, c_cat = b_view.categories_ms, c_view.categories_ms
+    b_share, c_share = _shares(b_s.categories, b_view), _shares(c_s.categories, c_view)
+    per_cat: dict[str, CategoryVerdict] = {}
     parts = _Parts(model, kw)
     for i, c in enumerate(CATEGORIES):
         bm, cm = b_cat.get(c) or 0.0, c_cat.get(c) or 0.0
-        entry = {
-            "baseline_ms": bm, "candidate_ms": cm, "baseline_mean_ms": bm, "candidate_mean_ms": cm,
-            "speedup": (bm / cm) if cm > 0 and bm > 0 else None,
-            "share_before": b_share.get(c, 0.0), "share_after": c_share.get(c, 0.0),
-            "ci_low": None, "ci_high": None, "verdict": None, "significant": False,
-        }
-        if b_s["categories"].get(c) and c_s["categories"].get(c):
-            parts.add(entry, b_s["categories"][c], c_s["categories"][c], c, seed + 1 + i)
+        entry = CategoryVerdict(baseline_ms=bm, candidate_ms=cm, baseline_mean_ms=bm, candidate_mean_ms=cm,
+                                speedup=(bm / cm) if cm > 0 and bm > 0 else None,
+                                share_before=b_share.get(c, 0.0), share_after=c_share.get(c, 0.0))
+        if b_s.categories.get(c) and c_s.categories.get(c):
+            parts.add(entry, b_s.categories[c], c_s.categories[c], c, seed + 1 + i)
         per_cat[c] = entry
 
-    per_op = {}
-    shared = [o for o in b_s["operators"] if o in c_s["operators"]]
+    per_op: dict[str, OperatorVerdict] = {}
+    shared = [o for o in b_s.operators if o in c_s.operators]
     for i, name in enumerate(sorted(shared, key=lambda o: -_op_ms(b_view, o))):
         bm, cm = _op_ms(b_view, name), _op_ms(c_view, name)
-        per_op[name] = {"category": _op_category(b_view, name) or _op_category(c_view, name),
-                        "baseline_ms": bm, "candidate_ms": cm, "baseline_mean_ms": bm, "candidate_mean_ms": cm,
-                        "speedup": None, "ci_low": None, "ci_high": None, "verdict": None, "significant": False}
-        parts.add(per_op[name], b_s["operators"][name], c_s["operators"][name], name, seed + 201 + i)
+        per_op[name] = OperatorVerdict(category=_op_category(b_view, name) or _op_category(c_view, name),
+                                       baseline_ms=bm, candidate_ms=cm, baseline_mean_ms=bm, candidate_mean_ms=cm)
+        parts.add(per_op[name], b_s.operators[name], c_s.operators[name], name, seed + 201 + i)
     parts.resolve()
     _with_modules(per_op, b_view, c_view)
-    per_module = _module_verdicts(baseline, candidate, b_view, c_view, model, seed, kw)
+    per_module = _module_verdicts(b_arm, c_arm, model, seed, kw)
 
     narrative = _narrative(b_view, c_view, la, lb, v, per_cat, per_module)
     return {
         "emulated": False,
         "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
         "labels": [la, lb],
-        "baseline_median_ms": (b_view.get("e2e_ms") or {}).get("median"),
-        "candidate_median_ms": (c_view.get("e2e_ms") or {}).get("median"),
+        "baseline_median_ms": b_view.e2e_median,
+        "candidate_median_ms": c_view.e2e_median,
         "speedup": v.ratio,
         "ci_low": v.ci_low,
         "ci_high": v.ci_high,
@@ -182,9 +329,9 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
         "noise": v.noise,
         "needed": v.needed,
         "components": v.components,
-        "categories": per_cat,
-        "operators": per_op,
-        "modules": per_module,
+        "categories": {c: e.to_dict() for c, e in per_cat.items()},
+        "operators": {name: e.to_dict() for name, e in per_op.items()},
+        "modules": [m.to_dict() for m in per_module],
         "modules_note": _modules_note(b_view, c_view),
         "category_share": {"before": dict(b_share), "after": dict(c_share)},
         "narrative": narrative,
@@ -192,6 +339,16 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
         "llm": phases_compared(baseline, candidate, labels=(la, lb), noise=model, seed=seed, min_effect=min_effect,
                                level=level),
     }
+
+
+def _op_category(view: _View, name: str) -> str | None:
+    o = view.op(name)
+    return o.category if o else None
+
+
+def _op_ms(view: _View, name: str) -> float:
+    o = view.op(name)
+    return float(o.total_ms) if o else 0.0
 
 
 RESOLUTION_MS = 1e-3  # 1 us: below it a category's time per iteration is timer noise, not work
@@ -253,7 +410,7 @@ class _Parts:
         self.jobs = []
 
 
-def _shares(sessions_by_category: dict, view: dict) -> dict:
+def _shares(sessions_by_category: dict, view: _View) -> dict:
     """Each category's share of the time: trimmed means per iteration over their sum (robust to a
     preempted iteration, unlike the means' shares), or the report's own shares without samples."""
     t = {}
@@ -262,79 +419,81 @@ def _shares(sessions_by_category: dict, view: dict) -> dict:
         t[c] = trimmed_mean(x) if x.size else 0.0
     total = sum(t.values())
     if total <= 0:
-        return dict(view.get("category_share", {}) or {})
+        return dict(view.category_share)
     return {c: v / total for c, v in t.items()}
 
 
-def _top_op(report: dict, category: str) -> tuple[str, float] | None:
+def _top_op(view: _View, category: str) -> tuple[str, float] | None:
     """Largest operator type of a category in a report and its fraction of that category."""
-    ops = [o for o in report.get("operators", []) if o.get("category") == category]
-    total = (report.get("categories_ms") or {}).get(category) or 0.0
+    ops = [o for o in view.operators if o.category == category]
+    total = view.categories_ms.get(category) or 0.0
     if not ops or total <= 0:
         return None
-    top = max(ops, key=lambda o: o["total_ms"])
-    return top["name"], top["total_ms"] / total
+    top = max(ops, key=lambda o: o.total_ms)
+    return top.name, top.total_ms / total
 
 
-def _with_modules(per_op: dict, b_view: dict, c_view: dict) -> None:
+def _with_modules(per_op: dict[str, OperatorVerdict], b_view: _View, c_view: _View) -> None:
     """Each operator verdict names the module roles its time is in (the candidate's attribution,
     else the baseline's; none without an ETRecord)."""
     for name, entry in per_op.items():
-        groups = operator_modules(c_view, name) or operator_modules(b_view, name)
-        entry["modules"] = [g["module"] for g in groups[:3]]
+        groups = operator_modules(c_view.modules, name) or operator_modules(b_view.modules, name)
+        entry.modules = [g.module for g in groups[:3]]
 
 
-def _module_verdicts(baseline, candidate, b_view: dict, c_view: dict, model, seed: int, kw: dict) -> list[dict]:
+def _module_verdicts(b_arm: _Arm, c_arm: _Arm, model, seed: int, kw: dict) -> list[ModuleVerdict]:
     """The module roles both arms attribute time to, heaviest first, each with a verdict where its
     time per iteration is recorded in every session of both arms (by_module.module_series), as an
     operator's."""
     out = []
     parts = _Parts(model, kw)
-    for i, m in enumerate(shared_modules(b_view, c_view)):
-        entry = {k: m[k] for k in ("module", "module_class", "category", "baseline_ms", "candidate_ms",
-                                   "baseline_types", "candidate_types")}
-        entry.update(speedup=None, ci_low=None, ci_high=None, verdict=None, significant=False)
-        bs, cs = _module_sessions(baseline, m["key"]), _module_sessions(candidate, m["key"])
+    shared = shared_modules(b_arm.view.modules, c_arm.view.modules)
+    groups = ([by_module.module_groups(v) for v in b_arm.session_views],
+              [by_module.module_groups(v) for v in c_arm.session_views]) if shared else ([], [])
+    for i, m in enumerate(shared):
+        entry = ModuleVerdict(module=m.module, module_class=m.module_class, category=m.category,
+                              baseline_ms=m.baseline_ms, candidate_ms=m.candidate_ms,
+                              baseline_types=m.baseline_types, candidate_types=m.candidate_types)
+        bs, cs = _module_sessions(b_arm, groups[0], m.key), _module_sessions(c_arm, groups[1], m.key)
         if bs and cs:
-            parts.add(entry, bs, cs, m["module"], seed + 401 + i)
+            parts.add(entry, bs, cs, m.module, seed + 401 + i)
         else:
-            entry["sentence"] = (f"`{m['module']}`: no verdict: its operator types also run in other modules, so its "
-                                 "own time per iteration is not recorded")
+            entry.sentence = (f"`{m.module}`: no verdict: its operator types also run in other modules, so its "
+                              "own time per iteration is not recorded")
         out.append(entry)
     parts.resolve()
     return out
 
 
-def _module_sessions(arm, key: tuple) -> list[list[float]] | None:
-    """One module role's time per iteration, per session of an arm given as compare() takes it."""
-    reports = [r for r in arm if r] if isinstance(arm, (list, tuple)) else [arm or {}]
-    if len(reports) == 1:
-        r = reports[0]
-        lens = [len(x) for x in (r.get("session_iterations_ms") or [r.get("iterations_ms") or []])]
-        return _split(module_series(r, key), lens)
-    sessions = [module_series(r, key) for r in reports]
+def _module_sessions(arm: _Arm, groups: list[dict], key: tuple) -> list[list[float]] | None:
+    """One module role's time per iteration, per session of an arm (each session's module groups
+    given, built once per comparison)."""
+    if arm.lens is not None:
+        return _split(module_series(arm.session_views[0], key, groups[0]), arm.lens)
+    sessions = [module_series(v, key, g) for v, g in zip(arm.session_views, groups)]
     return None if any(x is None for x in sessions) else sessions
 
 
-def _modules_note(b_view: dict, c_view: dict) -> str | None:
+def _modules_note(b_view: _View, c_view: _View) -> str | None:
     """Why the comparison names no module, once for both arms (None where it names them)."""
-    return no_module_line(c_view) or no_module_line(b_view)
+    return no_module_line(c_view.modules) or no_module_line(b_view.modules)
 
 
-def _narrative(baseline, candidate, la, lb, v, per_cat, per_module=()) -> list[str]:
+def _narrative(baseline: _View, candidate: _View, la, lb, v, per_cat: dict[str, CategoryVerdict],
+               per_module: list[ModuleVerdict] = ()) -> list[str]:
     lines = [v.sentence]
     if v.ratio is None:
         return lines
     # the bottleneck shift: the category whose share of E2E moved most
     named = [c for c in CATEGORIES if c != "Other"]
-    moves = sorted(CATEGORIES, key=lambda c: -abs(per_cat[c]["share_after"] - per_cat[c]["share_before"]))
+    moves = sorted(CATEGORIES, key=lambda c: -abs(per_cat[c].share_after - per_cat[c].share_before))
     for c in moves[:2]:
-        sb, sa = per_cat[c]["share_before"], per_cat[c]["share_after"]
+        sb, sa = per_cat[c].share_before, per_cat[c].share_after
         if abs(sa - sb) < 0.02:
             continue
         verb = "rose" if sa > sb else "fell"
         s = f"{c} {verb} from {_pct(sb)} to {_pct(sa)} of E2E"
-        detail = category_detail(candidate if sa > sb else baseline, c) if c in named else None
+        detail = category_detail((candidate if sa > sb else baseline).modules, c) if c in named else None
         if detail:
             s += f"; {detail}" + (f" in {la}" if sa <= sb else "")
         elif c in named:
@@ -345,20 +504,18 @@ def _narrative(baseline, candidate, la, lb, v, per_cat, per_module=()) -> list[s
                     s += f" in {la}"
         lines.append(s + ".")
     # where the time went: only categories whose own verdict claims a change (not on noise)
-    gains = [(c, per_cat[c]) for c in named if per_cat[c].get("verdict") == "speedup"]
+    gains = [(c, per_cat[c]) for c in named if per_cat[c].verdict == "speedup"]
     if gains:
-        best = max(gains, key=lambda kv: kv[1]["baseline_ms"] - kv[1]["candidate_ms"])
-        lines.append(f"{best[0]} gained most: {best[1]['baseline_ms']:.3f} -> "
-                     f"{best[1]['candidate_ms']:.3f} ms ({best[1]['speedup']:.2f}x).")
-    losses = [(c, per_cat[c]) for c in named if per_cat[c].get("verdict") == "slowdown"]
+        c, best = max(gains, key=lambda kv: kv[1].baseline_ms - kv[1].candidate_ms)
+        lines.append(f"{c} gained most: {best.baseline_ms:.3f} -> {best.candidate_ms:.3f} ms ({best.speedup:.2f}x).")
+    losses = [(c, per_cat[c]) for c in named if per_cat[c].verdict == "slowdown"]
     if losses:
-        worst = min(losses, key=lambda kv: kv[1]["baseline_ms"] - kv[1]["candidate_ms"])
-        lines.append(f"{worst[0]} got slower: {worst[1]['baseline_ms']:.3f} -> "
-                     f"{worst[1]['candidate_ms']:.3f} ms.")
-    changed = sorted((m for m in per_module if m.get("verdict") in ("speedup", "slowdown")),
-                     key=lambda m: -abs(m["baseline_ms"] - m["candidate_ms"]))
+        c, worst = min(losses, key=lambda kv: kv[1].baseline_ms - kv[1].candidate_ms)
+        lines.append(f"{c} got slower: {worst.baseline_ms:.3f} -> {worst.candidate_ms:.3f} ms.")
+    changed = sorted((m for m in per_module if m.verdict in ("speedup", "slowdown")),
+                     key=lambda m: -abs(m.baseline_ms - m.candidate_ms))
     lines += [line for m in changed[:3] if (line := module_verdict_line(m, (la, lb)))]
-    port = [o for o in candidate.get("portable_ops", [])]
+    port = candidate.portable_ops
     if port:
         lines.append(f"{len(port)} portable (non-delegated) op type(s) in {lb}: "
                      + ", ".join(port[:5]) + ".")
@@ -368,34 +525,28 @@ def _narrative(baseline, candidate, la, lb, v, per_cat, per_module=()) -> list[s
 EMULATED = "emulated"  # the verdict of a comparison whose runs an emulator executed: no speed claim
 
 
-def _coverage(report: dict) -> dict | None:
+def _coverage(view: _View) -> dict | None:
     """One arm's SME2 coverage (analysis/kernel_paths via analyze()): share of Convolution + GEMM
     time in SME2 kernels, both times; None for a report made before kernel paths existed."""
-    cov = ((report or {}).get("kernel_paths") or {}).get("coverage")
-    if not cov:
-        return None
-    return {"share": cov.get("share"), "sme2_ms": cov.get("sme2_ms"), "conv_gemm_ms": cov.get("conv_gemm_ms"),
-            "unknown_ms": cov.get("unknown_ms") or 0.0}
+    return view.coverage.to_dict() if view.coverage else None
 
 
-def _kernels_line(label: str, report: dict) -> str:
+def _kernels_line(label: str, view: _View) -> str:
     """What one emulated arm executed, in words: the SME2 share of its Convolution/GEMM operators
     (from the XNNPACK operator names) and, from a trace-mode kernel log, its microkernels."""
-    cov = ((report.get("kernel_paths") or {}).get("coverage")) or {}
-    if cov.get("unknown_ms"):
-        parts = [f"{label} ran {_pct(cov['unknown_ms'] / cov['conv_gemm_ms'])} of its Convolution/GEMM operator time in "
+    cov = view.coverage
+    if cov and cov.unknown_ms:
+        parts = [f"{label} ran {_pct(cov.unknown_ms / cov.conv_gemm_ms)} of its Convolution/GEMM operator time in "
                  "packed-LHS (SME/SME2) kernels"]
-    elif cov.get("share") is None:
+    elif cov is None or cov.share is None:
         parts = [f"{label} ran no Convolution/GEMM operator" if cov else f"{label}: kernel paths not recorded"]
     else:
-        parts = [f"{label} ran {_pct(cov['share'])} of its Convolution/GEMM operator time in SME2 kernels"]
-        off = [o["name"] for o in cov.get("off_sme2") or []]
-        if off and cov["share"] > 0:
+        parts = [f"{label} ran {_pct(cov.share)} of its Convolution/GEMM operator time in SME2 kernels"]
+        off = cov.off_sme2
+        if off and cov.share > 0:
             parts.append("off SME2: " + ", ".join(off[:3]) + (" ..." if len(off) > 3 else ""))
-    kernels = report.get("kernels") or {}
-    if kernels.get("status") == "ok":
-        counts = kernels.get("isa_counts") or {}
-        named = ", ".join(f"{n} {isa}" for isa, n in counts.items() if n)
+    if view.kernels_ok:
+        named = ", ".join(f"{n} {isa}" for isa, n in view.isa_counts.items() if n)
         parts.append(f"microkernels executed: {named or 'none'}")
     return "; ".join(parts)
 
@@ -408,9 +559,10 @@ def compare_emulated(baseline, candidate, *, emulator: str,
     establishes is said instead: both arms ran (iterations per arm), the kernel path each arm
     took (SME2 coverage, microkernels when traced). The caller adds the outputs' numerics."""
     la, lb = labels
-    b_view, b_s = _arm(baseline)
-    c_view, c_s = _arm(candidate)
-    n = [sum(len(s) for s in b_s["e2e"]), sum(len(s) for s in c_s["e2e"])]
+    baseline, candidate = _plain(baseline), _plain(candidate)
+    b_arm, c_arm = _arm(baseline), _arm(candidate)
+    b_view, c_view = b_arm.view, c_arm.view
+    n = [sum(len(s) for s in b_arm.sessions.e2e), sum(len(s) for s in c_arm.sessions.e2e)]
     sentence = (f"Emulated by {emulator}: {la} and {lb} both ran ({n[0]} and {n[1]} iterations). Timings under "
                 "emulation measure the emulator, not a CPU: no speed verdict.")
     return {
@@ -421,12 +573,13 @@ def compare_emulated(baseline, candidate, *, emulator: str,
         "speedup": None, "ci_low": None, "ci_high": None, "significant": False,
         "baseline_median_ms": None, "candidate_median_ms": None,
         "n": n,
-        "sessions": [len(b_s["e2e"]), len(c_s["e2e"])],
+        "sessions": [len(b_arm.sessions.e2e), len(c_arm.sessions.e2e)],
         "sentence": sentence,
         "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
         "categories": {}, "operators": {},
         "narrative": [sentence, _kernels_line(la, b_view) + ".", _kernels_line(lb, c_view) + "."]
-        + [line + "." for label, view in ((la, b_view), (lb, c_view)) if (line := kernel_paths_line(label, view))],
+        + [line + "." for label, view in ((la, b_view), (lb, c_view))
+           if (line := kernel_paths_line(label, view.modules))],
         "modules_note": _modules_note(b_view, c_view),
         "memory": runs_compared(baseline, candidate, labels=(la, lb), emulator=emulator),
     }
