@@ -16,8 +16,10 @@ cannot use refuses the whole import: nothing is stored.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -38,12 +40,43 @@ from sme2farm.server.store.models import Experiment, Model, Run, Suite, SuiteExp
 IMPORTED = "imported: measured outside the farm"
 
 
-def import_note(farm: dict | None) -> str:
+@dataclass(frozen=True)
+class FarmSource:
+    """The farm experiment a farm's own export came from (manifest `farm`)."""
+
+    experiment: int
+    server: str
+
+
+@dataclass(frozen=True)
+class ImportedResult:
+    """One entry of the manifest's results[]: a run to store."""
+
+    experiment: str  # the kit's experiment name
+    sme2: str
+    threads: int
+    session: int     # the same arm and thread count again: the next session
+    runs: int        # iterations the kit ran
+
+
+@dataclass(frozen=True)
+class ImportManifest:
+    """A kit manifest checked against the parts that came with it (read_manifest)."""
+
+    name: str                      # the model's file name, plain characters only ('' when unnamed)
+    device: DeviceInfo
+    results: list[ImportedResult]
+    executorch: dict[str, str | bool]  # sha, version, dirty as the kit wrote them
+    generated_at: str | None
+    farm: FarmSource | None
+
+
+def import_note(farm: FarmSource | None) -> str:
     """What the import says of its runs: measured outside the farm, or, for a farm's own export
     (`sme2-client artifacts E<id> --kit`, whose manifest names `farm`), exported from that experiment."""
-    if not farm:
+    if farm is None:
         return IMPORTED
-    return f"imported: exported from farm experiment {farm['experiment']}" + (f" ({farm['server']})" if farm["server"] else "")
+    return f"imported: exported from farm experiment {farm.experiment}" + (f" ({farm.server})" if farm.server else "")
 RUNNER_PLATFORMS = {"macos": "macos-arm64", "android": "android-arm64-v9a", "linux": "linux-arm64"}
 _ARM = re.compile(r"sme2[_-](on|off)(?![a-z])", re.I)  # the kit's generate_report.py reads "sme2_on" / "sme2-on"
 _PLAIN = re.compile(r"[^A-Za-z0-9._+-]")
@@ -55,7 +88,7 @@ def _text(value: Any, where: str, limit: int) -> str:
     return value.strip()[:limit]
 
 
-def _arm(entry: dict, metrics: dict, where: str) -> str:
+def _arm(name: str, metrics: dict, where: str) -> str:
     """SME2 on or off: the farm's own `metrics.sme2` where present, else the experiment's name as the
     kit spells it (its configs name them <platform>_sme2_on / _sme2_off)."""
     said = metrics.get("sme2")
@@ -63,9 +96,9 @@ def _arm(entry: dict, metrics: dict, where: str) -> str:
         if said not in ("on", "off"):
             raise Invalid(f"{where}.metrics.sme2: {str(said)[:20]!r} is neither 'on' nor 'off'")
         return said
-    found = {m.lower() for m in _ARM.findall(entry["experiment"])}
+    found = {m.lower() for m in _ARM.findall(name)}
     if len(found) != 1:
-        raise Invalid(f"{where}.experiment: {entry['experiment'][:80]!r} does not say SME2 on or off (the kit's "
+        raise Invalid(f"{where}.experiment: {name[:80]!r} does not say SME2 on or off (the kit's "
                       "experiment names contain sme2_on or sme2_off; or give metrics.sme2)")
     return found.pop()
 
@@ -77,10 +110,9 @@ def _threads(metrics: dict, where: str) -> int:
     return t
 
 
-def read_manifest(data: Any, *, traces: set[int], logs: set[int]) -> dict:
-    """The manifest checked against the parts that came with it: {name, device (DeviceInfo),
-    executorch, results: [{experiment, sme2, threads, session}]}. Every problem is an Invalid
-    naming the field."""
+def read_manifest(data: Any, *, traces: set[int], logs: set[int]) -> ImportManifest:
+    """The manifest (parsed JSON) checked against the parts that came with it, read once into an
+    ImportManifest. Every problem is an Invalid naming the field."""
     if not isinstance(data, dict):
         raise Invalid("manifest: must be a JSON object (the kit's manifest.json)")
     results = data.get("results")
@@ -105,7 +137,7 @@ def read_manifest(data: Any, *, traces: set[int], logs: set[int]) -> dict:
             raise Invalid(f"{where}: must be an object with 'experiment' and 'metrics' (the kit's keys)")
         name = _text(entry.get("experiment"), f"{where}.experiment", 200)
         metrics = entry["metrics"]
-        arm, threads = _arm({"experiment": name}, metrics, where), _threads(metrics, where)
+        arm, threads = _arm(name, metrics, where), _threads(metrics, where)
         if i not in traces:
             raise Invalid(f"{where} ({name}): no 'etdump.{i}' part came with it: every run's trace is needed")
         if arm == "on" and not device.sme2:
@@ -117,22 +149,23 @@ def read_manifest(data: Any, *, traces: set[int], logs: set[int]) -> dict:
         runs = runs if isinstance(runs, int) and not isinstance(runs, bool) and 1 <= runs <= 100_000 else 1
         session = seen.get((arm, threads), 0)  # the same arm and thread count again: another session
         seen[(arm, threads)] = session + 1
-        out.append({"experiment": name, "sme2": arm, "threads": threads, "session": session, "runs": runs})
+        out.append(ImportedResult(experiment=name, sme2=arm, threads=threads, session=session, runs=runs))
     extra = sorted(i for i in traces | logs if i >= len(results))
     if extra:
         raise Invalid(f"part 'etdump.{extra[0]}' or 'log.{extra[0]}' has no manifest.results[{extra[0]}] "
                       f"(the manifest lists {len(results)} run(s))")
-    et = data.get("executorch") if isinstance(data.get("executorch"), dict) else {}
+    et = data.get("executorch")
+    et = et if isinstance(et, dict) else {}
     model = data.get("model")
     name = _PLAIN.sub("_", PurePosixPath(str(model).replace("\\", "/")).name)[:120] if isinstance(model, str) else ""
-    return {"name": name, "device": device, "results": out,
-            "executorch": {k: str(et[k])[:128] for k in ("sha", "version") if et.get(k) is not None}
-            | ({"dirty": bool(et["dirty"])} if "dirty" in et else {}),
-            "generated_at": str(data.get("generated_at"))[:64] if data.get("generated_at") else None,
-            "farm": _farm(data.get("farm"))}
+    generated_at = data.get("generated_at")
+    return ImportManifest(name=name, device=device, results=out,
+                          executorch={k: str(et[k])[:128] for k in ("sha", "version") if et.get(k) is not None}
+                          | ({"dirty": bool(et["dirty"])} if "dirty" in et else {}),
+                          generated_at=str(generated_at)[:64] if generated_at else None, farm=_farm(data.get("farm")))
 
 
-def _farm(raw: Any) -> dict | None:
+def _farm(raw: Any) -> FarmSource | None:
     """The farm experiment a farm's own export came from (manifest `farm`), or None for a kit's run."""
     if not isinstance(raw, dict):
         return None
@@ -140,7 +173,7 @@ def _farm(raw: Any) -> dict | None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         return None
     server = raw.get("server")
-    return {"experiment": n, "server": server[:200] if isinstance(server, str) else ""}
+    return FarmSource(experiment=n, server=server[:200] if isinstance(server, str) else "")
 
 
 def trace_digests(traces: dict[int, Path]) -> list[str]:
@@ -167,14 +200,14 @@ def check_not_imported(session: Session, *, digests: list[str]) -> None:
                                 f"{sorted(held & wanted)[0][:12]}…): this run directory was imported before")
 
 
-def check_traces(manifest: dict, traces: dict[int, Path]) -> None:
+def check_traces(manifest: ImportManifest, traces: dict[int, Path]) -> None:
     """Each trace is an ETDump the farm can read, before anything is stored: a placeholder or a
     truncated file is refused here in one sentence naming the run."""
-    for i, r in enumerate(manifest["results"]):
+    for i, r in enumerate(manifest.results):
         try:
             analysis.read_etdump(traces[i].read_bytes())
         except EtdumpError as e:
-            raise Invalid(f"manifest.results[{i}] ({r['experiment']}): its trace is not a usable ETDump: {e}") from None
+            raise Invalid(f"manifest.results[{i}] ({r.experiment}): its trace is not a usable ETDump: {e}") from None
 
 
 def _suite_run(session: Session, *, name: str, model_sha256: str) -> tuple[SuiteRun, str, str]:
@@ -193,21 +226,20 @@ def _suite_run(session: Session, *, name: str, model_sha256: str) -> tuple[Suite
     return srun, suite.name, held.get("name") or ""
 
 
-def store_import(session: Session, *, manifest: dict, upload, store, owner_id: int | None = None) -> Experiment:
+def store_import(session: Session, *, manifest: ImportManifest, upload, store, owner_id: int | None = None) -> Experiment:
     """Store a checked import (read_manifest, check_traces, a validated program in `upload`): the
     model, the experiment marked imported, its runs ingested as every run is. An Invalid if a run's
     trace cannot become results (nothing is left behind: the rows roll back with the caller's
     transaction, and the run files written here are removed)."""
-    device: DeviceInfo = manifest["device"]
-    results = manifest["results"]
-    note = import_note(manifest.get("farm"))
-    source = "farm experiment export" if manifest.get("farm") else "kit run directory"
-    arms = sorted({r["sme2"] for r in results})
-    et = manifest["executorch"]
+    device, results, farm = manifest.device, manifest.results, manifest.farm
+    note = import_note(farm)
+    source = "farm experiment export" if farm else "kit run directory"
+    arms = sorted({r.sme2 for r in results})
+    et = manifest.executorch
     spec = ExperimentSpec(
-        sme2="both" if len(arms) == 2 else arms[0], threads=sorted({r["threads"] for r in results}),
-        sessions=min(20, max(r["session"] for r in results) + 1), iterations=max(r["runs"] for r in results), warmup=0,
-        name=f"imported {manifest['name'] or 'kit run'}"[:200], labels={"imported": "kit run directory"})
+        sme2="both" if len(arms) == 2 else arms[0], threads=sorted({r.threads for r in results}),
+        sessions=min(20, max(r.session for r in results) + 1), iterations=max(r.runs for r in results), warmup=0,
+        name=f"imported {manifest.name or 'kit run'}"[:200], labels={"imported": "kit run directory"})
     model = session.get(Model, upload.sha256)
     if model is None:
         model = Model(sha256=upload.sha256, size=upload.size, memory=upload.memory)
@@ -225,23 +257,24 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
     platform = device.runner_platform or RUNNER_PLATFORMS[device.platform]
     exp = Experiment(name=spec.name, model_sha256=model.sha256, spec=spec.model_dump(mode="json"), labels=spec.labels,
                      owner_id=owner_id, etrecord_sha256=upload.etrecord_sha256 or None, warnings=[f"{note} (a {source}): the farm analysed its traces "
-                                                  + (f"again; they are the runs of experiment {manifest['farm']['experiment']}"
-                                                     if manifest.get("farm") else "but did not run them")
+                                                  + (f"again; they are the runs of experiment {farm.experiment}"
+                                                     if farm else "but did not run them")
                                                   + f"; device {device.serial} as the manifest says"],
-                     imported={"note": note, "source": source, "model": manifest["name"], "farm": manifest.get("farm"),
+                     imported={"note": note, "source": source, "model": manifest.name,
+                               "farm": dataclasses.asdict(farm) if farm else None,
                                "trace_sha256": digests,
-                               "generated_at": manifest["generated_at"], "executorch": et,
-                               "device": device.serial, "experiments": [r["experiment"] for r in results],
+                               "generated_at": manifest.generated_at, "executorch": et,
+                               "device": device.serial, "experiments": [r.experiment for r in results],
                                "suite": suite_name or None})
     session.add(exp)
     session.flush()
     if srun is not None:
         session.add(SuiteExperiment(experiment_id=exp.id, suite_run_id=srun.id, model_sha256=model.sha256,
                                     model_name=suite_model))
-    rows = [dict(experiment_id=exp.id, device_id=None, sme2=r["sme2"], threads=r["threads"], mode="timing",
-                 session=r["session"], sequence=i, variant="A", status=RunStatus.analyzing.value,
+    rows = [dict(experiment_id=exp.id, device_id=None, sme2=r.sme2, threads=r.threads, mode="timing",
+                 session=r.session, sequence=i, variant="A", status=RunStatus.analyzing.value,
                  reason="", attempt=1, device_snapshot=snapshot,
-                 runner={"id": f"imported {r['experiment']}"[:256], "platform": platform, "sme2": r["sme2"],
+                 runner={"id": f"imported {r.experiment}"[:256], "platform": platform, "sme2": r.sme2,
                          "flavour": "timing", "executorch_version": et.get("version", ""),
                          "executorch_commit": et.get("sha", ""), "origin": "imported"})
             for i, r in enumerate(results)]
@@ -264,7 +297,7 @@ def store_import(session: Session, *, manifest: dict, upload, store, owner_id: i
             status = run_service.ingest(session, run_id=run_id, ingester=ingester, store=store, complete=False)
             if status != RunStatus.succeeded:
                 reason = session.scalar(select(Run.reason).where(Run.id == run_id))
-                raise Invalid(f"manifest.results[{i}] ({results[i]['experiment']}): {reason}")
+                raise Invalid(f"manifest.results[{i}] ({results[i].experiment}): {reason}")
         run_service.complete(session, experiment_ids=[exp.id], store=store)
     except BaseException:
         for run_id in ids:  # the rows roll back with the caller's transaction; the files go here
