@@ -93,8 +93,8 @@ def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float, lease
     assignments. `ack`: the leases of the runs the agent's previous claim answer handed it, which
     it now holds: those runs move to running (run_service.hand_over: the claim's acknowledgement is the start; a run
     whose answer was lost is not acknowledged and is handed again after REDELIVER_S). Looking costs
-    one indexed SELECT; the agent's last_seen is written at most every SEEN_EVERY_S (it was an
-    UPDATE on every look, 20 times a second per waiting agent)."""
+    one indexed SELECT; the agent's last_seen is written at most every SEEN_EVERY_S, not at
+    every look."""
     with tx() as session:
         device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=offline_s)
         if ack:

@@ -22,8 +22,8 @@ from sme2farm.server.store.models import Run, as_utc, utcnow
 log = logging.getLogger(__name__)
 INGEST_SILENT_BEATS = 3  # heartbeats an ingest may miss before its worker is taken for dead
 # Runs one ingest task takes: the one it was sent for and the runs waiting whose ingest has not
-# begun, analysed one by one and stored in one transaction (bench/scale.py: per-run transactions
-# serialised the worker on each experiment's row lock, taken as each run ended).
+# begun, analysed one by one and stored in one transaction: per-run transactions would serialise
+# the worker on each experiment's row lock, taken as each run ends (figures: docs/benchmarks.md).
 INGEST_BATCH = 32
 
 

@@ -112,8 +112,8 @@ def move_where(session: Session, frm: RunStatus, to: RunStatus, *criteria: Any, 
 
 def end(session: Session, *, run: Run, status: RunStatus, reason: str | None, device_lost: bool = False) -> None:
     """End a run without completing comparisons (its caller does that once per experiment, with
-    `complete`). reason None keeps the current one; a success passes "" (a requeued run that then
-    succeeded kept "requeued after attempt 1: ..." as if something were still wrong)."""
+    `complete`). reason None keeps the current one; a success passes "", so a requeued run that
+    then succeeds does not keep "requeued after attempt 1: ..." as if something were still wrong."""
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status")
     values: dict[str, Any] = {"finished_at": utcnow(), "lease_expires_at": None, "ingest_deadline_at": None}
