@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sme2farm.analysis import (EtdumpError, NoiseModel, analyze, compare, compare_emulated, numerics, to_csv,
@@ -116,6 +116,15 @@ def _what_else(data: bytes) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class _NumericsSaid:
+    """What the text reads of numerics.compare()'s answer (its JSON is what --json prints)."""
+
+    status: str = ""
+    sentence: str = ""
+    outputs: list = field(default_factory=list)
+
+
 def run_outputs(args: argparse.Namespace) -> int:
     if args.trace is not None or args.compare is not None:
         print("error: --outputs compares two outputs files; give no trace (and no --compare) with it", file=sys.stderr)
@@ -137,17 +146,18 @@ def run_outputs(args: argparse.Namespace) -> int:
             return 2
     labels = tuple(args.labels) if args.labels else tuple(Path(p).name for p in args.outputs)
     result = numerics.compare(sides[0], sides[1], labels)
+    said = known(_NumericsSaid, result)
     # 0: compared; 1: the two files cannot be compared (different outputs), as a script needs to know
-    code = 0 if result["status"] == "compared" else 1
+    code = 0 if said.status == "compared" else 1
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
         return code
-    print(result["sentence"])
-    for o in result["outputs"]:
-        snr = "identical" if o["identical"] else ("n/a" if o["snr_db"] is None else f"{o['snr_db']:.1f} dB")
-        rel = "n/a" if o["max_rel"] is None else f"{o['max_rel']:.3g}"
-        print(f"  output {o['index']}: {o['dtype']} {o['shape']}  max abs {o['max_abs']:.3g}  max rel {rel}  "
-              f"SNR {snr}  {'within' if o['within_tolerance'] else 'BEYOND'} {o['tolerance']['describe']}")
+    print(said.sentence)
+    for o in map(numerics.OutputDiff.from_dict, said.outputs):
+        snr = "identical" if o.identical else ("n/a" if o.snr_db is None else f"{o.snr_db:.1f} dB")
+        rel = "n/a" if o.max_rel is None else f"{o.max_rel:.3g}"
+        print(f"  output {o.index}: {o.dtype} {o.shape}  max abs {o.max_abs:.3g}  max rel {rel}  "
+              f"SNR {snr}  {'within' if o.within_tolerance else 'BEYOND'} {o.tolerance.describe}")
     return code
 
 
