@@ -306,7 +306,7 @@ def run_example(driver: Driver, info: DeviceInfo, build: RunnerBuild, catalog: C
                          failure=_run_failure(info, build, result)), None, None
         try:
             report = analysis.analyze((workdir / ETDUMP_NAME).read_bytes(), skip_first=job.warmup_in_trace,
-                                      sme2=arm == "on" and info.sme2, arch=analysis.arch_of(build.platform))
+                                      sme2=arm == "on" and info.sme2, arch=analysis.arch_of(build.platform)).to_dict()
         except (analysis.EtdumpError, OSError, ValueError) as e:
             return Check(name, FAILED, f"the ETDump is unreadable: {e}", evidence=evidence, failure=(
                 f"runner {build.id} wrote an ETDump the farm cannot read on {info.serial} ({e}): rebuild it with "

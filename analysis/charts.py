@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 
 import numpy as np
 
 from .categories import CATEGORIES
+from .types import Section
 
 FONT = "system-ui, -apple-system, Segoe UI, Roboto, sans-serif"
 INK, MUTED, GRID, BG = "#1d2330", "#6a7282", "#e2e5ea", "#ffffff"
@@ -39,6 +41,75 @@ ARM_COLOURS = ("#4e79a7", "#8a5cd0", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
 VERDICT_COLOURS = {"speedup": "#1f8a4c", "slowdown": "#b4232c", "no significant difference": "#6a7282",
                    "insufficient data": "#8a5a00"}
 CHANGE_COLOURS = {"regression": "#b4232c", "improvement": "#1f8a4c"}
+
+
+# --- what the charts draw: read once from the JSON the callers pass (extra keys ignored) ----
+
+@dataclass(kw_only=True)
+class ForestRow(Section):
+    """One forest_plot row: a comparison's ratio baseline/candidate and its interval."""
+
+    label: str = ""
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str | None = None
+    sentence: str | None = None
+    note: str | None = None
+    emulated: bool | None = None
+
+
+@dataclass(kw_only=True)
+class LinePoint(Section):
+    """One line_chart point (a SeriesPoint's JSON): its median and spread."""
+
+    median_ms: float | None = None
+    low_ms: float | None = None
+    high_ms: float | None = None
+    at: str | None = None
+    experiment_id: int | None = None
+
+
+@dataclass(kw_only=True)
+class LineChange(Section):
+    """One line_chart change mark (a SeriesChange's JSON)."""
+
+    point_index: int | None = None
+    direction: str | None = None
+    status: str | None = None
+    ratio: float | None = None
+    experiment_id: int | None = None
+    baseline_experiment_id: int | None = None
+
+
+@dataclass(kw_only=True)
+class Estimate(Section):
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+
+@dataclass(kw_only=True)
+class ThreadsPoint(Section):
+    """One scaling_chart point: a thread count's speedup (analysis.scaling's view)."""
+
+    threads: int
+    speedup: Estimate | None = None
+    efficiency: Estimate | None = None
+    median_ms: float | None = None
+
+
+@dataclass(kw_only=True)
+class ScalingSeries(Section):
+    """One scaling_chart series (an arm of analysis.scaling's view, named by the caller)."""
+
+    name: str | None = None
+    base_threads: int | None = None
+    enough_threads: int | None = None
+    points: list[ThreadsPoint] | None = None
+    device: str | None = None
+    core_mask: str | None = None
+    sme2: str | None = None
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -172,20 +243,20 @@ def _wrap(s, max_px: float, *, size: float = 12, bold: bool = False, lines: int 
     return out or [""]
 
 
-def _label(x: float, y: float, s, max_px: float, *, lines: int = 1, line_h: float | None = None, **kw) -> str:
+def _label(x: float, y: float, s, max_px: float, *, lines: int = 1, line_h: float | None = None,
+           size: int | None = None, weight: str | None = None, **kw) -> str:
     """A label of at most `lines` lines of max_px from y down (one <tspan> a line): wrapped at
     spaces, the rest cut with "…"; a cut label keeps its full text in a <title> (hover) and in
     data-full (for a reader or a test)."""
-    size, bold = kw.get("size") or 12, bool(kw.get("weight"))
-    shown = _wrap(s, max_px, size=size, bold=bold, lines=lines)
+    shown = _wrap(s, max_px, size=size or 12, bold=bool(weight), lines=lines)
     cut = " ".join(shown) != " ".join(str(s).split())
     if len(shown) == 1:
-        el = _text(x, y, shown[0], **kw)
+        el = _text(x, y, shown[0], size=size, weight=weight, **kw)
     else:
-        step = line_h or size + 3
+        step = line_h or (size or 12) + 3
         spans = "".join(f'<tspan x="{_coord(x)}" y="{_coord(y + i * step)}">{_esc(line)}</tspan>'
                         for i, line in enumerate(shown))
-        el = _text(x, y, "", **kw).replace("></text>", f">{spans}</text>")
+        el = _text(x, y, "", size=size, weight=weight, **kw).replace("></text>", f">{spans}</text>")
     if not cut:
         return el
     return el.replace("<text ", f'<text data-full="{_esc(s)}" ', 1).replace("</text>", f"<title>{_esc(s)}</title></text>")
@@ -517,7 +588,7 @@ def category_bars(arms: Sequence[tuple[str, Mapping[str, float]]], *, title: str
 
 # --- verdict forest plot -------------------------------------------------------------------
 
-def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
+def forest_plot(rows: Sequence[Mapping | ForestRow], *, min_effect: float | None = None,
                 title: str = "Verdicts: ratio and 95% interval", width: int = 720,
                 empty: str = "no comparisons") -> str:
     """One row per comparison: ``{"label", "ratio" (baseline/candidate, > 1: candidate faster),
@@ -525,29 +596,29 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
     and the minimum-effect band [1/(1+m), 1+m] shaded. A row without an interval shows its point
     only; one without a ratio says its ``note`` (default "no ratio") and its verdict in words (an
     emulated comparison: "no speed verdict"). Without any ratio no axis is drawn."""
-    rows = list(rows)
+    rows = [ForestRow.from_dict(r) for r in rows]
     if not rows:  # nothing to read a ratio from: only say why
         height = 46 + 30 + 34
         return _empty(_open(width, height, title, f"{empty}.", "verdicts"), width, height, empty)
-    label_w = min(int(width * 0.34), max([80] + [int(text_px(r.get("label", ""), bold=True)) + 24 for r in rows]))
-    axis = any((_num(r.get("ratio")) or 0) > 0 for r in rows)
+    label_w = min(int(width * 0.34), max([80] + [int(text_px(r.label, bold=True)) + 24 for r in rows]))
+    axis = any((_num(r.ratio) or 0) > 0 for r in rows)
     x0 = label_w
     x1 = width - 320 if axis else x0   # no ratio to place: the words right beside the labels
-    lines = max(line_count(r.get("label", ""), x0 - 16, bold=True) for r in rows)
+    lines = max(line_count(r.label, x0 - 16, bold=True) for r in rows)
     row_h, line_h = (30, 13) if lines == 1 else (36, 13)
     band = None
     if min_effect is not None and _num(min_effect) is not None and 0 < min_effect < 1:
         band = (1.0 / (1.0 + min_effect), 1.0 + min_effect)
     vals = [1.0] + (list(band) if band else [])
     for r in rows:
-        vals += [v for v in (_num(r.get("ratio")), _num(r.get("ci_low")), _num(r.get("ci_high"))) if v and v > 0]
+        vals += [v for v in (_num(r.ratio), _num(r.ci_low), _num(r.ci_high)) if v and v > 0]
     top = 40
     bottom = top + len(rows) * row_h
     height = bottom + (40 if axis else 6)
-    desc = "; ".join(f"{r.get('label')}: " + (f"ratio {fmt(_num(r.get('ratio')))} [{fmt(_num(r.get('ci_low')))}, "
-                                              f"{fmt(_num(r.get('ci_high')))}] " if (_num(r.get("ratio")) or 0) > 0
-                                              else f"{r.get('note') or 'no ratio'}, ")
-                     + str(r.get("verdict") or "") for r in rows)
+    desc = "; ".join(f"{r.label}: " + (f"ratio {fmt(_num(r.ratio))} [{fmt(_num(r.ci_low))}, "
+                                       f"{fmt(_num(r.ci_high))}] " if (_num(r.ratio) or 0) > 0
+                                       else f"{r.note or 'no ratio'}, ")
+                     + str(r.verdict or "") for r in rows)
     parts = _open(width, height, title, ("Forest plot of ratios baseline/candidate (above 1: the candidate is faster)"
                                          + (f", minimum effect {100 * min_effect:g}% shaded" if band and axis else "")
                                          if axis else "Comparisons without a ratio") + f". {desc}.", "verdicts")
@@ -578,11 +649,11 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
                             2 * min((x0 + x1) / 2, width - (x0 + x1) / 2) - 8, anchor="middle", size=11, fill=MUTED))
     for i, r in enumerate(rows):
         y = top + row_h * (i + 0.5)
-        label, verdict = str(r.get("label", "")), str(r.get("verdict") or "")
-        ratio, lo_v, hi_v = _num(r.get("ratio")), _num(r.get("ci_low")), _num(r.get("ci_high"))
+        label, verdict = str(r.label), str(r.verdict or "")
+        ratio, lo_v, hi_v = _num(r.ratio), _num(r.ci_low), _num(r.ci_high)
         colour = VERDICT_COLOURS.get(verdict, MUTED)
-        tip = r.get("sentence") or f"{label}: {verdict}"
-        emulated = ' data-emulated="yes"' if r.get("emulated") else ""
+        tip = r.sentence or f"{label}: {verdict}"
+        emulated = ' data-emulated="yes"' if r.emulated else ""
         parts.append(f'<g class="row" data-label="{_esc(label)}" data-verdict="{_esc(verdict)}"{emulated}>'
                      f"<title>{_esc(tip)}</title>")
         n = line_count(label, x0 - 16, bold=True)
@@ -602,7 +673,7 @@ def forest_plot(rows: Sequence[Mapping], *, min_effect: float | None = None,
                          f'fill="{colour}"/>')
             parts.append(_label(x1 + 10, y + 4, f"{ratio:.3f} {ci}", 134, size=11))
         else:
-            parts.append(_label(x1 + 10, y + 4, r.get("note") or "no ratio", 134, fill=MUTED, size=11, cls="note"))
+            parts.append(_label(x1 + 10, y + 4, r.note or "no ratio", 134, fill=MUTED, size=11, cls="note"))
         parts.append(_label(x1 + 148, y + 4, verdict or "—", width - x1 - 154, size=11, fill=colour, weight="600"))
         parts.append("</g>")
     return _close(parts)
@@ -615,7 +686,7 @@ def _date(at) -> str:
     return s[:10] if len(s) >= 10 and s[4:5] == "-" else s[:16]
 
 
-def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), title: str = "Latency over time",
+def line_chart(points: Sequence[Mapping | LinePoint], *, changes: Sequence[Mapping | LineChange] = (), title: str = "Latency over time",
                y_label: str = "median ms", spread: str = "", width: int = 720, height: int = 280) -> str:
     """A series, one point per experiment/night in order: ``points`` as in GET /suites/{name}/series
     (``median_ms``, ``low_ms``, ``high_ms``, ``at``, ``experiment_id``); the low..high spread is a
@@ -623,14 +694,15 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
     ``{"point_index", "direction": "regression"|"improvement", "status", "ratio"}`` drawn as a
     vertical mark at that point (dashed while a candidate, grey once acknowledged). Points with
     no finite median leave a gap."""
+    changes = [LineChange.from_dict(c) for c in changes]
     pts = []
-    for i, p in enumerate(points):
-        med = _num(p.get("median_ms"))
-        low, high = _num(p.get("low_ms")), _num(p.get("high_ms"))
+    for i, p in enumerate(LinePoint.from_dict(p) for p in points):
+        med = _num(p.median_ms)
+        low, high = _num(p.low_ms), _num(p.high_ms)
         pts.append((i, med, low if low is not None and med is not None and low <= med else None,
                     high if high is not None and med is not None and high >= med else None, p))
     valid = [q for q in pts if q[1] is not None]
-    desc = (f"{len(valid)} point(s)" + (f" from {_date(valid[0][4].get('at'))} to {_date(valid[-1][4].get('at'))}" if valid else "")
+    desc = (f"{len(valid)} point(s)" + (f" from {_date(valid[0][4].at)} to {_date(valid[-1][4].at)}" if valid else "")
             + (f"; spread: {spread}" if spread else "") + f"; {len(changes)} change(s) marked")
     parts = _open(width, height, title, f"Line chart of {y_label}. {desc}.", "series")
     if not valid:
@@ -673,15 +745,15 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
                          f'fill-opacity="0.15" stroke="none"/>')
     # change marks under the line
     for c in changes:
-        idx = c.get("point_index")
+        idx = c.point_index
         if not isinstance(idx, int) or not 0 <= idx < n:
             continue
-        direction, status = str(c.get("direction") or ""), str(c.get("status") or "")
+        direction, status = str(c.direction or ""), str(c.status or "")
         colour = MUTED if status == "acknowledged" else CHANGE_COLOURS.get(direction, MUTED)
         x = x_of(idx)
-        ratio = _num(c.get("ratio"))
+        ratio = _num(c.ratio)
         tip = f"{direction} ({status})" + (f", ratio {ratio:.3f}" if ratio is not None else "") + \
-              (f", experiment {c.get('experiment_id')} vs {c.get('baseline_experiment_id')}" if c.get("experiment_id") else "")
+              (f", experiment {c.experiment_id} vs {c.baseline_experiment_id}" if c.experiment_id else "")
         parts.append(f'<g class="change" data-direction="{_esc(direction)}" data-status="{_esc(status)}" '
                      f'data-point-index="{idx}"><title>{_esc(tip)}</title>'
                      f'<line x1="{_coord(x)}" y1="{top}" x2="{_coord(x)}" y2="{bottom}" stroke="{colour}" stroke-width="2"'
@@ -703,8 +775,8 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
         if med is None:
             continue
         x = x_of(i)
-        tip = (f"{_date(p.get('at'))}: median {fmt(med)}" + (f" ({fmt(low)}..{fmt(high)})" if low is not None and high is not None else "")
-               + (f", experiment {p.get('experiment_id')}" if p.get("experiment_id") is not None else ""))
+        tip = (f"{_date(p.at)}: median {fmt(med)}" + (f" ({fmt(low)}..{fmt(high)})" if low is not None and high is not None else "")
+               + (f", experiment {p.experiment_id}" if p.experiment_id is not None else ""))
         parts.append(f'<g class="point" data-index="{i}"><title>{_esc(tip)}</title>')
         if low is not None and high is not None:
             parts.append(f'<line class="whisker" x1="{_coord(x)}" y1="{_coord(y_of(clip(low)))}" x2="{_coord(x)}" y2="{_coord(y_of(clip(high)))}" '
@@ -729,11 +801,11 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
     shown = list(range(0, n, step))
     if shown[-1] != n - 1:  # the last point always labelled, its neighbour dropped if they would touch
         shown[-1 if n - 1 - shown[-1] < step and len(shown) > 1 else len(shown):] = [n - 1]
-    labels = [_date(pts[i][4].get("at")) for i in shown]
+    labels = [_date(pts[i][4].at) for i in shown]
     for cut in ((5, 16), (11, 19)):  # several points a day (manual runs): month-day and time, then seconds
         if len(set(labels)) == len(labels):
             break
-        labels = [str(pts[i][4].get("at") or "")[cut[0]:cut[1]].replace("T", " ") for i in shown]
+        labels = [str(pts[i][4].at or "")[cut[0]:cut[1]].replace("T", " ") for i in shown]
     for i, label in zip(shown, labels):
         parts.append(_text(x_of(i), bottom + 16, label or f"#{i + 1}", anchor="middle", size=11, fill=MUTED))
     return _close(parts)
@@ -741,7 +813,7 @@ def line_chart(points: Sequence[Mapping], *, changes: Sequence[Mapping] = (), ti
 
 # --- thread scaling --------------------------------------------------------------------------
 
-def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against threads", emulated: str | None = None,
+def scaling_chart(arms: Sequence[Mapping | ScalingSeries], *, title: str = "Speedup against threads", emulated: str | None = None,
                   left_out: Sequence[str] = (), width: int = 720, height: int = 300) -> str:
     """Speedup over each arm's fewest threads against the thread count, one series per arm:
     ``arms`` as in analysis.scaling's view (``name``, ``base_threads``, ``enough_threads``,
@@ -753,10 +825,10 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
     taller with them; past eight series the colours repeat, dashed). ``emulated``: what ran them
     all; nothing speed-like is drawn. ``left_out``: lines saying what was not drawn and why (an
     emulated device beside measured ones), under the legend."""
-    drawn = [(a, [p for p in a.get("points") or [] if p.get("speedup") and _num(p["speedup"].get("estimate"))])
-             for a in arms]
+    drawn = [(a, [p for p in a.points or [] if p.speedup is not None and _num(p.speedup.estimate)])
+             for a in (ScalingSeries.from_dict(a) for a in arms)]
     drawn = [(a, pts) for a, pts in drawn if pts]
-    threads = sorted({int(p["threads"]) for _, pts in drawn for p in pts})
+    threads = sorted({int(p.threads) for _, pts in drawn for p in pts})
     desc = f"{len(drawn)} series over thread counts {', '.join(map(str, threads)) or 'none'}; whiskers: 95% interval"
     if left_out:
         desc += "; not drawn: " + "; ".join(map(str, left_out))
@@ -776,10 +848,10 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
     if not drawn:
         notes(height)
         return _empty(parts, width, height, "no succeeded runs to scale yet")
-    base = min(int(a.get("base_threads") or threads[0]) for a, _ in drawn)
+    base = min(int(a.base_threads or threads[0]) for a, _ in drawn)
     ideal = [t / base for t in threads]
-    values = [v for _, pts in drawn for p in pts for v in (_num(p["speedup"].get("ci_low")),
-                                                           _num(p["speedup"].get("ci_high"))) if v is not None]
+    values = [v for _, pts in drawn for p in pts for v in (_num(p.speedup.ci_low), _num(p.speedup.ci_high))
+              if v is not None]
     hi = max(values + [max(ideal)]) * 1.08
     lo = min(values + [1.0]) * 0.92
     ticks = [t for t in nice_ticks(lo, hi) if t > 0]
@@ -801,28 +873,28 @@ def scaling_chart(arms: Sequence[Mapping], *, title: str = "Speedup against thre
     for i, (arm, pts) in enumerate(drawn):
         colour = ARM_COLOURS[i % len(ARM_COLOURS)]
         dash = ("", ' stroke-dasharray="7 3"', ' stroke-dasharray="2 3"')[i // len(ARM_COLOURS) % 3]
-        name = str(arm.get("name") or f"arm {i + 1}")
-        data = "".join(f' data-{key.replace("_", "-")}="{_esc(arm[key])}"' for key in ("device", "core_mask", "sme2")
-                       if arm.get(key) is not None)
+        name = str(arm.name or f"arm {i + 1}")
+        data = "".join(f' data-{key}="{_esc(value)}"' for key, value in
+                       (("device", arm.device), ("core-mask", arm.core_mask), ("sme2", arm.sme2)) if value is not None)
         parts.append(f'<g class="arm" data-arm="{_esc(name)}"{data}>')
-        pts = sorted(pts, key=lambda p: int(p["threads"]))
-        path = " ".join(f"{_coord(x_of(int(p['threads'])))},{_coord(y_of(p['speedup']['estimate']))}" for p in pts)
+        pts = sorted(pts, key=lambda p: int(p.threads))
+        path = " ".join(f"{_coord(x_of(int(p.threads)))},{_coord(y_of(p.speedup.estimate))}" for p in pts)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
         for p in pts:
-            t, sp = int(p["threads"]), p["speedup"]
+            t, sp = int(p.threads), p.speedup
             x = x_of(t) + (i - (len(drawn) - 1) / 2) * step
-            low, high = _num(sp.get("ci_low")), _num(sp.get("ci_high"))
-            eff = (p.get("efficiency") or {}).get("estimate")
-            tip = (f"{name}, {t} threads: {sp['estimate']:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low and high else "")
+            low, high = _num(sp.ci_low), _num(sp.ci_high)
+            eff = p.efficiency.estimate if p.efficiency else None
+            tip = (f"{name}, {t} threads: {sp.estimate:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low and high else "")
                    + (f", efficiency {100 * eff:.0f}%" if _num(eff) is not None else "")
-                   + (f", {fmt(p.get('median_ms'))} ms" if _num(p.get("median_ms")) is not None else ""))
+                   + (f", {fmt(p.median_ms)} ms" if _num(p.median_ms) is not None else ""))
             parts.append(f'<g class="point" data-threads="{t}"><title>{_esc(tip)}</title>')
             if low is not None and high is not None:
                 parts.append(f'<line class="whisker" x1="{_coord(x)}" y1="{_coord(y_of(low))}" x2="{_coord(x)}" '
                              f'y2="{_coord(y_of(high))}" stroke="{colour}" stroke-width="1.4"/>')
-            parts.append(f'<circle cx="{_coord(x)}" cy="{_coord(y_of(sp["estimate"]))}" r="3.5" fill="{colour}"/>')
-            if t == arm.get("enough_threads") and len(pts) > 1:
-                parts.append(f'<circle class="enough" cx="{_coord(x)}" cy="{_coord(y_of(sp["estimate"]))}" r="7.5" '
+            parts.append(f'<circle cx="{_coord(x)}" cy="{_coord(y_of(sp.estimate))}" r="3.5" fill="{colour}"/>')
+            if t == arm.enough_threads and len(pts) > 1:
+                parts.append(f'<circle class="enough" cx="{_coord(x)}" cy="{_coord(y_of(sp.estimate))}" r="7.5" '
                              f'fill="none" stroke="{colour}" stroke-width="1.5"/>')
             parts.append("</g>")
         parts.append("</g>")

@@ -8,8 +8,9 @@ import io
 from .by_module import MODULE_HEADERS, module_heading, module_lines, module_rows
 from .categories import CATEGORIES
 from .types import AnalysisReport, Kernels, as_report
-from .wording import (NUMERICS_HEADERS, comparison_fact_lines, emulated_headline, emulated_run_line, is_emulated,
-                      kernel_path_lines, llm_lines, memory_line, ms_text, narrative_lines, numerics_rows, pct_text)
+from .wording import (NUMERICS_HEADERS, ComparisonFacts, PartCompared, comparison_fact_lines, emulated_headline,
+                      emulated_run_line, facts, is_emulated, kernel_path_lines, labels_of, llm_lines, memory_line,
+                      ms_text, narrative_lines, numerics_rows, pct_text)
 
 
 def _modules_view(r: AnalysisReport) -> dict:
@@ -25,9 +26,10 @@ def _kernels_line(k: Kernels, sme2: str, no_sme2: str, source: str) -> str:
             + (source.format(k.source) if k.source else ""))
 
 
-def to_markdown(report: AnalysisReport | dict, comparison: dict | None = None, depth: int = 2) -> str:
+def to_markdown(report: AnalysisReport | dict, comparison: ComparisonFacts | dict | None = None, depth: int = 2) -> str:
     """One run's report (and optionally its comparison) as Markdown."""
     r = as_report(report)
+    comparison = facts(comparison) if comparison else None
     e = r.e2e_ms
     modules = _modules_view(r)
     out = ["# ExecuTorch profile", ""]
@@ -83,32 +85,34 @@ def to_markdown(report: AnalysisReport | dict, comparison: dict | None = None, d
     else:
         out.append(k.status)
     if comparison:
-        out += ["", f"## Comparison: {comparison['labels'][0]} vs {comparison['labels'][1]}", ""]
+        la, lb = labels_of(comparison)
+        out += ["", f"## Comparison: {la} vs {lb}", ""]
         if is_emulated(comparison):
             out.append(f"**{emulated_headline(comparison)}**")
         else:
-            out.append(f"Speedup (median ratio) **{comparison['speedup']:.3f}** "
-                       f"(95% CI {comparison['ci_low']:.3f}–{comparison['ci_high']:.3f}): {comparison['verdict']}."
-                       if comparison.get("speedup") is not None else "Speedup: not enough data.")
+            out.append(f"Speedup (median ratio) **{comparison.speedup:.3f}** "
+                       f"(95% CI {comparison.ci_low:.3f}–{comparison.ci_high:.3f}): {comparison.verdict}."
+                       if comparison.speedup is not None else "Speedup: not enough data.")
         facts = comparison_fact_lines(comparison)
         if facts:
             out += [""] + [f"- {line}" for line in facts]
         if numerics_rows(comparison):
             out += ["", "| " + " | ".join(NUMERICS_HEADERS) + " |", "|" + "---|" * len(NUMERICS_HEADERS)]
             out += ["| " + " | ".join(row) + " |" for row in numerics_rows(comparison)]
-    if comparison and comparison.get("categories"):
-        out += ["", f"| category | {comparison['labels'][0]} ms | {comparison['labels'][1]} ms | speedup | 95% CI | verdict | share before | share after |",
+    if comparison and comparison.categories:
+        la, lb = labels_of(comparison)
+        out += ["", f"| category | {la} ms | {lb} ms | speedup | 95% CI | verdict | share before | share after |",
                 "|---|---|---|---|---|---|---|---|"]
-        for c, v in comparison["categories"].items():
-            sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}x"
-            out.append(f"| {c} | {ms_text(v['baseline_ms'])} | {ms_text(v['candidate_ms'])} | {sp} | {_ci(v)} | "
-                       f"{v.get('verdict') or '—'} | {pct_text(v['share_before'])} | {pct_text(v['share_after'])} |")
-        if comparison.get("operators"):
-            out += ["", f"| operator | {comparison['labels'][0]} ms | {comparison['labels'][1]} ms | speedup | 95% CI | verdict |",
+        for c, v in comparison.categories.items():
+            sp = "—" if v.speedup is None else f"{v.speedup:.2f}x"
+            out.append(f"| {c} | {ms_text(v.baseline_ms)} | {ms_text(v.candidate_ms)} | {sp} | {_ci(v)} | "
+                       f"{v.verdict or '—'} | {pct_text(v.share_before)} | {pct_text(v.share_after)} |")
+        if comparison.operators:
+            out += ["", f"| operator | {la} ms | {lb} ms | speedup | 95% CI | verdict |",
                     "|---|---|---|---|---|---|"]
-            for name, v in comparison["operators"].items():
-                sp = "—" if v["speedup"] is None else f"{v['speedup']:.2f}x"
-                out.append(f"| {name} | {ms_text(v['baseline_ms'])} | {ms_text(v['candidate_ms'])} | {sp} | {_ci(v)} | {v['verdict']} |")
+            for name, v in comparison.operators.items():
+                sp = "—" if v.speedup is None else f"{v.speedup:.2f}x"
+                out.append(f"| {name} | {ms_text(v.baseline_ms)} | {ms_text(v.candidate_ms)} | {sp} | {_ci(v)} | {v.verdict} |")
     if comparison and narrative_lines(comparison):
         out += [""] + [f"- {s}" for s in narrative_lines(comparison)]
     if warnings := _warnings(r):
@@ -122,8 +126,8 @@ def _warnings(r: AnalysisReport) -> list[str]:
     return [w for w in r.warnings if w != flag]
 
 
-def _ci(v: dict) -> str:
-    return "—" if v.get("ci_low") is None else f"{v['ci_low']:.2f}–{v['ci_high']:.2f}"
+def _ci(v: PartCompared) -> str:
+    return "—" if v.ci_low is None else f"{v.ci_low:.2f}–{v.ci_high:.2f}"
 
 
 def to_csv(report: AnalysisReport | dict) -> str:
@@ -152,9 +156,11 @@ def _bar(frac: float, width: int = 30) -> str:
     return "█" * full + "·" * (width - full)
 
 
-def to_terminal(report: AnalysisReport | dict, comparison: dict | None = None, top: int = 15, depth: int = 1) -> str:
+def to_terminal(report: AnalysisReport | dict, comparison: ComparisonFacts | dict | None = None, top: int = 15,
+                depth: int = 1) -> str:
     """One run's report (and optionally its comparison) as the terminal table."""
     r = as_report(report)
+    comparison = facts(comparison) if comparison else None
     e = r.e2e_ms
     lines = [emulated_run_line(r.emulator), ""] if r.emulator else []
     lines.append(f"E2E latency over {e.n} iterations ({r.n_events} events)")
@@ -203,7 +209,7 @@ def to_terminal(report: AnalysisReport | dict, comparison: dict | None = None, t
         lines.append(f"Kernels: {k.status}")
     if comparison:
         lines.append("")
-        la, lb = comparison["labels"]
+        la, lb = comparison.labels
         lines.append(f"Comparison {la} -> {lb}")
         if is_emulated(comparison):
             lines.append(f"  {emulated_headline(comparison)}")
@@ -212,15 +218,15 @@ def to_terminal(report: AnalysisReport | dict, comparison: dict | None = None, t
         for row in numerics_rows(comparison):
             lines.append(f"  output {row[0]} {row[1]} [{row[2]}]: max abs {row[3]}, max rel {row[4]}, SNR {row[5]} dB, "
                          f"within tolerance: {row[6]}")
-        for c, v in (comparison.get("categories") or {}).items():
-            sp = "   —  " if v["speedup"] is None else f"{v['speedup']:5.2f}x"
-            lines.append(f"  {c:<14} {ms_text(v['baseline_ms']):>9} -> {ms_text(v['candidate_ms']):>9} ms  {sp}  "
-                         f"share {pct_text(v['share_before'])} -> {pct_text(v['share_after'])}"
-                         + (f"  {v['verdict']}" if v.get("verdict") else ""))
-        for name, v in (comparison.get("operators") or {}).items():
-            sp = "   —  " if v["speedup"] is None else f"{v['speedup']:5.2f}x"
-            lines.append(f"  op {name[:40]:<40} {ms_text(v['baseline_ms']):>9} -> {ms_text(v['candidate_ms']):>9} ms  {sp}  "
-                         f"{v['verdict']}")
+        for c, v in (comparison.categories or {}).items():
+            sp = "   —  " if v.speedup is None else f"{v.speedup:5.2f}x"
+            lines.append(f"  {c:<14} {ms_text(v.baseline_ms):>9} -> {ms_text(v.candidate_ms):>9} ms  {sp}  "
+                         f"share {pct_text(v.share_before)} -> {pct_text(v.share_after)}"
+                         + (f"  {v.verdict}" if v.verdict else ""))
+        for name, v in (comparison.operators or {}).items():
+            sp = "   —  " if v.speedup is None else f"{v.speedup:5.2f}x"
+            lines.append(f"  op {name[:40]:<40} {ms_text(v.baseline_ms):>9} -> {ms_text(v.candidate_ms):>9} ms  {sp}  "
+                         f"{v.verdict}")
     if warnings := _warnings(r):
         lines.append("")
         lines += [f"warning: {w}" for w in warnings]

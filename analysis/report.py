@@ -1,4 +1,4 @@
-"""analyze(): ETDump bytes -> the JSON report (numbers only, no I/O).
+"""analyze(): ETDump bytes -> the report, analysis.types.AnalysisReport (numbers only, no I/O).
 
 Event model (docs/design.md, "ETDump event model"):
 
@@ -34,6 +34,8 @@ from .kernel_paths import annotate, not_hidden_sentence, summary
 from .kernels import kernel_hint, parse_kernel_log
 from .llm import phase_blocks, phase_kernel_paths, summarize as llm_summary
 from .stats import latency_stats
+from .types import (Allocations, AnalysisReport, Attribution, KernelPaths, Kernels, LatencyStats, LlmKernelPaths,
+                    LlmReport, ModuleTime, OperatorRow, SourceRow, section)
 
 TICKS_PER_MS = 1e6  # ns clock
 
@@ -250,14 +252,14 @@ def _operator_iterations(m: _Model, names: list[str]) -> dict[str, list[float]]:
 
 def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first: int = 0,
             sme2: bool | None = None, arch: str | None = None, etrecord: Etrecord | None = None,
-            program: bytes | None = None, method: str | None = None) -> dict:
-    """The JSON-ready report of one ETDump (its bytes, or the Events read_etdump made of them,
-    so a caller that also renders the trace reads it once). See the module docstring for the
-    event model.
+            program: bytes | None = None, method: str | None = None) -> AnalysisReport:
+    """The report of one ETDump (its bytes, or the Events read_etdump made of them, so a caller
+    that also renders the trace reads it once), as analysis.types.AnalysisReport; its
+    ``to_dict()`` is the stored JSON. See the module docstring for the event model.
 
     sme2: whether the run's arm let XNNPACK see SME2 (None: unknown, e.g. an offline trace);
     arch: ``arm64``, ``x86_64`` or None. They decide each operator's ``kernel_path`` and the
-    SME2 coverage in ``report["kernel_paths"]`` (see kernel_paths.py).
+    SME2 coverage in ``kernel_paths`` (see kernel_paths.py).
 
     etrecord, program: the model's ETRecord (analysis.etrecord.read_etrecord) and its .pte bytes;
     with both, ``by_source``, ``by_module`` and ``attribution`` trace operators to modules
@@ -267,12 +269,13 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     llm = None
     if phases is not None:
         calls = _Model(ev, skip_first=skip_first)
-        llm = llm_summary(phases, calls.e2e, calls.cat_it)
-        llm["kernel_paths"] = phase_kernel_paths(  # SME2 coverage per phase (llm.py)
+        llm = section(LlmReport, llm_summary(phases, calls.e2e, calls.cat_it))
+        llm.kernel_paths = section(LlmKernelPaths, phase_kernel_paths(  # SME2 coverage per phase (llm.py)
             phases, types=calls.types, type_cat=calls.type_cat, type_id=calls.type_id, op_block=calls.op_it,
-            op_ms=calls.op_ms, delegated=calls.delegated, sme2=sme2, arch=arch)
+            op_ms=calls.op_ms, delegated=calls.delegated, sme2=sme2, arch=arch))
     m = _Model(ev, skip_first=skip_first, groups=None if phases is None else phases.iteration)
-    kernels = parse_kernel_log(kernel_log)
+    kernel_dict = parse_kernel_log(kernel_log)
+    kernels = section(Kernels, kernel_dict)
     n_it = m.n_it
     mean_e2e = float(m.e2e.mean()) if n_it else 0.0
     if n_it == 0 and m.n_exec_total == 0:
@@ -281,55 +284,57 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     # Other is defined as the remainder of the means so the five add up to mean E2E exactly
     cats[OTHER] = max(mean_e2e - sum(cats[c] for c in NAMED), 0.0)
     share = {c: (v / mean_e2e if mean_e2e > 0 else 0.0) for c, v in cats.items()}
-    operators = _operators(m, kernels)
-    # classified per operator type (operators are already one dict per type), never per event
-    annotate(operators, sme2=sme2, arch=arch)
-    kernel_paths = summary(operators, sme2)
-    traced = attribute(m, etrecord, program, operators=operators, method=method)
-    if llm is not None and traced["attribution"]["status"] in ("attributed", "ambiguous"):
-        llm["by_module"] = attribute_phases(calls, phases.phase, etrecord, program, operators=operators,
-                                            method=method)  # per call of each phase
+    operator_rows = _operators(m, kernel_dict)
+    # classified per operator type (operators are already one row per type), never per event
+    annotate(operator_rows, sme2=sme2, arch=arch)
+    kernel_paths = section(KernelPaths, summary(operator_rows, sme2))
+    traced = attribute(m, etrecord, program, operators=operator_rows, method=method)
+    attribution = section(Attribution, traced["attribution"])
+    if llm is not None and attribution.status in ("attributed", "ambiguous"):
+        llm.by_module = {phase: [ModuleTime.from_dict(row) for row in rows]  # per call of each phase
+                         for phase, rows in attribute_phases(calls, phases.phase, etrecord, program,
+                                                             operators=operator_rows, method=method).items()}
+    operators = [OperatorRow.from_dict(o) for o in operator_rows]
     m.warnings.extend(traced["warnings"])
-    if kernel_paths["coverage"]["flag"]:
-        m.warnings.append(kernel_paths["coverage"]["flag"])
-    if leaked := not_hidden_sentence(kernel_paths):
+    if kernel_paths.coverage.flag:
+        m.warnings.append(kernel_paths.coverage.flag)
+    if leaked := not_hidden_sentence(kernel_paths.to_dict()):
         m.warnings.append(leaked)
-    portable = [o["name"] for o in operators if not o["delegated"]]
+    portable = [o.name for o in operators if not o.delegated]
     if portable:
-        tot = sum(o["total_ms"] for o in operators if not o["delegated"])
+        tot = sum(o.total_ms for o in operators if not o.delegated)
         m.warnings.append(
             f"{len(portable)} non-delegated (portable) operator type(s) take "
             f"{tot:.3f} ms per iteration ({(tot / mean_e2e if mean_e2e else 0):.1%} of E2E): "
             + ", ".join(portable[:8]) + (" ..." if len(portable) > 8 else ""))
-    if kernels.get("status") == "ok" and not kernels.get("sme2_used"):
+    if kernels.status == "ok" and not kernels.sme2_used:
         m.warnings.append("kernel log shows no SME2 microkernel")
     alloc = ev.kind == KIND_ALLOC
-    return {
-        "e2e_ms": latency_stats(m.e2e),
-        "load_ms": m.load,
-        "categories_ms": cats,
-        "category_share": share,
-        "operators": operators,
-        "portable_ops": portable,
-        "kernels": kernels,
-        "kernel_paths": kernel_paths,
-        "iterations_ms": [float(x) for x in m.e2e],
-        "category_iterations_ms": {c: [float(x) for x in m.cat_it[i]]
-                                   for i, c in enumerate(CATEGORIES)},
-        "operator_iterations_ms": _operator_iterations(m, [o["name"] for o in operators[:TOP_OPERATOR_SERIES]]),
-        "n_events": len(ev),
-        "n_iterations": n_it,
-        "skipped_iterations": m.n_exec_total - n_it,
-        "allocations": {"n_events": int(alloc.sum()),
-                        "total_bytes": int(ev.alloc_size[alloc].sum(dtype=np.uint64))},
-        "n_debug_events": int((ev.kind == KIND_DEBUG).sum()),
-        "llm": llm,
-        "by_source": traced["by_source"],
-        "by_module": traced["by_module"],
-        "attribution": traced["attribution"],
-        "time_unit": "ms (ETDump ticks taken as ns)",
-        "warnings": m.warnings,
-    }
+    return AnalysisReport(
+        e2e_ms=LatencyStats.from_dict(latency_stats(m.e2e)),
+        load_ms=m.load,
+        categories_ms=cats,
+        category_share=share,
+        operators=operators,
+        portable_ops=portable,
+        kernels=kernels,
+        kernel_paths=kernel_paths,
+        iterations_ms=[float(x) for x in m.e2e],
+        category_iterations_ms={c: [float(x) for x in m.cat_it[i]] for i, c in enumerate(CATEGORIES)},
+        operator_iterations_ms=_operator_iterations(m, [o.name for o in operators[:TOP_OPERATOR_SERIES]]),
+        n_events=len(ev),
+        n_iterations=n_it,
+        skipped_iterations=m.n_exec_total - n_it,
+        allocations=Allocations(n_events=int(alloc.sum()),
+                                total_bytes=int(ev.alloc_size[alloc].sum(dtype=np.uint64))),
+        n_debug_events=int((ev.kind == KIND_DEBUG).sum()),
+        llm=llm,
+        by_source=[SourceRow.from_dict(row) for row in traced["by_source"]],
+        by_module=[ModuleTime.from_dict(row) for row in traced["by_module"]],
+        attribution=attribution,
+        time_unit="ms (ETDump ticks taken as ns)",
+        warnings=m.warnings,
+    )
 
 
 __all__ = ["analyze", "EtdumpError"]

@@ -37,8 +37,10 @@ class Section:
     def from_dict(cls: type[_S], data: dict) -> _S:
         return _reader(cls)(data)
 
-    def to_dict(self) -> dict:
-        return _write(self)
+    def to_dict(self, *, with_none: tuple[str, ...] = ()) -> dict:
+        """The stored JSON; `with_none` names stored_when_set fields written even while None (ingest
+        writes memory and emulator always, as report.json always carried them)."""
+        return _write(self, frozenset(with_none))
 
 
 def _identity(v: Any) -> Any:
@@ -114,7 +116,7 @@ def _dataclass_reader(cls: type):
 _WRITE_FIELDS: dict[type, list[tuple[str, bool]]] = {}
 
 
-def _write(obj: Any) -> Any:
+def _write(obj: Any, with_none: frozenset = frozenset()) -> Any:
     if isinstance(obj, Section):
         names = _WRITE_FIELDS.get(type(obj))
         if names is None:
@@ -123,7 +125,7 @@ def _write(obj: Any) -> Any:
         out = {}
         for name, when_set in names:
             v = getattr(obj, name)
-            if v is None and when_set:
+            if v is None and when_set and name not in with_none:
                 continue
             out[name] = _write(v)
         return out

@@ -2,13 +2,116 @@
 the CLI's run and experiment views (client/render.py), the Markdown/HTML report (client/document_blocks.py)
 and the demo. Kernel paths and SME2 coverage, emulated runs and comparisons (no speed claim), the arms'
 numerics, memory, LLM phases; the number formats they share. A report's sections in (analysis/types.py,
-or their JSON as the server sends it), or a comparison's JSON; strings out."""
+or their JSON as the server sends it), or a comparison (analysis.compare's or the server's JSON, read once
+into ComparisonFacts: the part of it these words say); strings out."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .categories import CATEGORIES
 from .kernel_paths import coverage_sentence
-from .types import KernelPaths, LlmKernelPaths, LlmReport, PhaseInterval, RunnerMemory, section
+from .types import KernelPaths, LlmKernelPaths, LlmReport, PhaseInterval, RunnerMemory, Section, section
+
+
+# --- what the words read of a comparison (analysis.compare, or the server's Comparison as JSON) ---
+
+@dataclass(kw_only=True)
+class ArmCoverage(Section):
+    share: float | None = None
+    sme2_ms: float | None = None
+    conv_gemm_ms: float | None = None
+    unknown_ms: float | None = None
+
+
+@dataclass(kw_only=True)
+class CoveragePair(Section):
+    baseline: ArmCoverage | None = None
+    candidate: ArmCoverage | None = None
+
+
+@dataclass(kw_only=True)
+class OutputCompared(Section):
+    index: int | None = None
+    dtype: str | None = None
+    shape: list[int] | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    snr_db: float | None = None
+    within_tolerance: bool | None = None
+
+
+@dataclass(kw_only=True)
+class NumericsCompared(Section):
+    status: str | None = None
+    verdict: str | None = None
+    sentence: str | None = None
+    outputs: list[OutputCompared] | None = None
+
+
+@dataclass(kw_only=True)
+class Said(Section):
+    """A part of a comparison that says itself in a sentence (memory, an LLM phase)."""
+
+    sentence: str | None = None
+
+
+@dataclass(kw_only=True)
+class PartCompared(Section):
+    """A category's or an operator's verdict."""
+
+    baseline_ms: float | None = None
+    candidate_ms: float | None = None
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str | None = None
+    share_before: float | None = None
+    share_after: float | None = None
+
+
+@dataclass(kw_only=True)
+class ComparisonFacts(Section):
+    """The fields of a comparison the words and the text renderers read; other keys are ignored."""
+
+    labels: list[str] | None = None
+    emulated: bool | None = None
+    emulator: str | None = None
+    verdict: str | None = None
+    sentence: str | None = None
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    narrative: list[str] | None = None
+    kernel_paths: CoveragePair | None = None
+    numerics: NumericsCompared | None = None
+    memory: Said | None = None
+    llm: dict[str, Said | None] | None = None
+    categories: dict[str, PartCompared] | None = None
+    operators: dict[str, PartCompared] | None = None
+
+
+@dataclass(kw_only=True)
+class ProgramMemoryFacts(Section):
+    """What program_memory_line reads of a program's memory (ExperimentReport.program_memory)."""
+
+    arenas: list[int] | None = None
+    planned_bytes: int | None = None
+    weights_bytes: int | None = None
+    constant_bytes: int | None = None
+    delegate_bytes: int | None = None
+    named_data_bytes: int | None = None
+    mutable_bytes: int | None = None
+
+
+@dataclass(kw_only=True)
+class DeviceFacts(Section):
+    emulator: str | None = None
+
+
+def facts(c: ComparisonFacts | dict) -> ComparisonFacts:
+    """A comparison as these words read it (its JSON read once; facts already read pass through)."""
+    return section(ComparisonFacts, c)
 
 
 def ms_text(x) -> str:
@@ -21,19 +124,21 @@ def pct_text(x) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
 
-def is_emulated(c: dict) -> bool:
+def is_emulated(c: ComparisonFacts | dict) -> bool:
     """A comparison (or one of GET /comparisons' entries) whose runs an emulator executed."""
-    return bool(c.get("emulated")) or c.get("verdict") == "emulated"
+    c = facts(c)
+    return bool(c.emulated) or c.verdict == "emulated"
 
 
-def device_suffix(device: dict | None) -> str:
+def device_suffix(device: DeviceFacts | dict | None) -> str:
     """' — emulated (qemu-aarch64 11.1.3 -cpu max)' for a device an emulator is, else ''."""
-    emulator = (device or {}).get("emulator")
+    device = section(DeviceFacts, device)
+    emulator = device.emulator if device else None
     return f" — emulated ({emulator})" if emulator else ""
 
 
 def emulated_run_line(emulator: str) -> str:
-    """What an emulated run's own report says above its times (report["emulator"], set at ingest)."""
+    """What an emulated run's own report says above its times (its emulator, set at ingest)."""
     return (f"Emulated by {emulator}: every instruction executed for real, but these times are the emulator's, "
             "not a CPU's. They are no performance figure.")
 
@@ -64,70 +169,82 @@ def kernel_path_lines(kp: KernelPaths | dict | None) -> list[str]:
     return out
 
 
-def _share(cov: dict | None) -> str:
+def _share(cov: ArmCoverage | None) -> str:
     if not cov:
         return "not recorded"
-    if cov.get("unknown_ms"):
-        return f"unknown ({ms_text(cov['unknown_ms'])} of {ms_text(cov.get('conv_gemm_ms'))} ms in packed-LHS kernels, arm not given)"
-    if cov.get("share") is None:
+    if cov.unknown_ms:
+        return f"unknown ({ms_text(cov.unknown_ms)} of {ms_text(cov.conv_gemm_ms)} ms in packed-LHS kernels, arm not given)"
+    if cov.share is None:
         return "no Convolution/GEMM time"
-    return f"{100 * cov['share']:.0f}% ({ms_text(cov.get('sme2_ms'))} of {ms_text(cov.get('conv_gemm_ms'))} ms)"
+    return f"{100 * cov.share:.0f}% ({ms_text(cov.sme2_ms)} of {ms_text(cov.conv_gemm_ms)} ms)"
 
 
-def coverage_pair_line(c: dict) -> str | None:
-    """Per-arm SME2 coverage of a comparison (its "kernel_paths"), or None when it has none."""
-    kp = c.get("kernel_paths")
+def labels_of(c: ComparisonFacts | dict) -> tuple[str, str]:
+    """The comparison's two arms' labels ("baseline", "candidate" when it names none)."""
+    la, lb = (facts(c).labels or ["baseline", "candidate"])[:2]
+    return la, lb
+
+
+def coverage_pair_line(c: ComparisonFacts | dict) -> str | None:
+    """Per-arm SME2 coverage of a comparison (its kernel paths), or None when it has none."""
+    c = facts(c)
+    kp = c.kernel_paths
     if not kp:
         return None
-    la, lb = (c.get("labels") or ["baseline", "candidate"])[:2]
-    return f"SME2 coverage of Convolution/GEMM: {la} {_share(kp.get('baseline'))}, {lb} {_share(kp.get('candidate'))}"
+    la, lb = labels_of(c)
+    return f"SME2 coverage of Convolution/GEMM: {la} {_share(kp.baseline)}, {lb} {_share(kp.candidate)}"
 
 
 NUMERICS_HEADERS = ["Output", "dtype", "shape", "max abs error", "max rel error", "SNR dB", "within tolerance"]
 
 
-def numerics_line(c: dict) -> str | None:
+def numerics_line(c: ComparisonFacts | dict) -> str | None:
     """The arms' outputs compared, in one sentence, or None when the comparison has no numerics."""
-    n = c.get("numerics")
+    n = facts(c).numerics
     if not n:
         return None
-    verdict = f" ({n['verdict']})" if n.get("verdict") else ""
-    return f"Outputs: {n.get('sentence') or n.get('status') or 'not recorded'}{verdict}"
+    verdict = f" ({n.verdict})" if n.verdict else ""
+    return f"Outputs: {n.sentence or n.status or 'not recorded'}{verdict}"
 
 
 def _g(x) -> str:
     return "—" if x is None else f"{float(x):.3g}"
 
 
-def numerics_rows(c: dict) -> list[list[str]]:
+def numerics_rows(c: ComparisonFacts | dict) -> list[list[str]]:
     """One row per output (NUMERICS_HEADERS), [] when none were compared."""
-    return [[str(o.get("index")), str(o.get("dtype")), "x".join(map(str, o.get("shape") or [])) or "scalar",
-             _g(o.get("max_abs")), _g(o.get("max_rel")),
-             "∞" if o.get("snr_db") is None and o.get("max_abs") == 0 else _g(o.get("snr_db")),
-             "yes" if o.get("within_tolerance") else "NO"]
-            for o in ((c.get("numerics") or {}).get("outputs") or [])]
+    n = facts(c).numerics
+    return [[str(o.index), str(o.dtype), "x".join(map(str, o.shape or [])) or "scalar",
+             _g(o.max_abs), _g(o.max_rel),
+             "∞" if o.snr_db is None and o.max_abs == 0 else _g(o.snr_db),
+             "yes" if o.within_tolerance else "NO"]
+            for o in ((n.outputs if n else None) or [])]
 
 
-def emulated_headline(c: dict) -> str:
+def emulated_headline(c: ComparisonFacts | dict) -> str:
     """An emulated comparison's verdict in words: what emulation showed, never a speed."""
-    return c.get("sentence") or f"Emulated by {c.get('emulator') or 'an emulator'}: timings measure the emulator, " \
-                                "not a CPU: no speed verdict."
+    c = facts(c)
+    return c.sentence or f"Emulated by {c.emulator or 'an emulator'}: timings measure the emulator, " \
+                         "not a CPU: no speed verdict."
 
 
-def comparison_fact_lines(c: dict) -> list[str]:
+def comparison_fact_lines(c: ComparisonFacts | dict) -> list[str]:
     """What a comparison says beside (or, emulated, instead of) its speed: per-arm SME2 coverage
     the arms' numerics, their memory and, for LLM runs, the verdict per phase (none for an emulated
     comparison: a phase verdict is a speed verdict). Plain text, one fact per line."""
-    phases = [] if is_emulated(c) else [p.get("sentence") for p in (c.get("llm") or {}).values()]
-    return [line for line in (coverage_pair_line(c), numerics_line(c), (c.get("memory") or {}).get("sentence"), *phases)
+    c = facts(c)
+    phases = [] if is_emulated(c) else [p.sentence if p else None for p in (c.llm or {}).values()]
+    return [line for line in (coverage_pair_line(c), numerics_line(c), c.memory.sentence if c.memory else None,
+                              *phases)
             if line]
 
 
-def narrative_lines(c: dict) -> list[str]:
+def narrative_lines(c: ComparisonFacts | dict) -> list[str]:
     """The comparison's narrative without the lines already shown: an emulated comparison's
     headline, the numerics' sentence (comparison_fact_lines shows it)."""
-    told = {(c.get("numerics") or {}).get("sentence")} | ({c.get("sentence")} if is_emulated(c) else set())
-    return [line for line in c.get("narrative") or [] if line not in told]
+    c = facts(c)
+    told = {c.numerics.sentence if c.numerics else None} | ({c.sentence} if is_emulated(c) else set())
+    return [line for line in c.narrative or [] if line not in told]
 
 
 def _bytes(n) -> str:
@@ -144,15 +261,17 @@ def bytes_text(n) -> str:
     return _bytes(n)
 
 
-def program_memory_line(pm: dict | None) -> str | None:
+def program_memory_line(pm: ProgramMemoryFacts | dict | None) -> str | None:
     """A program's memory as read from its .pte (ExperimentReport.program_memory) in one line."""
     if not pm:
         return None
-    arenas = pm.get("arenas") or []
-    parts = [f"{_bytes(pm.get('planned_bytes'))} planned in {len(arenas)} arena{'s' if len(arenas) != 1 else ''}",
-             f"weights {_bytes(pm.get('weights_bytes'))}"]
-    kinds = [(k, pm.get(f"{k}_bytes")) for k in ("constant", "delegate", "named_data", "mutable")]
-    detail = ", ".join(f"{k.replace('_', ' ')} {_bytes(v)}" for k, v in kinds if v)
+    pm = section(ProgramMemoryFacts, pm)
+    arenas = pm.arenas or []
+    parts = [f"{_bytes(pm.planned_bytes)} planned in {len(arenas)} arena{'s' if len(arenas) != 1 else ''}",
+             f"weights {_bytes(pm.weights_bytes)}"]
+    kinds = [("constant", pm.constant_bytes), ("delegate", pm.delegate_bytes), ("named data", pm.named_data_bytes),
+             ("mutable", pm.mutable_bytes)]
+    detail = ", ".join(f"{k} {_bytes(v)}" for k, v in kinds if v)
     return ", ".join(parts) + (f" ({detail})" if detail else "")
 
 

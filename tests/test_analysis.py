@@ -76,7 +76,7 @@ def test_aten_op_name_extraction():
 
 def test_real_categories_and_operators_are_consistent(real_trace):
     name, path = real_trace
-    rep = analyze(path.read_bytes())
+    rep = analyze(path.read_bytes()).to_dict()
     mean = rep["e2e_ms"]["mean"]
     assert sum(rep["categories_ms"].values()) == pytest.approx(mean, rel=1e-12)
     assert min(rep["categories_ms"].values()) >= 0
@@ -98,7 +98,7 @@ def test_real_categories_and_operators_are_consistent(real_trace):
 
 
 def test_portable_ops_flagged(portable_trace):
-    rep = analyze(portable_trace.read_bytes())
+    rep = analyze(portable_trace.read_bytes()).to_dict()
     ops = {o["name"]: o for o in rep["operators"]}
     for op in ("native_call_cumsum.out", "native_call_topk.values", "native_call_gt.Scalar_out"):
         assert op in rep["portable_ops"]
@@ -189,12 +189,12 @@ def test_kernel_log_absent_or_empty():
 
 def test_kernel_log_feeds_report(real_trace):
     _, path = real_trace
-    rep = analyze(path.read_bytes(), kernel_log=KERNEL_LOG)
+    rep = analyze(path.read_bytes(), kernel_log=KERNEL_LOG).to_dict()
     assert rep["kernels"]["sme2_used"] is True
     gemm = [o for o in rep["operators"] if o["name"].startswith("Fully Connected")]
     for o in gemm:
         assert "neonsme2" in o["kernel_hint"]
-    neon_only = analyze(path.read_bytes(), kernel_log=KERNEL_LOG.replace("sme2", "fma").replace("__sme", "__neon"))
+    neon_only = analyze(path.read_bytes(), kernel_log=KERNEL_LOG.replace("sme2", "fma").replace("__sme", "__neon")).to_dict()
     assert any("no SME2" in w for w in neon_only["warnings"])
 
 
@@ -214,7 +214,7 @@ def _subset(rep: dict, idx) -> dict:
 
 
 def test_aa_interval_contains_one(aa_trace):
-    rep = analyze(aa_trace.read_bytes(), skip_first=1)
+    rep = analyze(aa_trace.read_bytes(), skip_first=1).to_dict()
     n = rep["e2e_ms"]["n"]
     a, b = _subset(rep, np.arange(0, n, 2)), _subset(rep, np.arange(1, n, 2))
     c = compare(a, b, labels=("A", "A'"))
@@ -230,7 +230,7 @@ def test_aa_interval_contains_one(aa_trace):
 
 def test_compare_names_speedup_and_slowdown(real_trace):
     _, path = real_trace
-    rep = analyze(path.read_bytes())
+    rep = analyze(path.read_bytes()).to_dict()
     # steady iterations (1% ripple) at the trace's median: traces recorded on a loaded host can
     # be too noisy for one session per arm to support any verdict, which is not what this tests
     it = np.asarray(rep["iterations_ms"])
@@ -264,7 +264,7 @@ def test_compare_narrative_of_bottleneck_shift(etdump_builder):
                 i * 10**7, [("Convolution (NHWC, F32) IGEMM #1", conv + j),
                             ("Transpose (ND, X32) #1", tr), ("Copy (NC, X32) #1", cp)],
                 overhead=overhead)))
-        return analyze(B.build(runs))
+        return analyze(B.build(runs)).to_dict()
 
     off = trace(78_000, 8_400, 3_600, 5_000)     # E2E 100 us, DM 12%
     on = trace(20_000, 14_350, 6_150, 4_750)     # E2E 50 us, DM 41%, Transpose 70% of DM

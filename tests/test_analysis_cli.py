@@ -26,7 +26,7 @@ def _run(argv, capsys):
 def test_perfetto_trace_structure(real_trace):
     _, path = real_trace
     data = path.read_bytes()
-    rep = analyze(data)
+    rep = analyze(data).to_dict()
     for it in (0, 2):
         tr = to_perfetto(data, iteration=it)
         json.dumps(tr)  # serialisable
@@ -46,7 +46,7 @@ def test_perfetto_trace_structure(real_trace):
 
 def test_csv_and_markdown(real_trace):
     _, path = real_trace
-    rep = analyze(path.read_bytes())
+    rep = analyze(path.read_bytes()).to_dict()
     rows = list(csv.DictReader(io.StringIO(to_csv(rep))))
     assert len(rows) == rep["e2e_ms"]["n"]
     assert [float(r["e2e_ms"]) for r in rows] == rep["iterations_ms"]
@@ -65,7 +65,7 @@ def test_cli_json_matches_analyze(real_trace, capsys):
     rc, out, _ = _run([str(path), "--json", "--skip-first", "2"], capsys)
     assert rc == 0
     got = json.loads(out)
-    ref = analyze(path.read_bytes(), skip_first=2)
+    ref = analyze(path.read_bytes(), skip_first=2).to_dict()
     for key in ("e2e_ms", "load_ms", "categories_ms", "operators", "kernels", "portable_ops"):
         assert got[key] == json.loads(json.dumps(ref[key]))
     assert "comparison" not in got
@@ -117,9 +117,9 @@ def test_offline_traces_an_emulator_ran_get_no_speed_verdict(real_trace, portabl
     rc, out, _ = _run([str(path), "--compare", str(portable_trace), "--json"], capsys)  # hardware: a verdict
     assert json.loads(out)["comparison"]["speedup"] is not None
     # the per-iteration CSV travels alone: its rows name the emulator
-    rows = list(csv.DictReader(io.StringIO(to_csv({**analyze(path.read_bytes()), "emulator": "qemu, 11.1.3"}))))
+    rows = list(csv.DictReader(io.StringIO(to_csv({**analyze(path.read_bytes()).to_dict(), "emulator": "qemu, 11.1.3"}))))
     assert rows and {r["emulator"] for r in rows} == {"qemu, 11.1.3"}
-    assert "emulator" not in to_csv(analyze(path.read_bytes())).splitlines()[0]
+    assert "emulator" not in to_csv(analyze(path.read_bytes()).to_dict()).splitlines()[0]
 
 
 def test_cli_rejects_bad_input(tmp_path, capsys):
@@ -151,7 +151,7 @@ def test_cli_offline_kernel_paths_of_a_host_trace(portable_trace, capsys):
     operators are "NEON or x86 SIMD" (never NEON outright) and native_call_* ones portable."""
     rc, out, _ = _run([str(portable_trace), "--top", "100"], capsys)
     assert rc == 0
-    rep = analyze(portable_trace.read_bytes())
+    rep = analyze(portable_trace.read_bytes()).to_dict()
     paths = _path_column(out)
     assert len(paths) == len(rep["operators"])
     for o in rep["operators"]:
@@ -207,7 +207,7 @@ def test_emulated_comparison_renders_without_speed(etdump_builder):
 
     b = etdump_builder
     reps = [analyze(b.build([("Execute", b.iteration(10**6 * (i + 1), [(name, 400_000)])) for i in range(3)]),
-                    sme2=sme2, arch="arm64")
+                    sme2=sme2, arch="arm64").to_dict()
             for name, sme2 in (("Fully Connected (NC, F32) GEMM #1", False), ("Fully Connected (NC, PF32) GEMM #1", True))]
     c = compare_emulated([reps[0]], [reps[1]], emulator="qemu-aarch64 11.1.3 -cpu max")
     for text in (to_markdown(reps[1], c), to_terminal(reps[1], c)):

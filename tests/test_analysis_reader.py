@@ -63,7 +63,7 @@ def test_report_agrees_with_independent_inspector_computation(real_trace):
     """E2E per iteration, categories per iteration and load times, recomputed from Inspector's
     events (delegate events + native_call kernels; containers skipped)."""
     name, path = real_trace
-    rep = analyze(path.read_bytes())
+    rep = analyze(path.read_bytes()).to_dict()
     insp = _inspector(path)
     blk = next(b for b in insp.event_blocks if b.name == "Execute")
     e2e = np.array(next(e for e in blk.events if e.name == "Method::execute").perf_data.raw)
@@ -155,7 +155,7 @@ def test_all_event_kinds_and_defaults(etdump_builder):
         assert (ev.dint[prof] == -1).all()
         wrap = [i for i in prof if ev.name[i] >= 0 and ev.strings[ev.name[i]] == "custom"][0]
         assert ev.duration[wrap] == (2**32 - 1 - (2**32 - 100)) + 50
-        rep = analyze(data)
+        rep = analyze(data).to_dict()
         assert rep["allocations"] == {"n_events": 2, "total_bytes": 4224}
         assert rep["n_debug_events"] == 1
         assert rep["load_ms"] == {"load_method": 2.0, "init": 1.5}
@@ -168,7 +168,7 @@ def test_nesting_never_double_counts(etdump_builder):
     B = etdump_builder
     it = B.iteration(0, [("Convolution (NHWC, F32) IGEMM #1", 40_000), ("Add (ND) #1", 10_000)],
                      overhead=5_000, portable=[("cumsum.out", 20_000), ("mm.out", 7_000)])
-    rep = analyze(B.build([("Execute", it)]))
+    rep = analyze(B.build([("Execute", it)])).to_dict()
     e2e = rep["iterations_ms"][0]
     # E2E = 2*overhead + ops + portable ops + 200 ns OPERATOR_CALL overhead each
     assert e2e == pytest.approx((10_000 + 50_000 + 27_000 + 400) / 1e6)
@@ -189,7 +189,7 @@ def test_orphan_operator_call_counts_once(etdump_builder):
     B = etdump_builder
     evs = [B.prof("OPERATOR_CALL", 1000, 3000, instruction_id=5),
            B.prof("Method::execute", 0, 10_000, instruction_id=0)]
-    rep = analyze(B.build([("Execute", evs)]))
+    rep = analyze(B.build([("Execute", evs)])).to_dict()
     assert [o["name"] for o in rep["operators"]] == ["OPERATOR_CALL (instruction 5)"]
     assert rep["operators"][0]["total_ms"] == pytest.approx(0.003)
 
@@ -198,7 +198,7 @@ def test_operators_exceeding_e2e_are_clamped(etdump_builder):
     B = etdump_builder
     evs = [B.xnn("Add (ND) #1", 0, 9_000), B.xnn("Add (ND) #2", 9_000, 9_000),
            B.prof("Method::execute", 0, 12_000, instruction_id=0)]
-    rep = analyze(B.build([("Execute", evs)]))
+    rep = analyze(B.build([("Execute", evs)])).to_dict()
     assert min(rep["categories_ms"].values()) >= 0
     assert sum(o["total_ms"] for o in rep["operators"]) <= rep["e2e_ms"]["mean"] + 1e-12
     assert any("exceed" in w for w in rep["warnings"])
@@ -207,11 +207,11 @@ def test_operators_exceeding_e2e_are_clamped(etdump_builder):
 def test_skip_first_drops_warmup(real_trace):
     _, path = real_trace
     data = path.read_bytes()
-    full, cut = analyze(data), analyze(data, skip_first=3)
+    full, cut = analyze(data).to_dict(), analyze(data, skip_first=3).to_dict()
     assert cut["iterations_ms"] == full["iterations_ms"][3:]
     assert cut["e2e_ms"]["n"] == full["e2e_ms"]["n"] - 3
     assert cut["skipped_iterations"] == 3
     for c in CATEGORIES:
         assert cut["category_iterations_ms"][c] == pytest.approx(full["category_iterations_ms"][c][3:])
-    none = analyze(data, skip_first=10**6)
+    none = analyze(data, skip_first=10**6).to_dict()
     assert none["e2e_ms"]["n"] == 0 and none["warnings"]

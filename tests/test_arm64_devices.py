@@ -87,7 +87,7 @@ def test_arm64_qemu_device_runs_the_cross_built_runner(arm64_runners, example_pt
     log = result.log_path.read_text()
     # One binary, two arms: the off arm's environment hides SME/SME2 from the libraries.
     assert line in log
-    report = analyze(result.etdump_path.read_bytes())
+    report = analyze(result.etdump_path.read_bytes()).to_dict()
     assert report["n_iterations"] == 2 and report["e2e_ms"]["median"] > 0
     # QEMU 7.2 has SME without SME2, and XNNPACK runs its packed-LHS operators on SME too: they
     # appear in the arm that lets the libraries see SME, never in the one that hides it.
@@ -105,7 +105,7 @@ def test_emulated_sme2_qemu_device_runs_both_arms_and_only_the_on_arm_uses_sme2_
         result = driver.execute(dev.serial, job)
         assert result.ok, result.reason
         assert line in result.log_path.read_text()
-        report = analyze(result.etdump_path.read_bytes())
+        report = analyze(result.etdump_path.read_bytes()).to_dict()
         assert report["n_iterations"] == 2
         ops[sme2] = _packed_lhs_ops(report)
     assert ops["on"] and ops["off"] == [], ops
@@ -151,7 +151,7 @@ def test_arm64_android_bundle_runs_on_the_emulated_phone_and_is_staged_once(
     first = driver.execute(dev.serial, _job(off, example_pte("toy_cnn"), tmp_path / "w1", run_id=1))
     assert first.ok, first.reason
     assert MASKED in first.log_path.read_text()
-    assert analyze(first.etdump_path.read_bytes())["n_iterations"] == 2
+    assert analyze(first.etdump_path.read_bytes()).to_dict()["n_iterations"] == 2
     staged = first.device_state["before"]["staging"]
     assert set(staged["pushed"]) == {"runner", *off.extra_files} and staged["reused"] == []
     # The command the phone received runs the runner through the bundled glibc loader.
@@ -183,7 +183,7 @@ def test_emulated_sme2_phone_cpuinfo_comes_from_the_emulator_and_its_on_arm_runs
     assert result.ok, result.reason
     # The bundle's own loader ran under the SME2 emulator: the libraries saw SME2 and used it.
     assert SME2_UNMASKED in result.log_path.read_text()
-    assert _packed_lhs_ops(analyze(result.etdump_path.read_bytes()))
+    assert _packed_lhs_ops(analyze(result.etdump_path.read_bytes()).to_dict())
 
 
 def test_arm64_farm_serves_the_qemu_device_and_the_emulated_phone(arm64_runners, arm64_phone, adb_port,

@@ -36,7 +36,7 @@ def traced(attributed_model, local_runner, tmp_path_factory):  # noqa: F811
 
 def _report(traced, name, dtype="fp32"):
     program, et, trace = traced(name, dtype)
-    return analyze(trace, etrecord=et, program=program)
+    return analyze(trace, etrecord=et, program=program).to_dict()
 
 
 def _module_ms(r) -> dict[str, float]:
@@ -122,7 +122,7 @@ def test_fp16_and_int8_exports(traced, name, dtype):
 
 def test_without_an_etrecord_no_module_is_named_and_one_line_says_how_to_export_one(traced):
     program, _, trace = traced("ln_net")
-    r = analyze(trace, program=program)
+    r = analyze(trace, program=program).to_dict()
     assert r["attribution"] == {"status": "no etrecord", "attributed_share": 0.0, "etrecord_sha256": None}
     assert r["by_source"] == [] and r["by_module"] == []
     assert r["warnings"].count(EXPORT_HINT) == 1 and "generate_etrecord=True" in EXPORT_HINT
@@ -131,12 +131,12 @@ def test_without_an_etrecord_no_module_is_named_and_one_line_says_how_to_export_
 def test_another_models_etrecord_is_a_mismatch_and_names_nothing(traced):
     program, _, trace = traced("ln_net")
     _, other, _ = traced("dominant")
-    r = analyze(trace, etrecord=other, program=program)
+    r = analyze(trace, etrecord=other, program=program).to_dict()
     assert r["attribution"]["status"] == "mismatch" and r["attribution"]["etrecord_sha256"] == other.sha256
     assert r["by_source"] == [] and r["by_module"] == []
     assert any("does not belong to this model" in w for w in r["warnings"])
     # without the program the ETRecord cannot be checked: not used either
-    r = analyze(trace, etrecord=traced("ln_net")[1])
+    r = analyze(trace, etrecord=traced("ln_net")[1]).to_dict()
     assert r["attribution"]["status"] == "mismatch" and r["by_source"] == []
 
 
@@ -144,7 +144,7 @@ def test_the_events_attributed_are_the_ones_executorchs_flatcc_reader_sees(trace
     from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc
 
     program, et, trace = traced("ln_net")
-    r = analyze(trace, etrecord=et, program=program)
+    r = analyze(trace, etrecord=et, program=program).to_dict()
     blocks = [b for b in deserialize_from_etdump_flatcc(trace).run_data if b.name == "Execute"]
     per_iteration = []
     for b in blocks:
@@ -228,7 +228,7 @@ def zoo_traced(local_runner, tmp_path_factory):
         trace = tmp_path_factory.mktemp("zoo-attr") / "t.etdump"
         subprocess.run([resolved_runner(local_runner), f"--model_path={pte}", "--num_executions=10", "--warmup=1",
                         f"--etdump_path={trace}"], check=True, capture_output=True, timeout=300)
-        return analyze(trace.read_bytes(), etrecord=read_etrecord(record.read_bytes()), program=pte.read_bytes())
+        return analyze(trace.read_bytes(), etrecord=read_etrecord(record.read_bytes()), program=pte.read_bytes()).to_dict()
 
     return make
 
@@ -270,14 +270,14 @@ def llama_traced(local_runner, tmp_path_factory):
 
 def test_llm_prefill_and_decode_calls_each_get_time_by_module(llama_traced):
     program, et, trace = llama_traced
-    r = analyze(trace, etrecord=et, program=program)
+    r = analyze(trace, etrecord=et, program=program).to_dict()
     assert r["attribution"]["status"] in ("attributed", "ambiguous")
     assert not [w for w in r["warnings"] if "iterations run" in w]
     phases = r["llm"]["by_module"]
     assert set(phases) == {"prefill", "decode"}
-    from sme2farm.protocol.runs import LlmReport
+    from sme2farm.protocol.runs import LlmReport, section_adapter
 
-    assert LlmReport.model_validate(r["llm"]).by_module["decode"][0].module == ""  # the contract holds it
+    assert section_adapter(LlmReport).validate_python(r["llm"]).by_module["decode"][0].module == ""  # the contract holds it
     for rows in phases.values():
         mods = {x["module"]: x for x in rows}
         assert {"", NOT_ATTRIBUTED, "layers.0", "layers.1", "lm_head"} <= set(mods)

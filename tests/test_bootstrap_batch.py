@@ -291,9 +291,9 @@ def real_reports() -> dict[str, list[dict]]:
     """analyze() reports of real ETDumps from the ExecuTorch runtime: three runs (sessions) each of
     toy_cnn and of the portable-heavy zoo (30 iterations), and one 401-iteration cnn_blocks run,
     whose odd and even iterations are an A/A pair of ASYMPTOTIC_N or more iterations each."""
-    out = {name: [analyze(make_real_trace(name, tag=f"-batch{i}").read_bytes()) for i in range(3)]
+    out = {name: [analyze(make_real_trace(name, tag=f"-batch{i}").read_bytes()).to_dict() for i in range(3)]
            for name in ("toy_cnn", "zoo")}
-    out["cnn_blocks"] = [analyze(make_real_trace("cnn_blocks", iterations=401, blocks=4).read_bytes(), skip_first=1)]
+    out["cnn_blocks"] = [analyze(make_real_trace("cnn_blocks", iterations=401, blocks=4).read_bytes(), skip_first=1).to_dict()]
     return out
 
 

@@ -54,8 +54,8 @@ def ln_net(attributed_model, tmp_path_factory):  # noqa: F811
     et = read_etrecord(etrecord.read_bytes())
     program = pte.read_bytes()
     traces = [_etdump(pte, tmp / f"t{i}.etdump") for i in range(2)]
-    return {"with": [analyze(t, etrecord=et, program=program) for t in traces],
-            "without": [analyze(t) for t in traces]}
+    return {"with": [analyze(t, etrecord=et, program=program).to_dict() for t in traces],
+            "without": [analyze(t).to_dict() for t in traces]}
 
 
 def test_modules_add_up_within_e2e_at_depth_1_and_2(ln_net):

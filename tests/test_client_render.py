@@ -161,7 +161,7 @@ def _emulated_experiment(etdump_builder) -> dict:
     for arm, (fc, conv) in names.items():
         ops = [(fc, 400_000), (conv, 300_000), ("Convolution (NHWC, F32) DWConv #1", 100_000), ("Add (ND) #1", 20_000)]
         trace = b.build([("Execute", b.iteration(10**6 * (i + 1), ops)) for i in range(3)])
-        reports[arm] = analyze(trace, sme2=arm == "on", arch="arm64")
+        reports[arm] = analyze(trace, sme2=arm == "on", arch="arm64").to_dict()
     c = compare_emulated([reports["off"]], [reports["on"]], emulator=EMULATOR)
     off = np.linspace(0, 1, 10, dtype=np.float16).reshape(1, 10)
     c["numerics"] = numerics.compare([("Half", off)], [("Half", off + np.float16(0.01))], labels=("SME2 off", "SME2 on"))
@@ -294,7 +294,7 @@ def test_the_document_reads_the_verdict_and_categories_the_analysis_wrote(etdump
                    ("Convolution (NHWC, F32) DWConv #1", int(100_000 * jitter)), ("Add (ND) #1", int(20_000 * jitter)),
                    ("Transpose (ND, X32) #1", int(30_000 * jitter))]
             iterations.append(("Execute", b.iteration(10**7 * (i + 1), ops)))
-        reports[arm] = analyze(b.build(iterations), sme2=arm == "on", arch="arm64")
+        reports[arm] = analyze(b.build(iterations), sme2=arm == "on", arch="arm64").to_dict()
     c = compare(reports["off"], reports["on"])
     device = {"serial": "phone", "platform": "android", "model": "Pixel", "abi": "arm64-v8a", "sme2": True}
     runs = [{"id": i, "experiment_id": 5, "sme2": arm, "threads": 1, "mode": "timing", "status": "succeeded",

@@ -32,7 +32,7 @@ def test_the_verdict_list_ends_each_fact_once(etdump_builder):
         its = [("Execute", b.iteration(10**7 * (i + 1), [("Fully Connected (NC, F32) GEMM #1",
                                                            int(400_000 * scale * (1 + rng.normal(0, 0.01))))]))
                for i in range(20)]
-        reports[arm] = {**analyze(b.build(its), sme2=arm == "on", arch="arm64"),
+        reports[arm] = {**analyze(b.build(its), sme2=arm == "on", arch="arm64").to_dict(),
                         "memory": _memory(10 if arm == "off" else 12)}
     c = compare(reports["off"], reports["on"])
     assert c["memory"]["sentence"].endswith(".")  # what the analysis writes

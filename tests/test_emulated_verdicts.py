@@ -29,7 +29,7 @@ def _report(etdump_builder, gemm: str, gemm_us: int) -> dict:
     B = etdump_builder
     blocks = [("Execute", B.iteration(i * 10**7, [(gemm, gemm_us * 1000), ("Transpose (ND, X32) #1", 200_000)]))
               for i in range(10)]
-    return analyze(B.build(blocks))
+    return analyze(B.build(blocks)).to_dict()
 
 
 def _run(run_id: int, report: dict, snapshot: dict) -> SimpleNamespace:

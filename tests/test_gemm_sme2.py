@@ -63,7 +63,7 @@ def test_an_llm_report_gives_sme2_coverage_per_phase_and_what_would_reach_sme2(e
                                                                         20_000)]
     runs = [("Execute", _call(etdump_builder, 0, MARKER_PREFILL, 4, 0, prefill)),
             ("Execute", _call(etdump_builder, 100_000, MARKER_DECODE, 1, 4, decode))]
-    rep = analyze(etdump_builder.build(runs), sme2=True, arch="arm64")
+    rep = analyze(etdump_builder.build(runs), sme2=True, arch="arm64").to_dict()
     kp = rep["llm"]["kernel_paths"]
     assert kp["prefill"]["share"] == 1.0 and kp["prefill"]["what_would_reach_sme2"] == []
     assert kp["prefill"]["sme2_operators"] == ["Fully Connected (NC, QP8, F32, QC8W) GEMM"]
@@ -73,7 +73,7 @@ def test_an_llm_report_gives_sme2_coverage_per_phase_and_what_would_reach_sme2(e
     assert why["datatypes"] == "QP8, F32, QB4W" and why["total_ms"] == 0.02
     assert "have no SME2 kernel in this build" in why["sentence"]
     # the off arm: no SME2 anywhere, and no advice (the arm hid SME2 on purpose)
-    off = analyze(etdump_builder.build(runs), sme2=False, arch="arm64")["llm"]["kernel_paths"]
+    off = analyze(etdump_builder.build(runs), sme2=False, arch="arm64").to_dict()["llm"]["kernel_paths"]
     assert off["decode"]["share"] == 0 and off["decode"]["what_would_reach_sme2"] == []
 
     # the terminal lines (sme2-client, the analysis CLI) and the report document's table say it too

@@ -483,7 +483,7 @@ def test_an_etdump_with_one_long_name_behind_many_events_is_read_or_refused_in_u
             ev = read_etdump(data)
             assert len(ev) == (300_000 if case == "shared event" else 20_000) and len(ev.strings) == 1
             report = analysis.analyze(ev)
-            assert report["n_iterations"] == 1
+            assert report.n_iterations == 1
     assert spent.cpu < 1, (case, spent.cpu)
 
 

@@ -94,7 +94,7 @@ def test_coverage_and_paths_per_category_add_up(etdump_builder):
            ("Convolution (NHWC, PF32) IGEMM #1", 200_000), ("Convolution (NHWC, F32) DWConv #1", 150_000),
            ("Fully Connected (NC, QP8, F32, QC8W) GEMM #1", 50_000), ("Transpose (ND, X32) #1", 40_000)]
     data = _trace(etdump_builder, ops, portable=[("cumsum.out", 30_000)])
-    on = analyze(data, sme2=True, arch="arm64")
+    on = analyze(data, sme2=True, arch="arm64").to_dict()
     kp = on["kernel_paths"]
     assert kp["source"] == "XNNPACK operator names in the ETDump" and kp["sme2_visible"] is True
     cov = kp["coverage"]
@@ -114,10 +114,10 @@ def test_coverage_and_paths_per_category_add_up(etdump_builder):
         assert sum(paths.values()) == pytest.approx(sum(o["total_ms"] for o in on["operators"] if o["category"] == cat))
 
     # the same trace from the off arm (SME2 hidden) and offline (unknown arm)
-    off = analyze(data, sme2=False, arch="arm64")["kernel_paths"]["coverage"]
+    off = analyze(data, sme2=False, arch="arm64").to_dict()["kernel_paths"]["coverage"]
     assert off["sme2_ms"] == 0 and off["share"] == 0
     assert {d["kernel_path"] for d in off["off_sme2"]} == {SME, NEON}
-    offline = analyze(data)
+    offline = analyze(data).to_dict()
     cov = offline["kernel_paths"]["coverage"]
     assert offline["kernel_paths"]["sme2_visible"] is None
     assert cov["sme2_ms"] == 0  # SME/SME2 and "SME2 or NEON" are not claimed as SME2...
@@ -137,7 +137,7 @@ def test_flag_when_sme2_was_on_but_no_conv_or_gemm_ran_on_it(etdump_builder):
     ops = [("Fully Connected (NC, F32) GEMM #1", 200_000), ("Convolution (NHWC, F32) DWConv #1", 100_000),
            ("Add (ND) #1", 10_000)]
     data = _trace(etdump_builder, ops)
-    rep = analyze(data, sme2=True, arch="arm64")
+    rep = analyze(data, sme2=True, arch="arm64").to_dict()
     flag = rep["kernel_paths"]["coverage"]["flag"]
     assert flag.startswith("SME2 was on, but none of the 0.300 ms of Convolution/GEMM per iteration ran in an SME2 kernel")
     assert "Fully Connected (NC, F32) GEMM 0.200 ms" in flag and flag in rep["warnings"]
@@ -146,11 +146,11 @@ def test_flag_when_sme2_was_on_but_no_conv_or_gemm_ran_on_it(etdump_builder):
     for text in (md, term):
         assert f"FLAG: {flag}" in text and text.count(flag) == 1  # shown once, not again among the warnings
     # no flag where SME2 was off, unknown, on x86, or without Convolution/GEMM time
-    assert analyze(data, sme2=False, arch="arm64")["kernel_paths"]["coverage"]["flag"] is None
-    assert analyze(data)["kernel_paths"]["coverage"]["flag"] is None
-    x86 = analyze(data, sme2=False, arch="x86_64")
+    assert analyze(data, sme2=False, arch="arm64").to_dict()["kernel_paths"]["coverage"]["flag"] is None
+    assert analyze(data).to_dict()["kernel_paths"]["coverage"]["flag"] is None
+    x86 = analyze(data, sme2=False, arch="x86_64").to_dict()
     assert {o["kernel_path"] for o in x86["operators"]} == {X86} and "NEON" not in to_terminal(x86)
-    none = analyze(_trace(etdump_builder, [("Add (ND) #1", 10_000)]), sme2=True, arch="arm64")["kernel_paths"]["coverage"]
+    none = analyze(_trace(etdump_builder, [("Add (ND) #1", 10_000)]), sme2=True, arch="arm64").to_dict()["kernel_paths"]["coverage"]
     assert none == {"conv_gemm_ms": 0.0, "sme2_ms": 0.0, "unknown_ms": 0.0, "share": None, "off_sme2": [], "flag": None}
 
 
@@ -210,7 +210,7 @@ def test_emulated_sme2_arms_confirm_the_table(emulated_traces, model, packed):
     coverage is the SME2 share of the Convolution/GEMM operator time in the report."""
     dev, traces = emulated_traces
     arch = arch_of(dev.runner_platform)
-    reports = {arm: analyze(traces[(model, arm)], sme2=arm == "on" and dev.sme2, arch=arch) for arm in ("off", "on")}
+    reports = {arm: analyze(traces[(model, arm)], sme2=arm == "on" and dev.sme2, arch=arch).to_dict() for arm in ("off", "on")}
     for arm, rep in reports.items():
         conv_gemm = [o for o in rep["operators"] if o["category"] in ("Convolution", "GEMM")]
         on_sme2 = [o for o in conv_gemm if o["kernel_path"] == SME2]
@@ -236,9 +236,9 @@ def test_emulated_sme2_arms_confirm_the_table(emulated_traces, model, packed):
 def test_emulated_sme2_on_arm_without_a_packed_operator_is_flagged(emulated_traces):
     """A depthwise-only model: SME2 was visible, yet its Convolution ran on NEON only: flagged."""
     dev, traces = emulated_traces
-    rep = analyze(traces[("depthwise", "on")], sme2=True, arch=arch_of(dev.runner_platform))
+    rep = analyze(traces[("depthwise", "on")], sme2=True, arch=arch_of(dev.runner_platform)).to_dict()
     cov = rep["kernel_paths"]["coverage"]
     assert cov["conv_gemm_ms"] > 0 and cov["sme2_ms"] == 0
     assert cov["flag"] and "Convolution (NHWC, F32) DWConv" in cov["flag"] and cov["flag"] in rep["warnings"]
-    off = analyze(traces[("depthwise", "off")], sme2=False, arch=arch_of(dev.runner_platform))
+    off = analyze(traces[("depthwise", "off")], sme2=False, arch=arch_of(dev.runner_platform)).to_dict()
     assert off["kernel_paths"]["coverage"]["flag"] is None

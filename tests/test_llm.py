@@ -110,7 +110,7 @@ def test_executorchs_own_llama_export_is_prefilled_in_calls_and_decoded(local_ru
     np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4, equal_nan=False)
 
     trace = (tmp_path / "t.etdump").read_bytes()
-    _check_against_flatcc(analyze(trace), trace, prompt, decode, 3, chunk)
+    _check_against_flatcc(analyze(trace).to_dict(), trace, prompt, decode, 3, chunk)
 
 
 @pytest.mark.parametrize("flags,model,error", [
@@ -206,14 +206,14 @@ def test_phases_match_executorchs_flatcc_deserializer(local_runner, example_pte,
                             "--llm_decode=5", "--num_executions=4", "--warmup=1", "--etdump_path=t.etdump")
     assert done.returncode == 0, done.stderr[-2000:]
     trace = (tmp_path / "t.etdump").read_bytes()
-    _check_against_flatcc(analyze(trace), trace, 12, 5, 4)
+    _check_against_flatcc(analyze(trace).to_dict(), trace, 12, 5, 4)
 
 
 def test_a_trace_without_markers_has_no_llm_section(local_runner, example_pte, tmp_path):
     done = run_local_runner(local_runner, tmp_path, f"--model_path={example_pte('toy_cnn')}", "--num_executions=2",
                             "--etdump_path=t.etdump")
     assert done.returncode == 0, done.stderr[-2000:]
-    report = analyze((tmp_path / "t.etdump").read_bytes())
+    report = analyze((tmp_path / "t.etdump").read_bytes()).to_dict()
     assert report["llm"] is None and report["n_iterations"] == 2
 
 

@@ -47,7 +47,7 @@ def test_a_trace_with_custom_ops_reports_attention_and_the_cache_update(etdump_b
               p("llama::custom_sdpa.out", 3_600, 6_000, instruction_id=2),
               p("OPERATOR_CALL", 3_500, 6_300, instruction_id=2),
               p("Method::execute", 0, 12_000)]
-    rep = analyze(etdump_builder.build([("Execute", events)]))
+    rep = analyze(etdump_builder.build([("Execute", events)])).to_dict()
     ops = {o["name"]: o for o in rep["operators"]}
     assert set(ops) == {"llama::update_cache.out", "llama::custom_sdpa.out"}
     assert ops["llama::custom_sdpa.out"]["category"] == GEMM

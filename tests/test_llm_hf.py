@@ -103,7 +103,7 @@ def test_hf_exports_run_in_llm_mode_in_their_convention(local_runner, hf_export,
     if kind in ("dynamic", "static"):
         # the runner feeds decode step i the pick after step i-1: the eager generation's first DECODE tokens
         assert fed == greedy_tokens([1] * PROMPT, DECODE, seed=HELD_OUT_SEED)
-    llm = analyze((tmp_path / "t.etdump").read_bytes())["llm"]
+    llm = analyze((tmp_path / "t.etdump").read_bytes()).to_dict()["llm"]
     assert llm["prompt"] == PROMPT and llm["decode"] == DECODE and llm["iterations"] == 2
     assert not llm["warnings"], llm["warnings"]
 
@@ -195,7 +195,7 @@ def emulated_quantized(arm64_runners, sme2_emulator, hf_export, tmp_path_factory
                                                iterations=1, warmup=0, timeout_s=600, workdir=work,
                                                llm={"prompt": 8, "decode": 4}))
             assert r.ok, (q, arm, r.reason)
-            out[(q, arm)] = analyze(r.etdump_path.read_bytes(), sme2=arm == "on", arch=arch_of(dev.runner_platform))
+            out[(q, arm)] = analyze(r.etdump_path.read_bytes(), sme2=arm == "on", arch=arch_of(dev.runner_platform)).to_dict()
     return out
 
 
@@ -334,7 +334,7 @@ def test_emulated_translation_log_proves_which_gemm_kernels_the_quantized_linear
             mode="trace", llm={"prompt": 4, "decode": 2})
         r = driver.execute(dev.serial, job)
         assert r.ok, r.reason
-        kernels = analyze(r.etdump_path.read_bytes(), kernel_log=r.kernel_log_path.read_text())["kernels"]
+        kernels = analyze(r.etdump_path.read_bytes(), kernel_log=r.kernel_log_path.read_text()).to_dict()["kernels"]
         assert kernels["status"] == "ok", kernels
         names[q] = [(d["name"], d["isa"]) for ks in kernels["by_kind"].values() for d in ks]
     int8 = [n for n, isa in names["8da8w"] if "matmul" in n and "qsi8cx" in n]

@@ -1,22 +1,25 @@
-"""The wire contract decides the report's shape once (sme2farm/protocol/runs.py, comparisons.py):
-analysis/ returns plain dicts, and here its output holds valid against the models, with no key
-left out of them, for every bundled example, SME2 arm and dtype; a run report served by a farm
-validates against the typed model and, with an off-the-shelf JSON Schema validator, against the
-schema /openapi.json publishes."""
+"""The report's shape is defined once (analysis/types.py), served as it is by the wire contract
+(sme2farm/protocol/runs.py, comparisons.py): here analyze()'s stored JSON holds valid against it,
+with no key left out, for every bundled example, SME2 arm and dtype; a renamed field fails; a run
+report served by a farm validates against the typed model and, with an off-the-shelf JSON Schema
+validator, against the schema /openapi.json publishes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from _fixtures_analysis import ANALYSIS_ITERATIONS, REAL_MODELS, _cache_dir, make_real_trace
 from _fixtures_farm import dispatch, ingest_all, submit
 from sme2farm.analysis import analyze, compare, compare_emulated
 from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
 from sme2farm.analysis.runner_memory import read_memory
-from sme2farm.protocol import AnalysisReport, Comparison, ExperimentReport, RunnerMemory, RunReport
+from sme2farm.analysis.types import Coverage, LatencyStats, Section
+from sme2farm.protocol import AnalysisReport, Comparison, ExperimentReport, RunnerMemory, RunReport, section_adapter
 
 
 def _left_out(original, parsed, path: str = "") -> list[str]:
@@ -37,8 +40,10 @@ def _left_out(original, parsed, path: str = "") -> list[str]:
 
 
 def _holds(model, data: dict) -> None:
-    parsed = model.model_validate(data)
-    assert _left_out(data, parsed.model_dump()) == [], f"{model.__name__} leaves keys out"
+    """`data` validates against `model` (a pydantic model or an analysis.types dataclass) and keeps every key."""
+    adapter = TypeAdapter(model)
+    parsed = adapter.validate_python(data)
+    assert _left_out(data, adapter.dump_python(parsed)) == [], f"{model.__name__} leaves keys out"
 
 
 def _check_arms(off: dict, on: dict) -> None:
@@ -53,12 +58,42 @@ def _check_arms(off: dict, on: dict) -> None:
 @pytest.mark.parametrize("name", sorted(REAL_MODELS))
 def test_every_bundled_examples_analysis_is_what_the_contract_says(name):
     trace = make_real_trace(name, **REAL_MODELS[name]).read_bytes()
-    off, on = analyze(trace, sme2=False, arch="arm64"), analyze(trace, sme2=True, arch="arm64")
-    _holds(AnalysisReport, analyze(trace))  # an offline trace: arm and architecture unknown
+    off, on = analyze(trace, sme2=False, arch="arm64").to_dict(), analyze(trace, sme2=True, arch="arm64").to_dict()
+    _holds(AnalysisReport, analyze(trace).to_dict())  # an offline trace: arm and architecture unknown
     _check_arms(off, on)
-    parsed = AnalysisReport.model_validate(on)
+    parsed = section_adapter(AnalysisReport).validate_python(on)
     assert parsed.operators and all(o.kernel_path for o in parsed.operators)
     assert parsed.kernel_paths.coverage.conv_gemm_ms >= 0
+
+
+def _renamed(cls: type, old: str, new: str) -> type:
+    """`cls` with field `old` renamed to `new` (same type, same default): what a rename in analysis/types.py is."""
+    def copied(f: dataclasses.Field) -> dataclasses.Field:  # a field of its own: make_dataclass renames what it is given
+        kw = {k: getattr(f, k) for k in ("default", "default_factory") if getattr(f, k) is not dataclasses.MISSING}
+        return dataclasses.field(metadata=f.metadata, **kw)
+
+    fields = [(new if f.name == old else f.name, f.type, copied(f)) for f in dataclasses.fields(cls)]
+    return dataclasses.make_dataclass(cls.__name__, fields, bases=(Section,), kw_only=True,
+                                      namespace={"__module__": cls.__module__})
+
+
+def test_a_renamed_field_fails_the_contract_and_the_reader(etdump_builder):
+    """One rename, shown once: stored JSON written before it no longer reads, in the wire's contract or
+    through from_dict, and a renamed optional field is caught as a key left out."""
+    trace = etdump_builder.build([("Execute", etdump_builder.iteration(i * 10**6, [("Convolution (NHWC, F32) IGEMM #1",
+                                                                                   50_000)])) for i in range(3)])
+    report = analyze(trace, sme2=True, arch="arm64").to_dict()
+    stored = report["kernel_paths"]["coverage"]
+    _holds(Coverage, stored)  # as defined, the contract holds
+    renamed = _renamed(Coverage, "sme2_ms", "sme2_time_ms")
+    with pytest.raises(ValidationError, match="sme2_time_ms"):
+        _holds(renamed, stored)
+    with pytest.raises(ValueError, match="'sme2_time_ms' is missing"):
+        renamed.from_dict(stored)
+    optional = _renamed(LatencyStats, "trimmed_mean", "trimmed_mean_ms")  # it has a default: a key is dropped instead
+    with pytest.raises(AssertionError, match="leaves keys out"):
+        _holds(optional, report["e2e_ms"])
+    assert [f.name for f in dataclasses.fields(Coverage)][1] == "sme2_ms"  # the definition itself is untouched
 
 
 def _call(etdump_builder, t0: int, marker: str, tokens: int, pos: int, ops: list[tuple[str, int]]) -> list[dict]:
@@ -77,9 +112,9 @@ def test_an_llm_report_with_its_phases_and_kernel_paths_is_what_the_contract_say
                  ("Execute", _call(etdump_builder, t + 100_000, MARKER_DECODE, 1, 4, decode)),
                  ("Execute", _call(etdump_builder, t + 200_000, MARKER_DECODE, 1, 5, decode))]
     trace = etdump_builder.build(runs)
-    off, on = analyze(trace, sme2=False, arch="arm64"), analyze(trace, sme2=True, arch="arm64")
+    off, on = analyze(trace, sme2=False, arch="arm64").to_dict(), analyze(trace, sme2=True, arch="arm64").to_dict()
     _check_arms(off, on)
-    llm = AnalysisReport.model_validate(on).llm
+    llm = section_adapter(AnalysisReport).validate_python(on).llm
     assert llm is not None and llm.decode == 2 and llm.kernel_paths.decode.what_would_reach_sme2
     assert llm.categories.decode is not None and llm.ttft_ms.n == 4
     assert Comparison.model_validate({"status": "complete", **compare(off, on)}).llm.decode is not None
@@ -90,7 +125,7 @@ def test_the_runners_memory_figures_are_what_the_contract_says():
                                      "planned_bytes": 4096, "planned_buffers_bytes": [4096],
                                      "rss_source": "/proc/self/status VmHWM"}).encode())
     _holds(RunnerMemory, memory)
-    assert RunnerMemory.model_validate(memory).execution_rss_growth_bytes == 1 << 20
+    assert section_adapter(RunnerMemory).validate_python(memory).execution_rss_growth_bytes == 1 << 20
 
 
 def _zoo_trace(name: str, dtype: str) -> bytes:
@@ -122,7 +157,7 @@ def _zoo_trace(name: str, dtype: str) -> bytes:
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "int8"])
 def test_every_dtypes_analysis_is_what_the_contract_says(dtype):
     trace = _zoo_trace("mobilenet_blocks", dtype)
-    _check_arms(analyze(trace, sme2=False, arch="arm64"), analyze(trace, sme2=True, arch="arm64"))
+    _check_arms(analyze(trace, sme2=False, arch="arm64").to_dict(), analyze(trace, sme2=True, arch="arm64").to_dict())
 
 
 def _served_schema(api, name: str) -> dict:

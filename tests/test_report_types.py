@@ -37,13 +37,14 @@ def test_a_stored_report_reads_back_and_writes_the_same_bytes(etdump_builder):
     cnn = make_real_trace("toy_cnn").read_bytes()
     reports = [analyze(cnn), analyze(cnn, sme2=True, arch="arm64", kernel_log=KERNEL_LOG),
                analyze(cnn, sme2=False, arch="x86_64"), analyze(_llm_trace(etdump_builder), sme2=True, arch="arm64")]
-    assert reports[-1]["llm"] is not None and reports[1]["kernels"]["status"] == "ok"
+    assert all(isinstance(r, AnalysisReport) for r in reports)  # analyze() returns the definition itself
+    assert reports[-1].llm is not None and reports[1].kernels.status == "ok"
     for report in reports:
-        stored = _stored(report)
+        stored = _stored(report.to_dict())
         typed = AnalysisReport.from_dict(json.loads(stored))
-        assert _stored(typed.to_dict()) == stored
+        assert typed == report and _stored(typed.to_dict()) == stored
     # what ingest adds (report.json as stored): set, they are written; unset, left out as before
-    ingested = {**reports[0], "outputs": {"status": "recorded", "reason": "", "outputs": [
+    ingested = {**reports[0].to_dict(), "outputs": {"status": "recorded", "reason": "", "outputs": [
         {"index": 0, "dtype": "Float", "shape": [1, 10], "sha256": "ab" * 32}]}, "memory": None, "emulator": "qemu"}
     ingested["kernel_paths"] = {**ingested["kernel_paths"], "runner_said": "SME2 hidden"}
     typed = AnalysisReport.from_dict(json.loads(_stored(ingested)))
@@ -52,7 +53,7 @@ def test_a_stored_report_reads_back_and_writes_the_same_bytes(etdump_builder):
 
 
 def test_a_section_reads_from_its_json_or_stays_typed():
-    kp = analyze(make_real_trace("toy_cnn").read_bytes())["kernel_paths"]
+    kp = analyze(make_real_trace("toy_cnn").read_bytes()).kernel_paths.to_dict()
     typed = section(KernelPaths, kp)
     assert isinstance(typed, KernelPaths) and section(KernelPaths, typed) is typed and section(KernelPaths, None) is None
     assert typed.coverage.conv_gemm_ms == kp["coverage"]["conv_gemm_ms"]

@@ -68,7 +68,7 @@ def run_and_analyze(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[di
                        env={"PATH": "/usr/bin:/bin", **env})
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
-    return analyze((cwd / "trace.etdump").read_bytes()), log
+    return analyze((cwd / "trace.etdump").read_bytes()).to_dict(), log
 
 
 def test_arm64_build_runner_registers_both_arms(arm64_listing):

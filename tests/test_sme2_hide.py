@@ -62,7 +62,7 @@ def _run(qemu: str, cpu: str, folder: Path, model: Path, workdir: Path, hide: bo
                         "--cpu_threads=1", "--etdump_path=trace.etdump"], cwd=workdir, env=env,
                        capture_output=True, text=True, timeout=300)
     trace = workdir / "trace.etdump"
-    return r, analyze(trace.read_bytes()) if r.returncode == 0 else None
+    return r, analyze(trace.read_bytes()).to_dict() if r.returncode == 0 else None
 
 
 def _gemm_ops(report: dict) -> set[str]:

@@ -121,13 +121,13 @@ def off_arm_traces(arm64_runners, sme2_emulator, fp32_pte, tmp_path_factory):
 def test_emulated_off_arm_that_did_not_hide_sme2_is_named(off_arm_traces):
     dev, _, traces = off_arm_traces
     arch = arch_of(dev.runner_platform)
-    leaked = analyze(traces["not hidden"], sme2=False, arch=arch)
+    leaked = analyze(traces["not hidden"], sme2=False, arch=arch).to_dict()
     names = [d["name"] for d in leaked["kernel_paths"]["not_hidden"]]
     assert names and all(" PF32" in n for n in names), names
     assert {n for n in names} >= {"Fully Connected (NC, PF32) GEMM", "Convolution (NHWC, PF32) IGEMM"}
     sentence = not_hidden_sentence(leaked["kernel_paths"])
     assert sentence in leaked["warnings"] and sentence in to_terminal(leaked)
-    hidden = analyze(traces["hidden"], sme2=False, arch=arch)
+    hidden = analyze(traces["hidden"], sme2=False, arch=arch).to_dict()
     assert hidden["kernel_paths"]["not_hidden"] == [] and not_hidden_sentence(hidden["kernel_paths"]) is None
     assert not [o["name"] for o in hidden["operators"] if backends(o["name"]) is not None]
 
@@ -201,7 +201,7 @@ def test_off_arm_on_an_sme_cpu_without_sme2_that_did_not_hide_sme_is_named(arm64
     r = driver.execute(dev.serial, Job(run_id=1, model_path=fp32_pte, runner=build, threads=1, iterations=2,
                                        warmup=1, timeout_s=300, workdir=tmp_path))
     assert r.ok, r.reason
-    rep = analyze(r.etdump_path.read_bytes(), sme2=False, arch=arch_of(dev.runner_platform))
+    rep = analyze(r.etdump_path.read_bytes(), sme2=False, arch=arch_of(dev.runner_platform)).to_dict()
     names = {d["name"] for d in rep["kernel_paths"]["not_hidden"]}
     assert names >= {"Fully Connected (NC, PF32) GEMM", "Convolution (NHWC, PF32) IGEMM"}, names
     assert not_hidden_sentence(rep["kernel_paths"]) in rep["warnings"]

@@ -176,7 +176,7 @@ def test_emulated_sme2_trace_names_sme2_kernels_in_the_on_arm_and_neon_in_the_of
         assert not list(job.workdir.glob(f"{translation.LD_DEBUG_PREFIX}.*"))
         text = result.kernel_log_path.read_text()
         assert len(text) < 20_000
-        report = analyze(result.etdump_path.read_bytes(), kernel_log=text)
+        report = analyze(result.etdump_path.read_bytes(), kernel_log=text).to_dict()
         kernels[sme2] = report["kernels"]
         assert kernels[sme2]["status"] == "ok" and kernels[sme2]["source"] == "emulator translation log"
         assert "## Kernels" in to_markdown(report) and "from the emulator translation log" in to_markdown(report)

@@ -270,7 +270,7 @@ def _trace(B, conv, tr, n=40, seed=0):
         j = int(rng.integers(0, 50))
         runs.append(("Execute", B.iteration(i * 10**7, [("Convolution (NHWC, F32) IGEMM #1", conv + 10 * j),
                                                          ("Transpose (ND, X32) #1", tr + j)], overhead=5_000)))
-    return analyze(B.build(runs))
+    return analyze(B.build(runs)).to_dict()
 
 
 def test_compare_gives_category_and_operator_verdicts(etdump_builder):

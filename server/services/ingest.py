@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, joinedload
 from sme2farm import analysis
 from sme2farm.analysis import kernels, pte, runner_memory
 from sme2farm.analysis.etdump import read_etdump_file
+from sme2farm.analysis.types import Outputs, RunnerMemory, section
 from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence, runner_hiding
 from sme2farm.protocol import DEFAULT_METHOD, KERNEL_LOG, MEMORY, OUTPUTS, RUNNER_LOG, TRACE, RunStatus
 from sme2farm.runners import inputs as containers
@@ -109,28 +110,30 @@ class Ingester:
         except kernels.KernelLogError as e:
             raise IngestError(str(e)) from None
         if log_cut:  # XNNPACK names its kernels as it starts: the head of the log holds them
-            report["warnings"].append(f"the kernel log is over {kernels.MAX_LOG_BYTES >> 20} MiB: only its first "
+            report.warnings.append(f"the kernel log is over {kernels.MAX_LOG_BYTES >> 20} MiB: only its first "
                                       f"{kernels.MAX_LOG_BYTES >> 20} MiB were read")
         if unreadable:
-            report["warnings"].append(unreadable)
-        if report["n_iterations"] == 0:
-            total = report["n_iterations"] + report["skipped_iterations"]
+            report.warnings.append(unreadable)
+        if report.n_iterations == 0:
+            total = report.n_iterations + report.skipped_iterations
             if total == 0:
                 raise IngestError("the ETDump holds no Execute block: nothing was timed")
             raise IngestError(f"the ETDump has no timed iteration: its {total} Execute block(s) are all warm-up "
                               f"(the agent said the first {run.warmup_in_trace} are)")
         # What the runner said XNNPACK was shown (libsme2farm_hide's result), for the report to say too.
         said = runner_hiding(self.runner_log_head(run))
-        if said and report.get("kernel_paths") is not None:
-            report["kernel_paths"]["runner_said"] = said
-        not_hidden = not_hidden_sentence(report["kernel_paths"]) if run.sme2 == "off" else None
+        if said and report.kernel_paths is not None:
+            report.kernel_paths.runner_said = said
+        not_hidden = (not_hidden_sentence(report.kernel_paths.to_dict() if report.kernel_paths else None)
+                      if run.sme2 == "off" else None)
         if not_hidden:  # its times are no SME2-off measurement: no result is worth storing
             raise NotWhatItsArmSays(f"{not_hidden} on {_device_text(run)}; its times are no SME2-off measurement")
-        report["outputs"] = self.outputs(run)
-        report["memory"] = self.memory(run, report["warnings"])
+        report.outputs = Outputs.from_dict(self.outputs(run))
+        report.memory = section(RunnerMemory, self.memory(run, report.warnings))
         # report.json/.md travel without the device record: an emulator's times say whose they are there too
-        report["emulator"] = emulator_of(run.device_snapshot)
-        return Analysis(report)
+        report.emulator = emulator_of(run.device_snapshot)
+        stored = report.to_dict(with_none=("memory", "emulator"))  # the stored JSON, made once
+        return Analysis(stored)
 
     def etrecord(self, run: Run) -> tuple[object | None, bytes | None, str]:
         """(Etrecord, program bytes, '') for a run of the experiment's model when an ETRecord was

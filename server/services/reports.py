@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, defer, joinedload
 from sme2farm import __version__
 from sme2farm.protocol import (
     DEFAULT_METHOD, TASK_REPORT, TERMINAL, DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary,
-    LatencyStats, RunnerInfo, RunReport, RunStatus,
+    LatencyStats, RunnerInfo, RunReport, RunStatus, section_adapter,
 )
 from sme2farm.protocol.experiments import RunGroup
 from sme2farm.server.store.base import ArtifactStore, StoreUnavailable, report_prefix
@@ -393,7 +393,7 @@ def _build(got: ReportRows) -> bytes:
         extra: dict = {}
         if res is not None:
             load, kernel_paths, extra = res.load, res.kernel_paths, res.extra
-            e2e = LatencyStats.model_validate({k: v for k, v in res.e2e.items() if k in E2E_KEYS}) if res.e2e else None
+            e2e = section_adapter(LatencyStats).validate_python({k: v for k, v in res.e2e.items() if k in E2E_KEYS}) if res.e2e else None
             cats, ops, kernels = answered(res.categories), answered(res.operators), answered(res.kernels)
         state = answered(r.device_state)
         raw.append(((state if state != "null" else "{}").encode(), cats.encode(), ops.encode(), kernels.encode()))

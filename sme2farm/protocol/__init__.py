@@ -6,7 +6,7 @@ exchange. One module per resource, every public name re-exported here
   timestamps and the base models that refuse control characters;
 - devices: device selectors, devices and runner builds as agents report them, GET /devices;
 - runs: a run's report and the analysis report's sections (operators, kernels, kernel paths,
-  memory, LLM phases);
+  memory, LLM phases), served as analysis/types.py defines them;
 - experiments: the experiment spec, report, list and scaling view;
 - agents: the agent protocol's messages and answers;
 - comparisons: verdicts with their numerics, GET /comparisons;
@@ -30,8 +30,8 @@ from .common import (ACTIVE, AGENT_ARTIFACTS, ARTIFACT_MEDIA, ARTIFACT_NAMES, DE
 from .devices import CoreCluster, DeviceInfo, DeviceRead, DeviceSelector, RunnerInfo, abbreviated, sme_text
 from .runs import (Allocations, AnalysisReport, Attribution, Coverage, KernelEntry, KernelPaths, Kernels, LatencyStats,
                    LlmCategories, LlmKernelPaths, LlmReport, LlmSamples, NotHidden, OffSme2, OperatorInstance,
-                   ModuleTime, OperatorRow, PhaseCategories, PhaseInterval, PhaseKernelPaths, ProgramMemory,
-                   RunnerMemory, RunReport, Sme2Advice, SourceRow)
+                   ModuleTime, OperatorRow, OutputRecord, Outputs, PhaseCategories, PhaseInterval, PhaseKernelPaths,
+                   ProgramMemory, RunDeviceState, RunnerMemory, RunReport, Sme2Advice, SourceRow, section_adapter)
 from .experiments import (ClusterMask, DeviceScaling, ExperimentPage, Imported, ExperimentReport, ExperimentSpec,
                           ExperimentSummary, LlmSpec, RunGroup, ScalingArm, ScalingFastest, ScalingInterval,
                           ScalingPoint, ScalingRatio, ScalingRead)
@@ -62,7 +62,7 @@ __all__ = [
     "KernelEntry", "KernelPaths", "Kernels", "LatencyStats", "LlmCategories", "LlmKernelPaths", "LlmReport",
     "LlmSamples", "NotHidden", "OffSme2", "OperatorInstance", "OperatorRow", "PhaseCategories", "PhaseInterval",
     "PhaseKernelPaths", "ProgramMemory", "RunnerMemory", "RunReport", "Sme2Advice", "Attribution", "ModuleTime",
-    "SourceRow", "ClusterMask", "DeviceScaling",
+    "SourceRow", "OutputRecord", "Outputs", "RunDeviceState", "section_adapter", "ClusterMask", "DeviceScaling",
     "ExperimentPage", "Imported", "ExperimentReport", "ExperimentSpec", "ExperimentSummary", "LlmSpec", "RunGroup", "ScalingArm",
     "ScalingFastest", "ScalingInterval", "ScalingPoint", "ScalingRatio", "ScalingRead", "AGENT_PROTOCOL",
     "DELIVERY_PART", "AgentDevices", "AgentRegister", "AgentRegistered", "ArtifactDigest", "ArtifactStored",

@@ -3,12 +3,52 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
+from typing_extensions import TypedDict
 
 from .common import Read
 from .runs import ProgramMemory
+
+
+class NoiseUsed(TypedDict, total=False):
+    """The noise floor a verdict used (analysis.verdict): the prior's terms and, with sessions to
+    estimate it from, the between-session spread it came to."""
+
+    sigma_between_prior: float
+    prior_df: float
+    source: str
+    described: str
+    sigma_upper_95: float
+    sigma_between: float
+    df: float
+    session_spread_df: float
+
+
+class Needed(TypedDict, total=False):
+    """What would resolve an insufficient verdict (analysis.verdict): sessions or iterations, and why."""
+
+    sessions_per_arm: int | None
+    iterations_per_session: int | None
+    target_half_width: float
+    sigma_between: float
+    within_var_per_session: float
+    why: str
+
+
+class VarianceComponents(TypedDict, total=False):
+    """The variance components of log(ratio) behind a verdict's interval (analysis.verdict)."""
+
+    log_ratio: float
+    se_log: float
+    within_var: float
+    between_var: float
+    quantile: float
+    df: float
+    tail_factor: float
+    half_width_log: float
+    within_var_per_session: float
 
 
 class PartVerdict(Read):
@@ -176,10 +216,9 @@ class Comparison(Read):
     sentence: str | None = None
     min_effect: float | None = None
     margin: list[float] | None = None
-    noise: dict[str, Any] | None = Field(default=None, description="The noise floor the verdict used (open: the "
-                                                                    "noise model's own terms)")
-    needed: dict[str, Any] | None = Field(default=None, description="Sessions a verdict would need (open)")
-    components: dict[str, Any] | None = Field(default=None, description="Variance components of log(ratio) (open)")
+    noise: NoiseUsed | None = Field(default=None, description="The noise floor the verdict used")
+    needed: Needed | None = Field(default=None, description="Sessions or iterations a verdict would need")
+    components: VarianceComponents | None = Field(default=None, description="Variance components of log(ratio)")
     kernel_paths: KernelPathsCompared | None = None
     categories: dict[str, PartVerdict] | None = Field(default=None, description="category -> its verdict")
     operators: dict[str, PartVerdict] | None = Field(default=None, description="operator -> its verdict")

@@ -4,12 +4,13 @@ finds and GET /regressions."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
 from .common import Read, IsoTimestamp, Sme2Request, Sme2Setting, StrictWire
 from .devices import DeviceSelector
+from .runs import RunDeviceState
 from .experiments import ExperimentSpec
 
 SUITE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -195,7 +196,7 @@ class SeriesPoint(Read):
     sessions: int
     runner: str | None
     et_version: str | None
-    device_state: dict[str, Any] | None
+    device_state: RunDeviceState | None
     acknowledged: bool
     memory: PointMemory | None = Field(default=None, description="None before memory was recorded")
     llm: SeriesLlm | None = Field(
