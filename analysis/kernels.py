@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from .types import KernelEntry, Kernels, section
+from .types import KernelEntry, Kernels
 
 # The kernel lines, found from each "microkernel" (a backtracking regex over the whole log took
 # time cubic in the length of "Using" followed by thousands of spaces).
@@ -174,15 +174,18 @@ def kernel_hint(op_type: str, kernels: Kernels | dict | None) -> str | None:
     the type string (``IGEMM``, ``DWConv``, ``GEMM``...), or None.
     """
     low = op_type.lower()
-    kernels = section(Kernels, kernels) if kernels else None
-    if kernels is not None and kernels.status == "ok":
+    if isinstance(kernels, dict):  # its JSON: only the matching kind's entries are read (once per operator)
+        status, by_kind = kernels.get("status"), kernels.get("by_kind") or {}
+    else:
+        status, by_kind = (kernels.status, kernels.by_kind or {}) if kernels else (None, {})
+    if status == "ok":
         for pat, kinds in _KIND_FOR_OP:
             if pat.search(low):
                 for kind in kinds:
-                    for k, ks in (kernels.by_kind or {}).items():
+                    for k, ks in by_kind.items():
                         if k == kind or k.startswith(kind):
                             order = {c: i for i, c in enumerate(ISA_CLASSES)}
-                            best = sorted(ks, key=lambda d: order[d.isa])[:2]
+                            best = sorted(map(KernelEntry.from_dict, ks), key=lambda d: order[d.isa])[:2]
                             return f"{k}: " + ", ".join(f"{d.name} [{d.isa}]" for d in best)
                 break
     m = re.search(r"\)\s*(.+)$", op_type)
