@@ -198,3 +198,32 @@ def test_the_dashboard_shows_a_summarys_headlines_and_pages_the_full_ones_in(api
     d.get(f"{api.url}/#/experiments/{running}")
     wait(d, f'#experiment[data-id="{running}"] .live', text="auto-refreshing")
     assert [b.text for b in d.find_elements("css selector", "#experiment .title button")] == ["Cancel"]
+
+
+def test_the_fast_paths_answer_what_the_validated_paths_do(db_url, tmp_path, etdump):
+    """The report's two answers built without validating each request (reports.run_from_stored_parts
+    with the stored JSON spliced in; report_comparisons on the stored JSON text) read, through the
+    wire contract, as the same answers built from validated models: the runs as run_report builds
+    them from ORM rows, a comparisons page and its headlines as Comparison.model_validate reads the
+    stored comparisons."""
+    from sme2farm.protocol import Comparison, RunReport
+    from sme2farm.server.services import experiments as experiment_service
+    from sme2farm.server.services import report_comparisons
+
+    eid = _ended_experiment(db_url, Store(tmp_path / "data"), etdump)
+    with session_scope(db_url) as s:
+        exp = experiment_service.get(s, experiment_id=eid)
+        validated_runs = [reports.run_report(r).model_dump(mode="json") for r in exp.runs]
+        fast_runs = json.loads(reports.report_json(s, experiment_id=eid, runs="full"))["runs"]
+        stored = list(exp.comparisons)
+        fast_page = report_comparisons.comparisons_page(s, experiment_id=eid, page=1, page_size=1, device="dev-1")
+    assert len(validated_runs) == 4 and all(r["operators"] for r in validated_runs)
+    assert [RunReport.model_validate(r).model_dump(mode="json") for r in fast_runs] == validated_runs
+    mine = [Comparison.model_validate(c) for c in stored if c["device"] == "dev-1"]
+    assert len(stored) == 2 and len(mine) == 1
+    validated_page = ComparisonPage(experiment_id=eid, items=mine, total=1, page=1, page_size=1)
+    assert ComparisonPage.model_validate_json(fast_page).model_dump(mode="json") == validated_page.model_dump(mode="json")
+    for c in stored:  # a headline: the validated comparison's headline fields, no more
+        fast, full = Comparison.model_validate(headline(c)), Comparison.model_validate(c)
+        assert {k: getattr(fast, k) for k in HEADLINE_KEYS} == {k: getattr(full, k) for k in HEADLINE_KEYS}
+        assert fast.operators is None and full.operators

@@ -62,10 +62,9 @@ def comparison_chart(baseline: Ref, candidate: Ref, session: SessionDep, user: U
     require_read_sides(session, user, settings, baseline=baseline, candidate=candidate)
     result = comparison_service.between(session, baseline=baseline, candidate=candidate, store=store,
                                         min_effect=min_effect)
-    label = (lambda c: f"{c.get('device_model')} · SME2 {c.get('sme2')} · {c.get('threads')} thr"
-             + ("" if c.get("mode") == "timing" else f" · {c.get('mode')}"))
-    comparisons = [c.model_dump(mode="json", exclude_unset=True) for c in result.comparisons]  # plain, for the chart
-    rows, min_effect = chart_service.forest_rows(comparisons, label=label)
+    label = (lambda c: f"{c.device_model} · SME2 {c.sme2} · {c.threads} thr"
+             + ("" if c.mode == "timing" else f" · {c.mode}"))
+    rows, min_effect = chart_service.forest_rows(result.comparisons, label=label)
     name = chart_service.side_ref
     return svg(charts.forest_plot(rows, min_effect=min_effect,
                                   title=f"{name(result.baseline)} → {name(result.candidate)}: ratio and 95% interval"))

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from sme2farm.analysis import charts
 from sme2farm.analysis.categories import CATEGORIES
 from sme2farm.analysis.stats import pooled, trimmed_mean
-from sme2farm.protocol import ComparisonSide, RunStatus, SeriesKey, SeriesPoint
+from sme2farm.protocol import Comparison, ComparisonSide, RunStatus, SeriesKey, SeriesPoint
 from sme2farm.server.store.models import Experiment, Run
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
@@ -94,13 +94,13 @@ def _categories(runs: list[Run]) -> dict[str, float]:
     return out
 
 
-def comparison_label(c: dict, multi_where: bool) -> str:
-    if c.get("kind") == "model":
-        head = f"A→B · SME2 {c.get('sme2')}" + (" (A/A)" if c.get("a_a") else "")
+def comparison_label(c: Comparison, multi_where: bool) -> str:
+    if c.kind == "model":
+        head = f"A→B · SME2 {c.sme2}" + (" (A/A)" if c.a_a else "")
     else:
-        head = "SME2 off→on" + (f" · model {c['variant']}" if c.get("variant") == "B" else "")
+        head = "SME2 off→on" + (f" · model {c.variant}" if c.variant == "B" else "")
     if multi_where:
-        head += f" · {c.get('threads')} thr · {c.get('device') or c.get('device_model') or '?'}"
+        head += f" · {c.threads} thr · {c.device or c.device_model or '?'}"
     return head
 
 
@@ -111,25 +111,27 @@ def side_ref(side: ComparisonSide) -> str:
     return f"E{side.id}" + ("/B" if side.variant == "B" else "")
 
 
-def forest_rows(comparisons: list[dict], *, label=None) -> tuple[list[dict], float | None]:
-    """Forest-plot rows of comparison entries (experiment comparisons or GET /comparisons entries)
-    and the minimum effect they were judged at (None if none says)."""
-    wheres = {(c.get("threads"), c.get("device") or c.get("device_model"), c.get("mode")) for c in comparisons}
+def forest_rows(comparisons: list[Comparison | dict], *, label=None) -> tuple[list[dict], float | None]:
+    """Forest-plot rows of comparison entries (experiment comparisons or GET /comparisons entries;
+    stored JSON is read through the contract once here) and the minimum effect they were judged at
+    (None if none says). `label`: a Comparison's row label."""
+    comps = [c if isinstance(c, Comparison) else Comparison.model_validate(c) for c in comparisons]
+    wheres = {(c.threads, c.device or c.device_model, c.mode) for c in comps}
     label = label or (lambda c: comparison_label(c, len(wheres) > 1))
     rows, min_effect = [], None
-    for c in comparisons:
-        if c.get("emulated"):  # no ratio (analysis.compare_emulated): a row that says so, with its sentence
+    for c in comps:
+        if c.emulated:  # no ratio (analysis.compare_emulated): a row that says so, with its sentence
             rows.append({"label": f"{label(c)} · emulated", "ratio": None, "ci_low": None, "ci_high": None,
                          "verdict": "emulated", "note": "no speed verdict", "emulated": True,
-                         "sentence": c.get("sentence")})
+                         "sentence": c.sentence})
             continue
-        complete = c.get("status", "complete") == "complete"
-        rows.append({"label": label(c), "ratio": c.get("speedup") if complete else None,
-                     "ci_low": c.get("ci_low") if complete else None, "ci_high": c.get("ci_high") if complete else None,
-                     "verdict": (c.get("verdict") or "no verdict") if complete else "incomplete",
-                     "sentence": c.get("sentence") if complete else c.get("reason")})
-        if complete and min_effect is None and c.get("min_effect") is not None:
-            min_effect = float(c["min_effect"])
+        complete = c.status == "complete"
+        rows.append({"label": label(c), "ratio": c.speedup if complete else None,
+                     "ci_low": c.ci_low if complete else None, "ci_high": c.ci_high if complete else None,
+                     "verdict": (c.verdict or "no verdict") if complete else "incomplete",
+                     "sentence": c.sentence if complete else c.reason})
+        if complete and min_effect is None and c.min_effect is not None:
+            min_effect = float(c.min_effect)
     return rows, min_effect
 
 

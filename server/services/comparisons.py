@@ -21,7 +21,10 @@ from sqlalchemy.orm import Session, selectinload
 from sme2farm import analysis
 from sme2farm.analysis.memory import planned_compared
 from sme2farm.analysis.numerics import not_compared
-from sme2farm.protocol import DEFAULT_METHOD, DEFAULT_MIN_EFFECT, TERMINAL, ComparisonRead, RunStatus, status_values
+from sme2farm.protocol import (
+    DEFAULT_METHOD, DEFAULT_MIN_EFFECT, TERMINAL, ComparisonRead, ComparisonSide, ExperimentSpec, RunStatus, Unmatched,
+    status_values,
+)
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.models import Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
@@ -83,7 +86,7 @@ def refresh(session: Session, *, experiment_id: int, store: Store) -> None:
     for r in runs:
         groups[(r.device_id, r.threads, r.mode)][(r.variant or "A", r.sme2)].append(r)
     a_a = exp.vs_model_sha256 is not None and exp.vs_model_sha256 == exp.model_sha256
-    min_effect = float((exp.spec or {}).get("min_effect", DEFAULT_MIN_EFFECT))
+    min_effect = ExperimentSpec.model_validate(exp.spec).min_effect if exp.spec else DEFAULT_MIN_EFFECT
     comparisons, learning = [], []
     for (device_id, threads, mode), arms in sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1], kv[0][2])):
         device = session.get(Device, device_id) if device_id else None
@@ -140,7 +143,8 @@ def parse_ref(text: str, which: str) -> tuple[str, int, str]:
     return kind, int(t), variant
 
 
-def _side(session: Session, ref: tuple[str, int, str], which: str) -> tuple[dict, list[Run]]:
+def _side(session: Session, ref: tuple[str, int, str], which: str) -> tuple[ComparisonSide, dict | None, list[Run]]:
+    """One side of GET /comparisons: who it is, its program's planned memory, and its runs."""
     kind, ident, variant = ref
     if kind == "run":
         run = session.scalar(select(Run).where(Run.id == ident).options(selectinload(Run.result), selectinload(Run.experiment)))
@@ -160,19 +164,19 @@ def _side(session: Session, ref: tuple[str, int, str], which: str) -> tuple[dict
     builds = sorted({(r.runner or {}).get("id", "") for r in runs if r.runner} - {""})
     versions = sorted({(r.runner or {}).get("executorch_version", "") for r in runs if r.runner} - {""})
     stored = session.get(Model, model) if model else None
-    info = {"kind": kind, "id": ident, "variant": variant if kind == "experiment" else (runs[0].variant or "A"),
-            "experiment_id": exp.id, "name": exp.name, "model_sha256": model,
-            "et_versions": versions, "runner_builds": builds,
-            "program_memory": memory_for(stored.memory if stored else None, (exp.spec or {}).get("method", DEFAULT_METHOD))}
-    return info, runs
+    side = ComparisonSide(kind=kind, id=ident, variant=variant if kind == "experiment" else (runs[0].variant or "A"),
+                          experiment_id=exp.id, name=exp.name, model_sha256=model,
+                          et_versions=versions, runner_builds=builds)
+    method = ExperimentSpec.model_validate(exp.spec).method if exp.spec else DEFAULT_METHOD
+    return side, memory_for(stored.memory if stored else None, method), runs
 
 
 def between(session: Session, *, baseline: str, candidate: str, store: Store,
             min_effect: float = DEFAULT_MIN_EFFECT) -> ComparisonRead:
     """Compare any two experiments or runs, matched by device model, SME2 arm, threads and mode.
     Raises NotFound for an unknown id, Invalid when nothing on one side matches the other."""
-    b_info, b_runs = _side(session, parse_ref(baseline, "baseline"), "baseline")
-    c_info, c_runs = _side(session, parse_ref(candidate, "candidate"), "candidate")
+    b_side, b_memory, b_runs = _side(session, parse_ref(baseline, "baseline"), "baseline")
+    c_side, c_memory, c_runs = _side(session, parse_ref(candidate, "candidate"), "candidate")
     shared = sorted({r.id for r in b_runs} & {r.id for r in c_runs})
     if shared:
         raise Invalid(f"baseline and candidate share run(s) {', '.join(map(str, shared[:10]))}: a run compared with itself "
@@ -208,30 +212,30 @@ def between(session: Session, *, baseline: str, candidate: str, store: Store,
             best = min(other, key=lambda k: sum(a != b for a, b in zip(key, k)), default=None)
             why = ("the other side has no runs" if best is None else
                    "no match on the other side: " + ", ".join(f"{n} {a} vs {b}" for n, a, b in zip(names, key, best) if a != b))
-            unmatched.append({"side": side, "device_model": key[0], "sme2": key[1], "threads": key[2], "mode": key[3], "why": why})
+            unmatched.append(Unmatched(side=side, device_model=key[0], sme2=key[1], threads=key[2], mode=key[3], why=why))
     if not comparisons:
-        detail = "; ".join(f"{u['side']} {u['device_model']}/SME2 {u['sme2']}/{u['threads']} thread(s)/{u['mode']}: {u['why']}"
+        detail = "; ".join(f"{u.side} {u.device_model}/SME2 {u.sme2}/{u.threads} thread(s)/{u.mode}: {u.why}"
                            for u in unmatched[:8])
         raise Invalid("nothing to compare: runs are matched by device model, SME2 arm, threads and mode, and no "
                       f"pair matches ({detail or 'neither side has runs'})")
     notes = []
-    if b_info["et_versions"] and c_info["et_versions"] and b_info["et_versions"] != c_info["et_versions"]:
-        notes.append(f"compared across ExecuTorch versions: {', '.join(b_info['et_versions'])} -> {', '.join(c_info['et_versions'])}")
-    if b_info["runner_builds"] and c_info["runner_builds"] and b_info["runner_builds"] != c_info["runner_builds"]:
-        notes.append(f"compared across runner builds: {', '.join(b_info['runner_builds'])} -> {', '.join(c_info['runner_builds'])}")
-    if b_info["model_sha256"] == c_info["model_sha256"]:
+    b, c = b_side, c_side
+    if b.et_versions and c.et_versions and b.et_versions != c.et_versions:
+        notes.append(f"compared across ExecuTorch versions: {', '.join(b.et_versions)} -> {', '.join(c.et_versions)}")
+    if b.runner_builds and c.runner_builds and b.runner_builds != c.runner_builds:
+        notes.append(f"compared across runner builds: {', '.join(b.runner_builds)} -> {', '.join(c.runner_builds)}")
+    if b.model_sha256 == c.model_sha256:
         notes.append("both sides ran the same model (an A/A comparison: a claimed difference is noise or a device change)")
-    if any(x["baseline_device"] != x["candidate_device"] for x in comparisons):
+    if any(x["baseline_device"] != x["candidate_device"] for x in comparisons):  # entries: analysis.compare's dicts
         notes.append("some pairs ran on different devices of the same model: their verdicts use the default noise "
                      "prior (a device's learned noise says nothing about how far two boards sit apart)")
-    program_memory = planned_compared(b_info.pop("program_memory"), c_info.pop("program_memory"),
-                                      labels=(side_name(b_info), side_name(c_info)))
-    return ComparisonRead(baseline=b_info, candidate=c_info, comparisons=comparisons, unmatched=unmatched, notes=notes,
+    program_memory = planned_compared(b_memory, c_memory, labels=(side_name(b_side), side_name(c_side)))
+    return ComparisonRead(baseline=b_side, candidate=c_side, comparisons=comparisons, unmatched=unmatched, notes=notes,
                           program_memory=program_memory)
 
 
-def side_name(info: dict) -> str:
+def side_name(side: ComparisonSide) -> str:
     """R34, E12 or E12/B: a side as GET /comparisons takes it."""
-    if info["kind"] == "run":
-        return f"R{info['id']}"
-    return f"E{info['id']}" + ("/B" if info.get("variant") == "B" else "")
+    if side.kind == "run":
+        return f"R{side.id}"
+    return f"E{side.id}" + ("/B" if side.variant == "B" else "")
