@@ -285,4 +285,11 @@ def test_dashboard_hides_change_token_signed_out_and_says_an_unschedulable_reaso
     assert d.find_element(By.ID, "main").text.count(reason) == 1
     for r in on:
         assert "Could not run" in wait(d, f"#run-{r.id} .reason.grouped").text
+    # Once the experiment ends its comparisons' reason points to that card without doubling the status.
+    from _fixtures_farm import wait_for
+
+    wait_for("the experiment's end", lambda: client.experiment(rep.id).status not in ("queued", "running"), 180)
+    d.refresh()
+    verdicts = wait(d, ".card.comparison", text="the reason under “Could not run” above", timeout=60).text
+    assert "unschedulable (unschedulable" not in verdicts
     client.cancel(rep.id)

@@ -546,7 +546,7 @@ export async function experimentView({ id, with: joined }) {
       measured && moduleCard(experimentArms(exp)),
       scales && scalingCard(exp, join, scaling, scalingChart, scalingError),
       exp.comparisons.length > 0 && verdictsSection(exp, verdicts, (c) => comparisonCard(grouped.size && c.reason
-        ? { ...c, reason: [...grouped.keys()].reduce((text, r) => text.split(r).join("unschedulable (under “Could not run” above)"), c.reason) }
+        ? { ...c, reason: [...grouped.keys()].reduce((text, r) => text.split(r).join("the reason under “Could not run” above"), c.reason) }
         : c)),
       exp.runs_detail === "summary" && runGroupsCard(exp),
       exp.runs.map((r) => runCard(r, Boolean(exp.vs_model_sha256), grouped))),
