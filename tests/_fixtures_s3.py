@@ -37,7 +37,15 @@ class SeaweedFS:
     def __init__(self, binary: str, workdir: Path, ip: str = "127.0.0.1", place=lambda argv: argv):
         self.binary, self.workdir, self.ip, self.place = binary, workdir, ip, place
         (workdir / "data").mkdir(parents=True, exist_ok=True)
-        self.ports = _free_ports(11)
+        # weed also serves each gRPC port on /tmp/seaweedfs-<part>-<port>.sock, one /tmp for every
+        # namespace: placed in another one, its ports stay bound here (not listening) until
+        # stop(), so no other weed on this machine is handed them and takes over its sockets.
+        held = _reserve(11)
+        self.ports = [s.getsockname()[1] for s in held]
+        self._held = held if ip != "127.0.0.1" else []
+        for sock in held:
+            if sock not in self._held:
+                sock.close()
         self.endpoint = f"http://{ip}:{self.ports[6]}"
         self.proc: subprocess.Popen | None = None
 
@@ -80,6 +88,9 @@ class SeaweedFS:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         self.proc = None
+        for sock in self._held:
+            sock.close()
+        self._held = []
 
     def kill(self) -> None:
         """SIGKILL, as a crashed or powered-off store host: nothing is flushed or closed."""
@@ -109,15 +120,18 @@ class SeaweedFS:
             token = r["NextContinuationToken"]
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
+def _reserve(n: int) -> list[socket.socket]:
+    """n sockets bound to distinct free ports on loopback (the caller closes them)."""
+    socks = []
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
+        for _ in range(n):
+            socks.append(socket.socket())
+            socks[-1].bind(("127.0.0.1", 0))
+        return socks
+    except BaseException:
         for s in socks:
             s.close()
+        raise
 
 
 def weed_or_skip() -> str:
