@@ -424,6 +424,20 @@ def submit(target, model: bytes | Path, **spec) -> dict:
     return r.json()
 
 
+def mint(api, scope: str = "submit", name: str | None = None, **whose) -> str:
+    """A new token of `scope` (POST /tokens with the admin token) named `name` (default t-<scope>),
+    for `whose` user and team: its plaintext. A user-level token must belong to that user (default:
+    its name) and team, as the answer says."""
+    from sme2farm.server.services.tokens import USER_LEVEL
+
+    name = name or f"t-{scope}"
+    r = api.client.post("/tokens", json={"name": name, "scope": scope, **whose}, headers=api.auth())
+    assert r.status_code == 201, r.text
+    if scope in USER_LEVEL:
+        assert (r.json()["user"], r.json()["team"]) == (whose.get("user", name), whose.get("team")), r.json()
+    return r.json()["token"]
+
+
 @dataclass
 class Api:
     """The real FastAPI app served by uvicorn on a loopback port in this process, with the task

@@ -64,6 +64,12 @@ def submit_experiment(url: str, *, device_lost_s: float | None = None, store: St
         return Submitted(exp.id, [r.id for r in exp.runs], list(exp.warnings or []))
 
 
+def submit_off(url: str, lost_s: float, **spec) -> Submitted:
+    """An SME2-off experiment (submit_experiment) whose offline devices count as lost after lost_s,
+    as the lost-device tests submit one."""
+    return submit_experiment(url, device_lost_s=lost_s, **{"sme2": "off", **spec})
+
+
 @dataclass
 class ServiceFarm:
     """A farm of one agent and one SME2 device, driven through the service functions (no HTTP,

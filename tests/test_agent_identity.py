@@ -16,18 +16,12 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from _fixtures_farm import dispatch, post_register, register, submit, x86_host
+from _fixtures_farm import dispatch, mint, post_register, register, submit, x86_host
 from sme2farm.protocol.agents import AGENT_TOKEN_HEADER
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, utcnow
 
 HOST = x86_host("host-identity")
-
-
-def mint(api, scope: str, name: str) -> str:
-    r = api.client.post("/tokens", json={"name": name, "scope": scope}, headers=api.auth())
-    assert r.status_code == 201, r.text
-    return r.json()["token"]
 
 
 def _claim(api, token: str) -> httpx.Response:
@@ -137,15 +131,19 @@ def test_claims_past_the_cap_get_429_with_retry_after(api):
     token = register(api, (HOST,), name="greedy")["access_token"]
     answers: list[httpx.Response] = []
 
-    def hold():
+    def hold():  # a claim that waits; again if the probe below held a slot at that moment
         with httpx.Client(base_url=api.url, timeout=30) as c:
-            answers.append(c.post("/agent/claim", params={"wait": 3}, headers=api.auth(token)))
+            while (a := c.post("/agent/claim", params={"wait": 6}, headers=api.auth(token))).status_code == 429:
+                time.sleep(0.05)
+            answers.append(a)
 
     holders = [threading.Thread(target=hold) for _ in range(2)]
     for t in holders:
         t.start()
-    time.sleep(1.0)   # both are waiting now
-    r = api.client.post("/agent/claim", params={"wait": 3}, headers=api.auth(token))
+    # A claim that does not wait, until it is refused: only the two holders can hold the two slots then.
+    deadline = time.monotonic() + 5
+    while (r := _claim(api, token)).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert r.status_code == 429, r.text
     assert int(r.headers["Retry-After"]) >= 1 and "SME2_AGENT_MAX_CLAIMS" in r.json()["detail"]
     for t in holders:

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from _fixtures_farm import register
+from _fixtures_farm import mint, register
 from sme2farm.protocol import DeviceInfo
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.services import runs as run_service
@@ -75,12 +75,6 @@ EXPECTED = {
 DUMMY = {"experiment_id": "987654", "run_id": "987654", "token_id": "987654", "change_id": "987654", "name": "trace.etdump", "sha256": "0" * 64}
 
 HOST = DeviceInfo(serial="host-auth", platform="linux", cpu_cores=2, abi="x86_64", runner_platform="linux-x86_64")
-
-
-def mint(api, scope: str, name: str | None = None) -> str:
-    r = api.client.post("/tokens", json={"name": name or f"t-{scope}", "scope": scope}, headers=api.auth())
-    assert r.status_code == 201, r.text
-    return r.json()["token"]
 
 
 @pytest.fixture

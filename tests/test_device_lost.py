@@ -21,14 +21,9 @@ from sme2farm.server.services import reports
 from sme2farm.server.services import runs as run_service
 
 from _fixtures_farm import register_boards
-from _fixtures_services import NO_OUTPUTS, submit_experiment
+from _fixtures_services import NO_OUTPUTS, submit_off
 
 LOST_S = 300.0
-
-
-def _submit(url: str, **spec) -> tuple[int, list[str]]:
-    exp = submit_experiment(url, device_lost_s=LOST_S, **{"sme2": "off", "sessions": 2, **spec})
-    return exp.id, exp.warnings
 
 
 def _offline_since(url: str, serial: str, ago_s: float) -> None:
@@ -59,7 +54,8 @@ def _report(url: str, exp_id: int) -> ExperimentReport:
 
 def test_queued_runs_of_a_device_offline_past_the_bound_end_unschedulable_naming_it(db_url):
     register_boards(db_url, "a1", ["gone", "near", "fine"])
-    exp_id, warnings = _submit(db_url)
+    exp = submit_off(db_url, LOST_S, sessions=2)
+    exp_id, warnings = exp.id, exp.warnings
     assert warnings == []
     _offline_since(db_url, "gone", LOST_S + 60)   # past the bound
     _offline_since(db_url, "near", LOST_S - 60)   # not yet
@@ -90,7 +86,7 @@ def test_queued_runs_of_a_device_offline_past_the_bound_end_unschedulable_naming
 
 def test_a_device_that_comes_back_before_the_bound_is_served(db_url):
     register_boards(db_url, "a1", ["back"])
-    exp_id, _ = _submit(db_url)
+    exp_id = submit_off(db_url, LOST_S, sessions=2).id
     _offline_since(db_url, "back", LOST_S - 30)
     with session_scope(db_url) as s:  # nothing is dispatched to an offline device
         assert run_service.dispatch(s, lease_s=60) == []
@@ -108,7 +104,7 @@ def test_a_device_that_comes_back_before_the_bound_is_served(db_url):
 
 def test_every_run_of_the_experiment_ended_completes_it(db_url):
     register_boards(db_url, "a1", ["only"])
-    exp_id, _ = _submit(db_url)
+    exp_id = submit_off(db_url, LOST_S, sessions=2).id
     _offline_since(db_url, "only", LOST_S + 1)
     assert len(_reap(db_url)) == 2
     assert _report(db_url, exp_id).status == "failed"  # every run ended, none ran
@@ -119,7 +115,7 @@ def test_silent_agents_devices_are_offline_since_it_was_last_heard(db_url):
     heard = utcnow() - timedelta(seconds=LOST_S + 20)
     with session_scope(db_url) as s:
         s.execute(update(Agent).where(Agent.id == agent_id).values(last_seen=heard))
-    exp_id, _ = _submit(db_url)
+    exp_id = submit_off(db_url, LOST_S, sessions=2).id
     with session_scope(db_url) as s:
         assert device_service.mark_silent_agents_offline(s, silent_for_s=90) == 1
     with session_scope(db_url) as s:
@@ -137,7 +133,8 @@ def test_silent_agents_devices_are_offline_since_it_was_last_heard(db_url):
 def test_a_submission_leaves_a_long_offline_device_out_and_says_so(db_url):
     register_boards(db_url, "a1", ["gone", "here"])
     _offline_since(db_url, "gone", LOST_S + 120)
-    exp_id, warnings = _submit(db_url)
+    exp = submit_off(db_url, LOST_S, sessions=2)
+    exp_id, warnings = exp.id, exp.warnings
     assert len(warnings) == 1 and warnings[0].startswith("device gone (Board X) offline since ")
     assert "was left out: offline longer than SME2_DEVICE_LOST_S=300" in warnings[0]
     assert list(_runs(db_url, exp_id)) == ["here"]
@@ -147,18 +144,19 @@ def test_a_submission_leaves_a_long_offline_device_out_and_says_so(db_url):
     assert f"  note: {warnings[0]}" in experiment_text(_report(db_url, exp_id))
     # A device offline for less than the bound still gets runs (it may return).
     _offline_since(db_url, "here", 10)
-    exp2, warnings2 = _submit(db_url, device={"serial": "here"})
+    exp = submit_off(db_url, LOST_S, sessions=2, device={"serial": "here"})
+    exp2, warnings2 = exp.id, exp.warnings
     assert warnings2 == [] and list(_runs(db_url, exp2)) == ["here"]
     # Nothing else matches: the refusal names the device and why.
     with pytest.raises(experiment_service.NoMatchingDevice) as e:
-        _submit(db_url, device={"serial": "gone"})
+        submit_off(db_url, LOST_S, sessions=2, device={"serial": "gone"})
     assert "no device that can run matches selector" in str(e.value) and "device gone (Board X) offline since" in str(e.value)
 
 
 def test_ready_and_metrics_show_devices_offline_with_queued_work(api):
     url = api.settings.sqlalchemy_url
     register_boards(url, "a1", ["gone", "idle-one"])
-    _submit(url, device={"serial": "gone"})
+    submit_off(url, LOST_S, sessions=2, device={"serial": "gone"})
     assert api.client.get("/ready", headers=api.auth()).json()["checks"]["devices_offline_with_work"]["devices"] == []
     _offline_since(url, "gone", 120)
     check = api.client.get("/ready", headers=api.auth()).json()["checks"]["devices_offline_with_work"]

@@ -26,14 +26,10 @@ from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Agent, Device, Lease, Run, as_utc, utcnow
 
 from _fixtures_farm import BOARD_RUNNERS, board, register_boards
-from _fixtures_services import NO_OUTPUTS, submit_experiment
+from _fixtures_services import NO_OUTPUTS, submit_off
 
 
 LOST_S, OFFLINE_S, SETTLE_S = 300.0, 90.0, 15.0
-
-
-def _submit(url: str, serial: str) -> list[int]:
-    return submit_experiment(url, device_lost_s=LOST_S, sme2="off", device={"serial": serial}).run_ids
 
 
 def _farm(url: str, *, up_for_s: float | None, down: bool = False) -> None:
@@ -100,7 +96,7 @@ def test_the_farm_clock_follows_the_api_beats(db_url):
 
 def test_a_silent_agent_s_device_is_not_lost_while_the_farm_is_down_or_settling(db_url):
     agent_id = register_boards(db_url, "quiet", ["q1"])
-    runs = _submit(db_url, "q1")
+    runs = submit_off(db_url, LOST_S, device={"serial": "q1"}).run_ids
     _agent_heard(db_url, agent_id, LOST_S + 100)          # silent since before the outage
     _farm(db_url, up_for_s=10)                            # back 10 s ago: within the settle time
     assert _mark_silent(db_url) == 0 and _device_row(db_url, "q1").state == "idle"
@@ -120,7 +116,7 @@ def test_a_silent_agent_s_device_is_not_lost_while_the_farm_is_down_or_settling(
 
 def test_a_device_unplugged_while_its_agent_talks_on_is_lost_within_its_bound(db_url):
     agent_id = register_boards(db_url, "lab", ["stays", "unplugged"])
-    runs = _submit(db_url, "unplugged")
+    runs = submit_off(db_url, LOST_S, device={"serial": "unplugged"}).run_ids
     with session_scope(db_url) as s:   # its agent reports the lab without it
         device_service.sync(s, agent=s.get(Agent, agent_id), runners=BOARD_RUNNERS, devices=[board("stays")])
         s.execute(update(Device).where(Device.serial == "unplugged")
@@ -144,7 +140,7 @@ def test_a_submission_right_after_an_outage_keeps_devices_whose_agents_are_recon
     _farm(db_url, up_for_s=OFFLINE_S + SETTLE_S + 1)
     assert _mark_silent(db_url) == 1
     _farm(db_url, up_for_s=5)    # the farm restarted: a suite's tick submits before the agent is back
-    assert len(_submit(db_url, "n1")) == 1    # the device is not left out as lost
+    assert len(submit_off(db_url, LOST_S, device={"serial": "n1"}).run_ids) == 1    # the device is not left out as lost
 
 
 # ---- heard again -------------------------------------------------------------------------------

@@ -12,18 +12,11 @@ import sys
 
 import pytest
 
-from _fixtures_farm import QUICK_SPEC, post_experiment, register, x86_host
+from _fixtures_farm import QUICK_SPEC, mint, post_experiment, register, x86_host
 from sme2farm.server.store.db import session_scope
 
 HOST = x86_host("host-owners")
 RULE = "only its owner, a member of its owner's team, or an admin token may"
-
-
-def mint(api, name: str, scope: str = "submit", **whose) -> str:
-    r = api.client.post("/tokens", json={"name": name, "scope": scope, **whose}, headers=api.auth())
-    assert r.status_code == 201, r.text
-    assert r.json()["user"] == whose.get("user", name) and r.json()["team"] == whose.get("team")
-    return r.json()["token"]
 
 
 def submit_as(api, token: str, pte: bytes) -> dict:
@@ -35,9 +28,9 @@ def submit_as(api, token: str, pte: bytes) -> dict:
 @pytest.fixture
 def people(api):
     register(api, (HOST,), name="owners-lab")
-    return {"alice": mint(api, "alice-laptop", user="alice", team="red"),
-            "carol": mint(api, "carol-ci", user="carol", team="red"),
-            "bob": mint(api, "bob")}
+    return {"alice": mint(api, "submit", "alice-laptop", user="alice", team="red"),
+            "carol": mint(api, "submit", "carol-ci", user="carol", team="red"),
+            "bob": mint(api, "submit", "bob")}
 
 
 def test_only_the_owner_a_teammate_or_an_admin_cancels(api, pte, people):
@@ -130,8 +123,8 @@ def test_every_read_of_an_experiment_run_suite_or_comparison_is_confined_to_the_
         suite.owner_id = s.query(User).filter(User.name == "alice").one().id
         _inject(s, suite, dev, [10.0] * 3)
         assert s.get(Experiment, red["id"]).owner_id == suite.owner_id
-    outsider = mint(api, "bob-reader", scope="read", user="bob")
-    teammate = mint(api, "carol-reader", scope="read", user="carol", team="red")
+    outsider = mint(api, "read", "bob-reader", user="bob")
+    teammate = mint(api, "read", "carol-reader", user="carol", team="red")
     path_values = {"experiment_id": red["id"], "run_id": red["runs"][0]["id"]}
     names = {"/experiments/{experiment_id}/files/{name}": "model.pte", "/runs/{run_id}/artifacts/{name}": "report.json",
              "/experiments/{experiment_id}/charts/{name}.svg": "distribution", "/suites/{name}": "red-nightly"}
