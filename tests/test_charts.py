@@ -196,7 +196,7 @@ def test_distribution_axis_ignores_a_tenth_of_outliers_and_labels_sit_beside_the
         [poly] = cls(arm, "violin")
         pts = [tuple(map(float, p.split(","))) for p in poly.get("points").split()]
         ys = [y for _, y in pts]
-        assert max(ys) - min(ys) > 20  # a violin, not a flat line (it was < 2 px on a 3 ms axis)
+        assert max(ys) - min(ys) > 20  # a violin, not a flat line
         label = cls(arm, "median-label")[0]
         y_med = float(cls(arm, "median")[0].get("y1"))
         near = [x for x, y in pts if abs(y - y_med) < 4]

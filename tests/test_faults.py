@@ -229,9 +229,8 @@ def assert_unavailable(r: httpx.Response) -> None:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_the_agents_model_download_waits_for_a_server_that_is_away(db_url, tmp_path, example_pte):
-    """The server is unreachable when the agent fetches a run's model (it was restarting: found by
-    the server-kill test below, where the run failed "could not fetch the model: Server
-    disconnected"): the download retries with the agent's backoff, like its other calls."""
+    """The server is unreachable when the agent fetches a run's model (it is restarting, as in the
+    server-kill test below): the download retries with the agent's backoff, like its other calls."""
     from sme2farm.agent.api import AgentApi
     from sme2farm.server.config import Settings
     from sme2farm.server.store.db import session_scope

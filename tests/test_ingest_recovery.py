@@ -27,7 +27,7 @@ from sme2farm.server.services import runs as run_service
 # What "in seconds" means on a loaded 2-core machine: the worker is restarted by the supervisor
 # (a few seconds of imports), the reaper looks every 5 s, a begun attempt is dead after 3 missed
 # 2 s heartbeats. Before: ~194 s (180 s deadline + the 15 s reap period).
-RECOVERY_BOUND_S = 60  # was ~192 s; measured ~9-14 s: room for a loaded 2-core machine
+RECOVERY_BOUND_S = 60  # well above the recovery time (docs/benchmarks.md): room for a loaded 2-core machine
 SLOW = {"sme2": "off", "warmup": 6000, "iterations": 100}   # ~1-2 s on the device: time to freeze the worker
 SHORT = {"sme2": "off", "warmup": 2, "iterations": 20}
 
