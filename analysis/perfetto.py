@@ -26,20 +26,27 @@ def to_perfetto(etdump: bytes | Events, iteration: int = 0) -> dict:
     return json.loads(perfetto_json(etdump, iteration))
 
 
-def perfetto_json(etdump: bytes | Events, iteration: int = 0) -> str:
-    """:func:`to_perfetto`'s trace as JSON text. An iteration of more than MAX_EVENTS profile
-    events raises EtdumpError naming the limit."""
-    ev = etdump if isinstance(etdump, Events) else read_etdump(etdump)
+def drawn_events(ev: Events, iteration: int = 0) -> np.ndarray:
+    """The indices of the profile events one Execute iteration draws. EtdumpError where there is
+    no Execute block or the iteration holds more than MAX_EVENTS (ingest asks this up front, so a
+    stored run's perfetto.json can always be drawn on request)."""
     runs = [i for i, n in enumerate(ev.run_names) if n == "Execute"]
     if not runs:
         raise EtdumpError("no Execute block in this ETDump: nothing to draw")
     if not -len(runs) <= iteration < len(runs):
         raise IndexError(f"iteration {iteration} out of range (trace has {len(runs)})")
-    run = runs[iteration]
-    sel = np.flatnonzero((ev.run == run) & (ev.kind == KIND_PROFILE))
+    sel = np.flatnonzero((ev.run == runs[iteration]) & (ev.kind == KIND_PROFILE))
     if sel.size > MAX_EVENTS:
         raise EtdumpError(f"iteration {iteration} holds {sel.size} profile events, past the Perfetto export's limit "
                           f"of {MAX_EVENTS}")
+    return sel
+
+
+def perfetto_json(etdump: bytes | Events, iteration: int = 0) -> str:
+    """:func:`to_perfetto`'s trace as JSON text. An iteration of more than MAX_EVENTS profile
+    events raises EtdumpError naming the limit."""
+    ev = etdump if isinstance(etdump, Events) else read_etdump(etdump)
+    sel = drawn_events(ev, iteration)
     dur = ev.duration[sel]
     start = ev.start[sel].astype(np.int64)
     base = int(start.min()) if sel.size else 0
@@ -68,5 +75,5 @@ def perfetto_json(etdump: bytes | Events, iteration: int = 0) -> str:
         lines.append(f'{fields[0]}{t!r}, "dur": {d!r}, "args": {{"instruction_id": {instr}, '
                      f'"delegated": {fields[1]}, "duration_ms": {ms!r}}}}}')
     lines[-1] += (f'], "displayTimeUnit": "ms", "otherData": {{"iteration": {iteration}, '
-                  f'"n_iterations": {len(runs)}}}}}')
+                  f'"n_iterations": {ev.run_names.count("Execute")}}}}}')
     return ", ".join(lines)

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, joinedload
 from sme2farm import analysis
 from sme2farm.analysis import kernels, pte, runner_memory
 from sme2farm.analysis.etdump import read_etdump_file
+from sme2farm.analysis.perfetto import drawn_events
 from sme2farm.analysis.types import Outputs, RunnerMemory, section
 from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence, runner_hiding
 from sme2farm.protocol import DEFAULT_METHOD, KERNEL_LOG, MEMORY, OUTPUTS, RUNNER_LOG, TRACE, RunStatus
@@ -99,6 +100,7 @@ class Ingester:
                 etdump = read_etdump_file(trace)  # mapped, not read whole
         except FileNotFoundError:
             raise IngestError(f"no {TRACE} was stored for this run") from None
+        drawn_events(etdump)  # perfetto.json is drawn on request: a trace it could not draw fails here
         kernel_log = self._artifact(run, KERNEL_LOG, limit=kernels.MAX_LOG_BYTES + 1)
         log_cut = kernel_log is not None and len(kernel_log) > kernels.MAX_LOG_BYTES
         kernel_log = kernel_log[:kernels.MAX_LOG_BYTES].decode(errors="replace") if kernel_log is not None else None
