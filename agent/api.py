@@ -1,6 +1,6 @@
 """The agent's HTTP client for the server's /agent protocol (AGENT_PROTOCOL 2: register, claim,
 heartbeat, deliver): retries with backoff and jitter on network errors, 5xx and 429 (honouring
-Retry-After); stops on 401/403; surfaces 409 as LeaseLost. A delivery is retried for a time bound,
+Retry-After); stops on 401/403; surfaces 409 as LeaseLost. A delivery or a download is retried for a time bound,
 then surfaces as UploadRefused with the server's reason. A server that speaks an older protocol is
 refused at registration (ServerTooOld)."""
 
@@ -203,31 +203,41 @@ class AgentApi:
         self._download("inputs", f"/agent/inputs/{sha256}", sha256, dest)
 
     def _download(self, what: str, url: str, sha256: str, dest: Path) -> None:
-        """A dropped connection or a 5xx/429 (the server restarting) is retried like every other
-        call, the file written again from its start; 401/403 and other 4xx are not."""
+        """A dropped connection or a 5xx/429 (the server restarting, its store away) is retried as a
+        delivery is: for up to upload_retry_s (the run's heartbeats keep its lease), waiting at
+        least the server's Retry-After up to the backoff cap, the file written again from its start.
+        401/403 and other 4xx are not retried, nor anything with retries=0."""
         tmp = dest.with_suffix(".part")
         backoff = Backoff(self.backoff_cap_s)
-        for attempt in range(self.retries + 1):
+        until = time.monotonic() + self.upload_retry_s if self.retries else None
+        attempt = 0
+        while True:
             h = hashlib.sha256()
+            retry_after = 0.0
             try:
                 with self.client.stream("GET", url) as r:
                     if r.status_code in (401, 403):
                         raise Unauthorized(f"{what} download: {r.status_code}")
                     retry = r.status_code >= 500 or r.status_code == 429
-                    if not retry or attempt == self.retries:
+                    if not retry or self._spent(attempt, until):
                         r.raise_for_status()
                         with open(tmp, "wb") as f:
                             for chunk in r.iter_bytes(1 << 20):
                                 h.update(chunk)
                                 f.write(chunk)
                         break
+                    retry_after = _retry_after(r)
                     log.warning("%s download: %s; retrying", what, r.status_code)
             except httpx.TransportError as e:
-                if attempt == self.retries:
+                if self._spent(attempt, until):
                     tmp.unlink(missing_ok=True)
                     raise
                 log.warning("%s download: %s; retrying", what, e)
-            time.sleep(backoff.next())
+            wait = backoff.next(at_least=retry_after)
+            if until is not None:
+                wait = max(0.0, min(wait, until - time.monotonic()))   # the last try at the bound, not past it
+            time.sleep(wait)
+            attempt += 1
         if h.hexdigest() != sha256:
             tmp.unlink()
             raise ValueError(f"{what} {sha256} arrived with sha256 {h.hexdigest()}")
