@@ -57,7 +57,7 @@ class Settings(BaseSettings):
         default=1024, ge=0,
         description="Free space kept in reserve on the data dir's disk: below it uploads get 507 (reads go on); 0: off",
     )
-    agent_concurrency: int = Field(default=2, ge=0, description="Agent-protocol requests (start, heartbeat, upload, finish, register) worked on at once per server process; the rest wait their turn, so users' requests are not queued behind a fleet's (figures: docs/benchmarks.md, Figures cited by settings). 0: no limit")
+    agent_concurrency: int = Field(default=2, ge=0, description="Agent-protocol requests (register, claim, heartbeat, deliver) worked on at once per server process; the rest wait their turn, so users' requests are not queued behind a fleet's (figures: docs/benchmarks.md, Figures cited by settings). 0: no limit")
     max_json_kb: int = Field(default=1024, ge=1, description="Largest request body of any route but the two uploads (JSON bodies also nest at most 32 levels)")
     max_runs_per_experiment: int = Field(
         default=1000, ge=1,
