@@ -366,6 +366,11 @@ def board(serial: str) -> DeviceInfo:
     return DeviceInfo(serial=serial, platform="linux", sme2=False, runner_platform="linux-arm64", model="Board X")
 
 
+def sme2_board(serial: str) -> DeviceInfo:
+    """A Linux arm64 board with SME2 (both arms' runners can serve it)."""
+    return DeviceInfo(serial=serial, platform="linux", sme2=True, runner_platform="linux-arm64")
+
+
 def register_boards(url: str, name: str, serials: list[str]) -> int:
     """The agent `name` with a board of each serial and BOARD_RUNNERS, registered and synced through
     the services (no HTTP); its id."""

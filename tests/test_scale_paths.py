@@ -32,20 +32,16 @@ from sme2farm.server.services import runs as run_service
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.services.ingest import Ingester
 
-from _fixtures_farm import post_register, register
+from _fixtures_farm import post_register, register, sme2_board
 from _fixtures_services import register_agent, submit_experiment
 
 
 RUNNERS = [RunnerInfo(id=f"r-{arm}", platform="linux-arm64", sme2=arm) for arm in ("on", "off")]
 
 
-def _device(i: int) -> DeviceInfo:
-    return DeviceInfo(serial=f"dev-{i}", platform="linux", sme2=True, runner_platform="linux-arm64")
-
-
 def _agent(url: str, name: str = "a1", devices: int = 2) -> int:
     return register_agent(url, name=name, hostname=f"{name}-host", runners=RUNNERS,
-                          devices=[_device(i) for i in range(devices)])
+                          devices=[sme2_board(f"dev-{i}") for i in range(devices)])
 
 
 def _submit(url: str, **spec) -> int:
@@ -89,7 +85,7 @@ def test_a_revocation_behind_the_servers_back_takes_effect_within_the_cache_time
 
 
 def test_a_run_is_handed_to_its_agent_once_then_again_after_the_redelivery_time(api, monkeypatch):
-    agent = register(api, [_device(0)], RUNNERS, name="claimer", hostname="claimer-host")
+    agent = register(api, [sme2_board("dev-0")], RUNNERS, name="claimer", hostname="claimer-host")
     url = api.settings.sqlalchemy_url
     _submit(url, sme2="on")
     [rid] = _dispatch(url)
@@ -101,7 +97,7 @@ def test_a_run_is_handed_to_its_agent_once_then_again_after_the_redelivery_time(
     assert time.monotonic() - t0 >= 0.3, "the claim waits for new work instead of answering what the agent holds"
     # the agent restarts (registers anew, presenting the token it keeps): it holds nothing, so it is
     # handed the run again
-    r = post_register(api, [_device(0)], RUNNERS, name="claimer", hostname="claimer-host",
+    r = post_register(api, [sme2_board("dev-0")], RUNNERS, name="claimer", hostname="claimer-host",
                       presented=agent["access_token"])
     auth = api.auth(r.json()["access_token"])
     assert [x["run_id"] for x in api.client.post("/agent/claim", headers=auth).json()] == [rid]
@@ -319,7 +315,7 @@ def test_finish_assigns_the_devices_next_run_and_the_agents_claim_gets_it_withou
     # a waiting claim would look at the database only every 5 s: only the finish's wake-up can
     # hand it the next run sooner (with the embedded broker's 50 ms poll this proved nothing)
     monkeypatch.setattr(wakeup, "POLL_S", 5.0)
-    agent = register(api, [_device(0)], RUNNERS, name="finisher", hostname="finisher-host")
+    agent = register(api, [sme2_board("dev-0")], RUNNERS, name="finisher", hostname="finisher-host")
     auth = api.auth(agent["access_token"])
     url = api.settings.sqlalchemy_url
     _submit(url, sme2="both")  # two runs on the one device: one at a time
