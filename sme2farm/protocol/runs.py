@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Literal, TypeVar
 
-from pydantic import Field, JsonValue, TypeAdapter
+from pydantic import ConfigDict, Field, JsonValue, TypeAdapter
 from typing_extensions import TypedDict
 
 from sme2farm.analysis.types import (Allocations, AnalysisReport, Attribution, Coverage, KernelEntry, KernelPaths,
@@ -42,8 +42,12 @@ def section_adapter(section: type[_T]) -> TypeAdapter[_T]:
 
 class RunDeviceState(TypedDict, total=False):
     """What the agent's driver read of the device around a run (agent/drivers/base.py execute):
-    its readings before and after (thermal zones, governor, Android's hygiene gates: per driver)."""
+    its readings before and after (thermal zones, governor, Android's hygiene gates: per driver);
+    a suite's point that did not run says why (reason). Other keys a server records are kept."""
 
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+
+    reason: str
     before: dict[str, JsonValue]
     after: dict[str, JsonValue]
     device_lost: bool
