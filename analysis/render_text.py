@@ -93,9 +93,9 @@ def to_markdown(report: AnalysisReport | dict, comparison: ComparisonFacts | dic
             out.append(f"Speedup (median ratio) **{comparison.speedup:.3f}** "
                        f"(95% CI {comparison.ci_low:.3f}–{comparison.ci_high:.3f}): {comparison.verdict}."
                        if comparison.speedup is not None else "Speedup: not enough data.")
-        facts = comparison_fact_lines(comparison)
-        if facts:
-            out += [""] + [f"- {line}" for line in facts]
+        fact_lines = comparison_fact_lines(comparison)
+        if fact_lines:
+            out += [""] + [f"- {line}" for line in fact_lines]
         if numerics_rows(comparison):
             out += ["", "| " + " | ".join(NUMERICS_HEADERS) + " |", "|" + "---|" * len(NUMERICS_HEADERS)]
             out += ["| " + " | ".join(row) + " |" for row in numerics_rows(comparison)]
