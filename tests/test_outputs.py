@@ -25,8 +25,9 @@ from sme2farm.runners.catalog import Catalog, RunnerBuild
 from sme2farm.runners.input_check import check_outputs
 from sme2farm.runners.inputs import TensorInput
 from sme2farm.server.store.db import session_scope
-from sme2farm.server.store.models import Artifact, Run, RunResult
+from sme2farm.server.store.models import Run, RunResult
 from sme2farm.server.services import numerics as numerics_service
+from sme2farm.server.services import run_artifacts
 from sme2farm.server.store.artifacts import Store
 
 # ---- models written here -----------------------------------------------------------------------
@@ -300,8 +301,8 @@ def _ingest_with(farm, outputs: bytes | None):
     status = farm.ingest(rid)
     with session_scope(farm.url) as s:
         result = s.get(RunResult, rid)
-        derived = sorted(a.name for a in s.scalars(select(Artifact).where(Artifact.run_id == rid)))
-        return status, s.get(Run, rid).reason, result.analysis if result else None, derived
+        listed = run_artifacts.names(s, run_ids=[rid]).get(rid, [])   # delivered and derived, as GET /runs lists them
+        return status, s.get(Run, rid).reason, result.analysis if result else None, listed
 
 
 def _half_of(values):
