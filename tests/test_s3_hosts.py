@@ -105,7 +105,7 @@ def hosts_farm(net, postgres_admin_url, local_runner, tmp_path_factory):
 
 
 @pytest.fixture
-def farm(net, hosts_farm):
+def hosts(net, hosts_farm):
     """The module's farm, whole again after each test: every cable plugged in, SeaweedFS serving,
     both workers running (a test that failed mid-fault leaves none of it behind)."""
     yield hosts_farm
@@ -173,55 +173,55 @@ def _spec(sessions: int, threads: str = "[1]") -> str:
 
 
 def test_many_runs_shared_by_two_worker_hosts_succeed_once_each_and_no_host_holds_an_artifact(
-        net, farm, example_pte):
+        net, hosts, example_pte):
     if net.hosts is not None:  # each process on a network of its own, not the test's
-        spaces = {name: os.readlink(f"/proc/{p.pid}/ns/net") for name, p in farm.procs.items()}
+        spaces = {name: os.readlink(f"/proc/{p.pid}/ns/net") for name, p in hosts.procs.items()}
         assert len(set(spaces.values())) == len(FARM_HOSTS) and os.readlink("/proc/self/ns/net") not in spaces.values()
     pte = example_pte("toy_cnn").read_bytes()
-    eid = farm.submit(pte, _spec(5, "[1, 2]"))
-    runs = _ended_well(farm, eid)
+    eid = hosts.submit(pte, _spec(5, "[1, 2]"))
+    runs = _ended_well(hosts, eid)
     assert len(runs) >= 8, runs
 
-    results, attempts, _ = _stored(farm.test_db_url, eid)
+    results, attempts, _ = _stored(hosts.test_db_url, eid)
     assert results == {x["id"]: 1 for x in runs}            # each run's results stored once
     assert set(attempts.values()) == {1}, attempts           # each ingest begun once
     ids = {x["id"] for x in runs}
-    shares = {w: [r for r in farm.ingested(w) if r in ids] for w in WORKERS}
+    shares = {w: [r for r in hosts.ingested(w) if r in ids] for w in WORKERS}
     assert all(shares.values()), shares                      # both worker hosts ingested,
     assert not set(shares["worker-1"]) & set(shares["worker-2"]), shares  # no run on both
-    _in_bucket(net, farm, runs, pte)
-    _no_host_holds_an_artifact(farm)
+    _in_bucket(net, hosts, runs, pte)
+    _no_host_holds_an_artifact(hosts)
 
 
-def test_seaweedfs_killed_for_20_s_mid_experiment_loses_nothing_and_fails_no_run(net, farm, example_pte):
+def test_seaweedfs_killed_for_20_s_mid_experiment_loses_nothing_and_fails_no_run(net, hosts, example_pte):
     """SeaweedFS killed (SIGKILL, its host's power pulled) once the experiment's first run is
     delivered, and started again OUTAGE_S later on the same data dir and ports: uploads meanwhile
     are answered 503 with Retry-After naming the store, the agent's deliveries wait it out, and
     every run succeeds with its results stored once and its trace in the bucket."""
     pte = example_pte("toy_cnn").read_bytes()
-    eid = farm.submit(pte, _spec(4))
+    eid = hosts.submit(pte, _spec(4))
     wait_for("the first run delivered", lambda: any(x["status"] in ("analyzing", "succeeded")
-                                                    for x in farm.runs(eid)), 180, every=0.2, log=farm.tails)
+                                                    for x in hosts.runs(eid)), 180, every=0.2, log=hosts.tails)
     net.weed.kill()
     down = time.monotonic()
     try:
-        r = httpx.post(f"{farm.url}/experiments", headers=farm.auth, timeout=60,
+        r = httpx.post(f"{hosts.url}/experiments", headers=hosts.auth, timeout=60,
                        files={"model": ("model.pte", pte + b"another")}, data={"spec": _spec(1)})
         assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, r.text
         assert r.json()["unavailable"] == "artifact store"
-        ready = httpx.get(f"{farm.url}/ready", headers=farm.auth, timeout=30)
+        ready = httpx.get(f"{hosts.url}/ready", headers=hosts.auth, timeout=30)
         assert ready.status_code == 503 and "store" in ready.json()["failing"], ready.text
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down)))
-        during = farm.runs(eid)
+        during = hosts.runs(eid)
     finally:
         net.weed.start()
     assert any(x["status"] not in TERMINAL for x in during), during  # the outage fell mid-experiment
-    runs = _ended_well(farm, eid)
-    results, _, _ = _stored(farm.test_db_url, eid)
+    runs = _ended_well(hosts, eid)
+    results, _, _ = _stored(hosts.test_db_url, eid)
     assert len(runs) == 4 and results == {x["id"]: 1 for x in runs}, (runs, results)
-    assert "503" in farm.log("agent")                         # a delivery met the outage and waited
-    _in_bucket(net, farm, runs, pte)
-    _no_host_holds_an_artifact(farm)
+    assert "503" in hosts.log("agent")                         # a delivery met the outage and waited
+    _in_bucket(net, hosts, runs, pte)
+    _no_host_holds_an_artifact(hosts)
 
 
 def _begun(db_url: str, eid: int) -> list[int]:
@@ -234,28 +234,28 @@ def _begun(db_url: str, eid: int) -> list[int]:
                                                    Run.ingest_started_at.is_not(None))))
 
 
-def test_a_worker_host_killed_mid_ingest_loses_no_run_and_none_is_ingested_twice(net, farm, example_pte):
+def test_a_worker_host_killed_mid_ingest_loses_no_run_and_none_is_ingested_twice(net, hosts, example_pte):
     """Worker-1 alone takes the ingests and is killed (SIGKILL: the host gone, nothing flushed)
     while it ingests; worker-2 started then, and worker-1's host back later, ingest what it held:
     every run ends succeeded, its results stored once, the cut run's ingest begun twice."""
     pte = example_pte("toy_cnn").read_bytes()
-    farm.kill("worker-2", signal.SIGTERM)   # a warm shutdown: it holds no task
-    eid = farm.submit(pte, _spec(3))
+    hosts.kill("worker-2", signal.SIGTERM)   # a warm shutdown: it holds no task
+    eid = hosts.submit(pte, _spec(3))
     cut: list[int] = []
     while not cut:
-        caught = wait_for("an ingest begun on worker-1", lambda: _begun(farm.test_db_url, eid), 180, every=0.02,
-                          log=farm.tails)
-        farm.kill("worker-1")
-        cut = _begun(farm.test_db_url, eid)  # still analyzing, begun: worker-1 died mid-ingest
+        caught = wait_for("an ingest begun on worker-1", lambda: _begun(hosts.test_db_url, eid), 180, every=0.02,
+                          log=hosts.tails)
+        hosts.kill("worker-1")
+        cut = _begun(hosts.test_db_url, eid)  # still analyzing, begun: worker-1 died mid-ingest
         if not cut:  # it finished in the moment between the two reads: try the next run
-            assert set(caught) != {x["id"] for x in farm.runs(eid)}, "every run ingested before one was caught"
-            farm.restart_worker("worker-1")
-    farm.restart_worker("worker-2")
+            assert set(caught) != {x["id"] for x in hosts.runs(eid)}, "every run ingested before one was caught"
+            hosts.restart_worker("worker-1")
+    hosts.restart_worker("worker-2")
     time.sleep(2)
-    farm.restart_worker("worker-1")
-    runs = _ended_well(farm, eid)
-    results, attempts, _ = _stored(farm.test_db_url, eid)
+    hosts.restart_worker("worker-1")
+    runs = _ended_well(hosts, eid)
+    results, attempts, _ = _stored(hosts.test_db_url, eid)
     assert len(runs) == 3 and results == {x["id"]: 1 for x in runs}, (runs, results)  # none ingested twice
     assert all(attempts[r] >= 2 for r in cut), (cut, attempts)  # the cut ingest was begun again
-    _in_bucket(net, farm, runs, pte)
-    _no_host_holds_an_artifact(farm)
+    _in_bucket(net, hosts, runs, pte)
+    _no_host_holds_an_artifact(hosts)
