@@ -103,27 +103,26 @@ def emulated_text(exp) -> str:
         if r.status != "succeeded":
             continue
         by_path: dict[str, list[str]] = {}
-        for o in _plain(r.operators or []):
-            by_path.setdefault(o.get("kernel_path") or "?", []).append(o["name"])
+        for o in r.operators or []:
+            by_path.setdefault(o.kernel_path or "?", []).append(o.name)
         if by_path.get("SME2"):
             out.append(f"    operators on SME2 kernels: {_names(by_path['SME2'])}")
         others = {p: names for p, names in by_path.items() if p != "SME2"}
         if others:
             out.append("    other operators: " + "; ".join(f"{p}: {_names(n, 3)}" for p, n in sorted(others.items())))
-        share = ((_plain(r.kernel_paths) or {}).get("coverage") or {}).get("share")
+        share = r.kernel_paths.coverage.share if r.kernel_paths is not None else None
         if share is not None:   # a share of the emulator's time, said as a share only: no time is shown
             out.append(f"    SME2 coverage {100 * share:.0f}% of Convolution/GEMM (a share of the emulator's time)")
-        k = _plain(r.kernels) or {}
-        if k.get("status") == "ok":
-            entries = {e["name"]: str(e.get("isa") or "").upper()
-                       for kind in (k.get("by_kind") or {}).values() for e in kind}
+        k = r.kernels
+        if k is not None and k.status == "ok":
+            entries = {e.name: str(e.isa or "").upper() for kind in (k.by_kind or {}).values() for e in kind}
             sme = sorted((n for n, isa in entries.items() if isa in ("SME2", "SME")),
                          key=lambda n: (entries[n] != "SME2", n))
             proof = (f"executed {len(sme)} SME/SME2 microkernel(s): {_names(sme, 3)}" if sme else
                      f"executed no SME/SME2 microkernel ({len(entries)} other)")
-            out.append(f"    kernel proof ({k.get('source') or 'kernel log'}): {proof}")
-        elif k:
-            out.append(f"    kernel proof: {k.get('status')}")
+            out.append(f"    kernel proof ({k.source or 'kernel log'}): {proof}")
+        elif k is not None:
+            out.append(f"    kernel proof: {k.status}")
     for c in _plain(list(exp.comparisons)):
         out.append(f"  {emulated_headline(c)}")
         if numerics_line(c):
