@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from sme2farm import __version__
 from sme2farm.server.services.errors import Invalid
+from sme2farm.server.services.stored import change_values
 from sme2farm.server.services.suites.changes import metric_of, values_of
 from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, utcnow
@@ -85,7 +86,7 @@ def prepare(session: Session, *, change_id: int, public_url: str | None) -> Deli
     if suite is None or not suite.webhook:
         change.webhook_state = "none"
         return None
-    base_id = (change.detail or {}).get("baseline_point_id")
+    base_id = change_values(change.detail).baseline_point_id
     return Delivery(suite.webhook, payload(change=change, suite=suite, public_url=public_url,
                                            point=session.get(SuitePoint, change.point_id),
                                            baseline_point=session.get(SuitePoint, base_id) if base_id else None))

@@ -35,12 +35,13 @@ from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import scaling as scaling_service
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services.errors import Invalid, NotFound
+from sme2farm.server.services.stored import device_facts, report_samples
 
 NAMES = ("distribution", "categories", "verdicts", "scaling")
 
 
 def _key(run: Run) -> tuple:
-    serial = (run.device_snapshot or {}).get("serial") or ""
+    serial = device_facts(run.device_snapshot).serial or ""
     return (serial, run.threads, run.mode, getattr(run, "variant", None) or "A", run.sme2)
 
 
@@ -76,7 +77,7 @@ def arms(exp: Experiment) -> list[tuple[str, list[Run], str | None]]:
 
 
 def _iterations(run: Run) -> list[float]:
-    return list((run.result.analysis or {}).get("iterations_ms") or [])
+    return list(report_samples(run.result.analysis).iterations_ms or [])
 
 
 def _categories(runs: list[Run]) -> dict[str, float]:
@@ -85,7 +86,7 @@ def _categories(runs: list[Run]) -> dict[str, float]:
     taller than the median latency. Runs stored without per-iteration samples use their means."""
     out = {}
     for c in CATEGORIES:
-        samples = pooled([((r.result.analysis or {}).get("category_iterations_ms") or {}).get(c) or [] for r in runs])
+        samples = pooled([(report_samples(r.result.analysis).category_iterations_ms or {}).get(c) or [] for r in runs])
         if samples.size:
             out[c] = trimmed_mean(samples)
         else:
@@ -168,8 +169,8 @@ def series_chart_points(session: Session, *, suite, key: SeriesKey, points: list
     if len(stored) != len(points):  # written while we read: draw what the JSON says
         return dumped
     out = []
-    for p, sp in zip(dumped, stored):
-        iv = median_interval(sp.samples) if p.get("median_ms") is not None else None
+    for point, p, sp in zip(points, dumped, stored):
+        iv = median_interval(sp.samples) if point.median_ms is not None else None
         out.append({**p, "low_ms": iv[0] if iv else None, "high_ms": iv[1] if iv else None})
     return out
 

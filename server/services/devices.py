@@ -16,6 +16,7 @@ from sme2farm.server.store.models import Agent, ApiToken, Device, Run, as_utc, u
 from sme2farm.server.infra import liveness
 from sme2farm.server.services.errors import StateConflict
 from sme2farm.server.services import tokens as token_service
+from sme2farm.server.services.stored import DeviceFacts, device_facts
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def bring_back(session: Session, *, agent_id: int) -> list[str]:
         .where(Device.agent_id == agent_id, Device.state == "offline", Device.offline_since == Agent.last_seen)
     ).all()
     for row in rows:
-        reported = (row.info or {}).get("state")
+        reported = device_facts(row.info).state
         _set_state(row, "unhealthy" if reported == "unhealthy" else "busy" if row.current_run_id else "idle")
     if rows:
         log.info("agent %s heard again: device(s) %s back as it last reported them", agent_id,
@@ -185,7 +186,7 @@ def matching(session: Session, *, selector: DeviceSelector | None) -> list[Devic
             continue
         if s.sme2 is not None and d.sme2 != s.sme2:
             continue
-        if s.tags and not set(s.tags) <= set(d.info.get("tags", [])):
+        if s.tags and not set(s.tags) <= set(device_facts(d.info).tags or []):
             continue
         out.append(d)
     return out
@@ -307,7 +308,7 @@ def waiting_for(device: Device | None, now: datetime | None = None) -> str:
         return offline_text(device, now)
     name = f"device {device.serial} ({device_model(device.info, device.platform)})"
     if device.state == "unhealthy":
-        why = (device.info or {}).get("state_reason")
+        why = device_facts(device.info).state_reason
         return f"{name}, unhealthy: {why}" if why else f"{name}, unhealthy (its agent reports it unusable, e.g. adb unauthorized)"
     if device.current_run_id is not None:
         return f"{name}, busy with run {device.current_run_id}"
@@ -332,17 +333,17 @@ def offline_with_queued_runs(session: Session, *, now: datetime | None = None) -
     return out
 
 
-def emulator_of(info: dict | None) -> str | None:
+def emulator_of(info: dict | DeviceFacts | None) -> str | None:
     """What executed a device's runs when it is not hardware (DeviceInfo.emulator), else None. A
     snapshot taken before the field existed is known emulated by its "emulated" tag."""
-    info = info or {}
-    if info.get("emulator"):
-        return str(info["emulator"])
-    return "an emulator" if "emulated" in (info.get("tags") or []) else None
+    facts = device_facts(info)
+    if facts.emulator:
+        return str(facts.emulator)
+    return "an emulator" if "emulated" in (facts.tags or []) else None
 
 
-def device_model(info: dict | None, platform: str = "") -> str:
+def device_model(info: dict | DeviceFacts | None, platform: str = "") -> str:
     """What devices of one kind share, for matching runs across experiments and suite series:
     the reported model, else the SoC, else the platform."""
-    info = info or {}
-    return str(info.get("model") or info.get("soc") or info.get("platform") or platform or "unknown")
+    facts = device_facts(info)
+    return str(facts.model or facts.soc or facts.platform or platform or "unknown")

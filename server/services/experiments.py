@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, load_only, selectinload
 from sme2farm.protocol import TERMINAL, ExperimentSpec, RunStatus
 from sme2farm.server.store.models import Agent, Device, Experiment, Model, Run
 from sme2farm.server.services import devices as device_service
+from sme2farm.server.services.stored import device_facts, runner_facts
 
 
 class NoMatchingDevice(ValueError):
@@ -26,6 +27,12 @@ class BeyondDevice(NoMatchingDevice):
         self.field = field
 
 
+def spec_of(exp: Experiment) -> ExperimentSpec:
+    """The experiment's spec, read back into the model it was stored from (a field added since takes
+    its default)."""
+    return ExperimentSpec.model_validate(exp.spec or {})
+
+
 def _cores_text(n: int) -> str:
     return f"{n} core{'s' if n != 1 else ''} (0-{n - 1})" if n > 1 else f"{n} core (0)"
 
@@ -33,7 +40,7 @@ def _cores_text(n: int) -> str:
 def beyond_device(device: Device, *, spec: ExperimentSpec) -> tuple[str, str] | None:
     """(spec field, why) when `device` cannot honour the spec's thread counts or core mask; None
     when it can, or when it did not report its core count."""
-    cores = int((device.info or {}).get("cpu_cores") or 0)
+    cores = int(device_facts(device.info).cpu_cores or 0)
     if cores <= 0:
         return None
     name = f"device {device.serial}"
@@ -82,18 +89,18 @@ def session_order(*, sme2_settings: list[str], variants: list[str], session: int
 
 def why_unschedulable(device: Device, *, agent: Agent, sme2: str, mode: str) -> str:
     """'' when the device can serve this arm; otherwise the reason, naming what is missing."""
-    info = device.info
+    info = device_facts(device.info)
     if sme2 == "on" and not device.sme2:
-        evidence = info.get("sme2_evidence") or "not detected"
-        has = "SME, not SME2" if info.get("sme") else "none"  # SME without SME2: XNNPACK's SME2 kernels cannot run
-        return (f"SME2 on needs a device with SME2, and {device.serial} ({info.get('model') or device.platform}, "
-                f"{info.get('soc') or info.get('abi') or ''}) has {has} ({evidence}); it was not run with SME2 off instead")
-    platform = info.get("runner_platform")
+        evidence = info.sme2_evidence or "not detected"
+        has = "SME, not SME2" if info.sme else "none"  # SME without SME2: XNNPACK's SME2 kernels cannot run
+        return (f"SME2 on needs a device with SME2, and {device.serial} ({info.model or device.platform}, "
+                f"{info.soc or info.abi or ''}) has {has} ({evidence}); it was not run with SME2 off instead")
+    platform = info.runner_platform
     if not platform:
-        return f"no runner platform is known for {device.serial} ({info.get('abi') or device.platform})"
-    flavour = (info.get("trace_flavour") or "xnnlog") if mode == "trace" else "timing"   # Driver.trace_flavour
-    for r in agent.runners or []:
-        if (r.get("platform"), r.get("sme2"), r.get("flavour")) == (platform, sme2, flavour):
+        return f"no runner platform is known for {device.serial} ({info.abi or device.platform})"
+    flavour = (info.trace_flavour or "xnnlog") if mode == "trace" else "timing"   # Driver.trace_flavour
+    for r in map(runner_facts, agent.runners or []):
+        if (r.platform, r.sme2, r.flavour) == (platform, sme2, flavour):
             return ""
     return (f"agent {agent.name} has no runner build for {platform} with SME2 {sme2} ({flavour} flavour); "
             f"build one (`sme2-farm build-runner --platform {_BUILD_PLATFORM.get(platform, 'host')}`, or "
@@ -132,7 +139,7 @@ def create(session: Session, *, spec: ExperimentSpec, model: Model, device_lost_
     if "on" in spec.sme2_settings() and not any(d.sme2 for d in devices):
         # said once here, not only as each SME2-on run's unschedulable reason (a new user's
         # `--sme2 both` on an x86 laptop read the same ~150 characters per run)
-        sme = [d.serial for d in devices if (d.info or {}).get("sme")]  # SME without SME2 (Snapdragon 8 Elite Gen 5)
+        sme = [d.serial for d in devices if device_facts(d.info).sme]  # SME without SME2 (Snapdragon 8 Elite Gen 5)
         said = f" ({', '.join(sme[:3])}{' ...' if len(sme) > 3 else ''} {'has' if len(sme) == 1 else 'have'} SME, " \
                "not SME2)" if sme else ""
         left_out.append(f"no device here has SME2{said}: the SME2-on arm will be unschedulable")

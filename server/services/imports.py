@@ -29,10 +29,12 @@ from sqlalchemy.orm import Session
 
 from sme2farm import analysis
 from sme2farm.analysis import EtdumpError
-from sme2farm.protocol import ARTIFACT_NAMES, RUNNER_LOG, TRACE, DeviceInfo, ExperimentSpec, RunStatus
+from sme2farm.protocol import ARTIFACT_NAMES, RUNNER_LOG, TRACE, DeviceInfo, ExperimentSpec, RunStatus, SuiteModelRead
+from sme2farm.protocol.experiments import ImportedExecutorch
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services.errors import Invalid, StateConflict
 from sme2farm.server.services.ingest import Ingester
+from sme2farm.server.services.stored import imported_facts
 from sme2farm.server.store.base import etrecord_key, model_key
 from sme2farm.server.services.suites import SUITE_LABEL, SUITE_RUN_LABEL
 from sme2farm.server.store.models import Experiment, Model, Run, Suite, SuiteExperiment, SuiteRun, utcnow
@@ -66,7 +68,7 @@ class ImportManifest:
     name: str                      # the model's file name, plain characters only ('' when unnamed)
     device: DeviceInfo
     results: list[ImportedResult]
-    executorch: dict[str, str | bool]  # sha, version, dirty as the kit wrote them
+    executorch: ImportedExecutorch  # sha, version, dirty as the kit wrote them
     generated_at: str | None
     farm: FarmSource | None
 
@@ -160,9 +162,13 @@ def read_manifest(data: Any, *, traces: set[int], logs: set[int]) -> ImportManif
     name = _PLAIN.sub("_", PurePosixPath(str(model).replace("\\", "/")).name)[:120] if isinstance(model, str) else ""
     generated_at = data.get("generated_at")
     return ImportManifest(name=name, device=device, results=out,
-                          executorch={k: str(et[k])[:128] for k in ("sha", "version") if et.get(k) is not None}
-                          | ({"dirty": bool(et["dirty"])} if "dirty" in et else {}),
+                          executorch=ImportedExecutorch(sha=_clipped(et.get("sha")), version=_clipped(et.get("version")),
+                                                        dirty=bool(et["dirty"]) if "dirty" in et else None),
                           generated_at=str(generated_at)[:64] if generated_at else None, farm=_farm(data.get("farm")))
+
+
+def _clipped(value: Any) -> str | None:
+    return None if value is None else str(value)[:128]
 
 
 def _farm(raw: Any) -> FarmSource | None:
@@ -194,7 +200,7 @@ def check_not_imported(session: Session, *, digests: list[str]) -> None:
     wanted = set(digests)
     for exp_id, imported in session.execute(select(Experiment.id, Experiment.imported)
                                             .where(Experiment.imported.is_not(None)).order_by(Experiment.id)):
-        held = set((imported or {}).get("trace_sha256") or [])
+        held = set(imported_facts(imported).trace_sha256 or [])
         if held & wanted:
             raise StateConflict("already_imported", f"experiment {exp_id} already holds these traces (sha256 "
                                 f"{sorted(held & wanted)[0][:12]}…): this run directory was imported before")
@@ -216,14 +222,14 @@ def _suite_run(session: Session, *, name: str, model_sha256: str) -> tuple[Suite
     suite = session.scalar(select(Suite).where(func.lower(Suite.name) == name.strip().lower()))
     if suite is None:
         raise Invalid(f"suite: no suite is called {name.strip()[:64]!r}")
-    held = next((m for m in suite.models if m.get("sha256") == model_sha256), None)
+    held = next((m for m in map(SuiteModelRead.model_validate, suite.models) if m.sha256 == model_sha256), None)
     if held is None:
         raise Invalid(f"suite: {suite.name!r} does not hold this model (sha256 {model_sha256[:12]}…): its series "
                       "are of its own models; add the model to the suite first")
     srun = SuiteRun(suite_id=suite.id, trigger="import", status="running", triggered_at=utcnow())
     session.add(srun)
     session.flush()
-    return srun, suite.name, held.get("name") or ""
+    return srun, suite.name, held.name or ""
 
 
 def store_import(session: Session, *, manifest: ImportManifest, upload, store, owner_id: int | None = None) -> Experiment:
@@ -263,7 +269,7 @@ def store_import(session: Session, *, manifest: ImportManifest, upload, store, o
                      imported={"note": note, "source": source, "model": manifest.name,
                                "farm": dataclasses.asdict(farm) if farm else None,
                                "trace_sha256": digests,
-                               "generated_at": manifest.generated_at, "executorch": et,
+                               "generated_at": manifest.generated_at, "executorch": et.model_dump(exclude_none=True),
                                "device": device.serial, "experiments": [r.experiment for r in results],
                                "suite": suite_name or None})
     session.add(exp)
@@ -275,8 +281,8 @@ def store_import(session: Session, *, manifest: ImportManifest, upload, store, o
                  session=r.session, sequence=i, variant="A", status=RunStatus.analyzing.value,
                  reason="", attempt=1, device_snapshot=snapshot,
                  runner={"id": f"imported {r.experiment}"[:256], "platform": platform, "sme2": r.sme2,
-                         "flavour": "timing", "executorch_version": et.get("version", ""),
-                         "executorch_commit": et.get("sha", ""), "origin": "imported"})
+                         "flavour": "timing", "executorch_version": et.version or "",
+                         "executorch_commit": et.sha or "", "origin": "imported"})
             for i, r in enumerate(results)]
     ids = list(session.scalars(insert(Run).returning(Run.id, sort_by_parameter_order=True), rows))
     # Ingest reads the model and its ETRecord from the store (attribution): they are kept first, and

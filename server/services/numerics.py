@@ -1,7 +1,7 @@
 """Numerics between two arms (SME2 off vs on, model A vs B): the stored outputs of each side's first
 succeeded run, compared by analysis.numerics. Ingest (services/ingest.py) has already held each
 outputs.bin against the method's declared outputs and recorded the verdict of that check in
-report["outputs"]; this reads that verdict before reading any file.
+the report's outputs section; this reads that verdict before reading any file.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Sequence
 from sme2farm.analysis import numerics
 from sme2farm.protocol import OUTPUTS, RunStatus
 from sme2farm.runners import inputs as containers
+from sme2farm.server.services.stored import report_samples
 from sme2farm.server.store.models import Run
 from sme2farm.server.store.base import ArtifactStore as Store
 from sme2farm.server.store.base import run_key
@@ -31,7 +32,7 @@ def _side(runs: Sequence[Run], label: str, store: Store) -> list | dict:
     run = _first_succeeded(runs)
     if run is None:
         return numerics.not_compared("not recorded", f"numerics not recorded: {label} has no succeeded run")
-    recorded = (run.result.analysis or {}).get("outputs")
+    recorded = report_samples(run.result.analysis).outputs
     if recorded is None:  # analysed before ingest recorded outputs
         return numerics.not_compared("not recorded", f"numerics not recorded: {label} run {run.id} was analysed "
                                                      "before the farm recorded outputs")
@@ -42,10 +43,10 @@ def _side(runs: Sequence[Run], label: str, store: Store) -> list | dict:
         return numerics.not_compared("too large", f"numerics not compared: {label} run {run.id}'s outputs are "
                                                   f"{size / (1 << 20):.1f} MiB, over the {MAX_OUTPUTS_BYTES >> 20} MiB "
                                                   "the farm compares")
-    if recorded.get("status") == "not recorded":  # ingest's reason names the runner build that cannot write them
-        return numerics.not_compared("not recorded", f"{recorded.get('reason')} ({label}, run {run.id})")
-    if recorded.get("status") != "recorded":  # "invalid": the file did not match the method's declared outputs
-        return numerics.not_compared("mismatch", f"{recorded.get('reason')} ({label}, run {run.id})")
+    if recorded.status == "not recorded":  # ingest's reason names the runner build that cannot write them
+        return numerics.not_compared("not recorded", f"{recorded.reason} ({label}, run {run.id})")
+    if recorded.status != "recorded":  # "invalid": the file did not match the method's declared outputs
+        return numerics.not_compared("mismatch", f"{recorded.reason} ({label}, run {run.id})")
     if size is None:
         return numerics.not_compared("not recorded", f"numerics not recorded: {label} run {run.id}'s {OUTPUTS} "
                                                      "is no longer stored")

@@ -23,6 +23,7 @@ from sme2farm.analysis.llm import CONVENTION_WORDS, LLM_SHAPE_WORDS, llm_cache_l
 from sme2farm.protocol import LlmSpec
 from sme2farm.runners import bpte, input_check, npz
 from sme2farm.runners import inputs as inp
+from sme2farm.server.services import stored
 
 MIN_SIZE = 16
 
@@ -277,8 +278,7 @@ def read_memory(upload) -> None:
 def memory_for(memory: dict | None, method: str) -> dict | None:
     """A stored model's memory (memory_of) for one method, as protocol.ProgramMemory's fields;
     None when it was not recorded or the method is not the program's."""
-    if not memory or method not in (memory.get("planned") or {}):
+    program = stored.program_memory(memory)
+    if program is None or method not in program.planned:
         return None
-    arenas = [int(v) for v in memory["planned"][method]]
-    keys = ("constant_bytes", "delegate_bytes", "named_data_bytes", "mutable_bytes", "weights_bytes")
-    return {"method": method, "arenas": arenas, "planned_bytes": sum(arenas), **{k: int(memory.get(k) or 0) for k in keys}}
+    return program.to_dict(method)

@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session, defer, joinedload
 
 from sme2farm import __version__
 from sme2farm.protocol import (
-    DEFAULT_METHOD, TASK_REPORT, TERMINAL, DeviceInfo, ExperimentReport, ExperimentSpec, ExperimentSummary,
-    LatencyStats, RunnerInfo, RunReport, RunStatus, section_adapter,
+    TASK_REPORT, TERMINAL, DeviceInfo, ExperimentReport, ExperimentSummary, LatencyStats, RunnerInfo, RunReport, RunStatus, section_adapter,
 )
 from sme2farm.protocol.experiments import RunGroup
 from sme2farm.server.store.base import ArtifactStore, StoreUnavailable, report_prefix
@@ -33,7 +32,9 @@ from sme2farm.server.infra.json_text import answered
 from sme2farm.server.services.programs import memory_for
 # report_parts: the write side, in result_parts; ingest and bench/scale_bench/bulk.py import it from
 # here until they import it from result_parts (then this name goes).
-from sme2farm.server.services.result_parts import ATTRIBUTION_KEYS, CHUNK, ResultParts, report_parts  # noqa: F401
+from sme2farm.server.services.result_parts import (CHUNK, ReportHead, ReportTables, ResultParts,  # noqa: F401
+                                                   report_parts)
+from sme2farm.server.services.stored import imported_facts
 
 log = logging.getLogger(__name__)
 TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
@@ -77,22 +78,18 @@ E2E_KEYS = ("median", "mean", "trimmed_mean", "p10", "p90", "p99", "min", "max",
 
 def run_report(run: Run) -> RunReport:
     result = run.result
-    analysis = result.analysis if result else {}
+    head, tables = (ReportHead.from_dict(result.analysis), ReportTables.from_dict(result.analysis)) if result else \
+        (ReportHead(), ReportTables())
     return RunReport(
         id=run.id, experiment_id=run.experiment_id, sme2=run.sme2, threads=run.threads, mode=run.mode,
         variant=run.variant or "A", session=run.session or 0,
         status=run.status, reason=run.reason, attempt=run.attempt,
         device=run.device_snapshot, runner=run.runner, device_state=run.device_state or {},
-        e2e_ms={k: v for k, v in analysis["e2e_ms"].items() if k in E2E_KEYS} if result else None,
-        load_ms=analysis.get("load_ms") if result else None,
-        categories_ms=result.categories_ms if result else None,
-        operators=analysis.get("operators") if result else None,
-        kernels=analysis.get("kernels") if result else None,
-        kernel_paths=analysis.get("kernel_paths") if result else None,
-        artifacts=run_artifacts.listed(run),
-        memory=analysis.get("memory") if result else None,
-        llm=analysis.get("llm") if result else None,
-        **{k: analysis.get(k) if result else None for k in ATTRIBUTION_KEYS},
+        e2e_ms={k: v for k, v in head.e2e_ms.items() if k in E2E_KEYS} if result else None,
+        load_ms=head.load_ms, categories_ms=result.categories_ms if result else None,
+        operators=tables.operators, kernels=tables.kernels, kernel_paths=head.kernel_paths,
+        artifacts=run_artifacts.listed(run), memory=head.memory, llm=head.llm,
+        attribution=head.attribution, by_module=head.by_module, by_source=head.by_source,
         runner_wall_s=run.runner_wall_s,
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
         waiting_for=device_service.waiting_for(run.device) if run.status == RunStatus.queued else None,
@@ -102,12 +99,12 @@ def run_report(run: Run) -> RunReport:
 def summary(exp: Experiment, by_status: dict[str, int], owner: str | None = None) -> ExperimentSummary:
     """`by_status`: its run count per status (experiment_service.get_page counts them in SQL);
     `owner`: its owner's name."""
+    spec = experiment_service.spec_of(exp)
     return ExperimentSummary(
         id=exp.id, name=exp.name, status=experiment_service.status_of(by_status), model_sha256=exp.model_sha256,
         created_at=exp.created_at, runs=sum(by_status.values()), runs_by_status=dict(by_status),
-        vs_model_sha256=exp.vs_model_sha256, sme2=(exp.spec or {}).get("sme2"),
-        threads=list((exp.spec or {}).get("threads") or []), mode=(exp.spec or {}).get("mode"),
-        imported=(exp.imported or {}).get("note"), owner=owner,
+        vs_model_sha256=exp.vs_model_sha256, sme2=spec.sme2, threads=list(spec.threads), mode=spec.mode,
+        imported=imported_facts(exp.imported).note, owner=owner,
     )
 
 
@@ -321,8 +318,9 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
     now = utcnow()
     waiting = {d.id: device_service.waiting_for(d, now)
                for d in session.scalars(select(Device).where(Device.id.in_(waiting_on)))} if waiting_on else {}
+    spec = experiment_service.spec_of(exp)
     head = ExperimentReport(
-        id=exp.id, name=exp.name, status=experiment_service.status_of(statuses), spec=ExperimentSpec(**exp.spec),
+        id=exp.id, name=exp.name, status=experiment_service.status_of(statuses), spec=spec,
         model_sha256=exp.model_sha256, model_size=exp.model.size, labels=exp.labels or {},
         vs_model_sha256=exp.vs_model_sha256, vs_model_size=exp.vs_model.size if exp.vs_model_sha256 else None,
         inputs=exp.inputs_description, inputs_sha256=exp.inputs_sha256, etrecord_sha256=exp.etrecord_sha256,
@@ -331,8 +329,8 @@ def _read(session: Session, *, experiment_id: int, runs: RunsDetail | None, page
         runs_detail=detail, runs_total=total, runs_page=page if detail == "page" else None,
         runs_page_size=page_size if detail == "page" else None,
         run_groups=groups,
-        program_memory=memory_for(exp.model.memory, exp.spec.get("method", DEFAULT_METHOD)),
-        vs_program_memory=memory_for(exp.vs_model.memory, exp.spec.get("method", DEFAULT_METHOD))
+        program_memory=memory_for(exp.model.memory, spec.method),
+        vs_program_memory=memory_for(exp.vs_model.memory, spec.method)
         if exp.vs_model_sha256 else None,
         imported=exp.imported,
     )
@@ -390,9 +388,9 @@ def _build(got: ReportRows) -> bytes:
             runner = _checked_runner_build(r.runner)
         e2e = load = kernel_paths = None
         cats = ops = kernels = "null"
-        extra: dict = {}
+        head = ReportHead()
         if res is not None:
-            load, kernel_paths, extra = res.load, res.kernel_paths, res.extra
+            load, kernel_paths, head = res.load, res.kernel_paths, res.head
             e2e = section_adapter(LatencyStats).validate_python({k: v for k, v in res.e2e.items() if k in E2E_KEYS}) if res.e2e else None
             cats, ops, kernels = answered(res.categories), answered(res.operators), answered(res.kernels)
         state = answered(r.device_state)
@@ -402,7 +400,8 @@ def _build(got: ReportRows) -> bytes:
             variant=r.variant or "A", session=r.session or 0, status=RunStatus(r.status), reason=r.reason or "",
             attempt=r.attempt, device=device, runner=runner, device_state={},
             e2e_ms=e2e, load_ms=load, categories_ms=None, operators=None, kernels=None, kernel_paths=kernel_paths,
-            memory=extra.get("memory"), llm=extra.get("llm"), **{k: extra.get(k) for k in ATTRIBUTION_KEYS},
+            memory=head.memory, llm=head.llm, attribution=head.attribution, by_module=head.by_module,
+            by_source=head.by_source,
             artifacts=artifacts.get(r.id, []),
             runner_wall_s=r.runner_wall_s,
             created_at=_utc(r.created_at), started_at=_utc(r.started_at), finished_at=_utc(r.finished_at),

@@ -8,12 +8,14 @@ Ingest (services/ingest.py) writes with report_parts; reports.py reads with read
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import Text, cast, func, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
+from sme2farm.analysis.types import Section
 from sme2farm.server.store.models import RunResult
 
 # The analysis's attribution to the model's modules (from its ETRecord), carried by each run's report
@@ -21,10 +23,33 @@ ATTRIBUTION_KEYS = ("attribution", "by_module", "by_source")
 CHUNK = 5000  # run ids per IN list
 
 
+@dataclass(kw_only=True)
+class ReportHead(Section):
+    """A run report's small sections as report_head stores them (JSON as the report has it; the
+    field order is the stored key order). Read from a whole report, the rest is left out."""
+
+    e2e_ms: dict | None = None
+    load_ms: dict | None = None
+    kernel_paths: dict | None = None
+    memory: dict | None = None
+    llm: dict | None = None
+    attribution: dict | None = None
+    by_module: list | None = None
+    by_source: list | None = None
+
+
+@dataclass(kw_only=True)
+class ReportTables(Section):
+    """A run report's operators and kernels, stored as text beside the head."""
+
+    operators: list | None = None
+    kernels: dict | None = None
+
+
 class ResultParts(NamedTuple):
     """One run's stored result as the report reads it. categories, operators, kernels: JSON text as
-    stored (None: not read, in a summary); e2e, load, kernel_paths: parsed; extra: the head's memory,
-    llm and attribution sections (empty where not stored)."""
+    stored (None: not read, in a summary); e2e, load, kernel_paths: parsed; head: the stored head
+    (its memory, llm and attribution sections None where not stored)."""
     run_id: int
     categories: str | None
     e2e: dict | None
@@ -32,16 +57,15 @@ class ResultParts(NamedTuple):
     operators: str | None
     kernels: str | None
     kernel_paths: Any
-    extra: dict
+    head: ReportHead
 
 
 def report_parts(report: dict) -> dict[str, str]:
     """The RunResult columns ingest writes beside the analysis (report_head, operators_json,
     kernels_json), read by `read` instead of the whole analysis and spliced into answers as they are."""
-    return {"report_head": json.dumps({"e2e_ms": report.get("e2e_ms"), "load_ms": report.get("load_ms"),
-                                       "kernel_paths": report.get("kernel_paths"), "memory": report.get("memory"),
-                                       "llm": report.get("llm"), **{k: report.get(k) for k in ATTRIBUTION_KEYS}}),
-            "operators_json": json.dumps(report.get("operators")), "kernels_json": json.dumps(report.get("kernels"))}
+    tables = ReportTables.from_dict(report)
+    return {"report_head": json.dumps(ReportHead.from_dict(report).to_dict()),
+            "operators_json": json.dumps(tables.operators), "kernels_json": json.dumps(tables.kernels)}
 
 
 def read(session: Session, ids, *, with_operators: bool) -> list[ResultParts]:
@@ -58,7 +82,7 @@ def read(session: Session, ids, *, with_operators: bool) -> list[ResultParts]:
                    RunResult.e2e_cv, RunResult.n).where(RunResult.run_id.in_(ids)))
         return [ResultParts(r.run_id, r.categories,
                             {"median": r.e2e_median_ms, "mean": r.e2e_mean_ms, "p10": r.e2e_p10_ms,
-                             "p90": r.e2e_p90_ms, "cv": r.e2e_cv, "n": r.n}, None, None, None, None, {})
+                             "p90": r.e2e_p90_ms, "cv": r.e2e_cv, "n": r.n}, None, None, None, None, ReportHead())
                 for r in rows]
     rows = session.execute(
         select(RunResult.run_id, cast(RunResult.categories_ms, Text).label("categories"), RunResult.report_head,
@@ -68,11 +92,9 @@ def read(session: Session, ids, *, with_operators: bool) -> list[ResultParts]:
         if r.report_head is None:
             older.append(r.run_id)
             continue
-        head = json.loads(r.report_head)
-        out.append(ResultParts(r.run_id, r.categories, head.get("e2e_ms"), head.get("load_ms"), r.operators_json,
-                               r.kernels_json, head.get("kernel_paths"),
-                               {"memory": head.get("memory"), "llm": head.get("llm"),
-                                **{k: head.get(k) for k in ATTRIBUTION_KEYS}}))
+        head = ReportHead.from_dict(json.loads(r.report_head))
+        out.append(ResultParts(r.run_id, r.categories, head.e2e_ms, head.load_ms, r.operators_json, r.kernels_json,
+                               head.kernel_paths, head))
     if older:
         out += _from_analysis(session, older)
     return out
@@ -99,7 +121,9 @@ def _from_analysis(session: Session, run_ids: list[int]) -> list[ResultParts]:
             categories = func.json(a.c.categories_ms)
         query = select(a.c.run_id, categories.label("categories"), *(col.label(k) for k, col in field.items()))
         out += [ResultParts(r.run_id, r.categories, _loads(r.e2e_ms), _loads(r.load_ms), r.operators, r.kernels,
-                            _loads(r.kernel_paths), {k: _loads(getattr(r, k)) for k in ATTRIBUTION_KEYS})
+                            _loads(r.kernel_paths), ReportHead(attribution=_loads(r.attribution),
+                                                               by_module=_loads(r.by_module),
+                                                               by_source=_loads(r.by_source)))
                 for r in session.execute(query)]
     return out
 

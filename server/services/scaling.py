@@ -14,6 +14,8 @@ from sqlalchemy.orm import Session, selectinload
 from sme2farm.analysis.scaling import Point, scaling
 from sme2farm.protocol import RunStatus, ScalingRead
 from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import experiments as experiment_service
+from sme2farm.server.services.stored import device_facts, report_samples
 from sme2farm.server.services.errors import Invalid, NotFound
 from sme2farm.server.store.models import Experiment, Run
 
@@ -39,23 +41,24 @@ def for_experiment(session: Session, *, experiment_id: int, joined: list[int] | 
             raise Invalid(f"with: experiment {j} ran another model ({other.model_sha256[:12]}…, not "
                           f"{exp.model_sha256[:12]}…): only runs of one model scale together")
         experiments.append(other)
-    masks = {e.id: _mask((e.spec or {}).get("core_mask")) for e in experiments}
+    specs = {e.id: experiment_service.spec_of(e) for e in experiments}
+    masks = {i: _mask(spec.core_mask) for i, spec in specs.items()}
     ok = (Run.experiment_id.in_(list(masks)), Run.status == RunStatus.succeeded.value)
     runs = session.scalars(select(Run).where(*ok)
                            .options(selectinload(Run.result), selectinload(Run.device)).order_by(Run.id)).all()
     by_device: dict[object, list[Run]] = defaultdict(list)
     for r in runs:
         if r.result is not None:
-            by_device[r.device_id or (r.device_snapshot or {}).get("serial")].append(r)
+            by_device[r.device_id or device_facts(r.device_snapshot).serial].append(r)
     devices = []
     for group in by_device.values():
-        info = group[0].device_snapshot or (group[0].device.info if group[0].device else {}) or {}
+        info = device_facts(group[0].device_snapshot or (group[0].device.info if group[0].device else None))
         emulators = sorted({e for r in group if (e := device_service.emulator_of(r.device_snapshot))})
-        points = [Point(r.sme2, r.threads, [list((r.result.analysis or {}).get("iterations_ms") or [])],
+        points = [Point(r.sme2, r.threads, [list(report_samples(r.result.analysis).iterations_ms or [])],
                         r.variant or "A", masks[r.experiment_id]) for r in group]
-        view = scaling(points, clusters=info.get("clusters") or [], emulator=", ".join(emulators) or None)
-        devices.append({"device": info.get("serial"), "device_model": device_service.device_model(info), **view})
-    threads = sorted({t for e in experiments for t in (e.spec or {}).get("threads") or [1]})
+        view = scaling(points, clusters=info.clusters or [], emulator=", ".join(emulators) or None)
+        devices.append({"device": info.serial, "device_model": device_service.device_model(info), **view})
+    threads = sorted({t for spec in specs.values() for t in spec.threads})
     sentences = [] if devices else ["No run of this experiment has succeeded yet: nothing to scale."]
     if devices and len(threads) < 2 and len(set(masks.values())) < 2:
         sentences.append("One thread count and one core mask: submit several thread counts (--threads 1,2,4), or "

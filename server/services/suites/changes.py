@@ -33,8 +33,9 @@ from sqlalchemy.orm import Session
 
 from sme2farm.analysis import regression
 from sme2farm.analysis.memory import fmt_bytes, memory_changes
-from sme2farm.protocol import TASK_ALERT_WEBHOOK
+from sme2farm.protocol import TASK_ALERT_WEBHOOK, MemoryChange
 from sme2farm.server.services import noise as noise_service
+from sme2farm.server.services.stored import change_values, point_llm, point_memory
 from sme2farm.server.store.models import as_utc
 from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.models import Suite, SuiteChange, SuitePoint, utcnow
@@ -73,10 +74,7 @@ def metric_of(change: SuiteChange) -> Metric:
 def values_of(change: SuiteChange) -> tuple[float | None, float | None]:
     """(before, after) in the metric's unit: stored with the change, or for a latency change
     stored before they were, the detector's baseline and after medians."""
-    d = change.detail or {}
-    if "before" in d or "after" in d:
-        return d.get("before"), d.get("after")
-    return (d.get("baseline") or {}).get("median"), (d.get("after") or {}).get("median")
+    return change_values(change.detail).values()
 
 
 def fmt_value(x: float | None, unit: str) -> str:
@@ -213,7 +211,8 @@ def _context_point(p: SuitePoint, samples: Any, acked: set[int]) -> regression.P
 
 
 def _workload(p: SuitePoint) -> tuple:
-    return (p.llm or {}).get("prompt"), (p.llm or {}).get("decode")
+    llm = point_llm(p.llm)
+    return llm.prompt, llm.decode
 
 
 def detect_phases(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePoint],
@@ -231,7 +230,7 @@ def detect_phases(session: Session, *, suite: Suite, key: tuple, pts: list[Suite
             p.id for prev, p in zip(pts, pts[1:]) if _workload(p) != _workload(prev)}
         points = []
         for p in pts:
-            sessions = [s for s in ((p.llm or {}).get(metric) or []) if s]
+            sessions = [s for s in point_llm(p.llm).phase(metric) if s]
             if m.higher_is_better:
                 sessions = [[1e3 / x for x in s] for s in sessions]
             points.append(_context_point(p, sessions, acked))
@@ -256,16 +255,16 @@ def detect_memory(session: Session, *, suite: Suite, key: tuple, pts: list[Suite
     labels = [f"{as_utc(p.at):%Y-%m-%d %H:%M}" + (f" (experiment {p.experiment_id})" if p.experiment_id else "")
               for p in pts]
     now = utcnow()
-    for mc in memory_changes([p.memory for p in pts], labels):
+    for mc in map(MemoryChange.model_validate, memory_changes([p.memory for p in pts], labels)):
         # only the newest point's: a change found when it was recorded, never the series' history again
-        if mc["point_index"] != len(pts) - 1 or mc["change"] is None or abs(mc["change"]) < threshold:
+        if mc.point_index != len(pts) - 1 or mc.change is None or abs(mc.change) < threshold:
             continue  # (from 0 bytes there is no ratio to hold against the threshold)
-        p, since = pts[mc["point_index"]], pts[mc["since_index"]]
-        metric = mc["what"]
+        p, since = pts[mc.point_index], pts[mc.since_index]
+        metric = mc.what
         if (p.id, metric) in existing:
             continue
         row = _row(session, suite=suite, p=p, metric=metric, existing=existing, now=now)
-        before, after = mc["before"], mc["after"]
+        before, after = mc.before, mc.after
         row.direction = "regression" if after > before else "improvement"
         row.ratio, row.ci_low, row.ci_high = after / before, None, None
         row.blamed, row.status, row.confirmed_at = "model", "confirmed", now
@@ -275,7 +274,7 @@ def detect_memory(session: Session, *, suite: Suite, key: tuple, pts: list[Suite
         builds = "".join(f"; the {label} changed too: {a} -> {b}" for label, a, b in (
             ("runner build", since.runner, p.runner), ("ExecuTorch version", since.et_version, p.et_version))
             if a != b)
-        row.sentence = (f"{series_words(key, p.model_name)}: {mc['sentence']}, in experiment {p.experiment_id}; "
+        row.sentence = (f"{series_words(key, p.model_name)}: {mc.sentence}, in experiment {p.experiment_id}; "
                         f"past the suite's memory threshold ({threshold:.0%}){builds}.")
         session.flush()
         if _alert(session, suite=suite, row=row):
@@ -289,7 +288,7 @@ def _detect_rss(session: Session, *, suite: Suite, key: tuple, pts: list[SuitePo
     """Peak RSS is measured, one value per point (the median over its runs): its log is the
     night's level with no sampling variance of its own; the between-night sigma is the series'
     history (no device noise model is learned for memory), the smallest effect the threshold."""
-    rss = [(p.memory or {}).get("peak_rss_bytes") for p in pts]
+    rss = [point_memory(p.memory).peak_rss_bytes for p in pts]
     if sum(1 for v in rss if v) < 2:
         return []
     params = params_for(suite, min_effect=min(threshold, 0.99))

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sme2farm.protocol import TERMINAL, DeviceSelector, SuiteDeleted, SuiteSpec, status_values
+from sme2farm.protocol import TERMINAL, DeviceSelector, SuiteDeleted, SuitePatch, SuiteSpec, status_values
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services.errors import StateConflict, Invalid, NotFound
@@ -80,25 +80,30 @@ def create(session: Session, *, spec: SuiteSpec, now: datetime | None = None) ->
     return suite
 
 
-def update_suite(session: Session, *, suite: Suite, changes: dict[str, Any], now: datetime | None = None) -> Suite:
-    """PATCH: `changes` holds only the fields given: schedule, paused, webhook (None or '' removes
-    it), thresholds {min_effect, alpha, memory}. Paused = no next run (the tick starts nothing; a manual
-    run still works); resuming, or a new schedule while not paused, sets the next fire time."""
+def update_suite(session: Session, *, suite: Suite, changes: SuitePatch | dict[str, Any],
+                 now: datetime | None = None) -> Suite:
+    """PATCH: only the fields given change (a dict is read as the SuitePatch it is): schedule,
+    paused, webhook (None or '' removes it), thresholds {min_effect, alpha, memory}. Paused = no next
+    run (the tick starts nothing; a manual run still works); resuming, or a new schedule while not
+    paused, sets the next fire time."""
     now = now or utcnow()
+    patch = changes if isinstance(changes, SuitePatch) else SuitePatch.model_validate(changes)
+    given = patch.model_fields_set
     paused = suite.next_run_at is None
-    if "schedule" in changes:
-        suite.schedule = check_schedule(changes["schedule"])
-    if "webhook" in changes:
-        suite.webhook = check_webhook(changes["webhook"])
-    if "thresholds" in changes:
-        t = changes["thresholds"]  # {min_effect?, alpha?, memory?}, validated (SuiteThresholds)
-        suite.min_effect, suite.alpha = t.get("min_effect", suite.min_effect), t.get("alpha", suite.alpha)
-        suite.memory_threshold = t.get("memory", suite.memory_threshold)
-    if changes.get("paused") is not None:
-        paused = bool(changes["paused"])
+    if "schedule" in given:
+        suite.schedule = check_schedule(patch.schedule)
+    if "webhook" in given:
+        suite.webhook = check_webhook(patch.webhook)
+    if patch.thresholds is not None:  # only those given: the others stay
+        t, set_ = patch.thresholds, patch.thresholds.model_fields_set
+        suite.min_effect = t.min_effect if "min_effect" in set_ else suite.min_effect
+        suite.alpha = t.alpha if "alpha" in set_ else suite.alpha
+        suite.memory_threshold = t.memory if "memory" in set_ else suite.memory_threshold
+    if patch.paused is not None:
+        paused = patch.paused
     if paused:
         suite.next_run_at = None
-    elif suite.next_run_at is None or "schedule" in changes:
+    elif suite.next_run_at is None or "schedule" in given:
         suite.next_run_at = next_fire(suite.schedule, now)
     session.flush()
     return suite

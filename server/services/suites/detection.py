@@ -19,7 +19,9 @@ from sme2farm.analysis.llm import point_phases
 from sme2farm.analysis.memory import point_memory
 from sme2farm.protocol import DEFAULT_METHOD, DetectableStep, RunStatus
 from sme2farm.server.services import devices as device_service
+from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import noise as noise_service
+from sme2farm.server.services.stored import point_state, report_samples, runner_facts
 from sme2farm.server.services.programs import memory_for
 from sme2farm.server.services.suites import changes
 from sme2farm.server.services.suites.runs import all_ended
@@ -45,7 +47,7 @@ def _point_rows(session: Session, *, srun: SuiteRun, suite: Suite) -> list[Suite
     for link in srun.experiments:
         exp = session.get(Experiment, link.experiment_id)
         model = session.get(Model, link.model_sha256)
-        method = ((exp.spec if exp else None) or {}).get("method", DEFAULT_METHOD)
+        method = experiment_service.spec_of(exp).method if exp else DEFAULT_METHOD
         program = memory_for(model.memory if model else None, method)
         runs = session.scalars(select(Run).where(Run.experiment_id == link.experiment_id, Run.mode == "timing")
                                .options(selectinload(Run.result), selectinload(Run.device)).order_by(Run.id)).all()
@@ -56,11 +58,11 @@ def _point_rows(session: Session, *, srun: SuiteRun, suite: Suite) -> list[Suite
             groups[(device_model_of(r.device, r.device_snapshot), r.sme2, r.threads)].append(r)
         for (device_model, sme2, threads), rs in sorted(groups.items()):
             ok = [r for r in rs if r.status == RunStatus.succeeded and r.result is not None]
-            samples = [list(map(float, r.result.analysis.get("iterations_ms") or [])) for r in ok]
+            samples = [list(map(float, report_samples(r.result.analysis).iterations_ms or [])) for r in ok]
             samples = [s for s in samples if s]
             flat = np.fromiter((x for s in samples for x in s), dtype=np.float64)
-            runners = sorted({(r.runner or {}).get("id", "") for r in ok} - {""})
-            versions = sorted({(r.runner or {}).get("executorch_version", "") for r in ok} - {""})
+            runners = sorted({runner_facts(r.runner).id for r in ok} - {""})
+            versions = sorted({runner_facts(r.runner).executorch_version for r in ok} - {""})
             state: dict[str, Any] = {}
             for r in ok:
                 for k, v in (r.device_state or {}).items():
@@ -119,7 +121,7 @@ def analyze(session: Session, *, suite_run_id: int) -> list[int]:
     if empty or not points:
         srun.reason = (f"{len(empty)} of {len(points)} point(s) without samples: " + "; ".join(
             f"{p.model_name} on {p.device_model} (SME2 {p.sme2}, {p.threads} thread(s)): "
-            f"{(p.device_state or {}).get('reason') or 'no samples'}" for p in empty[:5])
+            f"{point_state(p.device_state).reason or 'no samples'}" for p in empty[:5])
             + ("; ..." if len(empty) > 5 else "") if points else "no runs to measure")[:2000]
     srun.finished_at = utcnow()
     session.flush()
@@ -141,7 +143,7 @@ def _learn_noise(session: Session, *, suite: Suite, p: SuitePoint) -> None:
     """Consecutive canary points on one device are identical work: an A/A group for its noise
     model. Disjoint pairs only (nights 1-2, 3-4, ...: each night counted once), never a pair the
     detector flagged a change in (that is a step, not noise), and only this device's runs."""
-    if (p.device_state or {}).get("emulated"):
+    if point_state(p.device_state).emulated:
         return  # an emulator's spread is not the device noise the model is for
     pts = [q for q in series_points(session, suite_id=suite.id, key=key_of(p))
            if q.device_id == p.device_id and q.samples]
@@ -209,7 +211,7 @@ def detect_series(session: Session, *, suite: Suite, key: tuple) -> list[int]:
     pts = series_points(session, suite_id=suite.id, key=key)
     if not pts:
         return []
-    if any((p.device_state or {}).get("emulated") for p in pts):
+    if any(point_state(p.device_state).emulated for p in pts):
         # An emulated device's times measure the emulator: a step in them is no regression of the
         # model, so such a series is recorded and drawn but never judged, and alerts nothing (memory
         # changes are still flagged exactly in the series read, never alerted).

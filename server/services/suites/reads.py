@@ -16,6 +16,7 @@ from sme2farm.protocol import (MemoryChange, RegressionRead, RegressionWebhook, 
                                SuiteRunRead, SuiteRunStarted, SuiteThresholds)
 from sme2farm.server.services import owners
 from sme2farm.server.services.errors import NotFound
+from sme2farm.server.services.stored import point_state
 from sme2farm.server.services.suites.detection import detect_series, detectable_step, key_of
 from sme2farm.server.services.suites.changes import LATENCY, metric_of, values_of
 from sme2farm.server.store.models import as_utc
@@ -98,8 +99,7 @@ def series(session: Session, *, suite: Suite) -> SeriesRead:
     out = []
     for key, ps in sorted(by_key.items()):
         index = {p.id: i for i, p in enumerate(ps)}
-        emulated = next(((p.device_state or {}).get("emulated") for p in reversed(ps)
-                         if (p.device_state or {}).get("emulated")), None)
+        emulated = next((e for p in reversed(ps) if (e := point_state(p.device_state).emulated)), None)
         out.append(Series(
             key=SeriesKey(model_sha256=key[0], model_name=ps[-1].model_name, device_model=key[1], sme2=key[2],
                           threads=key[3]),
@@ -132,13 +132,13 @@ def _replaced_models(out: list[Series], by_key: dict[tuple, list[SuitePoint]]) -
         chain.sort(key=lambda sp: (as_utc(sp[1][0].at), sp[1][0].id))
         for (_, before), (s, after) in zip(chain, chain[1:]):
             old, new = before[-1], after[0]
-            flagged = [c for c in memory_changes([old.memory, new.memory], [_point_label(old), _point_label(new)])
-                       if c["what"] != "runtime_allocated_bytes"]
-            for c in flagged:
-                s.memory_changes.insert(0, MemoryChange(**{
-                    **c, "point_index": 0, "since_index": None,
+            flagged = [m for m in map(MemoryChange.model_validate, memory_changes(
+                [old.memory, new.memory], [_point_label(old), _point_label(new)])) if m.what != "runtime_allocated_bytes"]
+            for m in flagged:
+                s.memory_changes.insert(0, m.model_copy(update={
+                    "point_index": 0, "since_index": None,
                     "sentence": f"model {name} replaced ({old.model_sha256[:8]} -> {new.model_sha256[:8]}): "
-                                + c["sentence"]}))
+                                + m.sentence}))
 
 
 def regressions(session: Session, *, include_candidates: bool = False,

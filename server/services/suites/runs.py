@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from sme2farm.protocol import (TASK_DISPATCH, TASK_SUITE_ANALYZE, TERMINAL, DeviceSelector, ExperimentSpec, RunStatus,
-                               status_values)
+from sme2farm.protocol import (TASK_DISPATCH, TASK_SUITE_ANALYZE, TERMINAL, DeviceSelector, ExperimentSpec, LlmSpec,
+                               RunStatus, SuiteModelRead, status_values)
 from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services.errors import Invalid
 from sme2farm.server.services.suites.schedule import next_fire
@@ -33,12 +33,12 @@ def start_run(session: Session, *, suite: Suite, trigger: str, device_lost_s: fl
     session.flush()
     selector = DeviceSelector.model_validate(suite.device) if suite.device else None
     queued = False
-    for m in suite.models:
-        model = session.get(Model, m["sha256"])
+    for m in map(SuiteModelRead.model_validate, suite.models):
+        model = session.get(Model, m.sha256)
         if model is None:
-            raise Invalid(f"suite {suite.name!r}: model {m['name']} ({m['sha256']}) is no longer stored")
+            raise Invalid(f"suite {suite.name!r}: model {m.name} ({m.sha256}) is no longer stored")
         spec = ExperimentSpec(sme2=suite.sme2, threads=suite.threads, iterations=suite.iterations, warmup=suite.warmup,
-                              sessions=suite.sessions, device=selector, name=f"suite {suite.name}: {m['name']}",
+                              sessions=suite.sessions, device=selector, name=f"suite {suite.name}: {m.name}",
                               labels={SUITE_LABEL: suite.name, SUITE_RUN_LABEL: str(srun.id)},
                               llm=llm_of(session, sha256=model.sha256))
         try:
@@ -48,7 +48,7 @@ def start_run(session: Session, *, suite: Suite, trigger: str, device_lost_s: fl
         except (experiment_service.NoMatchingDevice, experiment_service.TooManyRuns) as e:
             raise Invalid(f"suite {suite.name!r}: {e}") from None
         session.add(SuiteExperiment(experiment_id=exp.id, suite_run_id=srun.id, model_sha256=model.sha256,
-                                    model_name=m["name"]))
+                                    model_name=m.name))
         session.flush()
         queued |= session.scalar(select(Run.id).where(Run.experiment_id == exp.id, Run.status == RunStatus.queued.value)
                                  .limit(1)) is not None
@@ -61,13 +61,13 @@ def start_run(session: Session, *, suite: Suite, trigger: str, device_lost_s: fl
     return srun
 
 
-def llm_of(session: Session, *, sha256: str) -> dict | None:
+def llm_of(session: Session, *, sha256: str) -> LlmSpec | None:
     """The LLM mode (prompt, decode) the model was last submitted with (detected from its signature
     or asked for: api/experiments.py), so a suite runs an LLM through prefill and decode as its
     upload did; None for any other model. Every stored model came with an experiment."""
     spec = session.scalar(select(Experiment.spec).where(Experiment.model_sha256 == sha256)
                           .order_by(Experiment.id.desc()).limit(1))
-    return (spec or {}).get("llm")
+    return ExperimentSpec.model_validate(spec).llm if spec else None
 
 
 def start_due(session: Session, *, device_lost_s: float, settle_s: float, now: datetime | None = None,
