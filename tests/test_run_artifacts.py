@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from _fixtures_farm import dispatch, submit
 from sme2farm.analysis.perfetto import perfetto_json
-from sme2farm.protocol import DERIVED_ARTIFACTS, LATENCIES_CSV, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
+from sme2farm.protocol import DERIVED_ARTIFACTS, LATENCIES_CSV, OUTPUTS, PERFETTO_JSON, REPORT_JSON, REPORT_MD, TRACE
 from sme2farm.server.services import run_artifacts
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
@@ -74,11 +74,30 @@ def test_recording_an_artifact_again_replaces_its_row(api, agent, example_pte):
     [rid] = dispatch(api)
     url = api.settings.sqlalchemy_url
     with session_scope(url) as s:
-        run_artifacts.record(s, run_id=rid, artifacts={TRACE: (3, "a" * 64), "runner.log": (5, "b" * 64)})
+        run_artifacts.record(s, run_id=rid, attempt=1, artifacts={TRACE: run_artifacts.Kept(3, "a" * 64),
+                                                                 "runner.log": run_artifacts.Kept(5, "b" * 64, b"hello")})
     with session_scope(url) as s:   # a retried upload of the trace: its row replaced, the log's kept
-        run_artifacts.record(s, run_id=rid, artifacts={TRACE: (7, "c" * 64)})
+        run_artifacts.record(s, run_id=rid, attempt=1, artifacts={TRACE: run_artifacts.Kept(7, "c" * 64)})
     with session_scope(url) as s:
-        got = {r.name: (r.size, r.sha256) for r in s.scalars(select(Artifact).where(Artifact.run_id == rid))}
-    assert got == {TRACE: (7, "c" * 64), "runner.log": (5, "b" * 64)}
+        got = {r.name: (r.size, r.sha256, r.data) for r in s.scalars(select(Artifact).where(Artifact.run_id == rid))}
+    assert got == {TRACE: (7, "c" * 64, None), "runner.log": (5, "b" * 64, b"hello")}
     with session_scope(url) as s:
         assert run_artifacts.names(s, run_ids=[rid]) == {rid: sorted([TRACE, "runner.log"])}
+
+
+def test_a_retry_reads_only_its_own_attempts_artifacts(api, agent, example_pte):
+    """A small artifact's bytes are kept in its row with the attempt that delivered it: a retry
+    that delivers no runner.log is not analysed with the first attempt's."""
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    url = api.settings.sqlalchemy_url
+    assert run_artifacts.inline("runner.log", run_artifacts.INLINE_MAX)
+    assert not run_artifacts.inline("runner.log", run_artifacts.INLINE_MAX + 1)
+    assert not run_artifacts.inline(TRACE, 1) and not run_artifacts.inline(OUTPUTS, 1)
+    with session_scope(url) as s:
+        run_artifacts.record(s, run_id=rid, attempt=1, artifacts={TRACE: run_artifacts.Kept(3, "a" * 64),
+                                                                 "runner.log": run_artifacts.Kept(5, "b" * 64, b"first")})
+        assert run_artifacts.delivered(s, runs={rid: 1}) == {rid: {TRACE: None, "runner.log": b"first"}}
+    with session_scope(url) as s:
+        run_artifacts.record(s, run_id=rid, attempt=2, artifacts={TRACE: run_artifacts.Kept(4, "c" * 64)})
+        assert run_artifacts.delivered(s, runs={rid: 2}) == {rid: {TRACE: None}}

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from _fixtures_farm import Api, TcpProxy, dispatch, ingest_all, serve_app, submit
-from sme2farm.protocol import PERFETTO_JSON, REPORT_JSON, RUNNER_LOG, TRACE
+from sme2farm.protocol import MEMORY, OUTPUTS, PERFETTO_JSON, REPORT_JSON, RUNNER_LOG, TRACE
 from sme2farm.server.store.base import StoreUnavailable
 from sme2farm.server.store.db import session_scope
 from sme2farm.server.store.models import Run
@@ -133,7 +133,8 @@ def test_a_submission_runs_on_the_s3_store_and_no_data_dir_holds_an_artifact(
     objects = seaweedfs.objects(s3_bucket)
     sha = hashlib.sha256(pte).hexdigest()
     assert f"farm/models/{sha[:2]}/{sha}.pte" in objects
-    assert {f"farm/artifacts/runs/{rid}/1/{n}" for n in (TRACE, RUNNER_LOG)} <= set(objects)
+    assert f"farm/artifacts/runs/{rid}/1/{TRACE}" in objects
+    assert f"farm/artifacts/runs/{rid}/1/{RUNNER_LOG}" not in objects   # a small artifact: kept in its SQL row
     assert f"farm/artifacts/runs/{rid}/1/{REPORT_JSON}" not in objects   # rendered when asked, never stored
     # The farm's data dir: its database and token, nothing of the store (the spool empty).
     held = [f for f in _files(api.settings.data_dir) if not f.startswith(("farm.db", "token", "broker.db"))]
@@ -141,6 +142,8 @@ def test_a_submission_runs_on_the_s3_store_and_no_data_dir_holds_an_artifact(
 
     r = api.client.get(f"/runs/{rid}/artifacts/{PERFETTO_JSON}", headers=api.auth())   # from the trace in the bucket
     assert r.status_code == 200 and json.loads(r.content)["traceEvents"], r.text
+    r = api.client.get(f"/runs/{rid}/artifacts/{RUNNER_LOG}", headers=api.auth())   # from its row
+    assert r.status_code == 200 and r.content and r.headers["content-disposition"].endswith(f'-{RUNNER_LOG}"')
     r = api.client.get(f"/runs/{rid}/artifacts/{TRACE}", headers=api.auth())
     assert r.status_code == 200 and r.content == s3_agent.api.client.get(  # streamed from the bucket
         f"/runs/{rid}/artifacts/{TRACE}", headers=api.auth()).content and len(r.content) > 0
@@ -240,8 +243,9 @@ def test_what_a_run_asks_of_the_store(s3_api, s3_agent, example_pte, monkeypatch
     SeaweedFS for a run, counted below boto3 (each request botocore sends, retries included). A
     second experiment of the same model on the same device is the steady state: its model is
     cached by the agent (per device) and its signature by the ingest (per process), so nothing
-    reads the model; the ingest asks only for the artifacts the agent delivered (no GET answered
-    404) and reads each once."""
+    reads the model; the delivery writes the trace and the outputs (runner.log and memory.json are
+    kept in their SQL rows) and the ingest reads each once (no GET answered 404); the small ones
+    are still listed and downloadable one by one, from their rows."""
     import botocore.endpoint
 
     sent: list[tuple[str, str]] = []
@@ -268,13 +272,22 @@ def test_what_a_run_asks_of_the_store(s3_api, s3_agent, example_pte, monkeypatch
     rid, agent_side, ingest_side = phases[1]
     prefix = f"artifacts/runs/{rid}/1/"
     delivered = {k[len(prefix):] for m, k in agent_side if m == "PUT" and k.startswith(prefix)}
-    assert TRACE in delivered and RUNNER_LOG in delivered
+    assert delivered == {TRACE, OUTPUTS}, delivered
     assert not any("models/" in k for _, k in agent_side + ingest_side)   # the model read by nobody
     reads = [k[len(prefix):] for m, k in ingest_side if m == "GET"]
     assert sorted(reads) == sorted(delivered), (reads, delivered)   # each delivered artifact once, nothing else
     writes = [k[len(prefix):] for m, k in ingest_side if m == "PUT"]
     assert writes == []   # report.json, report.md, latencies.csv, perfetto.json: rendered when a reader asks
-    assert len(agent_side) + len(ingest_side) == len(delivered) + len(reads) + len(writes)
+    assert len(agent_side) + len(ingest_side) == len(delivered) + len(reads) + len(writes) == 4
+    listed = api.client.get(f"/runs/{rid}", headers=api.auth()).json()["artifacts"]
+    assert {TRACE, RUNNER_LOG, MEMORY, OUTPUTS} <= set(listed), listed
+    before = len(sent)
+    for name in listed:
+        r = api.client.get(f"/runs/{rid}/artifacts/{name}", headers=api.auth())
+        assert r.status_code == 200 and r.content, (name, r.status_code)
+    from_store = [k[len(prefix):] for _, k in sent[before:]]
+    assert RUNNER_LOG not in from_store and MEMORY not in from_store, from_store   # from their rows
+    assert {TRACE, OUTPUTS} <= set(from_store), from_store
     with capsys.disabled():
         print(f"\n  store requests of a run (toy_cnn, the steady state): {len(agent_side) + len(ingest_side)} = delivery "
               f"{len(agent_side)} PUT ({', '.join(sorted(delivered))}) + ingest {len(reads)} GET + {len(writes)} PUT; "

@@ -200,8 +200,8 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
     """The run's finish and its artifacts in one multipart request. Each artifact streams to a
     temp file, bounded by max_artifact_mb and hashed, and is checked against the size and sha256
     the 'finish' part declares for it; then one transaction
-    checks the lease, records the artifacts, keeps their files and finishes the run (the device's
-    next run assigned in it). A repeat of a delivery already taken stores nothing again."""
+    checks the lease, records the artifacts (a small one's bytes in its row: run_artifacts.INLINE_MAX),
+    keeps the others' files in the store and finishes the run (the device's next run assigned in it). A repeat of a delivery already taken stores nothing again."""
     length = request.headers.get("content-length", "")
     if not length.isdigit() or int(length) > FINISH_ONLY_BYTES:
         store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507
@@ -229,14 +229,17 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
                 run = run_service.delivered(session, run_id=run_id, lease_id=body.lease_id, agent_id=agent_id)
                 if run is None:  # delivered already: its answer was lost; nothing is stored again
                     return RunStatus(run_service.get(session, run_id=run_id).status), ()
-                run_artifacts.record(session, run_id=run_id,
-                                     artifacts={n: (r.size, r.sha256) for n, r in got.artifacts.items()})
-                has_trace = TRACE in got.artifacts or store.has_artifact(run_id, TRACE, attempt=run.attempt)
+                attempt = run.attempt
+                run_artifacts.record(session, run_id=run_id, attempt=attempt, artifacts={
+                    n: run_artifacts.Kept(r.size, r.sha256, r.path.read_bytes() if run_artifacts.inline(n, r.size) else None)
+                    for n, r in got.artifacts.items()})
+                has_trace = TRACE in got.artifacts or store.has_artifact(run_id, TRACE, attempt=attempt)
                 run = run_service.deliver(session, run=run, body=body, has_trace=has_trace,
                                           started_s_ago=body.started_s_ago, ingest_deadline_s=settings.ingest_deadline_s,
                                           store=store, lease_s=settings.lease_s)
                 for name, r in got.artifacts.items():  # last: nothing is kept for a run this agent does not hold
-                    store.keep_artifact(r.path, run_id, name, attempt=run.attempt)
+                    if not run_artifacts.inline(name, r.size):  # a small one is in its row already
+                        store.keep_artifact(r.path, run_id, name, attempt=attempt)
                 return RunStatus(run.status), tuple(session.info.get(run_service.ASSIGNED_AGENTS, ()))
 
         async with request.app.state.agent_gate:  # the body is in: take a turn like other agent requests

@@ -93,7 +93,7 @@ async def upload_artifact(run_id: RunId, name: str, request: Request, settings: 
             with heard(tx, agent_id, settings.agent_offline_s), tx() as session:
                 run = run_service.heartbeat(session, run_id=run_id, lease_id=lease_id, agent_id=agent_id,
                                             status=RunStatus.uploading, lease_s=settings.lease_s)
-                run_artifacts.record(session, run_id=run_id, artifacts={name: (size, sha)})
+                run_artifacts.record(session, run_id=run_id, attempt=run.attempt, artifacts={name: run_artifacts.Kept(size, sha)})
                 # last: nothing is kept for a run this agent does not hold; under this attempt's key
                 store.keep_artifact(tmp, run_id, name, attempt=run.attempt)
         finally:

@@ -53,6 +53,10 @@ def get_artifact(run_id: RunId, name: str, session: SessionDep, store: StoreDep,
     if body is not None:
         return Response(body, media_type=ARTIFACT_MEDIA[name],
                         headers={"Content-Disposition": f'attachment; filename="run{run_id}-{name}"'})
+    kept = run_artifacts.kept_bytes(session, run=run, name=name)  # a small one: in its row, not the store
+    if kept is not None:
+        return Response(kept, media_type=ARTIFACT_MEDIA[name],
+                        headers={"Content-Disposition": f'attachment; filename="run{run_id}-{name}"'})
     # The run's current attempt; a run kept before artifacts were keyed by attempt has them unkeyed.
     for key in (run_key(run_id, name, attempt=run.attempt), legacy_run_key(run_id, name)):
         try:

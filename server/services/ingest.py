@@ -32,7 +32,7 @@ from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence,
 from sme2farm.protocol import DEFAULT_METHOD, KERNEL_LOG, MEMORY, OUTPUTS, RUNNER_LOG, TRACE, RunStatus
 from sme2farm.runners import inputs as containers
 from sme2farm.runners.input_check import check_outputs
-from sme2farm.server.services import etrecords
+from sme2farm.server.services import etrecords, run_artifacts
 from sme2farm.server.services.devices import device_model, emulator_of
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.numerics import MAX_OUTPUTS_BYTES
@@ -42,7 +42,7 @@ from sme2farm.server.services.runs.ingesting import NotWhatItsArmSays
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.base import StoreUnavailable, etrecord_key, model_key, run_key
 from sme2farm.server.store.db import retryable
-from sme2farm.server.store.models import Artifact, Experiment, OperatorStat, Run, RunResult
+from sme2farm.server.store.models import Experiment, OperatorStat, Run, RunResult
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +64,27 @@ _SIGNATURES_LOCK = threading.Lock()  # the embedded farm's worker runs ingests i
 
 
 class Ingester:
-    def __init__(self, store: Store, *, delivered: dict[int, set[str]] | None = None):
+    def __init__(self, store: Store, *, delivered: dict[int, dict[str, bytes | None]] | None = None):
         self.files = store
         # (ETRecord sha256, model sha256) -> (Etrecord, program bytes) or an unreadable one's
         # sentence: read once per Ingester, which the worker builds once per batch
         self._etrecords: dict[tuple[str, str], tuple | str] = {}
-        # run id -> the artifact names its agent delivered (their Artifact rows): an artifact a run
-        # has no row for is not asked of the store (a GET answered 404 is a request too). A run
-        # without rows (imported, or stored before rows were kept) is read name by name.
+        # run id -> the artifacts its agent delivered for this attempt (run_artifacts.delivered):
+        # name -> the bytes its row keeps, or None (in the store). An artifact a run has no row for
+        # is not asked of the store (a GET answered 404 is a request too). A run without rows
+        # (imported, or stored before rows were kept) is read name by name from the store.
         self.delivered = delivered or {}
 
     def _artifact(self, run: Run, name: str, limit: int | None = None) -> bytes | None:
         """The run's artifact of its current attempt, None when it has none."""
-        names = self.delivered.get(run.id)
-        if names is not None and name not in names:
-            return None
-        return self.files.run_artifact(run, name, limit=limit)
+        rows = self.delivered.get(run.id)
+        if rows is not None:
+            if name not in rows:
+                return None
+            data = rows[name]
+            if data is not None:
+                return data if limit is None else data[:limit]
+        return self.files.read_optional(run_key(run.id, name, attempt=run.attempt), limit)
 
     def _methods(self, sha256: str) -> dict:
         """The model's method signatures (pte.program_methods), read from the store once per process."""
@@ -321,11 +326,7 @@ def ingest_batch(*, run_id: int, retried: bool, transaction: Transaction, store:
         status = run.status if run is not None else session.scalar(select(Run.status).where(Run.id == run_id))
         if run is not None and retried:
             began[run_id] = run.ingest_started_at  # this attempt's, begun before the retry
-        delivered: dict[int, set[str]] = {}
-        if began:
-            for rid, name in session.execute(select(Artifact.run_id, Artifact.name)
-                                             .where(Artifact.run_id.in_(list(began)))):
-                delivered.setdefault(rid, set()).add(name)
+        delivered = run_artifacts.delivered(session, runs={rid: runs[rid].attempt for rid in began if rid in runs})
     if status == RunStatus.analyzing and began.get(run_id) is None:
         # A copy of a re-sent task while the attempt that began is alive (heartbeating), or a run
         # another task's batch took.

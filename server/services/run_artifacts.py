@@ -1,5 +1,6 @@
-"""A run's artifacts: those its agent delivers, their rows (name, size, sha256) recorded in the
-transaction that checks the lease; those derived from its result (report.json, report.md,
+"""A run's artifacts: those its agent delivers, their rows (name, size, sha256, attempt) recorded in
+the transaction that checks the lease, a small log's bytes in its row (INLINE_MAX: the store is
+asked for the trace and the outputs only); those derived from its result (report.json, report.md,
 latencies.csv, perfetto.json), rendered when a reader asks for one instead of written at ingest
 (no store write, no row: ingest's CPU and the store's requests are per run, reads are rare); and
 which models and inputs an agent may download (only those of runs it holds: an agent token is not
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sqlalchemy import and_, delete, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -17,21 +19,44 @@ from sqlalchemy.orm import Session
 from sme2farm import analysis
 from sme2farm.analysis.etdump import read_etdump_file
 from sme2farm.analysis.perfetto import perfetto_json
-from sme2farm.protocol import (ACTIVE, DERIVED_ARTIFACTS, LATENCIES_CSV, REPORT_JSON, REPORT_MD, TRACE,
+from sme2farm.protocol import (ACTIVE, DERIVED_ARTIFACTS, LATENCIES_CSV, OUTPUTS, REPORT_JSON, REPORT_MD, TRACE,
                                status_values)
 from sme2farm.server.store.base import run_key
 from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
 
 
-def record(session: Session, *, run_id: int, artifacts: Mapping[str, tuple[int, str]]) -> None:
-    """The run's artifacts by name -> (size, sha256), each replacing an earlier upload of its name
-    (a retried PUT, a repeated attempt): one INSERT ... ON CONFLICT on PostgreSQL and SQLite, not
-    a DELETE and an INSERT (a statement fewer in every delivery's transaction)."""
+# runner.log, memory.json and kernel.log up to this size are kept in their Artifact rows, not the
+# store: they are kilobytes, and a PUT and a GET each cost more than a row's bytes. The trace
+# (megabytes, mapped by ingest, drawn again for perfetto.json) and outputs.bin (a model's output
+# tensors, read again by every numerics comparison; a language model's logits alone are past this
+# size) stay in the store.
+INLINE_MAX = 256 << 10
+IN_THE_STORE = frozenset({TRACE, OUTPUTS})
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A delivered artifact as its row records it; `data`: its bytes, when the row keeps them."""
+
+    size: int
+    sha256: str
+    data: bytes | None = None
+
+
+def inline(name: str, size: int) -> bool:
+    """Is an artifact of this name and size kept in its row rather than the store?"""
+    return name not in IN_THE_STORE and size <= INLINE_MAX
+
+
+def record(session: Session, *, run_id: int, attempt: int, artifacts: Mapping[str, Kept]) -> None:
+    """The run's artifacts by name, each replacing an earlier upload of its name (a retried PUT, a
+    repeated attempt): one INSERT ... ON CONFLICT on PostgreSQL and SQLite, not a DELETE and an
+    INSERT (a statement fewer in every delivery's transaction)."""
     if not artifacts:
         return
     now = utcnow()
-    rows = [dict(run_id=run_id, name=name, size=size, sha256=sha256, created_at=now)
-            for name, (size, sha256) in artifacts.items()]
+    rows = [dict(run_id=run_id, name=name, size=a.size, sha256=a.sha256, attempt=attempt, data=a.data,
+                 created_at=now) for name, a in artifacts.items()]
     upsert = _UPSERTS.get(session.get_bind().dialect.name)
     if upsert is None:
         session.execute(delete(Artifact).where(Artifact.run_id == run_id, Artifact.name.in_(list(artifacts))))
@@ -40,7 +65,29 @@ def record(session: Session, *, run_id: int, artifacts: Mapping[str, tuple[int, 
     stmt = upsert(Artifact).values(rows)
     session.execute(stmt.on_conflict_do_update(
         index_elements=[Artifact.run_id, Artifact.name],
-        set_={"size": stmt.excluded.size, "sha256": stmt.excluded.sha256, "created_at": stmt.excluded.created_at}))
+        set_={"size": stmt.excluded.size, "sha256": stmt.excluded.sha256, "attempt": stmt.excluded.attempt,
+              "data": stmt.excluded.data, "created_at": stmt.excluded.created_at}))
+
+
+def delivered(session: Session, *, runs: Mapping[int, int]) -> dict[int, dict[str, bytes | None]]:
+    """{run id: {name: its bytes when its row keeps them, else None (in the store)}} for the
+    artifacts delivered by each run's attempt (`runs`: run id -> attempt). A run whose rows were
+    kept before attempts were recorded has them all (as None: read from the store)."""
+    out: dict[int, dict[str, bytes | None]] = {}
+    if not runs:
+        return out
+    for rid, name, attempt, data in session.execute(
+            select(Artifact.run_id, Artifact.name, Artifact.attempt, Artifact.data)
+            .where(Artifact.run_id.in_(list(runs)))):
+        if attempt is None or attempt == runs[rid]:
+            out.setdefault(rid, {})[name] = data if attempt is not None else None
+    return out
+
+
+def kept_bytes(session: Session, *, run: Run, name: str) -> bytes | None:
+    """The artifact's bytes when its row keeps them for the run's current attempt, else None."""
+    return session.scalar(select(Artifact.data).where(Artifact.run_id == run.id, Artifact.name == name,
+                                                      Artifact.attempt == run.attempt))
 
 
 _UPSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
