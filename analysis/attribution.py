@@ -19,7 +19,9 @@ ETRecord's edge graph through the .pte's XNNPACK payloads (docs/design.md, "Attr
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,9 +30,10 @@ from .categories import CATEGORIES
 from .etrecord import NO_HANDLE, Etrecord, EtrecordMethod, EtrecordNode, check_against_program, op_name
 from .llm import DECODE, PREFILL
 from .pte import PteError
+from .types import Attribution, ModuleTime, OperatorRow, SourceRow
 from .xnnpack_payload import Call, XNode, program_calls
 
-__all__ = ["attribute", "attribute_phases", "EXPORT_HINT", "NOT_ATTRIBUTED", "STATUSES", "MAX_ALIGN_CELLS"]
+__all__ = ["attribute", "Traced", "attribute_phases", "EXPORT_HINT", "NOT_ATTRIBUTED", "STATUSES", "MAX_ALIGN_CELLS"]
 
 EXPORT_HINT = ("no ETRecord: operators are not traced to modules. Export one with the model: "
                "to_edge_transform_and_lower(..., generate_etrecord=True), then after .to_executorch() "
@@ -73,14 +76,59 @@ def _base(type_name: str) -> str:
     return type_name.split(" (", 1)[0].strip().lower()
 
 
-def _empty(status: str, sha: str | None, warnings: list[str]) -> dict:
-    return {"by_source": [], "by_module": [],
-            "attribution": {"status": status, "attributed_share": 0.0, "etrecord_sha256": sha},
-            "warnings": warnings}
+@dataclass(slots=True)
+class Traced:
+    """What attribute() finds: the report's by_source, by_module and attribution sections, and the
+    warnings for the report."""
+
+    by_source: list[SourceRow]
+    by_module: list[ModuleTime]
+    attribution: Attribution
+    warnings: list[str]
 
 
-def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators: list[dict],
-              method: str | None = None) -> dict:
+def _empty(status: str, sha: str | None, warnings: list[str]) -> Traced:
+    return Traced([], [], Attribution(status=status, attributed_share=0.0, etrecord_sha256=sha), warnings)
+
+
+@dataclass(slots=True)
+class _Row:
+    """A by_source row while it is built: SourceRow's fields and the node's module stack (which
+    _by_module reads; the stored rows leave it out)."""
+
+    operator: str
+    instance: int | None
+    category: str
+    delegated: bool
+    instruction: int
+    position: int | None
+    ms: float = 0.0
+    kernel_path: str | None = None
+    module: str | None = None
+    module_class: str | None = None
+    aten: list[str] = field(default_factory=list)
+    location: str | None = None
+    code: str | None = None
+    inserted_by: str | None = None
+    debug_handle: int | None = None
+    ambiguous: bool = False
+    stack: list[tuple[str, str]] = field(default_factory=list)
+
+    def key(self) -> tuple:
+        """Rows of different sequences standing for the same event of the same node are one row."""
+        return (self.operator, self.instance, self.delegated, self.instruction, self.position, self.debug_handle,
+                self.module, self.inserted_by, self.ambiguous)
+
+    def source_row(self, kernel_path: str | None) -> SourceRow:
+        return SourceRow(operator=self.operator, instance=self.instance, category=self.category, ms=float(self.ms),
+                         kernel_path=kernel_path, delegated=self.delegated, module=self.module,
+                         module_class=self.module_class, aten=list(self.aten), location=self.location,
+                         code=self.code, inserted_by=self.inserted_by, instruction=self.instruction,
+                         position=self.position, debug_handle=self.debug_handle, ambiguous=self.ambiguous)
+
+
+def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators: list[OperatorRow],
+              method: str | None = None) -> Traced:
     """``by_source``, ``by_module``, ``attribution`` and ``warnings`` for a report's _Model `m`.
     `operators`: the report's operator rows (their ``kernel_path`` per type)."""
     if etrecord is None:
@@ -111,19 +159,19 @@ def attribute(m, etrecord: Etrecord | None, program: bytes | None, *, operators:
 
 
 def attribute_phases(calls_m, phase: np.ndarray, etrecord: Etrecord | None, program: bytes | None, *,
-                     operators: list[dict], method: str | None = None) -> dict[str, list[dict]]:
+                     operators: list[OperatorRow], method: str | None = None) -> dict[str, list[ModuleTime]]:
     """An LLM run's ``by_module`` per phase: `calls_m` is the report's _Model with one iteration
     per Execute block, `phase` each block's (llm.PREFILL | DECODE). Times are per call of the
     phase (a decode call: one token). Empty when the ETRecord is not used."""
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[ModuleTime]] = {}
     for name, code in (("prefill", PREFILL), ("decode", DECODE)):
         its = np.flatnonzero(phase[:calls_m.n_it] == code)
         if its.size == 0:
             continue
         r = attribute(_subset(calls_m, its), etrecord, program, operators=operators, method=method)
-        if r["attribution"]["status"] not in ("attributed", "ambiguous"):
+        if r.attribution.status not in ("attributed", "ambiguous"):
             return {}
-        out[name] = r["by_module"]
+        out[name] = r.by_module
     return out
 
 
@@ -143,9 +191,6 @@ def _subset(m, its: np.ndarray):
 _CACHED_MODELS = 4
 # distinct event sequences aligned per trace (an LLM's prefill and decode calls: a few)
 _MAX_SEQUENCES = 8
-# rows of different sequences standing for the same event of the same node are one row
-_ROW_KEY = ("operator", "instance", "delegated", "instruction", "position", "debug_handle", "module",
-            "inserted_by", "ambiguous")
 _CHECKED: dict = {}
 _PLANS: dict = {}
 
@@ -178,7 +223,8 @@ def _call_of_events(m, which: np.ndarray) -> np.ndarray:
     return out
 
 
-def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], model_key: tuple, operators: list[dict]) -> dict:
+def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], model_key: tuple,
+               operators: list[OperatorRow]) -> Traced:
     warnings: list[str] = []
     sha = model_key[0]
     n_it = m.n_it
@@ -205,7 +251,7 @@ def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], model_key: tuple, 
                             "(ambiguous)")
             groups = groups[:_MAX_SEQUENCES]
             capped = True
-    merged: dict[tuple, dict] = {}
+    merged: dict[tuple, _Row] = {}
     for g in groups:
         n_pos = int(counts[g[0]])
         if n_pos == 0:
@@ -221,36 +267,32 @@ def _attribute(m, em: EtrecordMethod, calls: dict[int, Call], model_key: tuple, 
             plan = _remember(_PLANS, signature, _plan(m, em, calls, events, pos_call, pos_deleg),
                              _CACHED_MODELS * _MAX_SEQUENCES)
         for r, t in zip(plan, ms.tolist()):
-            k = tuple(r[f] for f in _ROW_KEY)
+            k = r.key()
             if k in merged:
-                merged[k]["ms"] += t
+                merged[k].ms += t
             else:
-                merged[k] = dict(r, ms=t)
-    kernel_path = {o["name"]: o.get("kernel_path") for o in operators}
-    rows = [dict(r, ms=float(r["ms"]), kernel_path=kernel_path.get(r["operator"]), aten=list(r["aten"]))
-            for r in merged.values()]
+                merged[k] = dataclasses.replace(r, ms=t)
+    rows = list(merged.values())
     total = float(ms.sum())
-    attributed = float(sum(r["ms"] for r in rows if r["module"] is not None))
-    n_amb = sum(1 for r in rows if r["ambiguous"])
+    attributed = float(sum(r.ms for r in rows if r.module is not None))
+    n_amb = sum(1 for r in rows if r.ambiguous)
     status = "ambiguous" if n_amb or capped else "attributed"
     if n_amb:
         warnings.append(f"{n_amb} of {len(rows)} operators could not be aligned with the ETRecord for certain: "
                         "they name no module (ambiguous)")
     mean_e2e = float(m.e2e.mean())
-    by_module = _by_module(rows, mean_e2e)
-    for r in rows:
-        r.pop("stack", None)  # by_module holds the tree; the rows stay small in the stored report
-    return {"by_source": rows, "by_module": by_module,
-            "attribution": {"status": status, "attributed_share": attributed / total if total > 0 else 0.0,
-                            "etrecord_sha256": sha},
-            "warnings": warnings}
+    kernel_path = {o.name: o.kernel_path for o in operators}
+    # by_module holds the module tree: the stored rows leave out their stacks
+    return Traced([r.source_row(kernel_path.get(r.operator)) for r in rows], _by_module(rows, mean_e2e),
+                  Attribution(status=status, attributed_share=attributed / total if total > 0 else 0.0,
+                              etrecord_sha256=sha), warnings)
 
 
 def _plan(m, em: EtrecordMethod, calls: dict[int, Call], first: np.ndarray, pos_call: np.ndarray,
-          pos_deleg: np.ndarray) -> list[dict]:
+          pos_deleg: np.ndarray) -> list[_Row]:
     """The rows of one iteration's event sequence (`first`): every field but ms and kernel_path."""
     n_pos = first.size
-    rows: list[dict] = []
+    rows: list[_Row] = []
     p = 0
     while p < n_pos:
         if pos_deleg[p]:
@@ -265,22 +307,19 @@ def _plan(m, em: EtrecordMethod, calls: dict[int, Call], first: np.ndarray, pos_
     return rows
 
 
-def _row(m, event: int, *, delegated: bool, instruction: int, position: int | None) -> dict:
+def _row(m, event: int, *, delegated: bool, instruction: int, position: int | None) -> _Row:
     label = m.labels[int(m.label_id[event])]
-    type_name = m.types[int(m.type_id[event])]
     inst = _INSTANCE.search(label)
-    return {"operator": type_name, "instance": int(inst.group(1)) if inst else None,
-            "category": CATEGORIES[int(m.cat[event])], "ms": 0.0, "kernel_path": None, "delegated": delegated,
-            "module": None, "module_class": None, "aten": [], "location": None, "code": None,
-            "inserted_by": None, "instruction": instruction, "position": position, "debug_handle": None,
-            "ambiguous": False}
+    return _Row(operator=m.types[int(m.type_id[event])], instance=int(inst.group(1)) if inst else None,
+                category=CATEGORIES[int(m.cat[event])], delegated=delegated, instruction=instruction,
+                position=position)
 
 
 _QDQ = {"quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel",
         "choose_qparams", "quantize_per_token", "dequantize_per_token", "_to_copy", "_to_dim_order_copy"}
 
 
-def _fill(row: dict, em: EtrecordMethod, handle: int, kind: str | None = None, op: str | None = None) -> bool:
+def _fill(row: _Row, em: EtrecordMethod, handle: int, kind: str | None = None, op: str | None = None) -> bool:
     """Row fields from the handle's nodes. A quantized graph gives one handle to an operator and
     the quantize/dequantize nodes around it: a Convert stands for those, anything else for the
     operator. Decompositions give one handle to several nodes: a portable kernel (`op`) stands
@@ -292,13 +331,14 @@ def _fill(row: dict, em: EtrecordMethod, handle: int, kind: str | None = None, o
         return False
     want_qdq = kind == "Convert"
     node: EtrecordNode = next((n for n in nodes if (op_name(n.target) in _QDQ) == want_qdq), nodes[0])
-    row.update(module=node.module, module_class=node.module_class or None,
-               aten=sorted({n.target for n in nodes})[:8], location=node.location, code=node.code,
-               debug_handle=handle, stack=[list(s) for s in node.stack])
+    row.module, row.module_class = node.module, node.module_class or None
+    row.aten = sorted({n.target for n in nodes})[:8]
+    row.location, row.code, row.debug_handle = node.location, node.code, handle
+    row.stack = list(node.stack)
     return True
 
 
-def _portable_row(m, em: EtrecordMethod, call: Call | None, instruction: int, event: int) -> dict:
+def _portable_row(m, em: EtrecordMethod, call: Call | None, instruction: int, event: int) -> _Row:
     row = _row(m, event, delegated=False, instruction=instruction, position=None)
     handles = em.handle_map.get(instruction, ())
     label = m.labels[int(m.label_id[event])]
@@ -308,19 +348,18 @@ def _portable_row(m, em: EtrecordMethod, call: Call | None, instruction: int, ev
     return row
 
 
-def _unattribute(row: dict) -> None:
-    row.update(module=None, module_class=None, aten=[], location=None, code=None, debug_handle=None,
-               ambiguous=True)
-    row.pop("stack", None)
+def _unattribute(row: _Row) -> None:
+    row.module = row.module_class = row.location = row.code = row.debug_handle = None
+    row.aten, row.stack, row.ambiguous = [], [], True
 
 
-def _delegate_rows(m, em: EtrecordMethod, call: Call | None, instruction: int, events: np.ndarray) -> list[dict]:
+def _delegate_rows(m, em: EtrecordMethod, call: Call | None, instruction: int, events: np.ndarray) -> list[_Row]:
     rows = [_row(m, int(e), delegated=True, instruction=instruction, position=i) for i, e in enumerate(events)]
     if call is None or call.kind != "delegate" or not call.xnodes:
         for r in rows:
             _unattribute(r)
         return rows
-    types = [r["operator"] for r in rows]
+    types = [r.operator for r in rows]
     # A node's fused activation (XNode.output_min_max) may run as a Clamp of its own right after
     # it: where the call has no Clamp XNode, such a Clamp goes with the event before it.
     act = set()
@@ -356,9 +395,9 @@ def _delegate_rows(m, em: EtrecordMethod, call: Call | None, instruction: int, e
             _unattribute(r)
             continue
         if i in act:
-            r["inserted_by"] = "XNNPACK's runtime (the fused activation of the operator before it)"
+            r.inserted_by = "XNNPACK's runtime (the fused activation of the operator before it)"
         elif own[i] is None:
-            r["inserted_by"] = ("XNNPACK's runtime" if match[i] < 0 else "XNNPACK's delegate passes (layout)"
+            r.inserted_by = ("XNNPACK's runtime" if match[i] < 0 else "XNNPACK's delegate passes (layout)"
                                 if call.xnodes[match[i]].kind == "StaticTranspose" else "XNNPACK's delegate passes")
     return rows
 
@@ -417,22 +456,22 @@ def _forward(compat: np.ndarray, multi: np.ndarray, skip: np.ndarray, ins: np.nd
     return g, a
 
 
-def _by_module(rows: list[dict], mean_e2e: float) -> list[dict]:
+def _by_module(rows: list[_Row], mean_e2e: float) -> list[ModuleTime]:
     """The model (module "", depth 0) and every module on an attributed row's stack, inclusive
     time, with "not attributed" (depth 0) the rest of E2E: the depth-0 rows add up to E2E."""
     acc: dict[str, list] = {}
     root = 0.0
     for r in rows:
-        if r["module"] is None:
+        if r.module is None:
             continue
-        root += r["ms"]
-        for depth, (path, cls) in enumerate(r.get("stack", []), start=1):
+        root += r.ms
+        for depth, (path, cls) in enumerate(r.stack, start=1):
             e = acc.setdefault(path, [depth, 0.0, cls])
-            e[1] += r["ms"]
+            e[1] += r.ms
     share = (lambda x: x / mean_e2e if mean_e2e > 0 else 0.0)
-    out = [{"module": "", "depth": 0, "ms": root, "share": share(root), "module_class": None},
-           {"module": NOT_ATTRIBUTED, "depth": 0, "ms": max(mean_e2e - root, 0.0),
-            "share": share(max(mean_e2e - root, 0.0)), "module_class": None}]
+    rest = max(mean_e2e - root, 0.0)
+    out = [ModuleTime(module="", depth=0, ms=root, share=share(root)),
+           ModuleTime(module=NOT_ATTRIBUTED, depth=0, ms=rest, share=share(rest))]
     for path, (depth, ms, cls) in sorted(acc.items(), key=lambda kv: (kv[1][0], -kv[1][1], kv[0])):
-        out.append({"module": path, "depth": depth, "ms": ms, "share": share(ms), "module_class": cls})
+        out.append(ModuleTime(module=path, depth=depth, ms=ms, share=share(ms), module_class=cls))
     return out

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
+
+from .types import OffSme2, Sme2Advice
 
 __all__ = ["XNNPACK_COMMIT", "GemmDatatype", "GEMM_DATATYPES", "datatypes_of", "lookup", "advice"]
 
@@ -88,19 +91,20 @@ def lookup(name: str) -> GemmDatatype | None:
     return GEMM_DATATYPES.get(dt) if dt else None
 
 
-def advice(off_sme2: list[dict]) -> list[dict]:
-    """For the Convolution/GEMM operators an SME2-on run left off SME2 (kernel_paths' ``off_sme2``:
-    name, total_ms, kernel_path), what the build offers instead, one entry per datatype:
-    {datatypes, operators, total_ms, config, sme2, sentence, source}."""
-    by: dict[tuple[str, ...], dict] = {}
+def advice(off_sme2: Iterable[OffSme2]) -> list[Sme2Advice]:
+    """For the Convolution/GEMM operators an SME2-on run left off SME2 (kernel_paths' ``off_sme2``),
+    what the build offers instead, one entry per datatype, the most time first."""
+    by: dict[tuple[str, ...], Sme2Advice] = {}
     for o in off_sme2:
-        entry = lookup(o["name"])
+        entry = lookup(o.name)
         if entry is None or entry.sme2 or not entry.instead:
             continue
-        dt = datatypes_of(o["name"])
-        d = by.setdefault(dt, {"datatypes": ", ".join(dt), "operators": [], "total_ms": 0.0,
-                               "config": entry.config, "sme2": entry.sme2, "source": SOURCE,
-                               "sentence": f"{entry.words} ({', '.join(dt)}) ran off SME2: {entry.instead}."})
-        d["operators"].append(o["name"])
-        d["total_ms"] += float(o["total_ms"])
-    return sorted(by.values(), key=lambda d: -d["total_ms"])
+        dt = datatypes_of(o.name)
+        d = by.get(dt)
+        if d is None:
+            d = by[dt] = Sme2Advice(datatypes=", ".join(dt), operators=[], total_ms=0.0, config=entry.config,
+                                    sme2=entry.sme2, source=SOURCE,
+                                    sentence=f"{entry.words} ({', '.join(dt)}) ran off SME2: {entry.instead}.")
+        d.operators.append(o.name)
+        d.total_ms += float(o.total_ms)
+    return sorted(by.values(), key=lambda d: -d.total_ms)

@@ -165,20 +165,18 @@ def kernel_path(name: str, *, delegated: bool = True, sme2: bool | None = None, 
     return SME2_OR_NEON if isa & _SME_ONLY else NEON
 
 
-def annotate(operators: list[dict], *, sme2: bool | None = None, arch: str | None = None) -> str | None:
-    """Set ``kernel_path`` on each operator dict (``name``, ``delegated``) in place; returns the
-    architecture used. With arch unknown, a packed-LHS operator proves arm64 (XNNPACK builds
-    them only there, with KleidiAI)."""
-    if arch is None and any(o.get("delegated", True) and backends(o["name"]) is not None for o in operators):
-        arch = "arm64"
-    for o in operators:
-        o["kernel_path"] = kernel_path(o["name"], delegated=o.get("delegated", True), sme2=sme2, arch=arch)
+def proven_arch(operators: Iterable[tuple[str, bool]], arch: str | None) -> str | None:
+    """`arch`; where it is unknown, "arm64" when a delegated packed-LHS operator among the
+    (name, delegated) pairs proves it (XNNPACK builds them only there, with KleidiAI)."""
+    if arch is None and any(delegated and backends(name) is not None for name, delegated in operators):
+        return "arm64"
     return arch
 
 
 @dataclass(frozen=True, slots=True)
-class _Op:
-    """What summary() reads of an operator row (a dict as report.py builds it, or an OperatorRow)."""
+class OperatorPath:
+    """What summary_section() reads of an operator row: an OperatorRow, one of a phase's
+    operators (llm.py), or a row of stored JSON."""
 
     name: str
     category: str
@@ -187,8 +185,10 @@ class _Op:
     delegated: bool
 
     @classmethod
-    def read(cls, o) -> _Op:
-        if isinstance(o, dict):
+    def read(cls, o) -> OperatorPath:
+        if isinstance(o, cls):
+            return o
+        if isinstance(o, dict):  # a stored report's operator row
             return cls(o["name"], o["category"], float(o["total_ms"]), o["kernel_path"], o.get("delegated", True))
         return cls(o.name, o.category, float(o.total_ms), o.kernel_path, o.delegated)
 
@@ -198,7 +198,7 @@ def summary_section(operators: Iterable, sme2_visible: bool | None) -> KernelPat
     ``total_ms`` (per iteration) and ``kernel_path``: time per category and path, SME2 coverage
     of Convolution + GEMM, the Convolution/GEMM operators left off SME2, and the flag (a sentence)
     when SME2 was on yet none of that time ran in an SME2 kernel."""
-    ops = [_Op.read(o) for o in operators]
+    ops = [OperatorPath.read(o) for o in operators]
     by_category: dict[str, dict[str, float]] = {}
     conv_gemm = on_sme2 = unknown = 0.0
     off: list[OffSme2] = []
@@ -291,7 +291,7 @@ def coverage_sentence(kp: KernelPaths) -> str:
             "Convolution/GEMM per iteration in SME2 kernels)")
 
 
-__all__ = ["kernel_path", "annotate", "summary", "summary_section", "backends", "arch_of", "coverage_sentence", "is_xnnpack_name",
+__all__ = ["kernel_path", "proven_arch", "OperatorPath", "summary", "summary_section", "backends", "arch_of", "coverage_sentence", "is_xnnpack_name",
            "not_hidden_sentence", "sme2_eligible",
            "PATHS", "SME2", "SME", "SME_OR_SME2", "SME2_OR_NEON", "NEON", "X86", "XNNPACK_UNKNOWN_ISA",
            "PORTABLE", "DELEGATE"]

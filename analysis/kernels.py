@@ -174,10 +174,9 @@ def kernel_hint(op_type: str, kernels: Kernels | dict | None) -> str | None:
     the type string (``IGEMM``, ``DWConv``, ``GEMM``...), or None.
     """
     low = op_type.lower()
-    if isinstance(kernels, dict):  # its JSON: only the matching kind's entries are read (once per operator)
-        status, by_kind = kernels.get("status"), kernels.get("by_kind") or {}
-    else:
-        status, by_kind = (kernels.status, kernels.by_kind or {}) if kernels else (None, {})
+    if isinstance(kernels, dict):  # its stored JSON
+        kernels = Kernels.from_dict(kernels)
+    status, by_kind = (kernels.status, kernels.by_kind or {}) if kernels else (None, {})
     if status == "ok":
         for pat, kinds in _KIND_FOR_OP:
             if pat.search(low):
@@ -185,7 +184,7 @@ def kernel_hint(op_type: str, kernels: Kernels | dict | None) -> str | None:
                     for k, ks in by_kind.items():
                         if k == kind or k.startswith(kind):
                             order = {c: i for i, c in enumerate(ISA_CLASSES)}
-                            best = sorted(map(KernelEntry.from_dict, ks), key=lambda d: order[d.isa])[:2]
+                            best = sorted(ks, key=lambda d: order[d.isa])[:2]
                             return f"{k}: " + ", ".join(f"{d.name} [{d.isa}]" for d in best)
                 break
     m = re.search(r"\)\s*(.+)$", op_type)

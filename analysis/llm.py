@@ -34,7 +34,7 @@ from .etdump import KIND_PROFILE, Events
 from .pte import STATIC, MethodSignature
 from .stats import bootstrap_ci, latency_stats
 from .types import (LatencyStats, LlmCategories, LlmKernelPaths, LlmReport, LlmSamples, PhaseCategories, PhaseInterval,
-                    PhaseKernelPaths, Sme2Advice)
+                    PhaseKernelPaths)
 from .verdict import verdict
 
 __all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature",
@@ -271,28 +271,29 @@ def phase_kernel_paths(phases: Phases, *, types: list[str], type_cat: np.ndarray
     off SME2 and, in an SME2-on run, what the build offers instead (gemm_sme2.advice). Operator
     events by timed Execute block (op_block), as report._Model holds them per call."""
     from .gemm_sme2 import advice
-    from .kernel_paths import annotate, summary_section
+    from .kernel_paths import OperatorPath, kernel_path, proven_arch, summary_section
 
     n_it = max(phases.n_iterations, 1)
-    out: dict[str, PhaseKernelPaths | None] = {}
-    for name, code in (("prefill", PREFILL), ("decode", DECODE)):
+
+    def phase(code: int) -> PhaseKernelPaths | None:
         sel = (op_block >= 0) & (phases.phase[np.clip(op_block, 0, None)] == code) if op_block.size else op_block
         if not sel.any():
-            out[name] = None
-            continue
+            return None
         tot = np.bincount(type_id[sel], weights=op_ms[sel], minlength=len(types))
         deleg = np.zeros(len(types), dtype=bool)
         deleg[type_id[sel]] = delegated[sel]
-        ops = [{"name": types[t], "category": CATEGORIES[int(type_cat[t])], "total_ms": float(tot[t] / n_it),
-                "delegated": bool(deleg[t])} for t in np.flatnonzero(tot > 0).tolist()]
-        annotate(ops, sme2=sme2, arch=arch)
+        present = np.flatnonzero(tot > 0).tolist()
+        seen = proven_arch(((types[t], bool(deleg[t])) for t in present), arch)
+        ops = [OperatorPath(types[t], CATEGORIES[int(type_cat[t])], float(tot[t] / n_it),
+                            kernel_path(types[t], delegated=bool(deleg[t]), sme2=sme2, arch=seen), bool(deleg[t]))
+               for t in present]
         coverage = summary_section(ops, sme2).coverage
-        reach = advice([o.to_dict() for o in coverage.off_sme2]) if sme2 is True else []
-        out[name] = PhaseKernelPaths(conv_gemm_ms=coverage.conv_gemm_ms, sme2_ms=coverage.sme2_ms,
-                                     share=coverage.share, off_sme2=coverage.off_sme2,
-                                     sme2_operators=sorted(o["name"] for o in ops if o["kernel_path"] == "SME2"),
-                                     what_would_reach_sme2=[Sme2Advice.from_dict(a) for a in reach])
-    return LlmKernelPaths(prefill=out["prefill"], decode=out["decode"])
+        return PhaseKernelPaths(conv_gemm_ms=coverage.conv_gemm_ms, sme2_ms=coverage.sme2_ms,
+                                share=coverage.share, off_sme2=coverage.off_sme2,
+                                sme2_operators=sorted(o.name for o in ops if o.kernel_path == "SME2"),
+                                what_would_reach_sme2=advice(coverage.off_sme2) if sme2 is True else [])
+
+    return LlmKernelPaths(prefill=phase(PREFILL), decode=phase(DECODE))
 
 
 @dataclass(frozen=True, slots=True)

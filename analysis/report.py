@@ -30,12 +30,12 @@ from .attribution import attribute, attribute_phases
 from .categories import CATEGORIES, NAMED, OTHER, category_of, llm_custom_op, operator_type
 from .etdump import KIND_ALLOC, KIND_DEBUG, KIND_PROFILE, Events, EtdumpError, read_etdump
 from .etrecord import Etrecord
-from .kernel_paths import annotate, not_hidden_sentence, summary
-from .kernels import kernel_hint, parse_kernel_log
+from .kernel_paths import kernel_path, not_hidden_sentence, proven_arch, summary_section
+from .kernels import kernel_hint, parse_kernel_log_section
 from .llm import phase_blocks, phase_kernel_paths, summarize as llm_summary
 from .stats import latency_stats
-from .types import (Allocations, AnalysisReport, Attribution, KernelPaths, Kernels, LatencyStats, LlmKernelPaths,
-                    LlmReport, ModuleTime, OperatorRow, SourceRow, section)
+from .types import (Allocations, AnalysisReport, Kernels, LatencyStats, LlmKernelPaths, LlmReport, OperatorInstance,
+                    OperatorRow, section)
 
 TICKS_PER_MS = 1e6  # ns clock
 
@@ -184,7 +184,9 @@ class _Model:
             self.load[key_] = float(self.ms[sel[0]]) if sel.size else None
 
 
-def _operators(m: _Model, kernels: dict | None) -> list[dict]:
+def _operators(m: _Model, kernels: Kernels, *, sme2: bool | None, arch: str | None) -> list[OperatorRow]:
+    """One row per operator type, the most time first, each with its kernel path (classified per
+    type, never per event)."""
     n_it = max(m.n_it, 1)
     mean_e2e = float(m.e2e.mean()) if m.n_it else 0.0
     n_types = len(m.types)
@@ -205,33 +207,35 @@ def _operators(m: _Model, kernels: dict | None) -> list[dict]:
     n_lab = len(m.labels)
     lcnt = np.bincount(m.label_id, minlength=n_lab)
     ltot = np.bincount(m.label_id, weights=m.op_ms, minlength=n_lab)
-    inst: dict[int, list[dict]] = {}
+    inst: dict[int, list[OperatorInstance]] = {}
     for li in np.argsort(-ltot, kind="stable").tolist():
-        inst.setdefault(int(m.label_type[li]), []).append({
-            "name": m.labels[li],
-            "count": float(lcnt[li] / n_it),
-            "total_ms": float(ltot[li] / n_it),
-            "avg_ms": float(ltot[li] / lcnt[li]) if lcnt[li] else 0.0,
-        })
+        inst.setdefault(int(m.label_type[li]), []).append(OperatorInstance(
+            name=m.labels[li],
+            count=float(lcnt[li] / n_it),
+            total_ms=float(ltot[li] / n_it),
+            avg_ms=float(ltot[li] / lcnt[li]) if lcnt[li] else 0.0,
+        ))
+    arch = proven_arch(((m.types[t], bool(deleg[t])) for t in range(n_types)), arch)
     ops = []
     for t in np.argsort(-tot, kind="stable").tolist():
         name = m.types[t]
         delegated = bool(deleg[t])
         total_ms = float(tot[t] / n_it)
-        ops.append({
-            "name": name,
-            "category": CATEGORIES[int(m.type_cat[t])],
-            "count": float(cnt[t] / n_it),
-            "total_ms": total_ms,
-            "avg_ms": float(tot[t] / cnt[t]) if cnt[t] else 0.0,
-            "p50_ms": float(p50[t]),
-            "p90_ms": float(p90[t]),
-            "share": total_ms / mean_e2e if mean_e2e > 0 else 0.0,
-            "delegated": delegated,
-            "kernel_hint": kernel_hint(name, kernels) if delegated else (
+        ops.append(OperatorRow(
+            name=name,
+            category=CATEGORIES[int(m.type_cat[t])],
+            count=float(cnt[t] / n_it),
+            total_ms=total_ms,
+            avg_ms=float(tot[t] / cnt[t]) if cnt[t] else 0.0,
+            p50_ms=float(p50[t]),
+            p90_ms=float(p90[t]),
+            share=total_ms / mean_e2e if mean_e2e > 0 else 0.0,
+            delegated=delegated,
+            kernel_hint=kernel_hint(name, kernels) if delegated else (
                 custom[1] if (custom := llm_custom_op(name)) else "portable kernel (not delegated)"),
-            "instances": inst.get(t, []),
-        })
+            instances=inst.get(t, []),
+            kernel_path=kernel_path(name, delegated=delegated, sme2=sme2, arch=arch),
+        ))
     return ops
 
 
@@ -274,8 +278,7 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
             phases, types=calls.types, type_cat=calls.type_cat, type_id=calls.type_id, op_block=calls.op_it,
             op_ms=calls.op_ms, delegated=calls.delegated, sme2=sme2, arch=arch))
     m = _Model(ev, skip_first=skip_first, groups=None if phases is None else phases.iteration)
-    kernel_dict = parse_kernel_log(kernel_log)
-    kernels = section(Kernels, kernel_dict)
+    kernels = parse_kernel_log_section(kernel_log)
     n_it = m.n_it
     mean_e2e = float(m.e2e.mean()) if n_it else 0.0
     if n_it == 0 and m.n_exec_total == 0:
@@ -284,21 +287,17 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
     # Other is defined as the remainder of the means so the five add up to mean E2E exactly
     cats[OTHER] = max(mean_e2e - sum(cats[c] for c in NAMED), 0.0)
     share = {c: (v / mean_e2e if mean_e2e > 0 else 0.0) for c, v in cats.items()}
-    operator_rows = _operators(m, kernel_dict)
-    # classified per operator type (operators are already one row per type), never per event
-    annotate(operator_rows, sme2=sme2, arch=arch)
-    kernel_paths = section(KernelPaths, summary(operator_rows, sme2))
-    traced = attribute(m, etrecord, program, operators=operator_rows, method=method)
-    attribution = section(Attribution, traced["attribution"])
+    operators = _operators(m, kernels, sme2=sme2, arch=arch)
+    kernel_paths = summary_section(operators, sme2)
+    traced = attribute(m, etrecord, program, operators=operators, method=method)
+    attribution = traced.attribution
     if llm is not None and attribution.status in ("attributed", "ambiguous"):
-        llm.by_module = {phase: [ModuleTime.from_dict(row) for row in rows]  # per call of each phase
-                         for phase, rows in attribute_phases(calls, phases.phase, etrecord, program,
-                                                             operators=operator_rows, method=method).items()}
-    operators = [OperatorRow.from_dict(o) for o in operator_rows]
-    m.warnings.extend(traced["warnings"])
+        llm.by_module = attribute_phases(calls, phases.phase, etrecord, program,  # per call of each phase
+                                         operators=operators, method=method)
+    m.warnings.extend(traced.warnings)
     if kernel_paths.coverage.flag:
         m.warnings.append(kernel_paths.coverage.flag)
-    if leaked := not_hidden_sentence(kernel_paths.to_dict()):
+    if leaked := not_hidden_sentence(kernel_paths):
         m.warnings.append(leaked)
     portable = [o.name for o in operators if not o.delegated]
     if portable:
@@ -329,8 +328,8 @@ def analyze(etdump: bytes | Events, *, kernel_log: str | None = None, skip_first
                                 total_bytes=int(ev.alloc_size[alloc].sum(dtype=np.uint64))),
         n_debug_events=int((ev.kind == KIND_DEBUG).sum()),
         llm=llm,
-        by_source=[SourceRow.from_dict(row) for row in traced["by_source"]],
-        by_module=[ModuleTime.from_dict(row) for row in traced["by_module"]],
+        by_source=traced.by_source,
+        by_module=traced.by_module,
         attribution=attribution,
         time_unit="ms (ETDump ticks taken as ns)",
         warnings=m.warnings,

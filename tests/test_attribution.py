@@ -311,17 +311,17 @@ def test_iterations_with_other_event_sequences_are_aligned_on_their_own(llama_tr
     for f in ("op_idx", "delegated", "op_it", "label_id", "op_ms", "type_id", "cat"):
         setattr(cut, f, getattr(cut, f)[keep])
     r = attr.attribute(cut, et, program, operators=[])
-    assert not r["warnings"] or all("iterations" not in w for w in r["warnings"])
-    assert r["attribution"]["status"] == whole["attribution"]["status"]
+    assert not r.warnings or all("iterations" not in w for w in r.warnings)
+    assert r.attribution.status == whole.attribution.status
     # every event's time is in a row, and as much of it is attributed as in the whole trace
-    assert sum(x["ms"] for x in r["by_source"]) == pytest.approx(cut.op_ms.sum() / cut.n_it, rel=1e-9)
-    assert r["attribution"]["attributed_share"] >= whole["attribution"]["attributed_share"] - 0.05
-    cut_rows = [x for x in r["by_source"] if x["instruction"] == int(last_call[drop[0] - first[0]])]
-    assert cut_rows and all(x["module"] is not None or x["ambiguous"] for x in cut_rows)
+    assert sum(x.ms for x in r.by_source) == pytest.approx(cut.op_ms.sum() / cut.n_it, rel=1e-9)
+    assert r.attribution.attributed_share >= whole.attribution.attributed_share - 0.05
+    cut_rows = [x for x in r.by_source if x.instruction == int(last_call[drop[0] - first[0]])]
+    assert cut_rows and all(x.module is not None or x.ambiguous for x in cut_rows)
 
     monkeypatch.setattr(attr, "_MAX_SEQUENCES", 1)
     attr._PLANS.clear()
     capped = attr.attribute(cut, et, program, operators=[])
-    assert capped["attribution"]["status"] == "ambiguous"
-    assert any("more distinct operator sequences" in w for w in capped["warnings"])
-    assert sum(x["ms"] for x in capped["by_source"]) < cut.op_ms.sum() / cut.n_it
+    assert capped.attribution.status == "ambiguous"
+    assert any("more distinct operator sequences" in w for w in capped.warnings)
+    assert sum(x.ms for x in capped.by_source) < cut.op_ms.sum() / cut.n_it

@@ -11,6 +11,7 @@ import pytest
 from sme2farm.analysis import analyze
 from sme2farm.analysis.gemm_sme2 import GEMM_DATATYPES, SOURCE, XNNPACK_COMMIT, advice, datatypes_of, lookup
 from sme2farm.analysis.llm import MARKER_DECODE, MARKER_PREFILL
+from sme2farm.analysis.types import OffSme2
 
 
 @pytest.mark.arm64
@@ -40,12 +41,11 @@ def test_the_table_reads_xnnpack_operator_names_and_says_what_would_reach_sme2()
     assert not lookup("Fully Connected (NC, QD8, F32, QC8W) GEMM").sme2
     assert lookup("Softmax (NC, F32)") is None or not lookup("Softmax (NC, F32)").sme2
     # one entry per datatype, the time summed, the largest first; SME2 datatypes give no advice
-    got = advice([{"name": "Fully Connected (NC, QP8, F32, QB4W) GEMM", "total_ms": 0.5, "kernel_path": "NEON"},
-                  {"name": "Batch Matrix Multiply (NC, F32) GEMM", "total_ms": 0.7, "kernel_path": "NEON"},
-                  {"name": "Fully Connected (NC, QP8, F32, QB4W) GEMM #2", "total_ms": 0.4, "kernel_path": "NEON"},
-                  {"name": "Fully Connected (NC, QP8, F32, QC8W) GEMM", "total_ms": 9.0, "kernel_path": "NEON"}])
-    assert [(d["datatypes"], round(d["total_ms"], 6)) for d in got] == [("QP8, F32, QB4W", 0.9), ("F32", 0.7)]
-    assert all(d["source"].startswith("google/XNNPACK src/configs/gemm-config.c at 92a7ad50") for d in got)
+    got = advice([OffSme2(name=name, category="GEMM", total_ms=ms, kernel_path="NEON") for name, ms in [
+        ("Fully Connected (NC, QP8, F32, QB4W) GEMM", 0.5), ("Batch Matrix Multiply (NC, F32) GEMM", 0.7),
+        ("Fully Connected (NC, QP8, F32, QB4W) GEMM #2", 0.4), ("Fully Connected (NC, QP8, F32, QC8W) GEMM", 9.0)]])
+    assert [(d.datatypes, round(d.total_ms, 6)) for d in got] == [("QP8, F32, QB4W", 0.9), ("F32", 0.7)]
+    assert all(d.source.startswith("google/XNNPACK src/configs/gemm-config.c at 92a7ad50") for d in got)
 
 
 def _call(etdump_builder, t0: int, marker: str, tokens: int, pos: int, ops: list[tuple[str, int]]) -> list[dict]:
