@@ -62,11 +62,13 @@ def read_memory_section(data: bytes) -> RunnerMemory:
     if not isinstance(arenas, list) or len(arenas) > _MAX_ARENAS:
         raise MemoryFileError("planned_buffers_bytes must be a list of at most 1024 sizes")
     source = raw.get("rss_source")
-    peak, after_load = counts["peak_rss_bytes"], counts["peak_rss_after_load_bytes"]
-    return RunnerMemory(**counts, planned_buffers_bytes=[_count(v, "planned_buffers_bytes") for v in arenas],
-                        rss_source=source[:100] if isinstance(source, str) else None,
-                        execution_rss_growth_bytes=max(peak - after_load, 0)
-                        if peak is not None and after_load is not None else None)
+    memory = RunnerMemory(**counts, planned_buffers_bytes=[_count(v, "planned_buffers_bytes") for v in arenas],
+                          rss_source=source[:100] if isinstance(source, str) else None,
+                          execution_rss_growth_bytes=None)
+    peak, after_load = memory.peak_rss_bytes, memory.peak_rss_after_load_bytes
+    if peak is not None and after_load is not None:
+        memory.execution_rss_growth_bytes = max(peak - after_load, 0)
+    return memory
 
 
 def read_memory(data: bytes) -> dict:

@@ -107,9 +107,7 @@ class Verdict:
         return self.verdict in ("speedup", "slowdown")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["significant"] = self.significant
-        return d
+        return asdict(self) | {"significant": self.significant}
 
 
 def _pct(x: float) -> str:
@@ -180,7 +178,8 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
     h = math.log1p(min_effect)
     noise_info = {"sigma_between_prior": model.sigma_between, "prior_df": model.df, "source": model.source,
                   "described": model.describe(), "sigma_upper_95": model.sigma_upper(0.95)}
-    sizes = dict(iterations=[int(sum(nb)), int(sum(nc))], sessions=[len(nb), len(nc)],
+    iterations = [int(sum(nb)), int(sum(nc))]
+    sizes = dict(iterations=iterations, sessions=[len(nb), len(nc)],
                  iterations_per_session=[int(np.median(nb)) if nb else 0, int(np.median(nc)) if nc else 0])
     common = dict(level=level, min_effect=min_effect, margin=margin, stat=stat, labels=[la, lb], **sizes)
 
@@ -246,7 +245,7 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
         v = "no significant difference"
 
     ci = f"{int(round(100 * level))}% interval {lo:.3f}-{hi:.3f}"
-    basis = (f"{kb}+{kc} session(s), {sizes['iterations'][0]}+{sizes['iterations'][1]} iterations; "
+    basis = (f"{kb}+{kc} session(s), {iterations[0]}+{iterations[1]} iterations; "
              + (f"between-session noise {100 * math.sqrt(sigma2):.1f}%: prior {model.describe()}, "
                 f"pooled with {d} df of session spread" if d else f"between-session noise {model.describe()}"))
     needed = None
@@ -271,8 +270,6 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
         q_now = q
         room = (h / q_now) ** 2 * k_now / 2.0 - sigma2 if h > 0 else -1.0
         n_need = int(math.ceil(n_now * wn / room)) if room > 0 and wn > 0 else None
-        needed = {"sessions_per_arm": k_need, "iterations_per_session": n_need,
-                  "target_half_width": h, "sigma_between": math.sqrt(sigma2), "within_var_per_session": wn}
         adv = []
         if k_need is not None:
             adv.append(f"about {k_need} interleaved session(s) per arm at {n_now} iterations would")
@@ -282,7 +279,8 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
             adv.append("more iterations alone would not (between-session noise dominates)")
         if model.source == "default" and d == 0:
             adv.append("an A/A history for this device (a learned noise model) may narrow it")
-        needed["why"] = "; ".join(adv)
+        needed = {"sessions_per_arm": k_need, "iterations_per_session": n_need, "target_half_width": h,
+                  "sigma_between": math.sqrt(sigma2), "within_var_per_session": wn, "why": "; ".join(adv)}
         sentence = (f"Insufficient data to tell {la} and {lb} apart at {_pct(min_effect)}: ratio {ratio:.3f}, "
                     f"{ci} reaches beyond the margin on both sides ({basis}). To resolve {_pct(min_effect)}: "
                     + "; ".join(adv) + ".")
