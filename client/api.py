@@ -239,8 +239,9 @@ class FarmClient:
         spec_json = spec.model_dump_json(exclude_none=True) if isinstance(spec, ExperimentSpec) else json.dumps(spec)
         with contextlib.ExitStack() as stack:
             # The file objects stream; the server never sees a local file name as a path. (part, name
-            # sent, local file): only an inputs file's base name travels, which the report shows.
-            parts = [("model", "model.bpte" if Path(model).suffix == ".bpte" else "model.pte", model),
+            # sent, local file): only the model's and an inputs file's base names travel (the
+            # experiment's name when the spec has none; the report's inputs line).
+            parts = [("model", Path(model).name, model),
                      ("vs_model", "vs_model.pte", vs_model),
                      ("inputs", Path(inputs).name if inputs is not None else "", inputs),
                      ("etrecord", "model.etrecord", etrecord)]

@@ -19,6 +19,8 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from sme2farm.analysis.by_module import (MODULE_HEADERS, call_site_lines, merged, module_heading, module_lines,
                                          module_rows, no_module_line, shown)
 from sme2farm.analysis.wording import (NUMERICS_HEADERS, bytes_text, comparison_fact_lines, device_suffix,
@@ -87,9 +89,12 @@ def _device_cell(r: RunReport) -> str:
     return (serial or "—") + (" (emulated)" if r.device and r.device.emulator else "")
 
 
+_TIMESTAMP = TypeAdapter(datetime)
+
+
 def _created(rep: ExperimentReport) -> str:
     """When the experiment was created, written as the server wrote it (RFC 3339)."""
-    return rep.model_dump(mode="json", include={"created_at"})["created_at"]
+    return _TIMESTAMP.dump_python(rep.created_at, mode="json")
 
 
 def comparison_title(c: Comparison) -> str:

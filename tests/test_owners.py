@@ -229,10 +229,11 @@ def test_webhooks_to_loopback_and_private_addresses_are_refused_unless_allowed(a
     hook = WebhookReceiver()
     try:
         # At delivery the host is resolved and checked again: a name pointing at loopback is not POSTed to.
-        named = alerts.Delivery(url=hook.url.replace("127.0.0.1", "localhost"), payload={"event": "sme2farm.test"})
+        named = alerts.Delivery(url=hook.url.replace("127.0.0.1", "localhost"), payload={"event": "sme2farm.test"},
+                                event="sme2farm.test")
         assert alerts.post(named, timeout_s=5.0) == "refused: the host resolves to a non-public address"
         assert hook.received == []
-        allowed = alerts.Delivery(url=hook.url, payload={"event": "sme2farm.test"})
+        allowed = alerts.Delivery(url=hook.url, payload={"event": "sme2farm.test"}, event="sme2farm.test")
         assert alerts.post(allowed, timeout_s=5.0, allow_private=True) is None   # POSTed to the address checked
         assert hook.received == [{"event": "sme2farm.test"}]
         api.settings.webhook_private_ok = True   # the operator allows it: stored; non-admins see no host or port

@@ -35,6 +35,11 @@ DELIVERABLE = ("pending", "retrying")
 class Delivery:
     url: str
     payload: dict[str, Any]
+    event: str  # the X-SME2-Event header, the payload's own "event"
+
+
+def event_of(change: SuiteChange) -> str:
+    return f"sme2farm.{change.direction}"
 
 
 def _links(base: str | None, experiment_id: int | None) -> dict[str, Any] | None:
@@ -60,7 +65,7 @@ def payload(*, change: SuiteChange, suite: Suite, public_url: str | None, point:
     metric = metric_of(change)
     before, after = values_of(change)
     return {
-        "event": f"sme2farm.{change.direction}", "id": change.id, "suite": suite.name,
+        "event": event_of(change), "id": change.id, "suite": suite.name,
         "key": {"model_sha256": change.model_sha256, "model_name": change.model_name,
                 "device_model": change.device_model, "sme2": change.sme2, "threads": change.threads},
         "metric": change.metric or "latency", "metric_name": metric.words, "unit": metric.unit,
@@ -89,7 +94,8 @@ def prepare(session: Session, *, change_id: int, public_url: str | None) -> Deli
     base_id = change_values(change.detail).baseline_point_id
     return Delivery(suite.webhook, payload(change=change, suite=suite, public_url=public_url,
                                            point=session.get(SuitePoint, change.point_id),
-                                           baseline_point=session.get(SuitePoint, base_id) if base_id else None))
+                                           baseline_point=session.get(SuitePoint, base_id) if base_id else None),
+                    event_of(change))
 
 
 class NotPublic(Invalid):
@@ -140,7 +146,7 @@ def post(delivery: Delivery, *, timeout_s: float, allow_private: bool = False) -
         with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
             request = client.build_request(
                 "POST", pinned, json=delivery.payload,
-                headers={"User-Agent": f"sme2farm/{__version__}", "X-SME2-Event": delivery.payload["event"],
+                headers={"User-Agent": f"sme2farm/{__version__}", "X-SME2-Event": delivery.event,
                          "Host": host},
                 extensions={"sni_hostname": parts.hostname} if parts.scheme == "https" else None)
             r = client.send(request)
