@@ -29,7 +29,7 @@ import numpy as np
 from .stats import bootstrap_ci, bootstrap_ratio, pooled
 from .types import Section, stored_when_set
 
-__all__ = ["Point", "scaling", "cluster_of", "mask_of", "rows", "HEADERS"]
+__all__ = ["Point", "scaling", "mask_of", "rows", "HEADERS"]
 
 N_BOOT = 1000
 # The intervals resample at most this many iterations of each run, picked evenly from its sorted
@@ -161,14 +161,6 @@ def _cluster(mask: str | None, clusters: list[_Cluster]) -> _Cluster | None:
         return None
     value = int(mask, 16)
     return next((c for c in clusters if value == int(c.mask, 16)), None)
-
-
-def cluster_of(mask: str | None, clusters: list[dict]) -> dict | None:
-    """The cluster whose cores a mask names exactly (None: no mask, or not one cluster's)."""
-    if mask is None:
-        return None
-    value = int(mask, 16)
-    return next((c for c in clusters if value == int(mask_of(c.get("cores") or []), 16)), None)
 
 
 def _x(v: float) -> str:

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from sme2farm.analysis.scaling import Point, cluster_of, mask_of, scaling
+from sme2farm.analysis.scaling import Point, _Cluster, _cluster, mask_of, scaling
 
 
 def _sessions(rng, median_ms, runs=2, n=40, spread=0.02):
@@ -99,8 +99,9 @@ def test_base_is_the_smallest_thread_count_when_one_thread_did_not_run():
 def test_clusters_as_masks_and_the_fastest_cluster_per_arm():
     clusters = [{"name": "little", "cores": [0, 1, 2, 3], "sme2": False},
                 {"name": "big", "cores": [4, 5, 6, 7], "sme2": True}]
-    assert mask_of([4, 5, 6, 7]) == "f0" and cluster_of("F0", clusters)["name"] == "big"
-    assert cluster_of("30", clusters) is None
+    known = [_Cluster.read(c) for c in clusters]
+    assert mask_of([4, 5, 6, 7]) == "f0" and _cluster("F0", known).name == "big"
+    assert _cluster("30", known) is None
     pts = (_points({("off", 1): 9.0, ("off", 2): 5.0, ("on", 1): 6.0, ("on", 2): 3.5}, mask="0f")
            + _points({("off", 1): 4.0, ("off", 2): 2.5, ("on", 1): 2.0, ("on", 2): 1.9}, seed=2, mask="f0"))
     view = scaling(pts, clusters=clusters)
