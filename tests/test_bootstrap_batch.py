@@ -340,3 +340,24 @@ def test_the_sorted_median_is_numpys_median_bit_for_bit():
         assert sessions_mod._sorted_median(r, axis=2).tobytes() == np.median(r, axis=2).tobytes()
     r[1, 7, 3] = np.nan
     assert np.isnan(sessions_mod._sorted_median(r, axis=2)[1, 7]) and np.isnan(np.median(r, axis=2)[1, 7])
+
+
+def test_latency_stats_medians_from_one_sort_are_numpys_bit_for_bit():
+    """latency_stats takes its median and MAD from a sorted array, not np.median: the same numbers,
+    bit for bit, on every length and scale (non-finite values go through np.median as before)."""
+    from sme2farm.analysis.stats import latency_stats
+
+    rng = np.random.default_rng(29)
+    for n in [*range(1, 80), 999, 1000]:
+        for scale in (1e-3, 1.0, 1e3):
+            x = rng.lognormal(0.0, 1.0, n) * scale
+            if n % 3 == 0:
+                x = np.round(x, 2)   # ties
+            med = np.median(x)
+            got = latency_stats(x)
+            assert got["median"] == float(med) and got["mad"] == float(np.median(np.abs(x - med))), (n, scale)
+            p10, p90, p99 = np.percentile(x, [10, 90, 99])
+            assert (got["p10"], got["p90"], got["p99"]) == (float(p10), float(p90), float(p99))
+    x = np.array([1.0, np.inf, 2.0, 3.0])
+    assert latency_stats(x)["median"] == float(np.median(x))
+    assert latency_stats(np.array([1.0, np.nan, 2.0]))["median"] is None   # np.median's NaN, as before

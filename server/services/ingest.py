@@ -56,6 +56,8 @@ class Analysis:
     report: dict  # the stored JSON of the run's report
 
 
+OPERATOR_ROWS = 1000  # operator rows per INSERT statement: 7 parameters each
+
 # A model's method signatures by its sha256 (content-addressed: they never change), so the outputs'
 # check fetches each model from the store once per process, not once per run.
 _SIGNATURES: dict[str, dict] = {}
@@ -223,18 +225,20 @@ class Ingester:
             return None
 
     def store(self, session: Session, run: Run, result: Analysis) -> None:
-        """The run's result row and its operators' rows: two Core INSERTs, no ORM object to flush
-        (the run service calls this in a savepoint of its own per run)."""
+        """The run's result row and its operators' rows: two Core INSERTs on the tables, no ORM
+        object to flush and no ORM bulk-insert layer; the operators' rows in one multi-row VALUES
+        (one statement, not an executemany's pipeline). The run service calls this in a savepoint
+        of its own per run."""
         report = result.report
         e2e = report["e2e_ms"]
-        session.execute(insert(RunResult), dict(
+        session.execute(insert(RunResult.__table__), dict(
             run_id=run.id, e2e_median_ms=e2e["median"], e2e_mean_ms=e2e["mean"], e2e_p10_ms=e2e["p10"],
             e2e_p90_ms=e2e["p90"], e2e_cv=e2e["cv"], n=e2e["n"], categories_ms=report["categories_ms"], analysis=report,
             **report_parts(report)))
-        if report["operators"]:
-            session.execute(insert(OperatorStat), [
-                dict(run_id=run.id, name=op["name"][:256], category=op["category"], count=op["count"],
-                     total_ms=op["total_ms"], share=op["share"], delegated=op["delegated"]) for op in report["operators"]])
+        rows = [dict(run_id=run.id, name=op["name"][:256], category=op["category"], count=op["count"],
+                     total_ms=op["total_ms"], share=op["share"], delegated=op["delegated"]) for op in report["operators"]]
+        for i in range(0, len(rows), OPERATOR_ROWS):  # within SQLite's bound parameters per statement
+            session.execute(insert(OperatorStat.__table__).values(rows[i:i + OPERATOR_ROWS]))
 
 
 def _device_text(run: Run) -> str:

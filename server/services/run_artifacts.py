@@ -62,7 +62,7 @@ def record(session: Session, *, run_id: int, attempt: int, artifacts: Mapping[st
         session.execute(delete(Artifact).where(Artifact.run_id == run_id, Artifact.name.in_(list(artifacts))))
         session.execute(insert(Artifact), rows)
         return
-    stmt = upsert(Artifact).values(rows)
+    stmt = upsert(Artifact.__table__).values(rows)  # Core: no ORM bulk-insert layer for a few rows
     session.execute(stmt.on_conflict_do_update(
         index_elements=[Artifact.run_id, Artifact.name],
         set_={"size": stmt.excluded.size, "sha256": stmt.excluded.sha256, "attempt": stmt.excluded.attempt,
