@@ -35,13 +35,13 @@ from sme2farm.server.services import experiments as experiment_service
 from sme2farm.server.services import scaling as scaling_service
 from sme2farm.server.services import suites as suite_service
 from sme2farm.server.services.errors import Invalid, NotFound
-from sme2farm.server.services.stored import device_facts, report_samples
+from sme2farm.server.services.stored import device_kind, report_samples
 
 NAMES = ("distribution", "categories", "verdicts", "scaling")
 
 
 def _key(run: Run) -> tuple:
-    serial = device_facts(run.device_snapshot).serial or ""
+    serial = device_kind(run.device_snapshot).serial or ""
     return (serial, run.threads, run.mode, getattr(run, "variant", None) or "A", run.sme2)
 
 

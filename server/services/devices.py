@@ -16,7 +16,7 @@ from sme2farm.server.store.models import Agent, ApiToken, Device, Run, as_utc, u
 from sme2farm.server.infra import liveness
 from sme2farm.server.services.errors import StateConflict
 from sme2farm.server.services import tokens as token_service
-from sme2farm.server.services.stored import DeviceFacts, device_facts
+from sme2farm.server.services.stored import DeviceFacts, DeviceKind, device_facts, device_kind
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ def matching(session: Session, *, selector: DeviceSelector | None) -> list[Devic
             continue
         if s.sme2 is not None and d.sme2 != s.sme2:
             continue
-        if s.tags and not set(s.tags) <= set(device_facts(d.info).tags or []):
+        if s.tags and not set(s.tags) <= set(device_kind(d.info).tags or []):
             continue
         out.append(d)
     return out
@@ -333,17 +333,17 @@ def offline_with_queued_runs(session: Session, *, now: datetime | None = None) -
     return out
 
 
-def emulator_of(info: dict | DeviceFacts | None) -> str | None:
+def emulator_of(info: dict | DeviceKind | DeviceFacts | None) -> str | None:
     """What executed a device's runs when it is not hardware (DeviceInfo.emulator), else None. A
     snapshot taken before the field existed is known emulated by its "emulated" tag."""
-    facts = device_facts(info)
+    facts = device_kind(info)
     if facts.emulator:
         return str(facts.emulator)
     return "an emulator" if "emulated" in (facts.tags or []) else None
 
 
-def device_model(info: dict | DeviceFacts | None, platform: str = "") -> str:
+def device_model(info: dict | DeviceKind | DeviceFacts | None, platform: str = "") -> str:
     """What devices of one kind share, for matching runs across experiments and suite series:
     the reported model, else the SoC, else the platform."""
-    facts = device_facts(info)
+    facts = device_kind(info)
     return str(facts.model or facts.soc or facts.platform or platform or "unknown")

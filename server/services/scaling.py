@@ -15,7 +15,7 @@ from sme2farm.analysis.scaling import Point, scaling
 from sme2farm.protocol import RunStatus, ScalingRead
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import experiments as experiment_service
-from sme2farm.server.services.stored import device_facts, report_samples
+from sme2farm.server.services.stored import device_facts, device_kind, report_samples
 from sme2farm.server.services.errors import Invalid, NotFound
 from sme2farm.server.store.models import Experiment, Run
 
@@ -49,7 +49,7 @@ def for_experiment(session: Session, *, experiment_id: int, joined: list[int] | 
     by_device: dict[object, list[Run]] = defaultdict(list)
     for r in runs:
         if r.result is not None:
-            by_device[r.device_id or device_facts(r.device_snapshot).serial].append(r)
+            by_device[r.device_id or device_kind(r.device_snapshot).serial].append(r)
     devices = []
     for group in by_device.values():
         info = device_facts(group[0].device_snapshot or (group[0].device.info if group[0].device else None))

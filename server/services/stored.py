@@ -40,6 +40,26 @@ def device_facts(info: dict | DeviceFacts | None) -> DeviceFacts:
 
 
 @dataclass(kw_only=True)
+class DeviceKind(Section):
+    """What says which device a run ran on and what kind it is: read once per run where runs are
+    grouped (comparisons, charts, suites), so the fewest fields."""
+
+    serial: str | None = ""
+    platform: str | None = ""
+    model: str | None = ""
+    soc: str | None = ""
+    emulator: str | None = None
+    tags: list | None = None
+
+
+def device_kind(info: dict | DeviceKind | DeviceFacts | None) -> DeviceKind:
+    if isinstance(info, DeviceFacts):
+        return DeviceKind(serial=info.serial, platform=info.platform, model=info.model, soc=info.soc,
+                          emulator=info.emulator, tags=info.tags)
+    return DeviceKind.from_dict(info or {})
+
+
+@dataclass(kw_only=True)
 class RunnerFacts(Section):
     """A runner build as an agent reported it (Agent.runners[i], Run.runner: RunnerInfo)."""
 
