@@ -1,5 +1,5 @@
 """artifacts: the attempt that delivered each one, and a small artifact's bytes (runner.log,
-memory.json and kernel.log up to 256 KiB) kept in its row, so a delivery writes the store the
+memory.json and kernels.log up to 256 KiB) kept in its row, so a delivery writes the store the
 trace and the outputs only, and ingest reads those two. Rows stored before have both NULL: their
 artifacts are in the store, as before.
 

@@ -25,7 +25,7 @@ from sme2farm.server.store.base import run_key
 from sme2farm.server.store.models import Artifact, Device, Experiment, Run, RunResult, utcnow
 
 
-# runner.log, memory.json and kernel.log up to this size are kept in their Artifact rows, not the
+# runner.log, memory.json and kernels.log up to this size are kept in their Artifact rows, not the
 # store: they are kilobytes, and a PUT and a GET each cost more than a row's bytes. The trace
 # (megabytes, mapped by ingest, drawn again for perfetto.json) and outputs.bin (a model's output
 # tensors, read again by every numerics comparison; a language model's logits alone are past this
