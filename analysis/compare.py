@@ -11,7 +11,7 @@ minimum effect): see that module for the model and the exact rule.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,7 +24,10 @@ from .memory import runs_compared
 from .stats import latency_stats, pooled, trimmed_mean
 from .noise import NoiseModel, as_noise_model
 from .sessions import N_BOOT, summarize_many
-from .types import Section, stored_when_set
+from .comparison_types import (CategoryShare, CategoryVerdict, Comparison, CoverageCompared, KernelPathsCompared,
+                               LlmCompared, MemoryCompared, ModuleVerdict, Needed, NoiseUsed, OperatorVerdict,
+                               VarianceComponents)
+from .types import Section, section
 from .verdict import DEFAULT_MIN_EFFECT, verdict
 
 N_BOOT_PARTS = 1000  # categories and operators: many verdicts per comparison, 1,000 is plenty
@@ -72,9 +75,9 @@ class _Coverage:
         return cls(share=cov.get("share"), sme2_ms=cov.get("sme2_ms"), conv_gemm_ms=cov.get("conv_gemm_ms"),
                    unknown_ms=cov.get("unknown_ms"), off_sme2=[o.get("name") for o in cov.get("off_sme2") or []])
 
-    def to_dict(self) -> dict:
-        return {"share": self.share, "sme2_ms": self.sme2_ms, "conv_gemm_ms": self.conv_gemm_ms,
-                "unknown_ms": self.unknown_ms or 0.0}
+    def compared(self) -> CoverageCompared:
+        return CoverageCompared(share=self.share, sme2_ms=self.sme2_ms, conv_gemm_ms=self.conv_gemm_ms,
+                                unknown_ms=self.unknown_ms or 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,67 +197,19 @@ def _arm(x) -> _Arm:
     return _Arm(_view(r, modules), sess, [modules], lens)
 
 
-# --- the verdict entries ---------------------------------------------------------------------------
-
-class _Entry(Section):
-    def update(self, fields: dict) -> None:
-        """Set the verdict's fields by name (_Parts.resolve)."""
-        for k, v in fields.items():
-            setattr(self, k, v)
-
-
-@dataclass(slots=True, kw_only=True)
-class CategoryVerdict(_Entry):
-    baseline_ms: float
-    candidate_ms: float
-    baseline_mean_ms: float
-    candidate_mean_ms: float
-    speedup: float | None
-    share_before: float
-    share_after: float
-    ci_low: float | None = None
-    ci_high: float | None = None
-    verdict: str | None = None
-    significant: bool = False
-    sentence: str | None = stored_when_set()
-
-
-@dataclass(slots=True, kw_only=True)
-class OperatorVerdict(_Entry):
-    category: str | None
-    baseline_ms: float
-    candidate_ms: float
-    baseline_mean_ms: float
-    candidate_mean_ms: float
-    speedup: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    verdict: str | None = None
-    significant: bool = False
-    sentence: str | None = stored_when_set()
-    modules: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True, kw_only=True)
-class ModuleVerdict(_Entry):
-    module: str
-    module_class: str | None
-    category: str
-    baseline_ms: float
-    candidate_ms: float
-    baseline_types: list[str]
-    candidate_types: list[str]
-    speedup: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    verdict: str | None = None
-    significant: bool = False
-    sentence: str | None = stored_when_set()
-
+# --- the comparison ------------------------------------------------------------------------------
 
 def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2 on"), seed: int = 0,
             noise: NoiseModel | dict | None = None, min_effect: float = DEFAULT_MIN_EFFECT,
             level: float = 0.95) -> dict:
+    """:func:`comparison` as its stored JSON (what `sme2-client analyze --json` prints)."""
+    return comparison(baseline, candidate, labels=labels, seed=seed, noise=noise, min_effect=min_effect,
+                      level=level).to_dict()
+
+
+def comparison(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2 on"), seed: int = 0,
+               noise: NoiseModel | dict | None = None, min_effect: float = DEFAULT_MIN_EFFECT,
+               level: float = 0.95) -> Comparison:
     """Compare two arms. Each is an analyze() report (one session), a report pooled from several
     sessions with ``session_iterations_ms``, or a list of reports (one per session).
 
@@ -305,40 +260,24 @@ def compare(baseline, candidate, *, labels: tuple[str, str] = ("SME2 off", "SME2
     per_module = _module_verdicts(b_arm, c_arm, model, seed, kw)
 
     narrative = _narrative(b_view, c_view, la, lb, v, per_cat, per_module)
-    return {
-        "emulated": False,
-        "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
-        "labels": [la, lb],
-        "baseline_median_ms": b_view.e2e_median,
-        "candidate_median_ms": c_view.e2e_median,
-        "speedup": v.ratio,
-        "ci_low": v.ci_low,
-        "ci_high": v.ci_high,
-        "ci_level": level,
-        "n_boot": N_BOOT,
-        "resampling": "sessions, then iterations" if hierarchical else "iterations",
-        "method": v.method,
-        "n": v.iterations,
-        "sessions": v.sessions,
-        "iterations_per_session": v.iterations_per_session,
-        "significant": v.significant,
-        "verdict": v.verdict,
-        "sentence": v.sentence,
-        "min_effect": min_effect,
-        "margin": v.margin,
-        "noise": v.noise,
-        "needed": v.needed,
-        "components": v.components,
-        "categories": {c: e.to_dict() for c, e in per_cat.items()},
-        "operators": {name: e.to_dict() for name, e in per_op.items()},
-        "modules": [m.to_dict() for m in per_module],
-        "modules_note": _modules_note(b_view, c_view),
-        "category_share": {"before": dict(b_share), "after": dict(c_share)},
-        "narrative": narrative,
-        "memory": runs_compared(baseline, candidate, labels=(la, lb)),
-        "llm": phases_compared(baseline, candidate, labels=(la, lb), noise=model, seed=seed, min_effect=min_effect,
-                               level=level),
-    }
+    return Comparison(
+        labels=[la, lb], emulated=False,
+        baseline_median_ms=b_view.e2e_median, candidate_median_ms=c_view.e2e_median,
+        speedup=v.ratio, ci_low=v.ci_low, ci_high=v.ci_high, ci_level=level, n_boot=N_BOOT,
+        resampling="sessions, then iterations" if hierarchical else "iterations", method=v.method,
+        n=v.iterations, sessions=v.sessions, iterations_per_session=v.iterations_per_session,
+        significant=v.significant, verdict=v.verdict, sentence=v.sentence, min_effect=min_effect, margin=v.margin,
+        noise=NoiseUsed.from_dict(v.noise), needed=section(Needed, v.needed),
+        components=VarianceComponents.from_dict(v.components),
+        kernel_paths=_kernel_paths(b_view, c_view),
+        categories=per_cat, operators=per_op, modules=per_module,
+        modules_note=_modules_note(b_view, c_view),
+        category_share=CategoryShare(before=dict(b_share), after=dict(c_share)),
+        narrative=narrative,
+        memory=section(MemoryCompared, runs_compared(baseline, candidate, labels=(la, lb))),
+        llm=section(LlmCompared, phases_compared(baseline, candidate, labels=(la, lb), noise=model, seed=seed,
+                                                 min_effect=min_effect, level=level)),
+    )
 
 
 def _op_category(view: _View, name: str) -> str | None:
@@ -525,10 +464,11 @@ def _narrative(baseline: _View, candidate: _View, la, lb, v, per_cat: dict[str, 
 EMULATED = "emulated"  # the verdict of a comparison whose runs an emulator executed: no speed claim
 
 
-def _coverage(view: _View) -> dict | None:
-    """One arm's SME2 coverage (analysis/kernel_paths via analyze()): share of Convolution + GEMM
+def _kernel_paths(b_view: _View, c_view: _View) -> KernelPathsCompared:
+    """Each arm's SME2 coverage (analysis/kernel_paths via analyze()): share of Convolution + GEMM
     time in SME2 kernels, both times; None for a report made before kernel paths existed."""
-    return view.coverage.to_dict() if view.coverage else None
+    return KernelPathsCompared(baseline=b_view.coverage.compared() if b_view.coverage else None,
+                               candidate=c_view.coverage.compared() if c_view.coverage else None)
 
 
 def _kernels_line(label: str, view: _View) -> str:
@@ -553,6 +493,12 @@ def _kernels_line(label: str, view: _View) -> str:
 
 def compare_emulated(baseline, candidate, *, emulator: str,
                      labels: tuple[str, str] = ("SME2 off", "SME2 on")) -> dict:
+    """:func:`emulated_comparison` as its stored JSON."""
+    return emulated_comparison(baseline, candidate, emulator=emulator, labels=labels).to_dict()
+
+
+def emulated_comparison(baseline, candidate, *, emulator: str,
+                        labels: tuple[str, str] = ("SME2 off", "SME2 on")) -> Comparison:
     """Two arms that an emulator executed. Their timings measure the emulator's translator, not a
     CPU (docs/design.md: QEMU ran the SME2 arm "1.63x faster"), so no speedup, interval or
     verdict on speed comes out of here, for E2E, categories or operators alike. What emulation
@@ -565,21 +511,13 @@ def compare_emulated(baseline, candidate, *, emulator: str,
     n = [sum(len(s) for s in b_arm.sessions.e2e), sum(len(s) for s in c_arm.sessions.e2e)]
     sentence = (f"Emulated by {emulator}: {la} and {lb} both ran ({n[0]} and {n[1]} iterations). Timings under "
                 "emulation measure the emulator, not a CPU: no speed verdict.")
-    return {
-        "emulated": True,
-        "emulator": emulator,
-        "labels": [la, lb],
-        "verdict": EMULATED,
-        "speedup": None, "ci_low": None, "ci_high": None, "significant": False,
-        "baseline_median_ms": None, "candidate_median_ms": None,
-        "n": n,
-        "sessions": [len(b_arm.sessions.e2e), len(c_arm.sessions.e2e)],
-        "sentence": sentence,
-        "kernel_paths": {"baseline": _coverage(b_view), "candidate": _coverage(c_view)},
-        "categories": {}, "operators": {},
-        "narrative": [sentence, _kernels_line(la, b_view) + ".", _kernels_line(lb, c_view) + "."]
+    return Comparison(
+        emulated=True, emulator=emulator, labels=[la, lb], verdict=EMULATED, significant=False,
+        n=n, sessions=[len(b_arm.sessions.e2e), len(c_arm.sessions.e2e)], sentence=sentence,
+        kernel_paths=_kernel_paths(b_view, c_view), categories={}, operators={},
+        narrative=[sentence, _kernels_line(la, b_view) + ".", _kernels_line(lb, c_view) + "."]
         + [line + "." for label, view in ((la, b_view), (lb, c_view))
            if (line := kernel_paths_line(label, view.modules))],
-        "modules_note": _modules_note(b_view, c_view),
-        "memory": runs_compared(baseline, candidate, labels=(la, lb), emulator=emulator),
-    }
+        modules_note=_modules_note(b_view, c_view),
+        memory=section(MemoryCompared, runs_compared(baseline, candidate, labels=(la, lb), emulator=emulator)),
+    )

@@ -2,8 +2,8 @@
 the CLI's run and experiment views (client/render.py), the Markdown/HTML report (client/document_blocks.py)
 and the demo. Kernel paths and SME2 coverage, emulated runs and comparisons (no speed claim), the arms'
 numerics, memory, LLM phases; the number formats they share. A report's sections in (analysis/types.py,
-or their JSON as the server sends it), or a comparison (analysis.compare's or the server's JSON, read once
-into ComparisonFacts: the part of it these words say); strings out."""
+or their JSON as the server sends it), or a comparison (analysis/comparison_types.py, or its JSON read
+once into it); strings out."""
 
 from __future__ import annotations
 
@@ -11,84 +11,13 @@ from dataclasses import dataclass
 
 from .categories import CATEGORIES
 from .kernel_paths import coverage_sentence
+from .comparison_types import Comparison, CoverageCompared, Verdict
 from .types import KernelPaths, LlmKernelPaths, LlmReport, PhaseInterval, RunnerMemory, Section, section
 
 
-# --- what the words read of a comparison (analysis.compare, or the server's Comparison as JSON) ---
-
-@dataclass(kw_only=True)
-class ArmCoverage(Section):
-    share: float | None = None
-    sme2_ms: float | None = None
-    conv_gemm_ms: float | None = None
-    unknown_ms: float | None = None
-
-
-@dataclass(kw_only=True)
-class CoveragePair(Section):
-    baseline: ArmCoverage | None = None
-    candidate: ArmCoverage | None = None
-
-
-@dataclass(kw_only=True)
-class OutputCompared(Section):
-    index: int | None = None
-    dtype: str | None = None
-    shape: list[int] | None = None
-    max_abs: float | None = None
-    max_rel: float | None = None
-    snr_db: float | None = None
-    within_tolerance: bool | None = None
-
-
-@dataclass(kw_only=True)
-class NumericsCompared(Section):
-    status: str | None = None
-    verdict: str | None = None
-    sentence: str | None = None
-    outputs: list[OutputCompared] | None = None
-
-
-@dataclass(kw_only=True)
-class Said(Section):
-    """A part of a comparison that says itself in a sentence (memory, an LLM phase)."""
-
-    sentence: str | None = None
-
-
-@dataclass(kw_only=True)
-class PartCompared(Section):
-    """A category's or an operator's verdict."""
-
-    baseline_ms: float | None = None
-    candidate_ms: float | None = None
-    speedup: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    verdict: str | None = None
-    share_before: float | None = None
-    share_after: float | None = None
-
-
-@dataclass(kw_only=True)
-class ComparisonFacts(Section):
-    """The fields of a comparison the words and the text renderers read; other keys are ignored."""
-
-    labels: list[str] | None = None
-    emulated: bool | None = None
-    emulator: str | None = None
-    verdict: str | None = None
-    sentence: str | None = None
-    speedup: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    narrative: list[str] | None = None
-    kernel_paths: CoveragePair | None = None
-    numerics: NumericsCompared | None = None
-    memory: Said | None = None
-    llm: dict[str, Said | None] | None = None
-    categories: dict[str, PartCompared] | None = None
-    operators: dict[str, PartCompared] | None = None
+# A comparison as these words read it: analysis.compare's Comparison, or its JSON as stored or sent.
+ComparisonFacts = Comparison
+PartCompared = Verdict
 
 
 @dataclass(kw_only=True)
@@ -109,9 +38,9 @@ class DeviceFacts(Section):
     emulator: str | None = None
 
 
-def facts(c: ComparisonFacts | dict) -> ComparisonFacts:
+def facts(c: Comparison | dict) -> Comparison:
     """A comparison as these words read it (its JSON read once; facts already read pass through)."""
-    return section(ComparisonFacts, c)
+    return section(Comparison, c)
 
 
 def ms_text(x) -> str:
@@ -124,7 +53,7 @@ def pct_text(x) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
 
-def is_emulated(c: ComparisonFacts | dict) -> bool:
+def is_emulated(c: Comparison | dict) -> bool:
     """A comparison (or one of GET /comparisons' entries) whose runs an emulator executed."""
     c = facts(c)
     return bool(c.emulated) or c.verdict == "emulated"
@@ -169,7 +98,7 @@ def kernel_path_lines(kp: KernelPaths | dict | None) -> list[str]:
     return out
 
 
-def _share(cov: ArmCoverage | None) -> str:
+def _share(cov: CoverageCompared | None) -> str:
     if not cov:
         return "not recorded"
     if cov.unknown_ms:
@@ -179,13 +108,13 @@ def _share(cov: ArmCoverage | None) -> str:
     return f"{100 * cov.share:.0f}% ({ms_text(cov.sme2_ms)} of {ms_text(cov.conv_gemm_ms)} ms)"
 
 
-def labels_of(c: ComparisonFacts | dict) -> tuple[str, str]:
+def labels_of(c: Comparison | dict) -> tuple[str, str]:
     """The comparison's two arms' labels ("baseline", "candidate" when it names none)."""
     la, lb = (facts(c).labels or ["baseline", "candidate"])[:2]
     return la, lb
 
 
-def coverage_pair_line(c: ComparisonFacts | dict) -> str | None:
+def coverage_pair_line(c: Comparison | dict) -> str | None:
     """Per-arm SME2 coverage of a comparison (its kernel paths), or None when it has none."""
     c = facts(c)
     kp = c.kernel_paths
@@ -198,7 +127,7 @@ def coverage_pair_line(c: ComparisonFacts | dict) -> str | None:
 NUMERICS_HEADERS = ["Output", "dtype", "shape", "max abs error", "max rel error", "SNR dB", "within tolerance"]
 
 
-def numerics_line(c: ComparisonFacts | dict) -> str | None:
+def numerics_line(c: Comparison | dict) -> str | None:
     """The arms' outputs compared, in one sentence, or None when the comparison has no numerics."""
     n = facts(c).numerics
     if not n:
@@ -211,7 +140,7 @@ def _g(x) -> str:
     return "—" if x is None else f"{float(x):.3g}"
 
 
-def numerics_rows(c: ComparisonFacts | dict) -> list[list[str]]:
+def numerics_rows(c: Comparison | dict) -> list[list[str]]:
     """One row per output (NUMERICS_HEADERS), [] when none were compared."""
     n = facts(c).numerics
     return [[str(o.index), str(o.dtype), "x".join(map(str, o.shape or [])) or "scalar",
@@ -221,25 +150,25 @@ def numerics_rows(c: ComparisonFacts | dict) -> list[list[str]]:
             for o in ((n.outputs if n else None) or [])]
 
 
-def emulated_headline(c: ComparisonFacts | dict) -> str:
+def emulated_headline(c: Comparison | dict) -> str:
     """An emulated comparison's verdict in words: what emulation showed, never a speed."""
     c = facts(c)
     return c.sentence or f"Emulated by {c.emulator or 'an emulator'}: timings measure the emulator, " \
                          "not a CPU: no speed verdict."
 
 
-def comparison_fact_lines(c: ComparisonFacts | dict) -> list[str]:
+def comparison_fact_lines(c: Comparison | dict) -> list[str]:
     """What a comparison says beside (or, emulated, instead of) its speed: per-arm SME2 coverage
     the arms' numerics, their memory and, for LLM runs, the verdict per phase (none for an emulated
     comparison: a phase verdict is a speed verdict). Plain text, one fact per line."""
     c = facts(c)
-    phases = [] if is_emulated(c) else [p.sentence if p else None for p in (c.llm or {}).values()]
+    phases = [p.sentence if p else None for p in (c.llm.prefill, c.llm.decode)] if c.llm and not is_emulated(c) else []
     return [line for line in (coverage_pair_line(c), numerics_line(c), c.memory.sentence if c.memory else None,
                               *phases)
             if line]
 
 
-def narrative_lines(c: ComparisonFacts | dict) -> list[str]:
+def narrative_lines(c: Comparison | dict) -> list[str]:
     """The comparison's narrative without the lines already shown: an emulated comparison's
     headline, the numerics' sentence (comparison_fact_lines shows it)."""
     c = facts(c)
