@@ -24,7 +24,7 @@ Nothing here reads the buffer: report.py hands over each block's E2E and categor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -34,12 +34,12 @@ from .etdump import KIND_PROFILE, Events
 from .pte import STATIC, MethodSignature
 from .stats import bootstrap_ci, latency_stats
 from .types import (LatencyStats, LlmCategories, LlmKernelPaths, LlmReport, LlmSamples, PhaseCategories, PhaseInterval,
-                    PhaseKernelPaths)
+                    PhaseKernelPaths, Section)
 from .verdict import verdict
 
 __all__ = ["MARKER_PREFILL", "MARKER_DECODE", "Phases", "phase_blocks", "summarize", "PHASE_KEYS", "llm_signature",
            "LlmShape", "START_POS", "CACHE_POSITIONS", "CONVENTION_WORDS", "LLM_SHAPE_WORDS", "not_llm_reason",
-           "llm_cache_len", "phase_kernel_paths", "phases_compared", "point_phases", "phase_medians"]
+           "llm_cache_len", "phase_kernel_paths", "phases_compared", "point_phases", "PointPhases", "phase_medians"]
 
 MARKER_PREFILL = "sme2farm::llm_prefill"
 MARKER_DECODE = "sme2farm::llm_decode"
@@ -296,56 +296,98 @@ def phase_kernel_paths(phases: Phases, *, types: list[str], type_cat: np.ndarray
     return LlmKernelPaths(prefill=phase(PREFILL), decode=phase(DECODE))
 
 
+@dataclass(kw_only=True)
+class _StoredSamples(Section):
+    """A stored report's llm samples as the suites and comparisons read them (null where a
+    generation had no call of the phase; a list left out reads as empty)."""
+
+    ttft_ms: list | None = field(default_factory=list)
+    prefill_tokens_per_s: list | None = field(default_factory=list)
+    decode_tokens_per_s: list | None = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class _StoredLlm(Section):
+    prompt: int | None = None
+    decode: int | None = None
+    samples: _StoredSamples | None = None
+
+
+_NO_SAMPLES = _StoredSamples()
+
+
 @dataclass(frozen=True, slots=True)
 class _RunPhases:
     """What the suites and comparisons read of one report's llm section: the lengths and the
-    per-generation samples (PHASE_KEYS), from an LlmReport or its stored JSON."""
+    per-generation samples, from an LlmReport or its stored JSON."""
 
     prompt: int | None
     decode: int | None
-    samples: dict[str, list]
+    samples: LlmSamples | _StoredSamples
 
     @classmethod
     def read(cls, llm) -> _RunPhases | None:
         """From a report's llm section (None where it is not one)."""
         if isinstance(llm, LlmReport):
-            return cls(llm.prompt, llm.decode, llm.samples.to_dict())
+            return cls(llm.prompt, llm.decode, llm.samples)
         if not isinstance(llm, dict):
             return None
-        return cls(llm.get("prompt"), llm.get("decode"), llm.get("samples") or {})
+        stored = _StoredLlm.from_dict(llm)
+        return cls(stored.prompt, stored.decode, stored.samples or _NO_SAMPLES)
 
 
 def _llm_of(report):
     return report.get("llm") if isinstance(report, dict) else getattr(report, "llm", None)
 
 
+@dataclass(kw_only=True)
+class PointPhases(Section):
+    """A suite point's LLM phases (point_phases, stored as its JSON): the lengths (None when the
+    runs differed) and per phase one list of per-generation values per session."""
+
+    prompt: int | None = None
+    decode: int | None = None
+    ttft_ms: list[list[float]] | None = field(default_factory=list)
+    prefill_tokens_per_s: list[list[float]] | None = field(default_factory=list)
+    decode_tokens_per_s: list[list[float]] | None = field(default_factory=list)
+
+
+def _measured(values) -> list[float]:
+    return [float(x) for x in values or [] if x is not None and math.isfinite(x) and x > 0]
+
+
 def point_phases(reports: list) -> dict | None:
     """A suite point's LLM phases from its runs' reports (one session each, in order): per phase
     (PHASE_KEYS) one list of per-generation values per session (finite and > 0 only), with the
-    prompt and decode lengths (None when the runs differed). None when no report has an llm
-    section. The caller leaves out emulated runs: their figures are the emulator's."""
+    prompt and decode lengths (None when the runs differed), as PointPhases' JSON. None when no
+    report has an llm section. The caller leaves out emulated runs: their figures are the emulator's."""
     llms = [m for r in reports if r and (m := _RunPhases.read(_llm_of(r))) is not None]
     if not llms:
         return None
-    out: dict = {"prompt": _same({m.prompt for m in llms}), "decode": _same({m.decode for m in llms})}
-    for key, _ in PHASE_KEYS:
-        out[key] = [[float(x) for x in m.samples.get(key) or []
-                     if x is not None and math.isfinite(x) and x > 0] for m in llms]
-    return out
+    return PointPhases(prompt=_same({m.prompt for m in llms}), decode=_same({m.decode for m in llms}),
+                       ttft_ms=[_measured(m.samples.ttft_ms) for m in llms],
+                       prefill_tokens_per_s=[_measured(m.samples.prefill_tokens_per_s) for m in llms],
+                       decode_tokens_per_s=[_measured(m.samples.decode_tokens_per_s) for m in llms]).to_dict()
 
 
 def _same(seen: set):
     return seen.pop() if len(seen) == 1 else None
 
 
-def phase_medians(point: dict | None) -> dict | None:
+def phase_medians(point: PointPhases | dict | None) -> dict | None:
     """What a suite series shows of a point's phases (point_phases): per phase the median over
     every generation of every session, the lengths and how many generations."""
     if not point:
         return None
-    flat = {key: [x for s in point.get(key) or [] for x in s] for key, _ in PHASE_KEYS}
-    return {"prompt": point.get("prompt"), "decode": point.get("decode"), "generations": len(flat["ttft_ms"]),
-            **{key: float(np.median(v)) if v else None for key, v in flat.items()}}
+    p = PointPhases.from_dict(point)
+
+    def median(sessions) -> float | None:
+        flat = [x for s in sessions or [] for x in s]
+        return float(np.median(flat)) if flat else None
+
+    return {"prompt": p.prompt, "decode": p.decode, "generations": sum(len(s) for s in p.ttft_ms or []),
+            "ttft_ms": median(p.ttft_ms), "prefill_tokens_per_s": median(p.prefill_tokens_per_s),
+            "decode_tokens_per_s": median(p.decode_tokens_per_s)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,8 +408,8 @@ def _phase_sessions(arm) -> _PhaseSessions | None:
     runs = [_RunPhases.read(m) for m in sections]
     out = _PhaseSessions([], [])
     for m in runs:
-        out.prefill.append([float(x) for x in m.samples.get("ttft_ms") or []])
-        tps = [float(x) for x in m.samples.get("decode_tokens_per_s") or [] if x and math.isfinite(x) and x > 0]
+        out.prefill.append([float(x) for x in m.samples.ttft_ms or []])
+        tps = [float(x) for x in m.samples.decode_tokens_per_s or [] if x and math.isfinite(x) and x > 0]
         out.decode.append([1e3 / x for x in tps])
     return out
 
