@@ -7,6 +7,7 @@ entry point in-process against the real server (uvicorn, SQLite)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -177,7 +178,7 @@ def test_list_shows_the_name_and_the_models_hash_only_where_there_is_none(api, c
     model = tmp_path / "my_first_model.pte"
     model.write_bytes(EXAMPLE.read_bytes())
     assert _cli(api, capsys, "submit", str(model), "--sme2", "off")[0] == 0   # named after its file
-    unnamed = post_experiment(api, EXAMPLE.read_bytes(), {"sme2": "off"})   # the API without a name
+    unnamed = post_experiment(api, EXAMPLE.read_bytes(), {"sme2": "off"}, filename="")   # no name, no file name
     assert unnamed.status_code == 201 and unnamed.json()["name"] is None
     code, out, _ = _cli(api, capsys, "list")
     assert code == 0, out
@@ -233,3 +234,18 @@ def test_an_incomplete_comparison_refers_to_the_unschedulable_reason_once():
     assert text.count(why) == 1, text
     [line] = [ln for ln in text.splitlines() if "no comparison" in ln]
     assert line.endswith("no comparison — SME2 on: run 6 unschedulable (the reason above)"), line
+
+
+@SQLITE
+def test_an_upload_without_a_name_is_called_after_its_model_file(api, capsys):
+    """The API, as curl sends it: no spec name, the model part's file name (a path is never kept)."""
+    register(api)
+    toy = post_experiment(api, EXAMPLE.read_bytes(), {"sme2": "off"}, filename="toy.pte")
+    assert toy.status_code == 201 and toy.json()["name"] == "toy"
+    hostile = post_experiment(api, EXAMPLE.read_bytes(), {"sme2": "off"}, filename="../../etc/p\u00e4ss\nwd.pte")
+    name = hostile.json()["name"]  # the base name in plain characters (httpx sends the newline as %0A)
+    assert hostile.status_code == 201 and re.fullmatch(r"p[A-Za-z0-9_]*wd", name) and len(name) <= 64, name
+    named = post_experiment(api, EXAMPLE.read_bytes(), {"sme2": "off", "name": "mine"}, filename="toy.pte")
+    assert named.json()["name"] == "mine"
+    code, out, _ = _cli(api, capsys, "list")
+    assert code == 0 and [ln.split()[-1] for ln in out.splitlines()[1:4]] == ["mine", name, "toy"], out

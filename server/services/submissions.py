@@ -135,6 +135,13 @@ def _store_or_explain(upload, *, spec: ExperimentSpec, tx: Transaction, store, l
         raise
 
 
+def display_stem(filename: str) -> str:
+    """A model part's file name (uploads.py keeps its base name in plain characters, at most 64) as
+    an experiment's name: without .pte or .bpte; '' where nothing printable is left."""
+    stem = filename.removesuffix(".pte").removesuffix(".bpte").strip("._-")
+    return stem[:64]
+
+
 def store_experiment(session: Session, *, spec: ExperimentSpec, upload, store, device_lost_s: float, settle_s: float,
                      max_runs: int | None = None, owner_id: int | None = None) -> Experiment:
     """Store a received submission (web/uploads.py's upload): its model rows (A and, for an A/B
@@ -155,6 +162,8 @@ def store_experiment(session: Session, *, spec: ExperimentSpec, upload, store, d
             session.add(vs_model)
         elif vs_model.memory is None:
             vs_model.memory = upload.vs_memory
+    if spec.name is None and (stem := display_stem(upload.model_filename)):
+        spec = spec.model_copy(update={"name": stem})  # unnamed, it is called after its model file
     exp = experiment_service.create(session, spec=spec, model=model, max_runs=max_runs, vs_model=vs_model,
                                     device_lost_s=device_lost_s, settle_s=settle_s)
     if getattr(upload, "llm_note", None):  # how the method is driven (LLM mode), or why not

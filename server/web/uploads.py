@@ -44,6 +44,7 @@ class Upload:
     inputs_path: Path | None = None
     inputs_size: int = 0
     inputs_filename: str = ""  # shown in the report only, reduced to a plain name; never a path
+    model_filename: str = ""  # the model part's file name, reduced so: the experiment's name when the spec has none
     # Set by server/pte.prepare: the SME2IN01 container that replaced the .npz (or came from a .bpte)
     inputs_sha256: str | None = None
     inputs_description: str = "all ones (default)"
@@ -104,9 +105,13 @@ class _Collector(StreamedParts):
             fd, name = tempfile.mkstemp(dir=self.tmp_dir, suffix=".upload")
             self._file, self._hash = os.fdopen(fd, "wb"), hashlib.sha256()
             setattr(self.upload, attr, Path(name))
-            if self._name == "inputs":
+            if self._name in ("inputs", "model"):
                 raw = self.disposition().get(b"filename", b"").decode("utf-8", "replace")
-                self.upload.inputs_filename = _PLAIN_NAME.sub("_", raw.replace("\\", "/").rsplit("/", 1)[-1])[:64]
+                plain = _PLAIN_NAME.sub("_", raw.replace("\\", "/").rsplit("/", 1)[-1])[:64]
+                if self._name == "inputs":
+                    self.upload.inputs_filename = plain
+                else:
+                    self.upload.model_filename = plain
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self.error:
