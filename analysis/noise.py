@@ -25,6 +25,7 @@ import numpy as np
 
 from sme2farm.analysis.sessions import MIN_ITERATIONS, N_BOOT, as_sessions, summarize
 from sme2farm.analysis.special import chi2_quantile
+from sme2farm.analysis.types import AnalysisReport, Section
 
 DEFAULT_SIGMA_BETWEEN = 0.10
 DEFAULT_DF = 4.0
@@ -55,6 +56,20 @@ def tail_quantiles(log_ratios, within_var) -> dict[str, float]:
         if r <= n and math.isfinite(score[r - 1]):
             out[f"{level:g}"] = float(score[r - 1])
     return out
+
+
+@dataclass(kw_only=True)
+class _RunSeries(Section):
+    """What a noise model learns from of one run's report: its per-iteration series."""
+
+    iterations_ms: list
+    category_iterations_ms: dict | None = None
+    operator_iterations_ms: dict | None = None
+
+    @classmethod
+    def read(cls, report: AnalysisReport | dict) -> AnalysisReport | _RunSeries:
+        """An AnalysisReport as it is; its stored JSON parsed (ValueError without iterations_ms)."""
+        return cls.from_dict(report) if isinstance(report, dict) else report
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,22 +190,24 @@ class NoiseModel:
                    iterations=int(np.median(ns)), device=device, tail=tail_quantiles(np.array(plr), np.array(pw)))
 
     @classmethod
-    def from_reports(cls, groups: Sequence[Sequence[dict]], *, n_boot: int = 500, seed: int = 0,
+    def from_reports(cls, groups: Sequence[Sequence[AnalysisReport | dict]], *, n_boot: int = 500, seed: int = 0,
                      device: str | None = None) -> "NoiseModel":
         """From groups of identical runs' analyze() reports: E2E (median) plus each category and
         recorded operator (mean per iteration) as ``metrics``."""
-        model = cls.from_sessions([[r["iterations_ms"] for r in g] for g in groups], n_boot=n_boot,
+        runs = [[_RunSeries.read(r) for r in g] for g in groups]
+        model = cls.from_sessions([[r.iterations_ms for r in g] for g in runs], n_boot=n_boot,
                                   seed=seed, device=device)
-        names: dict[str, str] = {}
-        for g in groups:
+        names: dict[str, bool] = {}  # metric -> a category's (else a recorded operator's)
+        for g in runs:
             for r in g:
-                for k in (r.get("category_iterations_ms") or {}):
-                    names.setdefault(k, "category_iterations_ms")
-                for k in (r.get("operator_iterations_ms") or {}):
-                    names.setdefault(k, "operator_iterations_ms")
+                for k in r.category_iterations_ms or {}:
+                    names.setdefault(k, True)
+                for k in r.operator_iterations_ms or {}:
+                    names.setdefault(k, False)
         metrics = {}
-        for i, (name, key) in enumerate(sorted(names.items())):
-            sub = [[(r.get(key) or {}).get(name) or [] for r in g] for g in groups]
+        for i, (name, category) in enumerate(sorted(names.items())):
+            sub = [[((r.category_iterations_ms if category else r.operator_iterations_ms) or {}).get(name) or []
+                     for r in g] for g in runs]
             try:
                 mm = cls.from_sessions(sub, stat="trimmed", n_boot=n_boot, seed=seed + 1 + i)
             except ValueError:
@@ -245,10 +262,7 @@ class NoiseModel:
 
     # JSON
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["version"] = 1
-        d["sigma_upper_95"] = self.sigma_upper(0.95)
-        return d
+        return asdict(self) | {"version": 1, "sigma_upper_95": self.sigma_upper(0.95)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
