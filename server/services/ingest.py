@@ -27,7 +27,7 @@ from sme2farm import analysis
 from sme2farm.analysis import kernels, pte, runner_memory
 from sme2farm.analysis.etdump import read_etdump_file
 from sme2farm.analysis.perfetto import drawn_events
-from sme2farm.analysis.types import Outputs, RunnerMemory, section
+from sme2farm.analysis.types import AnalysisReport, Outputs, RunnerMemory, section
 from sme2farm.analysis.kernel_paths import RUNNER_LOG_HEAD, not_hidden_sentence, runner_hiding
 from sme2farm.protocol import DEFAULT_METHOD, KERNEL_LOG, MEMORY, OUTPUTS, RUNNER_LOG, TRACE, RunStatus
 from sme2farm.runners import inputs as containers
@@ -54,6 +54,7 @@ class IngestError(DomainError):
 @dataclass
 class Analysis:
     report: dict  # the stored JSON of the run's report
+    typed: AnalysisReport  # the same report as analysis made it: what the rows' columns are read from
 
 
 OPERATOR_ROWS = 1000  # operator rows per INSERT statement: 7 parameters each
@@ -142,7 +143,7 @@ class Ingester:
         # report.json/.md travel without the device record: an emulator's times say whose they are there too
         report.emulator = emulator_of(run.device_snapshot)
         stored = report.to_dict(with_none=("memory", "emulator"))  # the stored JSON, made once
-        return Analysis(stored)
+        return Analysis(stored, report)
 
     def etrecord(self, run: Run) -> tuple[object | None, bytes | None, str]:
         """(Etrecord, program bytes, '') for a run of the experiment's model when an ETRecord was
@@ -229,14 +230,13 @@ class Ingester:
         object to flush and no ORM bulk-insert layer; the operators' rows in one multi-row VALUES
         (one statement, not an executemany's pipeline). The run service calls this in a savepoint
         of its own per run."""
-        report = result.report
-        e2e = report["e2e_ms"]
+        report, e2e = result.typed, result.typed.e2e_ms
         session.execute(insert(RunResult.__table__), dict(
-            run_id=run.id, e2e_median_ms=e2e["median"], e2e_mean_ms=e2e["mean"], e2e_p10_ms=e2e["p10"],
-            e2e_p90_ms=e2e["p90"], e2e_cv=e2e["cv"], n=e2e["n"], categories_ms=report["categories_ms"], analysis=report,
-            **report_parts(report)))
-        rows = [dict(run_id=run.id, name=op["name"][:256], category=op["category"], count=op["count"],
-                     total_ms=op["total_ms"], share=op["share"], delegated=op["delegated"]) for op in report["operators"]]
+            run_id=run.id, e2e_median_ms=e2e.median, e2e_mean_ms=e2e.mean, e2e_p10_ms=e2e.p10,
+            e2e_p90_ms=e2e.p90, e2e_cv=e2e.cv, n=e2e.n, categories_ms=report.categories_ms, analysis=result.report,
+            **report_parts(result.report)))
+        rows = [dict(run_id=run.id, name=op.name[:256], category=op.category, count=op.count,
+                     total_ms=op.total_ms, share=op.share, delegated=op.delegated) for op in report.operators]
         for i in range(0, len(rows), OPERATOR_ROWS):  # within SQLite's bound parameters per statement
             session.execute(insert(OperatorStat.__table__).values(rows[i:i + OPERATOR_ROWS]))
 
