@@ -96,6 +96,29 @@ def test_a_renamed_field_fails_the_contract_and_the_reader(etdump_builder):
     assert [f.name for f in dataclasses.fields(Coverage)][1] == "sme2_ms"  # the definition itself is untouched
 
 
+def test_a_renamed_comparison_field_fails_the_contract_and_the_reader(etdump_builder):
+    """The comparison is defined once too (analysis/comparison_types.py; the wire's Comparison is read
+    from it): a field renamed there no longer holds a stored comparison, on the wire or through from_dict."""
+    from sme2farm.analysis import comparison_types as ct
+    from sme2farm.analysis.numerics import not_compared
+    from sme2farm.protocol.comparisons import read_model
+
+    trace = etdump_builder.build([("Execute", etdump_builder.iteration(i * 10**6, [("Convolution (NHWC, F32) IGEMM #1",
+                                                                                   50_000 + 100 * i)])) for i in range(5)])
+    stored = compare(analyze(trace, sme2=False, arch="arm64"), analyze(trace, sme2=True, arch="arm64"))
+    _holds(Comparison, stored)
+    assert ct.Comparison.from_dict(stored).categories["Convolution"].baseline_ms > 0  # read back typed
+    with pytest.raises(AssertionError, match="leaves keys out"):  # every top-level field has a default
+        _holds(read_model(_renamed(ct.Comparison, "speedup", "ratio")), stored)
+    said = not_compared("not recorded", "numerics not recorded: no run")
+    renamed = _renamed(ct.Numerics, "sentence", "said")
+    with pytest.raises(ValidationError, match="said"):
+        _holds(renamed, said)
+    with pytest.raises(ValueError, match="'said' is missing"):
+        renamed.from_dict(said)
+    assert "speedup" in {f.name for f in dataclasses.fields(ct.Comparison)}  # the definition itself is untouched
+
+
 def _call(etdump_builder, t0: int, marker: str, tokens: int, pos: int, ops: list[tuple[str, int]]) -> list[dict]:
     evs = etdump_builder.iteration(t0, ops)
     evs.append(etdump_builder.prof(marker, t0, 100, chain_index=tokens, instruction_id=pos))
@@ -209,5 +232,5 @@ def test_numerics_are_what_the_contract_says():
     compared = numerics.compare([("Float", base), ("Long", np.arange(3))],
                                 [("Float", base + np.float32(1e-3)), ("Long", np.arange(3))], ("SME2 off", "SME2 on"))
     _holds(Numerics, compared)
-    assert [o.within_tolerance for o in Numerics.model_validate(compared).outputs] == [False, True]
+    assert [o.within_tolerance for o in section_adapter(Numerics).validate_python(compared).outputs] == [False, True]
     _holds(Numerics, numerics.not_compared("not recorded", "numerics not recorded: no run"))

@@ -5,7 +5,7 @@ run service when it ends runs (services/runs/status.py end_run).
 Per device x threads x mode:
 - kind "sme2": SME2 off -> on, for each model of the experiment (variant A; and B for --vs);
 - kind "model": model A -> model B (`submit A.pte --vs B.pte`), for each SME2 arm.
-Each is analysis.compare() over the arms' sessions (one report per run, so the verdict resamples
+Each is analysis.compare's comparison() over the arms' sessions (one report per run, so the verdict resamples
 sessions), with the device's learned noise model (services/noise.py). Identical work the
 experiment did (several sessions of one arm; A and B of an A/A experiment) then teaches the
 device's noise model, after the verdicts: an experiment never calibrates itself.
@@ -13,12 +13,14 @@ device's noise model, after the verdicts: an experiment never calibrates itself.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from sme2farm import analysis
+from sme2farm.analysis.compare import comparison, emulated_comparison
+from sme2farm.analysis.comparison_types import Comparison, Numerics
 from sme2farm.analysis.memory import planned_compared
 from sme2farm.analysis.numerics import not_compared
 from sme2farm.protocol import (
@@ -32,6 +34,7 @@ from sme2farm.server.services import noise as noise_service
 from sme2farm.server.services import numerics as numerics_service
 from sme2farm.server.services.errors import Invalid, NotFound
 from sme2farm.server.services.programs import memory_for
+from sme2farm.server.services.stored import device_kind, runner_facts
 
 
 def _runs_text(runs: list[Run]) -> str:
@@ -40,28 +43,37 @@ def _runs_text(runs: list[Run]) -> str:
 
 def compare_runs(*, base: list[Run], cand: list[Run], labels: tuple[str, str], noise, store: Store,
                  min_effect: float = DEFAULT_MIN_EFFECT, numerics: bool = True) -> dict:
-    """One comparison entry of two arms (lists of runs): complete, or incomplete naming why.
+    """:func:`comparison_of` as its stored JSON."""
+    return comparison_of(base=base, cand=cand, labels=labels, noise=noise, store=store, min_effect=min_effect,
+                         numerics=numerics).to_dict()
+
+
+def comparison_of(*, base: list[Run], cand: list[Run], labels: tuple[str, str], noise, store: Store,
+                  min_effect: float = DEFAULT_MIN_EFFECT, numerics: bool = True) -> Comparison:
+    """One comparison of two arms (lists of runs): complete, or incomplete naming why.
     `store`: where the runs' outputs files are (numerics)."""
     ok_b = [r for r in base if r.status == RunStatus.succeeded and r.result]
     ok_c = [r for r in cand if r.status == RunStatus.succeeded and r.result]
     if not ok_b or not ok_c:
         missing = [f"{label}: {_runs_text(rs)}" for label, rs, ok in ((labels[0], base, ok_b), (labels[1], cand, ok_c)) if not ok]
-        return {"status": "incomplete", "labels": list(labels), "reason": " | ".join(missing)}
+        return Comparison(status="incomplete", labels=list(labels), reason=" | ".join(missing))
     emulators = sorted({e for r in ok_b + ok_c if (e := device_service.emulator_of(r.device_snapshot))})
     if emulators:  # an emulator's timings are never a speed figure: no verdict, whatever the other side ran on
-        result = analysis.compare_emulated([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
-                                           emulator=", ".join(emulators), labels=labels)
+        result = emulated_comparison([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
+                                     emulator=", ".join(emulators), labels=labels)
     else:
-        result = analysis.compare([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
-                                  labels=labels, noise=noise, min_effect=min_effect)
+        result = comparison([r.result.analysis for r in ok_b], [r.result.analysis for r in ok_c],
+                            labels=labels, noise=noise, min_effect=min_effect)
     # What the arms computed, beside how fast: on an emulator the only difference there is to see.
-    result["numerics"] = (numerics_service.between(base_runs=ok_b, cand_runs=ok_c, labels=labels, store=store)
-                          if numerics else not_compared(
-        "not compared", "numerics not compared in this answer: it compares the outputs of its first "
-        f"{MAX_NUMERICS_PAIRS} pairs; compare runs {ok_b[0].id} and {ok_c[0].id} alone (R{ok_b[0].id} R{ok_c[0].id})"))
-    if result.get("emulated") and result["numerics"].get("sentence"):
-        result["narrative"].append(result["numerics"]["sentence"])
-    return {"status": "complete", "baseline_runs": [r.id for r in ok_b], "candidate_runs": [r.id for r in ok_c], **result}
+    result.numerics = Numerics.from_dict(
+        numerics_service.between(base_runs=ok_b, cand_runs=ok_c, labels=labels, store=store) if numerics else
+        not_compared("not compared", "numerics not compared in this answer: it compares the outputs of its first "
+                     f"{MAX_NUMERICS_PAIRS} pairs; compare runs {ok_b[0].id} and {ok_c[0].id} alone "
+                     f"(R{ok_b[0].id} R{ok_c[0].id})"))
+    if result.emulated and result.numerics.sentence:
+        result.narrative.append(result.numerics.sentence)
+    result.baseline_runs, result.candidate_runs = [r.id for r in ok_b], [r.id for r in ok_c]
+    return result
 
 
 def refresh(session: Session, *, experiment_id: int, store: Store) -> None:
@@ -92,21 +104,22 @@ def refresh(session: Session, *, experiment_id: int, store: Store) -> None:
         device = session.get(Device, device_id) if device_id else None
         # an imported run has no device row (services/imports.py): its snapshot names the device
         info = device.info or {} if device else next(iter(arms.values()))[0].device_snapshot or {}
-        entry = {"device": device.serial if device else info.get("serial"),
-                 "device_model": info.get("model"), "threads": threads, "mode": mode}
+        kind = device_kind(info)
+        where = dict(device=device.serial if device else kind.serial or None, device_model=kind.model or None,
+                     threads=threads, mode=mode)
         noise = noise_service.for_device(session, device_id=device_id)
         variants = sorted({v for v, _ in arms})
         for v in variants:
             if (v, "off") in arms and (v, "on") in arms:
-                comparisons.append({**entry, "kind": "sme2", "variant": v, **compare_runs(
+                comparisons.append(dataclasses.replace(comparison_of(
                     base=arms[(v, "off")], cand=arms[(v, "on")], labels=("SME2 off", "SME2 on"), noise=noise,
-                    store=store, min_effect=min_effect)})
+                    store=store, min_effect=min_effect), kind="sme2", variant=v, **where))
         if len(variants) == 2:
             for sme2 in ("off", "on"):
                 if ("A", sme2) in arms and ("B", sme2) in arms:
-                    comparisons.append({**entry, "kind": "model", "sme2": sme2, "a_a": a_a, **compare_runs(
+                    comparisons.append(dataclasses.replace(comparison_of(
                         base=arms[("A", sme2)], cand=arms[("B", sme2)], labels=("model A", "model B"), noise=noise,
-                        store=store, min_effect=min_effect)})
+                        store=store, min_effect=min_effect), kind="model", sme2=sme2, a_a=a_a, **where))
         # identical work: an arm's sessions; with A/A, both models' runs of one SME2 arm
         same: dict[tuple, list[dict]] = defaultdict(list)
         for (v, sme2), rs in arms.items():
@@ -115,7 +128,7 @@ def refresh(session: Session, *, experiment_id: int, store: Store) -> None:
                 if r.status == RunStatus.succeeded and r.result and not device_service.emulator_of(r.device_snapshot):
                     same[(sme2,) if a_a else (v, sme2)].append(r.result.analysis)
         learning.append((device_id, [g for g in same.values() if len(g) >= 2]))
-    exp.comparisons = comparisons
+    exp.comparisons = [c.to_dict() for c in comparisons]  # the stored JSON, made once from the typed comparisons
     for device_id, learn_groups in learning:
         if learn_groups:
             noise_service.learn(session, device_id=device_id, groups=learn_groups)
@@ -161,8 +174,8 @@ def _side(session: Session, ref: tuple[str, int, str], which: str) -> tuple[Comp
             raise Invalid(f"{which}: experiment {ident} has no vs_model (it was not submitted with --vs), so it has no B runs")
         runs = [r for r in exp.runs if (r.variant or "A") == variant]
         model = exp.vs_model_sha256 if variant == "B" else exp.model_sha256
-    builds = sorted({(r.runner or {}).get("id", "") for r in runs if r.runner} - {""})
-    versions = sorted({(r.runner or {}).get("executorch_version", "") for r in runs if r.runner} - {""})
+    builds = sorted({runner_facts(r.runner).id for r in runs if r.runner} - {""})
+    versions = sorted({runner_facts(r.runner).executorch_version for r in runs if r.runner} - {""})
     stored = session.get(Model, model) if model else None
     side = ComparisonSide(kind=kind, id=ident, variant=variant if kind == "experiment" else (runs[0].variant or "A"),
                           experiment_id=exp.id, name=exp.name, model_sha256=model,
@@ -189,7 +202,7 @@ def between(session: Session, *, baseline: str, candidate: str, store: Store,
         return out
 
     def serials(runs: list[Run]) -> str:
-        return ", ".join(sorted({(r.device_snapshot or {}).get("serial") or "?" for r in runs}))
+        return ", ".join(sorted({device_kind(r.device_snapshot).serial or "?" for r in runs}))
 
     bk, ck = keyed(b_runs), keyed(c_runs)
     # Each pair's numerics read two stored outputs files (up to 64 MiB each) during this request:
@@ -201,10 +214,11 @@ def between(session: Session, *, baseline: str, candidate: str, store: Store,
         device_model, sme2, threads, mode = key
         b, c = bk[key], ck[key]
         noise = noise_service.for_devices(session, device_ids={r.device_id for r in b + c})
-        entry = {"device_model": device_model, "baseline_device": serials(b), "candidate_device": serials(c),
-                 "sme2": sme2, "threads": threads, "mode": mode}
-        comparisons.append({**entry, **compare_runs(base=b, cand=c, labels=("baseline", "candidate"), noise=noise,
-                                                    store=store, min_effect=min_effect, numerics=budget > 0)})
+        comparisons.append(dataclasses.replace(
+            comparison_of(base=b, cand=c, labels=("baseline", "candidate"), noise=noise, store=store,
+                          min_effect=min_effect, numerics=budget > 0),
+            device_model=device_model, baseline_device=serials(b), candidate_device=serials(c), sme2=sme2,
+            threads=threads, mode=mode))
         budget -= 1
     for side, mine, other in (("baseline", bk, ck), ("candidate", ck, bk)):
         for key in sorted(set(mine) - set(other), key=str):
@@ -226,11 +240,12 @@ def between(session: Session, *, baseline: str, candidate: str, store: Store,
         notes.append(f"compared across runner builds: {', '.join(b.runner_builds)} -> {', '.join(c.runner_builds)}")
     if b.model_sha256 == c.model_sha256:
         notes.append("both sides ran the same model (an A/A comparison: a claimed difference is noise or a device change)")
-    if any(x["baseline_device"] != x["candidate_device"] for x in comparisons):  # entries: analysis.compare's dicts
+    if any(x.baseline_device != x.candidate_device for x in comparisons):
         notes.append("some pairs ran on different devices of the same model: their verdicts use the default noise "
                      "prior (a device's learned noise says nothing about how far two boards sit apart)")
     program_memory = planned_compared(b_memory, c_memory, labels=(side_name(b_side), side_name(c_side)))
-    return ComparisonRead(baseline=b_side, candidate=c_side, comparisons=comparisons, unmatched=unmatched, notes=notes,
+    return ComparisonRead(baseline=b_side, candidate=c_side, comparisons=[x.to_dict() for x in comparisons],
+                          unmatched=unmatched, notes=notes,
                           program_memory=program_memory)
 
 

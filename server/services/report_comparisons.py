@@ -7,17 +7,18 @@ headline instead (headlines: what identifies it and its verdict), and GET
 /experiments/{id}/comparisons (comparisons_page) answers them in full, a page at a time.
 
 Both work on the JSON text the database holds (json.loads/dumps), never through the pydantic
-models per request: the wire contract (sme2farm/protocol/comparisons.py) only names, once at
+models per request: the comparison's type (analysis/comparison_types.py) only names, once at
 import, which keys a headline keeps."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session
 
-from sme2farm.protocol import Comparison, CoverageCompared, PartVerdict, PhaseVerdict
+from sme2farm.analysis.comparison_types import CategoryVerdict, Comparison, CoverageCompared, PhaseVerdict
 from sme2farm.server.infra.json_text import finite
 from sme2farm.server.store.models import Experiment
 
@@ -32,14 +33,14 @@ HEADLINE_KEYS = ("status", "device", "device_model", "threads", "mode", "baselin
                  "variant", "sme2", "a_a", "labels", "reason", "emulated", "emulator", "baseline_median_ms",
                  "candidate_median_ms", "speedup", "ci_low", "ci_high", "ci_level", "n", "sessions", "significant",
                  "verdict", "sentence", "min_effect")
-assert set(HEADLINE_KEYS) <= set(Comparison.model_fields)
+assert set(HEADLINE_KEYS) <= {f.name for f in dataclasses.fields(Comparison)}
 # A category's verdict without its sentence (~600 characters each, the interval and noise in words:
 # most of a headline otherwise) and trimmed means (the verdict's are the medians).
 _PART_KEYS = ("baseline_ms", "candidate_ms", "speedup", "ci_low", "ci_high", "verdict", "significant", "share_before",
               "share_after")
-assert set(_PART_KEYS) <= set(PartVerdict.model_fields)
-_PHASE_KEYS = tuple(PhaseVerdict.model_fields)
-_COVERAGE_KEYS = tuple(CoverageCompared.model_fields)
+assert set(_PART_KEYS) <= {f.name for f in dataclasses.fields(CategoryVerdict)}
+_PHASE_KEYS = tuple(f.name for f in dataclasses.fields(PhaseVerdict))
+_COVERAGE_KEYS = tuple(f.name for f in dataclasses.fields(CoverageCompared))
 
 
 def headlines(text: str | None) -> str:

@@ -9,7 +9,7 @@ exchange. One module per resource, every public name re-exported here
   memory, LLM phases), served as analysis/types.py defines them;
 - experiments: the experiment spec, report, list and scaling view;
 - agents: the agent protocol's messages and answers;
-- comparisons: verdicts with their numerics, GET /comparisons;
+- comparisons: verdicts with their numerics (analysis/comparison_types.py), GET /comparisons;
 - suites: nightly regression suites, series, changes, GET /regressions;
 - ops: liveness, readiness and API tokens.
 
@@ -38,9 +38,10 @@ from .experiments import (ClusterMask, DeviceScaling, ExperimentPage, Imported, 
 from .agents import (AGENT_PROTOCOL, DELIVERY_PART, AgentDevices, AgentRegister, AgentRegistered, ArtifactDigest,
                      ArtifactStored, DeviceRefused, DevicesSynced, FinishAnswer, Heartbeat, HeartbeatAnswer,
                      LeaseRequest, RunAssignment, RunDelivery, RunFinish)
-from .comparisons import (ArmMemory, CategoryShare, Comparison, ComparisonPage, ComparisonRead, ComparisonSide, CoverageCompared,
-                          KernelPathsCompared, LlmCompared, MemoryCompared, Numerics, OutputNumerics, OutputTolerance,
-                          PartVerdict, PhaseVerdict, ProgramMemoryCompared, Unmatched)
+from .comparisons import (ArmMemory, CategoryShare, CategoryVerdict, Comparison, ComparisonPage, ComparisonRead,
+                          ComparisonSide, CoverageCompared, KernelPathsCompared, LlmCompared, MemoryCompared,
+                          ModuleVerdict, Needed, NoiseUsed, Numerics, OperatorVerdict, OutputNumerics, OutputTolerance,
+                          PartVerdict, PhaseVerdict, ProgramMemoryCompared, Unmatched, VarianceComponents)
 from .suites import (SUITE_METRICS, SUITE_NAME_PATTERN, DetectableStep, MemoryChange, PointMemory, RegressionRead,
                      RegressionWebhook, Series, SeriesChange, SeriesKey, SeriesLlm, SeriesPoint, SeriesRead,
                      SuiteDeleted, SuiteDetail, SuiteDeviceRead, SuiteModel, SuiteModelRead, SuitePatch, SuiteRead,
@@ -67,7 +68,8 @@ __all__ = [
     "ScalingFastest", "ScalingInterval", "ScalingPoint", "ScalingRatio", "ScalingRead", "AGENT_PROTOCOL",
     "DELIVERY_PART", "AgentDevices", "AgentRegister", "AgentRegistered", "ArtifactDigest", "ArtifactStored",
     "DeviceRefused", "DevicesSynced", "FinishAnswer", "Heartbeat", "HeartbeatAnswer", "LeaseRequest", "RunAssignment",
-    "RunDelivery", "RunFinish", "ArmMemory", "CategoryShare", "Comparison", "ComparisonPage", "ComparisonRead", "ComparisonSide",
+    "RunDelivery", "RunFinish", "ArmMemory", "CategoryShare", "CategoryVerdict", "ModuleVerdict", "Needed",
+    "NoiseUsed", "OperatorVerdict", "VarianceComponents", "Comparison", "ComparisonPage", "ComparisonRead", "ComparisonSide",
     "CoverageCompared", "KernelPathsCompared", "LlmCompared", "MemoryCompared", "Numerics", "OutputNumerics",
     "OutputTolerance", "PartVerdict", "PhaseVerdict", "ProgramMemoryCompared", "Unmatched", "SUITE_METRICS",
     "SUITE_NAME_PATTERN", "DetectableStep", "MemoryChange", "PointMemory", "RegressionRead", "RegressionWebhook",
