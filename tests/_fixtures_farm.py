@@ -520,6 +520,14 @@ class RunningFarm:
         return subprocess.run([sys.executable, "-m", "sme2farm.client.cli", *args], env=env,
                               capture_output=True, text=True, timeout=timeout)
 
+    def submit_json(self, *args: str, code: int = 0, timeout: float = 300) -> dict:
+        """`sme2-client submit ARGS --wait --json` as a user would: asserts its exit code (0: every
+        run succeeded; 3: an arm unschedulable, nothing failed), returns the experiment's JSON. A
+        failure shows the client's output and the agent's log."""
+        done = self.cli("submit", *args, "--wait", "--json", timeout=timeout)
+        assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:] + self.log("agent")
+        return json.loads(done.stdout)
+
     def log(self, name: str, tail: int | None = 4000) -> str:
         """The component's log: its last `tail` characters (a failure's context), or all of it (None)."""
         p = self.data_dir / "logs" / f"{name}.log"

@@ -12,7 +12,6 @@ Models are tiny (emulation is ~300x slower)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 
 import pytest
@@ -193,10 +192,8 @@ def test_arm64_farm_serves_the_qemu_device_and_the_emulated_phone(arm64_runners,
                       drivers="qemu-arm64,android", devices=2)
     try:
         for selector in ("platform=linux", f"serial={arm64_phone.serial}"):
-            done = farm.cli("submit", str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "2",
-                            "--device", selector, "--wait", "--json", timeout=600)
-            assert done.returncode == 3, done.stderr  # an arm unschedulable, nothing failed
-            rep = json.loads(done.stdout)
+            rep = farm.submit_json(str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "2",
+                                   "--device", selector, code=3, timeout=600)  # an arm unschedulable, nothing failed
             runs = {r["sme2"]: r for r in rep["runs"]}
             assert runs["off"]["status"] == "succeeded", runs["off"]["reason"] + farm.log("agent")
             assert runs["off"]["runner"]["origin"] == "wheel-cross"
@@ -216,10 +213,9 @@ def test_emulated_sme2_farm_runs_both_arms_on_the_qemu_device_and_the_emulated_p
                       drivers="qemu-arm64,android", devices=2)
     try:
         for selector in ("platform=linux", f"serial={sme2_phone.serial}"):
-            done = farm.cli("submit", str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "2",
-                            "--device", selector, "--wait", "--json", timeout=600)
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + farm.log("agent")
-            runs = {r["sme2"]: r for r in json.loads(done.stdout)["runs"]}
+            rep = farm.submit_json(str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "2",
+                                   "--device", selector, timeout=600)
+            runs = {r["sme2"]: r for r in rep["runs"]}
             for arm, run in runs.items():
                 assert run["status"] == "succeeded", (selector, arm, run["reason"])
                 assert run["device"]["sme2"] is True and run["device"]["emulator"], run["device"]

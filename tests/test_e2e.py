@@ -65,10 +65,9 @@ def check_report(rep: dict, farm, tmp_path) -> None:
 
 def test_submit_wait_json_on_the_embedded_default(farm, example_pte, tmp_path):
     model = example_pte("toy_cnn")
-    done = farm.cli("submit", str(model), "--sme2", "both", "--iterations", "30", "--warmup", "3", "--wait", "--json")
     # 3: this host has no SME2, so the SME2-on arm is unschedulable (and nothing failed)
-    assert done.returncode == 3, done.stderr + farm.log("worker") + farm.log("agent")
-    check_report(json.loads(done.stdout), farm, tmp_path)
+    check_report(farm.submit_json(str(model), "--sme2", "both", "--iterations", "30", "--warmup", "3", code=3),
+                 farm, tmp_path)
 
 
 def test_cli_text_report_status_list_devices(farm, example_pte):
@@ -112,9 +111,9 @@ def test_production_parts_postgres_and_redis(local_runner, example_pte, postgres
     data_dir = tmp_path_factory.mktemp("farm-pg")
     farm = start_farm(data_dir, catalog.manifest, {"SME2_DATABASE_URL": postgres_url, "SME2_BROKER_URL": redis_url})
     try:
-        done = farm.cli("submit", str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "30", "--wait", "--json")
-        assert done.returncode == 3, done.stderr + farm.log("worker")  # the SME2-on arm: unschedulable here
-        check_report(json.loads(done.stdout), farm, tmp_path)
+        # 3: the SME2-on arm is unschedulable here
+        check_report(farm.submit_json(str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "30", code=3),
+                     farm, tmp_path)
         assert not (data_dir / "farm.db").exists()  # the rows went to PostgreSQL
         import sqlalchemy as sa
 

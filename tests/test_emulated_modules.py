@@ -6,7 +6,6 @@ arm), and no module line carries a time: the emulator's timings are the translat
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -42,10 +41,8 @@ def _model(out: Path) -> tuple[Path, Path]:
 
 def test_emulated_comparison_names_the_modules_that_ran_sme2_kernels_and_no_time(emulated_farm, tmp_path):
     pte, etrecord = _model(tmp_path)
-    done = emulated_farm.cli("submit", str(pte), "--etrecord", str(etrecord), "--sme2", "both", "--iterations", "2",
-                             "--warmup", "1", "--wait", "--json", timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    rep = json.loads(done.stdout)
+    rep = emulated_farm.submit_json(str(pte), "--etrecord", str(etrecord), "--sme2", "both", "--iterations", "2",
+                                    "--warmup", "1", timeout=900)
     runs = {r["sme2"]: r for r in rep["runs"]}
     assert {r["attribution"]["status"] for r in runs.values()} == {"attributed"}, [r["attribution"] for r in runs.values()]
     c = next(c for c in emulated_farm.client().experiment_json(rep["id"])["comparisons"] if c["status"] == "complete")

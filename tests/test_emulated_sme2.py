@@ -7,7 +7,6 @@ translator's. Models are tiny: emulation is ~300x slower than hardware. Select w
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -37,10 +36,7 @@ def _tiny(dtype: str, out: Path) -> Path:
 
 
 def _submit(farm, model: Path, *extra: str) -> dict:
-    done = farm.cli("submit", str(model), "--sme2", "both", "--iterations", "2", "--warmup", "1", *extra,
-                    "--wait", "--json", timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + farm.log("agent")
-    return json.loads(done.stdout)
+    return farm.submit_json(str(model), "--sme2", "both", "--iterations", "2", "--warmup", "1", *extra, timeout=900)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "int8"])

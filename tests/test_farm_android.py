@@ -43,11 +43,8 @@ def test_sme2_phone_both_arms_power_profile_and_device_state(android_farm, examp
     assert by_serial[plain.serial]["sme2"] is False
     assert any(d["platform"] == "linux" for d in devices)
 
-    done = farm.cli("submit", str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "20",
-                    "--device", f"serial={sme2.serial}", "--power-profile", "boost", "--sessions", "2",
-                    "--wait", "--json", timeout=600)
-    assert done.returncode == 0, done.stderr + farm.log("agent")
-    rep = json.loads(done.stdout)
+    rep = farm.submit_json(str(example_pte("toy_cnn")), "--sme2", "both", "--iterations", "20",
+                           "--device", f"serial={sme2.serial}", "--power-profile", "boost", "--sessions", "2", timeout=600)
     assert rep["status"] == "succeeded", [r["reason"] for r in rep["runs"]]
     runs = sorted(rep["runs"], key=lambda r: r["id"])
     assert [r["sme2"] for r in runs] == ["off", "on", "on", "off"]  # interleaved A B B A

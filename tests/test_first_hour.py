@@ -193,10 +193,7 @@ def test_examples_without_the_exporter_says_what_to_install(monkeypatch, capsys,
 def test_artifacts_lists_and_downloads_a_runs_and_an_experiments(farm, example_pte, tmp_path):
     import json
 
-    done = farm.cli("submit", str(example_pte("mlp")), "--sme2", "off", "--threads", "1,2", "--iterations", "5",
-                    "--wait", "--json")
-    assert done.returncode == 0, done.stderr
-    rep = json.loads(done.stdout)
+    rep = farm.submit_json(str(example_pte("mlp")), "--sme2", "off", "--threads", "1,2", "--iterations", "5")
     exp_id, (r1, r2) = rep["id"], [r["id"] for r in rep["runs"]]
     listed = farm.cli("artifacts", f"R{r1}")
     assert listed.returncode == 0 and listed.stdout.startswith(f"run {r1}: ") and "report.json" in listed.stdout

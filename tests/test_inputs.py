@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import struct
 import zipfile
 from pathlib import Path
@@ -455,9 +454,7 @@ def divide_pte(tmp_path_factory) -> Path:
 
 def _cli_report(farm, *args, code: int = 0) -> tuple[dict, dict]:
     """submit --wait --json; `code`: its exit status (1 when a run failed)."""
-    done = farm.cli("submit", *args, "--sme2", "off", "--iterations", "3", "--warmup", "1", "--wait", "--json")
-    assert done.returncode == code, done.stderr + farm.log("agent")
-    rep = json.loads(done.stdout)
+    rep = farm.submit_json(*args, "--sme2", "off", "--iterations", "3", "--warmup", "1", code=code)
     [run] = rep["runs"]
     return rep, run
 

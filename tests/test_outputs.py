@@ -181,9 +181,7 @@ def test_local_driver_hands_back_the_outputs_file(local_runner, example_pte, tmp
 
 
 def _wait(farm, *args) -> dict:
-    done = farm.cli("submit", *args, "--sme2", "off", "--iterations", "2", "--warmup", "0", "--wait", "--json", timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(done.stdout)
+    return farm.submit_json(*args, "--sme2", "off", "--iterations", "2", "--warmup", "0")
 
 
 def _runs(farm, experiment_id: int):

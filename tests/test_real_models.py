@@ -13,7 +13,6 @@ farm's operator counts for exactly that reason.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import httpx
@@ -113,10 +112,8 @@ def mean(xs) -> float:
 # zoo_pte before farm: pytest sets fixtures up in argument order, so the exports run while the farm starts
 def test_real_model_runs_and_matches_flatcc(zoo_pte, farm, name, dtype, heavy, dtype_tag, names_repeat):
     pte = zoo_pte(name, dtype)
-    done = farm.cli("submit", str(pte), "--sme2", "off", "--iterations", str(ITERATIONS), "--warmup", "1",
-                    "--name", f"zoo-{name}-{dtype}", "--wait", "--json")
-    assert done.returncode == 0, done.stderr + farm.log("agent")
-    [run] = json.loads(done.stdout)["runs"]
+    [run] = farm.submit_json(str(pte), "--sme2", "off", "--iterations", str(ITERATIONS), "--warmup", "1",
+                             "--name", f"zoo-{name}-{dtype}")["runs"]
     assert run["status"] == "succeeded", run["reason"]
 
     r = httpx.get(f"{farm.url}/runs/{run['id']}/artifacts/trace.etdump",

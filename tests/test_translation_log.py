@@ -247,16 +247,13 @@ def test_emulated_sme2_farm_traces_both_arms_and_reports_which_kernels_ran(
         arm64_runners, sme2_emulator, tiny_fp16, tmp_path):
     """`submit --mode trace --sme2 both` on the emulated device: the server schedules it with the
     device's trace flavour (timing), the agent uploads kernels.log, ingest reports it per run."""
-    import json
-
     from _fixtures_farm import start_farm, stop_farm
 
     farm = start_farm(tmp_path / "farm", arm64_runners.manifest, sme2_emulator.env, drivers="qemu-arm64")
     try:
-        done = farm.cli("submit", str(tiny_fp16), "--sme2", "both", "--mode", "trace", "--iterations", "2",
-                        "--warmup", "1", "--wait", "--json", timeout=900)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + farm.log("agent")
-        runs = {r["sme2"]: r for r in json.loads(done.stdout)["runs"]}
+        rep = farm.submit_json(str(tiny_fp16), "--sme2", "both", "--mode", "trace", "--iterations", "2",
+                               "--warmup", "1", timeout=900)
+        runs = {r["sme2"]: r for r in rep["runs"]}
     finally:
         stop_farm(farm.proc)
     for arm, run in runs.items():
