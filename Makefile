@@ -12,7 +12,7 @@ PORT ?= 8000
 DATA_DIR ?=
 FARM_ARGS := --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
-.PHONY: setup emulator demo up test bench docs clean
+.PHONY: setup emulator demo up test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ test: setup emulator
 
 test-fast: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "$(FAST)" -n $(FAST_WORKERS)
+
+# The import contracts (.importlinter) and no private imports across modules: lint-imports on a symlinked
+# tree of the installed package (plain `lint-imports` in the checkout cannot see pyproject's package-dir).
+lint: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_layers.py
 
 bench: setup
 	$(BIN)/python bench/ingest.py
