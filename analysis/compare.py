@@ -50,34 +50,65 @@ def _split(pooled, lens: list[int]) -> list[list[float]] | None:
 
 # --- one arm, read once from its reports' JSON ---------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class _Op:
+@dataclass(kw_only=True)
+class _Op(Section):
     name: str
-    category: str | None
+    category: str | None = None
     total_ms: float
 
 
-@dataclass(frozen=True, slots=True)
-class _Coverage:
+@dataclass(kw_only=True)
+class _Named(Section):
+    name: str | None = None
+
+
+@dataclass(kw_only=True)
+class _Coverage(Section):
     """An arm's kernel_paths.coverage as the comparison reads it (older reports lack unknown_ms)."""
 
-    share: float | None
-    sme2_ms: float | None
-    conv_gemm_ms: float | None
-    unknown_ms: float | None
-    off_sme2: list[str]
-
-    @classmethod
-    def read(cls, report: dict) -> _Coverage | None:
-        cov = ((report or {}).get("kernel_paths") or {}).get("coverage")
-        if not cov:
-            return None
-        return cls(share=cov.get("share"), sme2_ms=cov.get("sme2_ms"), conv_gemm_ms=cov.get("conv_gemm_ms"),
-                   unknown_ms=cov.get("unknown_ms"), off_sme2=[o.get("name") for o in cov.get("off_sme2") or []])
+    share: float | None = None
+    sme2_ms: float | None = None
+    conv_gemm_ms: float | None = None
+    unknown_ms: float | None = None
+    off_sme2: list[_Named] | None = None
 
     def compared(self) -> CoverageCompared:
         return CoverageCompared(share=self.share, sme2_ms=self.sme2_ms, conv_gemm_ms=self.conv_gemm_ms,
                                 unknown_ms=self.unknown_ms or 0.0)
+
+
+@dataclass(kw_only=True)
+class _KernelPaths(Section):
+    coverage: _Coverage | None = None
+
+
+@dataclass(kw_only=True)
+class _Kernels(Section):
+    status: str | None = None
+    isa_counts: dict[str, int] | None = None
+
+
+@dataclass(kw_only=True)
+class _Median(Section):
+    median: float | None = None
+
+
+@dataclass(kw_only=True)
+class _Report(Section):
+    """What a comparison reads of one arm's report (analyze()'s, stored, or pooled from sessions
+    with ``session_iterations_ms`` as the server merges them): read once, the rest ignored."""
+
+    e2e_ms: _Median | None = None
+    categories_ms: dict[str, float] | None = None
+    category_share: dict[str, float] | None = None
+    operators: list[_Op] | None = None
+    portable_ops: list[str] | None = None
+    kernels: _Kernels | None = None
+    kernel_paths: _KernelPaths | None = None
+    iterations_ms: list[float] | None = None
+    session_iterations_ms: list[list[float]] | None = None
+    category_iterations_ms: dict[str, list[float]] | None = None
+    operator_iterations_ms: dict[str, list[float]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,17 +147,13 @@ class _Arm:
     lens: list[int] | None  # one report holding several sessions: their lengths (else None)
 
 
-def _ops(report: dict) -> list[_Op]:
-    return [_Op(o["name"], o.get("category"), o["total_ms"]) for o in report.get("operators") or []]
-
-
-def _view(r: dict, modules: ModuleView, **pooled) -> _View:
-    kernels = r.get("kernels") or {}
-    fields = dict(e2e_median=(r.get("e2e_ms") or {}).get("median"), categories_ms=r.get("categories_ms", {}) or {},
-                  category_share=r.get("category_share", {}) or {}, operators=_ops(r),
-                  portable_ops=list(r.get("portable_ops", [])), coverage=_Coverage.read(r),
-                  kernels_ok=kernels.get("status") == "ok", isa_counts=kernels.get("isa_counts") or {},
-                  modules=modules)
+def _view(r: _Report, modules: ModuleView, **pooled) -> _View:
+    kernels = r.kernels or _Kernels()
+    cov = r.kernel_paths.coverage if r.kernel_paths else None
+    fields = dict(e2e_median=r.e2e_ms.median if r.e2e_ms else None, categories_ms=r.categories_ms or {},
+                  category_share=r.category_share or {}, operators=list(r.operators or []),
+                  portable_ops=list(r.portable_ops or []), coverage=cov, kernels_ok=kernels.status == "ok",
+                  isa_counts=kernels.isa_counts or {}, modules=modules)
     return _View(**(fields | pooled))
 
 
@@ -145,46 +172,46 @@ def _arm(x) -> _Arm:
     if isinstance(x, (list, tuple)):
         reports = [r for r in x if r]
         if not reports:
-            return _Arm(_view({}, by_module.view({})), _Sessions([], {}, {}), [], None)
+            return _Arm(_view(_Report(), by_module.view({})), _Sessions([], {}, {}), [], None)
         if len(reports) == 1:
             return _arm(reports[0])
-        first = reports[0]
         session_views = [by_module.view(r) for r in reports]
-        pooled = [v for r in reports for v in (r.get("iterations_ms") or [])]
-        first_cats = first.get("category_iterations_ms") or {}
-        cats = {c: [v for r in reports for v in ((r.get("category_iterations_ms") or {}).get(c) or [])]
-                for c in first_cats}
-        changes: dict = {"e2e_median": latency_stats(pooled)["median"]}
+        read = [_Report.from_dict(r) for r in reports]
+        first = read[0]
+        pooled = [v for r in read for v in (r.iterations_ms or [])]
+        cats = {c: [v for r in read for v in ((r.category_iterations_ms or {}).get(c) or [])]
+                for c in (first.category_iterations_ms or {})}
+        changes: dict = dict(e2e_median=latency_stats(pooled)["median"])
         if cats and pooled:
-            changes["categories_ms"] = {c: float(np.mean(v)) if v else 0.0 for c, v in cats.items()}
             mean_e2e = float(np.mean(pooled))
-            changes["category_share"] = {c: (v / mean_e2e if mean_e2e > 0 else 0.0)
-                                         for c, v in changes["categories_ms"].items()}
+            categories_ms = {c: float(np.mean(v)) if v else 0.0 for c, v in cats.items()}
+            changes.update(categories_ms=categories_ms,
+                           category_share={c: (v / mean_e2e if mean_e2e > 0 else 0.0) for c, v in categories_ms.items()})
         totals: dict[str, list[float]] = {}
-        for r in reports:
-            for o in _ops(r):
+        for r in read:
+            for o in r.operators or []:
                 totals.setdefault(o.name, []).append(o.total_ms)
-        changes["operators"] = [dataclasses.replace(o, total_ms=float(np.mean(totals[o.name]))) for o in _ops(first)]
+        changes.update(operators=[dataclasses.replace(o, total_ms=float(np.mean(totals[o.name])))
+                                  for o in first.operators or []])
         base = _view(first, session_views[0], **changes)
         modules = dataclasses.replace(session_views[0], categories_ms=base.categories_ms,
                                       operator_totals={o.name: o.total_ms for o in reversed(base.operators)})
         ops: dict[str, list] = {}
-        for name in (first.get("operator_iterations_ms") or {}):
-            per = [(r.get("operator_iterations_ms") or {}).get(name) for r in reports]
+        for name in (first.operator_iterations_ms or {}):
+            per = [(r.operator_iterations_ms or {}).get(name) for r in read]
             if all(p is not None for p in per):
                 ops[name] = per
-        sess = _Sessions(e2e=[r.get("iterations_ms") or [] for r in reports],
-                         categories={c: [(r.get("category_iterations_ms") or {}).get(c) or [] for r in reports]
-                                     for c in cats},
+        sess = _Sessions(e2e=[r.iterations_ms or [] for r in read],
+                         categories={c: [(r.category_iterations_ms or {}).get(c) or [] for r in read] for c in cats},
                          operators=ops)
         return _Arm(dataclasses.replace(base, modules=modules), sess, session_views, None)
-    r = x or {}
-    modules = by_module.view(r)
-    it = r.get("iterations_ms") or []
-    sess_it = r.get("session_iterations_ms")
+    modules = by_module.view(x or {})
+    r = _Report.from_dict(x or {})
+    it = r.iterations_ms or []
+    sess_it = r.session_iterations_ms
     lens = [len(s) for s in (sess_it or [it])]
-    cat_it = r.get("category_iterations_ms") or {}
-    op_it = r.get("operator_iterations_ms") or {}
+    cat_it = r.category_iterations_ms or {}
+    op_it = r.operator_iterations_ms or {}
     if sess_it and len(sess_it) > 1:
         cats = {c: _split(v, lens) for c, v in cat_it.items()}
         ops = {o: _split(v, lens) for o, v in op_it.items()}
@@ -482,7 +509,7 @@ def _kernels_line(label: str, view: _View) -> str:
         parts = [f"{label} ran no Convolution/GEMM operator" if cov else f"{label}: kernel paths not recorded"]
     else:
         parts = [f"{label} ran {_pct(cov.share)} of its Convolution/GEMM operator time in SME2 kernels"]
-        off = cov.off_sme2
+        off = [o.name for o in cov.off_sme2 or []]
         if off and cov.share > 0:
             parts.append("off SME2: " + ", ".join(off[:3]) + (" ..." if len(off) > 3 else ""))
     if view.kernels_ok:

@@ -37,10 +37,11 @@ class Section:
     def from_dict(cls: type[_S], data: dict) -> _S:
         return _reader(cls)(data)
 
-    def to_dict(self, *, with_none: tuple[str, ...] = ()) -> dict:
+    def to_dict(self, *, with_none: tuple[str, ...] = (), leave_out: dict[type, frozenset[str]] | None = None) -> dict:
         """The stored JSON; `with_none` names stored_when_set fields written even while None (ingest
-        writes memory and emulator always, as report.json always carried them)."""
-        return _write(self, frozenset(with_none))
+        writes memory and emulator always, as report.json always carried them); `leave_out` names,
+        per section type, fields not written at all (an answer that carries part of a section)."""
+        return _write(self, frozenset(with_none), leave_out or {})
 
 
 def _identity(v: Any) -> Any:
@@ -116,23 +117,26 @@ def _dataclass_reader(cls: type):
 _WRITE_FIELDS: dict[type, list[tuple[str, bool]]] = {}
 
 
-def _write(obj: Any, with_none: frozenset = frozenset()) -> Any:
+def _write(obj: Any, with_none: frozenset = frozenset(), leave_out: dict | None = None) -> Any:
     if isinstance(obj, Section):
         names = _WRITE_FIELDS.get(type(obj))
         if names is None:
             names = _WRITE_FIELDS[type(obj)] = [(f.name, bool(f.metadata.get("stored_when_set")))
                                                 for f in dataclasses.fields(obj)]
+        skip = leave_out.get(type(obj), ()) if leave_out else ()
         out = {}
         for name, when_set in names:
+            if name in skip:
+                continue
             v = getattr(obj, name)
             if v is None and when_set and name not in with_none:
                 continue
-            out[name] = _write(v)
+            out[name] = _write(v, leave_out=leave_out)
         return out
     if isinstance(obj, list):
-        return [_write(x) for x in obj]
+        return [_write(x, leave_out=leave_out) for x in obj]
     if isinstance(obj, dict):
-        return {k: _write(v) for k, v in obj.items()}
+        return {k: _write(v, leave_out=leave_out) for k, v in obj.items()}
     return obj
 
 

@@ -18,7 +18,8 @@ import json
 from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session
 
-from sme2farm.analysis.comparison_types import CategoryVerdict, Comparison, CoverageCompared, PhaseVerdict
+from sme2farm.analysis.comparison_types import CategoryVerdict, Comparison, MemoryCompared, Numerics
+from sme2farm.analysis.types import Section
 from sme2farm.server.infra.json_text import finite
 from sme2farm.server.store.models import Experiment
 
@@ -26,21 +27,20 @@ from sme2farm.server.store.models import Experiment
 # what identifies it (device, threads, mode, kind, arms), its E2E verdict (medians, ratio, interval,
 # verdict, sentence, min_effect, iterations and sessions per arm), the category verdicts and shares,
 # the arms' SME2 coverage and LLM phase verdicts (a few numbers each); numerics and memory as their
-# verdict in a sentence (below). Dropped: operators, narrative, noise, needed, components, the run id
-# lists, iterations_per_session, margin, n_boot/resampling/method (the interval's working), and
-# each category's sentence and trimmed means.
+# verdict in a sentence (below). Dropped: operators, modules, narrative, noise, needed, components,
+# the run id lists, iterations_per_session, margin, n_boot/resampling/method (the interval's
+# working), and each category's sentence and trimmed means.
 HEADLINE_KEYS = ("status", "device", "device_model", "threads", "mode", "baseline_device", "candidate_device", "kind",
                  "variant", "sme2", "a_a", "labels", "reason", "emulated", "emulator", "baseline_median_ms",
                  "candidate_median_ms", "speedup", "ci_low", "ci_high", "ci_level", "n", "sessions", "significant",
                  "verdict", "sentence", "min_effect")
-assert set(HEADLINE_KEYS) <= {f.name for f in dataclasses.fields(Comparison)}
+_KEPT = frozenset(HEADLINE_KEYS + ("categories", "category_share", "kernel_paths", "llm", "numerics", "memory"))
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Comparison))
+assert _KEPT <= _FIELDS
 # A category's verdict without its sentence (~600 characters each, the interval and noise in words:
 # most of a headline otherwise) and trimmed means (the verdict's are the medians).
-_PART_KEYS = ("baseline_ms", "candidate_ms", "speedup", "ci_low", "ci_high", "verdict", "significant", "share_before",
-              "share_after")
-assert set(_PART_KEYS) <= {f.name for f in dataclasses.fields(CategoryVerdict)}
-_PHASE_KEYS = tuple(f.name for f in dataclasses.fields(PhaseVerdict))
-_COVERAGE_KEYS = tuple(f.name for f in dataclasses.fields(CoverageCompared))
+_LEFT_OUT = {Comparison: _FIELDS - _KEPT,
+             CategoryVerdict: frozenset({"sentence", "baseline_mean_ms", "candidate_mean_ms"})}
 
 
 def headlines(text: str | None) -> str:
@@ -52,31 +52,27 @@ def headlines(text: str | None) -> str:
 
 
 def headline(c: dict) -> dict:
-    """One comparison (a stored dict, shaped as Comparison) reduced to its headline: HEADLINE_KEYS,
-    the per-category verdicts (numbers and verdict, no sentence), category shares, the arms' SME2
-    coverage and LLM phase verdicts (their contract's keys only), numerics as status/verdict/sentence
-    (`outputs` []: the contract requires the list) and memory as its sentence and peak RSS change
-    (no per-arm figures)."""
-    out = {k: c[k] for k in HEADLINE_KEYS if k in c}
-    if isinstance(cats := c.get("categories"), dict):
-        out["categories"] = {k: _pick(v, _PART_KEYS) for k, v in cats.items()}
-    if isinstance(share := c.get("category_share"), dict):
-        out["category_share"] = {"before": share.get("before") or {}, "after": share.get("after") or {}}
-    if isinstance(kp := c.get("kernel_paths"), dict):
-        out["kernel_paths"] = {arm: _pick(kp.get(arm), _COVERAGE_KEYS) for arm in ("baseline", "candidate")}
-    if isinstance(llm := c.get("llm"), dict):
-        out["llm"] = {phase: _pick(v, _PHASE_KEYS) for phase, v in llm.items() if phase in ("prefill", "decode")}
-    if isinstance(num := c.get("numerics"), dict):
-        out["numerics"] = {"status": num.get("status"), "verdict": num.get("verdict"),
-                           "sentence": num.get("sentence") or "", "outputs": []}
-    if isinstance(mem := c.get("memory"), dict):
-        out["memory"] = {"baseline": None, "candidate": None, "peak_rss_change": mem.get("peak_rss_change"),
-                         "sentence": mem.get("sentence") or ""}
-    return out
+    """One stored comparison reduced to its headline: HEADLINE_KEYS, the per-category verdicts
+    (numbers and verdict, no sentence), category shares, the arms' SME2 coverage and LLM phase
+    verdicts, numerics as status/verdict/sentence (`outputs` []: the contract requires the list)
+    and memory as its sentence and peak RSS change (no per-arm figures). Only the fields it keeps
+    are read (stored: trusted, not validated)."""
+    comp = Comparison.from_dict({k: v for k, v in c.items() if k in _KEPT})
+    num, mem = comp.numerics, comp.memory
+    if num is not None:
+        comp.numerics = Numerics(status=num.status, verdict=num.verdict, sentence=num.sentence or "", outputs=[])
+    if mem is not None:
+        comp.memory = MemoryCompared(baseline=None, candidate=None, peak_rss_change=mem.peak_rss_change,
+                                     sentence=mem.sentence or "")
+    return comp.to_dict(leave_out=_LEFT_OUT)
 
 
-def _pick(d, keys: tuple[str, ...]):
-    return {k: d[k] for k in keys if k in d} if isinstance(d, dict) else None
+@dataclasses.dataclass(kw_only=True)
+class _Where(Section):
+    """What the page's filters read of a stored comparison."""
+
+    device: str | None = None
+    threads: int | None = None
 
 
 def comparisons_page(session: Session, *, experiment_id: int, page: int, page_size: int, device: str | None = None,
@@ -90,10 +86,9 @@ def comparisons_page(session: Session, *, experiment_id: int, page: int, page_si
         return None
     text = row[1] if row[1] and row[1] != "null" else "[]"
     comps = json.loads(text)
-    if device is not None:
-        comps = [c for c in comps if c.get("device") == device]
-    if threads is not None:
-        comps = [c for c in comps if c.get("threads") == threads]
+    if device is not None or threads is not None:
+        wheres = [_Where.from_dict(c) for c in comps]
+        comps = [c for c, w in zip(comps, wheres) if device in (None, w.device) and threads in (None, w.threads)]
     start = (page - 1) * page_size
     items = comps[start:start + page_size]
     # SQLite keeps what Python's json wrote, which may hold NaN or Infinity: written as null, as
