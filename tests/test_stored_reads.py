@@ -4,8 +4,18 @@ the readers know twice (a suite change before and after its values were stored) 
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
+
+import pytest
+from pydantic import BaseModel
+
+from sme2farm.analysis import memory
+from sme2farm.analysis.llm import PointPhases
 from sme2farm.analysis.pte import ProgramMemory
-from sme2farm.protocol import DeviceInfo
+from sme2farm.analysis.types import AnalysisReport
+from sme2farm.protocol import DeviceInfo, Imported, RunnerInfo
 from sme2farm.server.services import devices, programs, stored
 
 
@@ -49,3 +59,84 @@ def test_a_suite_points_llm_phases_and_state_read_with_defaults():
     assert stored.point_state({"thermal_throttled": True}).emulated is None
     assert stored.point_state({"suspect": True, "reason": "run 3 failed"}).reason == "run 3 failed"
     assert stored.point_memory({"peak_rss_bytes": 1e6}).peak_rss_bytes == 1e6
+
+
+# Each projection above reads a shape defined elsewhere: every field it reads must be there, by the
+# same name and a compatible type, so that renaming or retyping a field where it is defined fails here.
+
+def _bare(tp):
+    """`tp` without None: Optional[X] / X | None -> X (a union of several stays a tuple of them)."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return args[0] if len(args) == 1 else tuple(args)
+    return tp
+
+
+def _compatible(read, written) -> bool:
+    """Whether a value of the `written` type (as its writer stored it, JSON) reads as `read`."""
+    read, written = _bare(read), _bare(written)
+    if read is typing.Any or read == written:
+        return True
+    if typing.get_origin(written) is typing.Literal:  # a Literal of strings is stored as a str
+        return all(isinstance(v, read) for v in typing.get_args(written)) if isinstance(read, type) else False
+    if (typing.get_origin(read) or read) is dict and (dataclasses.is_dataclass(written) or isinstance(written, type) and issubclass(written, BaseModel)):
+        return True  # a nested model or dataclass, stored as its JSON object
+    r_origin, w_origin = typing.get_origin(read) or read, typing.get_origin(written) or written
+    if r_origin is not w_origin:
+        return False
+    r_args, w_args = typing.get_args(read), typing.get_args(written)
+    return not r_args or len(r_args) == len(w_args) and all(map(_compatible, r_args, w_args))
+
+
+def _fields_of(shape) -> dict:
+    if isinstance(shape, type) and issubclass(shape, BaseModel):
+        return {name: f.annotation for name, f in shape.model_fields.items()}
+    return typing.get_type_hints(shape)
+
+
+def _mismatches(projection, shape, *, not_in_shape=()) -> list[str]:
+    written = _fields_of(shape)
+    out = []
+    for name, read in typing.get_type_hints(projection).items():
+        if name in not_in_shape:
+            continue
+        if name not in written:
+            out.append(f"{projection.__name__}.{name}: not a field of {shape.__name__}")
+        elif not _compatible(read, written[name]):
+            out.append(f"{projection.__name__}.{name}: {read} does not read {shape.__name__}'s {written[name]}")
+    return out
+
+
+PROJECTIONS = [(stored.DeviceFacts, DeviceInfo, ()), (stored.DeviceKind, DeviceInfo, ()),
+               (stored.RunnerFacts, RunnerInfo, ()), (stored.ReportSamples, AnalysisReport, ()),
+               (stored.PointLlm, PointPhases, ()),
+               # trace_sha256: the import's own record of the traces it stored, not served (Imported)
+               (stored.ImportedFacts, Imported, ("trace_sha256",))]
+
+
+@pytest.mark.parametrize("projection, shape, not_in_shape", PROJECTIONS, ids=lambda x: getattr(x, "__name__", ""))
+def test_each_stored_projection_reads_fields_its_shape_defines(projection, shape, not_in_shape):
+    assert _mismatches(projection, shape, not_in_shape=not_in_shape) == []
+
+
+def test_the_projections_of_dict_writers_read_the_keys_they_write():
+    plan = ProgramMemory(planned={"forward": (64,)}, constant=1, delegate=2, named_data=3, mutable=4)
+    assert set(typing.get_type_hints(stored.StoredProgram)) <= set(plan.to_dict())
+    point = memory.point_memory(plan.to_dict("forward"), [])
+    assert set(typing.get_type_hints(stored.PointMemory)) == set(point)
+
+
+def test_a_renamed_or_retyped_field_is_caught():
+    """The check itself: a projection reading a field its shape names otherwise, or types otherwise."""
+    @dataclasses.dataclass(kw_only=True)
+    class Renamed(stored.Section):
+        serial_number: str = ""
+
+    @dataclasses.dataclass(kw_only=True)
+    class Retyped(stored.Section):
+        cpu_cores: list[int] | None = None
+        tags: list[int] | None = None
+
+    assert _mismatches(Renamed, DeviceInfo) == ["Renamed.serial_number: not a field of DeviceInfo"]
+    assert [m.split(":")[0] for m in _mismatches(Retyped, DeviceInfo)] == ["Retyped.cpu_cores", "Retyped.tags"]
+    assert _mismatches(stored.RunnerFacts, RunnerInfo) == [] and not _compatible(int, typing.Literal["on", "off"])

@@ -105,21 +105,19 @@ def get_suite(name: SuiteName, session: SessionDep, user: UserDep, settings: Set
 def patch_suite(name: SuiteName, patch: SuitePatch, tx: TxDep, user: UserDep, settings: SettingsDep) -> SuiteRead:
     """Change the schedule, pause or resume (paused: the schedule starts nothing; `run` still
     does), change the thresholds (the next analysis uses them), or set/remove the webhook (admin)."""
-    changes = patch.model_dump(exclude_unset=True)
-    if "thresholds" in changes:
-        if patch.thresholds is None:
-            raise HTTPException(422, "thresholds: give min_effect, alpha and/or memory, not null")
-        changes["thresholds"] = patch.thresholds.model_dump(exclude_unset=True)  # the others stay
-    if "schedule" in changes and patch.schedule is None:
+    given = patch.model_fields_set
+    if "thresholds" in given and patch.thresholds is None:
+        raise HTTPException(422, "thresholds: give min_effect, alpha and/or memory, not null")
+    if "schedule" in given and patch.schedule is None:
         raise HTTPException(422, "schedule: give a cron expression, not null")
-    if "webhook" in changes:
-        _webhook_needs_admin(user, changes["webhook"], settings)
+    if "webhook" in given:
+        _webhook_needs_admin(user, patch.webhook, settings)
     with tx() as session:
         suite = suite_service.get(session, name=name)
         owners.require_change(session, token=user, owner_id=suite.owner_id, what=f"suite {name!r}", verb="change")
         _alerting_needs_admin(suite, user, "change")
         return _as_seen_by(user, suite_service.suite_read(suite_service.update_suite(session, suite=suite,
-                                                                                    changes=changes)))
+                                                                                    changes=patch)))
 
 
 @router.delete("/suites/{name}", response_model=SuiteDeleted, responses={**NOT_FOUND, **CONFLICT})

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sme2farm.analysis.llm import PointPhases
 from sme2farm.analysis.pte import ProgramMemory
 from sme2farm.analysis.types import Outputs, Section
 
@@ -117,15 +118,9 @@ def point_memory(memory: dict | None) -> PointMemory:
 
 
 @dataclass(kw_only=True)
-class PointLlm(Section):
-    """A suite point's LLM phases (analysis.llm.point_phases): the workload, and one list of
-    values per session for each phase."""
-
-    prompt: int | None = None
-    decode: int | None = None
-    ttft_ms: list[list[float]] | None = field(default_factory=list)
-    prefill_tokens_per_s: list[list[float]] | None = field(default_factory=list)
-    decode_tokens_per_s: list[list[float]] | None = field(default_factory=list)
+class PointLlm(PointPhases):
+    """A suite point's LLM phases, as analysis.llm.point_phases stored them (its PointPhases), with
+    the phase a change judges read by its metric name."""
 
     def phase(self, metric: str) -> list[list[float]]:
         """A judged phase's sessions by its metric name (suites/changes.PHASES)."""
