@@ -66,6 +66,24 @@ def test_a_section_reads_from_its_json_or_stays_typed():
         raise AssertionError("a section without a required field was read")
 
 
+def test_a_stored_comparison_reads_back_typed_and_writes_the_same_bytes():
+    """A comparison (analysis/comparison_types.py) as the server stores it: from_dict gives the typed
+    object comparison() built, with its parts typed, and writing it again gives the stored bytes."""
+    from sme2farm.analysis.compare import comparison, emulated_comparison
+    from sme2farm.analysis.comparison_types import CategoryVerdict, Comparison, NoiseUsed
+
+    cnn = make_real_trace("toy_cnn").read_bytes()
+    off, on = analyze(cnn, sme2=False, arch="arm64"), analyze(cnn, sme2=True, arch="arm64")
+    for built in (comparison(off, on), comparison([off, off], [on, on]), emulated_comparison(off, on, emulator="qemu"),
+                  Comparison(status="incomplete", labels=["SME2 off", "SME2 on"], reason="SME2 on: run 2 failed")):
+        stored = _stored(built.to_dict())
+        typed = Comparison.from_dict(json.loads(stored))
+        assert typed == built and _stored(typed.to_dict()) == stored
+    typed = Comparison.from_dict(json.loads(_stored(comparison(off, on).to_dict())))
+    assert isinstance(typed.categories["Convolution"], CategoryVerdict) and isinstance(typed.noise, NoiseUsed)
+    assert typed.status == "complete" and typed.verdict and typed.device is None  # the server's fields: unset
+
+
 def test_the_definition_loads_neither_pydantic_nor_numpy():
     code = ("import json, sys; import sme2farm.analysis.types; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pydantic'))))")
