@@ -7,8 +7,9 @@ import io
 
 from .by_module import MODULE_HEADERS, module_heading, module_lines, module_rows
 from .categories import CATEGORIES
+from .comparison_types import Comparison, Verdict
 from .types import AnalysisReport, Kernels, as_report
-from .wording import (NUMERICS_HEADERS, ComparisonFacts, PartCompared, comparison_fact_lines, emulated_headline,
+from .wording import (NUMERICS_HEADERS, comparison_fact_lines, emulated_headline,
                       emulated_run_line, facts, is_emulated, kernel_path_lines, labels_of, llm_lines, memory_line,
                       ms_text, narrative_lines, numerics_rows, pct_text)
 
@@ -26,7 +27,7 @@ def _kernels_line(k: Kernels, sme2: str, no_sme2: str, source: str) -> str:
             + (source.format(k.source) if k.source else ""))
 
 
-def to_markdown(report: AnalysisReport | dict, comparison: ComparisonFacts | dict | None = None, depth: int = 2) -> str:
+def to_markdown(report: AnalysisReport | dict, comparison: Comparison | dict | None = None, depth: int = 2) -> str:
     """One run's report (and optionally its comparison) as Markdown."""
     r = as_report(report)
     comparison = facts(comparison) if comparison else None
@@ -126,7 +127,7 @@ def _warnings(r: AnalysisReport) -> list[str]:
     return [w for w in r.warnings if w != flag]
 
 
-def _ci(v: PartCompared) -> str:
+def _ci(v: Verdict) -> str:
     return "—" if v.ci_low is None else f"{v.ci_low:.2f}–{v.ci_high:.2f}"
 
 
@@ -156,7 +157,7 @@ def _bar(frac: float, width: int = 30) -> str:
     return "█" * full + "·" * (width - full)
 
 
-def to_terminal(report: AnalysisReport | dict, comparison: ComparisonFacts | dict | None = None, top: int = 15,
+def to_terminal(report: AnalysisReport | dict, comparison: Comparison | dict | None = None, top: int = 15,
                 depth: int = 1) -> str:
     """One run's report (and optionally its comparison) as the terminal table."""
     r = as_report(report)

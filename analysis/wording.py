@@ -10,14 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .categories import CATEGORIES
+from .comparison_types import Comparison, CoverageCompared
 from .kernel_paths import coverage_sentence
-from .comparison_types import Comparison, CoverageCompared, Verdict
 from .types import KernelPaths, LlmKernelPaths, LlmReport, PhaseInterval, RunnerMemory, Section, section
-
-
-# A comparison as these words read it: analysis.compare's Comparison, or its JSON as stored or sent.
-ComparisonFacts = Comparison
-PartCompared = Verdict
 
 
 @dataclass(kw_only=True)
