@@ -14,10 +14,14 @@ FARM_ARGS := --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 .PHONY: setup emulator demo up test lint bench docs clean
 
+# setuptools' notice on every editable install of a package-dir layout ("Editable installation ... folders in
+# your working directory with the same name as your package"), a box a newcomer reads as a fault; nothing else.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation:UserWarning"
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(PIP_ARGS) -e '.[dev]'
+	$(EDITABLE_QUIET) $(BIN)/python -m pip install -q $(PIP_ARGS) -e '.[dev]'
 	$(BIN)/python -m pip install -q $(PIP_ARGS) --no-deps 'optimum-executorch==1.1.0'  # pyproject.toml: hf
 	touch $(STAMP)
 

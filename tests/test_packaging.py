@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -103,3 +104,34 @@ def test_the_wheel_builds_without_setuptools_warnings_and_ships_the_dashboard(tm
     where, names, page = probe.stdout.split("\n", 2)
     assert where.startswith(str(tmp_path / "site")), where   # the wheel's copy, not the editable install
     assert names == repr(static) and "<html" in page.lower(), probe.stdout
+
+
+def test_make_setup_prints_no_setuptools_box(tmp_path):
+    """`make setup`'s editable install, with the Makefile's own warning filter: setuptools' boxed
+    notice ("Editable installation ... !!") is not printed, and a real warning still would be."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    [quiet] = re.findall(r'^EDITABLE_QUIET := PYTHONWARNINGS="([^"]+)"$', (root / "Makefile").read_text(), re.M)
+    src = tmp_path / "src"   # a copy: an editable build writes its egg-info beside pyproject.toml
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        (src / name).write_bytes((root / name).read_bytes())
+    import tomllib
+    for folder in tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values():
+        (src / folder).mkdir(parents=True, exist_ok=True)   # the layout, empty: the notice is about its shape
+        (src / folder / "__init__.py").write_text("")
+    code = (f"import warnings; from setuptools import build_meta; build_meta.build_editable({str(tmp_path)!r}); "
+            "warnings.warn('Package would be ignored: a real warning', UserWarning)")
+
+    def build(warnings_filter: str) -> str:
+        built = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "PYTHONWARNINGS": warnings_filter})
+        assert built.returncode == 0, built.stderr[-3000:]
+        return built.stdout + built.stderr
+
+    assert "Editable installation" in build("")   # what the filter is for
+    chatter = build(quiet)
+    assert "Editable installation" not in chatter and "\n!!\n" not in chatter, chatter
+    assert "Package would be ignored: a real warning" in chatter
