@@ -244,7 +244,7 @@ def _verdict_item(c: Comparison) -> str:
         return head + f"no comparison — {c.reason or 'an arm has no successful run'}"
     data = plain(c)
     text = head + (emulated_headline(data) if is_emulated(data) else (c.sentence or c.verdict or ""))
-    why = (c.needed or {}).get("why")  # `needed` is open: the noise model's own terms
+    why = c.needed.why if c.needed else ""
     if c.verdict == "insufficient data" and why and why not in text:
         text += f" To decide: {_sentence(why)}"
     return " ".join([text] + [_sentence(f) for f in comparison_fact_lines(data)])

@@ -13,7 +13,7 @@ import dataclasses
 import typing
 from typing import Literal
 
-from pydantic import Field, JsonValue, create_model
+from pydantic import Field, create_model
 
 from sme2farm.analysis import comparison_types as ct
 from sme2farm.analysis.comparison_types import (ArmMemory, CategoryShare, CategoryVerdict, CoverageCompared,
@@ -33,9 +33,8 @@ __all__ = ["ArmMemory", "CategoryShare", "CategoryVerdict", "Comparison", "Compa
 PartVerdict = CategoryVerdict  # a category's verdict: every field optional, as a category a comparison lacks reads
 
 
-def read_model(cls: type, *, open_fields: frozenset[str] = frozenset()) -> type[Read]:
-    """The read model of an analysis dataclass: its fields, types, defaults and descriptions
-    (`open_fields` served as JSON objects instead of their type, for readers not yet moved)."""
+def read_model(cls: type) -> type[Read]:
+    """The read model of an analysis dataclass: its fields, types, defaults and descriptions."""
     hints = typing.get_type_hints(cls)
     fields = {}
     for f in dataclasses.fields(cls):
@@ -44,13 +43,11 @@ def read_model(cls: type, *, open_fields: frozenset[str] = frozenset()) -> type[
             kw["default"] = f.default
         elif f.default_factory is not dataclasses.MISSING:
             kw["default_factory"] = f.default_factory
-        fields[f.name] = (dict[str, JsonValue] | None if f.name in open_fields else hints[f.name], Field(**kw))
+        fields[f.name] = (hints[f.name], Field(**kw))
     return create_model(cls.__name__, __base__=Read, __module__=__name__, __doc__=cls.__doc__, **fields)
 
 
-# `needed` stays an open object on the wire while client/document_blocks.py reads it as a mapping
-# (`(c.needed or {}).get("why")`); drop open_fields once it reads `c.needed.why`.
-Comparison = read_model(ct.Comparison, open_fields=frozenset({"needed"}))
+Comparison = read_model(ct.Comparison)
 
 
 class ProgramMemoryCompared(Read):
