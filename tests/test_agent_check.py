@@ -65,13 +65,12 @@ def test_the_bundled_example_is_a_small_program_read_without_torch():
 
 
 @pytest.mark.models
-def test_the_bundled_example_is_what_its_export_writes(tmp_path):
-    """runners/check_example.pte is `python -m sme2farm.runners.examples toy_cnn OUT`, byte for byte."""
+def test_the_bundled_example_is_what_its_export_writes(example_pte):
+    """runners/check_example.pte is export_example("toy_cnn") (what `python -m
+    sme2farm.runners.examples toy_cnn OUT` calls), byte for byte: the session's shared export, not
+    one more."""
     pytest.importorskip("executorch")
-    done = subprocess.run([sys.executable, "-m", "sme2farm.runners.examples", "toy_cnn", str(tmp_path / "t.pte")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / "t.pte").read_bytes() == EXAMPLE.read_bytes()
+    assert example_pte("toy_cnn").read_bytes() == EXAMPLE.read_bytes()
 
 
 # ---- this host -------------------------------------------------------------------------------
