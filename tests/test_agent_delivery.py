@@ -197,22 +197,3 @@ def test_a_lease_is_acknowledged_only_by_the_agent_of_its_device(api, agent, exa
         assert run_service.hand_over(s, agent_id=own, lease_ids=[a.lease_id], lease_s=60) == []
     run = _run(api, rid)
     assert run.status == "running" and run.started_at is not None and run.lease_expires_at is not None
-
-
-def test_a_large_delivery_has_its_lease_read_before_its_body_and_a_small_one_once(api, agent, example_pte,
-                                                                                   monkeypatch):
-    from sme2farm.server.api import agents as agents_api
-
-    read_first = []
-    real = agents_api.check_lease
-    monkeypatch.setattr(agents_api, "check_lease", lambda *a: (read_first.append(a[2]), real(*a)))
-    submit(api, example_pte("toy_cnn").read_bytes())
-    [rid] = dispatch(api)
-    [a] = agent.api.claim(wait=0)
-    big = b"\0" * agents_api.CHECK_FIRST_BYTES
-    r = _deliver(agent, a, {TRACE: big}, lease="not-the-lease")
-    assert r.status_code == 409 and read_first == [rid], r.text   # refused before a byte of it was spooled
-    r = _deliver(agent, a, {TRACE: b"small"}, lease="not-the-lease")
-    assert r.status_code == 409 and read_first == [rid], r.text   # refused by the transaction that keeps it
-    assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}
-    assert not any(Store(api.settings.data_dir).tmp.iterdir())

@@ -47,11 +47,6 @@ from sme2farm.server.infra.wakeup import ClaimWaiter
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 
 FINISH_ONLY_BYTES = MAX_FINISH_BYTES + OVERHEAD_BYTES  # the most a delivery without artifacts takes
-# A delivery carrying this many artifact bytes or more has its lease read before its body is
-# spooled (a stale agent's gigabyte is never written); a smaller one is not read twice: the
-# transaction that keeps it checks the lease under the row's lock, and a refused one has spooled
-# less than this, removed at once. Most deliveries are kilobytes: a transaction and a thread hop fewer.
-CHECK_FIRST_BYTES = 1 << 20
 CLAIM_RETRY_S = 1.0  # a claim over SME2_AGENT_MAX_CLAIMS: the earlier ones end within a poll timeout
 
 # The model and inputs downloads are files, not JSON.
@@ -213,11 +208,9 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
 
     async def admit(finish: str) -> None:  # before any artifact byte is written: a live lease, or a refusal
         body = _delivery(finish)
-        size = sum(d.size for d in body.artifacts.values())
         if body.artifacts:  # a finish alone (a run that failed) stores no file: it needs no room
-            store.ensure_room(size)
-        if size >= CHECK_FIRST_BYTES:
-            await run_in_threadpool(check_lease, tx, settings, run_id, body.lease_id, agent_id)
+            store.ensure_room(sum(d.size for d in body.artifacts.values()))
+        await run_in_threadpool(check_lease, tx, settings, run_id, body.lease_id, agent_id)
 
     got = await receive_delivery(request, store.tmp, settings.max_artifact_mb << 20, admit)
     try:
