@@ -227,3 +227,11 @@ def test_the_fast_paths_answer_what_the_validated_paths_do(db_url, tmp_path, etd
         fast, full = Comparison.model_validate(headline(c)), Comparison.model_validate(c)
         assert {k: getattr(fast, k) for k in HEADLINE_KEYS} == {k: getattr(full, k) for k in HEADLINE_KEYS}
         assert fast.operators is None and full.operators
+
+
+def test_a_headline_answers_only_what_the_row_has_and_an_older_row_does_not_fail_the_report():
+    incomplete = {"status": "incomplete", "labels": ["SME2 off", "SME2 on"], "reason": "SME2 on: run 2 unschedulable"}
+    assert headline(incomplete) == incomplete            # no null verdict fields added
+    older = {"status": "complete", "verdict": "speedup", "numerics": {"status": "not recorded", "verdict": None,
+                                                                      "sentence": "s"}}   # numerics without outputs
+    assert headline(older) == older

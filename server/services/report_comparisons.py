@@ -56,15 +56,21 @@ def headline(c: dict) -> dict:
     (numbers and verdict, no sentence), category shares, the arms' SME2 coverage and LLM phase
     verdicts, numerics as status/verdict/sentence (`outputs` []: the contract requires the list)
     and memory as its sentence and peak RSS change (no per-arm figures). Only the fields it keeps
-    are read (stored: trusted, not validated)."""
-    comp = Comparison.from_dict({k: v for k, v in c.items() if k in _KEPT})
+    are read (stored: trusted, not validated), and only the keys the row has are answered: an
+    incomplete comparison stays {status, labels, reason}. A row an older farm wrote without a part's
+    field now required is answered as its kept keys, unreduced, rather than failing the report."""
+    kept = {k: v for k, v in c.items() if k in _KEPT}
+    try:
+        comp = Comparison.from_dict(kept)
+    except ValueError:
+        return kept
     num, mem = comp.numerics, comp.memory
     if num is not None:
         comp.numerics = Numerics(status=num.status, verdict=num.verdict, sentence=num.sentence or "", outputs=[])
     if mem is not None:
         comp.memory = MemoryCompared(baseline=None, candidate=None, peak_rss_change=mem.peak_rss_change,
                                      sentence=mem.sentence or "")
-    return comp.to_dict(leave_out=_LEFT_OUT)
+    return {k: v for k, v in comp.to_dict(leave_out=_LEFT_OUT).items() if k in kept}
 
 
 @dataclasses.dataclass(kw_only=True)
