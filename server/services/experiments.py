@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pydantic import ValidationError
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, load_only, selectinload
 
@@ -29,8 +30,13 @@ class BeyondDevice(NoMatchingDevice):
 
 def spec_of(exp: Experiment) -> ExperimentSpec:
     """The experiment's spec, read back into the model it was stored from (a field added since takes
-    its default)."""
-    return ExperimentSpec.model_validate(exp.spec or {})
+    its default). A spec stored before a field was dropped or a check tightened is trusted as it was
+    accepted: its known fields as stored, not refused now."""
+    stored = exp.spec or {}
+    try:
+        return ExperimentSpec.model_validate(stored)
+    except ValidationError:
+        return ExperimentSpec.model_construct(**{k: v for k, v in stored.items() if k in ExperimentSpec.model_fields})
 
 
 def _cores_text(n: int) -> str:
