@@ -101,3 +101,5 @@ def test_a_retry_reads_only_its_own_attempts_artifacts(api, agent, example_pte):
     with session_scope(url) as s:
         run_artifacts.record(s, run_id=rid, attempt=2, artifacts={TRACE: run_artifacts.Kept(4, "c" * 64)})
         assert run_artifacts.delivered(s, runs={rid: 2}) == {rid: {TRACE: None}}
+        # an attempt that delivered nothing: {} (nothing asked of the store by name), not "no rows"
+        assert run_artifacts.delivered(s, runs={rid: 3}) == {rid: {}}

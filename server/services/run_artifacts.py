@@ -72,15 +72,18 @@ def record(session: Session, *, run_id: int, attempt: int, artifacts: Mapping[st
 def delivered(session: Session, *, runs: Mapping[int, int]) -> dict[int, dict[str, bytes | None]]:
     """{run id: {name: its bytes when its row keeps them, else None (in the store)}} for the
     artifacts delivered by each run's attempt (`runs`: run id -> attempt). A run whose rows were
-    kept before attempts were recorded has them all (as None: read from the store)."""
+    kept before attempts were recorded has them all (as None: read from the store); a run whose rows
+    are all an earlier attempt's has {} (this attempt delivered nothing: nothing to ask the store);
+    a run with no row at all has no entry."""
     out: dict[int, dict[str, bytes | None]] = {}
     if not runs:
         return out
     for rid, name, attempt, data in session.execute(
             select(Artifact.run_id, Artifact.name, Artifact.attempt, Artifact.data)
             .where(Artifact.run_id.in_(list(runs)))):
+        kept = out.setdefault(rid, {})
         if attempt is None or attempt == runs[rid]:
-            out.setdefault(rid, {})[name] = data if attempt is not None else None
+            kept[name] = data if attempt is not None else None
     return out
 
 
