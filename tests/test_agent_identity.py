@@ -161,7 +161,10 @@ url, token, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 statuses = {}
 async def main():
     end = time.monotonic() + seconds
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=160)) as c:
+    # keepalive_expiry under uvicorn's 5 s keep-alive: an idle pooled connection is dropped by this side
+    # first, so a request never goes out on one the server is closing (a disconnect on a loaded machine)
+    limits = httpx.Limits(max_connections=160, keepalive_expiry=2)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
         async def one():
             while time.monotonic() < end:
                 r = await c.post("/agent/claim", params={"wait": 5}, headers={"Authorization": f"Bearer {token}"})
