@@ -21,11 +21,13 @@ from sme2farm.server.store.base import ArtifactStore as Store
 _bearer = HTTPBearer(auto_error=False)
 
 
-def get_settings(request: Request) -> Settings:
+# The getters that only read app.state are coroutines: FastAPI runs a plain `def` dependency in
+# its threadpool, a thread hop per dependency per request for a dict lookup.
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> Store:
+async def get_store(request: Request) -> Store:
     return request.app.state.store
 
 
@@ -34,7 +36,7 @@ def get_session(settings: Annotated[Settings, Depends(get_settings)]) -> Iterato
         yield session
 
 
-def get_transaction(request: Request) -> Callable[[], AbstractContextManager[Session]]:
+async def get_transaction(request: Request) -> Callable[[], AbstractContextManager[Session]]:
     """The one idiom for a route that changes state: `with tx() as session:` is one transaction,
     committed when the block ends, before the route answers; the tasks it asked for
     (db.enqueue_after_commit) are sent only after that commit; a domain error raised inside

@@ -8,6 +8,7 @@ a key to every file on the farm)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,22 +52,34 @@ def inline(name: str, size: int) -> bool:
 def record(session: Session, *, run_id: int, attempt: int, artifacts: Mapping[str, Kept]) -> None:
     """The run's artifacts by name, each replacing an earlier upload of its name (a retried PUT, a
     repeated attempt): one INSERT ... ON CONFLICT on PostgreSQL and SQLite, not a DELETE and an
-    INSERT (a statement fewer in every delivery's transaction)."""
+    INSERT (a statement fewer in every delivery's transaction), sent as SQLAlchemy's
+    "insertmanyvalues" (an executemany with RETURNING: one multi-row statement, compiled once per
+    process and dialect, where `.values(rows)` was compiled anew on every delivery)."""
     if not artifacts:
         return
     now = utcnow()
     rows = [dict(run_id=run_id, name=name, size=a.size, sha256=a.sha256, attempt=attempt, data=a.data,
                  created_at=now) for name, a in artifacts.items()]
-    upsert = _UPSERTS.get(session.get_bind().dialect.name)
+    upsert = _upsert(session.get_bind().dialect.name)
     if upsert is None:
         session.execute(delete(Artifact).where(Artifact.run_id == run_id, Artifact.name.in_(list(artifacts))))
         session.execute(insert(Artifact), rows)
         return
-    stmt = upsert(Artifact.__table__).values(rows)  # Core: no ORM bulk-insert layer for a few rows
-    session.execute(stmt.on_conflict_do_update(
+    session.execute(upsert, rows)
+
+
+@functools.cache
+def _upsert(dialect: str):
+    """The artifact rows' upsert for a dialect that has one (None otherwise), built once: Core, no
+    ORM bulk-insert layer; RETURNING makes an executemany of it one multi-row statement."""
+    make = _UPSERTS.get(dialect)
+    if make is None:
+        return None
+    stmt = make(Artifact.__table__)
+    return stmt.on_conflict_do_update(
         index_elements=[Artifact.run_id, Artifact.name],
         set_={"size": stmt.excluded.size, "sha256": stmt.excluded.sha256, "attempt": stmt.excluded.attempt,
-              "data": stmt.excluded.data, "created_at": stmt.excluded.created_at}))
+              "data": stmt.excluded.data, "created_at": stmt.excluded.created_at}).returning(Artifact.__table__.c.id)
 
 
 def delivered(session: Session, *, runs: Mapping[int, int]) -> dict[int, dict[str, bytes | None]]:
