@@ -9,14 +9,15 @@ from types import SimpleNamespace
 import pytest
 
 from sme2farm.analysis import analyze
-from sme2farm.server.services.comparisons import compare_runs
+from sme2farm.server.services.comparisons import comparison_of
 
 from _fixtures_services import NO_OUTPUTS
 
 
 def _compare(base, cand, **kw) -> dict:
-    """compare_runs without a noise model; these runs store no outputs (the numerics say so)."""
-    return compare_runs(base=base, cand=cand, noise=None, store=NO_OUTPUTS, **kw)
+    """comparison_of without a noise model, as its stored JSON; these runs store no outputs (the
+    numerics say so)."""
+    return comparison_of(base=base, cand=cand, noise=None, store=NO_OUTPUTS, **kw).to_dict()
 
 VERDICTS = {"speedup", "slowdown", "no significant difference", "insufficient data"}
 QEMU = {"serial": "qemu-arm64-h", "platform": "linux", "sme2": True, "emulator": "qemu-aarch64 11.1.3 -cpu max",

@@ -209,7 +209,7 @@ def test_farm_records_outputs_and_compares_model_a_with_model_b(farm, tmp_path):
         assert o == {"index": 0, "dtype": "Float", "shape": [1, 10], "sha256": hashlib.sha256(value.data).hexdigest()}
     base = [r for r in runs if r.variant == "A"]
     cand = [r for r in runs if r.variant == "B"]
-    # the signature the lead calls from comparisons.compare_runs
+    # the signature comparisons.comparison_of calls
     result = numerics_service.between(base_runs=base, cand_runs=cand, labels=("model A", "model B"), store=store)
     assert result["status"] == "compared" and result["verdict"] == "numerics change"
     assert result["sentence"].startswith("model B changes output 0 (Float [1, 10])")

@@ -41,13 +41,6 @@ def _runs_text(runs: list[Run]) -> str:
     return "; ".join(f"run {r.id} {r.status}" + (f" ({r.reason})" if r.reason else "") for r in runs)
 
 
-def compare_runs(*, base: list[Run], cand: list[Run], labels: tuple[str, str], noise, store: Store,
-                 min_effect: float = DEFAULT_MIN_EFFECT, numerics: bool = True) -> dict:
-    """:func:`comparison_of` as its stored JSON."""
-    return comparison_of(base=base, cand=cand, labels=labels, noise=noise, store=store, min_effect=min_effect,
-                         numerics=numerics).to_dict()
-
-
 def comparison_of(*, base: list[Run], cand: list[Run], labels: tuple[str, str], noise, store: Store,
                   min_effect: float = DEFAULT_MIN_EFFECT, numerics: bool = True) -> Comparison:
     """One comparison of two arms (lists of runs): complete, or incomplete naming why.
