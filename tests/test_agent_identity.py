@@ -161,8 +161,9 @@ url, token, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 statuses = {}
 async def main():
     end = time.monotonic() + seconds
-    # keepalive_expiry under uvicorn's 5 s keep-alive: an idle pooled connection is dropped by this side
-    # first, so a request never goes out on one the server is closing (a disconnect on a loaded machine)
+    # keepalive_expiry under uvicorn's default 5 s keep-alive (timeout_keep_alive, which the test servers
+    # keep): an idle pooled connection is dropped by this side first, so a request never goes out on one
+    # the server is closing (a disconnect on a loaded machine)
     limits = httpx.Limits(max_connections=160, keepalive_expiry=2)
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
         async def one():
