@@ -8,7 +8,6 @@ a key to every file on the farm)."""
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,7 +59,7 @@ def record(session: Session, *, run_id: int, attempt: int, artifacts: Mapping[st
     now = utcnow()
     rows = [dict(run_id=run_id, name=name, size=a.size, sha256=a.sha256, attempt=attempt, data=a.data,
                  created_at=now) for name, a in artifacts.items()]
-    upsert = _upsert(session.get_bind().dialect.name)
+    upsert = _UPSERTS.get(session.get_bind().dialect.name)
     if upsert is None:
         session.execute(delete(Artifact).where(Artifact.run_id == run_id, Artifact.name.in_(list(artifacts))))
         session.execute(insert(Artifact), rows)
@@ -68,18 +67,18 @@ def record(session: Session, *, run_id: int, attempt: int, artifacts: Mapping[st
     session.execute(upsert, rows)
 
 
-@functools.cache
-def _upsert(dialect: str):
-    """The artifact rows' upsert for a dialect that has one (None otherwise), built once: Core, no
-    ORM bulk-insert layer; RETURNING makes an executemany of it one multi-row statement."""
-    make = _UPSERTS.get(dialect)
-    if make is None:
-        return None
+def _upsert(make):
+    """The artifact rows' upsert made with a dialect's insert: Core, no ORM bulk-insert layer;
+    RETURNING makes an executemany of it one multi-row statement."""
     stmt = make(Artifact.__table__)
     return stmt.on_conflict_do_update(
         index_elements=[Artifact.run_id, Artifact.name],
         set_={"size": stmt.excluded.size, "sha256": stmt.excluded.sha256, "attempt": stmt.excluded.attempt,
               "data": stmt.excluded.data, "created_at": stmt.excluded.created_at}).returning(Artifact.__table__.c.id)
+
+
+# by dialect name, built once at import (a dialect without one deletes and inserts)
+_UPSERTS = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}
 
 
 def delivered(session: Session, *, runs: Mapping[int, int]) -> dict[int, dict[str, bytes | None]]:
@@ -104,9 +103,6 @@ def kept_bytes(session: Session, *, run: Run, name: str) -> bytes | None:
     """The artifact's bytes when its row keeps them for the run's current attempt, else None."""
     return session.scalar(select(Artifact.data).where(Artifact.run_id == run.id, Artifact.name == name,
                                                       Artifact.attempt == run.attempt))
-
-
-_UPSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
 def has_trace(session: Session, *, run_id: int, store) -> bool:
