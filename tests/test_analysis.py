@@ -215,10 +215,14 @@ def _subset(rep: dict, idx) -> dict:
     return out
 
 
-def test_aa_interval_contains_one(aa_trace):
-    rep = analyze(aa_trace.read_bytes(), skip_first=1).to_dict()
+def _aa_halves(rep: dict) -> tuple[dict, dict]:
+    """A report's even and odd iterations: an A/A pair interleaved in time."""
     n = rep["e2e_ms"]["n"]
-    a, b = _subset(rep, np.arange(0, n, 2)), _subset(rep, np.arange(1, n, 2))
+    return _subset(rep, np.arange(0, n, 2)), _subset(rep, np.arange(1, n, 2))
+
+
+def test_aa_interval_contains_one(aa_trace):
+    a, b = _aa_halves(analyze(aa_trace.read_bytes(), skip_first=1).to_dict())
     c = compare(a, b, labels=("A", "A'"))
     assert c["ci_low"] <= 1.0 <= c["ci_high"]
     # one session per arm and no A/A history: the default noise prior may leave it undecided
@@ -245,7 +249,7 @@ def test_aa_on_a_steady_host_is_a_narrow_interval_around_one(aa_trace):
     steady = dict(rep, iterations_ms=(np.median(rep["iterations_ms"]) * scale).tolist(),
                   category_iterations_ms={k: (np.median(v) * scale).tolist()
                                           for k, v in rep["category_iterations_ms"].items()})
-    a, b = _subset(steady, np.arange(0, n, 2)), _subset(steady, np.arange(1, n, 2))
+    a, b = _aa_halves(steady)
     quiet = compare(a, b, labels=("A", "A'"), noise=NoiseModel(0.005, 50))
     assert quiet["ci_low"] <= 1.0 <= quiet["ci_high"] and quiet["verdict"] == "no significant difference"
     assert quiet["ci_high"] - quiet["ci_low"] < 0.06, (quiet["ci_low"], quiet["ci_high"])
