@@ -8,6 +8,8 @@ large-sample variance. verdict.py and noise.py build on it.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,33 +93,104 @@ def _draws(n: int, g: int, stat: str, n_boot: int, rng: np.random.Generator) -> 
     return out
 
 
+def _counts(idx: np.ndarray, n: int) -> np.ndarray:
+    """How often each of n positions is drawn in each resample of ``idx`` (m, n), as (n, m) counts
+    (position-major: a session's ranks gather whole rows). A resample's sorted values are the sorted
+    sample's, each repeated as often as its position was drawn, so an order statistic or a trimmed
+    sum is read from running sums of the counts (_by_count) instead of sorting every resample."""
+    m = idx.shape[0]
+    flat = (idx * m + np.arange(m, dtype=idx.dtype)[:, None]).ravel()
+    return np.bincount(flat, minlength=n * m).astype(np.int16 if n < 2 ** 15 else np.int32).reshape(n, m)
+
+
+class _Draw:
+    """One chunk of drawn resamples: the index matrix and, once asked, its counts."""
+
+    __slots__ = ("idx", "_counts")
+
+    def __init__(self, idx: np.ndarray):
+        self.idx, self._counts = idx, None
+
+    def counts(self, n: int) -> np.ndarray:
+        if self._counts is None:
+            self._counts = _counts(self.idx, n)
+        return self._counts
+
+    @property
+    def nbytes(self) -> int:
+        return self.idx.nbytes + (self._counts.nbytes if self._counts is not None else 0)
+
+
+# What a seed's stream draws is a function of the seed and of what was drawn from it before: every
+# comparison of an experiment resamples with the same seeds, so the same resamples would be drawn
+# once per device. They are drawn once per process and kept, up to DRAWN_BYTES (least recently used
+# first out); the embedded farm's worker compares in threads.
+DRAWN_BYTES = 64 << 20
+_DRAWN: OrderedDict[tuple, list[list[_Draw]]] = OrderedDict()
+_DRAWN_LOCK = threading.Lock()
+_drawn_bytes = 0
+
+
+class Stream:
+    """The resample stream of an integer seed, for arms drawn from it one after another (verdict's
+    baseline, then its candidate): np.random.default_rng(seed) as one Generator passed to each
+    would give them, read from the kept draws when this process drew the same before."""
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+        self.history: list[tuple] = []   # the layout of each arm drawn so far
+        self._rng: np.random.Generator | None = None
+
+    def draws(self, layout: tuple, stat: str, n_boot: int) -> list[list[_Draw]]:
+        """This arm's chunks, per session length of `layout` ((length, sessions) in sorted order)."""
+        key = (self.seed, stat, n_boot, *self.history, layout)
+        self.history.append(layout)
+        with _DRAWN_LOCK:
+            got = _DRAWN.get(key)
+            if got is not None:
+                _DRAWN.move_to_end(key)
+                self._rng = None   # behind now: replayed if a later arm is not kept
+                return got
+        if self._rng is None:   # a fresh stream, or one whose earlier draws came from the kept ones
+            self._rng = np.random.default_rng(self.seed)
+            for before in self.history[:-1]:
+                _draw_layout(before, stat, n_boot, self._rng)
+        got = [[_Draw(i) for i in chunks] for chunks in _draw_layout(layout, stat, n_boot, self._rng)]
+        _keep(key, got, layout, stat)
+        return got
+
+
+def _draw_layout(layout: tuple, stat: str, n_boot: int, rng: np.random.Generator) -> list[list[np.ndarray]]:
+    return [_draws(size, g, stat, n_boot, rng) for size, g in layout]
+
+
+def _keep(key: tuple, got: list[list[_Draw]], layout: tuple, stat: str) -> None:
+    global _drawn_bytes
+    if stat != "mean":   # what _by_count reads, made once with the draws it is kept beside
+        for (size, _), chunks in zip(layout, got):
+            for d in chunks:
+                d.counts(size)
+    size = sum(d.nbytes for chunks in got for d in chunks)
+    with _DRAWN_LOCK:
+        if key in _DRAWN or size > DRAWN_BYTES:
+            return
+        _DRAWN[key] = got
+        _drawn_bytes += size
+        while _drawn_bytes > DRAWN_BYTES:
+            _, old = _DRAWN.popitem(last=False)
+            _drawn_bytes -= sum(d.nbytes for chunks in old for d in chunks)
+
+
 BATCH_FLOATS = 4_000_000  # resampled values computed in one batch at most (32 MB)
-
-
-def _sorted_median(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """np.median along the last axis, from a sort instead of np.partition (several times faster on
-    short rows): the same one or two middle values, and (a + b) / 2 is what np.median's mean of the
-    two computes, so the same number bit for bit. A row holding a NaN gives NaN, as np.median."""
-    assert axis in (-1, x.ndim - 1)
-    srt = np.sort(x, axis=-1)
-    n = x.shape[-1]
-    out = srt[..., n // 2] if n % 2 else (srt[..., n // 2 - 1] + srt[..., n // 2]) / 2.0
-    return np.where(np.isnan(srt[..., -1]), np.nan, out)
+COUNT_BATCH = 1 << 16  # counts reduced in one batch by _by_count: small enough to stay in cache
 
 
 TAILS = (0.025, 0.975)  # the quantiles of the log replicates a within-session variance is read from
-# How far a trimmed mean added in sorted order can be from the same values added in np.partition's
-# order, in log space: non-negative values, so any two orders differ by < 2 n eps relative
-# (< 5e-14 below ASYMPTOTIC_N), and np.log's own rounding by a few ulp of |log| (< 1e-12). Generous.
+# How far a trimmed mean added in another order (_by_count: each kept value times its count) can be
+# from the same values added in np.partition's order, in log space: non-negative terms, so any two
+# orders differ by < 2 n eps relative (< 5e-14 below ASYMPTOTIC_N; a count times a value is one more
+# rounding), and np.log's own rounding by a few ulp of |log| (< 1e-12). Generous.
 _SORTED_TOL = 1e-9
-
-
-def _sorted_trimmed(x: np.ndarray) -> np.ndarray:
-    """The 10% trimmed mean along the last axis from a sort (faster than np.partition with two kth
-    on short rows), its kept values added in sorted order: within _SORTED_TOL of _trimmed's."""
-    n = x.shape[-1]
-    k = int(TRIM * n)
-    return np.sort(x, axis=-1)[..., k:n - k].sum(axis=-1) / (n - 2 * k)
 
 
 def _tail_windows(m: int) -> list[tuple[int, int]]:
@@ -131,7 +204,7 @@ def _tail_windows(m: int) -> list[tuple[int, int]]:
 
 
 def _exact_tails(reps: np.ndarray, pieces: list[tuple[int, int, np.ndarray, np.ndarray]]) -> None:
-    """Make `reps`, trimmed means from _sorted_trimmed, exact (as _trimmed gives them, bit for bit)
+    """Make `reps`, trimmed means from _by_count, exact (as _trimmed gives them, bit for bit)
     wherever np.quantile(log reps, TAILS) can look: at every replicate whose log is within 2
     _SORTED_TOL of the approximate values at the ranks it reads. Every other replicate is then
     strictly below or above all of those in exact values too (order statistics move no more than
@@ -163,12 +236,15 @@ def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str, *, 
     a last-bit difference). Each row's statistic is then the same computation on the same values,
     so the replicates are the same bit for bit.
 
-    tails_only (what _log_stats needs: the quantiles TAILS of each row): trimmed means are taken
-    from a sort and made exact only where those quantiles can look (_exact_tails); the rest may
-    differ in their last bits."""
+    Medians, and trimmed means with tails_only, are read from counts instead (_by_count). tails_only
+    (what _log_stats needs: the quantiles TAILS of each row): trimmed means are made exact only
+    where those quantiles can look (_exact_tails); the rest may differ in their last bits."""
     fast = tails_only and stat == "trimmed" and int(TRIM * units[0][0].shape[1]) > 0
-    f = {"median": _sorted_median, "mean": np.mean, "trimmed": _sorted_trimmed if fast else _trimmed}[stat]
+    if stat == "median" or fast:
+        return _by_count(units, stat)
+    f = {"mean": np.mean, "trimmed": _trimmed}[stat]
     n = units[0][0].shape[1]
+    units = [(x, [d.idx if isinstance(d, _Draw) else d for d in draws]) for x, draws in units]
     reps = np.empty((sum(x.shape[0] for x, _ in units), sum(i.shape[0] for i in units[0][1])))
     pieces: dict[tuple[int, bool], list[tuple[int, int, np.ndarray, np.ndarray]]] = {}
     row = 0
@@ -199,14 +275,73 @@ def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str, *, 
                 r = np.empty((len(batch), m, n))
                 for k, (_, _, x, idx) in enumerate(batch):
                     r[k] = x[0][idx]
-            stats = f(r) if fast else f(r, axis=2)             # (sum g, m)
+            stats = f(r, axis=2)             # (sum g, m)
             k = 0
             for r0, c0, x, _ in batch:
                 reps[r0:r0 + x.shape[0], c0:c0 + m] = stats[k:k + x.shape[0]]
                 k += x.shape[0]
-    if fast:
-        _exact_tails(reps, [p for group in pieces.values() for p in group])
     return reps
+
+
+def _by_count(units: list[tuple[np.ndarray, list]], stat: str) -> np.ndarray:
+    """_replicates of the median (exact: the same order statistics, bit for bit) and of the trimmed
+    mean (its kept values added in another order, made exact where the quantiles look:
+    _exact_tails), read from each chunk's counts (_counts) by the ranks of each session's sorted
+    values: running sums of the counts say which sorted value sits at each position of a sorted
+    resample, so no resample is gathered or sorted. Chunks of one size are reduced together, up to
+    BATCH_FLOATS counts at a time."""
+    n = units[0][0].shape[1]
+    reps = np.empty((sum(x.shape[0] for x, _ in units), sum(_idx(d).shape[0] for d in units[0][1])))
+    by_size: dict[int, list] = {}   # chunk size -> (row, col, x, sorted x, its order, draw)
+    row = 0
+    for x, draws in units:
+        order = np.argsort(x, axis=1, kind="stable")
+        xs = np.take_along_axis(x, order, axis=1)
+        col = 0
+        for d in draws:
+            d = d if isinstance(d, _Draw) else _Draw(d)
+            by_size.setdefault(d.idx.shape[0], []).append((row, col, x, xs, order, d))
+            col += d.idx.shape[0]
+        row += x.shape[0]
+    k = int(TRIM * n)
+    for m, group in by_size.items():
+        i = 0
+        while i < len(group):
+            batch, size = [], 0
+            while i < len(group) and (not batch or size + group[i][2].size * m <= COUNT_BATCH):
+                batch.append(group[i])
+                size += group[i][2].size * m
+                i += 1
+            xs = np.concatenate([p[3] for p in batch])                        # (G, n) sorted sessions
+            counts = np.concatenate([p[5].counts(n)[p[4]] for p in batch])    # (G, n, m): copies of each rank
+            cum = counts.copy()
+            for r in range(1, n):   # running sums over the ranks: n adds of whole rows (np.cumsum is a scalar loop)
+                np.add(cum[:, r - 1], cum[:, r], out=cum[:, r])
+            rows = np.arange(xs.shape[0])[:, None]
+            if stat == "median":   # the value at sorted position t: the first rank whose running sum passes t
+                v = xs[rows, _ranks_at_or_below(cum, n // 2)]
+                if n % 2 == 0:
+                    v = (xs[rows, _ranks_at_or_below(cum, n // 2 - 1)] + v) / 2.0
+            else:                  # copies of each rank inside the kept positions [k, n - k)
+                kept = np.clip(cum, k, n - k) - np.clip(cum - counts, k, n - k)
+                v = np.matmul(xs[:, None, :], kept.astype(np.float64))[:, 0, :] / (n - 2 * k)
+            j = 0
+            for r0, c0, x, _, _, _ in batch:
+                reps[r0:r0 + x.shape[0], c0:c0 + m] = v[j:j + x.shape[0]]
+                j += x.shape[0]
+    if stat != "median":
+        _exact_tails(reps, [(r0, c0, x, d.idx) for group in by_size.values() for r0, c0, x, _, _, d in group])
+    return reps
+
+
+def _ranks_at_or_below(cum: np.ndarray, t: int) -> np.ndarray:
+    """(g, m): how many ranks' running sums (g, n, m) are at most t (a bool summed as uint8 while n < 256)."""
+    below = (cum <= t).view(np.uint8)
+    return below.sum(axis=1, dtype=np.uint8 if cum.shape[1] < 256 else np.int32)
+
+
+def _idx(d) -> np.ndarray:
+    return d.idx if isinstance(d, _Draw) else d
 
 
 def _log_stats(x: np.ndarray, stat: str, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -266,33 +401,38 @@ class ArmStats:
 
 
 def summarize(sessions, *, stat: str = "median", n_boot: int = N_BOOT, seed: int = 0,
-              rng: np.random.Generator | None = None) -> ArmStats:
+              rng: np.random.Generator | Stream | None = None) -> ArmStats:
     """Summarise an arm's sessions once (the expensive bootstrap); :func:`verdict` takes the
     result in place of the sessions, so one arm can be compared several ways cheaply."""
-    return summarize_many([(sessions, rng if rng is not None else np.random.default_rng(seed))],
-                          stat=stat, n_boot=n_boot)[0]
+    return summarize_many([(sessions, rng if rng is not None else seed)], stat=stat, n_boot=n_boot)[0]
 
 
 def summarize_many(arms, *, stat: str = "median", n_boot: int = N_BOOT) -> list[ArmStats]:
-    """:func:`summarize` of several arms at once, ``arms`` a list of (sessions, seed or Generator).
-    Each arm draws from its own stream, in its order, exactly the resamples summarize() draws
-    (arms sharing a Generator draw one after the other); the statistics of all resamples of one
-    session length are then computed in a few batched calls. The same ArmStats, bit for bit."""
+    """:func:`summarize` of several arms at once, ``arms`` a list of (sessions, seed, Stream or
+    Generator). Each arm draws from its own stream, in its order, exactly the resamples summarize()
+    draws (arms sharing a Stream or Generator draw one after the other; a seed's are kept: Stream);
+    the statistics of all resamples of one session length are then computed in a few batched
+    calls. The same ArmStats, bit for bit."""
     units = []   # (arm, session indices, x (g, n), drawn indices)
     arm_clean = []
     for a, (sessions, rng) in enumerate(arms):
-        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         clean = [_clean(x, allow_zero=stat != "median") for x in as_sessions(sessions)]
         keep = [i for i, x in enumerate(clean) if x.size >= MIN_ITERATIONS]
         arm_clean.append((clean, keep))
-        for size in sorted({clean[i].size for i in keep}):
+        sizes = sorted({clean[i].size for i in keep})
+        layout = tuple((size, sum(clean[i].size == size for i in keep)) for size in sizes)
+        if isinstance(rng, np.random.Generator):
+            drawn = [[_Draw(i) for i in chunks] for chunks in _draw_layout(layout, stat, n_boot, rng)]
+        else:   # a seed (or a Stream of one): the same resamples, kept from the last time they were drawn
+            drawn = (rng if isinstance(rng, Stream) else Stream(rng)).draws(layout, stat, n_boot)
+        for size, chunks in zip(sizes, drawn):
             idx = [i for i in keep if clean[i].size == size]
-            units.append((a, idx, np.stack([clean[i] for i in idx]), _draws(size, len(idx), stat, n_boot, rng)))
+            units.append((a, idx, np.stack([clean[i] for i in idx]), chunks))
     m = [np.full(len(clean), np.nan) for clean, _ in arm_clean]
     w = [np.full(len(clean), np.nan) for clean, _ in arm_clean]
     by_shape: dict[tuple[int, int], list] = {}
     for u in units:
-        by_shape.setdefault((u[2].shape[1], sum(d.shape[0] for d in u[3])), []).append(u)
+        by_shape.setdefault((u[2].shape[1], sum(d.idx.shape[0] for d in u[3])), []).append(u)
     for group in by_shape.values():
         x = group[0][2] if len(group) == 1 else np.concatenate([u[2] for u in group])
         ms, ws = _log_stats(x, stat, _replicates([(u[2], u[3]) for u in group], stat, tails_only=True))

@@ -67,7 +67,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from sme2farm.analysis.noise import NoiseModel, as_noise_model
-from sme2farm.analysis.sessions import MIN_ITERATIONS, N_BOOT, STATS, ArmStats, stats_of, summarize_many, within_df
+from sme2farm.analysis.sessions import (MIN_ITERATIONS, N_BOOT, STATS, ArmStats, Stream, stats_of, summarize_many,
+                                        within_df)
 from sme2farm.analysis.special import t_quantile
 
 # The smallest relative difference claimed. The wire contract's default (protocol
@@ -167,7 +168,7 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
         raise ValueError(f"stat must be one of {', '.join(STATS)}")
     model = as_noise_model(noise) or NoiseModel.default()
     la, lb = labels
-    rng = np.random.default_rng(seed)
+    rng = Stream(seed)   # np.random.default_rng(seed)'s resamples, kept from the last verdict that drew them
     if not isinstance(base_sessions, ArmStats) and not isinstance(cand_sessions, ArmStats):
         # both arms' bootstraps in one batch; the baseline draws first from the stream, as before
         base_sessions, cand_sessions = summarize_many([(base_sessions, rng), (cand_sessions, rng)], stat=stat,

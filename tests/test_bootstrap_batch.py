@@ -114,8 +114,17 @@ class _OldParts:
 
 
 def _one_at_a_time(arms, *, stat, n_boot):
-    return [_old_summarize(s, stat=stat, n_boot=n_boot,
-                           rng=r if isinstance(r, np.random.Generator) else np.random.default_rng(r)) for s, r in arms]
+    """The old flow: a seed is a fresh Generator; the arms of one Stream draw from one Generator of its seed."""
+    streams: dict[int, np.random.Generator] = {}
+
+    def rng(r):
+        if isinstance(r, np.random.Generator):
+            return r
+        if isinstance(r, sessions_mod.Stream):
+            return streams.setdefault(id(r), np.random.default_rng(r.seed))
+        return np.random.default_rng(r)
+
+    return [_old_summarize(s, stat=stat, n_boot=n_boot, rng=rng(r)) for s, r in arms]
 
 
 def _same(a: ArmStats, b: ArmStats) -> bool:
@@ -193,7 +202,7 @@ def test_block_indices_are_the_resamples_drawn_before():
 
 
 def test_trimmed_tails_from_a_sort_are_exact_where_ties_crowd_them():
-    """The trimmed mean's replicates come from a sort (added in another order than np.partition's,
+    """The trimmed mean's replicates come from counts (added in another order than np.partition's,
     last bits apart) and are made exact only where the 2.5% and 97.5% quantiles look: on values of
     a few distinct levels, many resamples hold the same values in other orders and crowd those
     ranks, and the variances are still the old ones bit for bit; the replicates themselves are
@@ -212,8 +221,16 @@ def test_trimmed_tails_from_a_sort_are_exact_where_ties_crowd_them():
         mixed = sessions_mod._replicates(units, "trimmed", tails_only=True)
         assert tails(mixed) == tails(exact)
         assert np.allclose(mixed, exact, rtol=1e-12, atol=0)
-        moved += tails(sessions_mod._sorted_trimmed(x[:, units[0][1][0]])) != tails(exact)
+        moved += tails(_added_in_sorted_order(x[:, units[0][1][0]])) != tails(exact)
     assert moved >= 1
+
+
+def _added_in_sorted_order(r: np.ndarray) -> np.ndarray:
+    """Trimmed means of resamples r (g, m, n) with the kept values added in sorted order: another
+    order than np.partition's, as _by_count's counts times values is."""
+    n = r.shape[-1]
+    k = int(TRIM * n)
+    return np.sort(r, axis=-1)[..., k:n - k].sum(axis=-1) / (n - 2 * k)
 
 
 def _old_replicates(x: np.ndarray, stat: str, n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -333,13 +350,55 @@ def test_real_comparisons_are_the_same_bit_for_bit(real_reports, monkeypatch):
     assert len(verdicts - {None}) >= 2, verdicts
 
 
-def test_the_sorted_median_is_numpys_median_bit_for_bit():
+def test_medians_read_from_counts_are_numpys_bit_for_bit():
+    """The median of each resample read from how often each position was drawn (_by_count), against
+    np.median of the gathered resample: odd and even lengths, ties (values of a few levels), several
+    sessions sharing one index matrix, several chunks, past 255 iterations (the rank sums' wider type)."""
     g = np.random.default_rng(13)
-    for n in (5, 6, 20, 21, 200):
-        r = g.lognormal(-3, 0.5, (3, 400, n))
-        assert sessions_mod._sorted_median(r, axis=2).tobytes() == np.median(r, axis=2).tobytes()
-    r[1, 7, 3] = np.nan
-    assert np.isnan(sessions_mod._sorted_median(r, axis=2)[1, 7]) and np.isnan(np.median(r, axis=2)[1, 7])
+    for n in (5, 6, 20, 21, 200, 301):
+        for k, levels in ((1, None), (3, None), (2, 4)):
+            x = g.lognormal(-3, 0.5, (k, n)) if levels is None else g.choice(np.linspace(0.1, 0.4, levels), (k, n))
+            draws = [sessions_mod._block_indices(n, m, g) for m in (400, 37)]
+            got = sessions_mod._replicates([(x, draws)], "median")
+            ref = np.concatenate([np.median(x[:, idx], axis=2) for idx in draws], axis=1)
+            assert got.tobytes() == ref.tobytes(), (n, k, levels)
+
+
+def test_kept_resamples_are_the_ones_a_fresh_stream_draws(monkeypatch):
+    """A seed's resamples are drawn once per process and kept (sessions.Stream): what a later arm
+    reads back, what a stream draws after some of its arms were kept and one was not (it replays
+    the seed's stream), and what is drawn once the oldest were let go (a bound of a few arms) are
+    each the resamples np.random.default_rng(seed) draws, and the statistics bit for bit the old ones."""
+    monkeypatch.setattr(sessions_mod, "_DRAWN", type(sessions_mod._DRAWN)())
+    monkeypatch.setattr(sessions_mod, "_drawn_bytes", 0)
+    g = np.random.default_rng(17)
+    base, cand = [g.lognormal(0, 0.2, 20)], [g.lognormal(0, 0.2, 20) for _ in range(2)]
+    other = [g.lognormal(0, 0.2, 33)]
+
+    def pair(b, c, seed):   # verdict()'s flow: both arms from one stream of the seed
+        s = sessions_mod.Stream(seed)
+        return summarize_many([(b, s), (c, s)], stat="median", n_boot=2000)
+
+    def ref(b, c, seed):
+        rng = np.random.default_rng(seed)
+        return [_old_summarize(b, rng=rng), _old_summarize(c, rng=rng)]
+
+    first = pair(base, cand, 3)
+    assert len(sessions_mod._DRAWN) == 2
+    again = pair(g.lognormal(0, 0.2, (1, 20)), cand, 3)   # other values, the same layouts: both arms kept
+    assert len(sessions_mod._DRAWN) == 2
+    kept_then_new = pair(base, other, 3)                  # the baseline's kept, the candidate's not: replayed
+    assert len(sessions_mod._DRAWN) == 3
+    for got, want in ((first, ref(base, cand, 3)), (kept_then_new, ref(base, other, 3))):
+        assert all(_same(a, b) for a, b in zip(got, want))
+    assert _same(again[1], first[1])
+    # a bound of about two arms' draws: the oldest go, and drawing them again still gives the same
+    one = sum(d.nbytes for chunks in next(iter(sessions_mod._DRAWN.values())) for d in chunks)
+    monkeypatch.setattr(sessions_mod, "DRAWN_BYTES", 2 * one + 1)
+    for seed in (4, 5, 6):
+        assert all(_same(a, b) for a, b in zip(pair(base, cand, seed), ref(base, cand, seed)))
+    assert sessions_mod._drawn_bytes <= sessions_mod.DRAWN_BYTES and len(sessions_mod._DRAWN) <= 2
+    assert all(_same(a, b) for a, b in zip(pair(base, cand, 3), ref(base, cand, 3)))
 
 
 def test_latency_stats_medians_from_one_sort_are_numpys_bit_for_bit():
