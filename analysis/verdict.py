@@ -115,6 +115,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%" if abs(100 * x - round(100 * x)) < 1e-9 else f"{100 * x:.1f}%"
 
 
+def _median_count(counts: list[int]) -> int:
+    """int(np.median(counts)) for iteration counts, without numpy's machinery on a handful of ints:
+    the middle one, or the two middle ones' (a + b) / 2 as np.median takes it, truncated."""
+    s = sorted(counts)
+    h = len(s) // 2
+    return int(s[h] if len(s) % 2 else (s[h - 1] + s[h]) / 2)
+
+
 def _sessions_needed(df0: float, p: float, sigma2: float, w: float, h: float, f: float = 1.0) -> int | None:
     """Smallest k per arm with t_{df0 + 2(k-1)}(p) (1 + (f-1)/sqrt(k)) sqrt(2 (sigma^2 + w) / k) <= h
     (f: the noise model's tail factor, see verdict())."""
@@ -181,7 +189,7 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
                   "described": model.describe(), "sigma_upper_95": model.sigma_upper(0.95)}
     iterations = [int(sum(nb)), int(sum(nc))]
     sizes = dict(iterations=iterations, sessions=[len(nb), len(nc)],
-                 iterations_per_session=[int(np.median(nb)) if nb else 0, int(np.median(nc)) if nc else 0])
+                 iterations_per_session=[_median_count(nb) if nb else 0, _median_count(nc) if nc else 0])
     common = dict(level=level, min_effect=min_effect, margin=margin, stat=stat, labels=[la, lb], **sizes)
 
     if not nb or not nc:
@@ -264,7 +272,7 @@ def verdict(base_sessions, cand_sessions, *, noise: NoiseModel | dict | None = N
                     f"does not establish a difference of {_pct(min_effect)} or more{extra} ({basis}).")
     else:
         wn = float(np.mean(np.concatenate([wb, wc])))
-        n_now = int(np.median(nb + nc))
+        n_now = _median_count(nb + nc)
         k_need = _sessions_needed(df0, p, sigma2, wn, h, f_tail) if h > 0 else None
         # iterations alone: with k sessions kept, within part must shrink to what sigma leaves
         k_now = min(kb, kc)

@@ -399,3 +399,15 @@ def test_a_nearly_zero_part_over_five_iterations_gives_a_finite_interval_and_no_
     assert v.components["half_width_log"] > 709 > HALF_WIDTH_LOG_CAP  # past math.exp's range, so capped
     assert math.isfinite(v.ci_low) and math.isfinite(v.ci_high) and v.ci_low < 1 < v.ci_high
     json.dumps(out, allow_nan=False)
+
+
+def test_the_median_iteration_count_is_numpys():
+    """verdict's sizes and advice take the median of the sessions' iteration counts without numpy
+    (_median_count): int(np.median(counts)) on odd and even counts of sessions, ties included."""
+    from sme2farm.analysis.verdict import _median_count
+
+    g = np.random.default_rng(31)
+    for _ in range(2000):
+        counts = [int(v) for v in g.integers(1, 3000, int(g.integers(1, 12)))]
+        assert _median_count(counts) == int(np.median(counts)), counts
+    assert _median_count([20, 21]) == 20 and _median_count([5, 5, 9]) == 5
