@@ -100,23 +100,24 @@ def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ing
             store: Store, lease_s: float | None) -> Run:
     if run.status == RunStatus.analyzing or run.status in TERMINAL:
         return run  # a repeat of the same finish
-    run.runner = body.runner.model_dump() if body.runner else None
-    run.device_state, run.exit_code, run.runner_wall_s = body.device_state, body.exit_code, body.wall_s
-    run.warmup_in_trace = body.warmup_in_trace
+    # what the agent reported, written in the UPDATE that moves the run (not a second one at flush)
+    facts = dict(runner=body.runner.model_dump() if body.runner else None, device_state=body.device_state,
+                 exit_code=body.exit_code, runner_wall_s=body.wall_s, warmup_in_trace=body.warmup_in_trace)
     lost = bool(body.device_state.get("device_lost"))
     if run.cancel_requested:
-        end_run(session, run=run, status=RunStatus.cancelled, reason=CANCELLED_BY_USER, store=store, device_lost=lost)
+        end_run(session, run=run, status=RunStatus.cancelled, reason=CANCELLED_BY_USER, store=store, device_lost=lost,
+                facts=facts)
     elif body.status == RunStatus.succeeded and not has_trace:
         end_run(session, run=run, status=RunStatus.failed, reason="the agent reported success but uploaded no ETDump",
-                store=store, device_lost=lost)
+                store=store, device_lost=lost, facts=facts)
     elif body.status == RunStatus.succeeded:
         move(session, run, RunStatus.analyzing, ingest_attempts=0, ingest_started_at=None, lease_expires_at=None,
-             ingest_deadline_at=utcnow() + timedelta(seconds=ingest_deadline_s))
+             ingest_deadline_at=utcnow() + timedelta(seconds=ingest_deadline_s), **facts)
         device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
         enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
     else:
         end_run(session, run=run, status=RunStatus.failed, reason=body.reason or "the run failed (no reason given)",
-                store=store, device_lost=lost)
+                store=store, device_lost=lost, facts=facts)
     if lease_s is None or assign_next(session, device_id=run.device_id, lease_s=lease_s) is None:
         enqueue_after_commit(session, TASK_DISPATCH)  # its device (or another) can take the next run
     return run

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -86,15 +86,29 @@ def move(session: Session, run: Run, to: RunStatus, **values: Any) -> None:
     touch = to == frm and to not in TERMINAL
     if not touch and to not in ALLOWED[RunStatus(frm)]:
         raise IllegalTransition(run.id, frm, to)
-    moved = session.execute(
-        update(Run).where(Run.id == run.id, Run.status == frm).values(status=to.value, **values)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    values = {"status": to.value, **values}
+    moved = session.execute(_move_statement(tuple(values)),
+                            {"_run": run.id, "_from": frm, **{f"v_{k}": v for k, v in values.items()}}).rowcount
     if moved != 1:
         session.expire(run)
         raise StateChanged(run.id, frm)
-    for key, value in {"status": to.value, **values}.items():
+    for key, value in values.items():
         set_committed_value(run, key, value)
+
+
+# move's UPDATE for each set of columns it writes, built once per process: a Core statement on the
+# table, not an ORM one, and the same object each time, so SQLAlchemy neither sets up an ORM bulk
+# update nor walks the statement for its cache key on every move (a run moves 3-4 times).
+_MOVES: dict[tuple[str, ...], Any] = {}
+
+
+def _move_statement(columns: tuple[str, ...]):
+    stmt = _MOVES.get(columns)
+    if stmt is None:
+        t = Run.__table__
+        stmt = _MOVES[columns] = (update(t).where(t.c.id == bindparam("_run"), t.c.status == bindparam("_from"))
+                                  .values({k: bindparam(f"v_{k}", type_=t.c[k].type) for k in columns}))
+    return stmt
 
 
 def move_where(session: Session, frm: RunStatus, to: RunStatus, *criteria: Any, **values: Any) -> list[int]:
@@ -110,17 +124,22 @@ def move_where(session: Session, frm: RunStatus, to: RunStatus, *criteria: Any, 
     return sorted(moved.scalars())
 
 
-def end(session: Session, *, run: Run, status: RunStatus, reason: str | None, device_lost: bool = False) -> None:
+def end(session: Session, *, run: Run, status: RunStatus, reason: str | None, device_lost: bool = False,
+        facts: dict[str, Any] | None = None) -> None:
     """End a run without completing comparisons (its caller does that once per experiment, with
     `complete`). reason None keeps the current one; a success passes "", so a requeued run that
-    then succeeds does not keep "requeued after attempt 1: ..." as if something were still wrong."""
+    then succeeds does not keep "requeued after attempt 1: ..." as if something were still wrong.
+    `facts`: more of the run's columns, written in the same UPDATE (what its agent reported)."""
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status")
-    values: dict[str, Any] = {"finished_at": utcnow(), "lease_expires_at": None, "ingest_deadline_at": None}
+    values: dict[str, Any] = {**(facts or {}), "finished_at": utcnow(), "lease_expires_at": None,
+                              "ingest_deadline_at": None}
     if reason is not None:
         values["reason"] = reason
+    was = run.status
     move(session, run, status, **values)  # first: if it fails, nothing else has been touched
-    device_service.free(session, device_id=run.device_id, run_id=run.id, lost=device_lost)
+    if was != RunStatus.analyzing or device_lost:  # an analyzing run's device was freed when its agent finished
+        device_service.free(session, device_id=run.device_id, run_id=run.id, lost=device_lost)
 
 
 def complete(session: Session, *, experiment_ids: Iterable[int], store: Store) -> None:
@@ -135,10 +154,10 @@ def complete(session: Session, *, experiment_ids: Iterable[int], store: Store) -
 
 
 def end_run(session: Session, *, run: Run, status: RunStatus, reason: str | None = None, store: Store,
-            device_lost: bool = False) -> None:
+            device_lost: bool = False, facts: dict[str, Any] | None = None) -> None:
     """The one way a run ends: stamped, its device freed (offline if the device was lost), and
     its experiment's comparisons completed if it was the last, in this same transaction."""
-    end(session, run=run, status=status, reason=reason, device_lost=device_lost)
+    end(session, run=run, status=status, reason=reason, device_lost=device_lost, facts=facts)
     complete(session, experiment_ids=[run.experiment_id], store=store)
 
 
