@@ -255,13 +255,7 @@ def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str, *, 
             col += idx.shape[0]
         row += x.shape[0]
     for (m, strided), group in pieces.items():
-        i = 0
-        while i < len(group):
-            batch, size = [], 0
-            while i < len(group) and (not batch or size + group[i][2].size * m <= BATCH_FLOATS):
-                batch.append(group[i])
-                size += group[i][2].size * m
-                i += 1
+        for batch in _batches(group, m, BATCH_FLOATS):
             if len(batch) == 1:
                 r = batch[0][2][:, batch[0][3]]
             elif strided:   # (m, n, sum g) in memory, viewed as (sum g, m, n): x[:, idx]'s own layout
@@ -283,13 +277,26 @@ def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str, *, 
     return reps
 
 
+def _batches(group: list[tuple], m: int, limit: int):
+    """Consecutive runs of `group` (pieces whose [2] is a session block x) holding at most `limit`
+    resampled values (x.size * m each), one piece at least."""
+    i = 0
+    while i < len(group):
+        batch, size = [], 0
+        while i < len(group) and (not batch or size + group[i][2].size * m <= limit):
+            batch.append(group[i])
+            size += group[i][2].size * m
+            i += 1
+        yield batch
+
+
 def _by_count(units: list[tuple[np.ndarray, list]], stat: str) -> np.ndarray:
     """_replicates of the median (exact: the same order statistics, bit for bit) and of the trimmed
     mean (its kept values added in another order, made exact where the quantiles look:
     _exact_tails), read from each chunk's counts (_counts) by the ranks of each session's sorted
     values: running sums of the counts say which sorted value sits at each position of a sorted
     resample, so no resample is gathered or sorted. Chunks of one size are reduced together, up to
-    BATCH_FLOATS counts at a time."""
+    COUNT_BATCH counts at a time."""
     n = units[0][0].shape[1]
     reps = np.empty((sum(x.shape[0] for x, _ in units), sum(_idx(d).shape[0] for d in units[0][1])))
     by_size: dict[int, list] = {}   # chunk size -> (row, col, x, sorted x, its order, draw)
@@ -305,13 +312,7 @@ def _by_count(units: list[tuple[np.ndarray, list]], stat: str) -> np.ndarray:
         row += x.shape[0]
     k = int(TRIM * n)
     for m, group in by_size.items():
-        i = 0
-        while i < len(group):
-            batch, size = [], 0
-            while i < len(group) and (not batch or size + group[i][2].size * m <= COUNT_BATCH):
-                batch.append(group[i])
-                size += group[i][2].size * m
-                i += 1
+        for batch in _batches(group, m, COUNT_BATCH):
             xs = np.concatenate([p[3] for p in batch])                        # (G, n) sorted sessions
             counts = np.concatenate([p[5].counts(n)[p[4]] for p in batch])    # (G, n, m): copies of each rank
             cum = counts.copy()
