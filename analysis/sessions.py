@@ -239,12 +239,13 @@ def _replicates(units: list[tuple[np.ndarray, list[np.ndarray]]], stat: str, *, 
     Medians, and trimmed means with tails_only, are read from counts instead (_by_count). tails_only
     (what _log_stats needs: the quantiles TAILS of each row): trimmed means are made exact only
     where those quantiles can look (_exact_tails); the rest may differ in their last bits."""
+    units = [(x, [d if isinstance(d, _Draw) else _Draw(d) for d in draws]) for x, draws in units]
     fast = tails_only and stat == "trimmed" and int(TRIM * units[0][0].shape[1]) > 0
     if stat == "median" or fast:
         return _by_count(units, stat)
     f = {"mean": np.mean, "trimmed": _trimmed}[stat]
     n = units[0][0].shape[1]
-    units = [(x, [d.idx if isinstance(d, _Draw) else d for d in draws]) for x, draws in units]
+    units = [(x, [d.idx for d in draws]) for x, draws in units]
     reps = np.empty((sum(x.shape[0] for x, _ in units), sum(i.shape[0] for i in units[0][1])))
     pieces: dict[tuple[int, bool], list[tuple[int, int, np.ndarray, np.ndarray]]] = {}
     row = 0
@@ -290,7 +291,7 @@ def _batches(group: list[tuple], m: int, limit: int):
         yield batch
 
 
-def _by_count(units: list[tuple[np.ndarray, list]], stat: str) -> np.ndarray:
+def _by_count(units: list[tuple[np.ndarray, list[_Draw]]], stat: str) -> np.ndarray:
     """_replicates of the median (exact: the same order statistics, bit for bit) and of the trimmed
     mean (its kept values added in another order, made exact where the quantiles look:
     _exact_tails), read from each chunk's counts (_counts) by the ranks of each session's sorted
@@ -298,7 +299,7 @@ def _by_count(units: list[tuple[np.ndarray, list]], stat: str) -> np.ndarray:
     resample, so no resample is gathered or sorted. Chunks of one size are reduced together, up to
     COUNT_BATCH counts at a time."""
     n = units[0][0].shape[1]
-    reps = np.empty((sum(x.shape[0] for x, _ in units), sum(_idx(d).shape[0] for d in units[0][1])))
+    reps = np.empty((sum(x.shape[0] for x, _ in units), sum(d.idx.shape[0] for d in units[0][1])))
     by_size: dict[int, list] = {}   # chunk size -> (row, col, x, sorted x, its order, draw)
     row = 0
     for x, draws in units:
@@ -306,7 +307,6 @@ def _by_count(units: list[tuple[np.ndarray, list]], stat: str) -> np.ndarray:
         xs = np.take_along_axis(x, order, axis=1)
         col = 0
         for d in draws:
-            d = d if isinstance(d, _Draw) else _Draw(d)
             by_size.setdefault(d.idx.shape[0], []).append((row, col, x, xs, order, d))
             col += d.idx.shape[0]
         row += x.shape[0]
@@ -339,10 +339,6 @@ def _ranks_at_or_below(cum: np.ndarray, t: int) -> np.ndarray:
     """(g, m): how many ranks' running sums (g, n, m) are at most t (a bool summed as uint8 while n < 256)."""
     below = (cum <= t).view(np.uint8)
     return below.sum(axis=1, dtype=np.uint8 if cum.shape[1] < 256 else np.int32)
-
-
-def _idx(d) -> np.ndarray:
-    return d.idx if isinstance(d, _Draw) else d
 
 
 def _log_stats(x: np.ndarray, stat: str, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
