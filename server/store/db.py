@@ -41,6 +41,16 @@ def get_engine(url: str) -> Engine:
             cur.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
             cur.close()
 
+        @event.listens_for(engine, "savepoint")
+        def _sqlite_begin_before_savepoint(conn, _name):
+            # pysqlite's legacy transactions send BEGIN before INSERT, UPDATE and DELETE only. A
+            # SAVEPOINT as a transaction's first write would open the transaction itself, and its
+            # RELEASE would commit it, apart from the rest of the session's work (SQLite's
+            # savepoint docs): begin it first, so RELEASE only merges into the outer transaction.
+            dbapi_conn = conn.connection.dbapi_connection
+            if not dbapi_conn.in_transaction:
+                dbapi_conn.execute("BEGIN")
+
         return engine
     # A database host that stops answering (dropped packets, not a refused connection) must not
     # hang requests until TCP gives up (minutes): a connect timeout, and keepalives that notice a

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from sme2farm.analysis import EtdumpError
 from sme2farm.protocol import RunStatus
 from sme2farm.server.services.errors import DomainError
-from sme2farm.server.services.runs.status import StateChanged, end, end_run, move
+from sme2farm.server.services.runs.status import StateChanged, end
+from sme2farm.server.services.runs.status import complete as complete_experiments
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.base import StoreUnavailable
 from sme2farm.server.store.models import Run, as_utc, utcnow
@@ -151,26 +152,27 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, c
     except Exception as e:
         log.warning("run %s: the ETDump could not be analysed", run_id, exc_info=True)
         failure = f"the ETDump could not be analysed: {_describe(e)}"
-    # Take the run (a row lock on PostgreSQL, the write lock on SQLite) only if still analyzing.
     try:
-        move(session, run, RunStatus.analyzing)
+        if failure is None:
+            try:
+                # The results and the end in one savepoint: a failed insert rolls back to here, not the
+                # whole session, and a run that moved meanwhile (cancelled, failed by the reaper: the
+                # end's conditional UPDATE finds it no longer analyzing) keeps no results.
+                with session.begin_nested():
+                    ingester.store(session, run, analysis)
+                    # A success's reason is "": what an earlier attempt went through is no reason now.
+                    end(session, run=run, status=RunStatus.succeeded, reason="")
+            except (StateChanged, StoreUnavailable):
+                raise
+            except Exception as e:
+                log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
+                failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
+        if failure is not None:
+            end(session, run=run, status=RunStatus.failed, reason=failure)
     except StateChanged:
         return run.status
-    if failure is None:
-        try:
-            with session.begin_nested():  # a failed insert rolls back to here, not the whole session
-                ingester.store(session, run, analysis)
-        except StoreUnavailable:
-            raise
-        except Exception as e:
-            log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
-            failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
-    # A success's reason is "": what an earlier attempt went through is no reason now.
-    status, reason = (RunStatus.succeeded, "") if failure is None else (RunStatus.failed, failure)
     if complete:
-        end_run(session, run=run, status=status, reason=reason, store=store)
-    else:
-        end(session, run=run, status=status, reason=reason)
+        complete_experiments(session, experiment_ids=[run.experiment_id], store=store)
     return run.status
 
 
