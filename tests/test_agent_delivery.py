@@ -16,6 +16,7 @@ from _agent_v1 import ProtocolOne
 from _fixtures_farm import dispatch, submit
 from sme2farm.agent.api import AgentApi, ServerTooOld
 from sme2farm.protocol import RUNNER_LOG, TRACE, RunFinish
+from sme2farm.server.api.agents import PRECHECK_BYTES
 from sme2farm.server.api.agents_v1 import SUNSET
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
@@ -140,6 +141,22 @@ def test_a_delivery_is_checked_part_by_part_and_a_repeat_stores_nothing_again(ap
     assert r.status_code == 200 and r.json()["status"] == "analyzing", r.text
     assert _artifacts(api, rid) == first and store.artifact_path(rid, TRACE, attempt=1).read_bytes() == trace
     assert not any(store.tmp.iterdir())
+
+
+def test_a_large_delivery_under_a_lost_lease_is_refused_before_its_artifacts_are_read(api, agent, example_pte):
+    """Over PRECHECK_BYTES the lease is checked as soon as the finish part is in: a wrong lease is a
+    409 even though the artifact that would follow is damaged. A small delivery's lease is checked
+    by the transaction that keeps it, after its parts are read: the same damage is a 422 first."""
+    submit(api, example_pte("toy_cnn").read_bytes())
+    [rid] = dispatch(api)
+    [a] = agent.api.claim(wait=0)
+    big, small = b"\1" * (PRECHECK_BYTES + 1), b"trace bytes"
+    for body, code in ((big, 409), (small, 422)):
+        damaged = {TRACE: {"size": len(body), "sha256": "0" * 64}}
+        r = _deliver(agent, a, {TRACE: body}, declared=damaged, lease="not-the-lease")
+        assert r.status_code == code, (len(body), r.text)
+    assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}
+    assert not any(Store(api.settings.data_dir).tmp.iterdir())
 
 
 def test_a_delivery_over_the_artifact_limit_is_a_413_and_leaves_nothing(api, agent, example_pte):

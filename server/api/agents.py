@@ -47,6 +47,12 @@ from sme2farm.server.infra.wakeup import ClaimWaiter
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 
 FINISH_ONLY_BYTES = MAX_FINISH_BYTES + OVERHEAD_BYTES  # the most a delivery without artifacts takes
+# A delivery whose artifacts declare more than this has its lease checked before their bytes are
+# written (a transaction of its own). A smaller one is only checked by the transaction that keeps
+# it, under the run's lock: a refused one then cost at most this much in temp files, removed at
+# once, and an accepted one (nearly all: a phone run's ETDump and log are tens of KB) one
+# transaction and one thread hop fewer.
+PRECHECK_BYTES = 1 << 20
 CLAIM_RETRY_S = 1.0  # a claim over SME2_AGENT_MAX_CLAIMS: the earlier ones end within a poll timeout
 
 # The model and inputs downloads are files, not JSON.
@@ -206,11 +212,13 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
     if not length.isdigit() or int(length) > FINISH_ONLY_BYTES:
         store.ensure_room(int(length) if length.isdigit() else 0)  # below the free-space reserve: 507
 
-    async def admit(finish: str) -> None:  # before any artifact byte is written: a live lease, or a refusal
+    async def admit(finish: str) -> None:  # before any artifact byte is written: room, and a live lease or a refusal
         body = _delivery(finish)
-        if body.artifacts:  # a finish alone (a run that failed) stores no file: it needs no room
-            store.ensure_room(sum(d.size for d in body.artifacts.values()))
-        await run_in_threadpool(check_lease, tx, settings, run_id, body.lease_id, agent_id)
+        size = sum(d.size for d in body.artifacts.values())
+        if size:  # a finish alone (a run that failed) stores no file: it needs no room
+            store.ensure_room(size)
+        if size > PRECHECK_BYTES:
+            await run_in_threadpool(check_lease, tx, settings, run_id, body.lease_id, agent_id)
 
     got = await receive_delivery(request, store.tmp, settings.max_artifact_mb << 20, admit)
     try:

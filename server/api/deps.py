@@ -8,6 +8,7 @@ from typing import Annotated, Callable, Iterator
 
 from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import SUITE_NAME_PATTERN
@@ -148,6 +149,14 @@ def _limit_writes(request: Request | None, row: ApiToken) -> None:
                        f"(SME2_RATE_WRITES_PER_MIN={per_min:g})", wait)
 
 
+def _cached(settings: Settings, creds: HTTPAuthorizationCredentials | None) -> ApiToken | None:
+    """The verified-token cache's copy of this bearer token's row, or None (no bearer token, or not
+    in the cache: _verify then decides). No IO."""
+    if creds is None or creds.scheme.lower() != "bearer":
+        return None
+    return token_service.verified.get(settings.sqlalchemy_url, token_service.digest(creds.credentials))
+
+
 def _authenticate(settings: Settings, creds: HTTPAuthorizationCredentials | None, request: Request | None) -> ApiToken:
     return _verify(settings, creds, request)
 
@@ -158,10 +167,9 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 # Authentication uses its own short transaction (or none: the verified-token cache), so a long
 # upload or a long-poll does not hold a database connection for its whole duration. Every route's scope is decided by one of the
 # dependencies below (tests/test_auth.py walks the OpenAPI schema with every kind of token).
-def current_user(settings: SettingsDep, creds: Credentials, request: Request = None) -> ApiToken:
-    """The user API: GET/HEAD need a read token, other methods a submit token; admin does both.
-    register and agent tokens reach no user route."""
-    row = _authenticate(settings, creds, request)
+def _user_scope(row: ApiToken, request: Request | None) -> None:
+    """GET/HEAD need a read token, other methods a submit token; admin does both. register and
+    agent tokens reach no user route."""
     scope = token_service.canonical(row.scope)
     level = token_service.USER_LEVEL.get(scope)
     if level is None:
@@ -170,7 +178,24 @@ def current_user(settings: SettingsDep, creds: Credentials, request: Request = N
     write = request is not None and request.method not in ("GET", "HEAD")
     if write and level < token_service.USER_LEVEL["submit"]:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"{request.method} needs a submit or admin token; this is a {scope} token")
+
+
+def user_token(settings: Settings, creds: HTTPAuthorizationCredentials | None, request: Request | None = None) -> ApiToken:
+    """The user API's token check (_user_scope), its write rate limit included; may ask the
+    database and Redis."""
+    row = _authenticate(settings, creds, request)
+    _user_scope(row, request)
     _limit_writes(request, row)
+    return row
+
+
+async def current_user(settings: SettingsDep, creds: Credentials, request: Request) -> ApiToken:
+    """user_token as a coroutine: a read whose token is in the verified-token cache is checked with
+    no IO and no thread hop; the rest (a lookup, a write's rate limit) runs in the threadpool."""
+    row = _cached(settings, creds) if request.method in ("GET", "HEAD") else None
+    if row is None:
+        return await run_in_threadpool(user_token, settings, creds, request)
+    _user_scope(row, request)
     return row
 
 
@@ -194,8 +219,11 @@ def registrar(settings: SettingsDep, creds: Credentials, request: Request) -> Ap
     return row
 
 
-def current_agent_id(settings: SettingsDep, creds: Credentials, request: Request = None) -> int:
-    row = _verify(settings, creds, request)
+async def current_agent_id(settings: SettingsDep, creds: Credentials, request: Request) -> int:
+    """Every agent request's. A coroutine: FastAPI runs a plain `def` dependency in its threadpool,
+    and an agent's token is nearly always in the verified-token cache (a dict lookup); only a miss,
+    which asks the database, goes to the threadpool."""
+    row = _cached(settings, creds) or await run_in_threadpool(_verify, settings, creds, request)
     if row.scope != "agent" or row.agent_id is None:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this endpoint needs an agent access token")
     return row.agent_id

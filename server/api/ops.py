@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from sme2farm import __version__
 from sme2farm.protocol import Health, Readiness
-from sme2farm.server.api.deps import Credentials, SettingsDep, current_user
+from sme2farm.server.api.deps import Credentials, SettingsDep, user_token
 from sme2farm.server.api.errors import RETRY_AFTER_S, database_unavailable
 from sme2farm.server.services import health as health_service
 from sme2farm.server.web.prometheus import broker_queue_depth, read_supervisor_status, render, store_check
@@ -152,7 +152,7 @@ def _may_see_detail(settings, creds, request: Request) -> bool:
     if creds is None:
         return False
     try:
-        current_user(settings, creds, request)
+        user_token(settings, creds, request)
     except HTTPException:
         return False
     except Exception as e:  # the token cannot be checked now: the bare answer (it says not ready)
@@ -164,7 +164,7 @@ def _may_see_detail(settings, creds, request: Request) -> bool:
 
 def _metrics_auth(request: Request, settings: SettingsDep, creds: Credentials) -> None:
     if not settings.metrics_public:
-        current_user(settings, creds, request)  # the request: failed tokens count against the client's rate limit
+        user_token(settings, creds, request)  # the request: failed tokens count against the client's rate limit
 
 
 @router.get("/metrics", dependencies=[Depends(_metrics_auth)], response_class=Response,

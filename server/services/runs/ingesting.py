@@ -8,7 +8,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from sme2farm.analysis import EtdumpError
@@ -46,6 +46,37 @@ class Ingester(Protocol):
         """Write the result rows and derived artifacts."""
 
 
+def _window(ingest_deadline_s: float, heartbeat_s: float | None) -> float:
+    return ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
+
+
+# The UPDATEs that begin ingests, built once per process as Core statements on the table (as
+# status.move's are): every ingest task runs them, most of them finding their run taken by another
+# task's batch, and an ORM bulk UPDATE built per call was most of such a task's cost.
+_RUNS = Run.__table__
+_BEGUN = dict(ingest_attempts=_RUNS.c.ingest_attempts + 1,
+              ingest_started_at=bindparam("_now", type_=_RUNS.c.ingest_started_at.type),
+              ingest_deadline_at=bindparam("_deadline", type_=_RUNS.c.ingest_deadline_at.type))
+_BEGIN_OWN = (update(_RUNS).where(_RUNS.c.id == bindparam("_run"), _RUNS.c.status == RunStatus.analyzing.value,
+                                  _RUNS.c.ingest_started_at.is_(None)
+                                  | (_RUNS.c.ingest_deadline_at < bindparam("_now", type_=_RUNS.c.ingest_deadline_at.type)))
+              .values(_BEGUN))
+_BEGIN_WAITING: dict[int, Any] = {}  # by how many: LIMIT is part of the statement
+
+
+def _begin_waiting(limit: int):
+    stmt = _BEGIN_WAITING.get(limit)
+    if stmt is None:
+        waiting = (select(_RUNS.c.id).where(_RUNS.c.status == RunStatus.analyzing.value, _RUNS.c.ingest_started_at.is_(None),
+                                            _RUNS.c.id != bindparam("_run"))
+                   .order_by(_RUNS.c.id).limit(limit).with_for_update(skip_locked=True))
+        stmt = _BEGIN_WAITING[limit] = (
+            update(_RUNS).where(_RUNS.c.id.in_(waiting.scalar_subquery()), _RUNS.c.status == RunStatus.analyzing.value,
+                                _RUNS.c.ingest_started_at.is_(None))
+            .values(_BEGUN).returning(_RUNS.c.id))
+    return stmt
+
+
 def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float,
                    heartbeat_s: float | None = None) -> datetime | None:
     """An ingest task has begun (committed on its own before the analysis): one more attempt,
@@ -56,15 +87,8 @@ def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float,
     for its heartbeats), or None if the run is no longer analyzing or another attempt is still
     alive (a duplicate of a re-sent task: it must not count, nor analyse twice)."""
     now = utcnow()
-    window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
-    began = session.execute(
-        update(Run).where(Run.id == run_id, Run.status == RunStatus.analyzing.value,
-                          (Run.ingest_started_at.is_(None)) | (Run.ingest_deadline_at < now))
-        .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
-                ingest_deadline_at=now + timedelta(seconds=window))
-        .execution_options(synchronize_session=False)
-    ).rowcount == 1
-    return now if began else None
+    params = {"_run": run_id, "_now": now, "_deadline": now + timedelta(seconds=_window(ingest_deadline_s, heartbeat_s))}
+    return now if session.execute(_BEGIN_OWN, params).rowcount == 1 else None
 
 
 def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: float, heartbeat_s: float | None = None,
@@ -84,16 +108,8 @@ def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: fl
     if limit <= 1:
         return began
     now = utcnow()
-    window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
-    waiting = (select(Run.id).where(Run.status == RunStatus.analyzing.value, Run.ingest_started_at.is_(None), Run.id != run_id)
-               .order_by(Run.id).limit(limit - 1).with_for_update(skip_locked=True))
-    taken = session.execute(
-        update(Run).where(Run.id.in_(waiting.scalar_subquery()), Run.status == RunStatus.analyzing.value,
-                          Run.ingest_started_at.is_(None))
-        .values(ingest_attempts=Run.ingest_attempts + 1, ingest_started_at=now,
-                ingest_deadline_at=now + timedelta(seconds=window))
-        .returning(Run.id).execution_options(synchronize_session=False)
-    ).scalars().all()
+    params = {"_run": run_id, "_now": now, "_deadline": now + timedelta(seconds=_window(ingest_deadline_s, heartbeat_s))}
+    taken = session.execute(_begin_waiting(limit - 1), params).scalars().all()
     began.update((rid, now) for rid in taken)
     return began
 
