@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 
 from _fixtures_services import ServiceFarm
 from sme2farm.protocol import (
-    ACTIVE, NON_TERMINAL, TASK_DISPATCH, TASK_INGEST, TERMINAL, DeviceInfo, RunnerInfo, RunStatus,
+    ACTIVE, NON_TERMINAL, TASK_DISPATCH, TASK_INGEST, TERMINAL, DeviceInfo, RunDelivery, RunnerInfo, RunStatus,
 )
 from sme2farm.server.store.db import enqueue_after_commit, session_scope
 from sme2farm.server.store.models import Model, Run, RunResult
@@ -523,3 +523,48 @@ def test_a_reason_names_an_unexpected_error_by_its_type():
         "IndexError: index 7 is out of bounds for axis 0 with size 3"
     assert ingesting._describe(KeyError()) == "KeyError"
     assert ingesting._describe(EtdumpError("corrupt ETDump: x\nsecond line")) == "corrupt ETDump: x"
+
+
+def _deliver(farm: ServiceFarm, rid: int) -> set[int]:
+    """Protocol 2's delivery of a succeeded run (no heartbeat came: it is still assigned), as the
+    delivery route makes it; the agents whose claims it would wake."""
+    with farm.tx() as s:
+        run = run_service.delivered(s, run_id=rid, lease_id=farm.lease(rid), agent_id=farm.agent_id)
+        body = RunDelivery(lease_id=farm.lease(rid), status="succeeded", started_s_ago=0.25)
+        run_service.deliver(s, run=run, body=body, has_trace=True, started_s_ago=body.started_s_ago,
+                            ingest_deadline_s=60, store=farm.store, lease_s=60)
+        return set(s.info.get(run_service.ASSIGNED_AGENTS, ()))
+
+
+def test_a_delivered_runs_device_goes_straight_to_its_next_queued_run(service_farm):
+    first, second = service_farm.submit(threads=[1, 2])
+    assert service_farm.dispatch() == [first]
+    assert _deliver(service_farm, first) == {service_farm.agent_id}
+    one, two, device = service_farm.run(first), service_farm.run(second), service_farm.device()
+    assert one.status == RunStatus.analyzing and one.started_at is not None and one.lease_expires_at is None
+    assert two.status == RunStatus.assigned and two.attempt == 1 and two.lease_id and two.lease_expires_at
+    assert two.lease_id != one.lease_id
+    assert (device.state, device.current_run_id) == ("busy", second)
+    assert (TASK_DISPATCH,) not in service_farm.sent and (TASK_INGEST, first, one.experiment_id) in service_farm.sent
+
+
+def test_a_delivered_runs_device_with_nothing_queued_is_freed_and_dispatch_sent(service_farm):
+    first, second = service_farm.submit(threads=[1, 2])
+    service_farm.dispatch()
+    service_farm.cancel(second)  # queued: cancelled at once
+    assert _deliver(service_farm, first) == set()
+    assert service_farm.run(second).status == RunStatus.cancelled
+    assert (service_farm.device().state, service_farm.device().current_run_id) == ("idle", None)
+    assert (TASK_DISPATCH,) in service_farm.sent
+
+
+def test_a_device_that_no_longer_holds_the_delivered_run_is_assigned_as_dispatch_would(service_farm):
+    """The device was freed meanwhile (as the reaper frees one): it is not handed on from a run it
+    does not hold; it is idle, so it takes its next run the way dispatch gives one."""
+    first, second = service_farm.submit(threads=[1, 2])
+    service_farm.dispatch()
+    with session_scope(service_farm.url) as s:
+        device_service.free(s, device_id=service_farm.device().id, run_id=first)
+    assert _deliver(service_farm, first) == {service_farm.agent_id}
+    assert service_farm.run(second).status == RunStatus.assigned
+    assert service_farm.device().current_run_id == second

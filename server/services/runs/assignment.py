@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Iterable
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session, joinedload
 
@@ -75,6 +75,40 @@ def assign_next(session: Session, *, device_id: int | None, lease_s: float) -> i
         return None
     session.info.setdefault(ASSIGNED_AGENTS, set()).add(agent_id)
     return run.id
+
+
+# hand_on's statements, built once per process as Core statements on the tables (status.move's are).
+_RUNS, _DEVICES = Run.__table__, Device.__table__
+_NEXT_QUEUED = (select(_RUNS.c.id).where(_RUNS.c.device_id == bindparam("_device"), _RUNS.c.status == RunStatus.queued.value)
+                .order_by(*(_RUNS.c[c.key] for c in QUEUE_ORDER)).limit(1))
+_HAND_ON = (update(_DEVICES).where(_DEVICES.c.id == bindparam("_device"), _DEVICES.c.current_run_id == bindparam("_from"))
+            .values(state="busy", current_run_id=bindparam("_to")).returning(_DEVICES.c.agent_id))
+_ASSIGN = (update(_RUNS).where(_RUNS.c.id == bindparam("_run"), _RUNS.c.status == RunStatus.queued.value)
+           .values(status=RunStatus.assigned.value, lease_id=bindparam("_lease"), attempt=_RUNS.c.attempt + 1,
+                   lease_expires_at=bindparam("_expires", type_=_RUNS.c.lease_expires_at.type)))
+
+
+def hand_on(session: Session, *, device_id: int | None, run_id: int, lease_s: float) -> int | None:
+    """A delivered run's device straight to its next queued run: what freeing it (devices.free)
+    and then assign_next do, in three prebuilt statements instead of five ORM ones. The device
+    moves only if it still holds run_id (as free's condition), so a device another transaction
+    took or freed meanwhile is left to assign_next. Returns the run assigned, or None (nothing
+    queued: the device is freed; or the next run cancelled meanwhile: the device is freed too)."""
+    if device_id is None:
+        return None
+    nxt = session.execute(_NEXT_QUEUED, {"_device": device_id}).scalar()
+    if nxt is None:
+        device_service.free(session, device_id=device_id, run_id=run_id)
+        return None
+    agent_id = session.execute(_HAND_ON, {"_device": device_id, "_from": run_id, "_to": nxt}).scalar()
+    if agent_id is None:  # the device no longer holds this run: free() would change nothing either
+        return assign_next(session, device_id=device_id, lease_s=lease_s)
+    if not session.execute(_ASSIGN, {"_run": nxt, "_lease": secrets.token_hex(16),
+                                     "_expires": utcnow() + timedelta(seconds=lease_s)}).rowcount:
+        device_service.free(session, device_id=device_id, run_id=nxt)  # cancelled meanwhile: as _assign does
+        return None
+    session.info.setdefault(ASSIGNED_AGENTS, set()).add(agent_id)
+    return nxt
 
 
 def _next_runs(session: Session, agent_ids: Iterable[int] | None = None) -> list[tuple[int, int, Run]]:

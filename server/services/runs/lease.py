@@ -6,13 +6,14 @@ a protocol-1 agent (server/api/agents_v1.py) starts it, uploads and finishes it 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunFinish, RunStatus
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services.errors import NotFound
-from sme2farm.server.services.runs.assignment import assign_next
+from sme2farm.server.services.runs.assignment import assign_next, hand_on
 from sme2farm.server.services.runs.status import CANCELLED_BY_USER, LeaseConflict, end_run, locked, move
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import enqueue_after_commit
@@ -89,20 +90,21 @@ def deliver(session: Session, *, run: Run, body: RunFinish, has_trace: bool, sta
     this same transaction, on the run `delivered` handed back. A run still assigned (no heartbeat
     came: a short run) is stamped started `started_s_ago` seconds before now (the agent's own
     clock's interval, so no skew), or now if the agent did not say."""
-    if run.status == RunStatus.assigned:
-        started = utcnow() - timedelta(seconds=started_s_ago or 0.0)
-        move(session, run, RunStatus.running, started_at=max(started, as_utc(run.created_at)))
+    started = {}
+    if run.status == RunStatus.assigned:  # stamped in the UPDATE that ends or hands on the run: one move, not two
+        started = {"started_at": max(utcnow() - timedelta(seconds=started_s_ago or 0.0), as_utc(run.created_at))}
     return _finish(session, run, body=body, has_trace=has_trace, ingest_deadline_s=ingest_deadline_s, store=store,
-                   lease_s=lease_s)
+                   lease_s=lease_s, started=started)
 
 
 def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ingest_deadline_s: float,
-            store: Store, lease_s: float | None) -> Run:
+            store: Store, lease_s: float | None, started: dict[str, Any] | None = None) -> Run:
     if run.status == RunStatus.analyzing or run.status in TERMINAL:
         return run  # a repeat of the same finish
     # what the agent reported, written in the UPDATE that moves the run (not a second one at flush)
     facts = dict(runner=body.runner.model_dump() if body.runner else None, device_state=body.device_state,
-                 exit_code=body.exit_code, runner_wall_s=body.wall_s, warmup_in_trace=body.warmup_in_trace)
+                 exit_code=body.exit_code, runner_wall_s=body.wall_s, warmup_in_trace=body.warmup_in_trace,
+                 **(started or {}))
     lost = bool(body.device_state.get("device_lost"))
     if run.cancel_requested:
         end_run(session, run=run, status=RunStatus.cancelled, reason=CANCELLED_BY_USER, store=store, device_lost=lost,
@@ -113,8 +115,12 @@ def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ing
     elif body.status == RunStatus.succeeded:
         move(session, run, RunStatus.analyzing, ingest_attempts=0, ingest_started_at=None, lease_expires_at=None,
              ingest_deadline_at=utcnow() + timedelta(seconds=ingest_deadline_s), **facts)
-        device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
         enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
+        if lease_s is not None and not lost:  # the device goes from this run to its next, in one UPDATE
+            if hand_on(session, device_id=run.device_id, run_id=run.id, lease_s=lease_s) is None:
+                enqueue_after_commit(session, TASK_DISPATCH)
+            return run
+        device_service.free(session, device_id=run.device_id, run_id=run.id, lost=lost)
     else:
         end_run(session, run=run, status=RunStatus.failed, reason=body.reason or "the run failed (no reason given)",
                 store=store, device_lost=lost, facts=facts)
