@@ -105,22 +105,21 @@ def _assignments(tx, agent_id: int, waiter: ClaimWaiter, offline_s: float, lease
         device_service.seen(session, agent_id=agent_id, every_s=SEEN_EVERY_S, offline_s=offline_s)
         if ack:
             run_service.hand_over(session, agent_id=agent_id, lease_ids=ack, lease_s=lease_s)
-        new = waiter.undelivered(agent_id, run_service.assigned_leases(session, agent_id=agent_id))
-        if not new:
-            return []
+        rows = run_service.assigned_to_agent(session, agent_id=agent_id)
+        new = set(waiter.undelivered(agent_id, [(r.id, r.lease_id) for r in rows]))
         out = []
-        for run in run_service.assigned_to_agent(session, agent_id=agent_id, run_ids=new):
-            exp = run.experiment
-            spec = exp.spec
-            device = run.device
-            model = exp.vs_model if run.variant == "B" else exp.model
+        for r in rows:
+            if r.id not in new:
+                continue
+            spec = r.spec
+            model_sha256, model_size = (r.b_sha256, r.b_size) if r.variant == "B" else (r.a_sha256, r.a_size)
             out.append(RunAssignment(
-                run_id=run.id, lease_id=run.lease_id, lease_expires_at=run.lease_expires_at,
-                device_serial=device.serial, model_sha256=model.sha256, model_size=model.size,
-                sme2=run.sme2, threads=run.threads, iterations=spec["iterations"], warmup=spec["warmup"],
-                mode=run.mode, power_profile=spec.get("power_profile", DEFAULT_POWER_PROFILE),
-                core_mask=spec.get("core_mask"), timeout_s=spec.get("timeout_s", DEFAULT_TIMEOUT_S), attempt=run.attempt,
-                method=spec.get("method", DEFAULT_METHOD), inputs_sha256=exp.inputs_sha256, inputs_size=exp.inputs_size,
+                run_id=r.id, lease_id=r.lease_id, lease_expires_at=r.lease_expires_at,
+                device_serial=r.serial, model_sha256=model_sha256, model_size=model_size,
+                sme2=r.sme2, threads=r.threads, iterations=spec["iterations"], warmup=spec["warmup"],
+                mode=r.mode, power_profile=spec.get("power_profile", DEFAULT_POWER_PROFILE),
+                core_mask=spec.get("core_mask"), timeout_s=spec.get("timeout_s", DEFAULT_TIMEOUT_S), attempt=r.attempt,
+                method=spec.get("method", DEFAULT_METHOD), inputs_sha256=r.inputs_sha256, inputs_size=r.inputs_size,
                 llm=spec.get("llm"),
             ))
         return out

@@ -25,7 +25,7 @@ Tasks a transition needs (dispatch, ingest) are sent after the transaction commi
 (db.enqueue_after_commit). This package's names are theirs; callers use them from here.
 """
 
-from sme2farm.server.services.runs.assignment import (ASSIGNED_AGENTS, QUEUE_ORDER, assign_next, assigned_leases,
+from sme2farm.server.services.runs.assignment import (ASSIGNED_AGENTS, QUEUE_ORDER, assign_next,
                                                       assigned_to_agent, dispatch, hand_over)
 from sme2farm.server.services.runs.ingesting import (INGEST_BATCH, INGEST_SILENT_BEATS, Ingester, ingest,
                                                      ingest_deferred, ingest_heartbeat, ingest_started,
@@ -38,7 +38,7 @@ from sme2farm.server.services.runs.status import (ALLOWED, CANCELLED_BY_USER, Il
 
 __all__ = [
     "ALLOWED", "ASSIGNED_AGENTS", "CANCELLED_BY_USER", "INGEST_BATCH", "INGEST_SILENT_BEATS", "QUEUE_ORDER",
-    "IllegalTransition", "Ingester", "check_lease", "LeaseConflict", "StateChanged", "assign_next", "assigned_leases",
+    "IllegalTransition", "Ingester", "check_lease", "LeaseConflict", "StateChanged", "assign_next",
     "assigned_to_agent", "cancel", "complete", "deliver", "delivered", "dispatch", "end_lost_device_runs",
     "end_run", "finish", "get", "hand_over", "heartbeat", "ingest", "ingest_deferred", "ingest_heartbeat",
     "ingest_started",

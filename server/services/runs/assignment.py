@@ -10,12 +10,13 @@ from datetime import timedelta
 
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import distinct_on
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy.engine import Row
+from sqlalchemy.orm import Session, aliased
 
 from sme2farm.protocol import RunStatus
 from sme2farm.server.services import devices as device_service
-from sme2farm.server.services.runs.status import StateChanged, move, move_where
-from sme2farm.server.store.models import Device, Experiment, Run, utcnow
+from sme2farm.server.services.runs.status import StateChanged, move
+from sme2farm.server.store.models import Device, Experiment, Model, Run, utcnow
 
 
 ASSIGNED_AGENTS = "sme2farm.assigned_agents"  # session.info: agents dispatch gave runs to
@@ -130,30 +131,24 @@ def _next_runs(session: Session, agent_ids: Iterable[int] | None = None) -> list
     return [(run.device_id, devices[run.device_id], run) for run in runs]
 
 
-def _assigned(agent_id: int, *columns):
-    """SELECT `columns` of the runs assigned to this agent's devices (not yet started), by id."""
-    return (select(*columns).join(Device, Run.device_id == Device.id)
-            .where(Device.agent_id == agent_id, Run.status == RunStatus.assigned.value).order_by(Run.id))
+_A, _B = aliased(Model), aliased(Model)
+# What a claim answer needs of each run assigned to an agent's devices, in one Core query built once
+# per process: columns, not ORM objects (a claim is the most frequent agent request).
+_ASSIGNED = (select(Run.id, Run.lease_id, Run.lease_expires_at, Run.sme2, Run.threads, Run.mode, Run.attempt, Run.variant,
+                    Device.serial, Experiment.spec, Experiment.inputs_sha256, Experiment.inputs_size,
+                    _A.sha256.label("a_sha256"), _A.size.label("a_size"), _B.sha256.label("b_sha256"),
+                    _B.size.label("b_size"))
+             .join(Device, Run.device_id == Device.id).join(Experiment, Run.experiment_id == Experiment.id)
+             .join(_A, _A.sha256 == Experiment.model_sha256).outerjoin(_B, _B.sha256 == Experiment.vs_model_sha256)
+             .where(Device.agent_id == bindparam("_agent"), Run.status == RunStatus.assigned.value).order_by(Run.id))
 
 
-def assigned_leases(session: Session, *, agent_id: int) -> list[tuple[int, str]]:
-    """(run id, lease id) of the runs assigned to this agent's devices, not yet started."""
-    return [(rid, lease) for rid, lease in session.execute(_assigned(agent_id, Run.id, Run.lease_id))]
-
-
-def assigned_to_agent(session: Session, *, agent_id: int, run_ids: list[int] | None = None) -> list[Run]:
-    """The runs assigned to this agent's devices (of `run_ids`, if given), with
-    what an assignment needs (experiment, its models, the device) loaded in the same query."""
-    query = (
-        _assigned(agent_id, Run)
-        .options(joinedload(Run.experiment).defer(Experiment.comparisons),
-                 joinedload(Run.experiment).joinedload(Experiment.model),
-                 joinedload(Run.experiment).joinedload(Experiment.vs_model),
-                 joinedload(Run.device).defer(Device.noise_model))
-    )
-    if run_ids is not None:
-        query = query.where(Run.id.in_(run_ids))
-    return list(session.scalars(query))
+def assigned_to_agent(session: Session, *, agent_id: int) -> list[Row]:
+    """The runs assigned to this agent's devices (not yet started), by id, each a row with what an
+    assignment needs: the run's id, lease_id, lease_expires_at, sme2, threads, mode, attempt and
+    variant, the device's serial, the experiment's spec and inputs, and its models (a_sha256,
+    a_size; b_sha256, b_size for variant "B")."""
+    return list(session.execute(_ASSIGNED, {"_agent": agent_id}))
 
 
 def hand_over(session: Session, *, agent_id: int, lease_ids: list[str], lease_s: float) -> list[int]:
@@ -163,10 +158,19 @@ def hand_over(session: Session, *, agent_id: int, lease_ids: list[str], lease_s:
     repeat). A run that moved meanwhile (requeued under a new lease, ended) is left as it is.
 
     One conditional UPDATE (status still assigned, under that lease, on one of this agent's
-    devices: status.move_where), without loading the runs. Returns the ids of the runs handed over."""
+    devices), prebuilt, without loading the runs. Returns the ids of the runs handed over."""
     if not lease_ids:
         return []
     now = utcnow()
-    agents_devices = select(Device.id).where(Device.agent_id == agent_id).scalar_subquery()
-    return move_where(session, RunStatus.assigned, RunStatus.running, Run.lease_id.in_(lease_ids), Run.device_id.in_(agents_devices),
-                      started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+    moved = session.execute(_HAND_OVER, {"_leases": list(lease_ids), "_agent": agent_id, "_now": now,
+                                         "_expires": now + timedelta(seconds=lease_s)})
+    return sorted(moved.scalars())
+
+
+_HAND_OVER = (update(_RUNS).where(_RUNS.c.status == RunStatus.assigned.value,
+                                  _RUNS.c.lease_id.in_(bindparam("_leases", expanding=True)),
+                                  _RUNS.c.device_id.in_(select(_DEVICES.c.id).where(_DEVICES.c.agent_id == bindparam("_agent"))
+                                                        .scalar_subquery()))
+              .values(status=RunStatus.running.value, started_at=bindparam("_now", type_=_RUNS.c.started_at.type),
+                      lease_expires_at=bindparam("_expires", type_=_RUNS.c.lease_expires_at.type))
+              .returning(_RUNS.c.id))

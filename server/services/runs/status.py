@@ -111,19 +111,6 @@ def _move_statement(columns: tuple[str, ...]):
     return stmt
 
 
-def move_where(session: Session, frm: RunStatus, to: RunStatus, *criteria: Any, **values: Any) -> list[int]:
-    """`move` for the runs matching `criteria` that are still in `frm`, in one conditional UPDATE,
-    without loading them (a run that moved meanwhile is left as it is). Loaded objects are not
-    mirrored. Returns the ids of the runs moved."""
-    if to not in ALLOWED[frm]:
-        raise ValueError(f"runs cannot move from {frm} to {to}")
-    moved = session.execute(
-        update(Run).where(Run.status == frm.value, *criteria).values(status=to.value, **values)
-        .returning(Run.id).execution_options(synchronize_session=False)
-    )
-    return sorted(moved.scalars())
-
-
 def end(session: Session, *, run: Run, status: RunStatus, reason: str | None, device_lost: bool = False,
         facts: dict[str, Any] | None = None) -> None:
     """End a run without completing comparisons (its caller does that once per experiment, with
