@@ -225,6 +225,23 @@ def test_trimmed_tails_from_a_sort_are_exact_where_ties_crowd_them():
     assert moved >= 1
 
 
+def test_trimmed_replicates_of_a_one_value_session_are_exact():
+    """A part below the timer's tick repeats one value in every iteration: every resample is the same
+    sequence, and _exact_tails computes its trimmed mean once for all of them. The replicates are
+    still the exact ones bit for bit (kept counts 8, 16, 27 and 120: sums that round differently),
+    and so are the arms' statistics, beside a session of two values in the same batch."""
+    for n, v in ((10, 0.1), (20, 0.3), (33, 0.07), (150, 1 / 3)):
+        one = np.full(n, v)
+        units = [(one[None, :], sessions_mod._draws(n, 1, "trimmed", 1000, np.random.default_rng(n)))]
+        exact = sessions_mod._replicates(units, "trimmed")
+        mixed = sessions_mod._replicates(units, "trimmed", tails_only=True)
+        assert mixed.tobytes() == exact.tobytes()
+        arms = [[one], [np.where(np.arange(n) % 3 == 0, v, 2 * v)], [one, one]]
+        got = summarize_many([(a, 7 + i) for i, a in enumerate(arms)], stat="trimmed", n_boot=1000)
+        assert all(_same(new, _old_summarize(a, stat="trimmed", n_boot=1000, seed=7 + i))
+                   for i, (a, new) in enumerate(zip(arms, got)))
+
+
 def _added_in_sorted_order(r: np.ndarray) -> np.ndarray:
     """Trimmed means of resamples r (g, m, n) with the kept values added in sorted order: another
     order than np.partition's, as _by_count's counts times values is."""
