@@ -87,6 +87,8 @@ def refresh(session: Session, *, experiment_id: int, store: Store) -> None:
         return
     runs = session.scalars(select(Run).where(Run.experiment_id == experiment_id).options(selectinload(Run.result))
                            .order_by(Run.id).execution_options(populate_existing=True)).all()
+    # The devices (their noise models) in one query: the loop below finds each in the session.
+    session.scalars(select(Device).where(Device.id.in_({r.device_id for r in runs if r.device_id}))).all()
     groups: dict[tuple, dict[tuple[str, str], list[Run]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         groups[(r.device_id, r.threads, r.mode)][(r.variant or "A", r.sme2)].append(r)
