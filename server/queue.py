@@ -18,7 +18,7 @@ from kombu import Queue
 from kombu.transport import sqlalchemy as kombu_sqla
 from sqlalchemy import event
 
-from sme2farm.protocol import TASK_DISPATCH, TASK_REAP, TASK_SUITES_TICK
+from sme2farm.protocol import TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_SUITES_TICK
 from sme2farm.server import doorbell
 from sme2farm.server.config import Settings
 
@@ -139,15 +139,62 @@ def make_celery(settings: Settings, include: tuple[str, ...] = ()) -> Celery:
 
 def sender(celery: Celery) -> Callable[..., None]:
     """enqueue(task, *args): send a task by name; a broker that cannot take it is logged, not
-    raised (the beat's periodic dispatch and the reaper pick the work up later)."""
+    raised (the beat's periodic dispatch and the reaper pick the work up later). An ingest is
+    not sent while another ingest message waits untaken (IngestFlag)."""
+    flag = IngestFlag(celery.conf.broker_url or "")
 
     def enqueue(task: str, *args: Any) -> None:
+        if task == TASK_INGEST and not flag.send():
+            return
         try:
             celery.send_task(task, args=args)
         except Exception:
+            flag.taken()  # nothing was sent: the next ingest must not be held back for it
             log.exception("could not enqueue %s%s", task, args)
 
     return enqueue
+
+
+class IngestFlag:
+    """One ingest message waiting is enough. An ingest task takes its run and up to INGEST_BATCH - 1
+    more whose ingest has not begun (services/runs/ingesting.py ingest_started_batch), so with a
+    message per delivered run most tasks found their run taken and did nothing: a Celery task and
+    a transaction each, about a fifth of the farm's statements. With a Redis broker, an ingest is
+    sent only if it sets PENDING (SET NX, PENDING_MS to live), and the worker clears PENDING as its
+    ingest task begins, before it reads the waiting runs (ingest_run). A run committed while the
+    flag was set is then seen by the batch of the message that set it: that message's task clears
+    the flag only later. A batch that took a full INGEST_BATCH asks for another (more may wait).
+    What a lost message would strand, the reaper re-sends: a run analyzing whose ingest has not
+    begun within SME2_INGEST_START_S while no message waits (reaper.py). The embedded broker
+    has no Redis: every ingest is sent there, as before."""
+
+    PENDING = "sme2farm:ingest-pending"
+    PENDING_MS = 5000  # a flag whose message no worker took this long (a backlog) lets the next ingest through
+
+    def __init__(self, broker_url: str):
+        self._redis = None
+        if broker_url.startswith(("redis://", "rediss://")):
+            import redis
+
+            self._redis = redis.Redis.from_url(broker_url, socket_timeout=1, socket_connect_timeout=1)
+
+    def send(self) -> bool:
+        """Should this ingest be sent? False only when Redis says another one waits untaken."""
+        if self._redis is None:
+            return True
+        try:
+            return bool(self._redis.set(self.PENDING, b"1", nx=True, px=self.PENDING_MS))
+        except Exception:  # cannot tell: send it (a spare message costs a task that does nothing)
+            return True
+
+    def taken(self) -> None:
+        """An ingest task begins (or a send failed): the next ingest goes out."""
+        if self._redis is None:
+            return
+        try:
+            self._redis.delete(self.PENDING)
+        except Exception:  # the flag lapses after PENDING_MS
+            log.warning("could not clear %s", self.PENDING, exc_info=True)
 
 
 def ingest_waiting(celery: Celery) -> int:

@@ -41,6 +41,7 @@ def _retry_later(task: Any, e: BaseException) -> None:
 
 
 _send = queue.sender(app)  # the tasks a transaction asked for, sent once it has committed
+_ingest_flag = queue.IngestFlag(app.conf.broker_url or "")  # cleared as an ingest task begins (queue.IngestFlag)
 
 
 def _in_transaction(task: Any, work: Callable[[Any, Any], Any]) -> Any:
@@ -74,6 +75,7 @@ def ingest_run(self, run_id: int, experiment_id: int | None = None) -> str:
     tried again in STORE_RETRY_S (the reaper's re-send is the backstop). experiment_id is only for
     the log lines (celery_app binds it; older messages lack it)."""
     s = get_settings()
+    _ingest_flag.taken()  # before the batch reads the waiting runs: a run delivered from now on sends its own
     try:
         status = ingest.ingest_batch(run_id=run_id, retried=self.request.retries > 0, store=open_store(s),
                                      transaction=lambda: session_scope(s.sqlalchemy_url, enqueue=_send),

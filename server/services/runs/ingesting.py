@@ -12,11 +12,12 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from sme2farm.analysis import EtdumpError
-from sme2farm.protocol import RunStatus
+from sme2farm.protocol import TASK_INGEST, RunStatus
 from sme2farm.server.services.errors import DomainError
 from sme2farm.server.services.runs.status import StateChanged, end
 from sme2farm.server.services.runs.status import complete as complete_experiments
 from sme2farm.server.store.artifacts import Store
+from sme2farm.server.store.db import enqueue_after_commit
 from sme2farm.server.store.base import StoreUnavailable
 from sme2farm.server.store.models import Run, as_utc, utcnow
 
@@ -67,11 +68,13 @@ _BEGIN_WAITING: dict[int, Any] = {}  # by how many: LIMIT is part of the stateme
 def _begin_waiting(limit: int):
     stmt = _BEGIN_WAITING.get(limit)
     if stmt is None:
+        # A CTE, evaluated once. As `id IN (subquery)` PostgreSQL may run the LIMIT's subquery
+        # again for each row it compares, and a batch of 3 took all 5 waiting runs.
         waiting = (select(_RUNS.c.id).where(_RUNS.c.status == RunStatus.analyzing.value, _RUNS.c.ingest_started_at.is_(None),
                                             _RUNS.c.id != bindparam("_run"))
-                   .order_by(_RUNS.c.id).limit(limit).with_for_update(skip_locked=True))
+                   .order_by(_RUNS.c.id).limit(limit).with_for_update(skip_locked=True).cte("waiting"))
         stmt = _BEGIN_WAITING[limit] = (
-            update(_RUNS).where(_RUNS.c.id.in_(waiting.scalar_subquery()), _RUNS.c.status == RunStatus.analyzing.value,
+            update(_RUNS).where(_RUNS.c.id.in_(select(waiting.c.id)), _RUNS.c.status == RunStatus.analyzing.value,
                                 _RUNS.c.ingest_started_at.is_(None))
             .values(_BEGUN).returning(_RUNS.c.id))
     return stmt
@@ -111,6 +114,8 @@ def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: fl
     params = {"_run": run_id, "_now": now, "_deadline": now + timedelta(seconds=_window(ingest_deadline_s, heartbeat_s))}
     taken = session.execute(_begin_waiting(limit - 1), params).scalars().all()
     began.update((rid, now) for rid in taken)
+    if len(taken) == limit - 1:  # a full batch: more may be waiting, and their messages may not have been sent
+        enqueue_after_commit(session, TASK_INGEST, taken[-1], None)
     return began
 
 
