@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sme2farm.protocol import ACTIVE, TASK_DISPATCH, TASK_INGEST, TERMINAL, RunFinish, RunStatus
@@ -24,10 +25,14 @@ def _owned(session: Session, run_id: int, lease_id: str, agent_id: int) -> Run:
     run = locked(session, run_id=run_id)
     if run is None:
         raise NotFound(f"run {run_id} not found")
-    device = session.get(Device, run.device_id) if run.device_id else None
-    if device is None or device.agent_id != agent_id or run.lease_id != lease_id:
+    if _holder(session, run) != agent_id or run.lease_id != lease_id:
         raise LeaseConflict("not_owner", f"run {run_id} is not leased to this agent", run.status)
     return run
+
+
+def _holder(session: Session, run: Run) -> int | None:
+    """The agent of the run's device (one column: not the device row with its JSON), or None."""
+    return session.scalar(select(Device.agent_id).where(Device.id == run.device_id)) if run.device_id else None
 
 
 def check_lease(session: Session, *, run_id: int, lease_id: str, agent_id: int) -> None:
@@ -36,8 +41,7 @@ def check_lease(session: Session, *, run_id: int, lease_id: str, agent_id: int) 
     run = session.get(Run, run_id)
     if run is None:
         raise NotFound(f"run {run_id} not found")
-    device = session.get(Device, run.device_id) if run.device_id else None
-    if device is None or device.agent_id != agent_id or run.lease_id != lease_id:
+    if _holder(session, run) != agent_id or run.lease_id != lease_id:
         raise LeaseConflict("not_owner", f"run {run_id} is not leased to this agent", run.status)
 
 
