@@ -159,7 +159,7 @@ class IngestFlag:
     """One ingest message waiting is enough. An ingest task takes its run and up to INGEST_BATCH - 1
     more whose ingest has not begun (services/runs/ingesting.py ingest_started_batch), so with a
     message per delivered run most tasks found their run taken and did nothing: a Celery task and
-    a transaction each, about a fifth of the farm's statements. With a Redis broker, an ingest is
+    a transaction each. With a Redis broker, an ingest is
     sent only if it sets PENDING (SET NX, PENDING_MS to live), and the worker clears PENDING as its
     ingest task begins, before it reads the waiting runs (ingest_run). A run committed while the
     flag was set is then seen by the batch of the message that set it: that message's task clears

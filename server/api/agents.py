@@ -50,8 +50,8 @@ FINISH_ONLY_BYTES = MAX_FINISH_BYTES + OVERHEAD_BYTES  # the most a delivery wit
 # A delivery whose artifacts declare more than this has its lease checked before their bytes are
 # written (a transaction of its own). A smaller one is only checked by the transaction that keeps
 # it, under the run's lock: a refused one then cost at most this much in temp files, removed at
-# once, and an accepted one (nearly all: a phone run's ETDump and log are tens of KB) one
-# transaction and one thread hop fewer.
+# once, and an accepted one (most runs' ETDump and log are well under it) one transaction and
+# one thread hop fewer.
 PRECHECK_BYTES = 1 << 20
 CLAIM_RETRY_S = 1.0  # a claim over SME2_AGENT_MAX_CLAIMS: the earlier ones end within a poll timeout
 

@@ -68,8 +68,8 @@ _BEGIN_WAITING: dict[int, Any] = {}  # by how many: LIMIT is part of the stateme
 def _begin_waiting(limit: int):
     stmt = _BEGIN_WAITING.get(limit)
     if stmt is None:
-        # A CTE, evaluated once. As `id IN (subquery)` PostgreSQL may run the LIMIT's subquery
-        # again for each row it compares, and a batch of 3 took all 5 waiting runs.
+        # A CTE: as `id IN (subquery)` PostgreSQL took more runs than the LIMIT (a batch of 3 took
+        # all 5 waiting: tests/test_ingest_coalescing.py).
         waiting = (select(_RUNS.c.id).where(_RUNS.c.status == RunStatus.analyzing.value, _RUNS.c.ingest_started_at.is_(None),
                                             _RUNS.c.id != bindparam("_run"))
                    .order_by(_RUNS.c.id).limit(limit).with_for_update(skip_locked=True).cte("waiting"))
@@ -102,7 +102,8 @@ def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: fl
     reaper): {run id: when its attempt began}. Each is taken with the same conditional UPDATE as
     ingest_started, so a run is begun by one task only; rows another transaction holds are
     skipped (SKIP LOCKED), not waited for. The copies of the messages sent for the runs taken
-    here find them begun (or ended) and do nothing."""
+    here find them begun (or ended) and do nothing. A full batch asks for one more ingest after
+    its commit: more may be waiting, their messages held back (queue.IngestFlag)."""
     began: dict[int, datetime] = {}
     if own:
         mark = ingest_started(session, run_id=run_id, ingest_deadline_s=ingest_deadline_s, heartbeat_s=heartbeat_s)

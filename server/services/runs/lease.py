@@ -120,7 +120,7 @@ def _finish(session: Session, run: Run, *, body: RunFinish, has_trace: bool, ing
         move(session, run, RunStatus.analyzing, ingest_attempts=0, ingest_started_at=None, lease_expires_at=None,
              ingest_deadline_at=utcnow() + timedelta(seconds=ingest_deadline_s), **facts)
         enqueue_after_commit(session, TASK_INGEST, run.id, run.experiment_id)
-        if lease_s is not None and not lost:  # the device goes from this run to its next, in one UPDATE
+        if lease_s is not None and not lost:  # the device goes from this run straight to its next
             if hand_on(session, device_id=run.device_id, run_id=run.id, lease_s=lease_s) is None:
                 enqueue_after_commit(session, TASK_DISPATCH)
             return run
