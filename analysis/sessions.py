@@ -224,9 +224,9 @@ def _exact_tails(reps: np.ndarray, pieces: list[tuple[int, int, np.ndarray, np.n
         rows, cols = np.nonzero(cand[r0:r0 + x.shape[0], c0:c0 + idx.shape[0]])
         if not rows.size:
             continue
-        if x.shape[0] == 1 and x[0, 0] == x[0, -1] and (x[0] == x[0, 0]).all():
-            # One session of one value (a part below the timer's tick repeats it): every resample is
-            # the same sequence, so one row's trimmed mean is each candidate's, bit for bit.
+        if x.shape[0] == 1 and (bits := x[0].view(np.int64))[0] == bits[-1] and (bits == bits[0]).all():
+            # One session of one value, bit for bit (a part below the timer's tick repeats it): every
+            # resample is the same sequence, so one row's trimmed mean is each candidate's.
             reps[r0 + rows, c0 + cols] = _trimmed(x[:, idx[0]], axis=1)[0]
         else:
             reps[r0 + rows, c0 + cols] = _trimmed(x[rows[:, None], idx[cols]], axis=1)

@@ -21,6 +21,7 @@ from sqlalchemy import event
 from sme2farm.protocol import TASK_DISPATCH, TASK_INGEST, TASK_REAP, TASK_SUITES_TICK
 from sme2farm.server import doorbell
 from sme2farm.server.config import Settings
+from sme2farm.server.infra.wakeup import is_redis
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +138,11 @@ def make_celery(settings: Settings, include: tuple[str, ...] = ()) -> Celery:
     return app
 
 
-def sender(celery: Celery) -> Callable[..., None]:
+def sender(celery: Celery, flag: "IngestFlag | None" = None) -> Callable[..., None]:
     """enqueue(task, *args): send a task by name; a broker that cannot take it is logged, not
     raised (the beat's periodic dispatch and the reaper pick the work up later). An ingest is
-    not sent while another ingest message waits untaken (IngestFlag)."""
-    flag = IngestFlag(celery.conf.broker_url or "")
+    not sent while another ingest message waits untaken (IngestFlag: `flag`, or one of its own)."""
+    flag = flag or IngestFlag(celery.conf.broker_url or "")
 
     def enqueue(task: str, *args: Any) -> None:
         if task == TASK_INGEST and not flag.send():
@@ -165,15 +166,18 @@ class IngestFlag:
     flag was set is then seen by the batch of the message that set it: that message's task clears
     the flag only later. A batch that took a full INGEST_BATCH asks for another (more may wait).
     What a lost message would strand, the reaper re-sends: a run analyzing whose ingest has not
-    begun within SME2_INGEST_START_S while no message waits (reaper.py). The embedded broker
-    has no Redis: every ingest is sent there, as before."""
+    begun within SME2_INGEST_START_S while no message waits (reaper.py). That covers the runs held
+    back behind a message whose task then failed before its batch began them (a worker killed, the
+    database away), and a flag that could not be cleared: they wait up to SME2_INGEST_START_S,
+    where a message of their own would have been taken at once. The embedded broker has no Redis:
+    every ingest is sent there, as before."""
 
     PENDING = "sme2farm:ingest-pending"
     PENDING_MS = 5000  # a flag whose message no worker took this long (a backlog) lets the next ingest through
 
     def __init__(self, broker_url: str):
         self._redis = None
-        if broker_url.startswith(("redis://", "rediss://")):
+        if is_redis(broker_url):
             import redis
 
             self._redis = redis.Redis.from_url(broker_url, socket_timeout=1, socket_connect_timeout=1)

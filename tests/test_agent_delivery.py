@@ -16,7 +16,7 @@ from _agent_v1 import ProtocolOne
 from _fixtures_farm import dispatch, submit
 from sme2farm.agent.api import AgentApi, ServerTooOld
 from sme2farm.protocol import RUNNER_LOG, TRACE, RunFinish
-from sme2farm.server.api.agents import PRECHECK_BYTES
+from sme2farm.server.api.agents import FINISH_ONLY_BYTES, PRECHECK_BYTES
 from sme2farm.server.api.agents_v1 import SUNSET
 from sme2farm.server.store.artifacts import Store
 from sme2farm.server.store.db import session_scope
@@ -150,11 +150,12 @@ def test_a_large_delivery_under_a_lost_lease_is_refused_before_its_artifacts_are
     submit(api, example_pte("toy_cnn").read_bytes())
     [rid] = dispatch(api)
     [a] = agent.api.claim(wait=0)
-    big, small = b"\1" * (PRECHECK_BYTES + 1), b"trace bytes"
-    for body, code in ((big, 409), (small, 422)):
-        damaged = {TRACE: {"size": len(body), "sha256": "0" * 64}}
+    big, small = b"\1" * (PRECHECK_BYTES + FINISH_ONLY_BYTES + 1), b"trace bytes"
+    # declared as large; declared small but sent large (the body's length says so); small
+    for body, declared, code in ((big, len(big), 409), (big, len(small), 409), (small, len(small), 422)):
+        damaged = {TRACE: {"size": declared, "sha256": "0" * 64}}
         r = _deliver(agent, a, {TRACE: body}, declared=damaged, lease="not-the-lease")
-        assert r.status_code == code, (len(body), r.text)
+        assert r.status_code == code, (len(body), declared, r.text)
     assert _run(api, rid).status == "assigned" and _artifacts(api, rid) == {}
     assert not any(Store(api.settings.data_dir).tmp.iterdir())
 

@@ -74,3 +74,81 @@ def test_a_batch_leaves_a_run_whose_ingest_began_elsewhere(api, agent, example_p
         other = s.get(Run, elsewhere)
         assert (other.status, other.ingest_attempts) == ("analyzing", 1)
     assert tasks.ingest_run(elsewhere) == "in progress"   # a copy while that attempt is alive
+
+
+def _storing_fails_for(monkeypatch, rid: int, then=None):
+    """Ingester.store writes run rid's rows, then fails (or calls `then` instead of failing)."""
+    from sme2farm.server.services import ingest as ingest_service
+
+    plain = ingest_service.Ingester.store
+
+    def store(self, session, run, result):
+        plain(self, session, run, result)
+        if run.id == rid:
+            session.flush()
+            if then is None:
+                raise RuntimeError("the disk caught fire")
+            then()
+
+    monkeypatch.setattr(ingest_service.Ingester, "store", store)
+
+
+def test_a_run_whose_results_cannot_be_stored_fails_alone_and_keeps_no_rows(api, agent, example_pte, monkeypatch):
+    """The batch is stored with no savepoint per run first; a run whose rows fail has the batch stored
+    again with a savepoint each: that run fails, its rows rolled back, the others succeed once."""
+    from sme2farm.worker import tasks
+
+    monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
+    first, bad, last = _analyzing(api, agent, example_pte("toy_cnn").read_bytes(), 3)
+    _storing_fails_for(monkeypatch, bad)
+    assert tasks.ingest_run(first) == "succeeded"
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        runs = {rid: s.get(Run, rid) for rid in (first, bad, last)}
+        assert {rid: r.status for rid, r in runs.items()} == {first: "succeeded", bad: "failed", last: "succeeded"}
+        assert runs[bad].reason == "the analysis of the ETDump could not be stored: RuntimeError: the disk caught fire"
+        assert [r.ingest_attempts for r in runs.values()] == [1, 1, 1]
+    assert [_rows(api, RunResult, rid) for rid in (first, bad, last)] == [1, 0, 1]
+    assert [_rows(api, OperatorStat, rid) > 0 for rid in (first, bad, last)] == [True, False, True]
+
+
+def test_a_run_cancelled_while_its_batch_stores_keeps_no_rows(api, agent, example_pte, monkeypatch):
+    """A cancel commits after the batch wrote a run's rows (PostgreSQL: those rows lock its row only
+    KEY SHARE, which the cancel's UPDATE does not wait for): the run's end finds it cancelled, the
+    batch is stored again with a savepoint each, and the cancelled run keeps no results. SQLite's
+    one writer cannot interleave them (the cancel would wait on the batch's lock)."""
+    import pytest
+
+    from sme2farm.server.services import runs as run_service
+    from sme2farm.worker import tasks
+
+    if not api.settings.sqlalchemy_url.startswith("postgresql"):
+        pytest.skip("one writer at a time on SQLite: the window does not exist")
+    monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
+    first, victim, last = _analyzing(api, agent, example_pte("toy_cnn").read_bytes(), 3)
+
+    def cancel():
+        with session_scope(api.settings.sqlalchemy_url) as s:
+            run_service.cancel(s, runs=[s.get(Run, victim)], store=Store(api.settings.data_dir))
+
+    _storing_fails_for(monkeypatch, victim, then=cancel)
+    assert tasks.ingest_run(first) == "succeeded"
+    with session_scope(api.settings.sqlalchemy_url) as s:
+        assert [s.get(Run, rid).status for rid in (first, victim, last)] == ["succeeded", "cancelled", "succeeded"]
+    assert [_rows(api, RunResult, rid) for rid in (first, victim, last)] == [1, 0, 1]
+
+
+def test_an_ingest_task_clears_the_ingest_flag_before_its_batch_reads_the_waiting_runs(api, agent, example_pte,
+                                                                                        monkeypatch):
+    """A run delivered while the flag is set sent no message: it is the batch of the task that clears
+    the flag that must see it, so the flag is cleared first (server/queue.py IngestFlag)."""
+    from sme2farm.server.services import ingest as ingest_service
+    from sme2farm.worker import tasks
+
+    monkeypatch.setattr(tasks, "get_settings", lambda: api.settings)
+    [rid] = _analyzing(api, agent, example_pte("toy_cnn").read_bytes(), 1)
+    order = []
+    monkeypatch.setattr(tasks._ingest_flag, "taken", lambda: order.append("flag cleared"))
+    batch = ingest_service.ingest_batch
+    monkeypatch.setattr(ingest_service, "ingest_batch", lambda **kw: (order.append("batch"), batch(**kw))[1])
+    assert tasks.ingest_run(rid) == "succeeded"
+    assert order[:2] == ["flag cleared", "batch"]   # (a send after it that fails clears it too)

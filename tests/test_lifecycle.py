@@ -16,7 +16,7 @@ from sme2farm.protocol import (
     ACTIVE, NON_TERMINAL, TASK_DISPATCH, TASK_INGEST, TERMINAL, DeviceInfo, RunDelivery, RunnerInfo, RunStatus,
 )
 from sme2farm.server.store.db import enqueue_after_commit, session_scope
-from sme2farm.server.store.models import Model, Run, RunResult
+from sme2farm.server.store.models import Device, Model, Run, RunResult, utcnow
 from sme2farm.server.services import devices as device_service
 from sme2farm.server.services import runs as run_service
 from sme2farm.server.services.errors import NotFound
@@ -539,12 +539,14 @@ def _deliver(farm: ServiceFarm, rid: int) -> set[int]:
 def test_a_delivered_runs_device_goes_straight_to_its_next_queued_run(service_farm):
     first, second = service_farm.submit(threads=[1, 2])
     assert service_farm.dispatch() == [first]
+    with session_scope(service_farm.url) as s:  # a stamp free() would have cleared
+        s.execute(update(Device).values(offline_since=utcnow()))
     assert _deliver(service_farm, first) == {service_farm.agent_id}
     one, two, device = service_farm.run(first), service_farm.run(second), service_farm.device()
     assert one.status == RunStatus.analyzing and one.started_at is not None and one.lease_expires_at is None
     assert two.status == RunStatus.assigned and two.attempt == 1 and two.lease_id and two.lease_expires_at
     assert two.lease_id != one.lease_id
-    assert (device.state, device.current_run_id) == ("busy", second)
+    assert (device.state, device.current_run_id, device.offline_since) == ("busy", second, None)
     assert (TASK_DISPATCH,) not in service_farm.sent and (TASK_INGEST, first, one.experiment_id) in service_farm.sent
 
 

@@ -40,8 +40,8 @@ def _retry_later(task: Any, e: BaseException) -> None:
     raise task.retry(exc=e, countdown=random.uniform(0.05, 0.5) * (2 ** task.request.retries))
 
 
-_send = queue.sender(app)  # the tasks a transaction asked for, sent once it has committed
 _ingest_flag = queue.IngestFlag(app.conf.broker_url or "")  # cleared as an ingest task begins (queue.IngestFlag)
+_send = queue.sender(app, _ingest_flag)  # the tasks a transaction asked for, sent once it has committed
 
 
 def _in_transaction(task: Any, work: Callable[[Any, Any], Any]) -> Any:

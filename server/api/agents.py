@@ -47,11 +47,12 @@ from sme2farm.server.infra.wakeup import ClaimWaiter
 router = APIRouter(prefix="/agent", tags=["agent protocol"])
 
 FINISH_ONLY_BYTES = MAX_FINISH_BYTES + OVERHEAD_BYTES  # the most a delivery without artifacts takes
-# A delivery whose artifacts declare more than this has its lease checked before their bytes are
-# written (a transaction of its own). A smaller one is only checked by the transaction that keeps
-# it, under the run's lock: a refused one then cost at most this much in temp files, removed at
-# once, and an accepted one (most runs' ETDump and log are well under it) one transaction and
-# one thread hop fewer.
+# A delivery whose artifacts declare more than this, or whose body may be larger (its Content-Length
+# past this and the finish's framing, or none: the declared sizes are the agent's word), has its
+# lease checked before their bytes are written (a transaction of its own). A smaller one is only
+# checked by the transaction that keeps it, under the run's lock: a refused one then cost at most
+# this much in temp files, removed at once, and an accepted one (most runs' ETDump and log are well
+# under it) one transaction and one thread hop fewer.
 PRECHECK_BYTES = 1 << 20
 CLAIM_RETRY_S = 1.0  # a claim over SME2_AGENT_MAX_CLAIMS: the earlier ones end within a poll timeout
 
@@ -216,7 +217,7 @@ async def deliver(run_id: RunId, request: Request, settings: SettingsDep, store:
         size = sum(d.size for d in body.artifacts.values())
         if size:  # a finish alone (a run that failed) stores no file: it needs no room
             store.ensure_room(size)
-        if size > PRECHECK_BYTES:
+        if size > PRECHECK_BYTES or not length.isdigit() or int(length) > PRECHECK_BYTES + FINISH_ONLY_BYTES:
             await run_in_threadpool(check_lease, tx, settings, run_id, body.lease_id, agent_id)
 
     got = await receive_delivery(request, store.tmp, settings.max_artifact_mb << 20, admit)

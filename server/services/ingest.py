@@ -366,24 +366,33 @@ def _store_batch(transaction: Transaction, store: Store, ingesters: dict[int, "P
     """The analysed runs stored in one transaction, in run id order; each experiment's comparisons
     completed once, at the end. A transaction PostgreSQL aborts (deadlock, serialization) is tried
     again here, the analyses kept: the runs are begun and heartbeating, and a retry of the task
-    would know only its own run. {run id: its status}."""
+    would know only its own run. The runs are first stored with no savepoint each (two statements
+    fewer a run); a run whose results cannot be stored so (an insert failed, the run cancelled
+    meanwhile: run_service.NeedsSavepoint) has the whole batch stored again with a savepoint per
+    run, which ends that run alone. {run id: its status}."""
     if not ingesters:
         return {}
-    for attempt in range(STORE_RETRIES + 1):
+    careful, attempt = False, 0
+    while True:
         try:
             with transaction() as session:
                 # one SELECT, not one each: run_service.ingest finds them in the session
                 runs = session.scalars(select(Run).where(Run.id.in_(list(ingesters)))).all()
-                out = {rid: str(run_service.ingest(session, run_id=rid, ingester=ingester, store=store, complete=False))
+                out = {rid: str(run_service.ingest(session, run_id=rid, ingester=ingester, store=store, complete=False,
+                                                   savepoint=careful))
                        for rid, ingester in sorted(ingesters.items())}
                 run_service.complete(session, experiment_ids=[r.experiment_id for r in runs], store=store)
                 return out
+        except run_service.NeedsSavepoint as e:  # raised only while not careful
+            log.info("%s (%s): storing the batch of %d again, a savepoint each", e, type(e.__cause__).__name__,
+                     len(ingesters))
+            careful = True
         except DBAPIError as e:
             if not retryable(e) or attempt == STORE_RETRIES:
                 raise
             log.warning("storing %d runs: %s, trying again", len(ingesters), type(e.orig).__name__)
             time.sleep(random.uniform(0.05, 0.5) * (2 ** attempt))
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 class Heartbeat:

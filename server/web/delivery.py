@@ -57,8 +57,9 @@ Admit = Callable[[str], Awaitable[None]]
 
 
 class _Collector(StreamedParts):
-    """Parts in; an artifact's bytes go to disk only once `admit` accepted the finish part (the
-    lease it names), so the finish part comes first."""
+    """Parts in; an artifact's bytes go to disk only once `admit` accepted the finish part (room for
+    it; the lease it names, for a delivery that may be large: api/agents.py PRECHECK_BYTES), so the
+    finish part comes first."""
 
     def __init__(self, tmp_dir: Path, limit: int, admit: Admit | None = None):
         super().__init__()

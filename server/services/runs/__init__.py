@@ -27,7 +27,8 @@ Tasks a transition needs (dispatch, ingest) are sent after the transaction commi
 
 from sme2farm.server.services.runs.assignment import (ASSIGNED_AGENTS, QUEUE_ORDER, assign_next,
                                                       assigned_to_agent, dispatch, hand_over)
-from sme2farm.server.services.runs.ingesting import (INGEST_BATCH, INGEST_SILENT_BEATS, Ingester, ingest,
+from sme2farm.server.services.runs.ingesting import (INGEST_BATCH, INGEST_SILENT_BEATS, Ingester, NeedsSavepoint,
+                                                     ingest,
                                                      ingest_deferred, ingest_heartbeat, ingest_started,
                                                      ingest_started_batch)
 from sme2farm.server.services.runs.lease import check_lease, deliver, delivered, finish, heartbeat, start
@@ -38,7 +39,7 @@ from sme2farm.server.services.runs.status import (ALLOWED, CANCELLED_BY_USER, Il
 
 __all__ = [
     "ALLOWED", "ASSIGNED_AGENTS", "CANCELLED_BY_USER", "INGEST_BATCH", "INGEST_SILENT_BEATS", "QUEUE_ORDER",
-    "IllegalTransition", "Ingester", "check_lease", "LeaseConflict", "StateChanged", "assign_next",
+    "IllegalTransition", "Ingester", "NeedsSavepoint", "check_lease", "LeaseConflict", "StateChanged", "assign_next",
     "assigned_to_agent", "cancel", "complete", "deliver", "delivered", "dispatch", "end_lost_device_runs",
     "end_run", "finish", "get", "hand_over", "heartbeat", "ingest", "ingest_deferred", "ingest_heartbeat",
     "ingest_started",

@@ -83,7 +83,7 @@ _RUNS, _DEVICES = Run.__table__, Device.__table__
 _NEXT_QUEUED = (select(_RUNS.c.id).where(_RUNS.c.device_id == bindparam("_device"), _RUNS.c.status == RunStatus.queued.value)
                 .order_by(*(_RUNS.c[c.key] for c in QUEUE_ORDER)).limit(1))
 _HAND_ON = (update(_DEVICES).where(_DEVICES.c.id == bindparam("_device"), _DEVICES.c.current_run_id == bindparam("_from"))
-            .values(state="busy", current_run_id=bindparam("_to")).returning(_DEVICES.c.agent_id))
+            .values(state="busy", current_run_id=bindparam("_to"), offline_since=None).returning(_DEVICES.c.agent_id))
 _ASSIGN = (update(_RUNS).where(_RUNS.c.id == bindparam("_run"), _RUNS.c.status == RunStatus.queued.value)
            .values(status=RunStatus.assigned.value, lease_id=bindparam("_lease"), attempt=_RUNS.c.attempt + 1,
                    lease_expires_at=bindparam("_expires", type_=_RUNS.c.lease_expires_at.type)))

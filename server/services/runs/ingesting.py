@@ -29,6 +29,16 @@ INGEST_SILENT_BEATS = 3  # heartbeats an ingest may miss before its worker is ta
 INGEST_BATCH = 32
 
 
+class NeedsSavepoint(Exception):
+    """ingest(savepoint=False) met a run whose results cannot be stored as they are (an insert
+    failed, or the run moved meanwhile): the caller rolls its whole transaction back and stores the
+    batch again with a savepoint per run, which ends that run alone."""
+
+    def __init__(self, run_id: int):
+        super().__init__(f"run {run_id}: its results need a savepoint of their own")
+        self.run_id = run_id
+
+
 class NotWhatItsArmSays(DomainError):
     """The trace was read, and it shows the run is not what its SME2 arm says (an SME2-off run that
     ran SME/SME2 kernels): no result is stored, and the run fails with this message as its whole
@@ -72,7 +82,7 @@ def _begin_waiting(limit: int):
         # all 5 waiting: tests/test_ingest_coalescing.py).
         waiting = (select(_RUNS.c.id).where(_RUNS.c.status == RunStatus.analyzing.value, _RUNS.c.ingest_started_at.is_(None),
                                             _RUNS.c.id != bindparam("_run"))
-                   .order_by(_RUNS.c.id).limit(limit).with_for_update(skip_locked=True).cte("waiting"))
+                   .order_by(_RUNS.c.id).limit(limit).with_for_update(skip_locked=True, key_share=True).cte("waiting"))
         stmt = _BEGIN_WAITING[limit] = (
             update(_RUNS).where(_RUNS.c.id.in_(select(waiting.c.id)), _RUNS.c.status == RunStatus.analyzing.value,
                                 _RUNS.c.ingest_started_at.is_(None))
@@ -103,7 +113,10 @@ def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: fl
     ingest_started, so a run is begun by one task only; rows another transaction holds are
     skipped (SKIP LOCKED), not waited for. The copies of the messages sent for the runs taken
     here find them begun (or ended) and do nothing. A full batch asks for one more ingest after
-    its commit: more may be waiting, their messages held back (queue.IngestFlag)."""
+    its commit: more may be waiting, their messages held back (queue.IngestFlag). A run skipped
+    because another transaction held its row (a repeated delivery's lock) is taken by the next
+    ingest task, or, if none comes, sent again by the reaper's start check.
+    The rows are locked FOR NO KEY UPDATE (key_share): only non-key columns change."""
     began: dict[int, datetime] = {}
     if own:
         mark = ingest_started(session, run_id=run_id, ingest_deadline_s=ingest_deadline_s, heartbeat_s=heartbeat_s)
@@ -151,13 +164,17 @@ def ingest_heartbeat(session: Session, *, run_id: int, started_at: datetime, ing
     ).rowcount == 1
 
 
-def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, complete: bool = True) -> str:
+def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, complete: bool = True,
+           savepoint: bool = True) -> str:
     """analyzing -> succeeded, or failed with a reason naming the problem, whatever goes wrong
     with the trace or with storing its results. A run no longer analyzing (ingested already,
     cancelled, failed by the reaper) is left alone, so a repeated or late ingest stores nothing.
     complete=False: the run is ended without completing its experiment's comparisons; the
     caller (a batch) completes each experiment once (status.complete), in this transaction.
-    `store`: where the runs' outputs files are (the comparisons' numerics read them)."""
+    `store`: where the runs' outputs files are (the comparisons' numerics read them).
+    savepoint=False: the results and the end are written with no savepoint of their own (two
+    statements fewer a run); anything that goes wrong with them raises NeedsSavepoint instead, for
+    the caller to roll back and store again with savepoint=True (a batch: ingest_batch)."""
     run = session.get(Run, run_id)
     if run is None:
         return "missing"
@@ -175,7 +192,15 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, c
         log.warning("run %s: the ETDump could not be analysed", run_id, exc_info=True)
         failure = f"the ETDump could not be analysed: {_describe(e)}"
     try:
-        if failure is None:
+        if failure is None and not savepoint:
+            try:
+                ingester.store(session, run, analysis)
+                end(session, run=run, status=RunStatus.succeeded, reason="")
+            except StoreUnavailable:
+                raise
+            except Exception as e:
+                raise NeedsSavepoint(run_id) from e
+        elif failure is None:
             try:
                 # The results and the end in one savepoint: a failed insert rolls back to here, not the
                 # whole session, and a run that moved meanwhile (cancelled, failed by the reaper: the

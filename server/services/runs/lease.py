@@ -74,7 +74,8 @@ def finish(session: Session, *, run_id: int, agent_id: int, body: RunFinish, has
     """The agent is done with the device. A succeeded run goes to analysis (ingest is sent once
     this commits, with a deadline the reaper holds it to); the device is freed now, so the next
     run can start while this one is ingested. Given lease_s, the device's next queued run is
-    assigned here (assign_next); dispatch is sent only when it got none. `store`: where the runs'
+    assigned here (a succeeded run's device handed straight on: assignment.hand_on; else
+    assign_next); dispatch is sent only when it got none. `store`: where the runs'
     outputs files are (a run that ends here may complete its experiment's comparisons)."""
     return _finish(session, _owned(session, run_id, body.lease_id, agent_id), body=body, has_trace=has_trace,
                    ingest_deadline_s=ingest_deadline_s, store=store, lease_s=lease_s)

@@ -7,7 +7,9 @@ outside the write transaction, so without the condition a cancel, a reaper and a
 read a state and overwrite each other. A repeat of the same transition by the lease owner is
 answered as success ("there may have been a network glitch").
 
-`move` writes the status; nothing else in the farm does. A run ends through `end_run`, which
+`move` writes the status; elsewhere only assignment.py's prebuilt conditional UPDATEs do, for the two
+transitions a device's next run and a claim's acknowledgement make (queued -> assigned in hand_on,
+assigned -> running in hand_over), both in ALLOWED. A run ends through `end_run`, which
 stamps it, frees its device and then completes its experiment's comparisons in the same
 transaction (comparisons.refresh), so a client that sees every run of an experiment ended also
 sees the comparisons. `end` and `complete` are end_run's two halves, for what ends several runs
