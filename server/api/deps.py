@@ -119,11 +119,11 @@ def _verify(settings: Settings, creds: HTTPAuthorizationCredentials | None, requ
     is valid only while its agent exists."""
     if creds is None or creds.scheme.lower() != "bearer":
         raise _unauthorized("missing bearer token")
-    sha = token_service.digest(creds.credentials)
-    cache = token_service.verified
-    row = cache.get(settings.sqlalchemy_url, sha)
+    row = _cached(settings, creds)
     if row is not None:
         return row
+    sha = token_service.digest(creds.credentials)
+    cache = token_service.verified
     budget = _FailureBudget(request, sha)
     budget.check_token()
     generation = cache.generation()

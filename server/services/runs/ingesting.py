@@ -5,6 +5,7 @@ rows is services/ingest.py's (the Ingester); what the outcome means for the run 
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -57,8 +58,11 @@ class Ingester(Protocol):
         """Write the result rows and derived artifacts."""
 
 
-def _window(ingest_deadline_s: float, heartbeat_s: float | None) -> float:
-    return ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
+def _begun(run_id: int, ingest_deadline_s: float, heartbeat_s: float | None) -> tuple[datetime, dict[str, Any]]:
+    """Now, and the parameters of the UPDATEs below that begin an ingest now."""
+    now = utcnow()
+    window = ingest_deadline_s if heartbeat_s is None else min(ingest_deadline_s, INGEST_SILENT_BEATS * heartbeat_s)
+    return now, {"_run": run_id, "_now": now, "_deadline": now + timedelta(seconds=window)}
 
 
 # The UPDATEs that begin ingests, built once per process as Core statements on the table (as
@@ -99,8 +103,7 @@ def ingest_started(session: Session, *, run_id: int, ingest_deadline_s: float,
     nothing, so a backlog does not fail good runs. Returns when it began (the attempt's mark
     for its heartbeats), or None if the run is no longer analyzing or another attempt is still
     alive (a duplicate of a re-sent task: it must not count, nor analyse twice)."""
-    now = utcnow()
-    params = {"_run": run_id, "_now": now, "_deadline": now + timedelta(seconds=_window(ingest_deadline_s, heartbeat_s))}
+    now, params = _begun(run_id, ingest_deadline_s, heartbeat_s)
     return now if session.execute(_BEGIN_OWN, params).rowcount == 1 else None
 
 
@@ -124,8 +127,7 @@ def ingest_started_batch(session: Session, *, run_id: int, ingest_deadline_s: fl
             began[run_id] = mark
     if limit <= 1:
         return began
-    now = utcnow()
-    params = {"_run": run_id, "_now": now, "_deadline": now + timedelta(seconds=_window(ingest_deadline_s, heartbeat_s))}
+    now, params = _begun(run_id, ingest_deadline_s, heartbeat_s)
     taken = session.execute(_begin_waiting(limit - 1), params).scalars().all()
     began.update((rid, now) for rid in taken)
     if len(taken) == limit - 1:  # a full batch: more may be waiting, and their messages may not have been sent
@@ -192,26 +194,23 @@ def ingest(session: Session, *, run_id: int, ingester: Ingester, store: Store, c
         log.warning("run %s: the ETDump could not be analysed", run_id, exc_info=True)
         failure = f"the ETDump could not be analysed: {_describe(e)}"
     try:
-        if failure is None and not savepoint:
-            try:
-                ingester.store(session, run, analysis)
-                end(session, run=run, status=RunStatus.succeeded, reason="")
-            except StoreUnavailable:
-                raise
-            except Exception as e:
-                raise NeedsSavepoint(run_id) from e
-        elif failure is None:
+        if failure is None:
             try:
                 # The results and the end in one savepoint: a failed insert rolls back to here, not the
                 # whole session, and a run that moved meanwhile (cancelled, failed by the reaper: the
-                # end's conditional UPDATE finds it no longer analyzing) keeps no results.
-                with session.begin_nested():
+                # end's conditional UPDATE finds it no longer analyzing) keeps no results. Without one,
+                # either is the caller's to undo (NeedsSavepoint).
+                with session.begin_nested() if savepoint else nullcontext():
                     ingester.store(session, run, analysis)
                     # A success's reason is "": what an earlier attempt went through is no reason now.
                     end(session, run=run, status=RunStatus.succeeded, reason="")
-            except (StateChanged, StoreUnavailable):
+            except StoreUnavailable:
                 raise
             except Exception as e:
+                if not savepoint:
+                    raise NeedsSavepoint(run_id) from e
+                if isinstance(e, StateChanged):
+                    raise
                 log.warning("run %s: the analysis could not be stored", run_id, exc_info=True)
                 failure = f"the analysis of the ETDump could not be stored: {_describe(e)}"
         if failure is not None:
