@@ -287,17 +287,31 @@ class HostsFarm:
         return "\n".join(f"--- {n}\n{self.log(n)[-1500:]}" for n in self.procs)
 
     def ingested(self, name: str) -> list[int]:
-        """The runs whose ingest task the worker on that host ran to the run's success (its log)."""
+        """The runs the worker on that host stored the ingest of, ending them succeeded (its log:
+        services/ingest.py logs each run its batch stored; a task's own line names only the run it
+        was sent for, which another host's batch may have stored)."""
         runs = []
         for line in self.log(name).splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            msg = rec.get("msg", "") if isinstance(rec, dict) else ""
-            if msg.startswith("Task sme2farm.ingest[") and msg.endswith("'succeeded'"):
+            if isinstance(rec, dict) and rec.get("msg") == f"run {rec.get('run_id')} ingested: succeeded":
                 runs.append(rec["run_id"])
         return runs
+
+    def consume(self, name: str, on: bool) -> None:
+        """The worker on that host starts or stops taking tasks from the broker (Celery's remote
+        control, answered by the worker before this returns); what it holds already it still runs."""
+        from celery import Celery
+
+        from sme2farm.server.queue import DEFAULT_QUEUE
+
+        control = Celery(broker=self.env["SME2_BROKER_URL"]).control
+        verb = control.add_consumer if on else control.cancel_consumer
+        worker = f"{name}@{socket.gethostname()}"
+        replies = verb(DEFAULT_QUEUE, destination=[worker], reply=True, timeout=10)
+        assert any(worker in r for r in replies or []), (worker, replies)
 
     def artifacts_held(self, name: str) -> list[Path]:
         """Files under the host's data dir that are a model, a trace, or anything the store keeps."""

@@ -351,6 +351,8 @@ def ingest_batch(*, run_id: int, retried: bool, transaction: Transaction, store:
             deferred = run_service.ingest_deferred(session, runs=batch, retry_in_s=deadline_s)
         log.warning("runs %s: %s; ingest to be sent again", deferred, e)
         return STORE_UNAVAILABLE
+    for rid, st in done.items():  # committed: one line a run, with its ids (a batch spans runs and experiments)
+        log.info("run %s ingested: %s", rid, st, extra={"run_id": rid, "experiment_id": runs[rid].experiment_id})
     if run_id in done:
         return done[run_id]
     if status is None:
