@@ -91,6 +91,7 @@ class _Buf:
     """Unaligned little-endian views over the file bytes (zero-copy), with bounds checks."""
 
     def __init__(self, data: bytes):
+        self.data = data
         self.n = n = len(data)
         raw = np.frombuffer(data, dtype=np.uint8)  # no copy: the trace may be large
         self.raw = raw
@@ -144,6 +145,10 @@ class _Buf:
         if total > self.n:
             raise EtdumpError(f"corrupt ETDump: {what} claim {total} bytes between them in a {self.n}-byte file "
                               "(its strings overlap)")
+        if p.size <= _FEW_STRINGS:
+            inv, out = self._few_strings(p, ln)
+            ids[present] = inv if at is None else inv[at.reshape(-1)]
+            return ids, out
         h = np.empty(p.shape, dtype=np.uint64)
         short = ln <= _SHORT_STRING
         h[short] = self._short_hashes(p[short], ln[short])
@@ -161,6 +166,29 @@ class _Buf:
         inv = inv.reshape(-1).astype(np.int32)
         ids[present] = inv if at is None else inv[at.reshape(-1)]
         return ids, out
+
+    def _few_strings(self, p: np.ndarray, ln: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """strings() below _FEW_STRINGS places, where numpy's per-call cost is most of the work:
+        each place's bytes looked up in a dict, and only the distinct ones hashed, in Python, by
+        the same functions, so the answer is the vectorised one's, order and all (distinct hashes
+        ascending, each named by the first place that has it)."""
+        data, index, texts, local = self.data, {}, [], []
+        for s, n in zip(p.tolist(), ln.tolist()):
+            b = data[s + 4:s + 4 + n]
+            k = index.get(b)
+            if k is None:
+                k = index[b] = len(texts)
+                texts.append(bytes(b))
+            local.append(k)
+        longest_short = max((len(b) for b in texts if len(b) <= _SHORT_STRING), default=0)
+        hashes = [_short_hash(b, longest_short) if len(b) <= _SHORT_STRING else
+                  int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little") for b in texts]
+        named: dict[int, bytes] = {}
+        for b, h in zip(texts, hashes):  # texts in the order of their first place
+            named.setdefault(h, b)
+        rank = {h: i for i, h in enumerate(sorted(named))}
+        out = [named[h].decode("utf-8", "replace") for h in sorted(named)]
+        return np.array([rank[hashes[k]] for k in local], dtype=np.int32), out
 
     def _short_hashes(self, p: np.ndarray, ln: np.ndarray) -> np.ndarray:
         h = ln.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -181,6 +209,20 @@ class _Buf:
                 h = (h ^ (word & mask)) * prime
                 h ^= h >> np.uint64(29)
         return h
+
+
+_FEW_STRINGS = 4096  # string places below which strings() reads them one by one (_few_strings)
+_M64 = (1 << 64) - 1
+
+
+def _short_hash(b: bytes, longest: int) -> int:
+    """_short_hashes' key of one string, in Python: as many 8-byte rounds as the longest short
+    string of the call has (a shorter string's extra rounds mix in 0)."""
+    h = (len(b) * 0x9E3779B97F4A7C15) & _M64
+    for w in range(0, longest, 8):
+        h = ((h ^ int.from_bytes(b[w:w + 8], "little")) * 0x100000001B3) & _M64
+        h ^= h >> 29
+    return h
 
 
 class _Tables:

@@ -86,7 +86,11 @@ class _Model:
         in_iter = it >= 0
 
         def name_is(ids: np.ndarray) -> np.ndarray:
-            return np.isin(ev.name, ids) if ids.size else np.zeros(ev.name.shape, bool)
+            # np.isin(ev.name, ids), as one gather: a flag per string, and a last one (False)
+            # that an absent name (-1) reads
+            hit = np.zeros(len(strings) + 1, dtype=bool)
+            hit[ids] = True
+            return hit[ev.name]
 
         me = in_iter & name_is(_ids(strings, lambda s: s == "Method::execute"))
         # E2E per iteration; an iteration without Method::execute falls back to its span

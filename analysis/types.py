@@ -131,13 +131,17 @@ def _write(obj: Any, with_none: frozenset = frozenset(), leave_out: dict | None 
             v = getattr(obj, name)
             if v is None and when_set and name not in with_none:
                 continue
-            out[name] = _write(v, leave_out=leave_out)
+            out[name] = v if type(v) in _AS_IS else _write(v, leave_out=leave_out)
         return out
+    # a scalar is written as it is, without a call (a report holds thousands: its iterations' times)
     if isinstance(obj, list):
-        return [_write(x, leave_out=leave_out) for x in obj]
+        return [x if type(x) in _AS_IS else _write(x, leave_out=leave_out) for x in obj]
     if isinstance(obj, dict):
-        return {k: _write(v, leave_out=leave_out) for k, v in obj.items()}
+        return {k: v if type(v) in _AS_IS else _write(v, leave_out=leave_out) for k, v in obj.items()}
     return obj
+
+
+_AS_IS = frozenset({float, int, str, bool, type(None)})  # what _write returns unchanged, checked by exact type
 
 
 # --- latency ------------------------------------------------------------------------------------

@@ -97,6 +97,39 @@ def test_non_size_prefixed_reads_the_same(real_trace):
     assert [a.strings[i] for i in a.name if i >= 0] == [b.strings[i] for i in b.name if i >= 0]
 
 
+def test_few_strings_read_one_by_one_answer_what_the_vectorised_read_does(real_trace, monkeypatch):
+    """Below _FEW_STRINGS places the string table is read place by place (etdump._few_strings):
+    the same strings in the same order, the same ids, for the real trace and for tables of short,
+    long (hashed alone), repeated and empty strings, some ending at the file's last byte."""
+    from sme2farm.analysis import etdump
+
+    def both(read):
+        monkeypatch.setattr(etdump, "_FEW_STRINGS", -1)
+        vectorised = read()
+        monkeypatch.setattr(etdump, "_FEW_STRINGS", 1 << 30)
+        return vectorised, read()
+
+    a, b = both(lambda: read_etdump(real_trace[1].read_bytes()))
+    assert a.strings == b.strings and a.run_names == b.run_names and len(set(a.strings)) > 3
+    assert np.array_equal(a.name, b.name) and np.array_equal(a.dstr, b.dstr)
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        words = [bytes(rng.integers(32, 127, int(rng.choice([0, 3, 8, 9, 40, 300])), dtype=np.uint8))
+                 for _ in range(int(rng.integers(1, 20)))]
+        blob, places = bytearray(), []
+        for _ in range(int(rng.integers(1, 100))):
+            w = words[int(rng.integers(len(words)))]
+            places.append(len(blob))
+            blob += len(w).to_bytes(4, "little") + w
+        blob += bytes(max(0, 16 - len(blob)))
+        buf = etdump._Buf(bytes(blob))
+        pos = np.array(places + [int(x) for x in rng.choice(places, 50)] + [-1], dtype=np.int64)
+        (ids_a, strs_a), (ids_b, strs_b) = both(lambda: buf.strings(pos, "names"))
+        assert strs_a == strs_b and np.array_equal(ids_a, ids_b)
+        assert [strs_a[i] for i in ids_a[:-1]] == [blob[p + 4:p + 4 + int.from_bytes(blob[p:p + 4], "little")].decode()
+                                                   for p in pos[:-1]] and ids_a[-1] == -1
+
+
 @pytest.mark.parametrize("blob", [b"", b"hello", b"\x00" * 64, bytes(range(256)) * 8,
                                   b"PK\x03\x04" + b"\x00" * 100])
 def test_garbage_is_rejected(blob):
