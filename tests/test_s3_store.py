@@ -63,6 +63,30 @@ def test_the_s3_store_keeps_reads_lists_and_deletes_objects_by_key(seaweedfs, s3
         store.open("models/00/" + "0" * 64 + ".pte")
 
 
+def test_an_object_past_the_multipart_size_is_kept_in_parts_and_one_below_in_one_put(seaweedfs, s3_bucket, tmp_path,
+                                                                                   monkeypatch):
+    """Below MULTIPART_FROM one PUT streamed from the spool file; from it, boto3's multipart
+    transfer (here from 5 MiB, S3's smallest part): both read back byte for byte, with the sha256
+    they were kept with, and a missing bucket is the store unavailable on either path."""
+    from sme2farm.server.store import s3
+
+    monkeypatch.setattr(s3, "MULTIPART_FROM", 5 << 20)
+    store = _store(seaweedfs, s3_bucket, tmp_path)
+    for size in (5 << 20) - 1, (11 << 20) + 3:
+        data = os.urandom(size)
+        sha = hashlib.sha256(data).hexdigest()
+        before = store.requests
+        key = store.keep_model(_spooled(store, data), sha)
+        assert store.requests - before == 2                   # a HEAD (not there yet), then one upload
+        assert store.read_bytes(key) == data and store._head(key) == (size, sha)  # kept with its sha256
+    assert not any(store.tmp.iterdir())
+    gone = S3Store(f"s3://{s3_bucket}-missing/farm", spool=tmp_path / "spool2", endpoint_url=seaweedfs.endpoint)
+    for size in 10, 6 << 20:
+        with pytest.raises(StoreUnavailable):
+            gone.keep_artifact(_spooled(gone, os.urandom(size)), 1, TRACE, attempt=1)
+        assert not any(gone.tmp.iterdir())                    # the spool file removed all the same
+
+
 def test_an_unreachable_store_is_store_unavailable_within_seconds(tmp_path):
     from _fixtures_farm import free_port
     store = S3Store("s3://nowhere/x", spool=tmp_path / "spool", endpoint_url=f"http://127.0.0.1:{free_port()}")

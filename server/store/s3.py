@@ -113,12 +113,22 @@ class S3Store(ArtifactStore):
             if sha256 is None:
                 with open(tmp, "rb") as f:
                     size, sha256 = sha256_of(f)
-            self._upload(tmp, key, sha256)
+            self._upload(tmp, key, sha256, size)
         finally:
             tmp.unlink(missing_ok=True)
 
-    def _upload(self, path: Path, key: str, sha256: str) -> None:
+    def _upload(self, path: Path, key: str, sha256: str, size: int) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
+        if size < MULTIPART_FROM:
+            # One PUT streamed from the file (botocore rewinds it to retry). upload_file would start
+            # a transfer manager, its threads and futures, for a single request: 2.4 ms of CPU
+            # against 1.4 for a 20 KB trace on SeaweedFS, on the server for every delivery.
+            with open(path, "rb") as body:
+                try:
+                    self._call("put_object", Key=self._key(key), Body=body, Metadata={"sha256": sha256})
+                except ClientError as e:  # as upload_file's failures are: the store cannot keep it now
+                    raise self._unavailable(e) from e
+            return
         self.requests += 1
         try:
             self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer,
