@@ -307,10 +307,13 @@ class HostsFarm:
 
         from sme2farm.server.queue import DEFAULT_QUEUE
 
-        control = Celery(broker=self.env["SME2_BROKER_URL"]).control
-        verb = control.add_consumer if on else control.cancel_consumer
-        worker = f"{name}@{socket.gethostname()}"
-        replies = verb(DEFAULT_QUEUE, destination=[worker], reply=True, timeout=10)
+        app = Celery(broker=self.env["SME2_BROKER_URL"])
+        try:
+            verb = app.control.add_consumer if on else app.control.cancel_consumer
+            worker = f"{name}@{socket.gethostname()}"
+            replies = verb(DEFAULT_QUEUE, destination=[worker], reply=True, timeout=10)
+        finally:
+            app.close()
         assert any(worker in r for r in replies or []), (worker, replies)
 
     def artifacts_held(self, name: str) -> list[Path]:

@@ -51,6 +51,21 @@ def _structured_logs(loglevel=logging.INFO, **_) -> None:
     logs.configure("beat" if "beat" in sys.argv else "worker", loglevel or logging.INFO)
 
 
+@signals.worker_process_init.connect  # each child of a prefork pool
+@signals.worker_ready.connect         # a threads or solo pool's one process (a prefork parent's copy runs nothing)
+def _open_store(**_) -> None:
+    """The artifact store opened before the first task: an S3 client's set-up and the spool's
+    clean-up (store/backends.py open_store) are not paid by the first ingest, which reads the runs
+    waiting for it only after opening the store (so on a fresh worker it found every run delivered
+    meanwhile). A store that cannot be opened now is opened by the task that needs it, and fails it."""
+    from sme2farm.server.store.backends import open_store
+
+    try:
+        open_store(get_settings())
+    except Exception:
+        logging.getLogger(__name__).warning("could not open the artifact store at start", exc_info=True)
+
+
 _started: dict[str, float] = {}
 
 
