@@ -145,7 +145,7 @@ class _Buf:
         if total > self.n:
             raise EtdumpError(f"corrupt ETDump: {what} claim {total} bytes between them in a {self.n}-byte file "
                               "(its strings overlap)")
-        if p.size <= _FEW_STRINGS:
+        if p.size < _FEW_STRINGS:
             inv, out = self._few_strings(p, ln)
             ids[present] = inv if at is None else inv[at.reshape(-1)]
             return ids, out
@@ -178,7 +178,7 @@ class _Buf:
             k = index.get(b)
             if k is None:
                 k = index[b] = len(texts)
-                texts.append(bytes(b))
+                texts.append(b)
             local.append(k)
         longest_short = max((len(b) for b in texts if len(b) <= _SHORT_STRING), default=0)
         hashes = [_short_hash(b, longest_short) if len(b) <= _SHORT_STRING else

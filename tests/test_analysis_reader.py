@@ -97,21 +97,30 @@ def test_non_size_prefixed_reads_the_same(real_trace):
     assert [a.strings[i] for i in a.name if i >= 0] == [b.strings[i] for i in b.name if i >= 0]
 
 
-def test_few_strings_read_one_by_one_answer_what_the_vectorised_read_does(real_trace, monkeypatch):
-    """Below _FEW_STRINGS places the string table is read place by place (etdump._few_strings):
-    the same strings in the same order, the same ids, for the real trace and for tables of short,
-    long (hashed alone), repeated and empty strings, some ending at the file's last byte."""
+def _both(monkeypatch, read):
+    """read() with the string table read vectorised, then place by place (etdump._few_strings)."""
     from sme2farm.analysis import etdump
 
-    def both(read):
-        monkeypatch.setattr(etdump, "_FEW_STRINGS", -1)
-        vectorised = read()
-        monkeypatch.setattr(etdump, "_FEW_STRINGS", 1 << 30)
-        return vectorised, read()
+    monkeypatch.setattr(etdump, "_FEW_STRINGS", 0)
+    vectorised = read()
+    monkeypatch.setattr(etdump, "_FEW_STRINGS", 1 << 30)
+    return vectorised, read()
 
-    a, b = both(lambda: read_etdump(real_trace[1].read_bytes()))
+
+def test_a_real_traces_strings_read_place_by_place_are_the_vectorised_reads(real_trace, monkeypatch):
+    """Below _FEW_STRINGS places the string table is read place by place: the same strings in the
+    same order, the same ids."""
+    a, b = _both(monkeypatch, lambda: read_etdump(real_trace[1].read_bytes()))
     assert a.strings == b.strings and a.run_names == b.run_names and len(set(a.strings)) > 3
     assert np.array_equal(a.name, b.name) and np.array_equal(a.dstr, b.dstr)
+
+
+def test_string_tables_read_place_by_place_are_the_vectorised_reads(monkeypatch):
+    """Random tables of short, long (hashed alone), repeated and empty strings, some ending at the
+    file's last byte, named from repeated places and absent ones: both reads agree, and name each
+    place's own bytes."""
+    from sme2farm.analysis import etdump
+
     rng = np.random.default_rng(7)
     for _ in range(200):
         words = [bytes(rng.integers(32, 127, int(rng.choice([0, 3, 8, 9, 40, 300])), dtype=np.uint8))
@@ -124,7 +133,7 @@ def test_few_strings_read_one_by_one_answer_what_the_vectorised_read_does(real_t
         blob += bytes(max(0, 16 - len(blob)))
         buf = etdump._Buf(bytes(blob))
         pos = np.array(places + [int(x) for x in rng.choice(places, 50)] + [-1], dtype=np.int64)
-        (ids_a, strs_a), (ids_b, strs_b) = both(lambda: buf.strings(pos, "names"))
+        (ids_a, strs_a), (ids_b, strs_b) = _both(monkeypatch, lambda: buf.strings(pos, "names"))
         assert strs_a == strs_b and np.array_equal(ids_a, ids_b)
         assert [strs_a[i] for i in ids_a[:-1]] == [blob[p + 4:p + 4 + int.from_bytes(blob[p:p + 4], "little")].decode()
                                                    for p in pos[:-1]] and ids_a[-1] == -1

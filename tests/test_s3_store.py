@@ -72,13 +72,15 @@ def test_an_object_past_the_multipart_size_is_kept_in_parts_and_one_below_in_one
 
     monkeypatch.setattr(s3, "MULTIPART_FROM", 5 << 20)
     store = _store(seaweedfs, s3_bucket, tmp_path)
-    for size in (5 << 20) - 1, (11 << 20) + 3:
+    for size, parts in ((5 << 20) - 1, None), ((11 << 20) + 3, "3"):
         data = os.urandom(size)
         sha = hashlib.sha256(data).hexdigest()
         before = store.requests
         key = store.keep_model(_spooled(store, data), sha)
         assert store.requests - before == 2                   # a HEAD (not there yet), then one upload
         assert store.read_bytes(key) == data and store._head(key) == (size, sha)  # kept with its sha256
+        etag = store.client.head_object(Bucket=store.bucket, Key=store._key(key))["ETag"].strip('"')
+        assert etag.partition("-")[2] == (parts or ""), etag  # a multipart object's ETag counts its parts
     assert not any(store.tmp.iterdir())
     gone = S3Store(f"s3://{s3_bucket}-missing/farm", spool=tmp_path / "spool2", endpoint_url=seaweedfs.endpoint)
     for size in 10, 6 << 20:
