@@ -35,6 +35,7 @@ __all__ = ["EtdumpError", "Events", "read_etdump", "read_etdump_file", "KIND_PRO
 KIND_NONE, KIND_PROFILE, KIND_ALLOC, KIND_DEBUG = -1, 0, 1, 2
 _IDENT = b"ED00"
 _U32MAX = 2**32 - 1
+_LENGTH_MIX, _WORD_PRIME = 0x9E3779B97F4A7C15, 0x100000001B3  # the short-string key's constants (_short_hashes, _short_hash)
 _SHORT_STRING = 256  # bytes: operator and delegate names are far shorter; longer ones are hashed one by one
 
 
@@ -186,15 +187,16 @@ class _Buf:
         named: dict[int, bytes] = {}
         for b, h in zip(texts, hashes):  # texts in the order of their first place
             named.setdefault(h, b)
-        rank = {h: i for i, h in enumerate(sorted(named))}
-        out = [named[h].decode("utf-8", "replace") for h in sorted(named)]
+        order = sorted(named)
+        rank = {h: i for i, h in enumerate(order)}
+        out = [named[h].decode("utf-8", "replace") for h in order]
         return np.array([rank[hashes[k]] for k in local], dtype=np.int32), out
 
     def _short_hashes(self, p: np.ndarray, ln: np.ndarray) -> np.ndarray:
-        h = ln.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        h = ln.astype(np.uint64) * np.uint64(_LENGTH_MIX)
         if not p.size:
             return h
-        prime = np.uint64(0x100000001B3)
+        prime = np.uint64(_WORD_PRIME)
         last = self.n - 8
         with np.errstate(over="ignore"):
             for w in range(0, int(ln.max()), 8):
@@ -218,9 +220,9 @@ _M64 = (1 << 64) - 1
 def _short_hash(b: bytes, longest: int) -> int:
     """_short_hashes' key of one string, in Python: as many 8-byte rounds as the longest short
     string of the call has (a shorter string's extra rounds mix in 0)."""
-    h = (len(b) * 0x9E3779B97F4A7C15) & _M64
+    h = (len(b) * _LENGTH_MIX) & _M64
     for w in range(0, longest, 8):
-        h = ((h ^ int.from_bytes(b[w:w + 8], "little")) * 0x100000001B3) & _M64
+        h = ((h ^ int.from_bytes(b[w:w + 8], "little")) * _WORD_PRIME) & _M64
         h ^= h >> 29
     return h
 
