@@ -550,6 +550,35 @@ def test_a_delivered_runs_device_goes_straight_to_its_next_queued_run(service_fa
     assert (TASK_DISPATCH,) not in service_farm.sent and (TASK_INGEST, first, one.experiment_id) in service_farm.sent
 
 
+def test_a_delivery_and_the_claims_acknowledgement_of_one_run_do_not_cross(service_farm):
+    """A claim acknowledging a run (hand_over: assigned -> running) while a delivery of the same run
+    holds it waits for the delivery: it once committed in between on SQLite, where FOR UPDATE locks
+    nothing, and the delivery, which had read the run assigned, found it running and was answered
+    409: the agent dropped a run it had measured, and each attempt after met the same race."""
+    import threading
+
+    (rid,) = service_farm.submit()
+    service_farm.dispatch()
+    lease, acked = service_farm.lease(rid), []
+
+    def acknowledge():
+        with service_farm.tx() as s:
+            acked.extend(run_service.hand_over(s, agent_id=service_farm.agent_id, lease_ids=[lease], lease_s=60))
+
+    with service_farm.tx() as s:
+        run = run_service.delivered(s, run_id=rid, lease_id=lease, agent_id=service_farm.agent_id)
+        assert run.status == RunStatus.assigned
+        claim = threading.Thread(target=acknowledge)
+        claim.start()
+        claim.join(1.0)  # time for it to commit, were the run not locked
+        body = RunDelivery(lease_id=lease, status="succeeded", started_s_ago=0.25)
+        run_service.deliver(s, run=run, body=body, has_trace=True, started_s_ago=body.started_s_ago,
+                            ingest_deadline_s=60, store=service_farm.store, lease_s=60)
+    claim.join(30)
+    assert not claim.is_alive() and acked == []  # it came after the delivery: nothing left to start
+    assert service_farm.run(rid).status == RunStatus.analyzing
+
+
 def test_a_delivered_runs_device_with_nothing_queued_is_freed_and_dispatch_sent(service_farm):
     first, second = service_farm.submit(threads=[1, 2])
     service_farm.dispatch()

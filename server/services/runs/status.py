@@ -76,8 +76,17 @@ def require(session: Session, *, run_id: int) -> Run:
 
 
 def locked(session: Session, *, run_id: int) -> Run | None:
-    # FOR UPDATE on PostgreSQL; SQLite ignores it (the conditional UPDATEs in move guard it).
+    """The run, read so that no other transaction changes it before this one ends: FOR UPDATE on
+    PostgreSQL. SQLite ignores FOR UPDATE, and its driver begins a transaction only at a write: a
+    write that changes nothing comes first, so this transaction holds the database's write lock
+    when it reads (a claim's acknowledgement of the run once committed between a delivery's read
+    and its move, which then found the run running: a 409 for a run the agent had measured)."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(_SQLITE_WRITE_LOCK, {"_run": run_id})
     return session.scalar(select(Run).where(Run.id == run_id).with_for_update())
+
+
+_SQLITE_WRITE_LOCK = update(Run.__table__).where(Run.__table__.c.id == bindparam("_run")).values(id=Run.__table__.c.id)
 
 
 def move(session: Session, run: Run, to: RunStatus, **values: Any) -> None:
